@@ -1,0 +1,41 @@
+"""dumpdb: turn operator dumps into an indexed, deduplicated archive.
+
+A dump (thousands of ``.npy`` files with long encoded names, ``statistic.csv``,
+``mapping.csv``, graphs and execution orders) becomes an *archive* directory:
+
+* tensors in a compressed, content-deduplicated Zarr v3 store (``tensors.zarr``);
+* everything about them in a DuckDB catalog (``catalog.duckdb``) queried with SQL.
+
+Python API (the CLI is a thin layer over it)::
+
+    import dumpdb
+    report = dumpdb.ingest("./dump", archive="./lenet.dumpdb", run="fp32-baseline")
+    a = dumpdb.open("./lenet.dumpdb")
+    a.sql("SELECT iteration, op_type, count(*) FROM tensors GROUP BY ALL")  # pyarrow.Table
+    a.tensor(1)                                                              # numpy.ndarray
+"""
+
+__version__ = "0.1.0"
+
+from dumpdb.errors import (  # noqa: E402
+    ArchiveError,
+    CatalogVersionError,
+    DumpdbError,
+    LayoutError,
+    TensorNotFound,
+)
+from dumpdb.archive import Archive, open  # noqa: E402,A004
+from dumpdb.ingest import IngestReport, ingest  # noqa: E402
+
+__all__ = [
+    "Archive",
+    "ArchiveError",
+    "CatalogVersionError",
+    "DumpdbError",
+    "IngestReport",
+    "LayoutError",
+    "TensorNotFound",
+    "__version__",
+    "ingest",
+    "open",
+]

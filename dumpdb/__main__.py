@@ -1,0 +1,3 @@
+from dumpdb.cli import main
+
+main()

@@ -1,0 +1,319 @@
+"""An archive on disk and the Python query API.
+
+An archive is a directory::
+
+    dumpdb.json      marker: format name and version, who created it
+    catalog.duckdb   the catalog (see migrations/ and README "Catalog schema")
+    tensors.zarr/    the tensor store (see dumpdb.store)
+    locks/           per-run ingest locks
+    backups/         catalog copies made before migrations
+
+Queries go through DuckDB and come back as Arrow tables (``Archive.sql``);
+tensors come back as numpy arrays (``Archive.tensor``, ``Archive.tensors``).
+Each call opens the catalog read-only and closes it again, so other processes
+can ingest meanwhile; ``with archive:`` keeps one read connection for a block of
+calls (faster, but it holds off writers until the block ends).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+
+from dumpdb import __version__
+from dumpdb.catalog import DEFAULT_LOCK_TIMEOUT, Catalog
+from dumpdb.dtypes import from_catalog_name
+from dumpdb.errors import ArchiveError, DumpdbError, TensorNotFound
+from dumpdb.store import TensorStore
+
+MARKER = "dumpdb.json"
+CATALOG = "catalog.duckdb"
+STORE = "tensors.zarr"
+FORMAT_NAME = "dumpdb-archive"
+FORMAT_VERSION = 1
+DEFAULT_ARCHIVE = "dumpdb.archive"
+
+
+def default_archive_path() -> Path:
+    """``$DUMPDB_ARCHIVE`` if set, else ``./dumpdb.archive``."""
+    return Path(os.environ.get("DUMPDB_ARCHIVE") or DEFAULT_ARCHIVE)
+
+
+def is_archive(path: Path) -> bool:
+    return (Path(path) / MARKER).is_file()
+
+
+def create_archive(path: Path) -> None:
+    """Create an empty archive at ``path`` (a new or empty directory).
+
+    Raises ArchiveError if ``path`` is a non-empty directory that is not an
+    archive, or cannot be created.
+    """
+    path = Path(path)
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise ArchiveError(f"{path}: exists and is not a dumpdb archive (no {MARKER}); refusing to write into it")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        Catalog(path / CATALOG).create()
+        TensorStore.create(path / STORE)
+        (path / "locks").mkdir(exist_ok=True)
+        marker = {
+            "format": FORMAT_NAME,
+            "format_version": FORMAT_VERSION,
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "created_by": f"dumpdb {__version__}",
+        }
+        tmp = path / (MARKER + ".tmp")
+        tmp.write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
+        os.replace(tmp, path / MARKER)  # the marker last: a half-made archive is not an archive
+    except OSError as exc:
+        raise ArchiveError(f"{path}: cannot create archive: {exc.strerror or exc}") from exc
+
+
+def _check_marker(path: Path) -> None:
+    if not path.exists():
+        raise ArchiveError(f"{path}: no such archive (create one with 'dumpdb ingest DUMP_DIR --archive {path}')")
+    if not is_archive(path):
+        raise ArchiveError(f"{path}: not a dumpdb archive (no {MARKER})")
+    try:
+        marker = json.loads((path / MARKER).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ArchiveError(f"{path / MARKER}: unreadable archive marker: {exc}") from exc
+    if marker.get("format") != FORMAT_NAME:
+        raise ArchiveError(f"{path / MARKER}: not a dumpdb archive marker")
+    if int(marker.get("format_version", 0)) > FORMAT_VERSION:
+        raise ArchiveError(
+            f"{path}: archive format version {marker.get('format_version')} is newer than "
+            f"dumpdb {__version__} supports ({FORMAT_VERSION}); upgrade dumpdb"
+        )
+
+
+_TENSOR_LOCATION_SQL = """
+SELECT t.tensor_id, t.dtype, t.shape, t.nbytes, t.content_hash, t.source_file,
+       b.array_path, b.elem_offset, b.elem_count, b.content_hash IS NOT NULL AS stored
+FROM tensors t LEFT JOIN blobs b ON b.content_hash = t.content_hash
+"""
+
+
+class Archive:
+    """An open archive. Create with :func:`dumpdb.open`.
+
+    Raises :class:`ArchiveError` if ``path`` is not an archive, and
+    :class:`~dumpdb.errors.CatalogVersionError` if its schema is newer than
+    this dumpdb (an older one is upgraded when the archive is writable).
+    """
+
+    def __init__(self, path: str | os.PathLike, *, lock_timeout: float = DEFAULT_LOCK_TIMEOUT, on_wait=None):
+        self.path = Path(path)
+        _check_marker(self.path)
+        self.catalog = Catalog(self.path / CATALOG, lock_timeout=lock_timeout, on_wait=on_wait)
+        self.schema_version = self.catalog.check(writable=self.writable)
+        self.store = TensorStore(self.path / STORE, read_only=True)
+        self._held: duckdb.DuckDBPyConnection | None = None
+
+    def __repr__(self) -> str:
+        return f"<dumpdb.Archive {str(self.path)!r}>"
+
+    @property
+    def writable(self) -> bool:
+        return os.access(self.path, os.W_OK) and os.access(self.path / CATALOG, os.W_OK)
+
+    # -- connections -------------------------------------------------------
+    def __enter__(self) -> Archive:
+        if self._held is None:
+            self._held = self.catalog._connect(read_only=True)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Release a connection held by ``with archive:`` (no-op otherwise)."""
+        if self._held is not None:
+            self._held.close()
+            self._held = None
+
+    @contextmanager
+    def _reader(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        if self._held is not None:
+            yield self._held
+        else:
+            with self.catalog.reader() as con:
+                yield con
+
+    # -- queries -----------------------------------------------------------
+    def sql(self, query: str, params: list | dict | None = None) -> pa.Table:
+        """Run a SQL query on the catalog (read-only) and return a ``pyarrow.Table``.
+
+        Relations: runs, tensors, blobs, arrays, ops, execution_order,
+        graph_executions, ingest_errors, schema_version (README "Catalog
+        schema"). Raises :class:`DumpdbError` with DuckDB's message on a bad
+        query or an attempt to write.
+        """
+        with self._reader() as con:
+            try:
+                rel = con.sql(query, params=params)
+                return rel.to_arrow_table() if rel is not None else pa.table({})
+            except duckdb.Error as exc:
+                raise DumpdbError(f"SQL error: {str(exc).strip()}") from exc
+
+    def runs(self) -> pa.Table:
+        """One row per run with its tensor count and payload bytes."""
+        return self.sql(
+            """
+            SELECT r.run, r.status, r.layout, r.framework, r.framework_version,
+                   count(t.tensor_id) AS tensors, coalesce(sum(t.nbytes), 0) AS bytes_in,
+                   r.ingest_started, r.source_path
+            FROM runs r LEFT JOIN tensors t USING (run)
+            GROUP BY ALL ORDER BY r.ingest_started
+            """
+        )
+
+    def show(self, run: str) -> dict[str, Any]:
+        """Summary of one run: metadata, ranks, graphs, iterations, counts and bytes.
+
+        ``bytes_in`` is the payload bytes of its tensors, ``bytes_stored`` the
+        compressed bytes its ingest wrote (payloads already stored by an earlier
+        run cost it nothing), ``ratio`` = bytes_in / bytes_stored. Raises
+        TensorNotFound-style :class:`DumpdbError` for an unknown run.
+        """
+        with self._reader() as con:
+            meta = con.sql("SELECT * FROM runs WHERE run = ?", params=[run]).to_arrow_table().to_pylist()
+            if not meta:
+                known = [r[0] for r in con.execute("SELECT run FROM runs ORDER BY run").fetchall()]
+                raise DumpdbError(f"no run {run!r} in {self.path} (runs: {', '.join(known) or 'none'})")
+            info = meta[0]
+            agg = con.execute(
+                """
+                SELECT count(*), count(content_hash), coalesce(sum(nbytes), 0),
+                       count(DISTINCT content_hash),
+                       list(DISTINCT rank ORDER BY rank), list(DISTINCT graph_id ORDER BY graph_id),
+                       list(DISTINCT iteration ORDER BY iteration)
+                FROM tensors WHERE run = ?
+                """,
+                [run],
+            ).fetchone()
+            stored = con.execute(
+                "SELECT count(*), coalesce(sum(stored_bytes), 0) FROM blobs WHERE first_run = ?", [run]
+            ).fetchone()
+            errors = con.execute("SELECT count(*) FROM ingest_errors WHERE run = ?", [run]).fetchone()[0]
+        tensors, with_payload, bytes_in, distinct, ranks, graphs, iterations = agg
+        info.update(
+            tensors=tensors,
+            statistics_only=tensors - with_payload,
+            distinct_payloads=distinct,
+            payloads_stored=stored[0],
+            deduplicated=with_payload - stored[0],
+            bytes_in=bytes_in,
+            bytes_stored=stored[1],
+            ratio=(bytes_in / stored[1]) if stored[1] else None,
+            ranks=[r for r in ranks if r is not None],
+            graphs=[g for g in graphs if g is not None],
+            iterations=[i for i in iterations if i is not None],
+            errors=errors,
+        )
+        return info
+
+    # -- tensors -----------------------------------------------------------
+    def tensor(self, tensor_id: int | None = None, *, run: str | None = None, iteration: int | None = None,
+               op_name: str | None = None, io: str = "output", slot: int = 0, rank: int | None = 0,
+               graph_id: int | None = None) -> np.ndarray:
+        """The payload of one tensor as a numpy array, bit for bit as dumped.
+
+        By id: ``tensor(17)``. By key: ``tensor(run="fp32", iteration=0,
+        op_name="Default/.../Conv2D-op0", io="output", slot=0)``; ``op_name``
+        may be the file-name form or the scope name (with ``/``). The dtype is
+        the catalog ``dtype`` (bfloat16 as ``ml_dtypes.bfloat16``), the shape
+        the catalog ``shape``.
+
+        Raises :class:`TensorNotFound` when nothing (or more than one tensor)
+        matches, and :class:`DumpdbError` when only statistics were dumped.
+        """
+        if tensor_id is None:
+            tensor_id = self.find_tensor_id(run=run, iteration=iteration, op_name=op_name, io=io,
+                                            slot=slot, rank=rank, graph_id=graph_id)
+        with self._reader() as con:
+            rows = con.execute(_TENSOR_LOCATION_SQL + " WHERE t.tensor_id = ?", [int(tensor_id)]).fetchall()
+        if not rows:
+            raise TensorNotFound(f"no tensor with tensor_id {tensor_id} in {self.path}")
+        return self._read(rows[0])
+
+    def find_tensor_id(self, *, run: str | None, iteration: int | None, op_name: str | None,
+                       io: str = "output", slot: int = 0, rank: int | None = 0,
+                       graph_id: int | None = None) -> int:
+        """The ``tensor_id`` of the one tensor matching the key (see :meth:`tensor`)."""
+        if run is None or op_name is None:
+            raise TypeError("tensor() needs a tensor_id, or run= and op_name= (plus iteration=, io=, slot=)")
+        conds = ["run = ?", "(op_name = ? OR scope_name = ?)", "io = ?", "slot = ?"]
+        params: list[Any] = [run, op_name, op_name, io, slot]
+        for column, value in (("iteration", iteration), ("rank", rank), ("graph_id", graph_id)):
+            if value is not None:
+                conds.append(f"{column} = ?")
+                params.append(value)
+        with self._reader() as con:
+            rows = con.execute(
+                "SELECT tensor_id, graph_id, iteration, rank FROM tensors WHERE "
+                + " AND ".join(conds) + " ORDER BY tensor_id LIMIT 6",
+                params,
+            ).fetchall()
+        key = f"run={run!r} iteration={iteration} op_name={op_name!r} io={io} slot={slot} rank={rank}" + (
+            f" graph_id={graph_id}" if graph_id is not None else "")
+        if not rows:
+            raise TensorNotFound(f"no tensor matches {key} in {self.path}")
+        if len(rows) > 1:
+            where = ", ".join(f"(graph_id={g}, iteration={i}, rank={r})" for _, g, i, r in rows[:5])
+            raise TensorNotFound(f"{len(rows) if len(rows) < 6 else 'several'} tensors match {key}: {where}; "
+                                 "narrow it with iteration=, graph_id= or rank=")
+        return rows[0][0]
+
+    def tensors(self, query: str, params: list | None = None) -> Iterator[tuple[dict[str, Any], np.ndarray | None]]:
+        """Yield ``(row, array)`` for each row of ``query`` (which must return ``tensor_id``).
+
+        Rows come in the query's order as dicts of its columns; ``array`` is
+        None for statistics-only tensors. Payloads are read one at a time, so
+        memory stays bounded by the largest tensor.
+        """
+        table = self.sql(query, params)
+        if "tensor_id" not in table.column_names:
+            raise DumpdbError("tensors(query): the query must return a tensor_id column")
+        ids = pa.table({"tensor_id": table.column("tensor_id").cast(pa.int64())})
+        with self._reader() as con:
+            con.register("_ids", ids)
+            try:
+                locs = {r[0]: r for r in con.execute(
+                    _TENSOR_LOCATION_SQL + " WHERE t.tensor_id IN (SELECT tensor_id FROM _ids)").fetchall()}
+            finally:
+                con.unregister("_ids")
+        for batch in table.to_batches():
+            for row in batch.to_pylist():
+                loc = locs.get(row["tensor_id"])
+                if loc is None:
+                    raise TensorNotFound(f"no tensor with tensor_id {row['tensor_id']} in {self.path}")
+                yield row, (self._read(loc) if loc[4] is not None else None)
+
+    def _read(self, loc: tuple) -> np.ndarray:
+        tensor_id, dtype, shape, nbytes, content_hash, source_file, array_path, offset, count, stored = loc
+        if content_hash is None:
+            raise DumpdbError(
+                f"tensor {tensor_id} ({source_file}): only statistics were dumped, there is no payload")
+        if not stored:
+            raise DumpdbError(f"tensor {tensor_id} ({source_file}): payload {content_hash} is not in the store")
+        return self.store.read(array_path, offset, count or 0, from_catalog_name(dtype), tuple(shape))
+
+
+def open(path: str | os.PathLike | None = None, **kwargs) -> Archive:  # noqa: A001
+    """Open the archive at ``path`` (default ``$DUMPDB_ARCHIVE`` or ``./dumpdb.archive``).
+
+    Keyword arguments go to :class:`Archive` (``lock_timeout`` seconds,
+    ``on_wait`` callback). Raises :class:`ArchiveError` if it is not an archive.
+    """
+    return Archive(path if path is not None else default_archive_path(), **kwargs)

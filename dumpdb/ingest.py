@@ -1,0 +1,492 @@
+"""The ingest pipeline: dump directory -> archive.
+
+Steps: detect the layout, scan names and graphs, then for every tensor not yet
+in the run: read it (worker threads), hash it (xxh3-128), compute statistics
+(unless cached for that content), store the payload once (dedup), and commit
+catalog rows in batches.
+
+Guarantees (issue 2, "Safety"):
+
+* **Idempotent**: a tensor's identity in a run is ``(source_file, io, slot)``;
+  a second ingest of the same dump into the same run adds nothing.
+* **Resumable**: rows are committed only once their payload is written, in
+  batches (one DuckDB transaction each). A kill at any point leaves the catalog
+  consistent; re-running the same command ingests only what is missing. A
+  payload written but not yet committed is merely unreferenced.
+* **Errors lose nothing**: a file that cannot be read is recorded in
+  ``ingest_errors`` with a one-line message and skipped; the rest goes on.
+* **Source untouched**: dump files are only opened for reading.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import xxhash
+
+from dumpdb import __version__
+from dumpdb.archive import CATALOG, STORE, create_archive, default_archive_path, is_archive, _check_marker
+from dumpdb.catalog import DEFAULT_LOCK_TIMEOUT, Catalog, insert_arrow
+from dumpdb.dtypes import dtype_name, from_dump_name
+from dumpdb.errors import ArchiveError, DumpdbError
+from dumpdb.layouts import DumpScan, Layout, TensorEntry, detect, get_layout
+from dumpdb.stats import STAT_COLUMNS, compute_stats
+from dumpdb.store import BlobLocation, StoreWriter, TensorStore
+
+COMMIT_ROWS = 20_000
+COMMIT_SECONDS = 10.0
+INFLIGHT_BYTES = 256 << 20
+INFLIGHT_COUNT = 64
+
+TENSOR_SCHEMA = pa.schema([
+    ("run", pa.string()), ("rank", pa.int32()), ("net_name", pa.string()), ("graph_id", pa.int32()),
+    ("iteration", pa.int64()), ("op_type", pa.string()), ("op_name", pa.string()),
+    ("scope_name", pa.string()), ("task_id", pa.int64()), ("stream_id", pa.int64()),
+    ("timestamp", pa.int64()), ("io", pa.string()), ("slot", pa.int32()), ("format", pa.string()),
+    ("dtype", pa.string()), ("dtype_declared", pa.string()), ("shape", pa.list_(pa.int64())),
+    ("nbytes", pa.int64()), ("source_file", pa.string()), ("content_hash", pa.string()),
+    ("min", pa.float64()), ("max", pa.float64()), ("mean", pa.float64()), ("l2norm", pa.float64()),
+    ("count", pa.int64()), ("nan_count", pa.int64()), ("pos_inf_count", pa.int64()),
+    ("neg_inf_count", pa.int64()), ("zero_count", pa.int64()), ("stats_source", pa.string()),
+    ("checksum", pa.string()), ("checksum_algo", pa.string()), ("note", pa.string()),
+])
+BLOB_SCHEMA = pa.schema([
+    ("content_hash", pa.string()), ("nbytes", pa.int64()), ("array_path", pa.string()),
+    ("elem_offset", pa.int64()), ("elem_count", pa.int64()), ("stored_bytes", pa.int64()),
+    ("first_run", pa.string()),
+])
+ARRAY_SCHEMA = pa.schema([
+    ("array_path", pa.string()), ("kind", pa.string()), ("dtype", pa.string()),
+    ("shape", pa.list_(pa.int64())), ("stored_bytes", pa.int64()),
+])
+OPS_SCHEMA = pa.schema([
+    ("run", pa.string()), ("rank", pa.int32()), ("graph_id", pa.int32()), ("scope_name", pa.string()),
+    ("op_type", pa.string()), ("ir_op_type", pa.string()), ("node", pa.string()),
+    ("input_shapes", pa.list_(pa.list_(pa.int64()))), ("input_dtypes", pa.list_(pa.string())),
+    ("output_shapes", pa.list_(pa.list_(pa.int64()))), ("output_dtypes", pa.list_(pa.string())),
+    ("code_file", pa.string()), ("code_line", pa.int32()), ("code_text", pa.string()),
+    ("code_trace", pa.list_(pa.string())),
+])
+ORDER_SCHEMA = pa.schema([("run", pa.string()), ("rank", pa.int32()), ("graph_id", pa.int32()),
+                          ("position", pa.int32()), ("scope_name", pa.string())])
+EXEC_SCHEMA = pa.schema([("run", pa.string()), ("rank", pa.int32()), ("graph_id", pa.int32()),
+                         ("iteration", pa.int64())])
+ERROR_SCHEMA = pa.schema([("run", pa.string()), ("source_file", pa.string()), ("error", pa.string())])
+
+
+class Reporter:
+    """Progress callbacks of :func:`ingest` (the CLI draws a rich progress bar).
+
+    All methods are optional no-ops here; override what you need.
+    """
+
+    def scanning(self, dump_dir: Path) -> None: ...
+    def start(self, total: int, skipped: int) -> None: ...
+    def advance(self, tensors: int, bytes_read: int) -> None: ...
+    def error(self, source_file: str, message: str) -> None: ...
+    def finish(self) -> None: ...
+
+
+@dataclass
+class IngestReport:
+    """What one :func:`ingest` call did. Byte counts are bytes; ``seconds`` wall time."""
+
+    run: str
+    archive: Path
+    layout: str
+    source_path: str
+    tensors_in_dump: int = 0
+    tensors_added: int = 0
+    tensors_skipped: int = 0  # already in the run
+    deduplicated: int = 0  # added, payload already stored
+    statistics_only: int = 0
+    bytes_read: int = 0  # file bytes read from the dump
+    bytes_in: int = 0  # payload bytes of the tensors added
+    bytes_stored: int = 0  # compressed bytes written to the store
+    errors: list[tuple[str, str]] = field(default_factory=list)
+    seconds: float = 0.0
+    status: str = "ingesting"
+    interrupted: bool = False
+
+    @property
+    def ratio(self) -> float | None:
+        """bytes_in / bytes_stored (None when nothing was stored)."""
+        return self.bytes_in / self.bytes_stored if self.bytes_stored else None
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors and not self.interrupted
+
+
+@dataclass
+class _Loaded:
+    entry: TensorEntry
+    array: np.ndarray | None = None
+    note: str | None = None
+    content_hash: str | None = None
+    stats: dict[str, Any] | None = None
+    file_bytes: int = 0
+    error: str | None = None
+
+
+def content_hash(array: np.ndarray) -> str:
+    """xxh3-128 hex digest of an array's bytes (C order), the dedup key."""
+    data = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+    return xxhash.xxh3_128_hexdigest(data)
+
+
+class _RunLock:
+    """An exclusive per-run lock file (``locks/run-<sha1>.lock``), so two ingests
+    of the same run never interleave. Released when the process ends."""
+
+    def __init__(self, archive: Path, run: str):
+        locks = archive / "locks"
+        locks.mkdir(exist_ok=True)
+        self.path = locks / f"run-{hashlib.sha1(run.encode()).hexdigest()[:16]}.lock"
+        self.run = run
+        self.fd: int | None = None
+
+    def __enter__(self):
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(self.fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(self.fd)
+            raise ArchiveError(
+                f"run {self.run!r} is being ingested by another dumpdb process (pid {holder}); "
+                "wait for it to finish, or choose another --run") from None
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, str(os.getpid()).encode(), 0)
+        return self
+
+    def __exit__(self, *exc):
+        if self.fd is not None:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+
+
+def _open_for_write(archive: Path) -> None:
+    if not archive.exists() or (archive.is_dir() and not is_archive(archive) and not any(archive.iterdir())):
+        create_archive(archive)
+    _check_marker(archive)
+    if not (os.access(archive, os.W_OK) and os.access(archive / CATALOG, os.W_OK)):
+        raise ArchiveError(f"{archive}: archive is read-only; cannot ingest into it")
+
+
+def ingest(
+    dump_dir: str | os.PathLike,
+    archive: str | os.PathLike | None = None,
+    run: str | None = None,
+    *,
+    layout: str | None = None,
+    workers: int | None = None,
+    reporter: Reporter | None = None,
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+    on_wait: Callable[[str], None] | None = None,
+) -> IngestReport:
+    """Ingest the dump at ``dump_dir`` into ``archive`` as run ``run``.
+
+    ``archive`` defaults to ``$DUMPDB_ARCHIVE`` or ``./dumpdb.archive`` and is
+    created if missing; ``run`` defaults to the dump directory's name;
+    ``layout`` overrides auto-detection. Returns an :class:`IngestReport`
+    (per-file problems are in ``report.errors``, not raised).
+
+    Raises :class:`~dumpdb.errors.LayoutError` for a missing or unrecognised
+    dump directory, :class:`~dumpdb.errors.ArchiveError` for an archive that
+    cannot be written or a run name already used by another dump.
+    KeyboardInterrupt stops reading, commits what is complete, and returns a
+    report with ``interrupted=True``.
+    """
+    started = time.monotonic()
+    reporter = reporter or Reporter()
+    dump_dir = Path(dump_dir)
+    archive = Path(archive) if archive is not None else default_archive_path()
+    lay: Layout = get_layout(layout) if layout else detect(dump_dir)
+    run = run or dump_dir.resolve().name
+    if not run.strip():
+        raise DumpdbError("run name must not be empty")
+    _open_for_write(archive)
+    catalog = Catalog(archive / CATALOG, lock_timeout=lock_timeout, on_wait=on_wait)
+    catalog.check(writable=True)
+    with _RunLock(archive, run):
+        reporter.scanning(dump_dir)
+        scan = lay.scan(dump_dir)
+        report = IngestReport(run=run, archive=archive, layout=lay.name,
+                              source_path=str(dump_dir.resolve()), tensors_in_dump=len(scan.entries))
+        pipeline = _Pipeline(catalog, TensorStore(archive / STORE, read_only=False), lay, scan,
+                             report, reporter, workers or min(4, os.cpu_count() or 2))
+        try:
+            pipeline.run()
+        finally:
+            report.seconds = time.monotonic() - started
+            reporter.finish()
+    return report
+
+
+class _Pipeline:
+    def __init__(self, catalog: Catalog, store: TensorStore, layout: Layout, scan: DumpScan,
+                 report: IngestReport, reporter: Reporter, workers: int):
+        self.catalog = catalog
+        self.layout = layout
+        self.scan = scan
+        self.report = report
+        self.reporter = reporter
+        self.workers = max(1, workers)
+        self.writer = StoreWriter(store)
+        self.run_name = report.run
+        self.known: set[str] = set()  # payload hashes durable in the store
+        self.waiting: dict[str, list[dict]] = {}  # hash buffered in a pack -> rows waiting on it
+        self.stats_cache: dict[tuple[str, str], dict] = {}
+        self.rows: list[dict] = []  # rows ready to commit
+        self.blob_rows: list[dict] = []
+        self.error_rows: list[dict] = []
+        self.last_commit = time.monotonic()
+
+    # -- setup ---------------------------------------------------------------
+    def _begin(self) -> list[TensorEntry]:
+        scan, report = self.scan, self.report
+        with self.catalog.writer() as con:
+            existing = con.execute("SELECT source_path, status FROM runs WHERE run = ?", [self.run_name]).fetchone()
+            if existing and existing[0] != report.source_path:
+                raise ArchiveError(
+                    f"run {self.run_name!r} already holds the dump at {existing[0]}; "
+                    "choose another --run for {report.source_path}".replace("{report.source_path}", report.source_path))
+            done = set(con.execute(
+                "SELECT source_file, io, slot FROM tensors WHERE run = ?", [self.run_name]).fetchall())
+            pending = [e for e in scan.entries if e.key not in done]
+            report.tensors_skipped = len(scan.entries) - len(pending)
+            if existing and not pending and not scan.errors:
+                return []  # nothing to do: leave the run as it is
+            self.known = {h for (h,) in con.execute("SELECT content_hash FROM blobs").fetchall()}
+            now = datetime.now()
+            if existing:
+                con.execute("UPDATE runs SET status = 'ingesting', ingest_finished = NULL, dumpdb_version = ? "
+                            "WHERE run = ?", [__version__, self.run_name])
+                for table in ("ops", "execution_order", "graph_executions", "ingest_errors"):
+                    con.execute(f"DELETE FROM {table} WHERE run = ?", [self.run_name])
+            else:
+                con.execute(
+                    "INSERT INTO runs (run, source_path, layout, framework, framework_version, device_target, "
+                    "dump_config, metadata, status, ingest_started, dumpdb_version) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'ingesting', ?, ?)",
+                    [self.run_name, report.source_path, self.layout.name, scan.framework,
+                     scan.framework_version, scan.device_target, _json_or_none(scan.dump_config),
+                     json.dumps(scan.metadata, default=str) if scan.metadata else None, now, __version__])
+            run_col = {"run": self.run_name}
+            insert_arrow(con, "ops", pa.Table.from_pylist([{**run_col, **o} for o in scan.ops], OPS_SCHEMA))
+            insert_arrow(con, "execution_order",
+                         pa.Table.from_pylist([{**run_col, **o} for o in scan.execution_order], ORDER_SCHEMA))
+            insert_arrow(con, "graph_executions",
+                         pa.Table.from_pylist([{**run_col, **o} for o in scan.graph_executions], EXEC_SCHEMA))
+        for source_file, message in scan.errors:
+            self._error(source_file, message)
+        return pending
+
+    # -- main loop -----------------------------------------------------------
+    def run(self) -> None:
+        pending = self._begin()
+        self.reporter.start(len(pending), self.report.tensors_skipped)
+        interrupted = False
+        try:
+            if pending:
+                self._process(pending)
+            self._durable(self.writer.flush())
+            self._commit()
+        except KeyboardInterrupt:
+            interrupted = True
+            self.report.interrupted = True
+            # Keep what is complete: write buffered packs and commit their rows.
+            self._durable(self.writer.flush())
+            self._commit()
+        self._finish(interrupted)
+        if interrupted:
+            self.report.status = "interrupted"
+
+    def _process(self, pending: list[TensorEntry]) -> None:
+        inflight: deque = deque()
+        inflight_bytes = 0
+        entries = iter(pending)
+        exhausted = False
+        with ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="dumpdb-read") as pool:
+            try:
+                while True:
+                    while not exhausted and (not inflight or (
+                            len(inflight) < INFLIGHT_COUNT and inflight_bytes < INFLIGHT_BYTES)):
+                        entry = next(entries, None)
+                        if entry is None:
+                            exhausted = True
+                            break
+                        size = _file_size(entry.path)
+                        inflight.append((pool.submit(self._load, entry, size), size))
+                        inflight_bytes += size
+                    if not inflight:
+                        break
+                    future, size = inflight.popleft()
+                    inflight_bytes -= size
+                    self._accept(future.result())
+                    if self._should_commit():
+                        self._commit()
+            except BaseException:
+                for future, _ in inflight:
+                    future.cancel()
+                raise
+
+    def _load(self, entry: TensorEntry, size: int) -> _Loaded:
+        """Worker: read, hash, statistics. Never raises for a bad file."""
+        item = _Loaded(entry, file_bytes=size)
+        if entry.path is None:
+            return item
+        try:
+            loaded = self.layout.load(entry)
+        except DumpdbError as exc:
+            item.error = str(exc)
+            return item
+        except (OSError, ValueError, MemoryError) as exc:
+            item.error = f"{entry.source_file}: {type(exc).__name__}: {exc}"
+            return item
+        item.array, item.note = loaded.array, loaded.note
+        item.content_hash = content_hash(loaded.array)
+        have = set(entry.stats or ())
+        if not set(STAT_COLUMNS) <= have:
+            key = (item.content_hash, loaded.array.dtype.str)
+            stats = self.stats_cache.get(key)
+            if stats is None:
+                stats = compute_stats(loaded.array).as_dict()
+                self.stats_cache[key] = stats
+            item.stats = stats
+        return item
+
+    def _accept(self, item: _Loaded) -> None:
+        entry = item.entry
+        self.report.bytes_read += item.file_bytes if item.array is not None else 0
+        self.reporter.advance(1, item.file_bytes)
+        if item.error:
+            self._error(entry.source_file, item.error)
+            return
+        row = self._row(item)
+        if item.array is None:  # statistics only
+            self.report.statistics_only += 1
+            self.rows.append(row)
+            return
+        self.report.bytes_in += item.array.nbytes
+        h = item.content_hash
+        if h in self.known:
+            self.report.deduplicated += 1
+            self.rows.append(row)
+        elif h in self.waiting:
+            self.report.deduplicated += 1
+            self.waiting[h].append(row)
+        else:
+            self.waiting[h] = [row]
+            self._durable(self.writer.add(h, item.array))
+
+    def _durable(self, locations: list[BlobLocation]) -> None:
+        for loc in locations:
+            self.known.add(loc.content_hash)
+            self.blob_rows.append({
+                "content_hash": loc.content_hash, "nbytes": loc.nbytes, "array_path": loc.array_path,
+                "elem_offset": loc.elem_offset, "elem_count": loc.elem_count,
+                "stored_bytes": loc.stored_bytes, "first_run": self.run_name,
+            })
+            self.report.bytes_stored += loc.stored_bytes
+            self.rows.extend(self.waiting.pop(loc.content_hash, ()))
+
+    def _row(self, item: _Loaded) -> dict:
+        e = item.entry
+        stats: dict[str, Any] = dict(item.stats or {})
+        source = "computed" if item.stats else None
+        if e.stats:
+            stats.update({k: v for k, v in e.stats.items() if v is not None})
+            source = "statistic.csv" if not item.stats else "statistic.csv+computed"
+        if item.array is not None:
+            dtype, shape, nbytes = dtype_name(item.array.dtype), list(item.array.shape), item.array.nbytes
+        else:
+            declared = from_dump_name(e.dtype_declared)
+            dtype = dtype_name(declared) if declared is not None else None
+            shape = list(e.shape_declared) if e.shape_declared is not None else None
+            nbytes = None
+        notes = "; ".join(n for n in (e.note, item.note) if n) or None
+        return {
+            "run": self.run_name, "rank": e.rank, "net_name": e.net_name, "graph_id": e.graph_id,
+            "iteration": e.iteration, "op_type": e.op_type, "op_name": e.op_name,
+            "scope_name": e.scope_name, "task_id": e.task_id, "stream_id": e.stream_id,
+            "timestamp": e.timestamp, "io": e.io, "slot": e.slot, "format": e.format,
+            "dtype": dtype, "dtype_declared": e.dtype_declared, "shape": shape, "nbytes": nbytes,
+            "source_file": e.source_file, "content_hash": item.content_hash,
+            **{k: stats.get(k) for k in STAT_COLUMNS}, "stats_source": source,
+            "checksum": e.checksum, "checksum_algo": e.checksum_algo, "note": notes,
+        }
+
+    def _error(self, source_file: str, message: str) -> None:
+        self.report.errors.append((source_file, message))
+        self.error_rows.append({"run": self.run_name, "source_file": source_file, "error": message})
+        self.reporter.error(source_file, message)
+
+    # -- commits -------------------------------------------------------------
+    def _should_commit(self) -> bool:
+        if not (self.rows or self.error_rows):
+            return False
+        return len(self.rows) >= COMMIT_ROWS or time.monotonic() - self.last_commit >= COMMIT_SECONDS \
+            or bool(self.writer.arrays_written)
+
+    def _commit(self) -> None:
+        arrays = self.writer.take_arrays()
+        if not (self.rows or self.error_rows or arrays or self.blob_rows):
+            return
+        # Rows whose payload is still in a pack buffer stay behind (self.waiting).
+        with self.catalog.writer() as con:
+            insert_arrow(con, "arrays", pa.Table.from_pylist([
+                {"array_path": a.array_path, "kind": a.kind, "dtype": a.dtype, "shape": list(a.shape),
+                 "stored_bytes": a.stored_bytes} for a in arrays], ARRAY_SCHEMA))
+            insert_arrow(con, "blobs", pa.Table.from_pylist(self.blob_rows, BLOB_SCHEMA), ignore_conflicts=True)
+            insert_arrow(con, "tensors", pa.Table.from_pylist(self.rows, TENSOR_SCHEMA),
+                         prefix="nextval('tensor_id_seq') AS tensor_id,")
+            insert_arrow(con, "ingest_errors", pa.Table.from_pylist(self.error_rows, ERROR_SCHEMA))
+        self.report.tensors_added += len(self.rows)
+        self.rows, self.blob_rows, self.error_rows = [], [], []
+        self.last_commit = time.monotonic()
+
+    def _finish(self, interrupted: bool) -> None:
+        report = self.report
+        status = "interrupted" if interrupted else ("complete_with_errors" if report.errors else "complete")
+        with self.catalog.writer() as con:
+            row = con.execute("SELECT status FROM runs WHERE run = ?", [self.run_name]).fetchone()
+            if row and (row[0] == "ingesting" or interrupted):
+                con.execute("UPDATE runs SET status = ?, ingest_finished = ? WHERE run = ?",
+                            [status, datetime.now(), self.run_name])
+            elif row:
+                status = row[0]
+        report.status = status
+
+
+def _file_size(path: str | None) -> int:
+    if path is None:
+        return 0
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def _json_or_none(text: str | None) -> str | None:
+    if text is None:
+        return None
+    try:
+        json.loads(text)
+        return text
+    except json.JSONDecodeError:
+        return json.dumps(text)

@@ -1,0 +1,117 @@
+"""What every layout reader produces: a :class:`DumpScan` of :class:`TensorEntry`.
+
+A reader turns a dump directory into catalog material without reading tensor
+payloads: names parsed, metadata and graphs read. Payloads are read later, in
+the ingest pipeline, through :meth:`Layout.load`. Every reader fills the same
+fields; what a layout does not have stays None, never invented.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(slots=True)
+class TensorEntry:
+    """One dumped tensor, as named by the dump (no payload read yet).
+
+    ``source_file`` is relative to the ingested directory, as on disk (shown in
+    the catalog); ``path`` is what to open (None: statistics only). For files
+    holding several tensors, ``io`` + ``slot`` tell them apart.
+    """
+
+    source_file: str
+    path: str | None
+    rank: int | None = None
+    net_name: str | None = None
+    graph_id: int | None = None
+    iteration: int | None = None
+    op_type: str | None = None
+    op_name: str | None = None
+    scope_name: str | None = None
+    task_id: int | None = None
+    stream_id: int | None = None
+    timestamp: int | None = None
+    io: str | None = None
+    slot: int | None = None
+    format: str | None = None
+    dtype_declared: str | None = None
+    shape_declared: tuple[int, ...] | None = None
+    stats: dict[str, Any] | None = None  # from the dump's own statistics (statistic.csv)
+    checksum: str | None = None
+    checksum_algo: str | None = None
+    note: str | None = None
+
+    @property
+    def key(self) -> tuple[str, str | None, int | None]:
+        """Identity within a run: (source_file, io, slot)."""
+        return (self.source_file, self.io, self.slot)
+
+
+@dataclass(frozen=True)
+class LoadedTensor:
+    """A payload read from disk: ``array`` in the dtype its bytes really are."""
+
+    array: np.ndarray
+    note: str | None = None
+
+
+@dataclass
+class DumpScan:
+    """Everything a reader found in a dump, ready for the catalog."""
+
+    layout: str
+    root: Path
+    entries: list[TensorEntry] = field(default_factory=list)
+    framework: str | None = None
+    framework_version: str | None = None
+    device_target: str | None = None
+    dump_config: str | None = None  # JSON text
+    metadata: dict[str, Any] = field(default_factory=dict)
+    ops: list[dict[str, Any]] = field(default_factory=list)
+    execution_order: list[dict[str, Any]] = field(default_factory=list)
+    graph_executions: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[tuple[str, str]] = field(default_factory=list)  # (source_file, message)
+
+
+class Layout:
+    """A dump layout: how to recognise it and how to read it.
+
+    Subclasses set ``name``, ``description`` and ``document`` (the source
+    document the rules come from) and implement :meth:`detect`, :meth:`scan`
+    and :meth:`load`.
+    """
+
+    name: str = ""
+    description: str = ""
+    document: str = ""
+
+    def detect(self, root: Path) -> bool:
+        """True if ``root`` holds a dump of this layout (cheap: names only)."""
+        raise NotImplementedError
+
+    def scan(self, root: Path) -> DumpScan:
+        """Parse names, metadata and graphs under ``root`` (no payloads)."""
+        raise NotImplementedError
+
+    def load(self, entry: TensorEntry) -> LoadedTensor:
+        """Read one entry's payload; raises DumpFileError naming the file."""
+        raise NotImplementedError
+
+
+def display_name(name: str) -> str:
+    """A file name as text the catalog can hold.
+
+    Names that are not valid UTF-8 come from ``os.listdir`` with surrogate
+    escapes; they are shown with ``\\xNN`` escapes instead of failing.
+    """
+    try:
+        name.encode("utf-8")
+        return name
+    except UnicodeEncodeError:
+        return os.fsencode(name).decode("utf-8", errors="backslashreplace")

@@ -1,0 +1,220 @@
+"""MindSpore graph files of a synchronous dump: IR text and execution orders.
+
+Sources: seed 001 (同步Dump数据对象目录, 同步Dump数据分析样例) and the corpus
+README (mindspore-cpu, "Layout" and "Things that differ from the docs").
+
+* ``graphs/ms_output_trace_code_graph_{graph_id}.ir``: one node per
+  ``%N(name) = OpType(...)`` line, followed by ``: (inputs) -> (outputs)`` type
+  lines, ``# Fullname with scope: (...)`` (older IR: ``: full_name_with_scope:``)
+  and ``# In file path:line.../code/`` source trace lines.
+* ``execution_order/ms_execution_order_graph_{g}.csv``: a header, then one full
+  scope name per kernel.
+* ``execution_order/ms_global_execution_order_graph_{g}.csv``: the iterations
+  graph g ran (only those dumped), one per line, no header.
+
+Tensor files name ops by scope with ``/`` replaced by ``_``, which is not
+reversible, and their ``-opN`` numbers can differ from the IR's (corpus README,
+item 1). :func:`link_scopes` therefore matches, it does not reverse.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+
+_NODE_RE = re.compile(r"^\s*%(\d+)\(([^)]*)\)\s*=\s*([^(\s]+)\(")
+_BARE_NODE_RE = re.compile(r"^  ([A-Z][A-Za-z0-9_]*)\(%")  # e.g. "  Return(%26)": no id
+_PARAM_RE = re.compile(r"^%para\d+_(\S+?):\s*<(.*)>")
+_REF_KEY_RE = re.compile(r"ref_key=([^,>]+)")
+_SCOPE_RE = re.compile(r"#\s*Fullname with scope:\s*\((.*)\)\s*$|:\s*full_name_with_scope:\s*\((.*)\)\s*$")
+_TRACE_RE = re.compile(r"#\s*In file\s+(.*)$")
+_TRACE_PARTS_RE = re.compile(r"^(?P<file>.+?)(?::(?P<line>\d+)(?P<range>~\d+)?(?:,\s*[\d~]+)?|\((?P<line2>\d+)\))/(?P<code>.*?)/?$")
+_TYPE_ITEM_RE = re.compile(r"<([^<>]*)>")
+_TENSOR_ITEM_RE = re.compile(r"^(?:Ref\[)?Tensor\[(\w+)\]\]?,\s*\(([\d,\s]*)\)")
+_OP_NUMBER_RE = re.compile(r"-op(\d+)$")
+_SITE_PACKAGES = ("site-packages", "dist-packages")
+
+
+def _parse_types(text: str) -> tuple[list, list]:
+    """Shapes and dtypes of a ``(<Tensor[Float32], (4, 1)>, ...)`` list."""
+    shapes, dtypes = [], []
+    for item in _TYPE_ITEM_RE.findall(text):
+        m = _TENSOR_ITEM_RE.match(item)
+        if m:
+            dims = [int(d) for d in m.group(2).replace(" ", "").split(",") if d]
+            shapes.append(dims)
+            dtypes.append(m.group(1))
+        else:
+            shapes.append(None)
+            dtypes.append(re.split(r"[\[,\s]", item, maxsplit=1)[0])
+    return shapes, dtypes
+
+
+def _parse_trace(line: str) -> dict | None:
+    m = _TRACE_PARTS_RE.match(line.strip())
+    if not m:
+        return None
+    number = m.group("line") or m.group("line2")
+    return {
+        "file": m.group("file"),
+        "line": int(number) if number else None,
+        "is_range": bool(m.group("range")),
+        "code": m.group("code").strip(),
+    }
+
+
+def _user_frame(trace: list[str]) -> dict | None:
+    """The innermost source line in the user's own code.
+
+    Frames inside site-packages/dist-packages (MindSpore's nn layers) are
+    skipped, and a frame whose line is a range (``79~97``: a whole ``def``) is
+    less specific than a single line.
+    """
+    parsed = [p for p in (_parse_trace(t) for t in trace) if p]
+    user = [p for p in parsed if not any(s in p["file"] for s in _SITE_PACKAGES)]
+    for candidates in (
+        [p for p in user if not p["is_range"]],
+        user,
+        parsed,
+    ):
+        if candidates:
+            return candidates[-1]
+    return None
+
+
+def parse_ir(path: Path) -> tuple[list[dict], list[str]]:
+    """Nodes and parameter names of one ``.ir`` file.
+
+    Returns (nodes, params): each node a dict with ``node``, ``ir_op_type``,
+    ``op_type`` (``PrimFunc_`` prefix removed), ``scope_name``, input/output
+    shapes and dtypes, ``code_file``/``code_line``/``code_text`` (user frame)
+    and ``code_trace`` (all ``# In file`` lines); params are the parameter names
+    (``ref_key``, e.g. ``fc1.weight``).
+    """
+    nodes: list[dict] = []
+    params: list[str] = []
+    current: dict | None = None
+    type_lines = 0
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for raw in f:
+            line = raw.rstrip("\n")
+            pm = _PARAM_RE.match(line)
+            if pm:
+                ref = _REF_KEY_RE.search(pm.group(2))
+                params.append(ref.group(1).strip() if ref else pm.group(1))
+                continue
+            nm = _NODE_RE.match(line)
+            bare = None if nm else _BARE_NODE_RE.match(line)
+            if nm or bare:
+                op = nm.group(3) if nm else bare.group(1)
+                current = {
+                    "node": f"%{nm.group(1)}" if nm else None,
+                    "ir_op_type": op,
+                    "op_type": op.removeprefix("PrimFunc_"),
+                    "scope_name": None,
+                    "input_shapes": None, "input_dtypes": None,
+                    "output_shapes": None, "output_dtypes": None,
+                    "code_trace": [],
+                }
+                nodes.append(current)
+                type_lines = 0
+                continue
+            if current is None:
+                continue
+            stripped = line.strip()
+            sm = _SCOPE_RE.search(stripped)
+            if sm:
+                current["scope_name"] = sm.group(1) or sm.group(2)
+                continue
+            tm = _TRACE_RE.match(stripped)
+            if tm:
+                current["code_trace"].append(tm.group(1))
+                continue
+            if stripped.startswith(": (") and "->" in stripped and type_lines == 0:
+                # First type line: host-side types (the second, if any, is device-side).
+                left, _, right = stripped[2:].partition("->")
+                current["input_shapes"], current["input_dtypes"] = _parse_types(left)
+                current["output_shapes"], current["output_dtypes"] = _parse_types(right)
+                type_lines += 1
+            elif stripped.startswith(": ("):
+                type_lines += 1
+            elif stripped.startswith("}") or stripped.startswith("subgraph") or not stripped:
+                current = None
+    for node in nodes:
+        frame = _user_frame(node["code_trace"])
+        node["code_file"] = frame["file"] if frame else None
+        node["code_line"] = frame["line"] if frame else None
+        node["code_text"] = frame["code"] if frame else None
+    return nodes, params
+
+
+def read_execution_order(path: Path) -> list[str]:
+    """Scope names of ``ms_execution_order_graph_{g}.csv`` in file order (header dropped)."""
+    lines = [ln.strip() for ln in path.read_text(encoding="utf-8", errors="replace").splitlines()]
+    if lines and "/" not in lines[0] and not lines[0].startswith("Default"):
+        lines = lines[1:]  # header, e.g. NodeExecutionOrder-FullNameWithScope
+    return [ln for ln in lines if ln]
+
+
+def read_global_execution_order(path: Path) -> list[int]:
+    """Iterations of ``ms_global_execution_order_graph_{g}.csv`` (non-numbers skipped)."""
+    out = []
+    for ln in path.read_text(encoding="utf-8", errors="replace").split():
+        for part in ln.split(","):
+            if part.strip().isdigit():
+                out.append(int(part))
+    return out
+
+
+def _split_op_number(name: str) -> tuple[str, int | None]:
+    m = _OP_NUMBER_RE.search(name)
+    if not m:
+        return name, None
+    return name[: m.start()], int(m.group(1))
+
+
+def link_scopes(op_names: Iterable[str], scopes: Iterable[str]) -> dict[str, str]:
+    """Match file op names (``/`` flattened to ``_``) to full scope names.
+
+    Rules, per group of names sharing everything but the trailing ``-opN``:
+
+    1. if every file name of the group flattens exactly to a scope, use those;
+    2. else, if the group has as many file names as scopes, pair them in
+       ``-opN`` order (the IR and the file names number from different
+       counters: corpus README item 1, e.g. eval graph ``ReLU-op4..7`` in
+       files vs ``ReLU-op0..3`` in the IR);
+    3. else keep the exact matches only.
+
+    A flattened name that two different scopes produce is ambiguous and never
+    matched. Returns {op_name: scope_name} for the names matched.
+    """
+    flat: dict[str, str | None] = {}
+    for scope in scopes:
+        key = scope.replace("/", "_")
+        if key in flat and flat[key] != scope:
+            flat[key] = None  # ambiguous
+        else:
+            flat[key] = scope
+    groups_files: dict[str, list[tuple[int | None, str]]] = defaultdict(list)
+    for name in set(op_names):
+        base, num = _split_op_number(name)
+        groups_files[base].append((num, name))
+    groups_scopes: dict[str, list[tuple[int | None, str]]] = defaultdict(list)
+    for key, scope in flat.items():
+        if scope is not None:
+            base, num = _split_op_number(key)
+            groups_scopes[base].append((num, scope))
+    result: dict[str, str] = {}
+    for base, files in groups_files.items():
+        candidates = groups_scopes.get(base, [])
+        exact = {name: flat[name] for _, name in files if flat.get(name)}
+        if len(exact) == len(files):
+            result.update(exact)
+        elif len(files) == len(candidates) and all(n is not None for n, _ in files + candidates):
+            for (_, name), (_, scope) in zip(sorted(files), sorted(candidates)):
+                result[name] = scope
+        else:
+            result.update(exact)
+    return result

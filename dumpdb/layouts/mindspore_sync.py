@@ -1,0 +1,441 @@
+"""MindSpore 2.x synchronous dump (layout ``mindspore-sync``).
+
+Sources: seed 001 (同步Dump数据对象目录 / 同步Dump数据文件介绍), seed 002
+(rank_{rank_id} layout) and the real CPU dumps of corpus ``mindspore-cpu``::
+
+    {path}/rank_{rank_id}/
+        .dump_metadata/{config.json, data_dump.json, ...}
+        {net_name}/{graph_id}/{iteration_id}/
+            {op_type}.{op_name}.{task_id}.{stream_id}.{timestamp}.{input|output}.{slot}.{format}[.{dtype}].npy
+            statistic.csv      (saved_data statistic/full)
+            mapping.csv        (names too long for the file system: "{hash}.npy,{original name}")
+        {net_name}/{graph_id}/constants/Parameter.data-{data_id}.0.0.{timestamp}.output.0.DefaultFormat[.{dtype}].npy
+        graphs/ms_output_trace_code_graph_{graph_id}.{ir,pb}
+        execution_order/ms_execution_order_graph_{graph_id}.csv
+        execution_order/ms_global_execution_order_graph_{graph_id}.csv
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+from pathlib import Path
+
+from dumpdb.errors import LayoutError
+from dumpdb.layouts.base import DumpScan, Layout, LoadedTensor, TensorEntry, display_name
+from dumpdb.layouts import mindspore_ir as ir
+from dumpdb.npy import describe_dtype_mismatch, read_npy
+from dumpdb.dtypes import from_dump_name
+
+RANK_DIR_RE = re.compile(r"^rank_(\d+)$")
+TENSOR_NAME_RE = re.compile(
+    r"^(?P<op_type>[^.]+)\.(?P<op_name>.+)\.(?P<task_id>\d+)\.(?P<stream_id>\d+)\.(?P<timestamp>\d+)"
+    r"\.(?P<io>input|output)\.(?P<slot>\d+)\.(?P<format>[A-Za-z0-9_]+)(?:\.(?P<dtype>[A-Za-z0-9_]+))?\.npy$"
+)
+_EO_RE = re.compile(r"^ms_execution_order_graph_(\d+)\.csv$")
+_GEO_RE = re.compile(r"^ms_global_execution_order_graph_(\d+)\.csv$")
+_IR_RE = re.compile(r"^ms_output_trace_code_graph_(\d+)\.ir$")
+_SPECIAL_DIRS = {".dump_metadata", "graphs", "execution_order"}
+MAX_SEARCH_DEPTH = 4
+
+# statistic.csv header -> catalog statistic column (seed 001 and corpus README:
+# "Max Value, Min Value, Avg Value, Count, Negative Zero Count, Positive Zero
+# Count, NaN Count, Negative Inf Count, Positive Inf Count, Zero Count, MD5,
+# L2Norm Value"). Matched case-insensitively; unknown columns are ignored.
+_CSV_STATS = {
+    "max value": "max",
+    "min value": "min",
+    "avg value": "mean",
+    "l2norm value": "l2norm",
+    "count": "count",
+    "nan count": "nan_count",
+    "positive inf count": "pos_inf_count",
+    "negative inf count": "neg_inf_count",
+    "zero count": "zero_count",
+}
+_CSV_KEYS = {
+    "op type": "op_type",
+    "op name": "op_name",
+    "task id": "task_id",
+    "stream id": "stream_id",
+    "timestamp": "timestamp",
+    "io": "io",
+    "input/output": "io",
+    "slot": "slot",
+    "data type": "dtype",
+    "shape": "shape",
+    "format": "format",
+}
+_CSV_CHECKSUMS = {"md5": "md5", "md5 value": "md5", "sha1": "sha1", "sha1 value": "sha1"}
+
+
+def find_dump_roots(start: Path, max_depth: int = MAX_SEARCH_DEPTH) -> list[Path]:
+    """Directories at or below ``start`` that directly contain ``rank_{id}`` dirs.
+
+    A ``start`` that is itself a ``rank_{id}`` directory counts as its own root.
+    Searches ``max_depth`` levels of directories (file names are not listed).
+    """
+    if RANK_DIR_RE.match(start.name) and start.is_dir():
+        return [start]
+    roots: list[Path] = []
+    frontier = [start]
+    for _ in range(max_depth + 1):
+        nxt = []
+        for d in frontier:
+            try:
+                subdirs = [e for e in os.scandir(d) if e.is_dir(follow_symlinks=False)]
+            except OSError:
+                continue
+            if any(RANK_DIR_RE.match(e.name) for e in subdirs):
+                roots.append(d)
+                continue
+            nxt.extend(Path(e.path) for e in subdirs if not e.name.startswith("."))
+        frontier = nxt
+    return sorted(roots)
+
+
+def _int(text: str | None) -> int | None:
+    if text is None or text == "":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        try:
+            return int(float(text))
+        except ValueError:
+            return None
+
+
+def _float(text: str | None) -> float | None:
+    if text is None or text.strip() == "":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def read_mapping_csv(path: Path) -> dict[str, str]:
+    """``{hashed file name: original file name}`` from a mapping.csv (no header)."""
+    mapping: dict[str, str] = {}
+    with open(path, encoding="utf-8", errors="surrogateescape", newline="") as f:
+        for row in csv.reader(f):
+            if len(row) >= 2 and row[0].strip():
+                mapping[row[0].strip()] = ",".join(row[1:]).strip()
+    return mapping
+
+
+def read_statistic_csv(path: Path) -> list[dict]:
+    """Rows of a statistic.csv, keyed by catalog names, parsed by header names.
+
+    Extra and reordered columns are tolerated; a missing key column gives
+    None. Each row: the key fields (op_type, op_name, task_id, stream_id,
+    timestamp, io, slot), ``dtype``/``shape``/``format`` as written, ``stats``
+    (catalog statistic columns present) and ``checksum``/``checksum_algo``.
+    """
+    rows = []
+    with open(path, encoding="utf-8", errors="replace", newline="") as f:
+        reader = csv.reader(f)
+        header = next(reader, None)
+        if not header:
+            return rows
+        cols = [h.strip().lower() for h in header]
+        for rec in reader:
+            if not rec or all(not c.strip() for c in rec):
+                continue
+            values = dict(zip(cols, (c.strip() for c in rec)))
+            row: dict = {field: values.get(col) for col, field in _CSV_KEYS.items() if col in values}
+            for num in ("task_id", "stream_id", "timestamp", "slot"):
+                row[num] = _int(row.get(num))
+            io = (row.get("io") or "").lower()
+            row["io"] = io if io in ("input", "output") else None
+            stats = {}
+            for col, field in _CSV_STATS.items():
+                if col in values:
+                    v = _float(values[col])
+                    stats[field] = int(v) if (v is not None and field.endswith("count")) else v
+            if "zero_count" not in stats and {"negative zero count", "positive zero count"} <= values.keys():
+                neg, pos = _int(values["negative zero count"]), _int(values["positive zero count"])
+                if neg is not None and pos is not None:
+                    stats["zero_count"] = neg + pos
+            row["stats"] = stats
+            row["checksum"] = row["checksum_algo"] = None
+            for col, algo in _CSV_CHECKSUMS.items():
+                if values.get(col):
+                    row["checksum"], row["checksum_algo"] = values[col], algo
+                    break
+            if row.get("shape"):
+                row["shape"] = tuple(int(d) for d in re.findall(r"\d+", row["shape"]))
+            rows.append(row)
+    return rows
+
+
+def parse_tensor_name(name: str) -> dict | None:
+    """Fields of a tensor file name, or None if it does not follow the pattern."""
+    m = TENSOR_NAME_RE.match(name)
+    if not m:
+        return None
+    d = m.groupdict()
+    return {
+        "op_type": d["op_type"],
+        "op_name": d["op_name"],
+        "task_id": int(d["task_id"]),
+        "stream_id": int(d["stream_id"]),
+        "timestamp": int(d["timestamp"]),
+        "io": d["io"],
+        "slot": int(d["slot"]),
+        "format": d["format"],
+        "dtype_declared": d["dtype"],
+    }
+
+
+class MindSporeSync(Layout):
+    name = "mindspore-sync"
+    description = "MindSpore 2.x synchronous (e2e) dump: rank_{id}/{net}/{graph}/{iteration}/*.npy"
+    document = "seed 001 (MindSpore Dump, 同步Dump), seed 002; corpus mindspore-cpu"
+
+    def detect(self, root: Path) -> bool:
+        for dump_root in find_dump_roots(root):
+            rank_dirs = [dump_root] if RANK_DIR_RE.match(dump_root.name) else [
+                dump_root / e for e in os.listdir(dump_root) if RANK_DIR_RE.match(e)
+            ]
+            for rank_dir in rank_dirs:
+                if any(
+                    (rank_dir / s).is_dir() for s in (".dump_metadata", "execution_order", "graphs")
+                ) or self._net_dirs(rank_dir):
+                    return True
+        return False
+
+    @staticmethod
+    def _net_dirs(rank_dir: Path) -> list[Path]:
+        out = []
+        try:
+            for e in os.scandir(rank_dir):
+                if e.is_dir(follow_symlinks=False) and e.name not in _SPECIAL_DIRS:
+                    try:
+                        if any(g.is_dir() and g.name.isdigit() for g in os.scandir(e.path)):
+                            out.append(Path(e.path))
+                    except OSError:
+                        continue
+        except OSError:
+            pass
+        return sorted(out)
+
+    def scan(self, root: Path) -> DumpScan:
+        root = Path(root)
+        roots = find_dump_roots(root)
+        if not roots:
+            raise LayoutError(f"{root}: no rank_{{rank_id}} directory found (looked {MAX_SEARCH_DEPTH} levels down)")
+        if len(roots) > 1:
+            shown = ", ".join(str(r.relative_to(root)) for r in roots[:5])
+            raise LayoutError(
+                f"{root}: holds {len(roots)} separate dumps ({shown}{', ...' if len(roots) > 5 else ''}); "
+                "ingest them one at a time"
+            )
+        dump_root = roots[0]
+        scan = DumpScan(layout=self.name, root=root, framework="MindSpore")
+        if RANK_DIR_RE.match(dump_root.name):
+            rank_dirs = [dump_root]
+        else:
+            rank_dirs = sorted(
+                (dump_root / n for n in os.listdir(dump_root) if RANK_DIR_RE.match(n)),
+                key=lambda p: int(RANK_DIR_RE.match(p.name).group(1)),
+            )
+        for rank_dir in rank_dirs:
+            self._scan_rank(root, rank_dir, scan)
+        scan.entries.sort(key=lambda e: (
+            e.rank if e.rank is not None else -1, e.graph_id if e.graph_id is not None else -1,
+            e.iteration if e.iteration is not None else -1, e.timestamp or 0, e.source_file,
+        ))
+        return scan
+
+    # -- one rank ------------------------------------------------------------
+    def _scan_rank(self, root: Path, rank_dir: Path, scan: DumpScan) -> None:
+        rank = int(RANK_DIR_RE.match(rank_dir.name).group(1))
+        rel_rank = os.path.relpath(rank_dir, root)
+        self._read_metadata(root, rank_dir, scan)
+        scopes_by_graph, params_by_graph = self._read_graphs(root, rank_dir, rank, scan)
+        rank_entries: list[TensorEntry] = []
+        for net_dir in self._net_dirs(rank_dir):
+            net_name = net_dir.name
+            for graph_dir in sorted(net_dir.iterdir()):
+                if not (graph_dir.is_dir() and graph_dir.name.isdigit()):
+                    continue
+                graph_id = int(graph_dir.name)
+                for it_dir in sorted(graph_dir.iterdir()):
+                    if not it_dir.is_dir():
+                        continue
+                    if it_dir.name.isdigit():
+                        iteration = int(it_dir.name)
+                    elif it_dir.name == "constants":
+                        iteration = None
+                    else:
+                        continue
+                    rel_dir = os.path.join(rel_rank, net_name, graph_dir.name, it_dir.name)
+                    rank_entries.extend(self._scan_tensor_dir(
+                        it_dir, rel_dir, rank, net_name, graph_id, iteration, scan))
+        self._link(rank_entries, scopes_by_graph, params_by_graph)
+        scan.entries.extend(rank_entries)
+
+    def _read_metadata(self, root: Path, rank_dir: Path, scan: DumpScan) -> None:
+        meta_dir = rank_dir / ".dump_metadata"
+        if not meta_dir.is_dir():
+            return
+        for path in sorted(meta_dir.iterdir()):
+            rel = os.path.relpath(path, root)
+            if not path.is_file():
+                continue
+            try:
+                text = path.read_text(encoding="utf-8", errors="replace")
+            except OSError as exc:
+                scan.errors.append((rel, f"cannot read metadata: {exc.strerror or exc}"))
+                continue
+            try:
+                value = json.loads(text) if path.suffix == ".json" else text
+            except json.JSONDecodeError as exc:
+                scan.errors.append((rel, f"invalid JSON: {exc.msg} at line {exc.lineno}"))
+                value = text
+            scan.metadata[rel] = value
+            if path.name == "data_dump.json" and scan.dump_config is None:
+                scan.dump_config = text
+            if path.name == "config.json" and isinstance(value, dict):
+                scan.framework_version = scan.framework_version or value.get("ms_version")
+                scan.device_target = scan.device_target or value.get("device_target")
+
+    def _read_graphs(self, root: Path, rank_dir: Path, rank: int, scan: DumpScan):
+        scopes_by_graph: dict[int, list[str]] = {}
+        params_by_graph: dict[int, list[str]] = {}
+        ir_scopes: dict[int, list[str]] = {}
+        graphs_dir = rank_dir / "graphs"
+        if graphs_dir.is_dir():
+            for path in sorted(graphs_dir.iterdir()):
+                m = _IR_RE.match(path.name)
+                if not m:
+                    continue
+                g = int(m.group(1))
+                try:
+                    nodes, params = ir.parse_ir(path)
+                except OSError as exc:
+                    scan.errors.append((os.path.relpath(path, root), f"cannot read IR: {exc.strerror or exc}"))
+                    continue
+                params_by_graph[g] = params
+                ir_scopes[g] = [n["scope_name"] for n in nodes if n["scope_name"]]
+                for n in nodes:
+                    scan.ops.append({"rank": rank, "graph_id": g, **n})
+        eo_dir = rank_dir / "execution_order"
+        if eo_dir.is_dir():
+            for path in sorted(eo_dir.iterdir()):
+                rel = os.path.relpath(path, root)
+                m, gm = _EO_RE.match(path.name), _GEO_RE.match(path.name)
+                try:
+                    if m:
+                        g = int(m.group(1))
+                        order = ir.read_execution_order(path)
+                        scopes_by_graph[g] = order
+                        scan.execution_order.extend(
+                            {"rank": rank, "graph_id": g, "position": i, "scope_name": s}
+                            for i, s in enumerate(order)
+                        )
+                    elif gm:
+                        g = int(gm.group(1))
+                        scan.graph_executions.extend(
+                            {"rank": rank, "graph_id": g, "iteration": it}
+                            for it in ir.read_global_execution_order(path)
+                        )
+                except OSError as exc:
+                    scan.errors.append((rel, f"cannot read execution order: {exc.strerror or exc}"))
+        for g, scopes in ir_scopes.items():
+            # Kernels come from the execution order; the IR also has Load,
+            # UpdateState, ... nodes. Use the IR only where no order exists.
+            scopes_by_graph.setdefault(g, scopes)
+        return scopes_by_graph, params_by_graph
+
+    def _scan_tensor_dir(self, it_dir: Path, rel_dir: str, rank: int, net_name: str,
+                         graph_id: int, iteration: int | None, scan: DumpScan) -> list[TensorEntry]:
+        entries: list[TensorEntry] = []
+        try:
+            names = os.listdir(it_dir)
+        except OSError as exc:
+            scan.errors.append((rel_dir, f"cannot list directory: {exc.strerror or exc}"))
+            return entries
+        mapping: dict[str, str] = {}
+        if "mapping.csv" in names:
+            try:
+                mapping = read_mapping_csv(it_dir / "mapping.csv")
+            except OSError as exc:
+                scan.errors.append((os.path.join(rel_dir, "mapping.csv"), f"cannot read: {exc.strerror or exc}"))
+        csv_rows: dict[tuple, dict] = {}
+        if "statistic.csv" in names:
+            try:
+                for row in read_statistic_csv(it_dir / "statistic.csv"):
+                    key = (row.get("op_type"), row.get("op_name"), row.get("task_id"),
+                           row.get("stream_id"), row.get("timestamp"), row.get("io"), row.get("slot"))
+                    csv_rows[key] = row
+            except OSError as exc:
+                scan.errors.append((os.path.join(rel_dir, "statistic.csv"), f"cannot read: {exc.strerror or exc}"))
+        for name in sorted(names):
+            if not name.endswith(".npy"):
+                continue
+            original = mapping.get(name, name)
+            source_file = display_name(os.path.join(rel_dir, name))
+            fields = parse_tensor_name(original)
+            if fields is None:
+                scan.errors.append((source_file, "file name does not follow "
+                                    "{op_type}.{op_name}.{task_id}.{stream_id}.{timestamp}.{input|output}.{slot}.{format}[.{dtype}].npy"))
+                continue
+            entry = TensorEntry(
+                source_file=source_file, path=str(it_dir / name), rank=rank, net_name=net_name,
+                graph_id=graph_id, iteration=iteration, **fields,
+            )
+            if name in mapping:
+                entry.note = f"name from mapping.csv ({name})"
+                entry.op_name = display_name(entry.op_name)
+            row = csv_rows.pop((entry.op_type, entry.op_name, entry.task_id, entry.stream_id,
+                                entry.timestamp, entry.io, entry.slot), None)
+            if row is not None:
+                entry.stats = row["stats"] or None
+                entry.checksum, entry.checksum_algo = row["checksum"], row["checksum_algo"]
+            entries.append(entry)
+        # statistic.csv rows without a tensor file: statistics-only tensors.
+        for row in csv_rows.values():
+            entries.append(TensorEntry(
+                source_file=display_name(os.path.join(rel_dir, "statistic.csv")), path=None,
+                rank=rank, net_name=net_name, graph_id=graph_id, iteration=iteration,
+                op_type=row.get("op_type"), op_name=row.get("op_name"), task_id=row.get("task_id"),
+                stream_id=row.get("stream_id"), timestamp=row.get("timestamp"), io=row.get("io"),
+                slot=row.get("slot"), format=row.get("format"), dtype_declared=row.get("dtype"),
+                shape_declared=row.get("shape"), stats=row["stats"] or None,
+                checksum=row["checksum"], checksum_algo=row["checksum_algo"],
+            ))
+        return entries
+
+    @staticmethod
+    def _link(entries: list[TensorEntry], scopes_by_graph: dict[int, list[str]],
+              params_by_graph: dict[int, list[str]]) -> None:
+        by_graph: dict[int | None, list[TensorEntry]] = {}
+        for e in entries:
+            by_graph.setdefault(e.graph_id, []).append(e)
+        for g, group in by_graph.items():
+            ops = [e.op_name for e in group if e.op_type != "Parameter" and e.op_name]
+            links = ir.link_scopes(ops, scopes_by_graph.get(g, []))
+            # Parameter files: Parameter.{name with '.' -> '_'} (corpus README).
+            params = {}
+            for p in params_by_graph.get(g, []):
+                params.setdefault(p.replace(".", "_"), p)
+            for e in group:
+                if e.op_type == "Parameter":
+                    e.scope_name = params.get(e.op_name)
+                else:
+                    e.scope_name = links.get(e.op_name)
+
+    # -- payloads ----------------------------------------------------------------
+    def load(self, entry: TensorEntry) -> LoadedTensor:
+        """Read the entry's ``.npy`` (see :mod:`dumpdb.npy` for the quirks handled)."""
+        t = read_npy(entry.path, where=entry.source_file)
+        notes = [n for n in (t.note, describe_dtype_mismatch(
+            from_dump_name(entry.dtype_declared), entry.dtype_declared, t.array.dtype)) if n]
+        if t.note and "float32" in t.note:
+            notes = [t.note]  # the float16-header quirk already explains the mismatch
+        return LoadedTensor(t.array, "; ".join(notes) or None)

@@ -1,0 +1,157 @@
+"""Reading ``.npy`` tensor files as dumps really write them.
+
+``numpy.load`` is not enough for real MindSpore dumps (corpus README,
+"Tensor file names" and "Things that differ from the docs"):
+
+* bfloat16 files carry ``'descr': '<E2'``, which numpy rejects
+  (``ValueError: descr is not a valid dtype descriptor``);
+* on CPU, some files named ``Float16`` with a ``'<f2'`` header hold float32
+  bytes (payload = 4 x prod(shape) bytes); ``np.load`` silently returns the
+  first half of the bytes as float16 garbage;
+* a truncated file or a header that lies about shape/dtype must be an error,
+  never garbage in the archive.
+
+:func:`read_npy` parses the header itself, checks the payload size against
+it, and returns the array in the dtype the bytes really are.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from dumpdb.dtypes import BFLOAT16, dtype_name
+from dumpdb.errors import DumpFileError
+
+MAGIC = b"\x93NUMPY"
+
+
+@dataclass(frozen=True)
+class NpyTensor:
+    """A tensor read from an ``.npy`` file.
+
+    ``array`` is C-contiguous, little-endian, in the dtype the payload really
+    holds (``ml_dtypes.bfloat16`` for ``'<E2'``). ``header_descr`` is the
+    descr the header states; ``note`` describes any quirk found (None if none).
+    """
+
+    array: np.ndarray
+    header_descr: str
+    note: str | None = None
+
+
+def _parse_header(raw: bytes | memoryview, where: str) -> tuple[dict, int]:
+    if len(raw) < 10 or bytes(raw[:6]) != MAGIC:
+        raise DumpFileError(f"{where}: not an .npy file (missing \\x93NUMPY magic)")
+    major = raw[6]
+    if major == 1:
+        hlen, start = int.from_bytes(raw[8:10], "little"), 10
+    elif major in (2, 3):
+        if len(raw) < 12:
+            raise DumpFileError(f"{where}: truncated .npy header")
+        hlen, start = int.from_bytes(raw[8:12], "little"), 12
+    else:
+        raise DumpFileError(f"{where}: unsupported .npy format version {major}")
+    if start + hlen > len(raw):
+        raise DumpFileError(
+            f"{where}: truncated .npy header ({len(raw)} bytes, header needs {start + hlen})"
+        )
+    text = bytes(raw[start : start + hlen]).decode("utf-8" if major == 3 else "latin1")
+    try:
+        header = ast.literal_eval(text.strip())
+    except (ValueError, SyntaxError) as exc:
+        raise DumpFileError(f"{where}: unreadable .npy header {text.strip()[:80]!r}") from exc
+    if not isinstance(header, dict) or not {"descr", "shape"} <= header.keys():
+        raise DumpFileError(f"{where}: .npy header lacks descr/shape: {text.strip()[:80]!r}")
+    shape = header["shape"]
+    if not isinstance(shape, tuple) or not all(isinstance(d, int) and d >= 0 for d in shape):
+        raise DumpFileError(f"{where}: bad shape {shape!r} in .npy header")
+    return header, start + hlen
+
+
+def _header_dtype(descr, where: str) -> np.dtype:
+    if not isinstance(descr, str):
+        raise DumpFileError(f"{where}: structured dtype {descr!r} is not a tensor")
+    if descr in ("<E2", "E2"):  # MindSpore's bfloat16 spelling
+        return BFLOAT16
+    try:
+        dtype = np.dtype(descr)
+    except TypeError as exc:
+        raise DumpFileError(f"{where}: unknown dtype descriptor {descr!r}") from exc
+    if dtype.hasobject or dtype.kind in "OVSUMm":
+        raise DumpFileError(f"{where}: dtype {descr!r} is not a numeric tensor")
+    return dtype
+
+
+def parse_npy(raw: bytes | memoryview, where: str) -> NpyTensor:
+    """Parse the bytes of an ``.npy`` file (see module docstring for the rules).
+
+    ``where`` names the file in error messages. Raises :class:`DumpFileError`
+    for a missing magic, unreadable header, unknown or object dtype, or a
+    payload whose size does not match the header (truncated or lying).
+    """
+    header, data_offset = _parse_header(raw, where)
+    descr = header["descr"]
+    dtype = _header_dtype(descr, where)
+    shape = header["shape"]
+    count = math.prod(shape)
+    payload = len(raw) - data_offset
+    expected = count * dtype.itemsize
+    note = None
+    if payload != expected:
+        if dtype == np.float16 and payload == 2 * expected:
+            # MindSpore CPU quirk (corpus d2_compare_fp16_bf16): header '<f2',
+            # payload float32. Keep what the bytes are.
+            dtype = np.dtype("<f4")
+            note = (
+                f"header says float16 ('{descr}') but the payload holds float32 "
+                f"({payload} bytes = 4 x {count}); stored as float32"
+            )
+        elif payload < expected:
+            raise DumpFileError(
+                f"{where}: truncated: payload is {payload} bytes, header "
+                f"({descr}, shape {shape}) needs {expected}"
+            )
+        else:
+            raise DumpFileError(
+                f"{where}: payload is {payload} bytes but header ({descr}, shape "
+                f"{shape}) describes {expected}; header and data disagree"
+            )
+    array = np.frombuffer(raw, dtype=dtype, count=count, offset=data_offset)
+    if header.get("fortran_order"):
+        array = np.ascontiguousarray(array.reshape(shape, order="F"))
+    else:
+        array = array.reshape(shape)
+    if array.dtype.byteorder == ">":
+        array = array.astype(array.dtype.newbyteorder("<"))
+        note = (note + "; " if note else "") + "big-endian payload stored little-endian"
+    return NpyTensor(array=array, header_descr=str(descr), note=note)
+
+
+def read_npy(path: str, where: str | None = None) -> NpyTensor:
+    """Read one ``.npy`` file (never modifies it; works on 0400 files).
+
+    Raises :class:`DumpFileError` (message starts with ``where`` or the path)
+    for an unreadable file or any problem :func:`parse_npy` finds.
+    """
+    where = where or path
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as exc:
+        raise DumpFileError(f"{where}: cannot read: {exc.strerror or exc}") from exc
+    return parse_npy(raw, where)
+
+
+def describe_dtype_mismatch(declared: np.dtype | None, declared_name: str | None, actual: np.dtype) -> str | None:
+    """A note when the dtype a file name declares differs from what it holds.
+
+    MindSpore saves bfloat16 as float32 in some versions (seed 001, 注意事项:
+    "bfloat16类型的算子保存到npy文件时，会转换成float32类型").
+    """
+    if declared is None or declared == actual:
+        return None
+    return f"file name declares {declared_name}, payload is {dtype_name(actual)}"

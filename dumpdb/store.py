@@ -1,0 +1,255 @@
+"""The tensor store: a Zarr v3 hierarchy (``tensors.zarr``) of packed arrays.
+
+Layout (reference performance.md d. and tools-and-storage.md B.4: one Zarr
+array per tensor costs ~2.7 ms + ~3 ms per chunk, so tensors are packed):
+
+``packs/{dtype}/{pack_id}``
+    1-D arrays holding many tensors' payloads back to back (one per dtype per
+    flush, about ``pack_bytes`` each), zstd level 1, inner chunks of 1 MiB,
+    one shard per pack: one ``zarr.json`` + one shard file per pack.
+``large/{hh}/{content_hash}-{id}``
+    one array per tensor of at least ``large_bytes``, in its own shape and
+    dtype, chunked along the leading dimensions (~4 MiB chunks) in one shard.
+
+The catalog's ``blobs`` table maps a content hash to ``(array_path,
+elem_offset, elem_count)``; a repeated payload is stored once. Array names are
+unique per write (time + random id), so concurrent ingests never write the same
+array, and a crash leaves at worst an unreferenced array (no partial tensor is
+ever referenced: the catalog commit comes after the write).
+
+bfloat16 is stored as uint16 bit patterns (Zarr 3.1 has no bfloat16); every
+payload reads back bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+import zarr
+import zarr.codecs
+import zarr.storage
+
+from dumpdb.dtypes import storage_dtype
+
+PACK_BYTES = 64 << 20
+LARGE_BYTES = 16 << 20
+INNER_CHUNK_BYTES = 1 << 20
+LARGE_CHUNK_BYTES = 4 << 20
+ZSTD_LEVEL = 1
+
+
+@dataclass(frozen=True)
+class BlobLocation:
+    """Where one payload lives. ``array_path`` None means an empty payload."""
+
+    content_hash: str
+    nbytes: int
+    array_path: str | None
+    elem_offset: int | None
+    elem_count: int
+    stored_bytes: int
+
+
+@dataclass(frozen=True)
+class ArrayInfo:
+    """One Zarr array written by a :class:`StoreWriter` (a row of ``arrays``)."""
+
+    array_path: str
+    kind: str
+    dtype: str
+    shape: tuple[int, ...]
+    stored_bytes: int
+
+
+def _unique_id() -> str:
+    return datetime.now().strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:10]
+
+
+def _dir_bytes(path: Path) -> int:
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.path.getsize(os.path.join(dirpath, f))
+            except OSError:
+                pass
+    return total
+
+
+def large_chunks(shape: tuple[int, ...], itemsize: int, target: int = LARGE_CHUNK_BYTES) -> tuple[int, ...]:
+    """Chunk shape for a large tensor: whole trailing dims, split the leading ones.
+
+    The first dimension ``i`` whose trailing block fits in ``target`` bytes is
+    cut into runs of ``target // block`` rows; dims before it get chunk 1. So
+    ``x[k]`` slices read only the chunks they need.
+    """
+    if not shape:
+        return ()
+    for i in range(len(shape)):
+        block = math.prod(shape[i + 1 :]) * itemsize
+        if block <= target:
+            rows = max(1, min(shape[i], target // max(block, 1)))
+            return (1,) * i + (rows,) + tuple(shape[i + 1 :])
+    return (1,) * len(shape)  # unreachable: the last block is one item
+
+
+class TensorStore:
+    """Read access to ``tensors.zarr`` (and the root a :class:`StoreWriter` writes to)."""
+
+    def __init__(self, root: Path, read_only: bool = True, cache_size: int = 64):
+        self.root = Path(root)
+        self.zstore = zarr.storage.LocalStore(str(self.root), read_only=read_only)
+        self._arrays: OrderedDict[str, zarr.Array] = OrderedDict()
+        self._cache_size = cache_size
+        zarr.config.set({"threading.max_workers": os.cpu_count() or 2})
+
+    @staticmethod
+    def create(root: Path) -> None:
+        """Create an empty store with its root group."""
+        store = zarr.storage.LocalStore(str(root), read_only=False)
+        zarr.create_group(store, attributes={"dumpdb": {"kind": "tensor-store", "layout": 1}})
+
+    def array(self, path: str) -> zarr.Array:
+        """Open (and cache) the Zarr array at ``path`` inside the store."""
+        arr = self._arrays.get(path)
+        if arr is None:
+            arr = zarr.open_array(self.zstore, path=path, mode="r")
+            self._arrays[path] = arr
+            if len(self._arrays) > self._cache_size:
+                self._arrays.popitem(last=False)
+        else:
+            self._arrays.move_to_end(path)
+        return arr
+
+    def read(self, array_path: str | None, elem_offset: int | None, elem_count: int,
+             dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+        """Payload of one tensor as ``dtype`` with ``shape`` (a new, writable array).
+
+        ``dtype`` is the logical dtype (``ml_dtypes.bfloat16`` allowed).
+        Raises ValueError if the stored byte count does not fit dtype x shape.
+        """
+        dtype = np.dtype(dtype)
+        if array_path is None:
+            return np.zeros(shape, dtype=dtype)
+        arr = self.array(array_path)
+        if elem_offset is None:
+            data = np.asarray(arr[...])
+        else:
+            data = np.asarray(arr[elem_offset : elem_offset + elem_count])
+        want = storage_dtype(dtype)
+        if data.dtype != want or data.shape != tuple(shape):
+            data = np.ascontiguousarray(data).reshape(-1).view(np.uint8).view(want)
+        if want != dtype:
+            data = data.view(dtype)
+        return data.reshape(shape)
+
+
+@dataclass
+class _PackBuffer:
+    dtype: np.dtype
+    parts: list[tuple[str, np.ndarray]] = field(default_factory=list)
+    nbytes: int = 0
+
+
+class StoreWriter:
+    """Writes payloads into the store: buffers small ones into packs per dtype,
+    gives large ones their own array.
+
+    :meth:`add` and :meth:`flush` return the :class:`BlobLocation` of every
+    payload that has become durable (written) by that call; the ingest pipeline
+    commits catalog rows only for those. :attr:`arrays_written` lists the
+    arrays written since the last :meth:`take_arrays`.
+    """
+
+    def __init__(self, store: TensorStore, pack_bytes: int = PACK_BYTES, large_bytes: int = LARGE_BYTES):
+        self.store = store
+        self.pack_bytes = pack_bytes
+        self.large_bytes = large_bytes
+        self._buffers: dict[str, _PackBuffer] = {}
+        self.arrays_written: list[ArrayInfo] = []
+        self.bytes_written = 0
+
+    @property
+    def buffered_bytes(self) -> int:
+        return sum(b.nbytes for b in self._buffers.values())
+
+    def add(self, content_hash: str, payload: np.ndarray) -> list[BlobLocation]:
+        """Store one payload (any shape/dtype). Returns newly durable locations."""
+        nbytes = payload.nbytes
+        if nbytes == 0:
+            return [BlobLocation(content_hash, 0, None, None, 0, 0)]
+        sdtype = storage_dtype(payload.dtype)
+        flat = np.ascontiguousarray(payload).reshape(-1).view(sdtype)
+        if nbytes >= self.large_bytes:
+            return [self._write_large(content_hash, flat.reshape(payload.shape))]
+        key = sdtype.str
+        buf = self._buffers.setdefault(key, _PackBuffer(sdtype))
+        buf.parts.append((content_hash, flat))
+        buf.nbytes += nbytes
+        if buf.nbytes >= self.pack_bytes:
+            return self._write_pack(key)
+        return []
+
+    def flush(self) -> list[BlobLocation]:
+        """Write every non-empty pack buffer. Returns the locations made durable."""
+        done: list[BlobLocation] = []
+        for key in list(self._buffers):
+            done.extend(self._write_pack(key))
+        return done
+
+    def take_arrays(self) -> list[ArrayInfo]:
+        taken, self.arrays_written = self.arrays_written, []
+        return taken
+
+    def _write_pack(self, key: str) -> list[BlobLocation]:
+        buf = self._buffers.pop(key, None)
+        if buf is None or not buf.parts:
+            return []
+        data = np.concatenate([p for _, p in buf.parts]) if len(buf.parts) > 1 else buf.parts[0][1]
+        n = data.size
+        chunk = max(1, INNER_CHUNK_BYTES // buf.dtype.itemsize)
+        chunk = min(chunk, n)
+        shard = math.ceil(n / chunk) * chunk
+        name = f"packs/{_dtype_dir(buf.dtype)}/{_unique_id()}"
+        arr = zarr.create_array(
+            self.store.zstore, name=name, shape=(n,), dtype=buf.dtype, chunks=(chunk,),
+            shards=(shard,), compressors=zarr.codecs.ZstdCodec(level=ZSTD_LEVEL), fill_value=0,
+            attributes={"dumpdb": {"kind": "pack"}},
+        )
+        arr[:] = data
+        stored = _dir_bytes(self.store.root / name)
+        self.bytes_written += stored
+        self.arrays_written.append(ArrayInfo(name, "pack", buf.dtype.name, (n,), stored))
+        locations = []
+        offset = 0
+        for content_hash, part in buf.parts:
+            share = round(stored * part.nbytes / data.nbytes) if data.nbytes else 0
+            locations.append(BlobLocation(content_hash, part.nbytes, name, offset, part.size, share))
+            offset += part.size
+        return locations
+
+    def _write_large(self, content_hash: str, payload: np.ndarray) -> BlobLocation:
+        name = f"large/{content_hash[:2]}/{content_hash}-{_unique_id()}"
+        chunks = large_chunks(payload.shape, payload.dtype.itemsize)
+        shards = tuple(math.ceil(s / c) * c for s, c in zip(payload.shape, chunks)) if chunks else None
+        arr = zarr.create_array(
+            self.store.zstore, name=name, shape=payload.shape, dtype=payload.dtype,
+            chunks=chunks or None, shards=shards, compressors=zarr.codecs.ZstdCodec(level=ZSTD_LEVEL),
+            fill_value=0, attributes={"dumpdb": {"kind": "tensor", "content_hash": content_hash}},
+        )
+        arr[...] = payload
+        stored = _dir_bytes(self.store.root / name)
+        self.bytes_written += stored
+        self.arrays_written.append(ArrayInfo(name, "tensor", payload.dtype.name, payload.shape, stored))
+        return BlobLocation(content_hash, payload.nbytes, name, None, payload.size, stored)
+
+
+def _dtype_dir(dtype: np.dtype) -> str:
+    return "bool" if dtype.kind == "b" else dtype.name

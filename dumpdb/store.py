@@ -168,10 +168,12 @@ class StoreWriter:
     arrays written since the last :meth:`take_arrays`.
     """
 
-    def __init__(self, store: TensorStore, pack_bytes: int = PACK_BYTES, large_bytes: int = LARGE_BYTES):
+    def __init__(self, store: TensorStore, pack_bytes: int | None = None, large_bytes: int | None = None):
         self.store = store
-        self.pack_bytes = pack_bytes
-        self.large_bytes = large_bytes
+        # Module constants are read here, not bound as defaults, so tests and
+        # benchmarks can change them.
+        self.pack_bytes = pack_bytes or PACK_BYTES
+        self.large_bytes = large_bytes or LARGE_BYTES
         self._buffers: dict[str, _PackBuffer] = {}
         self.arrays_written: list[ArrayInfo] = []
         self.bytes_written = 0

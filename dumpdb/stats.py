@@ -63,7 +63,12 @@ def compute_stats(array: np.ndarray) -> TensorStats:
         flat = flat.view(np.uint8)
     elif flat.dtype.kind == "c":
         flat = np.abs(flat)
-    floating = flat.dtype.kind == "f" or flat.dtype.kind == "V" or flat.dtype.name == "bfloat16"
+    floating = flat.dtype.kind == "f" or flat.dtype.name == "bfloat16"
+    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf and overflow are expected
+        return _accumulate(flat, n, floating)
+
+
+def _accumulate(flat: np.ndarray, n: int, floating: bool) -> TensorStats:
     lo, hi = math.inf, -math.inf
     total = 0.0
     squares = 0.0

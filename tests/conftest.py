@@ -1,0 +1,65 @@
+"""Shared fixtures: the real dump cases in tests/data and archives made from them."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import dumpdb
+
+DATA = Path(__file__).parent / "data"
+MS_CASES = ["c1_inputs_kernels_iter", "f_long_names", "d2_compare_fp16_bf16_iter0", "a_tensor_all_eval"]
+
+
+def ms_case(name: str) -> Path:
+    return DATA / "mindspore" / name
+
+
+def npy_files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*.npy"))
+
+
+def npy_payload(path: Path) -> tuple[str, tuple, bytes]:
+    """(descr, shape, payload bytes) of an .npy file, parsed independently of dumpdb."""
+    raw = path.read_bytes()
+    assert raw[:6] == b"\x93NUMPY"
+    if raw[6] == 1:
+        hlen, start = int.from_bytes(raw[8:10], "little"), 10
+    else:
+        hlen, start = int.from_bytes(raw[8:12], "little"), 12
+    header = eval(raw[start : start + hlen].decode("latin1"))  # noqa: S307 - test data we ship
+    return header["descr"], tuple(header["shape"]), raw[start + hlen :]
+
+
+@pytest.fixture(scope="session")
+def ingested(tmp_path_factory) -> Path:
+    """One archive holding every tests/data MindSpore case, one run per case (read-only use)."""
+    archive = tmp_path_factory.mktemp("shared") / "all.dumpdb"
+    for case in MS_CASES:
+        report = dumpdb.ingest(ms_case(case), archive=archive, run=case)
+        assert report.ok, report.errors
+    return archive
+
+
+@pytest.fixture
+def case_copy(tmp_path):
+    """Copy a tests/data case into tmp (so a test may damage it); returns the copy's path."""
+
+    def _copy(name: str) -> Path:
+        dst = tmp_path / name
+        shutil.copytree(ms_case(name), dst)
+        return dst
+
+    return _copy
+
+
+def file_count(path: Path) -> int:
+    return sum(len(files) for _, _, files in os.walk(path))
+
+
+def assert_bit_exact(array: np.ndarray, payload: bytes) -> None:
+    assert np.ascontiguousarray(array).tobytes() == payload

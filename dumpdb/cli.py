@@ -194,12 +194,14 @@ def runs(archive: Optional[Path] = ArchiveOpt) -> None:
         err.print("no runs yet: add one with 'dumpdb ingest DUMP_DIR'")
         return
     view = Table(header_style="bold")
-    for col in ("run", "status", "layout", "framework", "tensors", "payload", "ingested", "source"):
-        view.add_column(col)
+    for col in ("run", "status", "tensors", "payload", "ingested"):
+        view.add_column(col, no_wrap=True)
+    for col in ("layout", "framework", "source"):
+        view.add_column(col, overflow="fold")
     for r in table.to_pylist():
         fw = " ".join(x for x in (r["framework"], r["framework_version"]) if x)
-        view.add_row(r["run"], r["status"], r["layout"], fw, str(r["tensors"]), _human(r["bytes_in"]),
-                     r["ingest_started"].strftime("%Y-%m-%d %H:%M"), r["source_path"])
+        view.add_row(r["run"], r["status"], str(r["tensors"]), _human(r["bytes_in"]),
+                     r["ingest_started"].strftime("%Y-%m-%d %H:%M"), r["layout"], fw, r["source_path"])
     out.print(view)
 
 

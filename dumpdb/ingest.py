@@ -180,8 +180,8 @@ class _RunLock:
 
 
 def _open_for_write(archive: Path) -> None:
-    if not archive.exists() or (archive.is_dir() and not is_archive(archive) and not any(archive.iterdir())):
-        create_archive(archive)
+    if not is_archive(archive):
+        create_archive(archive)  # refuses a non-empty directory that is not an archive
     _check_marker(archive)
     if not (os.access(archive, os.W_OK) and os.access(archive / CATALOG, os.W_OK)):
         raise ArchiveError(f"{archive}: archive is read-only; cannot ingest into it")

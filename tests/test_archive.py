@@ -1,0 +1,139 @@
+"""The Python query API and the catalog's migrations."""
+
+from __future__ import annotations
+
+import shutil
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import dumpdb
+from conftest import ms_case
+from dumpdb import catalog as catalog_mod
+
+
+def test_sql_returns_arrow_and_is_read_only(ingested):
+    a = dumpdb.open(ingested)
+    t = a.sql("SELECT iteration, op_type, count(*) AS n FROM tensors GROUP BY ALL ORDER BY ALL")
+    assert isinstance(t, pa.Table) and t.num_rows > 10
+    assert a.sql("SELECT count(*) AS n FROM tensors WHERE run = ?", ["f_long_names"])["n"][0].as_py() == 66
+    with pytest.raises(dumpdb.DumpdbError, match="SQL error"):
+        a.sql("DELETE FROM tensors")
+    with pytest.raises(dumpdb.DumpdbError, match="SQL error"):
+        a.sql("SELECT nope FROM tensors")
+
+
+def test_tensor_by_key_file_name_or_scope_name(ingested):
+    a = dumpdb.open(ingested)
+    by_file = a.tensor(run="a_tensor_all_eval", iteration=3,
+                       op_name="Default_network-WithLossCell__backbone-LeNet5_relu-ReLU_ReLU-op4")
+    by_scope = a.tensor(run="a_tensor_all_eval", iteration=3,
+                        op_name="Default/network-WithLossCell/_backbone-LeNet5/relu-ReLU/ReLU-op0")
+    assert by_file.shape == (4, 6, 28, 28) and np.array_equal(by_file, by_scope)
+    assert (by_file >= 0).all()  # a ReLU output
+    weight = a.tensor(run="a_tensor_all_eval", iteration=3, op_name="fc1.weight")
+    assert weight.shape == (120, 400)
+
+
+def test_tensor_lookup_errors(ingested):
+    a = dumpdb.open(ingested)
+    with pytest.raises(dumpdb.TensorNotFound, match="no tensor with tensor_id 999999"):
+        a.tensor(999999)
+    with pytest.raises(dumpdb.TensorNotFound, match="no tensor matches"):
+        a.tensor(run="a_tensor_all_eval", iteration=3, op_name="nope")
+    with pytest.raises(dumpdb.TensorNotFound, match="tensors match .*narrow it"):
+        a.tensor(run="c1_inputs_kernels_iter", iteration=None, io="input", slot=0,
+                 op_name="Default_network-WithLossCell__backbone-LeNet5_fc2-Dense_MatMul-op0")
+    with pytest.raises(TypeError):
+        a.tensor()
+
+
+def test_tensors_batches_and_bfloat16(ingested):
+    a = dumpdb.open(ingested)
+    pairs = list(a.tensors("SELECT tensor_id, op_type, dtype FROM tensors WHERE dtype = 'bfloat16'"))
+    assert pairs and all(arr.dtype.name == "bfloat16" for _, arr in pairs)
+    assert set(pairs[0][0]) == {"tensor_id", "op_type", "dtype"}
+    with pytest.raises(dumpdb.DumpdbError, match="tensor_id column"):
+        next(a.tensors("SELECT op_type FROM tensors"))
+
+
+def test_show_and_runs(ingested):
+    a = dumpdb.open(ingested)
+    info = a.show("c1_inputs_kernels_iter")
+    assert info["iterations"] == [0, 2, 3] and info["ranks"] == [0] and info["graphs"] == [0]
+    assert info["tensors"] == 42 and info["ratio"] > 1 and info["status"] == "complete"
+    assert info["framework_version"] == "2.10.0"
+    assert sorted(a.runs()["run"].to_pylist()) == sorted(
+        ["c1_inputs_kernels_iter", "f_long_names", "d2_compare_fp16_bf16_iter0", "a_tensor_all_eval"])
+    with pytest.raises(dumpdb.DumpdbError, match="no run 'nope'"):
+        a.show("nope")
+
+
+def test_open_errors(tmp_path):
+    with pytest.raises(dumpdb.ArchiveError, match="no such archive"):
+        dumpdb.open(tmp_path / "missing")
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "x").write_text("x")
+    with pytest.raises(dumpdb.ArchiveError, match="not a dumpdb archive"):
+        dumpdb.open(tmp_path / "plain")
+    with pytest.raises(dumpdb.ArchiveError, match="refusing to write into it"):
+        dumpdb.ingest(ms_case("c1_inputs_kernels_iter"), archive=tmp_path / "plain")
+
+
+def test_default_archive_from_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("DUMPDB_ARCHIVE", str(tmp_path / "env.dumpdb"))
+    dumpdb.ingest(ms_case("c1_inputs_kernels_iter"))
+    assert dumpdb.open().show("c1_inputs_kernels_iter")["tensors"] == 42
+
+
+def _migrations_plus(tmp_path, extra_sql: str):
+    mdir = tmp_path / "migrations"
+    shutil.copytree(catalog_mod.migrations_dir(), mdir)
+    (mdir / "002_add_comment.sql").write_text(extra_sql)
+    return mdir
+
+
+def test_older_archive_is_upgraded_on_open_with_backup(tmp_path, monkeypatch):
+    archive = tmp_path / "a.dumpdb"
+    dumpdb.ingest(ms_case("c1_inputs_kernels_iter"), archive=archive, run="c1")
+    assert dumpdb.open(archive).schema_version == 1
+    mdir = _migrations_plus(tmp_path, "ALTER TABLE runs ADD COLUMN comment VARCHAR;")
+    monkeypatch.setattr(catalog_mod, "migrations_dir", lambda: mdir)
+    a = dumpdb.open(archive)
+    assert a.schema_version == 2
+    assert a.sql("SELECT version FROM schema_version ORDER BY version")["version"].to_pylist() == [1, 2]
+    assert a.sql("SELECT comment FROM runs")["comment"].to_pylist() == [None]
+    assert a.sql("SELECT count(*) AS n FROM tensors")["n"][0].as_py() == 42
+    backups = list((archive / "backups").glob("catalog-v1-*.duckdb"))
+    assert len(backups) == 1
+    with duckdb.connect(str(backups[0]), read_only=True) as con:
+        assert con.execute("SELECT max(version) FROM schema_version").fetchone()[0] == 1
+
+
+def test_newer_archive_is_refused(tmp_path):
+    archive = tmp_path / "a.dumpdb"
+    dumpdb.ingest(ms_case("c1_inputs_kernels_iter"), archive=archive, run="c1")
+    with duckdb.connect(str(archive / "catalog.duckdb")) as con:
+        con.execute("INSERT INTO schema_version (version, name) VALUES (99, 'future')")
+    with pytest.raises(dumpdb.CatalogVersionError, match="version 99 is newer than this dumpdb"):
+        dumpdb.open(archive)
+
+
+def test_queries_wait_for_a_writer_then_work(tmp_path):
+    archive = tmp_path / "a.dumpdb"
+    dumpdb.ingest(ms_case("c1_inputs_kernels_iter"), archive=archive, run="c1")
+    a = dumpdb.open(archive, lock_timeout=0.3)
+    import subprocess
+    import sys
+    holder = subprocess.Popen([sys.executable, "-c",
+                               f"import duckdb,time; c=duckdb.connect({str(archive / 'catalog.duckdb')!r}); "
+                               "print('locked', flush=True); time.sleep(1.5)"], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "locked"
+    with pytest.raises(dumpdb.ArchiveError, match="locked by another process"):
+        a.sql("SELECT 1")
+    waited = []
+    t = dumpdb.open(archive, lock_timeout=10, on_wait=waited.append).sql("SELECT count(*) AS n FROM tensors")
+    holder.wait()
+    assert t["n"][0].as_py() == 42 and waited and "waiting for the catalog lock" in waited[0]

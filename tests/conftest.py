@@ -12,7 +12,8 @@ import pytest
 import dumpdb
 
 DATA = Path(__file__).parent / "data"
-MS_CASES = ["c1_inputs_kernels_iter", "f_long_names", "d2_compare_fp16_bf16_iter0", "a_tensor_all_eval"]
+MS_CASES = ["c1_inputs_kernels_iter", "f_long_names", "d2_compare_fp16_bf16_iter0", "a_tensor_all_eval",
+            "e1_nan_inf_overflow"]
 
 
 def ms_case(name: str) -> Path:

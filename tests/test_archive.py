@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 import dumpdb
-from conftest import ms_case
+from conftest import MS_CASES, ms_case
 from dumpdb import catalog as catalog_mod
 
 
@@ -65,8 +65,7 @@ def test_show_and_runs(ingested):
     assert info["iterations"] == [0, 2, 3] and info["ranks"] == [0] and info["graphs"] == [0]
     assert info["tensors"] == 42 and info["ratio"] > 1 and info["status"] == "complete"
     assert info["framework_version"] == "2.10.0"
-    assert sorted(a.runs()["run"].to_pylist()) == sorted(
-        ["c1_inputs_kernels_iter", "f_long_names", "d2_compare_fp16_bf16_iter0", "a_tensor_all_eval"])
+    assert sorted(a.runs()["run"].to_pylist()) == sorted(MS_CASES)
     with pytest.raises(dumpdb.DumpdbError, match="no run 'nope'"):
         a.show("nope")
 

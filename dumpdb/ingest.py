@@ -255,6 +255,7 @@ class _Pipeline:
         self.blob_rows: list[dict] = []
         self.error_rows: list[dict] = []
         self.last_commit = time.monotonic()
+        self.arrays: list = []  # arrays written, not yet in the catalog
 
     # -- setup ---------------------------------------------------------------
     def _begin(self) -> list[TensorEntry]:
@@ -312,6 +313,8 @@ class _Pipeline:
             # Keep what is complete: write buffered packs and commit their rows.
             self._durable(self.writer.flush())
             self._commit()
+        finally:
+            self.writer.close()
         self._finish(interrupted)
         if interrupted:
             self.report.status = "interrupted"
@@ -395,6 +398,7 @@ class _Pipeline:
             self._durable(self.writer.add(h, item.array))
 
     def _durable(self, locations: list[BlobLocation]) -> None:
+        self.arrays.extend(self.writer.take_arrays())
         for loc in locations:
             self.known.add(loc.content_hash)
             self.blob_rows.append({
@@ -441,10 +445,10 @@ class _Pipeline:
         if not (self.rows or self.error_rows):
             return False
         return len(self.rows) >= COMMIT_ROWS or time.monotonic() - self.last_commit >= COMMIT_SECONDS \
-            or bool(self.writer.arrays_written)
+            or bool(self.arrays)
 
     def _commit(self) -> None:
-        arrays = self.writer.take_arrays()
+        arrays, self.arrays = self.arrays, []
         if not (self.rows or self.error_rows or arrays or self.blob_rows):
             return
         # Rows whose payload is still in a pack buffer stay behind (self.waiting).

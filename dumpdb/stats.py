@@ -74,26 +74,27 @@ def _accumulate(flat: np.ndarray, n: int, floating: bool) -> TensorStats:
     squares = 0.0
     nonzero = nans = pinf = ninf = 0
     has_nan = False
+    narrow = floating and flat.dtype.itemsize < 4
+    scratch = np.empty(min(n, CHUNK), np.float32) if narrow else None
     for start in range(0, n, CHUNK):
         x = flat[start : start + CHUNK]
-        if x.dtype.itemsize < 4 and floating:
-            x = x.astype(np.float32)  # float16/bfloat16: numpy is slow on them
+        if narrow:  # float16/bfloat16: numpy is slow on them, widen once into scratch
+            x = scratch[: x.size]
+            np.copyto(x, flat[start : start + CHUNK], casting="unsafe")
         cmin, cmax = x.min(), x.max()
         nonzero += int(np.count_nonzero(x))
-        x64 = x.astype(np.float64, copy=False)
         if floating and not (np.isfinite(cmin) and np.isfinite(cmax)):
-            isnan = np.isnan(x64)
-            c_nan = int(np.count_nonzero(isnan))
+            c_nan = int(np.count_nonzero(np.isnan(x)))
             nans += c_nan
-            pinf += int(np.count_nonzero(x64 == np.inf))
-            ninf += int(np.count_nonzero(x64 == -np.inf))
-            if c_nan:
-                has_nan = True
+            pinf += int(np.count_nonzero(x == np.inf))
+            ninf += int(np.count_nonzero(x == -np.inf))
+            has_nan = has_nan or c_nan > 0
         if not has_nan:
             lo = min(lo, float(cmin))
             hi = max(hi, float(cmax))
-        total += float(np.add.reduce(x64))
-        squares += float(np.dot(x64, x64))
+        # float64 accumulation without materialising a float64 copy of the chunk
+        total += float(np.add.reduce(x, dtype=np.float64))
+        squares += float(np.einsum("i,i->", x, x, dtype=np.float64))
     if has_nan:
         lo = hi = mean = l2 = math.nan
     else:

@@ -26,7 +26,8 @@ from __future__ import annotations
 import math
 import os
 import uuid
-from collections import OrderedDict
+from collections import OrderedDict, deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -158,24 +159,37 @@ class _PackBuffer:
     nbytes: int = 0
 
 
+_Written = tuple[list[BlobLocation], ArrayInfo]
+
+
 class StoreWriter:
     """Writes payloads into the store: buffers small ones into packs per dtype,
     gives large ones their own array.
 
-    :meth:`add` and :meth:`flush` return the :class:`BlobLocation` of every
-    payload that has become durable (written) by that call; the ingest pipeline
-    commits catalog rows only for those. :attr:`arrays_written` lists the
-    arrays written since the last :meth:`take_arrays`.
+    Writing (compression + files) happens on a background thread so reading
+    the dump goes on meanwhile; at most ``max_inflight`` writes are queued
+    (back-pressure bounds memory to about that many packs).
+
+    :meth:`add`, :meth:`poll` and :meth:`flush` return the
+    :class:`BlobLocation` of every payload that has become durable (written)
+    since the last call, in write order; the ingest pipeline commits catalog
+    rows only for those. :meth:`take_arrays` returns the arrays written since
+    it was last called. A write error (e.g. disk full) is raised by the call
+    that collects it.
     """
 
-    def __init__(self, store: TensorStore, pack_bytes: int | None = None, large_bytes: int | None = None):
+    def __init__(self, store: TensorStore, pack_bytes: int | None = None, large_bytes: int | None = None,
+                 max_inflight: int = 2):
         self.store = store
         # Module constants are read here, not bound as defaults, so tests and
         # benchmarks can change them.
         self.pack_bytes = pack_bytes or PACK_BYTES
         self.large_bytes = large_bytes or LARGE_BYTES
+        self.max_inflight = max(1, max_inflight)
         self._buffers: dict[str, _PackBuffer] = {}
-        self.arrays_written: list[ArrayInfo] = []
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dumpdb-write")
+        self._inflight: deque[Future[_Written]] = deque()
+        self._arrays: list[ArrayInfo] = []
         self.bytes_written = 0
 
     @property
@@ -183,74 +197,92 @@ class StoreWriter:
         return sum(b.nbytes for b in self._buffers.values())
 
     def add(self, content_hash: str, payload: np.ndarray) -> list[BlobLocation]:
-        """Store one payload (any shape/dtype). Returns newly durable locations."""
+        """Queue one payload (any shape/dtype). Returns newly durable locations."""
         nbytes = payload.nbytes
         if nbytes == 0:
-            return [BlobLocation(content_hash, 0, None, None, 0, 0)]
+            return [BlobLocation(content_hash, 0, None, None, 0, 0)] + self.poll()
         sdtype = storage_dtype(payload.dtype)
         flat = np.ascontiguousarray(payload).reshape(-1).view(sdtype)
         if nbytes >= self.large_bytes:
-            return [self._write_large(content_hash, flat.reshape(payload.shape))]
+            return self._submit(self._write_large, content_hash, flat.reshape(payload.shape))
         key = sdtype.str
         buf = self._buffers.setdefault(key, _PackBuffer(sdtype))
         buf.parts.append((content_hash, flat))
         buf.nbytes += nbytes
         if buf.nbytes >= self.pack_bytes:
-            return self._write_pack(key)
-        return []
+            return self._submit(self._write_pack, self._buffers.pop(key))
+        return self.poll()
 
-    def flush(self) -> list[BlobLocation]:
-        """Write every non-empty pack buffer. Returns the locations made durable."""
+    def poll(self) -> list[BlobLocation]:
+        """Locations of writes finished so far (non-blocking)."""
         done: list[BlobLocation] = []
-        for key in list(self._buffers):
-            done.extend(self._write_pack(key))
+        while self._inflight and self._inflight[0].done():
+            done.extend(self._collect(self._inflight.popleft()))
         return done
 
+    def flush(self) -> list[BlobLocation]:
+        """Write every buffered pack and wait for all writes. Returns their locations."""
+        for key in list(self._buffers):
+            self._inflight.append(self._pool.submit(self._write_pack, self._buffers.pop(key)))
+        done: list[BlobLocation] = []
+        while self._inflight:
+            done.extend(self._collect(self._inflight.popleft()))
+        return done
+
+    def close(self) -> None:
+        """Stop the writer thread (after waiting for queued writes)."""
+        self._pool.shutdown(wait=True)
+
     def take_arrays(self) -> list[ArrayInfo]:
-        taken, self.arrays_written = self.arrays_written, []
+        taken, self._arrays = self._arrays, []
         return taken
 
-    def _write_pack(self, key: str) -> list[BlobLocation]:
-        buf = self._buffers.pop(key, None)
-        if buf is None or not buf.parts:
-            return []
+    def _submit(self, fn, *args) -> list[BlobLocation]:
+        done: list[BlobLocation] = []
+        while len(self._inflight) >= self.max_inflight:  # back-pressure
+            done.extend(self._collect(self._inflight.popleft()))
+        self._inflight.append(self._pool.submit(fn, *args))
+        return done + self.poll()
+
+    def _collect(self, future: Future[_Written]) -> list[BlobLocation]:
+        locations, info = future.result()
+        self._arrays.append(info)
+        self.bytes_written += info.stored_bytes
+        return locations
+
+    def _create(self, name: str, data: np.ndarray, chunks, shards, kind: str, **attrs) -> int:
+        arr = zarr.create_array(
+            self.store.zstore, name=name, shape=data.shape, dtype=data.dtype, chunks=chunks,
+            shards=shards, compressors=zarr.codecs.ZstdCodec(level=ZSTD_LEVEL), fill_value=0,
+            attributes={"dumpdb": {"kind": kind, **attrs}},
+            # Every chunk is written: no scan for fill-value chunks (measured: ~25 % of
+            # write time) and nothing depends on how a fill value compares (-0.0, NaN).
+            config={"write_empty_chunks": True},
+        )
+        arr[...] = data
+        return _dir_bytes(self.store.root / name)
+
+    def _write_pack(self, buf: _PackBuffer) -> _Written:
         data = np.concatenate([p for _, p in buf.parts]) if len(buf.parts) > 1 else buf.parts[0][1]
         n = data.size
-        chunk = max(1, INNER_CHUNK_BYTES // buf.dtype.itemsize)
-        chunk = min(chunk, n)
-        shard = math.ceil(n / chunk) * chunk
+        chunk = min(n, max(1, INNER_CHUNK_BYTES // buf.dtype.itemsize))
         name = f"packs/{_dtype_dir(buf.dtype)}/{_unique_id()}"
-        arr = zarr.create_array(
-            self.store.zstore, name=name, shape=(n,), dtype=buf.dtype, chunks=(chunk,),
-            shards=(shard,), compressors=zarr.codecs.ZstdCodec(level=ZSTD_LEVEL), fill_value=0,
-            attributes={"dumpdb": {"kind": "pack"}},
-        )
-        arr[:] = data
-        stored = _dir_bytes(self.store.root / name)
-        self.bytes_written += stored
-        self.arrays_written.append(ArrayInfo(name, "pack", buf.dtype.name, (n,), stored))
+        stored = self._create(name, data, (chunk,), (math.ceil(n / chunk) * chunk,), "pack")
         locations = []
         offset = 0
         for content_hash, part in buf.parts:
             share = round(stored * part.nbytes / data.nbytes) if data.nbytes else 0
             locations.append(BlobLocation(content_hash, part.nbytes, name, offset, part.size, share))
             offset += part.size
-        return locations
+        return locations, ArrayInfo(name, "pack", buf.dtype.name, (n,), stored)
 
-    def _write_large(self, content_hash: str, payload: np.ndarray) -> BlobLocation:
+    def _write_large(self, content_hash: str, payload: np.ndarray) -> _Written:
         name = f"large/{content_hash[:2]}/{content_hash}-{_unique_id()}"
         chunks = large_chunks(payload.shape, payload.dtype.itemsize)
         shards = tuple(math.ceil(s / c) * c for s, c in zip(payload.shape, chunks)) if chunks else None
-        arr = zarr.create_array(
-            self.store.zstore, name=name, shape=payload.shape, dtype=payload.dtype,
-            chunks=chunks or None, shards=shards, compressors=zarr.codecs.ZstdCodec(level=ZSTD_LEVEL),
-            fill_value=0, attributes={"dumpdb": {"kind": "tensor", "content_hash": content_hash}},
-        )
-        arr[...] = payload
-        stored = _dir_bytes(self.store.root / name)
-        self.bytes_written += stored
-        self.arrays_written.append(ArrayInfo(name, "tensor", payload.dtype.name, payload.shape, stored))
-        return BlobLocation(content_hash, payload.nbytes, name, None, payload.size, stored)
+        stored = self._create(name, payload, chunks or None, shards, "tensor", content_hash=content_hash)
+        location = BlobLocation(content_hash, payload.nbytes, name, None, payload.size, stored)
+        return [location], ArrayInfo(name, "tensor", payload.dtype.name, payload.shape, stored)
 
 
 def _dtype_dir(dtype: np.dtype) -> str:

@@ -25,7 +25,17 @@ from dumpdb.errors import (  # noqa: E402
     TensorNotFound,
 )
 from dumpdb.archive import Archive, open  # noqa: E402,A004
-from dumpdb.ingest import IngestReport, ingest  # noqa: E402
+
+
+def __getattr__(name: str):
+    # The ingest pipeline imports zarr (~0.2 s); load it only when asked for, so
+    # queries (dumpdb sql, dumpdb.open(...).sql) start faster.
+    if name in ("ingest", "IngestReport"):
+        from dumpdb import pipeline
+
+        return getattr(pipeline, name)
+    raise AttributeError(f"module 'dumpdb' has no attribute {name!r}")
+
 
 __all__ = [
     "Archive",

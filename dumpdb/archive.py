@@ -33,7 +33,6 @@ from dumpdb import __version__
 from dumpdb.catalog import DEFAULT_LOCK_TIMEOUT, Catalog
 from dumpdb.dtypes import from_catalog_name
 from dumpdb.errors import ArchiveError, DumpdbError, TensorNotFound
-from dumpdb.store import TensorStore
 
 MARKER = "dumpdb.json"
 CATALOG = "catalog.duckdb"
@@ -63,6 +62,8 @@ def create_archive(path: Path) -> None:
         raise ArchiveError(f"{path}: exists and is not a dumpdb archive (no {MARKER}); refusing to write into it")
     try:
         path.mkdir(parents=True, exist_ok=True)
+        from dumpdb.store import TensorStore
+
         Catalog(path / CATALOG).create()
         TensorStore.create(path / STORE)
         (path / "locks").mkdir(exist_ok=True)
@@ -117,11 +118,20 @@ class Archive:
         _check_marker(self.path)
         self.catalog = Catalog(self.path / CATALOG, lock_timeout=lock_timeout, on_wait=on_wait)
         self.schema_version = self.catalog.check(writable=self.writable)
-        self.store = TensorStore(self.path / STORE, read_only=True)
+        self._store = None  # opened on first tensor read: zarr costs ~0.2 s to import
         self._held: duckdb.DuckDBPyConnection | None = None
 
     def __repr__(self) -> str:
         return f"<dumpdb.Archive {str(self.path)!r}>"
+
+    @property
+    def store(self):
+        """The :class:`~dumpdb.store.TensorStore` (read-only), opened on first use."""
+        if self._store is None:
+            from dumpdb.store import TensorStore
+
+            self._store = TensorStore(self.path / STORE, read_only=True)
+        return self._store
 
     @property
     def writable(self) -> bool:

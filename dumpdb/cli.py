@@ -22,7 +22,7 @@ import dumpdb
 from dumpdb import output
 from dumpdb.archive import default_archive_path
 from dumpdb.errors import DumpdbError
-from dumpdb.ingest import IngestReport, Reporter
+from dumpdb.progress import Reporter
 
 app = typer.Typer(
     name="dumpdb",
@@ -111,7 +111,7 @@ class _RichReporter(Reporter):
         self.progress.stop()
 
 
-def _print_report(r: IngestReport) -> None:
+def _print_report(r) -> None:
     ratio = f"{r.ratio:.2f}x" if r.ratio else "-"
     err.print(
         f"run [bold]{r.run}[/bold] ({r.layout}) -> {r.archive}\n"
@@ -129,7 +129,7 @@ def ingest(
     archive: Optional[Path] = ArchiveOpt,
     run: Optional[str] = typer.Option(None, "--run", "-r", help="Run name (default: the dump directory's name)."),
     layout: Optional[str] = typer.Option(None, "--layout", help="Skip auto-detection; see 'dumpdb layouts'."),
-    workers: Optional[int] = typer.Option(None, "--workers", "-j", min=1, help="Reader threads (default: cores, max 4)."),
+    workers: Optional[int] = typer.Option(None, "--workers", "-j", min=1, help="Reader threads (default: cores + 1, max 4)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
     """Ingest a dump into an archive (created if missing). Re-running completes or skips."""

@@ -67,7 +67,7 @@ def write_table(table: pa.Table, console: Console, max_rows: int | None = 50) ->
     """Print ``table`` as a rich table, at most ``max_rows`` rows (None: all)."""
     view = Table(show_lines=False, header_style="bold")
     for name in table.column_names:
-        view.add_column(name, overflow="fold")
+        view.add_column(name, overflow="ellipsis", no_wrap=True)
     shown = table if max_rows is None else table.slice(0, max_rows)
     for row in shown.to_pylist():
         view.add_row(*(cell_text(v) for v in row.values()))

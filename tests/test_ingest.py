@@ -17,7 +17,7 @@ import pytest
 import dumpdb
 from conftest import MS_CASES, assert_bit_exact, file_count, ms_case, npy_files, npy_payload
 from dumpdb.dtypes import BFLOAT16
-from dumpdb.ingest import Reporter
+from dumpdb.progress import Reporter
 from dumpdb.stats import compute_stats
 
 
@@ -204,7 +204,8 @@ def test_corrupt_file_is_recorded_and_skipped(case_copy, tmp_path):
 
 
 def test_ctrl_c_keeps_committed_work_and_rerun_completes(tmp_path, monkeypatch):
-    monkeypatch.setattr("dumpdb.store.PACK_BYTES", 32 << 10)  # many small packs -> many commits
+    monkeypatch.setattr("dumpdb.store.PACK_BYTES", 32 << 10)  # many small packs
+    monkeypatch.setattr("dumpdb.pipeline.COMMIT_SECONDS", 0)  # commit as soon as rows are durable
 
     class Interrupt(Reporter):
         n = 0
@@ -228,9 +229,10 @@ def test_ctrl_c_keeps_committed_work_and_rerun_completes(tmp_path, monkeypatch):
 
 KILL_SCRIPT = textwrap.dedent("""
     import os, signal, sys
-    import dumpdb, dumpdb.store
-    from dumpdb.ingest import Reporter
+    import dumpdb, dumpdb.store, dumpdb.pipeline
+    from dumpdb.progress import Reporter
     dumpdb.store.PACK_BYTES = 32 << 10
+    dumpdb.pipeline.COMMIT_SECONDS = 0  # commit as soon as rows are durable: many commits to kill between
     class Kill(Reporter):
         n = 0
         def advance(self, tensors, bytes_read):

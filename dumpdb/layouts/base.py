@@ -46,6 +46,7 @@ class TensorEntry:
     checksum: str | None = None
     checksum_algo: str | None = None
     note: str | None = None
+    size: int | None = None  # bytes of the file at ``path``, if the scan saw it
 
     @property
     def key(self) -> tuple[str, str | None, int | None]:

@@ -355,11 +355,18 @@ class MindSporeSync(Layout):
     def _scan_tensor_dir(self, it_dir: Path, rel_dir: str, rank: int, net_name: str,
                          graph_id: int, iteration: int | None, scan: DumpScan) -> list[TensorEntry]:
         entries: list[TensorEntry] = []
+        sizes: dict[str, int] = {}
         try:
-            names = os.listdir(it_dir)
+            with os.scandir(it_dir) as listing:
+                for item in listing:
+                    try:
+                        sizes[item.name] = item.stat(follow_symlinks=True).st_size
+                    except OSError:
+                        sizes[item.name] = 0  # the read will report what is wrong
         except OSError as exc:
             scan.errors.append((rel_dir, f"cannot list directory: {exc.strerror or exc}"))
             return entries
+        names = list(sizes)
         mapping: dict[str, str] = {}
         if "mapping.csv" in names:
             try:
@@ -387,7 +394,7 @@ class MindSporeSync(Layout):
                 continue
             entry = TensorEntry(
                 source_file=source_file, path=str(it_dir / name), rank=rank, net_name=net_name,
-                graph_id=graph_id, iteration=iteration, **fields,
+                graph_id=graph_id, iteration=iteration, size=sizes[name], **fields,
             )
             if name in mapping:
                 entry.note = f"name from mapping.csv ({name})"

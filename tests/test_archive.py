@@ -136,3 +136,25 @@ def test_queries_wait_for_a_writer_then_work(tmp_path):
     t = dumpdb.open(archive, lock_timeout=10, on_wait=waited.append).sql("SELECT count(*) AS n FROM tensors")
     holder.wait()
     assert t["n"][0].as_py() == 42 and waited and "waiting for the catalog lock" in waited[0]
+
+
+def test_first_schema_archive_upgrades_and_answers(tmp_path):
+    """An archive made by the first dumpdb (schema v1, kept in tests/data) opens with today's code."""
+    from conftest import DATA, npy_payload
+
+    archive = tmp_path / "old.dumpdb"
+    shutil.copytree(DATA / "archives" / "schema_v1_c1.dumpdb", archive)
+    latest = catalog_mod.latest_version()
+    a = dumpdb.open(archive)
+    assert a.schema_version == latest
+    assert a.sql("SELECT max(version) AS v FROM schema_version")["v"][0].as_py() == latest
+    assert bool(list((archive / "backups").glob("catalog-v1-*.duckdb"))) == (latest > 1)
+    assert a.show("c1")["tensors"] == 42
+    root = ms_case("c1_inputs_kernels_iter")
+    with a:
+        for row, array in a.tensors("SELECT tensor_id, source_file FROM tensors"):
+            _, shape, payload = npy_payload(root / row["source_file"])
+            assert array.shape == shape and array.tobytes() == payload
+    # and it still takes new ingests
+    report = dumpdb.ingest(ms_case("f_long_names"), archive=archive, run="f")
+    assert report.ok and report.tensors_added == 66

@@ -66,6 +66,10 @@ TENSOR_SCHEMA = pa.schema([
     ("count", pa.int64()), ("nan_count", pa.int64()), ("pos_inf_count", pa.int64()),
     ("neg_inf_count", pa.int64()), ("zero_count", pa.int64()), ("stats_source", pa.string()),
     ("checksum", pa.string()), ("checksum_algo", pa.string()), ("note", pa.string()),
+    ("tensor_key", pa.string()), ("device_id", pa.int32()), ("model_name", pa.string()),
+    ("model_id", pa.int64()), ("step", pa.int64()), ("original_shape", pa.list_(pa.int64())),
+    ("original_format", pa.string()), ("direction", pa.string()), ("call_index", pa.int32()),
+    ("arg_name", pa.string()), ("slot_path", pa.string()), ("requires_grad", pa.bool_()),
 ])
 BLOB_SCHEMA = pa.schema([
     ("content_hash", pa.string()), ("nbytes", pa.int64()), ("array_path", pa.string()),
@@ -88,6 +92,15 @@ ORDER_SCHEMA = pa.schema([("run", pa.string()), ("rank", pa.int32()), ("graph_id
                           ("position", pa.int32()), ("scope_name", pa.string())])
 EXEC_SCHEMA = pa.schema([("run", pa.string()), ("rank", pa.int32()), ("graph_id", pa.int32()),
                          ("iteration", pa.int64())])
+OVERFLOW_SCHEMA = pa.schema([
+    ("run", pa.string()), ("rank", pa.int32()), ("device_id", pa.int32()), ("iteration", pa.int64()),
+    ("op_type", pa.string()), ("op_name", pa.string()), ("task_id", pa.int64()), ("stream_id", pa.int64()),
+    ("timestamp", pa.int64()), ("slot", pa.int32()), ("source_file", pa.string()), ("content", pa.string()),
+])
+STACK_SCHEMA = pa.schema([("run", pa.string()), ("rank", pa.int32()), ("iteration", pa.int64()),
+                          ("stack_id", pa.string()), ("op_name", pa.string()), ("frames", pa.list_(pa.string()))])
+MODULE_SCHEMA = pa.schema([("run", pa.string()), ("rank", pa.int32()), ("iteration", pa.int64()),
+                           ("node", pa.string()), ("parent", pa.string())])
 ERROR_SCHEMA = pa.schema([("run", pa.string()), ("source_file", pa.string()), ("error", pa.string())])
 
 
@@ -120,6 +133,14 @@ class IngestReport:
     @property
     def ok(self) -> bool:
         return not self.errors and not self.interrupted
+
+
+# Per-run relations a scan provides whole (DumpScan attribute = table name);
+# replaced as a unit when an interrupted run is resumed.
+_RELATION_SCHEMAS = {
+    "ops": OPS_SCHEMA, "execution_order": ORDER_SCHEMA, "graph_executions": EXEC_SCHEMA,
+    "overflows": OVERFLOW_SCHEMA, "call_stacks": STACK_SCHEMA, "module_tree": MODULE_SCHEMA,
+}
 
 
 @dataclass
@@ -257,8 +278,8 @@ class _Pipeline:
                 raise ArchiveError(
                     f"run {self.run_name!r} already holds the dump at {existing[0]}; "
                     "choose another --run for {report.source_path}".replace("{report.source_path}", report.source_path))
-            done = set(con.execute(
-                "SELECT source_file, io, slot FROM tensors WHERE run = ?", [self.run_name]).fetchall())
+            done = {k for (k,) in con.execute(
+                "SELECT tensor_key FROM tensors WHERE run = ?", [self.run_name]).fetchall()}
             pending = [e for e in scan.entries if e.key not in done]
             report.tensors_skipped = len(scan.entries) - len(pending)
             if existing and not pending and not scan.errors:
@@ -268,7 +289,7 @@ class _Pipeline:
             if existing:
                 con.execute("UPDATE runs SET status = 'ingesting', ingest_finished = NULL, dumpdb_version = ? "
                             "WHERE run = ?", [__version__, self.run_name])
-                for table in ("ops", "execution_order", "graph_executions", "ingest_errors"):
+                for table in (*_RELATION_SCHEMAS, "ingest_errors"):
                     con.execute(f"DELETE FROM {table} WHERE run = ?", [self.run_name])
             else:
                 con.execute(
@@ -278,12 +299,9 @@ class _Pipeline:
                     [self.run_name, report.source_path, self.layout.name, scan.framework,
                      scan.framework_version, scan.device_target, _json_or_none(scan.dump_config),
                      json.dumps(scan.metadata, default=str) if scan.metadata else None, now, __version__])
-            run_col = {"run": self.run_name}
-            insert_arrow(con, "ops", pa.Table.from_pylist([{**run_col, **o} for o in scan.ops], OPS_SCHEMA))
-            insert_arrow(con, "execution_order",
-                         pa.Table.from_pylist([{**run_col, **o} for o in scan.execution_order], ORDER_SCHEMA))
-            insert_arrow(con, "graph_executions",
-                         pa.Table.from_pylist([{**run_col, **o} for o in scan.graph_executions], EXEC_SCHEMA))
+            for table, schema in _RELATION_SCHEMAS.items():
+                rows = [{"run": self.run_name, **r} for r in getattr(scan, table)]
+                insert_arrow(con, table, pa.Table.from_pylist(rows, schema))
         for source_file, message in scan.errors:
             self._error(source_file, message)
         return pending
@@ -424,6 +442,11 @@ class _Pipeline:
             "source_file": e.source_file, "content_hash": item.content_hash,
             **{k: stats.get(k) for k in STAT_COLUMNS}, "stats_source": source,
             "checksum": e.checksum, "checksum_algo": e.checksum_algo, "note": notes,
+            "tensor_key": e.key, "device_id": e.device_id, "model_name": e.model_name,
+            "model_id": e.model_id, "step": e.step,
+            "original_shape": list(e.original_shape) if e.original_shape is not None else None,
+            "original_format": e.original_format, "direction": e.direction, "call_index": e.call_index,
+            "arg_name": e.arg_name, "slot_path": e.slot_path, "requires_grad": e.requires_grad,
         }
 
     def _error(self, source_file: str, message: str) -> None:

@@ -88,27 +88,30 @@ def test_default_archive_from_environment(tmp_path, monkeypatch):
 
 
 def _migrations_plus(tmp_path, extra_sql: str):
+    """The real migrations plus one more (numbered latest + 1)."""
     mdir = tmp_path / "migrations"
     shutil.copytree(catalog_mod.migrations_dir(), mdir)
-    (mdir / "002_add_comment.sql").write_text(extra_sql)
+    (mdir / f"{catalog_mod.latest_version() + 1:03d}_add_comment.sql").write_text(extra_sql)
     return mdir
 
 
 def test_older_archive_is_upgraded_on_open_with_backup(tmp_path, monkeypatch):
     archive = tmp_path / "a.dumpdb"
     dumpdb.ingest(ms_case("c1_inputs_kernels_iter"), archive=archive, run="c1")
-    assert dumpdb.open(archive).schema_version == 1
+    now = catalog_mod.latest_version()
+    assert dumpdb.open(archive).schema_version == now
     mdir = _migrations_plus(tmp_path, "ALTER TABLE runs ADD COLUMN comment VARCHAR;")
     monkeypatch.setattr(catalog_mod, "migrations_dir", lambda: mdir)
     a = dumpdb.open(archive)
-    assert a.schema_version == 2
-    assert a.sql("SELECT version FROM schema_version ORDER BY version")["version"].to_pylist() == [1, 2]
+    assert a.schema_version == now + 1
+    assert a.sql("SELECT version FROM schema_version ORDER BY version")["version"].to_pylist() == \
+        list(range(1, now + 2))
     assert a.sql("SELECT comment FROM runs")["comment"].to_pylist() == [None]
     assert a.sql("SELECT count(*) AS n FROM tensors")["n"][0].as_py() == 42
-    backups = list((archive / "backups").glob("catalog-v1-*.duckdb"))
+    backups = list((archive / "backups").glob(f"catalog-v{now}-*.duckdb"))
     assert len(backups) == 1
     with duckdb.connect(str(backups[0]), read_only=True) as con:
-        assert con.execute("SELECT max(version) FROM schema_version").fetchone()[0] == 1
+        assert con.execute("SELECT max(version) FROM schema_version").fetchone()[0] == now
 
 
 def test_newer_archive_is_refused(tmp_path):

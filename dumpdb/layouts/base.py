@@ -47,11 +47,25 @@ class TensorEntry:
     checksum_algo: str | None = None
     note: str | None = None
     size: int | None = None  # bytes of the file at ``path``, if the scan saw it
+    # Identity within the run. None means ``source_file``; a reader MUST set it
+    # when one file holds several tensors (``{source_file}#{suffix}``).
+    tensor_key: str | None = None
+    device_id: int | None = None
+    model_name: str | None = None
+    model_id: int | None = None
+    step: int | None = None
+    original_shape: tuple[int, ...] | None = None
+    original_format: str | None = None
+    direction: str | None = None  # 'forward' | 'backward'
+    call_index: int | None = None
+    arg_name: str | None = None
+    slot_path: str | None = None
+    requires_grad: bool | None = None
 
     @property
-    def key(self) -> tuple[str, str | None, int | None]:
-        """Identity within a run: (source_file, io, slot)."""
-        return (self.source_file, self.io, self.slot)
+    def key(self) -> str:
+        """Identity within a run (the catalog's ``tensor_key``)."""
+        return self.tensor_key or self.source_file
 
 
 @dataclass(frozen=True)
@@ -77,6 +91,10 @@ class DumpScan:
     ops: list[dict[str, Any]] = field(default_factory=list)
     execution_order: list[dict[str, Any]] = field(default_factory=list)
     graph_executions: list[dict[str, Any]] = field(default_factory=list)
+    # rows of overflows / call_stacks / module_tree (without the run column)
+    overflows: list[dict[str, Any]] = field(default_factory=list)
+    call_stacks: list[dict[str, Any]] = field(default_factory=list)
+    module_tree: list[dict[str, Any]] = field(default_factory=list)
     errors: list[tuple[str, str]] = field(default_factory=list)  # (source_file, message)
 
 

@@ -172,6 +172,14 @@ def read_statistic_csv(path: Path) -> list[dict]:
     return rows
 
 
+def statistic_key(csv_file: str, row: dict) -> str:
+    """``tensor_key`` of a statistics-only row: the csv plus the row's identity fields
+    (the same formula migration 002 uses for older archives)."""
+    parts = (row.get("op_type"), row.get("op_name"), row.get("task_id"), row.get("stream_id"),
+             row.get("timestamp"), row.get("io"), row.get("slot"))
+    return csv_file + "#" + ".".join("" if p is None else str(p) for p in parts)
+
+
 def parse_tensor_name(name: str) -> dict | None:
     """Fields of a tensor file name, or None if it does not follow the pattern."""
     m = TENSOR_NAME_RE.match(name)
@@ -406,9 +414,10 @@ class MindSporeSync(Layout):
                 entry.checksum, entry.checksum_algo = row["checksum"], row["checksum_algo"]
             entries.append(entry)
         # statistic.csv rows without a tensor file: statistics-only tensors.
+        csv_file = display_name(os.path.join(rel_dir, "statistic.csv"))
         for row in csv_rows.values():
             entries.append(TensorEntry(
-                source_file=display_name(os.path.join(rel_dir, "statistic.csv")), path=None,
+                source_file=csv_file, path=None, tensor_key=statistic_key(csv_file, row),
                 rank=rank, net_name=net_name, graph_id=graph_id, iteration=iteration,
                 op_type=row.get("op_type"), op_name=row.get("op_name"), task_id=row.get("task_id"),
                 stream_id=row.get("stream_id"), timestamp=row.get("timestamp"), io=row.get("io"),

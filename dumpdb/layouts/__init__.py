@@ -12,7 +12,21 @@ from dumpdb.errors import LayoutError
 from dumpdb.layouts.base import DumpScan, Layout, LoadedTensor, TensorEntry
 from dumpdb.layouts.mindspore_sync import MindSporeSync
 
-LAYOUTS: list[Layout] = [MindSporeSync()]
+# Detection order: most specific first. Each reader module adds its class here.
+LAYOUTS: list[Layout] = [
+    MindSporeSync(),
+    # -- readers of issue 3 (one line each, in this order) --
+    # [msprobe]
+    # [mindspore-tensordump]
+    # [mindspore-r1.2-sync-bin]
+    # [mindspore-r1.2-async-pb]
+    # [ascend-async-pb]
+    # [ascend-async-npy]
+    # [cann-tf-adapter]
+    # [torchair-ge]
+    # [msaccucmp-npy]
+    # [statistic-only]
+]
 
 __all__ = ["LAYOUTS", "DumpScan", "Layout", "LoadedTensor", "TensorEntry", "detect", "get_layout"]
 

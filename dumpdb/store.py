@@ -38,6 +38,7 @@ import zarr.codecs
 import zarr.storage
 
 from dumpdb.dtypes import storage_dtype
+from dumpdb.shard import encode_chunks, shard_bytes, write_atomic
 
 PACK_BYTES = 64 << 20
 LARGE_BYTES = 16 << 20
@@ -188,6 +189,7 @@ class StoreWriter:
         self.max_inflight = max(1, max_inflight)
         self._buffers: dict[str, _PackBuffer] = {}
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dumpdb-write")
+        self._codec_pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix="dumpdb-zstd")
         self._inflight: deque[Future[_Written]] = deque()
         self._arrays: list[ArrayInfo] = []
         self.bytes_written = 0
@@ -230,8 +232,9 @@ class StoreWriter:
         return done
 
     def close(self) -> None:
-        """Stop the writer thread (after waiting for queued writes)."""
+        """Stop the writer threads (after waiting for queued writes)."""
         self._pool.shutdown(wait=True)
+        self._codec_pool.shutdown(wait=True)
 
     def take_arrays(self) -> list[ArrayInfo]:
         taken, self._arrays = self._arrays, []
@@ -250,7 +253,8 @@ class StoreWriter:
         self.bytes_written += info.stored_bytes
         return locations
 
-    def _create(self, name: str, data: np.ndarray, chunks, shards, kind: str, **attrs) -> int:
+    def _create(self, name: str, data: np.ndarray, chunks, shards, kind: str, write: bool = True,
+                **attrs) -> zarr.Array:
         arr = zarr.create_array(
             self.store.zstore, name=name, shape=data.shape, dtype=data.dtype, chunks=chunks,
             shards=shards, compressors=zarr.codecs.ZstdCodec(level=ZSTD_LEVEL), fill_value=0,
@@ -259,15 +263,20 @@ class StoreWriter:
             # write time) and nothing depends on how a fill value compares (-0.0, NaN).
             config={"write_empty_chunks": True},
         )
-        arr[...] = data
-        return _dir_bytes(self.store.root / name)
+        if write:
+            arr[...] = data
+        return arr
 
     def _write_pack(self, buf: _PackBuffer) -> _Written:
         data = np.concatenate([p for _, p in buf.parts]) if len(buf.parts) > 1 else buf.parts[0][1]
         n = data.size
         chunk = min(n, max(1, INNER_CHUNK_BYTES // buf.dtype.itemsize))
         name = f"packs/{_dtype_dir(buf.dtype)}/{_unique_id()}"
-        stored = self._create(name, data, (chunk,), (math.ceil(n / chunk) * chunk,), "pack")
+        # zarr writes the metadata; the one shard is encoded here (see dumpdb.shard).
+        self._create(name, data, (chunk,), (math.ceil(n / chunk) * chunk,), "pack", write=False)
+        frames = encode_chunks(data, chunk, ZSTD_LEVEL, self._codec_pool)
+        write_atomic(str(self.store.root / name / "c" / "0"), shard_bytes(frames))
+        stored = _dir_bytes(self.store.root / name)
         locations = []
         offset = 0
         for content_hash, part in buf.parts:
@@ -280,7 +289,8 @@ class StoreWriter:
         name = f"large/{content_hash[:2]}/{content_hash}-{_unique_id()}"
         chunks = large_chunks(payload.shape, payload.dtype.itemsize)
         shards = tuple(math.ceil(s / c) * c for s, c in zip(payload.shape, chunks)) if chunks else None
-        stored = self._create(name, payload, chunks or None, shards, "tensor", content_hash=content_hash)
+        self._create(name, payload, chunks or None, shards, "tensor", content_hash=content_hash)
+        stored = _dir_bytes(self.store.root / name)
         location = BlobLocation(content_hash, payload.nbytes, name, None, payload.size, stored)
         return [location], ArrayInfo(name, "tensor", payload.dtype.name, payload.shape, stored)
 

@@ -1,0 +1,73 @@
+"""The tensor store: directly encoded pack shards read back through zarr, bit for bit."""
+
+from __future__ import annotations
+
+import math
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import zarr
+import zarr.codecs
+
+from dumpdb.dtypes import BFLOAT16
+from dumpdb.shard import encode_chunks, shard_bytes, write_atomic
+from dumpdb.store import StoreWriter, TensorStore, large_chunks
+
+
+@pytest.mark.parametrize("dtype,n,chunk", [
+    (np.float32, 983_825, 262_144),  # several chunks, partial last one
+    (np.float16, 10, 4),
+    (np.bool_, 3, 262_144),          # fewer elements than one chunk
+    (np.int64, 524_288, 262_144),    # exact multiple
+    (np.uint16, 1, 1),
+])
+def test_encoded_shard_reads_back_through_zarr(tmp_path, dtype, n, chunk):
+    rng = np.random.default_rng(1)
+    data = (rng.standard_normal(n) * 100).astype(dtype)
+    store = zarr.storage.LocalStore(str(tmp_path))
+    zarr.create_array(store, name="p", shape=(n,), dtype=data.dtype, chunks=(chunk,),
+                      shards=(math.ceil(n / chunk) * chunk,), compressors=zarr.codecs.ZstdCodec(level=1),
+                      fill_value=0)
+    with ThreadPoolExecutor(2) as pool:
+        write_atomic(str(tmp_path / "p" / "c" / "0"), shard_bytes(encode_chunks(data, chunk, 1, pool)))
+    back = zarr.open_array(store, path="p", mode="r")
+    assert back[:].tobytes() == data.tobytes()
+    assert back[n // 3 : n // 3 + 5].tobytes() == data[n // 3 : n // 3 + 5].tobytes()
+
+
+def test_store_writer_round_trips_special_bit_patterns(tmp_path):
+    TensorStore.create(tmp_path / "s.zarr")
+    store = TensorStore(tmp_path / "s.zarr", read_only=False)
+    nan_payload = np.array([0x7FC00001, 0xFFC12345, 0x80000000, 0x7F800000], np.uint32).view(np.float32)
+    arrays = {
+        "neg_zero": np.full(300_000, -0.0, np.float32),  # a whole inner chunk of -0.0
+        "nan_payloads": nan_payload,
+        "bf16": np.arange(-8, 8, dtype=np.float32).astype(BFLOAT16).reshape(4, 4),
+        "scalar_bool": np.array(True),
+        "empty": np.zeros((0, 7), np.float16),
+        "large": np.arange(40_000, dtype=np.float64).reshape(200, 200),
+    }
+    writer = StoreWriter(store, pack_bytes=1 << 20, large_bytes=300_000)
+    locations = {}
+    for name, a in arrays.items():
+        for loc in writer.add(name, a):
+            locations[loc.content_hash] = loc
+    for loc in writer.flush():
+        locations[loc.content_hash] = loc
+    writer.close()
+    assert set(locations) == set(arrays)
+    assert locations["large"].elem_offset is None and locations["large"].array_path.startswith("large/")
+    assert locations["empty"].array_path is None
+    reader = TensorStore(tmp_path / "s.zarr")
+    for name, a in arrays.items():
+        loc = locations[name]
+        got = reader.read(loc.array_path, loc.elem_offset, loc.elem_count, a.dtype, a.shape)
+        assert got.dtype == a.dtype and got.shape == a.shape and got.tobytes() == a.tobytes(), name
+
+
+def test_large_chunks_split_leading_dims():
+    assert large_chunks((8, 1024, 1024), 4, target=4 << 20) == (1, 1024, 1024)
+    assert large_chunks((64, 256), 4, target=4 << 10) == (4, 256)
+    assert large_chunks((3, 5000, 1000), 4, target=4 << 20) == (1, 1048, 1000)
+    assert large_chunks((), 4) == ()

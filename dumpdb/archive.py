@@ -100,7 +100,8 @@ def _check_marker(path: Path) -> None:
 
 _TENSOR_LOCATION_SQL = """
 SELECT t.tensor_id, t.dtype, t.shape, t.nbytes, t.content_hash, t.source_file,
-       b.array_path, b.elem_offset, b.elem_count, b.content_hash IS NOT NULL AS stored
+       b.array_path, b.elem_offset, b.elem_count, b.content_hash IS NOT NULL AS stored,
+       t.format, t.original_shape, t.original_format
 FROM tensors t LEFT JOIN blobs b ON b.content_hash = t.content_hash
 """
 
@@ -236,7 +237,7 @@ class Archive:
     # -- tensors -----------------------------------------------------------
     def tensor(self, tensor_id: int | None = None, *, run: str | None = None, iteration: int | None = None,
                op_name: str | None = None, io: str = "output", slot: int = 0, rank: int | None = 0,
-               graph_id: int | None = None) -> np.ndarray:
+               graph_id: int | None = None, host_format: bool = False) -> np.ndarray:
         """The payload of one tensor as a numpy array, bit for bit as dumped.
 
         By id: ``tensor(17)``. By key: ``tensor(run="fp32", iteration=0,
@@ -245,8 +246,14 @@ class Archive:
         the catalog ``dtype`` (bfloat16 as ``ml_dtypes.bfloat16``), the shape
         the catalog ``shape``.
 
+        ``host_format=True`` converts a tensor dumped in a device format
+        (``format`` NC1HWC0, FRACTAL_Z, FRACTAL_NZ; CANN dumps) to its host
+        layout and ``original_shape`` (see :mod:`dumpdb.formats`); tensors already
+        in a host format come back unchanged.
+
         Raises :class:`TensorNotFound` when nothing (or more than one tensor)
-        matches, and :class:`DumpdbError` when only statistics were dumped.
+        matches, and :class:`DumpdbError` when only statistics were dumped or a
+        device format cannot be converted.
         """
         if tensor_id is None:
             tensor_id = self.find_tensor_id(run=run, iteration=iteration, op_name=op_name, io=io,
@@ -255,7 +262,7 @@ class Archive:
             rows = con.execute(_TENSOR_LOCATION_SQL + " WHERE t.tensor_id = ?", [int(tensor_id)]).fetchall()
         if not rows:
             raise TensorNotFound(f"no tensor with tensor_id {tensor_id} in {self.path}")
-        return self._read(rows[0])
+        return self._read(rows[0], host_format)
 
     def find_tensor_id(self, *, run: str | None, iteration: int | None, op_name: str | None,
                        io: str = "output", slot: int = 0, rank: int | None = 0,
@@ -285,12 +292,14 @@ class Archive:
                                  "narrow it with iteration=, graph_id= or rank=")
         return rows[0][0]
 
-    def tensors(self, query: str, params: list | None = None) -> Iterator[tuple[dict[str, Any], np.ndarray | None]]:
+    def tensors(self, query: str, params: list | None = None, *,
+                host_format: bool = False) -> Iterator[tuple[dict[str, Any], np.ndarray | None]]:
         """Yield ``(row, array)`` for each row of ``query`` (which must return ``tensor_id``).
 
         Rows come in the query's order as dicts of its columns; ``array`` is
         None for statistics-only tensors. Payloads are read one at a time, so
-        memory stays bounded by the largest tensor.
+        memory stays bounded by the largest tensor. ``host_format`` as in
+        :meth:`tensor`.
         """
         table = self.sql(query, params)
         if "tensor_id" not in table.column_names:
@@ -308,16 +317,25 @@ class Archive:
                 loc = locs.get(row["tensor_id"])
                 if loc is None:
                     raise TensorNotFound(f"no tensor with tensor_id {row['tensor_id']} in {self.path}")
-                yield row, (self._read(loc) if loc[4] is not None else None)
+                yield row, (self._read(loc, host_format) if loc[4] is not None else None)
 
-    def _read(self, loc: tuple) -> np.ndarray:
-        tensor_id, dtype, shape, nbytes, content_hash, source_file, array_path, offset, count, stored = loc
+    def _read(self, loc: tuple, host_format: bool = False) -> np.ndarray:
+        (tensor_id, dtype, shape, nbytes, content_hash, source_file, array_path, offset, count, stored,
+         fmt, original_shape, original_format) = loc
         if content_hash is None:
             raise DumpdbError(
                 f"tensor {tensor_id} ({source_file}): only statistics were dumped, there is no payload")
         if not stored:
             raise DumpdbError(f"tensor {tensor_id} ({source_file}): payload {content_hash} is not in the store")
-        return self.store.read(array_path, offset, count or 0, from_catalog_name(dtype), tuple(shape))
+        array = self.store.read(array_path, offset, count or 0, from_catalog_name(dtype), tuple(shape))
+        if host_format and original_shape is not None:
+            from dumpdb.formats import to_host
+
+            try:
+                array = to_host(array, fmt, tuple(original_shape), original_format)
+            except ValueError as exc:
+                raise DumpdbError(f"tensor {tensor_id} ({source_file}): {exc}") from exc
+        return array
 
 
 def open(path: str | os.PathLike | None = None, **kwargs) -> Archive:  # noqa: A001

@@ -91,12 +91,15 @@ class _RichReporter(Reporter):
     def start(self, total, skipped):
         if skipped and not self.quiet:
             err.print(f"{skipped} tensors already in this run, skipped", style="dim")
+        if total == 0:
+            return  # nothing new: no empty progress bar
         self.progress.start()
         self.task = self.progress.add_task("ingesting", total=total, read="")
 
     def advance(self, tensors, bytes_read):
         self.read += bytes_read
-        self.progress.update(self.task, advance=tensors, read=_human(self.read))
+        if self.task is not None:
+            self.progress.update(self.task, advance=tensors, read=_human(self.read))
 
     def error(self, source_file, message):
         self.errors += 1

@@ -43,6 +43,7 @@ from dumpdb.catalog import DEFAULT_LOCK_TIMEOUT, Catalog, insert_arrow
 from dumpdb.dtypes import dtype_name, from_dump_name
 from dumpdb.errors import ArchiveError, DumpdbError
 from dumpdb.layouts import DumpScan, Layout, TensorEntry, detect, get_layout
+from dumpdb.layouts.base import display_name
 from dumpdb.progress import Reporter
 from dumpdb.stats import STAT_COLUMNS, compute_stats
 from dumpdb.store import BlobLocation, StoreWriter, TensorStore
@@ -420,6 +421,10 @@ class _Pipeline:
 
     def _row(self, item: _Loaded) -> dict:
         e = item.entry
+        for name in _TEXT_FIELDS:  # a reader left undecodable bytes: keep them visible, not fatal
+            value = getattr(e, name)
+            if value is not None and not value.isascii():
+                setattr(e, name, display_name(value))
         stats: dict[str, Any] = dict(item.stats or {})
         source = "computed" if item.stats else None
         if e.stats:
@@ -488,6 +493,10 @@ class _Pipeline:
             elif row:
                 status = row[0]
         report.status = status
+
+
+_TEXT_FIELDS = ("source_file", "tensor_key", "op_type", "op_name", "scope_name", "net_name", "model_name",
+                "format", "dtype_declared", "arg_name", "note")
 
 
 def _file_size(path: str | None) -> int:

@@ -334,3 +334,30 @@ def test_first_inf_and_nan_by_execution_order(ingested):
     # step 1 starts from the inf weights the optimizer wrote: conv1's weight input
     assert (rows[1]["op_type"], rows[1]["io"], rows[1]["slot"]) == ("Conv2D", "input", 1)
     assert rows[1]["inf_count"] > 0 and rows[1]["nan_count"] == 0
+
+
+def test_constants_dir_and_unusual_file_names(tmp_path):
+    """Seed 001: {net}/{graph}/constants/Parameter.data-{id}... (no iteration); non-ASCII and
+    non-UTF-8 names are kept readable in the catalog and their tensors still ingest."""
+    net = tmp_path / "dump" / "rank_0" / "Net" / "0"
+    (net / "constants").mkdir(parents=True)
+    (net / "0").mkdir()
+    const = np.arange(6, dtype=np.float32).reshape(2, 3)
+    np.save(net / "constants" / "Parameter.data-1.0.0.1623124369613540.output.0.DefaultFormat.npy", const)
+    unicode_name = "Add.Default_réseau-Add-op0.0.0.17.output.0.DefaultFormat.Float32.npy"
+    np.save(net / "0" / unicode_name, np.ones(3, np.float32))
+    raw_name = os.fsencode(str(net / "0")) + b"/Mul.Default_\xff\xfe-Mul-op0.0.0.18.output.0.DefaultFormat.Float32.npy"
+    with open(raw_name, "wb") as f:
+        np.save(f, np.full(2, 7, np.float32))
+    archive = tmp_path / "a.dumpdb"
+    report = dumpdb.ingest(tmp_path / "dump", archive=archive, run="odd")
+    assert report.ok and report.tensors_added == 3
+    a = dumpdb.open(archive)
+    rows = {r["op_type"]: r for r in a.sql("SELECT * FROM tensors").to_pylist()}
+    assert rows["Parameter"]["iteration"] is None and rows["Parameter"]["op_name"] == "data-1"
+    assert np.array_equal(a.tensor(rows["Parameter"]["tensor_id"]), const)
+    assert rows["Add"]["op_name"] == "Default_réseau-Add-op0"
+    assert "\\xff\\xfe" in rows["Mul"]["source_file"] and "\\xff" in rows["Mul"]["op_name"]
+    assert a.tensor(rows["Mul"]["tensor_id"]).tolist() == [7.0, 7.0]
+    again = dumpdb.ingest(tmp_path / "dump", archive=archive, run="odd")
+    assert again.tensors_added == 0  # the escaped names still identify the files

@@ -187,8 +187,8 @@ def parse_tensor_name(name: str) -> dict | None:
         return None
     d = m.groupdict()
     return {
-        "op_type": d["op_type"],
-        "op_name": d["op_name"],
+        "op_type": display_name(d["op_type"]),
+        "op_name": display_name(d["op_name"]),
         "task_id": int(d["task_id"]),
         "stream_id": int(d["stream_id"]),
         "timestamp": int(d["timestamp"]),
@@ -406,7 +406,6 @@ class MindSporeSync(Layout):
             )
             if name in mapping:
                 entry.note = f"name from mapping.csv ({name})"
-                entry.op_name = display_name(entry.op_name)
             row = csv_rows.pop((entry.op_type, entry.op_name, entry.task_id, entry.stream_id,
                                 entry.timestamp, entry.io, entry.slot), None)
             if row is not None:

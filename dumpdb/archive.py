@@ -242,7 +242,9 @@ class Archive:
 
         By id: ``tensor(17)``. By key: ``tensor(run="fp32", iteration=0,
         op_name="Default/.../Conv2D-op0", io="output", slot=0)``; ``op_name``
-        may be the file-name form or the scope name (with ``/``). The dtype is
+        may be the file-name form or the scope name (with ``/``); ``rank`` also
+        matches tensors of layouts that record no rank (NULL); ``slot=None``
+        matches tensors without a slot (msprobe kwargs and parameters). The dtype is
         the catalog ``dtype`` (bfloat16 as ``ml_dtypes.bfloat16``), the shape
         the catalog ``shape``.
 
@@ -270,12 +272,16 @@ class Archive:
         """The ``tensor_id`` of the one tensor matching the key (see :meth:`tensor`)."""
         if run is None or op_name is None:
             raise TypeError("tensor() needs a tensor_id, or run= and op_name= (plus iteration=, io=, slot=)")
-        conds = ["run = ?", "(op_name = ? OR scope_name = ?)", "io = ?", "slot = ?"]
+        conds = ["run = ?", "(op_name = ? OR scope_name = ?)", "io = ?", "slot IS NOT DISTINCT FROM ?"]
         params: list[Any] = [run, op_name, op_name, io, slot]
-        for column, value in (("iteration", iteration), ("rank", rank), ("graph_id", graph_id)):
+        for column, value in (("iteration", iteration), ("graph_id", graph_id)):
             if value is not None:
                 conds.append(f"{column} = ?")
                 params.append(value)
+        if rank is not None:
+            # Layouts without ranks (CANN device dirs, r1.2, TensorDump) have rank NULL.
+            conds.append("(rank = ? OR rank IS NULL)")
+            params.append(rank)
         with self._reader() as con:
             rows = con.execute(
                 "SELECT tensor_id, graph_id, iteration, rank FROM tensors WHERE "

@@ -34,17 +34,23 @@ _DUMP_NAMES: dict[str, np.dtype] = {
     "bfloat16": BFLOAT16,
     "complex64": np.dtype(np.complex64),
     "complex128": np.dtype(np.complex128),
+    "bf16": BFLOAT16,  # CANN DT_BF16
 }
 
 
 def from_dump_name(name: str | None) -> np.dtype | None:
-    """Numpy dtype for a dtype as a dump spells it (``Float32``, ``BFloat16``...).
+    """Numpy dtype for a dtype as a dump spells it (``Float32``, ``BFloat16``,
+    ``torch.float32``, ``DT_FLOAT16``, ``kNumberTypeFloat32``...).
 
     Returns None for an unknown or missing name; never raises.
     """
     if not name:
         return None
-    return _DUMP_NAMES.get(name.lower())
+    key = name.lower()
+    # msprobe writes framework-qualified names ('torch.float32', 'mindspore.float16');
+    # CANN enum names carry a prefix ('DT_FLOAT16'); MindSpore r1.2 'kNumberTypeFloat32'.
+    key = key.rsplit(".", 1)[-1].removeprefix("dt_").removeprefix("knumbertype")
+    return _DUMP_NAMES.get(key)
 
 
 def dtype_name(dtype: np.dtype) -> str:

@@ -82,17 +82,18 @@ ARRAY_SCHEMA = pa.schema([
     ("shape", pa.list_(pa.int64())), ("stored_bytes", pa.int64()),
 ])
 OPS_SCHEMA = pa.schema([
-    ("run", pa.string()), ("rank", pa.int32()), ("graph_id", pa.int32()), ("scope_name", pa.string()),
+    ("run", pa.string()), ("rank", pa.int32()), ("device_id", pa.int32()), ("graph_id", pa.int32()),
+    ("scope_name", pa.string()),
     ("op_type", pa.string()), ("ir_op_type", pa.string()), ("node", pa.string()),
     ("input_shapes", pa.list_(pa.list_(pa.int64()))), ("input_dtypes", pa.list_(pa.string())),
     ("output_shapes", pa.list_(pa.list_(pa.int64()))), ("output_dtypes", pa.list_(pa.string())),
     ("code_file", pa.string()), ("code_line", pa.int32()), ("code_text", pa.string()),
     ("code_trace", pa.list_(pa.string())),
 ])
-ORDER_SCHEMA = pa.schema([("run", pa.string()), ("rank", pa.int32()), ("graph_id", pa.int32()),
-                          ("position", pa.int32()), ("scope_name", pa.string())])
-EXEC_SCHEMA = pa.schema([("run", pa.string()), ("rank", pa.int32()), ("graph_id", pa.int32()),
-                         ("iteration", pa.int64())])
+ORDER_SCHEMA = pa.schema([("run", pa.string()), ("rank", pa.int32()), ("device_id", pa.int32()),
+                          ("graph_id", pa.int32()), ("position", pa.int32()), ("scope_name", pa.string())])
+EXEC_SCHEMA = pa.schema([("run", pa.string()), ("rank", pa.int32()), ("device_id", pa.int32()),
+                         ("graph_id", pa.int32()), ("iteration", pa.int64())])
 OVERFLOW_SCHEMA = pa.schema([
     ("run", pa.string()), ("rank", pa.int32()), ("device_id", pa.int32()), ("iteration", pa.int64()),
     ("op_type", pa.string()), ("op_name", pa.string()), ("task_id", pa.int64()), ("stream_id", pa.int64()),
@@ -429,7 +430,8 @@ class _Pipeline:
         source = "computed" if item.stats else None
         if e.stats:
             stats.update({k: v for k, v in e.stats.items() if v is not None})
-            source = "statistic.csv" if not item.stats else "statistic.csv+computed"
+            label = self.layout.stats_label
+            source = label if not item.stats else f"{label}+computed"
         if item.array is not None:
             dtype, shape, nbytes = dtype_name(item.array.dtype), list(item.array.shape), item.array.nbytes
         else:

@@ -25,6 +25,11 @@ ALTER TABLE tensors ADD COLUMN arg_name VARCHAR;         -- keyword or parameter
 ALTER TABLE tensors ADD COLUMN slot_path VARCHAR;        -- full index of a nested argument, e.g. '0.1'
 ALTER TABLE tensors ADD COLUMN requires_grad BOOLEAN;    -- msprobe
 
+-- Graphs are per device in layouts without ranks (MindSpore r1.2: device_{id}/graphs).
+ALTER TABLE ops ADD COLUMN device_id INTEGER;
+ALTER TABLE execution_order ADD COLUMN device_id INTEGER;
+ALTER TABLE graph_executions ADD COLUMN device_id INTEGER;
+
 -- Overflow records: Opdebug.Node_OpDebug.* files (seed 001; reference formats.md 3.4).
 CREATE TABLE overflows (
     run         VARCHAR NOT NULL,

@@ -109,6 +109,9 @@ class Layout:
     name: str = ""
     description: str = ""
     document: str = ""
+    # Where the dump's own statistics (TensorEntry.stats) come from: the
+    # catalog's stats_source says this, or this + '+computed'.
+    stats_label: str = "statistic.csv"
 
     def detect(self, root: Path) -> bool:
         """True if ``root`` holds a dump of this layout (cheap: names only)."""

@@ -9,23 +9,29 @@ from __future__ import annotations
 from pathlib import Path
 
 from dumpdb.errors import LayoutError
+from dumpdb.layouts.ascend import AscendAsyncNpy, AscendAsyncPb, CannTfAdapter, MindSporeR12AsyncPb, TorchAirGe
 from dumpdb.layouts.base import DumpScan, Layout, LoadedTensor, TensorEntry
+from dumpdb.layouts.mindspore_legacy import MindSporeR12SyncBin
 from dumpdb.layouts.mindspore_sync import MindSporeSync
+from dumpdb.layouts.msaccucmp import MsaccucmpNpy
+from dumpdb.layouts.statistic_only import StatisticOnly
+from dumpdb.layouts.tensordump import MindSporeTensorDump
+from dumpdb.layouts.msprobe import MsprobeDump
 
-# Detection order: most specific first. Each reader module adds its class here.
+# Detection order: the first layout whose detect() is True wins, so a layout
+# that is a special case of another comes first.
 LAYOUTS: list[Layout] = [
+    StatisticOnly(),  # a mindspore-sync tree with statistic.csv and no .npy
     MindSporeSync(),
-    # -- readers of issue 3 (one line each, in this order) --
-    # [msprobe]
-    # [mindspore-tensordump]
-    # [mindspore-r1.2-sync-bin]
-    # [mindspore-r1.2-async-pb]
-    # [ascend-async-pb]
-    # [ascend-async-npy]
-    # [cann-tf-adapter]
-    # [torchair-ge]
-    # [msaccucmp-npy]
-    # [statistic-only]
+    MsprobeDump(),
+    MindSporeTensorDump(),
+    MindSporeR12SyncBin(),
+    MindSporeR12AsyncPb(),
+    AscendAsyncPb(),
+    AscendAsyncNpy(),
+    CannTfAdapter(),
+    TorchAirGe(),
+    MsaccucmpNpy(),
 ]
 
 __all__ = ["LAYOUTS", "DumpScan", "Layout", "LoadedTensor", "TensorEntry", "detect", "get_layout"]

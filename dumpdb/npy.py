@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dumpdb.dtypes import BFLOAT16, dtype_name
+from dumpdb.dtypes import BFLOAT16
 from dumpdb.errors import DumpFileError
 
 MAGIC = b"\x93NUMPY"
@@ -146,12 +146,19 @@ def read_npy(path: str, where: str | None = None) -> NpyTensor:
     return parse_npy(raw, where)
 
 
-def describe_dtype_mismatch(declared: np.dtype | None, declared_name: str | None, actual: np.dtype) -> str | None:
-    """A note when the dtype a file name declares differs from what it holds.
+def read_npy_declared(path: str, where: str, declared: str | None) -> NpyTensor:
+    """:func:`read_npy`, plus a note when the dtype the dump's file name declares
+    (``declared``, e.g. ``BFloat16``, ``torch.float32``) differs from the payload's.
 
     MindSpore saves bfloat16 as float32 in some versions (seed 001, 注意事项:
-    "bfloat16类型的算子保存到npy文件时，会转换成float32类型").
+    "bfloat16类型的算子保存到npy文件时，会转换成float32类型"); the float16-header
+    quirk already carries its own note, which then stands alone.
     """
-    if declared is None or declared == actual:
-        return None
-    return f"file name declares {declared_name}, payload is {dtype_name(actual)}"
+    from dumpdb.dtypes import dtype_name, from_dump_name
+
+    t = read_npy(path, where=where)
+    expected = from_dump_name(declared)
+    if expected is None or expected == t.array.dtype or t.note and "float32" in t.note:
+        return t
+    mismatch = f"file name declares {declared}, payload is {dtype_name(t.array.dtype)}"
+    return NpyTensor(t.array, t.header_descr, "; ".join(n for n in (t.note, mismatch) if n))

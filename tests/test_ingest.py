@@ -18,7 +18,6 @@ import dumpdb
 from conftest import MS_CASES, assert_bit_exact, file_count, ms_case, npy_files, npy_payload
 from dumpdb.dtypes import BFLOAT16
 from dumpdb.progress import Reporter
-from dumpdb.stats import compute_stats
 
 
 def _rows(archive, run):
@@ -277,7 +276,7 @@ def test_statistic_csv_values_are_used(case_copy, tmp_path):
     header = "Op Type,Op Name,Task ID,Stream ID,Timestamp,IO,Slot,Data Size,Data Type,Shape,Max Value,Min Value,Avg Value,L2Norm Value,MD5"
     rows = [f"{op_type},{op_name},{task},{stream},{ts},output,0,75264,float32,\"(4,6,28,28)\",9.5,-9.5,0.125,42.0,d41d8cd98f00b204e9800998ecf8427e",
             # a tensor with statistics only (no .npy file beside it)
-            f"ReLU,Default_stats_only_ReLU-op9,0,0,1795336641444999,output,0,64,float32,\"(4,4)\",1.0,0.0,0.5,2.0,"]
+            "ReLU,Default_stats_only_ReLU-op9,0,0,1795336641444999,output,0,64,float32,\"(4,4)\",1.0,0.0,0.5,2.0,"]
     (it_dir / "statistic.csv").write_text(header + "\n" + "\n".join(rows) + "\n")
     archive = tmp_path / "a.dumpdb"
     report = dumpdb.ingest(src, archive=archive, run="s")

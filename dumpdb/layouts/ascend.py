@@ -67,7 +67,7 @@ from pathlib import Path
 
 from dumpdb.errors import DumpFileError, LayoutError
 from dumpdb.layouts import cann_pb
-from dumpdb.layouts.base import DumpScan, Layout, LoadedTensor, TensorEntry, display_name
+from dumpdb.layouts.base import DumpScan, Layout, LoadedTensor, TensorEntry, display_name, read_metadata_dir
 from dumpdb.layouts.mindspore_sync import (
     MindSporeSync,
     _float,
@@ -77,8 +77,7 @@ from dumpdb.layouts.mindspore_sync import (
     read_statistic_csv,
     statistic_key,
 )
-from dumpdb.npy import describe_dtype_mismatch, read_npy
-from dumpdb.dtypes import from_dump_name
+from dumpdb.npy import read_npy_declared
 
 TIME_RE = re.compile(r"^(?:19|20)\d{8,12}$")
 DIGITS_RE = re.compile(r"^\d+$")
@@ -524,12 +523,8 @@ class _CannLayout(Layout):
         if entry.path is None:
             raise DumpFileError(f"{entry.source_file}: statistics only; no tensor data")
         if entry.path.endswith(".npy"):
-            t = read_npy(entry.path, where=entry.source_file)
-            notes = [n for n in (t.note, describe_dtype_mismatch(
-                from_dump_name(entry.dtype_declared), entry.dtype_declared, t.array.dtype)) if n]
-            if t.note and "float32" in t.note:
-                notes = [t.note]
-            return LoadedTensor(t.array, "; ".join(notes) or None)
+            t = read_npy_declared(entry.path, entry.source_file, entry.dtype_declared)
+            return LoadedTensor(t.array, t.note)
         if entry.io is None or entry.slot is None:
             raise DumpFileError(f"{entry.source_file}: no io/slot to read from the container")
         array, note = self._headers.load(entry.path, entry.io, entry.slot, entry.source_file)
@@ -582,32 +577,11 @@ class MindSporeR12AsyncPb(_CannLayout):
             if dev_dir != root:
                 metadata_dirs.add(dev_dir.parent)  # {path}/.metadata/
         for top in sorted(metadata_dirs):
-            self._read_metadata(root, top / ".metadata", scan)
+            texts = read_metadata_dir(root, top / ".metadata", scan)
+            if "data_dump.json" in texts and scan.dump_config is None:
+                scan.dump_config = texts["data_dump.json"]
         scan.entries.sort(key=_entry_order)
         return scan
-
-    @staticmethod
-    def _read_metadata(root: Path, meta_dir: Path, scan: DumpScan) -> None:
-        if not meta_dir.is_dir():
-            return
-        for path in sorted(meta_dir.iterdir()):
-            if not path.is_file():
-                continue
-            rel = display_name(os.path.relpath(path, root))
-            try:
-                text = path.read_text(encoding="utf-8", errors="replace")
-            except OSError as exc:
-                scan.errors.append((rel, f"cannot read metadata: {exc.strerror or exc}"))
-                continue
-            value: object = text
-            if path.suffix == ".json":
-                try:
-                    value = json.loads(text)
-                except json.JSONDecodeError as exc:
-                    scan.errors.append((rel, f"invalid JSON: {exc.msg} at line {exc.lineno}"))
-            scan.metadata[rel] = value
-            if path.name == "data_dump.json" and scan.dump_config is None and not isinstance(value, str):
-                scan.dump_config = text
 
 
 class AscendAsyncPb(_CannLayout):

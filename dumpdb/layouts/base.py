@@ -8,7 +8,10 @@ fields; what a layout does not have stays None, never invented.
 
 from __future__ import annotations
 
+import json
 import os
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -137,3 +140,68 @@ def display_name(name: str) -> str:
         return name
     except UnicodeEncodeError:
         return os.fsencode(name).decode("utf-8", errors="backslashreplace")
+
+
+def find_dirs(start: Path, match: Callable[[str], object], max_depth: int) -> list[Path]:
+    """Directories at or below ``start`` whose name satisfies ``match``.
+
+    Breadth-first over at most ``max_depth`` levels; a matching directory is
+    returned and not searched inside; hidden directories and symlinks are not
+    followed. Only directory names are read (cheap enough for ``detect``).
+    """
+    if match(start.name) and start.is_dir():
+        return [start]
+    found: list[Path] = []
+    frontier = [start]
+    for _ in range(max_depth + 1):
+        nxt = []
+        for d in frontier:
+            try:
+                subdirs = [e for e in os.scandir(d) if e.is_dir(follow_symlinks=False)]
+            except OSError:
+                continue
+            for e in subdirs:
+                if match(e.name):
+                    found.append(Path(e.path))
+                elif not e.name.startswith("."):
+                    nxt.append(Path(e.path))
+        frontier = nxt
+    return sorted(found)
+
+
+def read_metadata_dir(root: Path, meta_dir: Path, scan: DumpScan) -> dict[str, str]:
+    """Read every file of a metadata directory (``.dump_metadata``, ``.metadata``).
+
+    Each goes into ``scan.metadata`` under its path relative to ``root``
+    (parsed if ``.json``); unreadable files and invalid JSON are recorded in
+    ``scan.errors``. Returns ``{file name: text}`` for callers that pick
+    particular files (e.g. ``data_dump.json`` as the dump config).
+    """
+    texts: dict[str, str] = {}
+    if not meta_dir.is_dir():
+        return texts
+    for path in sorted(meta_dir.iterdir()):
+        if not path.is_file():
+            continue
+        rel = display_name(os.path.relpath(path, root))
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except OSError as exc:
+            scan.errors.append((rel, f"cannot read metadata: {exc.strerror or exc}"))
+            continue
+        value: object = text
+        if path.suffix == ".json":
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError as exc:
+                scan.errors.append((rel, f"invalid JSON: {exc.msg} at line {exc.lineno}"))
+        scan.metadata[rel] = value
+        texts[path.name] = text
+    return texts
+
+
+def names_mostly_match(names: list[str], pattern: re.Pattern) -> bool:
+    """True if at least one and at least half of ``names`` match ``pattern``
+    (detection of flat layouts whose only signature is the file name grammar)."""
+    matched = sum(1 for n in names if pattern.match(n))
+    return matched > 0 and 2 * matched >= len(names)

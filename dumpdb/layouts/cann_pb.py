@@ -50,6 +50,7 @@ from google.protobuf.message import DecodeError
 
 from dumpdb.dtypes import BFLOAT16
 from dumpdb.errors import DumpFileError
+from dumpdb.formats import OUTPUT_FORMAT
 
 PACKAGE = "toolkit.dumpdata"
 HEADER_LEN_SIZE = 8  # uint64 header_len
@@ -76,20 +77,9 @@ NUMPY_DTYPES: dict[int, np.dtype] = {
 _BORROWED = {0: "int8", 23: "int64"}  # codes whose numpy type is a convention, not the enum's meaning
 DT_UINT1 = 29
 
-# OutputFormat (formats.md 3.3). Stored with the proto's FORMAT_ prefix; catalog names drop it.
-FORMATS: dict[int, str] = {
-    0: "NCHW", 1: "NHWC", 2: "ND", 3: "NC1HWC0", 4: "FRACTAL_Z", 5: "NC1C0HWPAD", 6: "NHWC1C0",
-    7: "FSR_NCHW", 8: "FRACTAL_DECONV", 9: "C1HWNC0", 10: "FRACTAL_DECONV_TRANSPOSE",
-    11: "FRACTAL_DECONV_SP_STRIDE_TRANS", 12: "NC1HWC0_C04", 13: "FRACTAL_Z_C04", 14: "CHWN",
-    15: "FRACTAL_DECONV_SP_STRIDE8_TRANS", 16: "HWCN", 17: "NC1KHKWHWC0", 18: "BN_WEIGHT",
-    19: "FILTER_HWCK", 20: "HASHTABLE_LOOKUP_LOOKUPS", 21: "HASHTABLE_LOOKUP_KEYS",
-    22: "HASHTABLE_LOOKUP_VALUE", 23: "HASHTABLE_LOOKUP_OUTPUT", 24: "HASHTABLE_LOOKUP_HITS",
-    25: "C1HWNCoC0", 26: "MD", 27: "NDHWC", 28: "FRACTAL_ZZ", 29: "FRACTAL_NZ", 30: "NCDHW",
-    31: "DHWCN", 32: "NDC1HWC0", 33: "FRACTAL_Z_3D", 34: "CN", 35: "NC", 36: "DHWNC",
-    37: "FRACTAL_Z_3D_TRANSPOSE", 38: "FRACTAL_ZN_LSTM", 39: "FRACTAL_Z_G", 40: "RESERVED", 41: "ALL",
-    42: "NULL", 43: "ND_RNN_BIAS", 44: "FRACTAL_ZN_RNN", 45: "YUV", 46: "YUV_A", 47: "NCL",
-    48: "FRACTAL_Z_WINO", 49: "C1HWC0", 255: "MAX",
-}
+# OutputFormat (formats.md 3.3), the table dumpdb.formats converts with. Stored with the
+# proto's FORMAT_ prefix; catalog names drop it.
+FORMATS: dict[int, str] = OUTPUT_FORMAT
 _FORMAT_CODES = {name: code for code, name in FORMATS.items()}
 
 # Overflow record of one output slot of an Opdebug.Node_OpDebug file (formats.md 3.4;

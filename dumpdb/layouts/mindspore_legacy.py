@@ -54,7 +54,6 @@ variant without ``device_{id}`` (the seed's rule), NULL otherwise.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -65,7 +64,8 @@ import numpy as np
 from dumpdb.dtypes import from_dump_name
 from dumpdb.errors import DumpFileError, LayoutError
 from dumpdb.layouts import mindspore_ir as ir
-from dumpdb.layouts.base import DumpScan, Layout, LoadedTensor, TensorEntry, display_name
+from dumpdb.layouts.base import (DumpScan, Layout, LoadedTensor, TensorEntry, display_name, find_dirs,
+                                  read_metadata_dir)
 
 ITERATION_DIR_RE = re.compile(r"^iteration_(\d+)$")
 DEVICE_DIR_RE = re.compile(r"^device_(\d+)$")
@@ -109,24 +109,7 @@ def parse_bin_name(name: str) -> dict | None:
 
 def find_iteration_dirs(start: Path, max_depth: int = MAX_SEARCH_DEPTH) -> list[Path]:
     """``iteration_{n}`` directories at or below ``start`` (``max_depth`` levels; hidden dirs skipped)."""
-    if ITERATION_DIR_RE.match(start.name) and start.is_dir():
-        return [start]
-    found: list[Path] = []
-    frontier = [start]
-    for _ in range(max_depth + 1):
-        nxt = []
-        for d in frontier:
-            try:
-                subdirs = [e for e in os.scandir(d) if e.is_dir(follow_symlinks=False)]
-            except OSError:
-                continue
-            for e in subdirs:
-                if ITERATION_DIR_RE.match(e.name):
-                    found.append(Path(e.path))
-                elif not e.name.startswith("."):
-                    nxt.append(Path(e.path))
-        frontier = nxt
-    return sorted(found)
+    return find_dirs(start, ITERATION_DIR_RE.match, max_depth)
 
 
 def _r12_ir_nodes(path: Path) -> tuple[list[dict], list[str]]:
@@ -200,7 +183,9 @@ class MindSporeR12SyncBin(Layout):
             path_dir = net_dir.parent
             if path_dir not in meta_read and _is_within(path_dir, root):
                 meta_read.add(path_dir)
-                self._read_metadata(root, path_dir / ".metadata", scan)
+                texts = read_metadata_dir(root, path_dir / ".metadata", scan)
+                if "data_dump.json" in texts and scan.dump_config is None:
+                    scan.dump_config = texts["data_dump.json"]
             graphs = self._read_graphs(root, holder, scan, device_id) if dm else {}
             entries: list[TensorEntry] = []
             for it_dir in sorted(dirs, key=lambda p: int(ITERATION_DIR_RE.match(p.name).group(1))):
@@ -214,30 +199,7 @@ class MindSporeR12SyncBin(Layout):
             e.source_file))
         return scan
 
-    # -- metadata and graphs ---------------------------------------------------
-    @staticmethod
-    def _read_metadata(root: Path, meta_dir: Path, scan: DumpScan) -> None:
-        if not meta_dir.is_dir():
-            return
-        for path in sorted(meta_dir.iterdir()):
-            if not path.is_file():
-                continue
-            rel = display_name(os.path.relpath(path, root))
-            try:
-                text = path.read_text(encoding="utf-8", errors="replace")
-            except OSError as exc:
-                scan.errors.append((rel, f"cannot read metadata: {exc.strerror or exc}"))
-                continue
-            value: object = text
-            if path.suffix == ".json":
-                try:
-                    value = json.loads(text)
-                except json.JSONDecodeError as exc:
-                    scan.errors.append((rel, f"invalid JSON: {exc.msg} at line {exc.lineno}"))
-            scan.metadata[rel] = value
-            if path.name == "data_dump.json" and scan.dump_config is None:
-                scan.dump_config = text
-
+    # -- graphs ------------------------------------------------------------------
     @staticmethod
     def _read_graphs(root: Path, device_dir: Path, scan: DumpScan, device_id: int | None = None) -> dict[int, dict]:
         """{graph_id: {"scopes": set of scope names, "op_types": {scope: op_type}, "params": [...]}}."""

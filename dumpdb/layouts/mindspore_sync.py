@@ -18,16 +18,15 @@ Sources: seed 001 (同步Dump数据对象目录 / 同步Dump数据文件介绍),
 from __future__ import annotations
 
 import csv
-import json
 import os
 import re
 from pathlib import Path
 
 from dumpdb.errors import LayoutError
-from dumpdb.layouts.base import DumpScan, Layout, LoadedTensor, TensorEntry, display_name
+from dumpdb.layouts.base import (DumpScan, Layout, LoadedTensor, TensorEntry, display_name, find_dirs,
+                                  read_metadata_dir)
 from dumpdb.layouts import mindspore_ir as ir
-from dumpdb.npy import describe_dtype_mismatch, read_npy
-from dumpdb.dtypes import from_dump_name
+from dumpdb.npy import read_npy_declared
 
 RANK_DIR_RE = re.compile(r"^rank_(\d+)$")
 TENSOR_NAME_RE = re.compile(
@@ -77,23 +76,10 @@ def find_dump_roots(start: Path, max_depth: int = MAX_SEARCH_DEPTH) -> list[Path
     A ``start`` that is itself a ``rank_{id}`` directory counts as its own root.
     Searches ``max_depth`` levels of directories (file names are not listed).
     """
-    if RANK_DIR_RE.match(start.name) and start.is_dir():
+    ranks = find_dirs(start, RANK_DIR_RE.match, max_depth)
+    if ranks == [start]:
         return [start]
-    roots: list[Path] = []
-    frontier = [start]
-    for _ in range(max_depth + 1):
-        nxt = []
-        for d in frontier:
-            try:
-                subdirs = [e for e in os.scandir(d) if e.is_dir(follow_symlinks=False)]
-            except OSError:
-                continue
-            if any(RANK_DIR_RE.match(e.name) for e in subdirs):
-                roots.append(d)
-                continue
-            nxt.extend(Path(e.path) for e in subdirs if not e.name.startswith("."))
-        frontier = nxt
-    return sorted(roots)
+    return sorted({r.parent for r in ranks})
 
 
 def _int(text: str | None) -> int | None:
@@ -288,29 +274,13 @@ class MindSporeSync(Layout):
         scan.entries.extend(rank_entries)
 
     def _read_metadata(self, root: Path, rank_dir: Path, scan: DumpScan) -> None:
-        meta_dir = rank_dir / ".dump_metadata"
-        if not meta_dir.is_dir():
-            return
-        for path in sorted(meta_dir.iterdir()):
-            rel = os.path.relpath(path, root)
-            if not path.is_file():
-                continue
-            try:
-                text = path.read_text(encoding="utf-8", errors="replace")
-            except OSError as exc:
-                scan.errors.append((rel, f"cannot read metadata: {exc.strerror or exc}"))
-                continue
-            try:
-                value = json.loads(text) if path.suffix == ".json" else text
-            except json.JSONDecodeError as exc:
-                scan.errors.append((rel, f"invalid JSON: {exc.msg} at line {exc.lineno}"))
-                value = text
-            scan.metadata[rel] = value
-            if path.name == "data_dump.json" and scan.dump_config is None:
-                scan.dump_config = text
-            if path.name == "config.json" and isinstance(value, dict):
-                scan.framework_version = scan.framework_version or value.get("ms_version")
-                scan.device_target = scan.device_target or value.get("device_target")
+        texts = read_metadata_dir(root, rank_dir / ".dump_metadata", scan)
+        if "data_dump.json" in texts and scan.dump_config is None:
+            scan.dump_config = texts["data_dump.json"]
+        config = scan.metadata.get(display_name(os.path.relpath(rank_dir / ".dump_metadata" / "config.json", root)))
+        if isinstance(config, dict):
+            scan.framework_version = scan.framework_version or config.get("ms_version")
+            scan.device_target = scan.device_target or config.get("device_target")
 
     def _read_graphs(self, root: Path, rank_dir: Path, rank: int, scan: DumpScan):
         scopes_by_graph: dict[int, list[str]] = {}
@@ -448,9 +418,5 @@ class MindSporeSync(Layout):
     # -- payloads ----------------------------------------------------------------
     def load(self, entry: TensorEntry) -> LoadedTensor:
         """Read the entry's ``.npy`` (see :mod:`dumpdb.npy` for the quirks handled)."""
-        t = read_npy(entry.path, where=entry.source_file)
-        notes = [n for n in (t.note, describe_dtype_mismatch(
-            from_dump_name(entry.dtype_declared), entry.dtype_declared, t.array.dtype)) if n]
-        if t.note and "float32" in t.note:
-            notes = [t.note]  # the float16-header quirk already explains the mismatch
-        return LoadedTensor(t.array, "; ".join(notes) or None)
+        t = read_npy_declared(entry.path, entry.source_file, entry.dtype_declared)
+        return LoadedTensor(t.array, t.note)

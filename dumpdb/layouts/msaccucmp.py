@@ -27,13 +27,11 @@ below (``source_file`` relative to it).
 
 from __future__ import annotations
 
-import os
 import re
-from pathlib import Path
 
-from dumpdb.errors import DumpFileError, LayoutError
-from dumpdb.layouts.base import DumpScan, Layout, LoadedTensor, TensorEntry, display_name
-from dumpdb.layouts.tensordump import top_npy_names, walk_npy
+from dumpdb.errors import DumpFileError
+from dumpdb.layouts.base import LoadedTensor, TensorEntry, display_name
+from dumpdb.layouts.flat_npy import FlatNpyLayout
 from dumpdb.npy import read_npy
 
 MSACCUCMP_NAME_RE = re.compile(
@@ -61,40 +59,25 @@ def parse_msaccucmp_name(name: str) -> dict | None:
     }
 
 
-class MsaccucmpNpy(Layout):
+class MsaccucmpNpy(FlatNpyLayout):
     name = "msaccucmp-npy"
     description = ("CANN msaccucmp convert output: {op_type}.{op_name}.{task_id}[.{stream_id}].{timestamp}"
                    ".{input|output}.{index}.{d0}x{d1}x....npy")
     document = "seed 000 and seed 001 (Asynchronous Dump Data Analysis Sample: msaccucmp.py convert)"
 
-    def detect(self, root: Path) -> bool:
-        """Most ``.npy`` files at the top (or one level down) follow the converted name."""
-        names = top_npy_names(Path(root))
-        matched = sum(1 for n in names if MSACCUCMP_NAME_RE.match(n))
-        return matched > 0 and 2 * matched >= len(names)
+    name_re = MSACCUCMP_NAME_RE
+    grammar = NAME_GRAMMAR
 
-    def scan(self, root: Path) -> DumpScan:
-        root = Path(root)
-        if not root.is_dir():
-            raise LayoutError(f"{root}: not a directory")
-        scan = DumpScan(layout=self.name, root=root)
-        for directory, names in walk_npy(root):
-            for name in names:
-                path = directory / name
-                source_file = display_name(os.path.relpath(path, root))
-                fields = parse_msaccucmp_name(name)
-                if fields is None:
-                    scan.errors.append((source_file, f"file name does not follow {NAME_GRAMMAR}"))
-                    continue
-                try:
-                    size = path.stat().st_size
-                except OSError:
-                    size = None
-                fields["op_name"] = display_name(fields["op_name"])
-                fields["op_type"] = display_name(fields["op_type"])
-                scan.entries.append(TensorEntry(source_file=source_file, path=str(path), size=size, **fields))
-        scan.entries.sort(key=lambda e: (e.timestamp or 0, e.op_name or "", e.io or "", e.slot or 0, e.source_file))
-        return scan
+    def parse_name(self, name: str) -> dict:
+        fields = parse_msaccucmp_name(name)
+        if fields is None:
+            raise ValueError(f"file name does not follow {NAME_GRAMMAR}")
+        fields["op_name"] = display_name(fields["op_name"])
+        fields["op_type"] = display_name(fields["op_type"])
+        return fields
+
+    def sort_key(self, e: TensorEntry):
+        return (e.timestamp or 0, e.op_name or "", e.io or "", e.slot or 0, e.source_file)
 
     def load(self, entry: TensorEntry) -> LoadedTensor:
         """The ``.npy``; its header shape must equal the shape in the name."""

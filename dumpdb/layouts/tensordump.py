@@ -34,12 +34,10 @@ from __future__ import annotations
 
 import os
 import re
-from pathlib import Path
 
-from dumpdb.dtypes import from_dump_name
-from dumpdb.errors import LayoutError
-from dumpdb.layouts.base import DumpScan, Layout, LoadedTensor, TensorEntry, display_name
-from dumpdb.npy import describe_dtype_mismatch, read_npy
+from dumpdb.layouts.base import LoadedTensor, TensorEntry, display_name
+from dumpdb.layouts.flat_npy import FlatNpyLayout
+from dumpdb.npy import read_npy_declared
 
 # dtype names TensorDump writes (numpy-style, lowercase in the real case).
 TENSORDUMP_DTYPES = (
@@ -67,82 +65,28 @@ def parse_tensordump_name(name: str) -> dict | None:
     }
 
 
-def top_npy_names(root: Path) -> list[str]:
-    """Names of the ``.npy`` files directly in ``root``; if none, those one level down."""
-    def listing(d: Path) -> tuple[list[str], list[Path]]:
-        files, dirs = [], []
-        try:
-            with os.scandir(d) as it:
-                for e in it:
-                    if e.name.startswith("."):
-                        continue
-                    if e.is_dir(follow_symlinks=False):
-                        dirs.append(Path(e.path))
-                    elif e.name.endswith(".npy"):
-                        files.append(e.name)
-        except OSError:
-            pass
-        return files, dirs
-
-    files, dirs = listing(Path(root))
-    if files:
-        return files
-    out: list[str] = []
-    for d in dirs:
-        out.extend(listing(d)[0])
-    return out
-
-
-def walk_npy(root: Path):
-    """(directory, sorted .npy names) for every directory under ``root`` (hidden ones skipped)."""
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        names = sorted(f for f in filenames if f.endswith(".npy"))
-        if names:
-            yield Path(dirpath), names
-
-
-class MindSporeTensorDump(Layout):
+class MindSporeTensorDump(FlatNpyLayout):
     name = "mindspore-tensordump"
     description = "MindSpore ops.TensorDump files: {fileName}[_in]_{dtype}_{id}.npy"
     document = "MindSpore API mindspore.ops.TensorDump; reference formats.md section 4; corpus j_tensordump_pynative"
 
-    def detect(self, root: Path) -> bool:
-        """Most ``.npy`` files at the top (or one level down) follow the TensorDump name."""
-        names = top_npy_names(Path(root))
-        matched = sum(1 for n in names if TENSORDUMP_NAME_RE.match(n))
-        return matched > 0 and 2 * matched >= len(names)
+    name_re = TENSORDUMP_NAME_RE
+    grammar = NAME_GRAMMAR
+    framework = "MindSpore"
 
-    def scan(self, root: Path) -> DumpScan:
-        root = Path(root)
-        if not root.is_dir():
-            raise LayoutError(f"{root}: not a directory")
-        scan = DumpScan(layout=self.name, root=root, framework="MindSpore")
-        for directory, names in walk_npy(root):
-            for name in names:
-                path = directory / name
-                source_file = display_name(os.path.relpath(path, root))
-                fields = parse_tensordump_name(name)
-                if fields is None:
-                    scan.errors.append((source_file, f"file name does not follow {NAME_GRAMMAR}"))
-                    continue
-                if fields["call_index"] > _INT32_MAX:
-                    scan.errors.append((source_file, f"id {fields['call_index']} in the file name is out of range"))
-                    continue
-                try:
-                    size = path.stat().st_size
-                except OSError:
-                    size = None
-                fields["op_name"] = display_name(fields["op_name"])
-                scan.entries.append(TensorEntry(source_file=source_file, path=str(path), size=size, **fields))
-        scan.entries.sort(key=lambda e: (os.path.dirname(e.source_file), e.call_index, e.source_file))
-        return scan
+    def parse_name(self, name: str) -> dict:
+        fields = parse_tensordump_name(name)
+        if fields is None:
+            raise ValueError(f"file name does not follow {NAME_GRAMMAR}")
+        if fields["call_index"] > _INT32_MAX:
+            raise ValueError(f"id {fields['call_index']} in the file name is out of range")
+        fields["op_name"] = display_name(fields["op_name"])
+        return fields
+
+    def sort_key(self, e: TensorEntry):
+        return (os.path.dirname(e.source_file), e.call_index, e.source_file)
 
     def load(self, entry: TensorEntry) -> LoadedTensor:
         """The ``.npy`` (see :mod:`dumpdb.npy`); a note when the payload dtype differs from the name's."""
-        t = read_npy(entry.path, where=entry.source_file)
-        notes = [n for n in (t.note, describe_dtype_mismatch(
-            from_dump_name(entry.dtype_declared), entry.dtype_declared, t.array.dtype)) if n]
-        if t.note and "float32" in t.note:
-            notes = [t.note]
-        return LoadedTensor(t.array, "; ".join(notes) or None)
+        t = read_npy_declared(entry.path, entry.source_file, entry.dtype_declared)
+        return LoadedTensor(t.array, t.note)

@@ -46,23 +46,30 @@ def encode_chunks(data: np.ndarray, chunk: int, level: int, pool: ThreadPoolExec
     return [bytes(b) for b in pool.map(encode, pieces)]
 
 
-def shard_bytes(frames: list[bytes]) -> bytes:
-    """A shard: the frames, then the (offset, nbytes) index and its crc32c."""
+def shard_index(frames: list[bytes]) -> bytes:
+    """The shard index for ``frames`` laid out back to back from offset 0:
+    ``(n, 2)`` little-endian uint64 (offset, nbytes), then its crc32c (LE uint32).
+
+    Vectorised on purpose: a per-frame Python loop here waits for the GIL at
+    every step while reader threads run (measured: seconds per GB).
+    """
+    lengths = np.fromiter(map(len, frames), dtype="<u8", count=len(frames))
     index = np.empty((len(frames), 2), dtype="<u8")
-    offset = 0
-    for i, frame in enumerate(frames):
-        index[i] = (offset, len(frame))
-        offset += len(frame)
+    index[:, 1] = lengths
+    index[:, 0] = np.cumsum(lengths) - lengths
     index_bytes = index.tobytes()
-    checksum = np.array([google_crc32c.value(index_bytes)], dtype="<u4").tobytes()
-    return b"".join(frames) + index_bytes + checksum
+    return index_bytes + np.array([google_crc32c.value(index_bytes)], dtype="<u4").tobytes()
 
 
-def write_atomic(path: str, payload: bytes) -> None:
-    """Write ``payload`` to ``path`` through a temporary file and a rename, so a
-    crash never leaves a half-written shard under the final name."""
+def write_shard(path: str, frames: list[bytes]) -> int:
+    """Write a shard (frames, then :func:`shard_index`) to ``path`` atomically:
+    through a temporary file and a rename, so a crash never leaves a half-written
+    shard under the final name. Returns the bytes written."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.tmp-{os.getpid()}"
+    index = shard_index(frames)
     with open(tmp, "wb") as f:
-        f.write(payload)
+        f.writelines(frames)
+        f.write(index)
     os.replace(tmp, path)
+    return sum(map(len, frames)) + len(index)

@@ -38,7 +38,7 @@ import zarr.codecs
 import zarr.storage
 
 from dumpdb.dtypes import storage_dtype
-from dumpdb.shard import encode_chunks, shard_bytes, write_atomic
+from dumpdb.shard import encode_chunks, write_shard
 
 PACK_BYTES = 64 << 20
 LARGE_BYTES = 16 << 20
@@ -275,7 +275,7 @@ class StoreWriter:
         # zarr writes the metadata; the one shard is encoded here (see dumpdb.shard).
         self._create(name, data, (chunk,), (math.ceil(n / chunk) * chunk,), "pack", write=False)
         frames = encode_chunks(data, chunk, ZSTD_LEVEL, self._codec_pool)
-        write_atomic(str(self.store.root / name / "c" / "0"), shard_bytes(frames))
+        write_shard(str(self.store.root / name / "c" / "0"), frames)
         stored = _dir_bytes(self.store.root / name)
         locations = []
         offset = 0

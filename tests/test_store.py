@@ -11,7 +11,7 @@ import zarr
 import zarr.codecs
 
 from dumpdb.dtypes import BFLOAT16
-from dumpdb.shard import encode_chunks, shard_bytes, write_atomic
+from dumpdb.shard import encode_chunks, write_shard
 from dumpdb.store import StoreWriter, TensorStore, large_chunks
 
 
@@ -30,7 +30,7 @@ def test_encoded_shard_reads_back_through_zarr(tmp_path, dtype, n, chunk):
                       shards=(math.ceil(n / chunk) * chunk,), compressors=zarr.codecs.ZstdCodec(level=1),
                       fill_value=0)
     with ThreadPoolExecutor(2) as pool:
-        write_atomic(str(tmp_path / "p" / "c" / "0"), shard_bytes(encode_chunks(data, chunk, 1, pool)))
+        write_shard(str(tmp_path / "p" / "c" / "0"), encode_chunks(data, chunk, 1, pool))
     back = zarr.open_array(store, path="p", mode="r")
     assert back[:].tobytes() == data.tobytes()
     assert back[n // 3 : n // 3 + 5].tobytes() == data[n // 3 : n // 3 + 5].tobytes()

@@ -73,3 +73,24 @@ def write_shard(path: str, frames: list[bytes]) -> int:
         f.write(index)
     os.replace(tmp, path)
     return sum(map(len, frames)) + len(index)
+
+
+EMPTY_CHUNK = 2**64 - 1  # index entry (offset, nbytes) of a chunk never written
+
+
+def read_shard_index(f, n_chunks: int, where: str) -> np.ndarray:
+    """The ``(n_chunks, 2)`` (offset, nbytes) index at the end of an open shard file.
+
+    Raises ValueError (naming ``where``) if the file is too short or the index
+    checksum does not match (a damaged shard).
+    """
+    size = 16 * n_chunks + 4
+    f.seek(0, os.SEEK_END)
+    if f.tell() < size:
+        raise ValueError(f"{where}: shard too short for its index ({f.tell()} bytes)")
+    f.seek(-size, os.SEEK_END)
+    raw = f.read(size)
+    index_bytes, checksum = raw[:-4], int.from_bytes(raw[-4:], "little")
+    if google_crc32c.value(index_bytes) != checksum:
+        raise ValueError(f"{where}: shard index checksum mismatch (damaged file)")
+    return np.frombuffer(index_bytes, dtype="<u8").reshape(n_chunks, 2)

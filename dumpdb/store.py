@@ -23,8 +23,10 @@ payload reads back bit for bit.
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import threading
 import uuid
 from collections import OrderedDict, deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -32,13 +34,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+import numcodecs
 import numpy as np
 import zarr
 import zarr.codecs
 import zarr.storage
 
 from dumpdb.dtypes import storage_dtype
-from dumpdb.shard import encode_chunks, write_shard
+from dumpdb.shard import EMPTY_CHUNK, encode_chunks, read_shard_index, write_shard
 
 PACK_BYTES = 64 << 20
 LARGE_BYTES = 16 << 20
@@ -102,15 +105,111 @@ def large_chunks(shape: tuple[int, ...], itemsize: int, target: int = LARGE_CHUN
     return (1,) * len(shape)  # unreachable: the last block is one item
 
 
-class TensorStore:
-    """Read access to ``tensors.zarr`` (and the root a :class:`StoreWriter` writes to)."""
+class _PackMeta:
+    """What reading a pack needs from its ``zarr.json``: dtype, inner chunk, shard index."""
 
-    def __init__(self, root: Path, read_only: bool = True, cache_size: int = 64):
+    def __init__(self, root: Path, array_path: str):
+        meta = json.loads((root / array_path / "zarr.json").read_text())
+        sharding = meta["codecs"][0]
+        if sharding["name"] != "sharding_indexed" or len(meta["shape"]) != 1:
+            raise ValueError(f"{array_path}: not a 1-D sharded pack")
+        inner = sharding["configuration"]
+        codecs = [c["name"] for c in inner["codecs"]]
+        if codecs != ["bytes", "zstd"] or inner.get("index_location", "end") != "end" or \
+                [c["name"] for c in inner["index_codecs"]] != ["bytes", "crc32c"]:
+            raise ValueError(f"{array_path}: pack codecs {codecs} not the ones dumpdb writes")
+        data_type = meta["data_type"]
+        self.dtype = np.dtype(np.bool_) if data_type == "bool" else np.dtype(data_type).newbyteorder("<")
+        self.chunk = int(inner["chunk_shape"][0])
+        self.shard = int(meta["chunk_grid"]["configuration"]["chunk_shape"][0])
+        self.size = int(meta["shape"][0])
+        self.path = root / array_path / "c" / "0"
+        with open(self.path, "rb") as f:
+            self.index = read_shard_index(f, self.shard // self.chunk, str(self.path))
+
+
+class TensorStore:
+    """Read access to ``tensors.zarr`` (and the root a :class:`StoreWriter` writes to).
+
+    Pack reads decode only the 1 MiB inner chunks a tensor spans, straight from
+    the shard (dumpdb writes the shards itself, see :mod:`dumpdb.shard`), and keep
+    recently decoded chunks in a bounded cache (``chunk_cache_bytes``), so a
+    stream of neighbouring small tensors decodes each chunk once. Large arrays
+    are read through zarr.
+    """
+
+    def __init__(self, root: Path, read_only: bool = True, cache_size: int = 64,
+                 chunk_cache_bytes: int = 64 << 20):
         self.root = Path(root)
         self.zstore = zarr.storage.LocalStore(str(self.root), read_only=read_only)
         self._arrays: OrderedDict[str, zarr.Array] = OrderedDict()
         self._cache_size = cache_size
+        self._packs: OrderedDict[str, _PackMeta] = OrderedDict()
+        self._chunks: OrderedDict[tuple[str, int], np.ndarray] = OrderedDict()
+        self._chunk_bytes = 0
+        self._chunk_cache_limit = chunk_cache_bytes
+        self._lock = threading.Lock()
+        self._zstd = numcodecs.Zstd()
         zarr.config.set({"threading.max_workers": os.cpu_count() or 2})
+
+    def _pack(self, array_path: str) -> _PackMeta:
+        with self._lock:
+            meta = self._packs.get(array_path)
+            if meta is not None:
+                self._packs.move_to_end(array_path)
+                return meta
+        meta = _PackMeta(self.root, array_path)
+        with self._lock:
+            self._packs[array_path] = meta
+            if len(self._packs) > self._cache_size:
+                self._packs.popitem(last=False)
+        return meta
+
+    def _chunk(self, array_path: str, meta: _PackMeta, i: int) -> np.ndarray:
+        key = (array_path, i)
+        with self._lock:
+            data = self._chunks.get(key)
+            if data is not None:
+                self._chunks.move_to_end(key)
+                return data
+        offset, nbytes = (int(v) for v in meta.index[i])
+        if offset == EMPTY_CHUNK:
+            data = np.zeros(meta.chunk, dtype=meta.dtype)
+        else:
+            with open(meta.path, "rb") as f:
+                f.seek(offset)
+                frame = f.read(nbytes)
+            data = np.frombuffer(self._zstd.decode(frame), dtype=meta.dtype)
+            if data.size != meta.chunk:
+                raise ValueError(f"{meta.path}: chunk {i} decodes to {data.size} elements, not {meta.chunk}")
+        with self._lock:
+            self._chunks[key] = data
+            self._chunk_bytes += data.nbytes
+            while self._chunk_bytes > self._chunk_cache_limit and len(self._chunks) > 1:
+                _, old = self._chunks.popitem(last=False)
+                self._chunk_bytes -= old.nbytes
+        return data
+
+    def read_pack_range(self, array_path: str, start: int, count: int) -> np.ndarray:
+        """Elements ``[start, start + count)`` of a pack, in the pack's dtype."""
+        meta = self._pack(array_path)
+        if start < 0 or start + count > meta.size:
+            raise ValueError(f"{array_path}: range {start}+{count} outside the pack ({meta.size} elements)")
+        if count == 0:
+            return np.empty(0, dtype=meta.dtype)
+        first, last = start // meta.chunk, (start + count - 1) // meta.chunk
+        if first == last:
+            lo = start - first * meta.chunk
+            return self._chunk(array_path, meta, first)[lo : lo + count]
+        out = np.empty(count, dtype=meta.dtype)
+        pos = 0
+        for i in range(first, last + 1):
+            chunk = self._chunk(array_path, meta, i)
+            lo = max(start - i * meta.chunk, 0)
+            hi = min(start + count - i * meta.chunk, meta.chunk)
+            out[pos : pos + hi - lo] = chunk[lo:hi]
+            pos += hi - lo
+        return out
 
     @staticmethod
     def create(root: Path) -> None:
@@ -140,17 +239,17 @@ class TensorStore:
         dtype = np.dtype(dtype)
         if array_path is None:
             return np.zeros(shape, dtype=dtype)
-        arr = self.array(array_path)
         if elem_offset is None:
-            data = np.asarray(arr[...])
+            data = np.asarray(self.array(array_path)[...])
         else:
-            data = np.asarray(arr[elem_offset : elem_offset + elem_count])
+            data = self.read_pack_range(array_path, elem_offset, elem_count)
         want = storage_dtype(dtype)
         if data.dtype != want or data.shape != tuple(shape):
             data = np.ascontiguousarray(data).reshape(-1).view(np.uint8).view(want)
         if want != dtype:
             data = data.view(dtype)
-        return data.reshape(shape)
+        # a new, writable array: never a view into the chunk cache
+        return np.array(data.reshape(shape), copy=True)
 
 
 @dataclass

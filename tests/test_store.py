@@ -71,3 +71,31 @@ def test_large_chunks_split_leading_dims():
     assert large_chunks((64, 256), 4, target=4 << 10) == (4, 256)
     assert large_chunks((3, 5000, 1000), 4, target=4 << 20) == (1, 1048, 1000)
     assert large_chunks((), 4) == ()
+
+
+def test_pack_reader_handles_zarr_written_packs_with_empty_chunks(tmp_path):
+    """Archives written by zarr itself (dumpdb 0.1.0's first packs) may omit all-zero chunks."""
+    TensorStore.create(tmp_path / "s.zarr")
+    data = np.concatenate([np.arange(1000, dtype=np.float32), np.zeros(3000, np.float32), np.ones(5, np.float32)])
+    arr = zarr.create_array(zarr.storage.LocalStore(str(tmp_path / "s.zarr")), name="packs/float32/old",
+                            shape=data.shape, dtype=data.dtype, chunks=(1000,), shards=(5000,),
+                            compressors=zarr.codecs.ZstdCodec(level=1), fill_value=0)
+    arr[:] = data  # zarr skips the all-zero chunks 1 and 2
+    store = TensorStore(tmp_path / "s.zarr")
+    got = store.read("packs/float32/old", 990, 2015, np.dtype(np.float32), (2015,))
+    assert got.tobytes() == data[990:3005].tobytes()
+    assert store.read_pack_range("packs/float32/old", 4000, 5).tolist() == [1.0] * 5
+
+
+def test_pack_reader_detects_a_damaged_index(tmp_path):
+    TensorStore.create(tmp_path / "s.zarr")
+    writer = StoreWriter(TensorStore(tmp_path / "s.zarr", read_only=False))
+    (loc,) = writer.add("h", np.arange(100, dtype=np.float32)) + writer.flush()
+    writer.close()
+    shard = tmp_path / "s.zarr" / loc.array_path / "c" / "0"
+    raw = bytearray(shard.read_bytes())
+    raw[-10] ^= 0x01  # flip a bit inside the index
+    shard.write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match="index checksum mismatch"):
+        TensorStore(tmp_path / "s.zarr").read(loc.array_path, loc.elem_offset, loc.elem_count,
+                                              np.dtype(np.float32), (100,))

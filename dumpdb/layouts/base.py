@@ -157,7 +157,8 @@ def find_dirs(start: Path, match: Callable[[str], object], max_depth: int) -> li
         nxt = []
         for d in frontier:
             try:
-                subdirs = [e for e in os.scandir(d) if e.is_dir(follow_symlinks=False)]
+                with os.scandir(d) as entries:
+                    subdirs = [e for e in entries if e.is_dir(follow_symlinks=False)]
             except OSError:
                 continue
             for e in subdirs:

@@ -206,15 +206,18 @@ class MindSporeSync(Layout):
     def _net_dirs(rank_dir: Path) -> list[Path]:
         out = []
         try:
-            for e in os.scandir(rank_dir):
-                if e.is_dir(follow_symlinks=False) and e.name not in _SPECIAL_DIRS:
-                    try:
-                        if any(g.is_dir() and g.name.isdigit() for g in os.scandir(e.path)):
-                            out.append(Path(e.path))
-                    except OSError:
-                        continue
+            with os.scandir(rank_dir) as entries:
+                candidates = [e.path for e in entries
+                              if e.is_dir(follow_symlinks=False) and e.name not in _SPECIAL_DIRS]
         except OSError:
-            pass
+            return out
+        for path in candidates:
+            try:
+                with os.scandir(path) as graphs:
+                    if any(g.is_dir() and g.name.isdigit() for g in graphs):
+                        out.append(Path(path))
+            except OSError:
+                continue
         return sorted(out)
 
     def scan(self, root: Path) -> DumpScan:

@@ -1,0 +1,705 @@
+"""Pairing the tensors of a *target* selection with those of a *bench* selection.
+
+:func:`align` takes two Arrow tables of ``tensors`` rows (plus ``position``, the op's place
+in ``execution_order``, joined by the caller) and returns an :class:`Alignment`: one row per
+pair (each tensor used at most once, with the strategy that matched it) and every tensor
+that found no partner. Pure functions: no archive I/O; dicts over column lists and one
+Arrow sort per side, linear in the rows (100k rows per side: 1-3 s on a 2-core VM).
+
+Strategies
+----------
+Applied one after the other, each only to the tensors still unmatched; ``strategies``
+chooses which run (default all, :data:`STRATEGIES`). An explicit ``mapping`` runs **first**
+whenever it is given, before ``exact``: what the user wrote wins over what dumpdb infers.
+So the order is ``mapping`` (if a mapping is given), ``exact``, ``normalized``, ``order``.
+
+``group_by`` columns (e.g. ``('iteration', 'rank')``) must be equal within a pair; NULL
+equals NULL.
+
+All key-based strategies (mapping, exact, normalized) use one pairing rule: the tensors of
+each side that share a key are put in execution order (below) and the k-th target tensor
+pairs with the k-th bench tensor **only if both sides hold the same number** of them.
+Otherwise none of them is paired by that strategy and a later one may try: dumpdb never
+guesses across unequal counts (msprobe's documented pitfall: "the same API called a
+different number of times -> cannot compare or compares the wrong API").
+
+``mapping``
+    User mapping ``target name -> bench name`` (:func:`load_mapping`). For each target
+    tensor, the first of these that names a remaining bench tensor is used:
+
+    1. the tensor's msprobe *data name* (``{op}.input.0``, ``{op}.output.1``,
+       ``{op}.parameters.weight``, ``{op}.weight`` for a parameter gradient; MindSpore:
+       ``{op}.{io}.{slot}``) is a key: msprobe's data mapping, one tensor to one tensor;
+    2. the op name (then the IR scope name) is a key: same io/slot/arg on the bench side;
+    3. the op name with every key that matches whole ``.``/``/``-separated segments replaced
+       (leftmost, longest first): msprobe API mapping ``Functional.abs -> Torch.abs``
+       (prefix), cell mapping ``fc2.Dense -> fc2.Linear`` inside
+       ``Cell.fc2.Dense.forward.0``, layer mapping ``qkv_proj -> query_key_value``, a
+       MindSpore scope prefix ``.../fc2-Dense -> .../fc3-Dense``. A rewritten name starting
+       with ``Cell.`` also tries ``Module.`` and vice versa (msprobe's MindSpore names start
+       with ``Cell.``, PyTorch's with ``Module.``: cross-framework compare).
+
+``exact``
+    Same ``(op_name, io, slot, slot_path, arg_name)``; NULLs compare equal.
+
+``normalized``
+    Same :func:`normalize_name` of the op's IR scope name (its file-name op name when there is
+    none) + io + slot + slot_path + arg_name. Then, for msprobe names only, the call index is
+    dropped **when that makes the match unique**: among the remaining tensors of a group,
+    exactly one target call and one bench call of ``Functional.relu.*.forward`` (say
+    ``.3.`` and ``.2.``, because the bench ran one relu fewer before) pair leaf by leaf;
+    with two or more calls on either side nothing is paired here.
+
+``order``
+    Within each ``(op_type, io, slot)`` (plus ``arg_name``, ``slot_path`` and ``direction``,
+    which tell msprobe's weight from bias, nested leaves apart and forward from backward;
+    all NULL for MindSpore) of a group, the k-th remaining target tensor pairs with the k-th
+    remaining bench tensor, only when both sides have the same count. Rows with NULL op_type
+    are not paired by order.
+
+Execution order: ``position`` (``execution_order``), then ``timestamp``, then ``tensor_id``,
+NULLs last. When a side holds several iterations, ranks or graphs not named in
+``group_by``, those come first in the sort key, so each keeps its own order. msprobe rows
+have neither position nor timestamp: their ``tensor_id`` follows ``dump.json``.
+
+Normalisation rules (:func:`normalize_name`), each from real dumps
+-------------------------------------------------------------------
+1. Trailing ``-op<N>`` is dropped. MindSpore numbers ops by a counter that differs
+   (a) between file names and the IR: ``a_tensor_all_eval`` file
+   ``..._relu-ReLU_ReLU-op4`` is IR ``.../relu-ReLU/ReLU-op0``, and d1/d2 backward files
+   ``...Grad_Conv2D_Conv2DBackpropFilter-op0`` are IR ``...Conv2DBackpropFilter-op1``;
+   (b) between graphs: the eval graph's files continue a per-process counter
+   (``Conv2D-op1``, ``ReLU-op4..7``, ``MaxPool-op2..3``) where the training graph's d1 files
+   say ``Conv2D-op0``, ``ReLU-op0..3``, ``MaxPool-op0..1``; (c) for the Cast ops the CPU
+   backend inserts in d2, file ``..._backbone-LeNet5_Cast-op0`` is IR
+   ``.../_backbone-LeNet5/Cast-op4`` (the IR counts the other Casts of that scope too).
+   Several ops then share a normalised name (4 ``.../relu-ReLU/ReLU``); they pair in
+   execution order when the counts agree (the corpus README's advice: scope without
+   ``-opN`` + rank within the graph).
+2. ``/`` is the same as ``_``: file names replace every ``/`` of the scope by ``_``
+   (``Default/network-WithLossCell/_backbone-LeNet5/conv1-Conv2d/Conv2D-op0`` ->
+   ``Default_network-WithLossCell__backbone-LeNet5_conv1-Conv2d_Conv2D-op0``), also for the
+   ``Gradients/Default/...`` backward scopes (``Gradients_Default_...``). That is the only
+   ``Gradients/``/``Default/`` difference in the real data: among the 110 distinct op names of
+   the whole MindSpore CPU corpus (file names and execution-order scopes, every case), none
+   differs from another only by a leading ``Gradients/`` or ``Default/``, so those prefixes
+   are **kept**: they are what tells a backward op from a forward one.
+3. ``.`` (and ``\\``, space) is the same as ``_`` for non-msprobe names: Parameter files
+   are named with ``.`` -> ``_`` (IR ``moments.fc1.weight``, file ``moments_fc1_weight``), and
+   CANN file names replace ``.``, ``/``, ``\\`` and space by ``_`` (reference formats.md
+   3.1).
+4. msprobe names keep their ``.`` structure; a PyTorch DDP wrapper's ``module.`` right after
+   ``Module.`` is dropped: the 2-rank gloo run (tests/data/msprobe/statistics_mix_2rank_gloo)
+   names ``Module.module.conv.Conv2d.forward.0`` what the single-process runs (tensor_mix,
+   statistics_mix_md5)
+   names ``Module.conv.Conv2d.forward.0``.
+
+Mapping files: see :func:`load_mapping`.
+"""
+
+from __future__ import annotations
+
+import csv
+import io as _io
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import yaml
+
+from dumpdb.layouts.msprobe import parse_record_key
+
+__all__ = ["STRATEGIES", "Alignment", "align", "load_mapping", "normalize_name"]
+
+STRATEGIES = ("exact", "normalized", "order", "mapping")
+
+_COLUMNS = ("tensor_id", "op_type", "op_name", "scope_name", "io", "slot", "arg_name", "slot_path",
+            "direction", "iteration", "rank", "graph_id", "timestamp", "position")
+
+PAIRS_SCHEMA = pa.schema([("target_tensor_id", pa.int64()), ("bench_tensor_id", pa.int64()),
+                          ("match_strategy", pa.string())])
+UNMATCHED_SCHEMA = pa.schema([("tensor_id", pa.int64()), ("name", pa.string()), ("io", pa.string()),
+                              ("slot", pa.int32())])
+
+
+@dataclass
+class Alignment:
+    """Result of :func:`align`. ``pairs``: ``target_tensor_id``, ``bench_tensor_id``,
+    ``match_strategy`` in the target's execution order; ``unmatched_target`` /
+    ``unmatched_bench``: ``tensor_id``, ``name`` (op name as dumped), ``io``, ``slot``."""
+
+    pairs: pa.Table
+    unmatched_target: pa.Table
+    unmatched_bench: pa.Table
+
+    def counts(self) -> dict[str, int]:
+        """Pairs per strategy (every strategy listed, 0 when unused) and unmatched per side."""
+        out = {s: 0 for s in STRATEGIES}
+        for s in self.pairs.column("match_strategy").to_pylist():
+            out[s] += 1
+        out["unmatched_target"] = self.unmatched_target.num_rows
+        out["unmatched_bench"] = self.unmatched_bench.num_rows
+        return out
+
+
+# --------------------------------------------------------------------------- names
+
+_OP_COUNTER = re.compile(r"-op\d+$")
+_SEPARATORS = re.compile(r"[/\\. ]")
+_DDP_PREFIX = "Module.module."
+
+
+def _msprobe(name: str) -> dict | None:
+    """parse_record_key for names that look like msprobe record keys, else None."""
+    return parse_record_key(name) if "." in name else None
+
+
+def normalize_name(name: str) -> str:
+    """The name under which target and bench ops are compared by the ``normalized`` strategy.
+
+    MindSpore / CANN names: trailing ``-opN`` dropped, ``/``, ``\\``, ``.`` and space become
+    ``_``. msprobe record keys: unchanged except a DDP ``Module.module.`` -> ``Module.``.
+    The module docstring gives the real example behind each rule.
+    """
+    parsed = _msprobe(name)
+    if parsed is not None:
+        # Module.module.{path}.{Class}.{kind}.{index}: keep at least Module.{Class}.{kind}.{index}
+        if parsed["kind"] != "api" and name.startswith(_DDP_PREFIX) and name.count(".") >= 4:
+            return "Module." + name[len(_DDP_PREFIX):]
+        return name
+    return _SEPARATORS.sub("_", _OP_COUNTER.sub("", name))
+
+
+def _without_call_index(name: str) -> str | None:
+    """msprobe key with its call index replaced by ``*``; None for other names."""
+    parsed = _msprobe(name)
+    if parsed is None:
+        return None
+    parts = name.split(".")
+    if parsed["kind"] == "api":
+        parts[-2] = "*"
+    else:
+        parts[-1] = "*"
+    return ".".join(parts)
+
+
+def _data_name(op: str, io: str | None, slot, slot_path: str | None, arg_name: str | None) -> str:
+    """msprobe's tensor (data) name of a row, as its data mapping writes it."""
+    if io == "parameter_grad" and arg_name is not None:
+        tail = (slot_path or "").split(".", 1)[1] if "." in (slot_path or "") else ""
+        return f"{op}.{arg_name}" + ("" if tail in ("", "0") else f".{tail}")
+    if io == "parameter":
+        return f"{op}.parameters.{slot_path or arg_name}"
+    leaf = slot_path if slot_path is not None else (str(slot) if slot is not None else arg_name)
+    return f"{op}.{io}" + (f".{leaf}" if leaf is not None else "")
+
+
+# --------------------------------------------------------------------------- sides
+
+
+class _Side:
+    """Column lists of one side, its group keys, execution-order keys and free flags."""
+
+    def __init__(self, table: pa.Table, group_by: Sequence[str], label: str):
+        if not isinstance(table, pa.Table):
+            raise TypeError(f"{label} must be a pyarrow.Table, not {type(table).__name__}")
+        names = set(table.column_names)
+        if "tensor_id" not in names:
+            raise ValueError(f"{label} has no tensor_id column")
+        missing = [c for c in group_by if c not in names]
+        if missing:
+            raise ValueError(f"group_by column(s) {', '.join(missing)} not in {label}")
+        self.n = n = table.num_rows
+        for c in _COLUMNS:  # self.tensor_id, self.op_name, ...: one Python list per column
+            setattr(self, c, table.column(c).to_pylist() if c in names else [None] * n)
+        ids = self.tensor_id
+        if any(i is None for i in ids):
+            raise ValueError(f"{label} has NULL tensor_id values")
+        if len(set(ids)) != n:
+            raise ValueError(f"{label} lists a tensor_id more than once")
+        if group_by:
+            gcols = [[_hashable(v) for v in table.column(c).to_pylist()] for c in group_by]
+            self.group = list(zip(*gcols))
+        else:
+            self.group = [()] * n
+        # Execution order as a rank per row; blocks of iteration/rank/graph first (constant
+        # when grouped by), then position, timestamp, tensor_id; NULLs last.
+        order_cols = [c for c in ("iteration", "rank", "graph_id", "position", "timestamp", "tensor_id")
+                      if c in names]
+        perm = pc.sort_indices(table.select(order_cols),  # NULLs sort last (Arrow's default)
+                               sort_keys=[(c, "ascending") for c in order_cols]).to_pylist()
+        self.okey = [0] * n
+        for rank, i in enumerate(perm):
+            self.okey[i] = rank
+        self.leafs = list(zip(self.io, self.slot, self.slot_path, self.arg_name))
+        self.free = [True] * n
+
+    def free_rows(self) -> Iterable[int]:
+        return (i for i in range(self.n) if self.free[i])
+
+    def name(self, i: int) -> str | None:
+        return self.op_name[i] if self.op_name[i] is not None else self.scope_name[i]
+
+
+def _hashable(v):
+    return tuple(_hashable(x) for x in v) if isinstance(v, list) else v
+
+
+class _Pairing:
+    def __init__(self, target: _Side, bench: _Side):
+        self.t, self.b = target, bench
+        self.pairs: list[tuple[int, int, str]] = []
+
+    def add(self, ti: int, bi: int, strategy: str) -> None:
+        self.t.free[ti] = False
+        self.b.free[bi] = False
+        self.pairs.append((ti, bi, strategy))
+
+    def buckets(self, tb: Mapping, bb: Mapping, strategy: str) -> None:
+        """Pair bucket by bucket, k-th with k-th in execution order, equal counts only."""
+        t, b = self.t, self.b
+        for key, tis in tb.items():
+            bis = bb.get(key)
+            if not bis:
+                continue
+            tis = [i for i in tis if t.free[i]]
+            bis = [i for i in dict.fromkeys(bis) if b.free[i]]
+            if not tis or len(tis) != len(bis):
+                continue
+            tis.sort(key=t.okey.__getitem__)
+            bis.sort(key=b.okey.__getitem__)
+            for ti, bi in zip(tis, bis):
+                self.add(ti, bi, strategy)
+
+
+def _index(side: _Side, keyfunc) -> dict:
+    out: dict = defaultdict(list)
+    for i in side.free_rows():
+        key = keyfunc(i)
+        if key is not None:
+            out[key].append(i)
+    return out
+
+
+# --------------------------------------------------------------------------- strategies
+
+
+def _exact(p: _Pairing) -> None:
+    def key(s: _Side):
+        return lambda i: (s.group[i], s.op_name[i]) + s.leafs[i]
+
+    p.buckets(_index(p.t, key(p.t)), _index(p.b, key(p.b)), "exact")
+
+
+def _normalized(p: _Pairing) -> None:
+    cache: dict[str, str] = {}
+
+    def norm(name: str | None) -> str | None:
+        if name is None:
+            return None
+        v = cache.get(name)
+        if v is None:
+            v = cache[name] = normalize_name(name)
+        return v
+
+    def key(s: _Side):
+        def f(i):
+            n = norm(s.scope_name[i] if s.scope_name[i] is not None else s.op_name[i])
+            return None if n is None else (s.group[i], n) + s.leafs[i]
+        return f
+
+    p.buckets(_index(p.t, key(p.t)), _index(p.b, key(p.b)), "normalized")
+
+    # msprobe: drop the call index when exactly one call remains on each side.
+    def calls(s: _Side) -> dict:
+        out: dict = defaultdict(lambda: defaultdict(list))
+        for i in s.free_rows():
+            name = s.op_name[i]
+            if name is None:
+                continue
+            base = _without_call_index(norm(name))
+            if base is not None:
+                out[(s.group[i], base)][name].append(i)
+        return out
+
+    tcalls, bcalls = calls(p.t), calls(p.b)
+    for key, tops in tcalls.items():
+        bops = bcalls.get(key)
+        if bops is None or len(tops) != 1 or len(bops) != 1:
+            continue
+        (trows,), (brows,) = tops.values(), bops.values()
+        tb: dict = defaultdict(list)
+        bb: dict = defaultdict(list)
+        for i in trows:
+            tb[p.t.leafs[i]].append(i)
+        for i in brows:
+            bb[p.b.leafs[i]].append(i)
+        p.buckets(tb, bb, "normalized")
+
+
+def _order(p: _Pairing) -> None:
+    def key(s: _Side):
+        return lambda i: None if s.op_type[i] is None else (
+            s.group[i], s.op_type[i], s.io[i], s.slot[i], s.arg_name[i], s.slot_path[i], s.direction[i])
+
+    p.buckets(_index(p.t, key(p.t)), _index(p.b, key(p.b)), "order")
+
+
+class _Rewriter:
+    """Applies a mapping to a name: whole-name key, else keys matching runs of whole
+    ``.``/``/``-separated segments, leftmost and longest first."""
+
+    _SPLIT = re.compile(r"([./])")
+
+    def __init__(self, mapping: Mapping[str, str]):
+        self.full = dict(mapping)
+        self.runs: dict[tuple[str, ...], str] = {}
+        for k, v in mapping.items():
+            self.runs[tuple(self._SPLIT.split(k)[0::2])] = v
+        self.longest = max((len(k) for k in self.runs), default=0)
+        self.first = {k[0] for k in self.runs}  # quick reject: no key starts at any segment
+        self._cache: dict[str, str | None] = {}
+
+    def __call__(self, name: str) -> str | None:
+        """The rewritten name, or None when no key applies."""
+        if name in self._cache:
+            return self._cache[name]
+        out = self.full.get(name)
+        if out is None:
+            parts = self._SPLIT.split(name)
+            segs, seps = parts[0::2], parts[1::2]
+            if not self.first.isdisjoint(segs):
+                out = self._runs(segs, seps)
+        self._cache[name] = out
+        return out
+
+    def _runs(self, segs: list[str], seps: list[str]) -> str | None:
+        pieces, i, changed = [], 0, False
+        while i < len(segs):
+            step, rep = 1, None
+            for length in range(min(self.longest, len(segs) - i), 0, -1):
+                rep = self.runs.get(tuple(segs[i:i + length]))
+                if rep is not None:
+                    step, changed = length, True
+                    break
+            pieces.append(segs[i] if rep is None else rep)
+            i += step
+            if i < len(segs):
+                pieces.append(seps[i - 1])
+        return "".join(pieces) if changed else None
+
+
+def _swap_tag(name: str) -> str | None:
+    for a, b in (("Cell.", "Module."), ("Module.", "Cell.")):
+        if name.startswith(a):
+            return b + name[len(a):]
+    return None
+
+
+def _mapping(p: _Pairing, mapping: Mapping[str, str]) -> None:
+    t, b = p.t, p.b
+    rewrite = _Rewriter(mapping)
+    # Target side first: every bench key each target tensor could mean, in preference order.
+    tcands: list[tuple[int, list[tuple]]] = []
+    wanted: set[tuple] = set()
+    want_leaf = False
+    for i in t.free_rows():
+        g, leaf = t.group[i], t.leafs[i]
+        names = [n for n in dict.fromkeys((t.op_name[i], t.scope_name[i])) if n is not None]
+        cands = []
+        for name in names:
+            bench_leaf = rewrite.full.get(_data_name(name, *leaf))
+            if bench_leaf is not None:
+                cands.append((g, "leaf", bench_leaf))
+                want_leaf = True
+        for name in names:
+            new = rewrite(name)
+            if new is not None:
+                cands.append((g, "op", new) + leaf)
+                swapped = _swap_tag(new)
+                if swapped is not None:
+                    cands.append((g, "op", swapped) + leaf)
+        if cands:
+            tcands.append((i, cands))
+            wanted.update(cands)
+    if not tcands:
+        return
+    # Bench side: only the rows some target could mean.
+    bindex: dict = defaultdict(list)
+    for i in b.free_rows():
+        g, leaf = b.group[i], b.leafs[i]
+        for name in dict.fromkeys((b.op_name[i], b.scope_name[i])):
+            if name is None:
+                continue
+            key = (g, "op", name) + leaf
+            if key in wanted:
+                bindex[key].append(i)
+            if want_leaf:
+                key = (g, "leaf", _data_name(name, *leaf))
+                if key in wanted:
+                    bindex[key].append(i)
+    tb: dict = defaultdict(list)
+    for i, cands in tcands:
+        for cand in cands:
+            if cand in bindex:
+                tb[cand].append(i)
+                break
+    p.buckets(tb, bindex, "mapping")
+
+
+# --------------------------------------------------------------------------- align
+
+
+def align(target: pa.Table, bench: pa.Table, *, group_by: Sequence[str] = (),
+          mapping: Mapping[str, str] | None = None, strategies: Sequence[str] = STRATEGIES) -> Alignment:
+    """Pair target tensors with bench tensors; see the module docstring for the rules.
+
+    ``target`` / ``bench``: tensor rows with ``tensor_id`` (required, unique per side) and any
+    of ``op_type, op_name, scope_name, io, slot, arg_name, slot_path, direction, iteration,
+    rank, graph_id, timestamp, position`` (a missing column counts as all NULL).
+    ``group_by``: columns that must be equal within a pair (both tables must have them).
+    ``mapping``: target name -> bench name, applied first (needs ``'mapping'`` in
+    ``strategies``). ``strategies``: any of :data:`STRATEGIES`, applied in the given order.
+    """
+    strategies = list(dict.fromkeys(strategies))
+    unknown = [s for s in strategies if s not in STRATEGIES]
+    if unknown:
+        raise ValueError(f"unknown strategy {unknown[0]!r}: choose from {', '.join(STRATEGIES)}")
+    if mapping and "mapping" not in strategies:
+        raise ValueError("a mapping was given but 'mapping' is not among the strategies")
+    group_by = tuple(group_by)
+    p = _Pairing(_Side(target, group_by, "target"), _Side(bench, group_by, "bench"))
+
+    run = ["mapping"] if mapping and "mapping" in strategies else []
+    run += [s for s in strategies if s != "mapping"]
+    for strategy in run:
+        if strategy == "mapping":
+            _mapping(p, mapping)
+        elif strategy == "exact":
+            _exact(p)
+        elif strategy == "normalized":
+            _normalized(p)
+        else:
+            _order(p)
+
+    t, b = p.t, p.b
+    p.pairs.sort(key=lambda x: t.okey[x[0]])
+    pairs = pa.table([pa.array([t.tensor_id[x[0]] for x in p.pairs], pa.int64()),
+                      pa.array([b.tensor_id[x[1]] for x in p.pairs], pa.int64()),
+                      pa.array([x[2] for x in p.pairs], pa.string())], schema=PAIRS_SCHEMA)
+    return Alignment(pairs, _unmatched(t), _unmatched(b))
+
+
+def _unmatched(s: _Side) -> pa.Table:
+    rows = sorted(s.free_rows(), key=s.okey.__getitem__)
+    return pa.table([pa.array([s.tensor_id[i] for i in rows], pa.int64()),
+                     pa.array([s.name(i) for i in rows], pa.string()),
+                     pa.array([s.io[i] for i in rows], pa.string()),
+                     pa.array([s.slot[i] for i in rows], pa.int32())], schema=UNMATCHED_SCHEMA)
+
+
+# --------------------------------------------------------------------------- mapping files
+
+_TARGET_KEYS = ("target", "npu", "npu_name", "npu name", "ms", "ms_api", "source")
+_BENCH_KEYS = ("bench", "golden", "bench_name", "bench name", "pt", "pt_api")
+_INDEX_KEYS = (("ms_args", "pt_args"), ("ms_outputs", "pt_outputs"))
+
+
+class _Entries:
+    """Collects target -> bench entries; a target given two different bench names is an error."""
+
+    def __init__(self, path: Path):
+        self.path, self.map, self.line = path, {}, {}
+
+    def error(self, line: int | None, msg: str) -> ValueError:
+        where = f"{self.path}:{line}" if line else str(self.path)
+        return ValueError(f"{where}: {msg}")
+
+    def add(self, target: str, bench: str, line: int) -> None:
+        if not target or not bench:
+            raise self.error(line, "empty target or bench name")
+        if "\n" in target or "\n" in bench:
+            raise self.error(line, "a name spans several lines")
+        old = self.map.get(target)
+        if old is not None and old != bench:
+            raise self.error(line, f"{target!r} is mapped to {old!r} (line {self.line[target]}) and to {bench!r}")
+        self.map[target], self.line[target] = bench, line
+
+
+def load_mapping(path: str | Path) -> dict[str, str]:
+    """Read a mapping file: ``{target name: bench name}``.
+
+    Forms (by extension: ``.csv`` is CSV, anything else is read as YAML, which includes JSON):
+
+    * CSV: two columns ``target,bench``, with that header or none (msprobe-style headers
+      ``npu,bench`` / ``NPU Name,Bench Name`` / ``npu,golden`` are also taken as a header);
+      blank lines and lines starting with ``#`` are skipped.
+    * YAML dict ``target: bench`` with string values. That is the form of msprobe's **cell
+      mapping** (``fc2.Dense: fc2.Linear``, or a name fragment:
+      ``RowParallelLinear: TERowParallelLinear``) and **data mapping**
+      (``Functional.flash_attention_score.4.forward.input.0: NPU.npu_fusion_attention.4.forward.input.0``).
+    * msprobe **API mapping**: a document or a list of documents with ``ms_api`` / ``pt_api``
+      (``Functional.abs`` -> ``Torch.abs``). ``ms_args``/``pt_args`` and
+      ``ms_outputs``/``pt_outputs`` are accepted when both lists are equal (same positions on
+      both sides); a list that moves arguments (``ms_args: [0, 2]``, ``pt_args: [0, 1]``) is
+      refused, since dumpdb maps names, not argument positions: write one data-mapping line
+      per tensor instead.
+    * msprobe **layer mapping**: ``LayerClass: {ms_layer: pt_layer}``, flattened to
+      ``ms_layer: pt_layer`` (applied as segment renames; the class is not checked, so one
+      layer name mapped two ways under two classes is refused).
+    * A list of pairs: ``[{target: a, bench: b}, ...]`` (also ``npu``/``bench``,
+      ``npu``/``golden``, ``ms``/``pt``) or ``[[a, b], ...]``; a top-level key whose value
+      is such a list (e.g. ``api_mapping: [...]``) is read the same way.
+
+    The left side is the target (msprobe: the NPU / MindSpore side), the right the bench.
+    Any malformed file raises ``ValueError("<file>:<line>: <reason>")``.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    entries = _Entries(path)
+    if path.suffix.lower() == ".csv":
+        _read_csv(text, entries)
+    else:
+        _read_yaml(text, entries)
+    if not entries.map:
+        raise entries.error(None, "no mapping entries")
+    return dict(entries.map)
+
+
+def _read_csv(text: str, entries: _Entries) -> None:
+    first = True
+    reader = csv.reader(_io.StringIO(text))
+    try:
+        for row in reader:
+            line = reader.line_num
+            if not row or all(not c.strip() for c in row) or row[0].lstrip().startswith("#"):
+                continue
+            cells = [c.strip() for c in row]
+            if len(cells) != 2:
+                raise entries.error(line, f"expected 2 columns (target,bench), found {len(cells)}")
+            if first and cells[0].lower() in _TARGET_KEYS and cells[1].lower() in _BENCH_KEYS:
+                first = False
+                continue
+            first = False
+            entries.add(cells[0], cells[1], line)
+    except csv.Error as e:
+        raise entries.error(reader.line_num, f"invalid CSV: {e}") from None
+
+
+def _read_yaml(text: str, entries: _Entries) -> None:
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        reason = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise entries.error(mark.line + 1 if mark else None, f"invalid YAML: {reason}") from None
+    if root is None:
+        raise entries.error(None, "no mapping entries")
+    if isinstance(root, yaml.SequenceNode):
+        _yaml_list(root, entries)
+    elif isinstance(root, yaml.MappingNode):
+        if _is_api_doc(root):
+            _yaml_api(root, entries)
+        else:
+            _yaml_dict(root, entries)
+    else:
+        raise entries.error(_line(root), "expected a mapping (target: bench) or a list of pairs")
+
+
+def _line(node: yaml.Node) -> int:
+    return node.start_mark.line + 1
+
+
+def _scalar(node: yaml.Node, entries: _Entries, what: str) -> str:
+    if not isinstance(node, yaml.ScalarNode) or node.tag == "tag:yaml.org,2002:null":
+        raise entries.error(_line(node), f"{what} must be a name (a string)")
+    return node.value.strip()
+
+
+def _keys(node: yaml.MappingNode, entries: _Entries) -> dict[str, yaml.Node]:
+    out = {}
+    for k, v in node.value:
+        out[_scalar(k, entries, "a key")] = v
+    return out
+
+
+def _is_api_doc(node: yaml.MappingNode) -> bool:
+    return any(isinstance(k, yaml.ScalarNode) and k.value in ("ms_api", "pt_api") for k, _ in node.value)
+
+
+def _yaml_api(node: yaml.MappingNode, entries: _Entries) -> None:
+    doc = _keys(node, entries)
+    if "ms_api" not in doc or "pt_api" not in doc:
+        raise entries.error(_line(node), "an API mapping needs both ms_api and pt_api")
+    for ms_key, pt_key in _INDEX_KEYS:
+        ms, pt = doc.get(ms_key), doc.get(pt_key)
+        if ms is None and pt is None:
+            continue
+        ms_list, pt_list = _index_list(ms, entries, ms_key), _index_list(pt, entries, pt_key)
+        if ms_list != pt_list:
+            line = _line(ms if ms is not None else pt)
+            raise entries.error(line, f"{ms_key} {ms_list} / {pt_key} {pt_list} move argument positions, which "
+                                      "dumpdb does not map; write one data-mapping line per tensor instead")
+    extra = set(doc) - {"ms_api", "pt_api"} - {k for pair in _INDEX_KEYS for k in pair}
+    if extra:
+        raise entries.error(_line(node), f"unknown key {sorted(extra)[0]!r} in an API mapping")
+    entries.add(_scalar(doc["ms_api"], entries, "ms_api"), _scalar(doc["pt_api"], entries, "pt_api"),
+                _line(doc["ms_api"]))
+
+
+def _index_list(node: yaml.Node | None, entries: _Entries, what: str) -> list[int] | None:
+    if node is None:
+        return None
+    if not isinstance(node, yaml.SequenceNode):
+        raise entries.error(_line(node), f"{what} must be a list of argument indices")
+    out = []
+    for item in node.value:
+        value = _scalar(item, entries, f"an index of {what}")
+        if not value.isdigit():
+            raise entries.error(_line(item), f"{what}: {value!r} is not an argument index")
+        out.append(int(value))
+    return out
+
+
+def _yaml_dict(node: yaml.MappingNode, entries: _Entries) -> None:
+    for k, v in node.value:
+        key = _scalar(k, entries, "a key")
+        if isinstance(v, yaml.ScalarNode):
+            entries.add(key, _scalar(v, entries, f"the bench name of {key!r}"), _line(k))
+        elif isinstance(v, yaml.MappingNode):  # layer mapping: LayerClass: {ms_layer: pt_layer}
+            for lk, lv in v.value:
+                if not isinstance(lv, yaml.ScalarNode):
+                    raise entries.error(_line(lk), "a layer mapping entry must be ms_layer: pt_layer")
+                entries.add(_scalar(lk, entries, "a layer name"), _scalar(lv, entries, "a layer name"), _line(lk))
+        elif isinstance(v, yaml.SequenceNode):  # a section holding a list of pairs
+            _yaml_list(v, entries)
+        else:
+            raise entries.error(_line(v), f"unexpected value for {key!r}")
+
+
+def _yaml_list(node: yaml.SequenceNode, entries: _Entries) -> None:
+    for item in node.value:
+        if isinstance(item, yaml.MappingNode):
+            if _is_api_doc(item):
+                _yaml_api(item, entries)
+                continue
+            doc = _keys(item, entries)
+            lowered = {k.lower(): v for k, v in doc.items()}
+            t = next((k for k in _TARGET_KEYS if k in lowered), None)
+            b = next((k for k in _BENCH_KEYS if k in lowered), None)
+            if t is None or b is None or len(doc) != 2:
+                raise entries.error(_line(item), "a list item must be {target: .., bench: ..} "
+                                                 "(or npu/bench, npu/golden, ms/pt, ms_api/pt_api)")
+            entries.add(_scalar(lowered[t], entries, t), _scalar(lowered[b], entries, b), _line(item))
+        elif isinstance(item, yaml.SequenceNode) and len(item.value) == 2:
+            entries.add(_scalar(item.value[0], entries, "target"), _scalar(item.value[1], entries, "bench"),
+                        _line(item))
+        else:
+            raise entries.error(_line(item), "a list item must be a {target: .., bench: ..} pair or [target, bench]")

@@ -63,14 +63,37 @@ def cell_text(value: Any) -> str:
     return str(value)
 
 
+def _column_widths(naturals: list[int], available: int) -> list[int]:
+    """Widths that fit ``available`` characters: short columns (<= 16) keep their
+    natural width, long ones share the rest in proportion (at least 8 each)."""
+    if sum(naturals) <= available:
+        return naturals
+    short = [w if w <= 16 else None for w in naturals]
+    room = max(available - sum(w for w in short if w is not None), 0)
+    long_total = sum(w for w, s in zip(naturals, short) if s is None) or 1
+    return [s if s is not None else max(8, room * w // long_total) for w, s in zip(naturals, short)]
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
+
+
 def write_table(table: pa.Table, console: Console, max_rows: int | None = 50) -> None:
-    """Print ``table`` as a rich table, at most ``max_rows`` rows (None: all)."""
-    view = Table(show_lines=False, header_style="bold")
-    for name in table.column_names:
-        view.add_column(name, overflow="ellipsis", no_wrap=True)
+    """Print ``table`` as a rich table, one line per row, at most ``max_rows`` rows (None: all).
+
+    Short columns keep their full width; long ones (names, source lines) share
+    what is left of the terminal and are cut with an ellipsis.
+    """
     shown = table if max_rows is None else table.slice(0, max_rows)
-    for row in shown.to_pylist():
-        view.add_row(*(cell_text(v) for v in row.values()))
+    rows = [[cell_text(v) for v in row.values()] for row in shown.to_pylist()]
+    names = table.column_names
+    naturals = [max([len(n)] + [len(r[i]) for r in rows]) for i, n in enumerate(names)]
+    widths = _column_widths(naturals, console.width - 3 * len(names) - 1)
+    view = Table(show_lines=False, header_style="bold")
+    for name, w in zip(names, widths):
+        view.add_column(_cut(name, w), no_wrap=True, width=w)
+    for r in rows:
+        view.add_row(*(_cut(text, w) for text, w in zip(r, widths)))
     console.print(view)
     hidden = table.num_rows - shown.num_rows
     footer = f"{table.num_rows} row{'s' if table.num_rows != 1 else ''}"

@@ -325,6 +325,36 @@ class Archive:
                     raise TensorNotFound(f"no tensor with tensor_id {row['tensor_id']} in {self.path}")
                 yield row, (self._read(loc, host_format) if loc[4] is not None else None)
 
+    # -- comparison ------------------------------------------------------------
+    def compare(self, target: str, bench: str, **options) -> pa.Table:
+        """Compare two selections (``RUN[:ITERATION[:RANK]]``) tensor by tensor.
+
+        Returns one row per aligned pair, in target execution order, with every
+        metric of :mod:`dumpdb.compare.metrics`, the verdict and context columns;
+        the comparison is stored in ``compares``/``compare_results`` (its
+        ``compare_id`` is in the rows). Options are those of
+        :func:`dumpdb.compare.engine.compare` (iteration, rank, mapping,
+        strategies, thresholds, mode, workers, store_results).
+        """
+        from dumpdb.compare.engine import compare
+
+        return compare(self, target, bench, **options).results
+
+    def first_divergence(self, target: str, bench: str, **options) -> dict[str, Any] | None:
+        """The first op, in execution order, whose output fails the verdict rule
+        (scope name, source line, metrics, and ``path``: the ops compared before it).
+        None when nothing fails. Options as :meth:`compare`."""
+        from dumpdb.compare.engine import compare
+
+        return compare(self, target, bench, **options).first_divergence
+
+    def scan(self, run: str, checks=None, **options) -> pa.Table:
+        """Run checks (first NaN/Inf, fp16 overflow, all-zero, MindInsight watch
+        conditions) over one run; see :func:`dumpdb.compare.scan.scan`."""
+        from dumpdb.compare.scan import scan
+
+        return scan(self, run, checks, **options)
+
     def _read(self, loc: tuple, host_format: bool = False) -> np.ndarray:
         (tensor_id, dtype, shape, nbytes, content_hash, source_file, array_path, offset, count, stored,
          fmt, original_shape, original_format) = loc

@@ -7,11 +7,13 @@ Exit codes: 0 success; 1 ingest finished but some files failed; 2 bad input
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
 from typing import Optional
 
+import pyarrow.compute as pa_compute
 import typer
 from rich.console import Console
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TaskProgressColumn,
@@ -238,6 +240,201 @@ def show(run: str = typer.Argument(..., help="Run name."), archive: Optional[Pat
     width = max(len(k) for k, _ in lines)
     for k, v in lines:
         out.print(f"[bold]{k.ljust(width)}[/bold]  {v}", highlight=False)
+
+
+def _thresholds(pairs: list[str]):
+    from dumpdb.compare.verdict import Thresholds
+
+    values = {}
+    for item in pairs:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise DumpdbError(f"--threshold {item!r}: write NAME=VALUE")
+        try:
+            values[key.strip()] = float(value)
+        except ValueError:
+            raise DumpdbError(f"--threshold {item!r}: {value!r} is not a number") from None
+    try:
+        return Thresholds(**values)
+    except TypeError:
+        known = ", ".join(f.name for f in dataclasses.fields(Thresholds))
+        raise DumpdbError(f"unknown threshold in {pairs}; known: {known}") from None
+
+
+CompareTarget = typer.Argument(..., help="Target selection: RUN, RUN:ITERATION or RUN:ITERATION:RANK.")
+CompareBench = typer.Argument(..., help="Bench (ground truth) selection, same form.")
+
+
+def _run_compare(archive, target, bench, iteration, rank, mapping, strategy, mode, threshold, workers,
+                 store: bool = True):
+    from dumpdb.compare.engine import compare
+
+    a = dumpdb.open(_archive_path(archive))
+    strategies = tuple(s.strip() for s in strategy.split(",")) if strategy else None
+    options = dict(iteration=iteration, rank=rank, mapping=mapping, mode=mode,
+                   thresholds=_thresholds(threshold), workers=workers, store_results=store)
+    if strategies:
+        options["strategies"] = strategies
+    with Progress(SpinnerColumn(), TextColumn("comparing"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=err, transient=True) as bar:
+        task = bar.add_task("compare", total=None)
+        outcome = compare(a, target, bench, progress=lambda done, total: bar.update(task, completed=done, total=total),
+                          **options)
+    return outcome
+
+
+def _print_divergence(fd) -> None:
+    if fd is None:
+        out.print("[green]no divergence: no pair fails the rule[/green]")
+        return
+    where = f"{fd['code_file']}:{fd['code_line']}  {fd['code_text']}" if fd.get("code_file") else "-"
+    metric = ", ".join(f"{k} {fd[k]:.6g}" for k in ("cosine", "max_abs_err", "max_rel_err", "mean_rel_diff")
+                       if isinstance(fd.get(k), float))
+    out.print(f"[bold red]first divergence[/bold red]: iteration {fd['iteration']}, position {fd['position']}: "
+              f"{fd['op_type']} {fd['io']}.{fd['slot']}", highlight=False)
+    out.print(f"  op      {fd['target_name']}", highlight=False)
+    out.print(f"  scope   {fd['scope_name'] or '-'}", highlight=False)
+    out.print(f"  source  {where}", highlight=False)
+    out.print(f"  metrics {metric or '-'}  ({fd['err_message'] or fd['result']})", highlight=False)
+    if fd["path"]:
+        out.print("  path    " + "\n          ".join(fd["path"]) + "\n          -> " + fd["target_name"],
+                  highlight=False)
+
+
+@app.command("compare")
+def compare_cmd(
+    target: str = CompareTarget, bench: str = CompareBench, archive: Optional[Path] = ArchiveOpt,
+    iteration: Optional[int] = typer.Option(None, "--iteration", "-i", help="Iteration for both sides (if not in the selection)."),
+    rank: Optional[int] = typer.Option(None, "--rank", help="Rank for both sides (if not in the selection)."),
+    mapping: Optional[Path] = typer.Option(None, "--mapping", "-m", help="Name mapping file (CSV target,bench or YAML; msprobe mapping yaml)."),
+    strategy: Optional[str] = typer.Option(None, "--strategy", help="Alignment strategies in order, e.g. exact,normalized,order."),
+    mode: str = typer.Option("auto", "--mode", help="auto | tensor | statistics"),
+    threshold: list[str] = typer.Option([], "--threshold", "-t", help="Verdict threshold NAME=VALUE (repeatable)."),
+    csv_file: Optional[Path] = typer.Option(None, "--csv", help="Write msprobe-compatible compare_result CSV."),
+    parquet_file: Optional[Path] = typer.Option(None, "--parquet", help="Write all result columns as Parquet."),
+    html: Optional[Path] = typer.Option(None, "--html", help="Write a self-contained HTML report."),
+    workers: Optional[int] = typer.Option(None, "--workers", "-j", min=1, help="Metric threads (default: cores)."),
+    show: int = typer.Option(20, "--show", help="Failing pairs to list (0: none)."),
+    fail_on: Optional[str] = typer.Option(None, "--fail-on", help="Exit 1 if any pair is 'error' (or 'warning')."),
+) -> None:
+    """Compare two runs, or two iterations/ranks of one run, tensor by tensor."""
+    from dumpdb.compare import export
+
+    try:
+        outcome = _run_compare(archive, target, bench, iteration, rank, mapping, strategy, mode, threshold, workers)
+    except DumpdbError as exc:
+        _fail(exc)
+    sm = outcome.summary
+    out.print(f"compare {sm['compare_id']}: [bold]{sm['target']}[/bold] vs [bold]{sm['bench']}[/bold] "
+              f"({sm['mode']}): {sm['pairs']} pairs: [green]{sm['pass']} pass[/green], "
+              f"[yellow]{sm['warning']} warning[/yellow], [red]{sm['error']} error[/red]; unmatched "
+              f"{sm['unmatched_target']} target, {sm['unmatched_bench']} bench", highlight=False)
+    strategies = ", ".join(f"{k} {v}" for k, v in sm["strategies"].items() if v)
+    out.print(f"  matched by {strategies or '-'}", highlight=False)
+    diff = sm.get("first_difference")
+    if diff is None:
+        out.print("  every pair is identical", highlight=False)
+    else:
+        out.print(f"  first difference: iteration {diff['iteration']}, position {diff['position']}: "
+                  f"{diff['target_name']} {diff['io']}.{diff['slot']} (max_abs_err {diff['max_abs_err']}, "
+                  f"cosine {diff['cosine']}, {diff['target_dtype']} vs {diff['bench_dtype']}, {diff['result']})",
+                  highlight=False)
+    _print_divergence(outcome.first_divergence)
+    failing = outcome.results.filter(pa_compute.not_equal(outcome.results["result"], "pass"))
+    if show and failing.num_rows:
+        cols = ["pair_index", "iteration", "op_type", "target_name", "io", "slot", "cosine", "max_abs_err",
+                "max_rel_err", "result"]
+        output.write_table(failing.select(cols), out, show)
+    if outcome.unmatched.num_rows:
+        names = outcome.unmatched.to_pylist()
+        out.print(f"unmatched ({len(names)}): " + ", ".join(
+            f"{u['side']}:{u['name']}.{u['io']}.{u['slot']}" for u in names[:12]) + (" ..." if len(names) > 12 else ""),
+            highlight=False)
+    if csv_file:
+        export.write_msprobe_csv(outcome.results, csv_file)
+        err.print(f"msprobe-compatible CSV written to {csv_file}", style="dim")
+    if parquet_file:
+        export.write_parquet(outcome.results, parquet_file)
+        err.print(f"Parquet written to {parquet_file}", style="dim")
+    if html:
+        from dumpdb.compare.report import write_compare_report
+
+        write_compare_report(html, summary=sm, results=outcome.results, unmatched=outcome.unmatched,
+                             first_divergence=outcome.first_divergence)
+        err.print(f"HTML report written to {html}", style="dim")
+    if fail_on and (sm["error"] or (fail_on == "warning" and sm["warning"])):
+        raise typer.Exit(1)
+
+
+@app.command("first-divergence")
+def first_divergence_cmd(
+    target: str = CompareTarget, bench: str = CompareBench, archive: Optional[Path] = ArchiveOpt,
+    iteration: Optional[int] = typer.Option(None, "--iteration", "-i"),
+    rank: Optional[int] = typer.Option(None, "--rank"),
+    mapping: Optional[Path] = typer.Option(None, "--mapping", "-m"),
+    strategy: Optional[str] = typer.Option(None, "--strategy"),
+    mode: str = typer.Option("auto", "--mode"),
+    threshold: list[str] = typer.Option([], "--threshold", "-t"),
+    workers: Optional[int] = typer.Option(None, "--workers", "-j", min=1),
+) -> None:
+    """The first op, in execution order, whose output fails the rule; its scope,
+    source line and the ops before it. Exit 1 if there is one."""
+    try:
+        outcome = _run_compare(archive, target, bench, iteration, rank, mapping, strategy, mode, threshold, workers)
+    except DumpdbError as exc:
+        _fail(exc)
+    _print_divergence(outcome.first_divergence)
+    if outcome.first_divergence is not None:
+        raise typer.Exit(1)
+
+
+@app.command("scan")
+def scan_cmd(
+    run: str = typer.Argument(..., help="Run name."), archive: Optional[Path] = ArchiveOpt,
+    check: list[str] = typer.Option([], "--check", "-c", help="Check NAME or NAME:param=value,... (repeatable; default nan, inf, fp16_overflow, all_zero)."),
+    iteration: Optional[int] = typer.Option(None, "--iteration", "-i"),
+    rank: Optional[int] = typer.Option(None, "--rank"),
+    all_hits: bool = typer.Option(False, "--all", help="Every hit, not only the first per check and iteration."),
+    html: Optional[Path] = typer.Option(None, "--html", help="Write a self-contained HTML report."),
+    list_checks: bool = typer.Option(False, "--list", help="List the checks and their parameters."),
+    max_rows: int = typer.Option(50, "--max-rows"),
+) -> None:
+    """First NaN/Inf per iteration and rank, fp16 overflow, all-zero tensors and
+    MindInsight watch conditions, answered from the catalog's statistics."""
+    from dumpdb.compare import scan as scan_mod
+
+    if list_checks:
+        view = Table(header_style="bold")
+        for col in ("check", "parameters", "reads tensors", "description"):
+            view.add_column(col, overflow="fold")
+        for name, c in scan_mod.CHECKS.items():
+            params = ", ".join(f"{k}={v}" for k, v in (c.params or {}).items())
+            view.add_row(name, params or "-", "yes" if c.needs_tensors else "no", c.description)
+        out.print(view)
+        return
+    try:
+        names, params = [], {}
+        for spec in check:
+            name, values = scan_mod.parse_check_spec(spec)
+            names.append(name)
+            if values:
+                params[name] = values
+        hits = dumpdb.open(_archive_path(archive)).scan(run, names or None, iteration=iteration, rank=rank,
+                                                        params=params or None, first_only=not all_hits)
+    except DumpdbError as exc:
+        _fail(exc)
+    cols = [c for c in ("check", "iteration", "rank", "position", "op_type", "op_name", "io", "slot", "value",
+                        "code_line", "code_text") if c in hits.column_names]
+    if hits.num_rows == 0:
+        out.print("[green]no hits[/green]")
+    else:
+        output.write_table(hits.select(cols), out, max_rows or None)
+    if html:
+        from dumpdb.compare.report import write_scan_report
+
+        write_scan_report(html, run=run, summary={"run": run, "checks": names or "default", "hits": hits.num_rows},
+                          hits=hits)
+        err.print(f"HTML report written to {html}", style="dim")
 
 
 @app.command()

@@ -1,0 +1,428 @@
+"""The compare engine: select, align, stream tensors, compute metrics, judge, store.
+
+``compare(archive, "fp16:0", "fp32:0")`` pairs the tensors of two selections (a
+run, optionally one iteration and rank of it), computes every metric of
+:mod:`dumpdb.compare.metrics` per pair, applies msprobe's verdict rules per op
+(:mod:`dumpdb.compare.verdict`), stores the result as one ``compares`` row plus
+``compare_results`` / ``compare_unmatched`` rows, and returns the results as an
+Arrow table.
+
+Memory stays bounded: pairs are read from the store a few at a time (at most
+``INFLIGHT_BYTES`` of payload in flight), metrics are computed in chunks, and a
+payload shared by both sides (same content hash: unchanged parameters, identical
+activations) is read once. Metrics run on a thread pool with one worker per
+core; numpy and zstd release the GIL for the heavy work.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict, deque
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from dumpdb import __version__
+from dumpdb.catalog import insert_arrow
+from dumpdb.compare.align import STRATEGIES, align, load_mapping
+from dumpdb.compare.metrics import STAT_METRICS, TENSOR_METRICS, stats_metrics, tensor_metrics
+from dumpdb.compare.verdict import Thresholds, op_results
+from dumpdb.dtypes import from_catalog_name
+from dumpdb.errors import DumpdbError
+
+INFLIGHT_BYTES = 256 << 20
+
+# Columns of compare_results (migrations/003_compare.sql), in table order.
+RESULT_COLUMNS = (
+    "compare_id", "pair_index", "target_tensor_id", "bench_tensor_id", "target_name", "bench_name",
+    "io", "slot", "match_strategy", "mode", *TENSOR_METRICS, *STAT_METRICS, "result", "err_message",
+)
+# Context the returned table carries besides the stored columns (for reports and CSV export).
+CONTEXT_COLUMNS = (
+    "iteration", "rank", "op_type", "scope_name", "position", "target_dtype", "bench_dtype",
+    "target_shape", "bench_shape", "target_max", "target_min", "target_mean", "target_l2norm",
+    "bench_max", "bench_min", "bench_mean", "bench_l2norm", "target_requires_grad",
+    "bench_requires_grad", "code_file", "code_line", "code_text", "target_source_file",
+)
+
+_SELECT_SQL = """
+SELECT t.tensor_id, t.run, t.rank, t.device_id, t.graph_id, t.iteration, t.op_type, t.op_name,
+       t.scope_name, t.io, t.slot, t.arg_name, t.slot_path, t.direction, t.timestamp, t.dtype,
+       t.shape, t.nbytes, t.content_hash, t.min, t.max, t.mean, t.l2norm, t.requires_grad,
+       t.source_file, b.array_path, b.elem_offset, b.elem_count,
+       e.position, o.code_file, o.code_line, o.code_text
+FROM tensors t
+LEFT JOIN blobs b ON b.content_hash = t.content_hash
+LEFT JOIN execution_order e ON e.run = t.run AND e.rank IS NOT DISTINCT FROM t.rank
+     AND e.device_id IS NOT DISTINCT FROM t.device_id AND e.graph_id IS NOT DISTINCT FROM t.graph_id
+     AND e.scope_name = t.scope_name
+LEFT JOIN ops o ON o.run = t.run AND o.rank IS NOT DISTINCT FROM t.rank
+     AND o.device_id IS NOT DISTINCT FROM t.device_id AND o.graph_id IS NOT DISTINCT FROM t.graph_id
+     AND o.scope_name = t.scope_name
+WHERE {where}
+"""
+
+
+@dataclass(frozen=True)
+class Selection:
+    """One side of a comparison: a run, optionally one iteration and one rank.
+
+    Written ``RUN``, ``RUN:ITERATION`` or ``RUN:ITERATION:RANK`` on the command
+    line (an empty field means "all": ``RUN::1`` is rank 1 of every iteration).
+    """
+
+    run: str
+    iteration: int | None = None
+    rank: int | None = None
+
+    @classmethod
+    def parse(cls, spec: str | Selection, iteration: int | None = None, rank: int | None = None) -> Selection:
+        """Parse ``RUN[:ITERATION[:RANK]]``; ``iteration``/``rank`` fill fields the spec leaves open.
+
+        Raises DumpdbError for a malformed spec.
+        """
+        if isinstance(spec, Selection):
+            sel = spec
+        else:
+            parts = spec.split(":")
+            if not parts[0] or len(parts) > 3:
+                raise DumpdbError(f"bad selection {spec!r}: write RUN, RUN:ITERATION or RUN:ITERATION:RANK")
+            try:
+                nums = [int(p) if p != "" else None for p in parts[1:]] + [None, None]
+            except ValueError:
+                raise DumpdbError(f"bad selection {spec!r}: ITERATION and RANK must be integers") from None
+            sel = cls(parts[0], nums[0], nums[1])
+        return cls(sel.run, sel.iteration if sel.iteration is not None else iteration,
+                   sel.rank if sel.rank is not None else rank)
+
+    def where(self) -> tuple[str, list]:
+        conds, params = ["t.run = ?"], [self.run]
+        for column, value in (("iteration", self.iteration), ("rank", self.rank)):
+            if value is not None:
+                conds.append(f"t.{column} = ?")
+                params.append(value)
+        return " AND ".join(conds), params
+
+    def describe(self) -> str:
+        parts = [self.run]
+        if self.iteration is not None:
+            parts.append(f"iteration {self.iteration}")
+        if self.rank is not None:
+            parts.append(f"rank {self.rank}")
+        return " ".join(parts)
+
+
+@dataclass
+class CompareOutcome:
+    """What :func:`compare` returns: results (Arrow, one row per pair, in target
+    execution order), unmatched tensors, the summary, and the first divergence."""
+
+    compare_id: int | None
+    results: pa.Table
+    unmatched: pa.Table
+    summary: dict[str, Any]
+    first_divergence: dict[str, Any] | None = field(default=None)
+
+
+def _select(con, sel: Selection) -> pa.Table:
+    where, params = sel.where()
+    table = con.sql(_SELECT_SQL.format(where=where), params=params).to_arrow_table()
+    if table.num_rows == 0:
+        known = con.execute("SELECT count(*) FROM runs WHERE run = ?", [sel.run]).fetchone()[0]
+        if not known:
+            raise DumpdbError(f"no run {sel.run!r} in the archive")
+        raise DumpdbError(f"no tensors in {sel.describe()}")
+    return table
+
+
+def _group_by(target: Selection, bench: Selection) -> tuple[str, ...]:
+    """Columns a pair must agree on: iteration unless each side picked its own,
+    rank likewise (comparing run A with run B step by step and rank by rank)."""
+    cols = []
+    if target.iteration is None or bench.iteration is None:
+        cols.append("iteration")
+    if target.rank is None or bench.rank is None:
+        cols.append("rank")
+    return tuple(cols)
+
+
+_IO_ORDER = {"input": 0, "parameter": 1, "output": 2, "parameter_grad": 3}
+
+
+def _pair_order(row: dict) -> tuple:
+    pos = row["position"]
+    return (
+        row["iteration"] if row["iteration"] is not None else -1,
+        row["rank"] if row["rank"] is not None else -1,
+        pos is None, pos if pos is not None else 0,
+        row["timestamp"] if row["timestamp"] is not None else 0,
+        _IO_ORDER.get(row["io"], 9), row["slot"] if row["slot"] is not None else -1,
+    )
+
+
+class _Reader:
+    """Reads payloads for the metric workers; a payload both sides share is read once."""
+
+    def __init__(self, store):
+        self.store = store
+
+    def read(self, row: dict) -> np.ndarray:
+        return self.store.read(row["array_path"], row["elem_offset"], row["elem_count"] or 0,
+                               from_catalog_name(row["dtype"]), tuple(row["shape"]))
+
+
+def _tensor_pair(reader: _Reader, t: dict, b: dict) -> tuple[dict, str | None]:
+    a = reader.read(t)
+    c = a if t["content_hash"] == b["content_hash"] and t["dtype"] == b["dtype"] else reader.read(b)
+    return tensor_metrics(a, c)
+
+
+def _stats(row: dict) -> dict:
+    return {k: row[k] for k in ("max", "min", "mean", "l2norm")}
+
+
+def compare(archive, target: str | Selection, bench: str | Selection, *, iteration: int | None = None,
+            rank: int | None = None, mapping: str | os.PathLike | Mapping[str, str] | None = None,
+            strategies: Sequence[str] = STRATEGIES, thresholds: Thresholds | None = None,
+            mode: str = "auto", workers: int | None = None, store_results: bool = True,
+            progress: Callable[[int, int], None] | None = None) -> CompareOutcome:
+    """Compare two selections of an archive (see module docstring).
+
+    ``target``/``bench``: ``RUN[:ITERATION[:RANK]]`` or :class:`Selection`;
+    ``iteration``/``rank`` apply to both sides where the spec leaves them open.
+    ``mapping``: a mapping file (CSV or YAML, see :func:`~dumpdb.compare.align.load_mapping`)
+    or a dict target name -> bench name. ``mode``: ``auto`` (tensor metrics where
+    both payloads exist, statistics otherwise), ``tensor`` or ``statistics``.
+    ``progress(done, total)`` is called as pairs finish.
+
+    Returns a :class:`CompareOutcome`; with ``store_results`` the comparison is
+    also stored (``compares``, ``compare_results``, ``compare_unmatched``).
+    Raises DumpdbError for an unknown run, an empty selection or a bad mode.
+    """
+    if mode not in ("auto", "tensor", "statistics"):
+        raise DumpdbError(f"unknown compare mode {mode!r}: use auto, tensor or statistics")
+    thresholds = thresholds or Thresholds()
+    tsel, bsel = Selection.parse(target, iteration, rank), Selection.parse(bench, iteration, rank)
+    try:
+        mapping_dict = load_mapping(mapping) if isinstance(mapping, (str, os.PathLike)) else mapping
+    except (OSError, ValueError) as exc:
+        raise DumpdbError(f"mapping file: {exc}") from exc
+    with archive._reader() as con:
+        trows, brows = _select(con, tsel), _select(con, bsel)
+    alignment = align(trows, brows, group_by=_group_by(tsel, bsel), mapping=mapping_dict, strategies=strategies)
+    tby = {r["tensor_id"]: r for r in trows.to_pylist()}
+    bby = {r["tensor_id"]: r for r in brows.to_pylist()}
+    pairs = [(tby[p["target_tensor_id"]], bby[p["bench_tensor_id"]], p["match_strategy"])
+             for p in alignment.pairs.to_pylist()]
+    pairs.sort(key=lambda p: _pair_order(p[0]))
+    rows = _compute(archive, pairs, mode, workers, progress)
+    _judge(rows, thresholds)
+    unmatched = pa.concat_tables([
+        alignment.unmatched_target.append_column("side", pa.array(["target"] * alignment.unmatched_target.num_rows)),
+        alignment.unmatched_bench.append_column("side", pa.array(["bench"] * alignment.unmatched_bench.num_rows)),
+    ], promote_options="default")
+    summary = {
+        "target": tsel.describe(), "bench": bsel.describe(), "pairs": len(rows),
+        "mode": _overall_mode(rows),
+        "pass": sum(r["result"] == "pass" for r in rows), "warning": sum(r["result"] == "warning" for r in rows),
+        "error": sum(r["result"] == "error" for r in rows),
+        "unmatched_target": alignment.unmatched_target.num_rows,
+        "unmatched_bench": alignment.unmatched_bench.num_rows,
+        "strategies": {s: sum(r["match_strategy"] == s for r in rows) for s in strategies},
+        "thresholds": thresholds.__dict__ if hasattr(thresholds, "__dict__") else str(thresholds),
+        "dumpdb_version": __version__,
+    }
+    compare_id = _store(archive, tsel, bsel, rows, unmatched, summary, mapping) if store_results else None
+    summary["compare_id"] = compare_id
+    for r in rows:
+        r["compare_id"] = compare_id
+    results = pa.Table.from_pylist(rows, schema=_result_schema())
+    outcome = CompareOutcome(compare_id, results, unmatched, summary)
+    outcome.first_divergence = first_divergence_of(results)
+    summary["first_difference"] = first_difference_of(results)
+    return outcome
+
+
+def _overall_mode(rows: list[dict]) -> str:
+    modes = {r["mode"] for r in rows}
+    return modes.pop() if len(modes) == 1 else ("mixed" if modes else "none")
+
+
+def _compute(archive, pairs, mode, workers, progress) -> list[dict]:
+    reader = _Reader(archive.store)
+    rows: list[dict] = [None] * len(pairs)  # type: ignore[list-item]
+    done = 0
+    workers = workers or os.cpu_count() or 2
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dumpdb-compare") as pool:
+        inflight: deque = deque()
+        inflight_bytes = 0
+        for i, (t, b, strategy) in enumerate(pairs):
+            row = _base_row(i, t, b, strategy)
+            rows[i] = row
+            tensor_mode = mode != "statistics" and t["content_hash"] is not None and b["content_hash"] is not None
+            if mode == "tensor" and not tensor_mode:
+                row["err_message"] = "no payload on one side: statistics compared instead"
+            if not tensor_mode:
+                row["mode"] = "statistics"
+                metrics, message = stats_metrics(_stats(t), _stats(b))
+                row.update(metrics)
+                row["err_message"] = _join(row["err_message"], message)
+                done += 1
+                continue
+            row["mode"] = "tensor"
+            size = (t["nbytes"] or 0) + (b["nbytes"] or 0)
+            while inflight and inflight_bytes + size > INFLIGHT_BYTES:
+                inflight_bytes -= _finish(inflight.popleft(), rows)
+                done += 1
+                if progress:
+                    progress(done, len(pairs))
+            inflight.append((i, size, pool.submit(_tensor_pair, reader, t, b)))
+            inflight_bytes += size
+        while inflight:
+            _finish(inflight.popleft(), rows)
+            done += 1
+            if progress:
+                progress(done, len(pairs))
+    return rows
+
+
+def _finish(item, rows) -> int:
+    i, size, future = item
+    metrics, message = future.result()
+    rows[i].update(metrics)
+    rows[i]["err_message"] = _join(rows[i]["err_message"], message)
+    # statistics differences are cheap and useful in tensor mode too
+    return size
+
+
+def _join(a: str | None, b: str | None) -> str | None:
+    return "; ".join(x for x in (a, b) if x) or None
+
+
+def _base_row(i: int, t: dict, b: dict, strategy: str) -> dict:
+    row = {c: None for c in (*RESULT_COLUMNS, *CONTEXT_COLUMNS)}
+    row.update(
+        pair_index=i, target_tensor_id=t["tensor_id"], bench_tensor_id=b["tensor_id"],
+        target_name=t["op_name"], bench_name=b["op_name"], io=t["io"], slot=t["slot"],
+        match_strategy=strategy, iteration=t["iteration"], rank=t["rank"], op_type=t["op_type"],
+        scope_name=t["scope_name"], position=t["position"], target_dtype=t["dtype"], bench_dtype=b["dtype"],
+        target_shape=t["shape"], bench_shape=b["shape"],
+        target_requires_grad=t["requires_grad"], bench_requires_grad=b["requires_grad"],
+        code_file=t["code_file"], code_line=t["code_line"], code_text=t["code_text"],
+        target_source_file=t["source_file"],
+        **{f"target_{k}": t[k] for k in ("max", "min", "mean", "l2norm")},
+        **{f"bench_{k}": b[k] for k in ("max", "min", "mean", "l2norm")},
+    )
+    return row
+
+
+def _judge(rows: list[dict], thresholds: Thresholds) -> None:
+    """msprobe's verdicts per op: rows grouped by (iteration, rank, target op)."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rows:
+        groups[(r["iteration"], r["rank"], r["target_name"])].append(r)
+    for group in groups.values():
+        mode = "statistics" if all(r["mode"] == "statistics" for r in group) else "tensor"
+        views = [{**r, "dtype": (r["target_dtype"], r["bench_dtype"]), "shape": (r["target_shape"], r["bench_shape"])}
+                 for r in group]
+        for r, (result, reason) in zip(group, op_results(views, thresholds, mode=mode)):
+            r["result"] = result
+            if reason and result != "pass":
+                r["err_message"] = _join(r["err_message"], reason)
+
+
+def _result_schema() -> pa.Schema:
+    ints = {"compare_id", "pair_index", "target_tensor_id", "bench_tensor_id", "iteration", "position"}
+    small = {"slot", "rank", "code_line"}
+    strings = {"target_name", "bench_name", "io", "match_strategy", "mode", "result", "err_message", "op_type",
+               "scope_name", "target_dtype", "bench_dtype", "code_file", "code_text", "target_source_file"}
+    fields = []
+    for c in (*RESULT_COLUMNS, *CONTEXT_COLUMNS):
+        if c in ints:
+            t = pa.int64()
+        elif c in small:
+            t = pa.int32()
+        elif c in strings:
+            t = pa.string()
+        elif c.endswith("_shape"):
+            t = pa.list_(pa.int64())
+        elif c.endswith("requires_grad"):
+            t = pa.bool_()
+        else:
+            t = pa.float64()
+        fields.append((c, t))
+    return pa.schema(fields)
+
+
+def _store(archive, tsel: Selection, bsel: Selection, rows: list[dict], unmatched: pa.Table,
+           summary: dict, mapping) -> int:
+    options = {"strategies": summary["strategies"], "thresholds": summary["thresholds"],
+               "mapping": str(mapping) if isinstance(mapping, (str, os.PathLike)) else bool(mapping)}
+    with archive.catalog.writer() as con:
+        compare_id = con.execute("SELECT nextval('compare_id_seq')").fetchone()[0]
+        con.execute(
+            "INSERT INTO compares (compare_id, target_run, bench_run, target_selection, bench_selection, mode, "
+            "options, pairs, unmatched_target, unmatched_bench, dumpdb_version) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+            [compare_id, tsel.run, bsel.run, tsel.describe(), bsel.describe(), summary["mode"],
+             json.dumps(options, default=str), len(rows), summary["unmatched_target"],
+             summary["unmatched_bench"], __version__])
+        stored = pa.Table.from_pylist([{**{c: r[c] for c in RESULT_COLUMNS}, "compare_id": compare_id} for r in rows],
+                                      schema=pa.schema([f for f in _result_schema() if f.name in RESULT_COLUMNS]))
+        insert_arrow(con, "compare_results", stored)
+        if unmatched.num_rows:
+            um = unmatched.select(["side", "tensor_id", "name", "io", "slot"])
+            um = um.append_column("compare_id", pa.array([compare_id] * um.num_rows, pa.int64()))
+            insert_arrow(con, "compare_unmatched", um)
+    return compare_id
+
+
+def _differs(r: dict) -> bool:
+    if r["target_dtype"] != r["bench_dtype"] or r["target_shape"] != r["bench_shape"]:
+        return True
+    if r["mode"] == "tensor":
+        return r["max_abs_err"] is None or r["max_abs_err"] != 0
+    return any(r[k] not in (0, 0.0) for k in ("max_diff", "min_diff", "mean_diff", "l2norm_diff"))
+
+
+def first_difference_of(results: pa.Table) -> dict[str, Any] | None:
+    """The first pair, in target execution order, whose tensors are not identical
+    (values, dtype or shape; statistics in statistics mode), whatever the verdict;
+    None when every pair is identical. Keys: pair_index, target_name, scope_name,
+    io, slot, iteration, position, max_abs_err, cosine, result."""
+    for r in results.to_pylist():
+        if _differs(r):
+            return {k: r[k] for k in ("pair_index", "target_name", "scope_name", "op_type", "io", "slot",
+                                      "iteration", "position", "max_abs_err", "cosine", "result",
+                                      "target_dtype", "bench_dtype", "code_line", "code_text")}
+    return None
+
+
+def first_divergence_of(results: pa.Table, context: int = 10) -> dict[str, Any] | None:
+    """The first pair, in target execution order (then timestamp), whose result is
+    'error', preferring outputs (an op's output failing the rule); with the
+    ``context`` compared ops before it in the same iteration and rank as ``path``.
+    None when every pair passes (or warns)."""
+    rows = results.to_pylist()
+    failing = [r for r in rows if r["result"] == "error" and r["io"] == "output"] or \
+              [r for r in rows if r["result"] == "error"]
+    if not failing:
+        return None
+    first = min(failing, key=lambda r: r["pair_index"])
+    before = [r for r in rows if r["pair_index"] < first["pair_index"] and r["iteration"] == first["iteration"]
+              and r["rank"] == first["rank"]]
+    ops: list[str] = []
+    for r in before:
+        if not ops or ops[-1] != r["target_name"]:
+            ops.append(r["target_name"])
+    return {
+        **{k: first[k] for k in ("pair_index", "target_name", "bench_name", "scope_name", "op_type", "io", "slot",
+                                 "iteration", "rank", "position", "result", "err_message", "code_file",
+                                 "code_line", "code_text", "target_tensor_id", "bench_tensor_id",
+                                 *TENSOR_METRICS, *STAT_METRICS)},
+        "path": ops[-context:],
+    }

@@ -1,0 +1,141 @@
+"""Run-to-run comparison end to end on real dumps: d2 (fc2 in fp16, fc1 output through
+bf16, extra Cast/Assign ops) against the fp32 baseline d1, same seed, iteration 0."""
+
+from __future__ import annotations
+
+import csv
+import html.parser
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+import dumpdb
+from conftest import ms_case, npy_files
+from dumpdb.cli import app
+from dumpdb.compare.engine import Selection, compare
+from dumpdb.compare.export import msprobe_columns
+
+
+@pytest.fixture(scope="module")
+def pair_archive(tmp_path_factory):
+    archive = tmp_path_factory.mktemp("cmp") / "a.dumpdb"
+    for case, run in (("d1_compare_fp32_iter0", "fp32"), ("d2_compare_fp16_bf16_iter0", "fp16")):
+        assert dumpdb.ingest(ms_case(case), archive=archive, run=run).ok
+    return archive
+
+
+@pytest.fixture(scope="module")
+def outcome(pair_archive):
+    return compare(dumpdb.open(pair_archive), "fp16", "fp32")
+
+
+def _names(case):
+    return {p.name.split(".")[1] for p in npy_files(ms_case(case))}
+
+
+def test_pairs_unmatched_and_order(outcome):
+    d1, d2 = _names("d1_compare_fp32_iter0"), _names("d2_compare_fp16_bf16_iter0")
+    r = outcome.results
+    assert r.num_rows == outcome.summary["pairs"] > 0
+    # every pair joins real tensors of both runs, one to one
+    assert len(set(r["target_tensor_id"].to_pylist())) == r.num_rows
+    assert len(set(r["bench_tensor_id"].to_pylist())) == r.num_rows
+    unmatched = outcome.unmatched.to_pylist()
+    extra = {u["name"] for u in unmatched if u["side"] == "bench"} | {u["name"] for u in unmatched if u["side"] == "target"}
+    # the ops only d2 has (Cast/Assign inserted around fp16 kernels) are listed, not dropped
+    only_d2 = {n for n in d2 - d1}
+    assert only_d2 and only_d2 <= extra
+    assert all(("Cast" in n or "Assign" in n) for n in only_d2)
+    assert r["pair_index"].to_pylist() == list(range(r.num_rows))
+
+
+def test_metrics_are_real(outcome, pair_archive):
+    a = dumpdb.open(pair_archive)
+    rows = outcome.results.to_pylist()
+    same = [x for x in rows if x["mode"] == "tensor" and x["max_abs_err"] == 0.0]
+    diff = [x for x in rows if x["mode"] == "tensor" and (x["max_abs_err"] or 0) > 0]
+    assert same and diff
+    for x in diff[:5]:
+        t = a.tensor(x["target_tensor_id"]).astype(np.float64).ravel()
+        b = a.tensor(x["bench_tensor_id"]).astype(np.float64).ravel()
+        assert x["max_abs_err"] == pytest.approx(np.max(np.abs(t - b)), rel=1e-9)
+        cos = t @ b / (np.linalg.norm(t) * np.linalg.norm(b))
+        assert x["cosine"] == pytest.approx(cos, abs=1e-6)
+
+
+def test_first_divergence_is_the_first_failing_output_in_execution_order(outcome):
+    fd = outcome.first_divergence
+    rows = outcome.results.to_pylist()
+    failing = [x for x in rows if x["result"] == "error" and x["io"] == "output"]
+    assert fd is not None and failing
+    assert fd["pair_index"] == min(x["pair_index"] for x in failing)
+    assert fd["scope_name"]
+    # everything compared before it in that iteration did not fail
+    assert all(x["result"] != "error" for x in rows if x["pair_index"] < fd["pair_index"] and x["io"] == "output")
+    assert fd["path"] == list(dict.fromkeys(x["target_name"] for x in rows if x["pair_index"] < fd["pair_index"]))[-10:]
+
+
+def test_first_difference_is_the_first_shared_tensor_that_differs(outcome, pair_archive):
+    diff = outcome.summary["first_difference"]
+    rows = outcome.results.to_pylist()
+    assert diff is not None
+    a = dumpdb.open(pair_archive)
+    first = rows[diff["pair_index"]]
+    t, b = a.tensor(first["target_tensor_id"]), a.tensor(first["bench_tensor_id"])
+    assert t.dtype != b.dtype or t.shape != b.shape or t.tobytes() != b.tobytes()
+    for x in rows[: diff["pair_index"]]:  # everything before it is bit-identical
+        assert a.tensor(x["target_tensor_id"]).tobytes() == a.tensor(x["bench_tensor_id"]).tobytes()
+
+
+def test_results_are_stored_and_joinable(outcome, pair_archive):
+    a = dumpdb.open(pair_archive)
+    cid = outcome.compare_id
+    assert a.sql("SELECT pairs FROM compares WHERE compare_id = ?", [cid])["pairs"][0].as_py() == outcome.results.num_rows
+    joined = a.sql("""SELECT count(*) AS n FROM compare_results c JOIN tensors t ON t.tensor_id = c.target_tensor_id
+                      WHERE c.compare_id = ? AND t.run = 'fp16'""", [cid])
+    assert joined["n"][0].as_py() == outcome.results.num_rows
+    n_unmatched = a.sql("SELECT count(*) AS n FROM compare_unmatched WHERE compare_id = ?", [cid])["n"][0].as_py()
+    assert n_unmatched == outcome.unmatched.num_rows
+
+
+def test_statistics_mode_and_selection_errors(pair_archive):
+    a = dumpdb.open(pair_archive)
+    stats = compare(a, "fp16:0", "fp32:0", mode="statistics", store_results=False)
+    assert set(stats.results["mode"].to_pylist()) == {"statistics"}
+    assert stats.results["cosine"].null_count == stats.results.num_rows
+    assert stats.results["max_diff"].null_count < stats.results.num_rows
+    with pytest.raises(dumpdb.DumpdbError, match="no run 'nope'"):
+        compare(a, "nope", "fp32")
+    with pytest.raises(dumpdb.DumpdbError, match="no tensors in fp16 iteration 9"):
+        compare(a, "fp16:9", "fp32")
+    with pytest.raises(dumpdb.DumpdbError, match="bad selection"):
+        Selection.parse("fp16:x")
+
+
+def test_cli_compare_writes_csv_parquet_html(pair_archive, tmp_path):
+    csv_path, html_path, pq_path = tmp_path / "r.csv", tmp_path / "r.html", tmp_path / "r.parquet"
+    result = CliRunner().invoke(app, ["compare", "fp16", "fp32", "-a", str(pair_archive), "--csv", str(csv_path),
+                                      "--html", str(html_path), "--parquet", str(pq_path)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "first divergence" in result.output and "unmatched" in result.output
+    with open(csv_path, newline="") as f:
+        reader = csv.reader(f)
+        header = next(reader)
+        body = list(reader)
+    assert tuple(header) == msprobe_columns(statistics=False)
+    assert body and body[0][0].endswith((".output.0", ".input.0"))
+    page = html_path.read_text()
+    parser = html.parser.HTMLParser()
+    parser.feed(page)
+    assert "<svg" in page and "http://cdn" not in page and "<script src" not in page
+    import pyarrow.parquet as pq
+    assert pq.read_table(pq_path).num_rows == len(body)
+    fd = CliRunner().invoke(app, ["first-divergence", "fp16", "fp32", "-a", str(pair_archive)])
+    assert fd.exit_code == 1 and "first divergence" in fd.output and "source" in fd.output
+
+
+def test_same_run_compares_clean(pair_archive):
+    same = compare(dumpdb.open(pair_archive), "fp32", "fp32", store_results=False)
+    assert same.first_divergence is None and same.unmatched.num_rows == 0
+    assert set(same.results["result"].to_pylist()) == {"pass"}

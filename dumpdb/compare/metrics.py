@@ -1,0 +1,508 @@
+"""Per-pair comparison metrics: msprobe ``compare`` and msaccucmp definitions.
+
+Reference: ``shared/reference/formats.md`` section 2, checked against the code of
+mindstudio-probe 26.2.0 (the ``msprobe`` wheel). ``target`` is the side under test
+(msprobe "NPU", msaccucmp "my output"), ``bench`` the ground truth. Below, ``x`` is
+target and ``y`` bench, both flattened in C order and converted to float64, ``N`` the
+element count, ``eps64 = finfo(float64).eps`` and ``eps32 = finfo(float32).eps``.
+
+Tensor mode, :func:`tensor_metrics`
+===================================
+
+msprobe metrics (``msprobe/core/compare/algorithm/builtin_algorithm/alg_*.py`` and the
+helpers of ``msprobe/core/compare/utils.py``):
+
+``cosine`` (``alg_cosine_similarity.py``)
+    ``sum(x*y) / (sqrt(sum(x*x)) * sqrt(sum(y*y)))``. Both norms ``<= eps64`` -> 1.0;
+    only one of them ``<= eps64`` -> None ("all zero" message); a NaN result -> None.
+    Not computed (None) for 0-d tensors and tensors of one element (``validate_numpy``).
+    msprobe rounds a cosine above 0.9999 to 6 decimals for display; we store the value
+    unrounded (the rounding moves it by at most 5e-7 and carries no meaning) but clip it
+    to [-1, 1], which is what msprobe's 12-decimal ``format_value`` does to the
+    1 +- 1e-16 that float64 rounding can produce.
+``euc_dist`` (``alg_euclidean_distance.py``)
+    ``sqrt(sum((x - y)**2))``. None for 0-d tensors.
+``max_abs_err`` (``alg_max_absolute_error.py``)
+    ``max(|x - y|)``; a NaN result -> None with a message.
+``max_rel_err`` (``alg_max_relative_error.py``, ``utils.get_relative_err``)
+    ``max(|(n - b) / b|)`` evaluated in ``rt = result_type(dt(x), dt(y), float32)``
+    where ``dt`` is the input dtype if it is float16/32/64 (msprobe's ``FLOAT_TYPE``),
+    float64 for integers and bool, and float32 for the ml_dtypes low-precision floats
+    (bfloat16, float8...: msprobe's torch reader converts those to float32 before it
+    compares). ``n``/``b`` are x/y cast to ``rt``; where ``b == 0`` both get
+    ``+finfo(rt).eps`` before the division. This is msprobe's MaxRelativeErr, which is
+    not msaccucmp's (see below); msaccucmp's is not stored.
+``one_thousandth_err_ratio`` / ``five_thousandths_err_ratio``
+    (``alg_one_thousand_error.py``, ``alg_five_thousand_error.py``,
+    ``utils.calc_relative_err_ratio``): ``count(r < 0.001) / N`` and
+    ``count(r < 0.005) / N`` with ``r`` the element-wise relative error of
+    ``max_rel_err`` (compared in ``rt``, as numpy 2 compares a float32 array with a
+    Python float). None for 0-d tensors.
+
+msaccucmp metrics (``msprobe/msaccucmp/algorithm_manager/builtin_algorithm/alg_*.py``):
+
+``mean_abs_err`` (``alg_MeanAbsoluteError.py``)        ``sum(|x - y|) / N``
+``rmse`` (``alg_RootMeanSquareError.py``)              ``sqrt(sum((x - y)**2) / N)``
+``rel_euc_dist`` (``alg_RelativeEuclideanDistance.py``)
+    ``sqrt(sum((x - y)**2) / sum(y**2))``; 0.0 when ``sqrt(sum(y**2)) <= eps64``.
+``accumulated_rel_err`` (``alg_AccumulatedRelativeError.py``)
+    ``sum(|x/y - 1|)`` over the elements with ``|y| > eps64`` (the others count 0).
+``mean_rel_err`` (``alg_MeanRelativeError.py``)
+    ``accumulated_rel_err / N`` (elements with ``|y| <= eps64`` count 0 but are in N).
+``kl_divergence`` (``alg_KullbackLeiblerDivergence.py``)
+    each side is min-max normalised, ``v = (x - min(x)) / (max(x) - min(x))`` (``v = x``
+    when max == min), clamped ``v = max(v, eps32)``, turned into ``p = v / sum(v)``;
+    ``KL = sum(p_x * log(p_x / p_y))``, set to 0.0 when ``|KL| < eps64``. Computed from
+    two passes over the chunks (min/max first) as
+    ``KL = sum(v_x * log(v_x / v_y)) / S_x + log(S_y / S_x)`` with ``S = sum(v)``, which
+    is the same quantity.
+
+msaccucmp's own MaxRelativeError (``alg_MaxRelativeError.py``) is ``max(|x/y - 1|)``
+over ``|y| > eps64`` (0 elsewhere): unlike msprobe's it ignores bench zeros instead of
+adding eps to both sides, and it computes in float32. ``max_rel_err`` stores msprobe's.
+msaccucmp's CosineSimilarity and MaxAbsoluteError are msprobe's up to the zero rules;
+``cosine`` and ``max_abs_err`` follow msprobe.
+
+Precision: msprobe converts to float64 (``flatten_numpy``) and so do we. msaccucmp casts
+its inputs to float32 and computes in float32 (``AlgorithmManager.compare``); we apply
+its formulas to the float64 values with float64 accumulation instead. On the real pairs
+of ``tests/data/compare/goldens.json`` we equal msaccucmp's functions fed float64 to
+1e-15 and msaccucmp as it runs (float32) to 1e-4 relative: its float32 ``x/y - 1``
+cancels (up to 5e-5 relative off on accumulated_rel_err), and its squares overflow to
+inf/NaN above ~1.8e19 (rmse, rel_euc_dist, kl_divergence of overflowing runs) where
+ours stay finite. msaccucmp refuses bool inputs (NaN for all but cosine and relative
+Euclidean distance); we compute every metric on bool as 0/1, like msprobe.
+
+Checks, in msprobe's order (``ValidateTensor.check_tensor`` in
+``msprobe/core/compare/npy_compare.py``):
+
+1. target empty -> all None, message;
+2. shapes differ -> all None, message;
+3. 0-d tensor -> cosine, euc_dist and both ratios None, message; msprobe's chain stops
+   here for 0-d tensors, so there is no NaN/Inf pre-check: a NaN metric becomes None.
+   msprobe evaluates ``|x - y|`` of a 0-d pair in the input dtype; we use float64;
+4. NaN/Inf: a position is invalid when the value is NaN or +-Inf. If the NaN masks
+   and the Inf masks are equal on both sides, invalid values are set to 0 on both
+   sides before any metric (message says so); otherwise all None, message;
+5. dtypes differ -> metrics computed, message.
+
+msprobe's readers ``np.squeeze`` every tensor before these checks, so in its CSV a
+tensor of one element is 0-d (no euc_dist, no ratios); we judge the array as given:
+shape ``(1,)`` or ``(1, 1)`` gets everything but the cosine (``validate_numpy``'s rule).
+
+Memory: the tensors are read in chunks of ``chunk`` elements (two passes); every
+temporary is O(chunk): four float64 work arrays allocated once per call plus a few
+chunk-sized masks and float32/longdouble copies (peak measured at 5.5 x 8 x ``chunk``
+bytes: 176 MiB for the default 4 Mi elements, whatever the tensor size). Sums, dot
+products, maxima and counts are accumulated in float64/int. Arrays that are not
+C-contiguous are cut along their leading axes into blocks of at most ``chunk`` elements.
+
+Statistics mode, :func:`stats_metrics`
+======================================
+
+From the catalog statistics of each side (max, min, mean, l2norm), as msprobe's
+statistics compare (``msprobe/core/compare/acc_compare.py`` ``calc_summary_diff`` and
+``msprobe/core/compare/utils.py`` ``get_rela_diff_summary_mode``):
+
+``X_diff = target_X - bench_X``; ``X_rel_diff = |X_diff / bench_X|`` as a **fraction**
+(msprobe writes the percentage string ``|diff/bench|*100 %``; a fraction is what its
+checkers compare against after ``str2float``). A side's value missing -> None; equal
+values (both NaN, or the same Inf included) -> diff 0.0; exactly one NaN -> None;
+Inf involved -> diff is +-Inf and rel_diff +Inf; ``bench_X == 0`` -> rel_diff None
+(``N/A`` of ``get_rela_diff_summary_mode``; the pandas path of 26.2.0 writes ``inf`` when
+target is not 0, and ``0`` for equal values, where we also give None if both are 0).
+When some ``|diff| / (max(|target|, |bench|) + 1e-10) > 0.5`` the
+message asks for a double check (msprobe's warning ``Need double check api
+accuracy.``); it does not set a verdict.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import ml_dtypes
+import numpy as np
+
+TENSOR_METRICS = ("cosine", "euc_dist", "max_abs_err", "max_rel_err", "one_thousandth_err_ratio",
+                  "five_thousandths_err_ratio", "mean_abs_err", "rmse", "rel_euc_dist",
+                  "accumulated_rel_err", "mean_rel_err", "kl_divergence")
+STAT_METRICS = ("max_diff", "min_diff", "mean_diff", "l2norm_diff",
+                "max_rel_diff", "min_rel_diff", "mean_rel_diff", "l2norm_rel_diff")
+
+STATS = ("max", "min", "mean", "l2norm")
+
+# msprobe CompareConst / Const and msaccucmp ConstManager values.
+EPS64 = float(np.finfo(np.float64).eps)     # Const.FLOAT_EPSILON, ConstManager.FLOAT_EPSILON
+EPS32 = float(np.finfo(np.float32).eps)     # alg_KullbackLeiblerDivergence.FLOAT_EPSILON
+THOUSAND_RATIO_THRESHOLD = 0.001
+FIVE_THOUSAND_RATIO_THRESHOLD = 0.005
+MAGNITUDE = 0.5                             # CompareConst.MAGNITUDE
+MAGNITUDE_EPSILON = 1e-10                   # CompareConst.EPSILON
+
+DEFAULT_CHUNK = 1 << 22
+
+# Messages (also matched by dumpdb.compare.verdict).
+MSG_EMPTY = "empty tensor: nothing to compare"
+MSG_SHAPE = "shape mismatch: target {t} vs bench {b}; metrics not computed"
+MSG_SCALAR = "0-d tensor: cosine, euc_dist and the error ratios are not computed"
+MSG_ONE_ELEMENT = "tensor of one element: cosine is not computed"
+MSG_NAN_INF_MISMATCH = "nan/inf positions differ between target and bench; metrics not computed"
+MSG_NAN_INF_ZEROED = "nan/inf at the same positions in target and bench were set to 0 before computing"
+MSG_DTYPE = "dtype mismatch: target {t} vs bench {b}; metrics computed anyway"
+MSG_COMPLEX = "complex tensors are not supported; metrics not computed"
+MSG_COS_TARGET_ZERO = "cosine undefined: target is all zero"
+MSG_COS_BENCH_ZERO = "cosine undefined: bench is all zero"
+MSG_METRIC_NAN = "{name} is NaN (the data holds nan/inf)"
+MSG_STATS_MAGNITUDE = ("statistics differ by more than half their magnitude ({names}); "
+                       "double-check accuracy")
+
+# msprobe CompareConst.FLOAT_TYPE: these dtypes keep their precision in get_relative_err.
+_MSPROBE_FLOAT_TYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64),
+                        np.dtype(np.longdouble))
+
+
+def _is_ml_float(dtype: np.dtype) -> bool:
+    """True for ml_dtypes floating types (bfloat16, float8_*, float6_*, float4_*)."""
+    if dtype.kind != "V":
+        return False
+    try:
+        ml_dtypes.finfo(dtype)
+    except (ValueError, TypeError, KeyError):
+        return False
+    return True
+
+
+def _check_dtype(dtype: np.dtype) -> str | None:
+    """None if supported, a message for complex; TypeError for non-numeric dtypes."""
+    if dtype.kind == "c":
+        return MSG_COMPLEX
+    if dtype.kind in "biuf" or _is_ml_float(dtype):
+        return None
+    raise TypeError(f"tensor_metrics: unsupported dtype {dtype} (numeric dtypes only)")
+
+
+def _rel_dtype(dtype: np.dtype) -> np.dtype:
+    """Dtype a side has when msprobe's get_relative_err picks the computation type."""
+    if dtype in _MSPROBE_FLOAT_TYPES:
+        return dtype
+    if _is_ml_float(dtype):
+        return np.dtype(np.float32)
+    return np.dtype(np.float64)
+
+
+def _may_hold_nan_inf(dtype: np.dtype) -> bool:
+    return dtype.kind == "f" or _is_ml_float(dtype)
+
+
+def _blocks(shape: tuple[int, ...], chunk: int, prefix: tuple = ()) -> Iterator[tuple]:
+    """Index tuples cutting an array of ``shape`` (no zero dimension) into blocks of
+    consecutive C-order elements, each of at most ``chunk`` elements."""
+    inner = math.prod(shape[1:])
+    if inner <= chunk:
+        step = max(1, chunk // max(inner, 1))
+        for i in range(0, shape[0], step):
+            yield prefix + (slice(i, min(i + step, shape[0])),)
+    else:
+        for i in range(shape[0]):
+            yield from _blocks(shape[1:], chunk, prefix + (i,))
+
+
+def _chunk_pairs(t: np.ndarray, b: np.ndarray, chunk: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Aligned 1-D chunks (original dtypes) of two arrays of the same shape, C order."""
+    if t.ndim == 0:
+        yield t.reshape(1), b.reshape(1)
+        return
+    if t.flags.c_contiguous and b.flags.c_contiguous:
+        ft, fb = t.reshape(-1), b.reshape(-1)
+        for s in range(0, ft.size, chunk):
+            yield ft[s:s + chunk], fb[s:s + chunk]
+        return
+    for idx in _blocks(t.shape, chunk):
+        yield t[idx].reshape(-1), b[idx].reshape(-1)
+
+
+class _Buffers:
+    """float64 work arrays of ``chunk`` elements, allocated once per call and reused."""
+
+    def __init__(self, chunk: int, total: int) -> None:
+        n = min(chunk, total)
+        self.x = np.empty(n, np.float64)
+        self.y = np.empty(n, np.float64)
+        self.w1 = np.empty(n, np.float64)
+        self.w2 = np.empty(n, np.float64)
+
+    def load(self, tc: np.ndarray, bc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The chunk pair as float64 (bool -> 0/1) in the x/y buffers."""
+        x, y = self.x[:tc.size], self.y[:bc.size]
+        np.copyto(x, tc, casting="unsafe")
+        np.copyto(y, bc, casting="unsafe")
+        return x, y
+
+
+class _Acc:
+    """float64 accumulators of the second pass."""
+
+    def __init__(self) -> None:
+        self.dot = self.xx = self.yy = self.dd = self.abs_sum = 0.0
+        self.max_abs = -math.inf
+        self.max_rel = -math.inf
+        self.cnt1 = self.cnt5 = 0
+        self.acc_rel = 0.0
+        self.kl_sx = self.kl_sy = self.kl_t = 0.0
+
+
+def tensor_metrics(target: np.ndarray, bench: np.ndarray,
+                   chunk: int = DEFAULT_CHUNK) -> tuple[dict[str, float | None], str | None]:
+    """All :data:`TENSOR_METRICS` of one tensor pair (formulas: module docstring).
+
+    ``target`` and ``bench`` are numpy arrays (any shape, any numeric dtype: bool,
+    integers, float16/32/64, ml_dtypes bfloat16/float8); they are never modified and
+    need not be contiguous. ``chunk`` (>= 1) is the number of elements processed at a
+    time: extra memory is O(chunk) (about 5.5 float64 arrays of ``chunk`` elements)
+    whatever the tensor size.
+
+    Returns ``(metrics, err_message)``: ``metrics`` maps every name of
+    :data:`TENSOR_METRICS` to a Python float (may be +-inf) or None where the metric
+    does not apply; ``err_message`` is None or "; "-joined notes:
+
+    * target empty, shapes differ, NaN/Inf at different positions, complex dtype:
+      every metric None;
+    * 0-d: cosine, euc_dist, the two ratios None (others computed, no NaN/Inf
+      pre-check); one element: cosine None;
+    * NaN/Inf at the same positions: set to 0 on both sides, metrics computed, noted;
+    * dtypes differ: metrics computed, noted;
+    * cosine with one side all zero, or any metric that comes out NaN: that metric None.
+
+    Raises ValueError if ``chunk < 1`` and TypeError for non-numeric dtypes.
+    """
+    if chunk < 1:
+        raise ValueError(f"chunk must be >= 1, got {chunk}")
+    t = np.asarray(target)
+    b = np.asarray(bench)
+    metrics: dict[str, float | None] = dict.fromkeys(TENSOR_METRICS)
+    msgs: list[str] = []
+
+    bad = _check_dtype(t.dtype) or _check_dtype(b.dtype)
+    if bad:
+        return metrics, bad
+    if t.size == 0:
+        return metrics, MSG_EMPTY
+    if t.shape != b.shape:
+        return metrics, MSG_SHAPE.format(t=t.shape, b=b.shape)
+
+    scalar = t.ndim == 0
+    if scalar:
+        msgs.append(MSG_SCALAR)
+    elif t.size == 1:
+        msgs.append(MSG_ONE_ELEMENT)
+
+    buf = _Buffers(chunk, t.size)
+    # Pass 1: NaN/Inf positions (not for 0-d, as msprobe) and min/max for KL.
+    check_invalid = not scalar and (_may_hold_nan_inf(t.dtype) or _may_hold_nan_inf(b.dtype))
+    has_invalid = False
+    xmin = ymin = math.inf
+    xmax = ymax = -math.inf
+    with np.errstate(all="ignore"):
+        for tc, bc in _chunk_pairs(t, b, chunk):
+            x, y = buf.load(tc, bc)
+            if check_invalid:
+                xbad, ybad = ~np.isfinite(x), ~np.isfinite(y)
+                if xbad.any() or ybad.any():
+                    if not (np.array_equal(np.isnan(x), np.isnan(y))
+                            and np.array_equal(np.isinf(x), np.isinf(y))):
+                        return dict.fromkeys(TENSOR_METRICS), MSG_NAN_INF_MISMATCH
+                    has_invalid = True
+                    x[xbad] = 0.0
+                    y[xbad] = 0.0
+            # np.minimum/np.maximum propagate NaN (only 0-d pairs can still hold one).
+            xmin, xmax = float(np.minimum(xmin, x.min())), float(np.maximum(xmax, x.max()))
+            ymin, ymax = float(np.minimum(ymin, y.min())), float(np.maximum(ymax, y.max()))
+    if has_invalid:
+        msgs.append(MSG_NAN_INF_ZEROED)
+    if t.dtype != b.dtype:
+        msgs.append(MSG_DTYPE.format(t=t.dtype, b=b.dtype))
+
+    rel = _RelErr(t.dtype, b.dtype)
+    kl = (xmin, xmax - xmin, ymin, ymax - ymin)
+
+    # Pass 2: every accumulation.
+    acc = _Acc()
+    with np.errstate(all="ignore"):
+        for tc, bc in _chunk_pairs(t, b, chunk):
+            x, y = buf.load(tc, bc)
+            if has_invalid:
+                xbad = ~np.isfinite(x)  # same positions on both sides (pass 1)
+                x[xbad] = 0.0
+                y[xbad] = 0.0
+            _accumulate(acc, x, y, tc, bc, rel, kl, buf)
+
+    _finish(metrics, msgs, acc, t.size, scalar)
+    return metrics, "; ".join(msgs) if msgs else None
+
+
+class _RelErr:
+    """msprobe get_relative_err's computation type and constants for a dtype pair."""
+
+    def __init__(self, tdt: np.dtype, bdt: np.dtype) -> None:
+        self.rt = np.result_type(_rel_dtype(tdt), _rel_dtype(bdt), np.float32)
+        self.eps = np.finfo(self.rt).eps
+        # numpy 2 compares an rt array with a Python float in rt (NEP 50), as msprobe does
+        self.thr1 = self.rt.type(THOUSAND_RATIO_THRESHOLD)
+        self.thr5 = self.rt.type(FIVE_THOUSAND_RATIO_THRESHOLD)
+        # a longdouble side must not go through float64
+        ld = np.dtype(np.longdouble)
+        self.from_source = self.rt == ld and ld != np.dtype(np.float64) and ld in (tdt, bdt)
+
+
+def _accumulate(acc: _Acc, x: np.ndarray, y: np.ndarray, tc: np.ndarray, bc: np.ndarray,
+                rel: _RelErr, kl: tuple[float, float, float, float], buf: _Buffers) -> None:
+    """One chunk into the accumulators. Overwrites x, y and the work buffers."""
+    w1, w2 = buf.w1[:x.size], buf.w2[:x.size]
+
+    # msprobe cosine / euc_dist / max_abs_err; msaccucmp mean_abs_err / rmse / rel_euc_dist.
+    acc.dot += float(np.dot(x, y))
+    acc.xx += float(np.dot(x, x))
+    acc.yy += float(np.dot(y, y))
+    d = np.subtract(x, y, out=w1)
+    acc.dd += float(np.dot(d, d))
+    np.abs(d, out=d)
+    acc.abs_sum += float(d.sum())
+    acc.max_abs = float(np.maximum(acc.max_abs, d.max()))  # NaN propagates
+
+    # msprobe get_relative_err: in rt, eps added to both sides where bench == 0.
+    if rel.rt == np.float64:
+        n, bb = w1, w2
+        np.copyto(n, x)
+        np.copyto(bb, y)
+    elif rel.from_source:
+        n, bb = tc.astype(rel.rt), bc.astype(rel.rt)
+        nbad = ~np.isfinite(n)
+        n[nbad] = 0
+        bb[nbad] = 0
+    else:
+        n, bb = x.astype(rel.rt), y.astype(rel.rt)
+    zero = bb == 0
+    n[zero] += rel.eps
+    bb[zero] += rel.eps
+    n -= bb
+    n /= bb
+    r = np.abs(n, out=n)
+    acc.max_rel = float(np.maximum(acc.max_rel, r.max()))  # NaN propagates
+    acc.cnt1 += int(np.count_nonzero(r < rel.thr1))
+    acc.cnt5 += int(np.count_nonzero(r < rel.thr5))
+    del n, bb, r, zero
+
+    # msaccucmp relative errors: |x/y - 1| where |y| > eps64, 0 elsewhere.
+    q = np.divide(x, y, out=w1)
+    q -= 1.0
+    np.abs(q, out=q)
+    q[~(np.abs(y) > EPS64)] = 0.0  # NaN bench (0-d only) counts 0, as np.where in msaccucmp
+    acc.acc_rel += float(q.sum())
+
+    # msaccucmp KL: min-max normalise with the global min/max, clamp at eps32 (in place).
+    xmin, xrange_, ymin, yrange = kl
+    if xrange_ != 0:
+        x -= xmin
+        x /= xrange_
+    if yrange != 0:
+        y -= ymin
+        y /= yrange
+    np.maximum(x, EPS32, out=x)
+    np.maximum(y, EPS32, out=y)
+    acc.kl_sx += float(x.sum())
+    acc.kl_sy += float(y.sum())
+    ratio = np.divide(x, y, out=w1)
+    np.log(ratio, out=ratio)
+    acc.kl_t += float(np.dot(x, ratio))
+
+
+def _finish(metrics: dict, msgs: list[str], acc: _Acc, n_total: int, scalar: bool) -> None:
+    one_element = n_total == 1
+    with np.errstate(all="ignore"):
+        # cosine (msprobe): unsupported for 0-d and one element.
+        if not scalar and not one_element:
+            a_norm, b_norm = math.sqrt(acc.xx), math.sqrt(acc.yy)
+            if a_norm <= EPS64 and b_norm <= EPS64:
+                metrics["cosine"] = 1.0
+            elif a_norm <= EPS64:
+                msgs.append(MSG_COS_TARGET_ZERO)
+            elif b_norm <= EPS64:
+                msgs.append(MSG_COS_BENCH_ZERO)
+            else:
+                cos = float(np.float64(acc.dot) / (np.float64(a_norm) * np.float64(b_norm)))
+                metrics["cosine"] = cos if math.isnan(cos) else min(1.0, max(-1.0, cos))
+        if not scalar:
+            metrics["euc_dist"] = math.sqrt(acc.dd)
+            metrics["one_thousandth_err_ratio"] = acc.cnt1 / n_total
+            metrics["five_thousandths_err_ratio"] = acc.cnt5 / n_total
+        metrics["max_abs_err"] = acc.max_abs
+        metrics["max_rel_err"] = acc.max_rel
+
+        # msaccucmp
+        metrics["mean_abs_err"] = acc.abs_sum / n_total
+        metrics["rmse"] = math.sqrt(acc.dd / n_total)
+        metrics["rel_euc_dist"] = 0.0 if math.sqrt(acc.yy) <= EPS64 else math.sqrt(acc.dd / acc.yy)
+        metrics["accumulated_rel_err"] = acc.acc_rel
+        metrics["mean_rel_err"] = acc.acc_rel / n_total
+        kl = float(np.float64(acc.kl_t) / np.float64(acc.kl_sx)
+                   + np.log(np.float64(acc.kl_sy) / np.float64(acc.kl_sx)))
+        metrics["kl_divergence"] = 0.0 if abs(kl) < EPS64 else kl
+
+    for name in TENSOR_METRICS:
+        v = metrics[name]
+        if v is not None and math.isnan(v):
+            metrics[name] = None
+            msgs.append(MSG_METRIC_NAN.format(name=name))
+
+
+def _stat_value(v) -> float | None:
+    """A catalog statistic as float; None for missing/non-numeric (bool is not numeric)."""
+    if v is None or isinstance(v, (bool, np.bool_)):
+        return None
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def stats_metrics(target: dict, bench: dict) -> tuple[dict[str, float | None], str | None]:
+    """Statistics-mode differences of one pair (:data:`STAT_METRICS`).
+
+    ``target`` and ``bench`` are dicts with keys ``max``, ``min``, ``mean``,
+    ``l2norm`` (missing keys, None, and non-numeric values count as missing; NaN and
+    +-Inf are values). For each statistic X: ``X_diff = target - bench`` and
+    ``X_rel_diff = |X_diff / bench|`` as a fraction (not percent); rules for missing,
+    equal, NaN, Inf and zero bench values in the module docstring.
+
+    Returns ``(metrics, err_message)``: ``err_message`` is None, or says which
+    statistics differ by more than half their magnitude (msprobe's 0.5 rule).
+    """
+    metrics: dict[str, float | None] = dict.fromkeys(STAT_METRICS)
+    flagged: list[str] = []
+    for name in STATS:
+        tv, bv = _stat_value(target.get(name)), _stat_value(bench.get(name))
+        if tv is None or bv is None:
+            continue
+        t_nan, b_nan = math.isnan(tv), math.isnan(bv)
+        if tv == bv or (t_nan and b_nan):
+            metrics[f"{name}_diff"] = 0.0
+            metrics[f"{name}_rel_diff"] = None if bv == 0 else 0.0
+            continue
+        if t_nan or b_nan:
+            continue
+        diff = tv - bv
+        metrics[f"{name}_diff"] = diff
+        if bv == 0:
+            rel = None
+        elif math.isinf(diff):
+            rel = math.inf
+        else:
+            rel = abs(diff / bv)
+        metrics[f"{name}_rel_diff"] = rel
+        with np.errstate(all="ignore"):
+            magnitude = abs(diff) / (max(abs(tv), abs(bv)) + MAGNITUDE_EPSILON)
+        if magnitude > MAGNITUDE:  # NaN (inf/inf) compares False, as in msprobe
+            flagged.append(name)
+    msg = MSG_STATS_MAGNITUDE.format(names=", ".join(flagged)) if flagged else None
+    return metrics, msg

@@ -1,0 +1,330 @@
+"""pass / warning / error verdicts over the compared tensors of one op.
+
+A port of msprobe's result checkers (mindstudio-probe 26.2.0,
+``msprobe/core/compare/indicator_analysis/algorithm.py``, driven by ``calculator.py`` and
+``api_data.py``; reference ``formats.md`` 2.1). msprobe groups the rows of one API or
+module (here: one target op), splits them into *inputs* (every row that is not an output:
+``input``, ``parameters``, ``parameters_grad``...) and *outputs* (``io == 'output'``),
+starts every row at ``pass`` and lets each checker raise rows; a row keeps the worst level
+any checker gave it, and every checker that fires adds its reason. As in msprobe's CSV
+(``calculate_excel_result_df``), the level is per row: checkers that judge the op as a
+whole flag its first output row. :func:`worst` gives the op's overall level (msprobe's
+``calculate_result``).
+
+Checkers (``min_in`` / ``min_out`` = smallest value over the input / output rows, 1.0 if
+there is none; ``max_*`` = largest absolute value, 0.0 if none; None and NaN are skipped):
+
+Tensor mode (msprobe ``TENSOR_CHECKERS``, in its order):
+
+``InfNanErrChecker`` (error, each row)
+    target max or min is NaN/+-Inf while bench max and min are finite.
+``OneThousandthErrChecker`` (error, first output)
+    ``min_in(one_thousandth_err_ratio) > one_thousandth_input`` (0.9) and
+    ``min_out(...) < one_thousandth_output`` (0.1). msprobe's docstring and message say
+    0.6; its code compares with 0.1, which we follow.
+``RequiresGradErrChecker`` (error, each row)
+    ``target_requires_grad != bench_requires_grad`` when both are known.
+``DTypeErrChecker`` (error, each row)
+    dtypes differ; skipped when the bench name contains ``qkv`` or ``gate_up``
+    (msprobe's fused projections).
+``ShapeErrChecker`` (error, each row)
+    shapes differ.
+``CosineWarnChecker`` (warning, first output)
+    ``min_in(cosine) > cosine_warn_input`` (0.9) and
+    ``min_in(cosine) - min_out(cosine) > cosine_warn_drop`` (0.1).
+
+Statistics mode (msprobe ``STATISTICS_CHECKERS``): ``InfNanErrChecker``,
+``RelativeErrChecker``, ``RequiresGradErrChecker``, ``DTypeErrChecker``,
+``ShapeErrChecker``, ``RelativeWarnChecker``:
+
+``RelativeErrChecker`` (error, each offending output)
+    ``max_in(l2norm_rel_diff) < rel_err_input`` (0.1) and the output's
+    ``|l2norm_rel_diff| > rel_err_output`` (0.5). Relative diffs are fractions
+    (:func:`dumpdb.compare.metrics.stats_metrics`), which is what msprobe compares after
+    turning its percent strings into numbers; a missing one counts 0.
+``RelativeWarnChecker`` (warning, first output)
+    ``max_out(l2norm_rel_diff) / max_in(...) > rel_warn_ratio`` (10), or, when
+    ``max_in == 0``, ``max_out > rel_warn_zero_input`` (0.1).
+
+msprobe's ``ParametersErrChecker`` (non-tensor arguments) has no counterpart: dumpdb
+compares tensors only. Its ignore lists apply when the rows carry the op name
+(``target_name``; msprobe's rule reads the second dot-separated field of the first input's
+name): ops ``empty``, ``empty_like``, ``numpy``, ``to``, ``__setitem__``,
+``empty_with_format``, ``new_empty_strided``, ``new_empty``, ``empty_strided`` get no
+check; communication ops ``_reduce_scatter_base``, ``_all_gather_base``,
+``all_to_all_single``, ``batch_isend_irecv`` only the per-row checks on their outputs.
+
+Ops with outputs only (MindSpore graph dumps, Parameters): msprobe's own rules already
+judge them, since with no input ``min_in`` is 1.0 and ``max_in`` 0.0 - an output whose
+One Thousandth ratio is < 0.1 is an error, one whose cosine is < 0.9 a warning, one whose
+L2-norm relative diff is > 0.5 an error (statistics). In tensor mode we add, for each output
+row of such an op, msprobe's MindSpore graph-compare rule "Accuracy Reached or Not"
+(``msprobe/core/compare/multiprocessing_compute.py`` ``check_accuracy``): **error** when
+``(cosine < cosine_error and max_abs_err > max_abs_err_error) or cosine < cosine_error_max
+or max_abs_err > max_abs_err_error_max`` (0.99, 0.001, 0.9, 1: ``CompareConst``
+``COS_THRESHOLD``, ``MAX_ABS_ERR_THRESHOLD``, ``COS_MAX_THRESHOLD``,
+``MAX_ABS_ERR_MAX_THRESHOLD``). Where the cosine is None (one side all zero, 0-d or
+one-element tensors) only ``max_abs_err > max_abs_err_error_max`` applies (msprobe turns
+its ``Nan`` cosine into NaN, which fails every comparison); NaN/Inf at different positions
+(metrics None, message :data:`dumpdb.compare.metrics.MSG_NAN_INF_MISMATCH`) is an error,
+as msprobe's ``N/A`` is "No". To switch the rule off, set ``cosine_error`` and
+``cosine_error_max`` to -2 and both ``max_abs_err_*`` to ``inf``.
+
+Rows are dicts (extra keys ignored) with: ``io`` (``'output'`` or anything else);
+metrics ``cosine``, ``one_thousandth_err_ratio``, ``max_abs_err`` (tensor mode),
+``l2norm_rel_diff`` (statistics mode); ``target_dtype``/``bench_dtype`` and
+``target_shape``/``bench_shape`` (or ``dtype``/``shape`` as a (target, bench) pair);
+``target_max``, ``target_min``, ``bench_max``, ``bench_min``; optional
+``target_requires_grad``/``bench_requires_grad``, ``target_name``, ``bench_name``,
+``err_message``. Missing values skip the checks that need them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from dumpdb.compare.metrics import MSG_NAN_INF_MISMATCH
+
+PASS, WARNING, ERROR = "pass", "warning", "error"
+_RANK = {PASS: 0, WARNING: 1, ERROR: 2}
+
+# msprobe ApiIndicatorCalculator ignore sets (indicator_analysis/calculator.py).
+ALL_IGNORE = frozenset({"empty", "empty_like", "numpy", "to", "__setitem__", "empty_with_format",
+                        "new_empty_strided", "new_empty", "empty_strided"})
+INPUT_IGNORE = frozenset({"_reduce_scatter_base", "_all_gather_base", "all_to_all_single",
+                          "batch_isend_irecv"})
+MODES = ("tensor", "statistics")
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Verdict thresholds; defaults are msprobe 26.2.0's (checker constants and
+    ``CompareConst``). All are floats so they can be set from the command line."""
+
+    one_thousandth_input: float = 0.9      # OneThousandthErrChecker.input_threshold
+    one_thousandth_output: float = 0.1     # OneThousandthErrChecker.output_threshold (code, not docstring)
+    cosine_warn_input: float = 0.9         # CosineWarnChecker.input_threshold
+    cosine_warn_drop: float = 0.1          # CosineWarnChecker.output_threshold
+    rel_err_input: float = 0.1             # RelativeErrChecker.in_threshold
+    rel_err_output: float = 0.5            # RelativeErrChecker.out_threshold
+    rel_warn_ratio: float = 10.0           # RelativeWarnChecker.threshold
+    rel_warn_zero_input: float = 0.1       # RelativeWarnChecker, output bound when the input's is 0
+    cosine_error: float = 0.99             # CompareConst.COS_THRESHOLD (outputs-only ops)
+    max_abs_err_error: float = 0.001       # CompareConst.MAX_ABS_ERR_THRESHOLD
+    cosine_error_max: float = 0.9          # CompareConst.COS_MAX_THRESHOLD
+    max_abs_err_error_max: float = 1.0     # CompareConst.MAX_ABS_ERR_MAX_THRESHOLD
+
+
+def worst(results: list[str]) -> str:
+    """The worst of some levels (``error`` > ``warning`` > ``pass``); ``pass`` if empty."""
+    return max(results, key=_RANK.__getitem__, default=PASS)
+
+
+def _num(v) -> float | None:
+    """A metric as float; None for missing, non-numeric (msprobe's strings) and NaN."""
+    if v is None or isinstance(v, (bool, str)):
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(f) else f
+
+
+def _inf_or_nan(v) -> bool:
+    """msprobe indicator_analysis.utils.is_inf_or_nan (also for ints and numpy floats)."""
+    if isinstance(v, str):
+        return v.strip().lower() in ("inf", "-inf", "nan")
+    if v is None or isinstance(v, bool):
+        return False
+    try:
+        return not math.isfinite(float(v))
+    except (TypeError, ValueError):
+        return False
+
+
+def _pair(row: dict, name: str):
+    """(target, bench) of a per-side attribute: target_X/bench_X, else X as a pair."""
+    if f"target_{name}" in row or f"bench_{name}" in row:
+        return row.get(f"target_{name}"), row.get(f"bench_{name}")
+    v = row.get(name)
+    if isinstance(v, (tuple, list)) and len(v) == 2:
+        return v[0], v[1]
+    return None, None
+
+
+def _shape(s):
+    if s is None:
+        return None
+    if isinstance(s, (list, tuple)):
+        return tuple(int(d) for d in s)
+    return str(s).replace(" ", "")
+
+
+class _Verdicts:
+    def __init__(self, rows: list[dict]):
+        self.levels = [PASS] * len(rows)
+        self.reasons: list[list[str]] = [[] for _ in rows]
+
+    def flag(self, i: int, level: str, reason: str) -> None:
+        if _RANK[level] > _RANK[self.levels[i]]:
+            self.levels[i] = level
+        self.reasons[i].append(f"{level}: {reason}")
+
+
+def _ignore(rows: list[dict], inputs: list[int]) -> str | None:
+    if not inputs:
+        return None
+    name = rows[inputs[0]].get("target_name")
+    if not isinstance(name, str):
+        return None
+    parts = name.split(".")
+    if len(parts) < 2:
+        return None
+    if parts[1] in ALL_IGNORE:
+        return "all"
+    if parts[1] in INPUT_IGNORE:
+        return "input"
+    return None
+
+
+def _extreme(rows: list[dict], idx: list[int], key: str, smallest: bool) -> float:
+    """msprobe ApiData.get_min_or_max_value: min (default 1.0) or max (default 0.0)."""
+    value = 1.0 if smallest else 0.0
+    for i in idx:
+        v = _num(rows[i].get(key))
+        if v is not None:
+            value = min(value, v) if smallest else max(value, v)
+    return value
+
+
+def op_results(rows: list[dict], thresholds: Thresholds = Thresholds(),
+               mode: str = "tensor") -> list[tuple[str, str | None]]:
+    """Verdict of each row of one op (rows: the compared tensors of one target op).
+
+    ``mode`` is ``'tensor'`` or ``'statistics'`` (which checkers run; module docstring).
+    Returns, in row order, ``(result, reason)`` with result ``'pass'``, ``'warning'`` or
+    ``'error'`` and reason None or the "; "-joined reasons of the checkers that fired on
+    the row. Raises ValueError for an unknown mode.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    th = thresholds
+    v = _Verdicts(rows)
+    inputs = [i for i, r in enumerate(rows) if r.get("io") != "output"]
+    outputs = [i for i, r in enumerate(rows) if r.get("io") == "output"]
+    ignore = _ignore(rows, inputs)
+    per_row = [] if ignore == "all" else outputs if ignore == "input" else inputs + outputs
+    whole_op = ignore is None
+
+    _inf_nan(rows, per_row, v)
+    if mode == "tensor":
+        if whole_op and outputs:
+            min_in = _extreme(rows, inputs, "one_thousandth_err_ratio", True)
+            min_out = _extreme(rows, outputs, "one_thousandth_err_ratio", True)
+            if min_in > th.one_thousandth_input and min_out < th.one_thousandth_output:
+                v.flag(outputs[0], ERROR,
+                       f"One Thousandth Err Ratio is {min_out:.6g} on the outputs while above "
+                       f"{th.one_thousandth_input:g} on the inputs (output limit {th.one_thousandth_output:g})")
+    else:
+        if whole_op:
+            max_in = abs(_extreme(rows, inputs, "l2norm_rel_diff", False))
+            if max_in < th.rel_err_input:
+                for i in outputs:
+                    rel = _num(rows[i].get("l2norm_rel_diff")) or 0.0
+                    if abs(rel) > th.rel_err_output:
+                        v.flag(i, ERROR, f"output L2-norm relative diff {rel:.6g} > {th.rel_err_output:g} "
+                                         f"while the inputs' stay below {th.rel_err_input:g}")
+    _requires_grad(rows, per_row, v)
+    _dtype(rows, per_row, v)
+    _shapes(rows, per_row, v)
+    if mode == "tensor":
+        if whole_op and outputs:
+            min_in = _extreme(rows, inputs, "cosine", True)
+            min_out = _extreme(rows, outputs, "cosine", True)
+            if min_in > th.cosine_warn_input and min_in - min_out > th.cosine_warn_drop:
+                v.flag(outputs[0], WARNING,
+                       f"cosine drops from {min_in:.6g} (inputs) to {min_out:.6g} (outputs), "
+                       f"more than {th.cosine_warn_drop:g}")
+        if not inputs:
+            _outputs_only_accuracy(rows, outputs, th, v)
+    else:
+        if whole_op and outputs:
+            max_in = abs(_extreme(rows, inputs, "l2norm_rel_diff", False))
+            max_out = abs(_extreme(rows, outputs, "l2norm_rel_diff", False))
+            if max_in == 0:
+                if max_out > th.rel_warn_zero_input:
+                    v.flag(outputs[0], WARNING, f"output L2-norm relative diff {max_out:.6g} > "
+                                                f"{th.rel_warn_zero_input:g} while the inputs' is 0")
+            elif max_out / max_in > th.rel_warn_ratio:
+                v.flag(outputs[0], WARNING, f"output L2-norm relative diff {max_out:.6g} is more than "
+                                            f"{th.rel_warn_ratio:g} times the inputs' {max_in:.6g}")
+    return [(level, "; ".join(r) if r else None) for level, r in zip(v.levels, v.reasons)]
+
+
+def _inf_nan(rows: list[dict], idx: list[int], v: _Verdicts) -> None:
+    for i in idx:
+        r = rows[i]
+        if _inf_or_nan(r.get("bench_max")) or _inf_or_nan(r.get("bench_min")):
+            continue
+        if _inf_or_nan(r.get("target_max")) or _inf_or_nan(r.get("target_min")):
+            v.flag(i, ERROR, "target max/min is nan or inf while bench's are finite")
+
+
+def _requires_grad(rows: list[dict], idx: list[int], v: _Verdicts) -> None:
+    for i in idx:
+        t, b = _pair(rows[i], "requires_grad")
+        if t is None or b is None:
+            continue
+        if t != b:
+            v.flag(i, ERROR, f"requires_grad differs (target {t}, bench {b})")
+
+
+def _dtype(rows: list[dict], idx: list[int], v: _Verdicts) -> None:
+    for i in idx:
+        r = rows[i]
+        bench_name = r.get("bench_name")
+        if isinstance(bench_name, str) and ("qkv" in bench_name or "gate_up" in bench_name):
+            continue
+        t, b = _pair(r, "dtype")
+        if not t or not b:
+            continue
+        if str(t) != str(b):
+            v.flag(i, ERROR, f"dtypes differ (target {t}, bench {b})")
+
+
+def _shapes(rows: list[dict], idx: list[int], v: _Verdicts) -> None:
+    for i in idx:
+        t, b = _pair(rows[i], "shape")
+        if t is None or b is None:
+            continue
+        ts, bs = _shape(t), _shape(b)
+        if ts != bs:
+            v.flag(i, ERROR, f"shapes differ (target {t}, bench {b})")
+
+
+def _outputs_only_accuracy(rows: list[dict], outputs: list[int], th: Thresholds, v: _Verdicts) -> None:
+    for i in outputs:
+        r = rows[i]
+        cos, mae = _num(r.get("cosine")), _num(r.get("max_abs_err"))
+        if cos is None and mae is None:
+            msg = r.get("err_message")
+            if isinstance(msg, str) and MSG_NAN_INF_MISMATCH in msg:
+                v.flag(i, ERROR, "accuracy not reached: nan/inf positions differ")
+            continue
+        if cos is None:
+            bad = mae > th.max_abs_err_error_max
+        elif mae is None:
+            bad = cos < th.cosine_error_max
+        else:
+            bad = ((cos < th.cosine_error and mae > th.max_abs_err_error)
+                   or cos < th.cosine_error_max or mae > th.max_abs_err_error_max)
+        if bad:
+            v.flag(i, ERROR, f"accuracy not reached (cosine {_fmt(cos)}, max_abs_err {_fmt(mae)}; "
+                             f"rule: cosine < {th.cosine_error:g} and max_abs_err > {th.max_abs_err_error:g}, "
+                             f"or cosine < {th.cosine_error_max:g}, or max_abs_err > {th.max_abs_err_error_max:g})")
+
+
+def _fmt(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.6g}"

@@ -37,10 +37,10 @@ bfloat16 arrays go to msprobe as float32 (what msprobe's torch reader does with
 bfloat16; numpy has no bfloat16). msprobe's readers also ``np.squeeze`` every tensor;
 the helper does not, so the arrays are the ones dumpdb compares.
 
-Usage (the msprobe venv needs mindstudio-probe and torch; numpy as in dumpdb's)::
+Usage (a separate venv with mindstudio-probe; torch is not needed there)::
 
     python3 -m venv /tmp/msprobe-venv
-    /tmp/msprobe-venv/bin/pip install mindstudio-probe==26.2.0 torch
+    /tmp/msprobe-venv/bin/pip install mindstudio-probe==26.2.0
     /tmp/venv/bin/python scripts/make_metric_goldens.py \\
         --msprobe-python /tmp/msprobe-venv/bin/python
 

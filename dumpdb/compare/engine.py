@@ -179,7 +179,7 @@ class _Reader:
 def _tensor_pair(reader: _Reader, t: dict, b: dict) -> tuple[dict, str | None]:
     a = reader.read(t)
     c = a if t["content_hash"] == b["content_hash"] and t["dtype"] == b["dtype"] else reader.read(b)
-    return tensor_metrics(a, c)
+    return tensor_metrics(a, c, chunk=1 << 20)  # ~44 MiB of float64 scratch per worker
 
 
 def _stats(row: dict) -> dict:

@@ -65,7 +65,8 @@ or max_abs_err > max_abs_err_error_max`` (0.99, 0.001, 0.9, 1: ``CompareConst``
 ``COS_THRESHOLD``, ``MAX_ABS_ERR_THRESHOLD``, ``COS_MAX_THRESHOLD``,
 ``MAX_ABS_ERR_MAX_THRESHOLD``). Where the cosine is None (one side all zero, 0-d or
 one-element tensors) only ``max_abs_err > max_abs_err_error_max`` applies (msprobe turns
-its ``Nan`` cosine into NaN, which fails every comparison); NaN/Inf at different positions
+its ``Nan`` cosine into NaN, which fails every comparison), and where max_abs_err is None
+only ``cosine < cosine_error_max``; NaN/Inf at different positions
 (metrics None, message :data:`dumpdb.compare.metrics.MSG_NAN_INF_MISMATCH`) is an error,
 as msprobe's ``N/A`` is "No". To switch the rule off, set ``cosine_error`` and
 ``cosine_error_max`` to -2 and both ``max_abs_err_*`` to ``inf``.

@@ -279,7 +279,7 @@ class _Pipeline:
             if existing and existing[0] != report.source_path:
                 raise ArchiveError(
                     f"run {self.run_name!r} already holds the dump at {existing[0]}; "
-                    "choose another --run for {report.source_path}".replace("{report.source_path}", report.source_path))
+                    f"choose another --run for {report.source_path}")
             done = {k for (k,) in con.execute(
                 "SELECT tensor_key FROM tensors WHERE run = ?", [self.run_name]).fetchall()}
             pending = [e for e in scan.entries if e.key not in done]

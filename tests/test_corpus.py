@@ -57,3 +57,28 @@ def test_a_tensor_all_is_few_files_and_idempotent(tmp_path):
     info = dumpdb.open(archive).show("a")
     assert info["graphs"] == [0, 1] and info["iterations"] == [0, 1, 2, 3]
     assert dumpdb.open(archive).sql("SELECT count(*) AS n FROM tensors WHERE scope_name IS NULL")["n"][0].as_py() == 0
+
+
+def test_compare_d2_against_d1_names_the_difference_and_unmatched_casts(tmp_path):
+    """Issue 4 acceptance on the full real cases: fc2 in fp16 and fc1 through bf16 (d2)
+    against the fp32 baseline (d1)."""
+    archive = tmp_path / "cmp.dumpdb"
+    for case in ("d1_compare_fp32", "d2_compare_fp16_bf16"):
+        assert dumpdb.ingest(MS / case, archive=archive, run=case).ok
+    html = tmp_path / "report.html"
+    result = CliRunner().invoke(app, ["compare", "d2_compare_fp16_bf16", "d1_compare_fp32", "-a", str(archive),
+                                      "--html", str(html), "--show", "0"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "first difference" in result.output and "first divergence" in result.output
+    from dumpdb.compare.engine import compare
+
+    outcome = compare(dumpdb.open(archive), "d2_compare_fp16_bf16", "d1_compare_fp32", store_results=False)
+    only_d2 = {p.name.split(".")[1] for p in (MS / "d2_compare_fp16_bf16").rglob("*.npy")} - \
+              {p.name.split(".")[1] for p in (MS / "d1_compare_fp32").rglob("*.npy")}
+    unmatched = {u["name"] for u in outcome.unmatched.to_pylist() if u["side"] == "target"}
+    assert only_d2 and only_d2 <= unmatched
+    assert all("Cast" in n or "Assign" in n for n in only_d2)
+    diff = outcome.summary["first_difference"]
+    assert diff is not None and diff["target_name"] in result.output
+    page = html.read_text()
+    assert page.startswith("<!DOCTYPE html>") and "<svg" in page and diff["target_name"] in page

@@ -58,6 +58,7 @@ _SELECT_SQL = """
 SELECT t.tensor_id, t.run, t.rank, t.device_id, t.graph_id, t.iteration, t.op_type, t.op_name,
        t.scope_name, t.io, t.slot, t.arg_name, t.slot_path, t.direction, t.timestamp, t.dtype,
        t.shape, t.nbytes, t.content_hash, t.min, t.max, t.mean, t.l2norm, t.requires_grad,
+       t.nan_count, t.pos_inf_count, t.neg_inf_count, t.stats_source,
        t.source_file, b.array_path, b.elem_offset, b.elem_count,
        e.position, o.code_file, o.code_line, o.code_text
 FROM tensors t
@@ -177,16 +178,32 @@ def _loc(row: dict) -> tuple:
     return tuple(row[k] for k in _LOC_KEYS)
 
 
+def _exact_range(row: dict) -> tuple[float, float] | None:
+    """(min, max) when dumpdb computed them and the tensor has no NaN/Inf: then they are
+    exactly the extremes the metrics' first pass would find. Statistics a dump supplied
+    (statistic.csv, dump.json) may come from lower-precision device arithmetic: not used."""
+    if row["stats_source"] != "computed" or row["nan_count"] or row["pos_inf_count"] or row["neg_inf_count"]:
+        return None
+    if row["min"] is None or row["max"] is None:
+        return None
+    return row["min"], row["max"]
+
+
+def _ranges(t: dict, b: dict):
+    rt, rb = _exact_range(t), _exact_range(b)
+    return (*rt, *rb) if rt and rb else None
+
+
 def _read(store, loc: tuple) -> np.ndarray:
     array_path, offset, count, dtype, shape, _ = loc
     return store.read(array_path, offset, count or 0, from_catalog_name(dtype), tuple(shape))
 
 
-def _pair_metrics(store, t: tuple, b: tuple) -> tuple[dict, str | None]:
+def _pair_metrics(store, t: tuple, b: tuple, ranges=None) -> tuple[dict, str | None]:
     """Metrics of one pair; a payload both sides share (same hash and dtype) is read once."""
     a = _read(store, t)
     c = a if t[5] == b[5] and t[3] == b[3] else _read(store, b)
-    return tensor_metrics(a, c)
+    return tensor_metrics(a, c, ranges=ranges)
 
 
 # Worker processes: numpy releases the GIL inside each operation, but the metrics make
@@ -205,8 +222,8 @@ def _init_worker(store_root: str) -> None:
     _WORKER_STORE = TensorStore(store_root, read_only=True)
 
 
-def _pair_metrics_in_worker(t: tuple, b: tuple) -> tuple[dict, str | None]:
-    return _pair_metrics(_WORKER_STORE, t, b)
+def _pair_metrics_in_worker(t: tuple, b: tuple, ranges=None) -> tuple[dict, str | None]:
+    return _pair_metrics(_WORKER_STORE, t, b, ranges)
 
 
 PROCESS_MIN_BYTES = 64 << 20  # below this, starting worker processes costs more than it saves
@@ -290,10 +307,10 @@ def _pool(archive, pairs, mode, workers: int):
         ctx = multiprocessing.get_context("forkserver")
         pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
                                    initargs=(str(archive.store.root),))
-        return pool, lambda t, b: pool.submit(_pair_metrics_in_worker, _loc(t), _loc(b))
+        return pool, lambda t, b: pool.submit(_pair_metrics_in_worker, _loc(t), _loc(b), _ranges(t, b))
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dumpdb-compare")
     store = archive.store
-    return pool, lambda t, b: pool.submit(_pair_metrics, store, _loc(t), _loc(b))
+    return pool, lambda t, b: pool.submit(_pair_metrics, store, _loc(t), _loc(b), _ranges(t, b))
 
 
 def _compute(archive, pairs, mode, workers, progress) -> list[dict]:

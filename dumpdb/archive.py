@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -58,26 +59,38 @@ def create_archive(path: Path) -> None:
     archive, or cannot be created.
     """
     path = Path(path)
+    if is_archive(path):
+        return  # made meanwhile by a concurrent ingest
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise ArchiveError(f"{path}: exists and is not a dumpdb archive (no {MARKER}); refusing to write into it")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        from dumpdb.store import TensorStore
+    from dumpdb.store import TensorStore
 
-        Catalog(path / CATALOG).create()
-        TensorStore.create(path / STORE)
-        (path / "locks").mkdir(exist_ok=True)
+    # Built aside and renamed into place, so two ingests creating the same new archive
+    # never see a half-made one: the loser of the rename finds a complete archive.
+    tmp = path.parent / f".{path.name}.creating-{os.getpid()}"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        Catalog(tmp / CATALOG).create()
+        TensorStore.create(tmp / STORE)
+        (tmp / "locks").mkdir()
         marker = {
             "format": FORMAT_NAME,
             "format_version": FORMAT_VERSION,
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "created_by": f"dumpdb {__version__}",
         }
-        tmp = path / (MARKER + ".tmp")
-        tmp.write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
-        os.replace(tmp, path / MARKER)  # the marker last: a half-made archive is not an archive
+        (tmp / MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
+        try:
+            os.rename(tmp, path)  # replaces an empty directory; fails if another process won
+        except OSError:
+            if not is_archive(path):
+                raise
     except OSError as exc:
         raise ArchiveError(f"{path}: cannot create archive: {exc.strerror or exc}") from exc
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _check_marker(path: Path) -> None:

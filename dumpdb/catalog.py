@@ -17,6 +17,7 @@ schema is older is upgraded on open (after copying the catalog to
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shutil
@@ -195,17 +196,29 @@ class Catalog:
         return latest
 
     def migrate(self) -> list[Migration]:
-        """Apply pending migrations, backing the catalog up first. Returns those applied."""
-        with self.reader() as con:
-            current = self.schema_version(con)
-        pending = [m for m in load_migrations() if m.version > current]
-        if not pending:
-            return []
-        backups = self.path.parent / "backups"
-        backups.mkdir(exist_ok=True)
-        stamp = datetime.now().strftime("%Y%m%dT%H%M%S")
-        shutil.copy2(self.path, backups / f"catalog-v{current}-{stamp}.duckdb")
-        return self._apply(from_version=current)
+        """Apply pending migrations, backing the catalog up first. Returns those applied.
+
+        Two processes opening an old archive at once must not both migrate: the
+        work happens under an exclusive lock file, and the version is read again
+        once the lock is held (the loser finds nothing left to do).
+        """
+        locks = self.path.parent / "locks"
+        locks.mkdir(exist_ok=True)
+        with open(locks / "migrate.lock", "a+") as lock:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+            try:
+                with self.reader() as con:
+                    current = self.schema_version(con)
+                pending = [m for m in load_migrations() if m.version > current]
+                if not pending:
+                    return []
+                backups = self.path.parent / "backups"
+                backups.mkdir(exist_ok=True)
+                stamp = datetime.now().strftime("%Y%m%dT%H%M%S")
+                shutil.copy2(self.path, backups / f"catalog-v{current}-{stamp}.duckdb")
+                return self._apply(from_version=current)
+            finally:
+                fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
 
     def _apply(self, from_version: int) -> list[Migration]:
         applied = []
@@ -213,6 +226,8 @@ class Catalog:
             if mig.version <= from_version:
                 continue
             with self.writer() as con:
+                if self.schema_version(con) >= mig.version:
+                    continue  # applied meanwhile by another process
                 con.execute(mig.sql)
                 con.execute(
                     "INSERT INTO schema_version (version, name, dumpdb_version) VALUES (?, ?, ?)",

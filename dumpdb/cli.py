@@ -164,6 +164,8 @@ def sql(
     max_rows: int = typer.Option(50, "--max-rows", help="Rows shown by --format table (0: all)."),
 ) -> None:
     """Run a read-only SQL query on the catalog."""
+    if not query.strip():
+        _fail(DumpdbError("empty query"))
     if fmt not in output.FORMATS:
         _fail(DumpdbError(f"unknown --format {fmt!r}; use one of {', '.join(output.FORMATS)}"))
     if fmt == "parquet" and output_file is None:
@@ -175,9 +177,9 @@ def sql(
     if fmt == "table":
         if output_file is not None:
             with open(output_file, "w", encoding="utf-8") as f:
-                output.write_table(table, Console(file=f, width=200), max_rows or None)
+                output.write_table(table, Console(file=f, width=200), max_rows if max_rows > 0 else None)
         else:
-            output.write_table(table, out, max_rows or None)
+            output.write_table(table, out, max_rows if max_rows > 0 else None)
     elif fmt == "csv":
         output.write_csv(table, output_file or sys.stdout)
     elif fmt == "json":
@@ -267,6 +269,7 @@ CompareBench = typer.Argument(..., help="Bench (ground truth) selection, same fo
 
 def _run_compare(archive, target, bench, iteration, rank, mapping, strategy, mode, threshold, workers,
                  store: bool = True):
+    """Run a comparison for the CLI (``store``: keep the results in the archive)."""
     from dumpdb.compare.engine import compare
 
     a = dumpdb.open(_archive_path(archive))
@@ -313,27 +316,37 @@ def compare_cmd(
     csv_file: Optional[Path] = typer.Option(None, "--csv", help="Write msprobe-compatible compare_result CSV."),
     parquet_file: Optional[Path] = typer.Option(None, "--parquet", help="Write all result columns as Parquet."),
     html: Optional[Path] = typer.Option(None, "--html", help="Write a self-contained HTML report."),
-    workers: Optional[int] = typer.Option(None, "--workers", "-j", min=1, help="Metric threads (default: cores)."),
+    workers: Optional[int] = typer.Option(None, "--workers", "-j", min=1, help="Metric workers (default: cores; processes for comparisons >= 64 MB)."),
     show: int = typer.Option(20, "--show", help="Failing pairs to list (0: none)."),
     fail_on: Optional[str] = typer.Option(None, "--fail-on", help="Exit 1 if any pair is 'error' (or 'warning')."),
+    store: bool = typer.Option(True, "--store/--no-store", help="Keep the results in the archive (compares, compare_results)."),
 ) -> None:
     """Compare two runs, or two iterations/ranks of one run, tensor by tensor."""
-    from dumpdb.compare import export
-
+    if fail_on not in (None, "error", "warning"):
+        _fail(DumpdbError(f"--fail-on {fail_on!r}: use error or warning"))
     try:
-        outcome = _run_compare(archive, target, bench, iteration, rank, mapping, strategy, mode, threshold, workers)
+        outcome = _run_compare(archive, target, bench, iteration, rank, mapping, strategy, mode, threshold, workers,
+                               store)
     except DumpdbError as exc:
         _fail(exc)
+    except OSError as exc:
+        _fail(DumpdbError(f"{getattr(exc, 'filename', '') or 'compare'}: {exc.strerror or exc}"))
     sm = outcome.summary
-    out.print(f"compare {sm['compare_id']}: [bold]{sm['target']}[/bold] vs [bold]{sm['bench']}[/bold] "
+    if sm["pairs"] == 0:
+        out.print(f"[yellow]no pairs formed between {sm['target']} and {sm['bench']}[/yellow] "
+                  f"({sm['unmatched_target']} target, {sm['unmatched_bench']} bench tensors unmatched): "
+                  "check the selections (iteration, rank) or give a --mapping", highlight=False)
+    out.print(f"compare {sm['compare_id'] or '(not stored)'}: [bold]{sm['target']}[/bold] vs [bold]{sm['bench']}[/bold] "
               f"({sm['mode']}): {sm['pairs']} pairs: [green]{sm['pass']} pass[/green], "
               f"[yellow]{sm['warning']} warning[/yellow], [red]{sm['error']} error[/red]; unmatched "
               f"{sm['unmatched_target']} target, {sm['unmatched_bench']} bench", highlight=False)
     strategies = ", ".join(f"{k} {v}" for k, v in sm["strategies"].items() if v)
     out.print(f"  matched by {strategies or '-'}", highlight=False)
     diff = sm.get("first_difference")
-    if diff is None:
+    if diff is None and sm["pairs"]:
         out.print("  every pair is identical", highlight=False)
+    elif diff is None:
+        pass
     else:
         out.print(f"  first difference: iteration {diff['iteration']}, position {diff['position']}: "
                   f"{diff['target_name']} {diff['io']}.{diff['slot']} (max_abs_err {diff['max_abs_err']}, "
@@ -350,6 +363,18 @@ def compare_cmd(
         out.print(f"unmatched ({len(names)}): " + ", ".join(
             f"{u['side']}:{u['name']}.{u['io']}.{u['slot']}" for u in names[:12]) + (" ..." if len(names) > 12 else ""),
             highlight=False)
+    try:
+        _write_compare_outputs(outcome, csv_file, parquet_file, html)
+    except OSError as exc:
+        _fail(DumpdbError(f"{exc.filename or 'output'}: {exc.strerror or exc}"))
+    if fail_on and (sm["error"] or (fail_on == "warning" and sm["warning"])):
+        raise typer.Exit(1)
+
+
+def _write_compare_outputs(outcome, csv_file, parquet_file, html) -> None:
+    from dumpdb.compare import export
+
+    sm = outcome.summary
     if csv_file:
         export.write_msprobe_csv(outcome.results, csv_file)
         err.print(f"msprobe-compatible CSV written to {csv_file}", style="dim")
@@ -362,8 +387,6 @@ def compare_cmd(
         write_compare_report(html, summary=sm, results=outcome.results, unmatched=outcome.unmatched,
                              first_divergence=outcome.first_divergence)
         err.print(f"HTML report written to {html}", style="dim")
-    if fail_on and (sm["error"] or (fail_on == "warning" and sm["warning"])):
-        raise typer.Exit(1)
 
 
 @app.command("first-divergence")
@@ -378,9 +401,11 @@ def first_divergence_cmd(
     workers: Optional[int] = typer.Option(None, "--workers", "-j", min=1),
 ) -> None:
     """The first op, in execution order, whose output fails the rule; its scope,
-    source line and the ops before it. Exit 1 if there is one."""
+    source line and the ops before it. Exit 1 if there is one. (Nothing is stored:
+    use 'dumpdb compare' to keep results.)"""
     try:
-        outcome = _run_compare(archive, target, bench, iteration, rank, mapping, strategy, mode, threshold, workers)
+        outcome = _run_compare(archive, target, bench, iteration, rank, mapping, strategy, mode, threshold, workers,
+                               store=False)
     except DumpdbError as exc:
         _fail(exc)
     _print_divergence(outcome.first_divergence)

@@ -285,7 +285,13 @@ class _Pipeline:
             pending = [e for e in scan.entries if e.key not in done]
             report.tensors_skipped = len(scan.entries) - len(pending)
             if existing and not pending and not scan.errors:
-                return []  # nothing to do: leave the run as it is
+                if existing[1] in ("ingesting", "interrupted"):
+                    # everything was committed before the stop: settle the status
+                    failed = con.execute("SELECT count(*) FROM ingest_errors WHERE run = ?",
+                                         [self.run_name]).fetchone()[0]
+                    con.execute("UPDATE runs SET status = ?, ingest_finished = ? WHERE run = ?",
+                                ["complete_with_errors" if failed else "complete", datetime.now(), self.run_name])
+                return []  # nothing to do
             self.known = {h for (h,) in con.execute("SELECT content_hash FROM blobs").fetchall()}
             now = datetime.now()
             if existing:
@@ -489,7 +495,7 @@ class _Pipeline:
         status = "interrupted" if interrupted else ("complete_with_errors" if report.errors else "complete")
         with self.catalog.writer() as con:
             row = con.execute("SELECT status FROM runs WHERE run = ?", [self.run_name]).fetchone()
-            if row and (row[0] == "ingesting" or interrupted):
+            if row and (row[0] in ("ingesting", "interrupted") or interrupted):
                 con.execute("UPDATE runs SET status = ?, ingest_finished = ? WHERE run = ?",
                             [status, datetime.now(), self.run_name])
             elif row:

@@ -71,8 +71,32 @@ def write_shard(path: str, frames: list[bytes]) -> int:
     with open(tmp, "wb") as f:
         f.writelines(frames)
         f.write(index)
+        f.flush()
+        os.fsync(f.fileno())  # the catalog commit that follows must never outlive the bytes
     os.replace(tmp, path)
+    fsync_dir(os.path.dirname(path))
     return sum(map(len, frames)) + len(index)
+
+
+def fsync_dir(path: str) -> None:
+    """Make a directory's entries (a rename, a new file) durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(path: str) -> None:
+    """fsync every file under ``path`` and every directory (zarr-written arrays)."""
+    for dirpath, _dirs, files in os.walk(path):
+        for name in files:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(dirpath)
 
 
 EMPTY_CHUNK = 2**64 - 1  # index entry (offset, nbytes) of a chunk never written

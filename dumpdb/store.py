@@ -41,7 +41,7 @@ import zarr.codecs
 import zarr.storage
 
 from dumpdb.dtypes import storage_dtype
-from dumpdb.shard import EMPTY_CHUNK, encode_chunks, read_shard_index, write_shard
+from dumpdb.shard import EMPTY_CHUNK, encode_chunks, fsync_dir, fsync_tree, read_shard_index, write_shard
 
 PACK_BYTES = 64 << 20
 LARGE_BYTES = 16 << 20
@@ -375,6 +375,8 @@ class StoreWriter:
         self._create(name, data, (chunk,), (math.ceil(n / chunk) * chunk,), "pack", write=False)
         frames = encode_chunks(data, chunk, ZSTD_LEVEL, self._codec_pool)
         write_shard(str(self.store.root / name / "c" / "0"), frames)
+        fsync_tree(str(self.store.root / name))  # zarr.json too: durable before the catalog commit
+        fsync_dir(str((self.store.root / name).parent))
         stored = _dir_bytes(self.store.root / name)
         locations = []
         offset = 0
@@ -389,6 +391,8 @@ class StoreWriter:
         chunks = large_chunks(payload.shape, payload.dtype.itemsize)
         shards = tuple(math.ceil(s / c) * c for s, c in zip(payload.shape, chunks)) if chunks else None
         self._create(name, payload, chunks or None, shards, "tensor", content_hash=content_hash)
+        fsync_tree(str(self.store.root / name))
+        fsync_dir(str((self.store.root / name).parent))
         stored = _dir_bytes(self.store.root / name)
         location = BlobLocation(content_hash, payload.nbytes, name, None, payload.size, stored)
         return [location], ArrayInfo(name, "tensor", payload.dtype.name, payload.shape, stored)

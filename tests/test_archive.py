@@ -161,3 +161,43 @@ def test_first_schema_archive_upgrades_and_answers(tmp_path):
     # and it still takes new ingests
     report = dumpdb.ingest(ms_case("f_long_names"), archive=archive, run="f")
     assert report.ok and report.tensors_added == 66
+
+
+def _in_parallel(code: str, n: int = 2) -> list:
+    import subprocess
+    import sys
+
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(n)]
+    return [(p.wait(), p.stderr.read()) for p in procs]
+
+
+def test_two_processes_opening_an_old_archive_migrate_it_once(tmp_path):
+    from conftest import DATA
+
+    archive = tmp_path / "old.dumpdb"
+    shutil.copytree(DATA / "archives" / "schema_v1_c1.dumpdb", archive)
+    results = _in_parallel(f"import dumpdb; print(dumpdb.open({str(archive)!r}).runs().num_rows)", n=3)
+    assert all(code == 0 for code, _ in results), results
+    a = dumpdb.open(archive)
+    versions = a.sql("SELECT version FROM schema_version ORDER BY version")["version"].to_pylist()
+    assert versions == list(range(1, catalog_mod.latest_version() + 1))  # each migration once
+
+
+def test_two_ingests_creating_the_same_new_archive_both_succeed(tmp_path):
+    archive = tmp_path / "new.dumpdb"
+    code = (f"import dumpdb, os; r = dumpdb.ingest({str(ms_case('c1_inputs_kernels_iter'))!r}, "
+            f"archive={str(archive)!r}, run='c1-' + str(os.getpid())); assert r.ok")
+    results = _in_parallel(code, n=2)
+    assert all(c == 0 for c, _ in results), results
+    a = dumpdb.open(archive)
+    assert a.runs().num_rows == 2 and a.sql("SELECT count(*) AS n FROM tensors")["n"][0].as_py() == 84
+
+
+def test_compare_inside_a_held_connection(tmp_path):
+    archive = tmp_path / "a.dumpdb"
+    dumpdb.ingest(ms_case("c1_inputs_kernels_iter"), archive=archive, run="c1")
+    with dumpdb.open(archive) as a:
+        results = a.compare("c1:0", "c1:2")
+        assert results.num_rows > 0
+        assert a.sql("SELECT count(*) AS n FROM compares")["n"][0].as_py() == 1  # still usable after

@@ -139,3 +139,50 @@ def test_same_run_compares_clean(pair_archive):
     same = compare(dumpdb.open(pair_archive), "fp32", "fp32", store_results=False)
     assert same.first_divergence is None and same.unmatched.num_rows == 0
     assert set(same.results["result"].to_pylist()) == {"pass"}
+
+
+def _tiny_dump(root, arrays):
+    it = root / "rank_0" / "Net" / "0" / "0"
+    it.mkdir(parents=True)
+    for i, (name, a) in enumerate(arrays.items()):
+        np.save(it / f"Op.{name}.0.0.{1000 + i}.output.0.DefaultFormat.npy", a)
+
+
+def test_first_difference_sees_bit_differences_msprobe_metrics_ignore(tmp_path):
+    """+inf vs -inf at the same position passes msprobe's rules, and a shape change with the
+    same bytes must not be hidden by the shared-payload shortcut (review findings)."""
+    _tiny_dump(tmp_path / "a", {"x-op0": np.array([1, 2, np.inf, 4], np.float32),
+                                "y-op0": np.arange(6, dtype=np.float32).reshape(2, 3)})
+    _tiny_dump(tmp_path / "b", {"x-op0": np.array([1, 2, -np.inf, 4], np.float32),
+                                "y-op0": np.arange(6, dtype=np.float32).reshape(3, 2)})
+    archive = tmp_path / "a.dumpdb"
+    dumpdb.ingest(tmp_path / "a", archive=archive, run="a")
+    dumpdb.ingest(tmp_path / "b", archive=archive, run="b")
+    out = compare(dumpdb.open(archive), "a", "b", store_results=False)
+    rows = {r["target_name"]: r for r in out.results.to_pylist()}
+    assert out.summary["first_difference"]["target_name"] == "x-op0"
+    assert rows["y-op0"]["cosine"] is None and "shape" in rows["y-op0"]["err_message"]
+
+
+def test_repeated_op_calls_are_judged_and_ordered_separately(tmp_path):
+    """Real TensorDump case: 'x' is dumped by calls 0 and 4. Changing only call 4 must not make
+    the bit-identical call 0 fail, and pairs follow the call order (review finding)."""
+    import shutil
+
+    from conftest import DATA
+
+    src = DATA / "tensordump" / "j_tensordump_pynative"
+    changed = tmp_path / "changed"
+    shutil.copytree(src, changed)
+    x4 = changed / "x_float32_4.npy"
+    np.save(x4, np.load(x4) * 3 + 1)
+    archive = tmp_path / "a.dumpdb"
+    dumpdb.ingest(changed, archive=archive, run="changed")
+    dumpdb.ingest(src, archive=archive, run="orig")
+    out = compare(dumpdb.open(archive), "changed", "orig", store_results=False)
+    rows = out.results.to_pylist()
+    assert [r["call_index"] for r in rows] == sorted(r["call_index"] for r in rows)
+    by_call = {r["call_index"]: r for r in rows if r["target_name"] == "x"}
+    assert by_call[0]["result"] == "pass" and by_call[0]["max_abs_err"] == 0
+    assert by_call[4]["max_abs_err"] > 0
+    assert out.summary["first_difference"]["pair_index"] == by_call[4]["pair_index"]

@@ -360,3 +360,16 @@ def test_constants_dir_and_unusual_file_names(tmp_path):
     assert a.tensor(rows["Mul"]["tensor_id"]).tolist() == [7.0, 7.0]
     again = dumpdb.ingest(tmp_path / "dump", archive=archive, run="odd")
     assert again.tensors_added == 0  # the escaped names still identify the files
+
+
+def test_rerun_settles_a_run_left_interrupted_after_its_last_commit(tmp_path):
+    archive = tmp_path / "a.dumpdb"
+    src = ms_case("c1_inputs_kernels_iter")
+    dumpdb.ingest(src, archive=archive, run="c1")
+    import duckdb
+
+    with duckdb.connect(str(archive / "catalog.duckdb")) as con:  # as if Ctrl-C hit the final commit
+        con.execute("UPDATE runs SET status = 'interrupted'")
+    again = dumpdb.ingest(src, archive=archive, run="c1")
+    assert again.tensors_added == 0
+    assert dumpdb.open(archive).show("c1")["status"] == "complete"

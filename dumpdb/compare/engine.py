@@ -48,7 +48,8 @@ RESULT_COLUMNS = (
 )
 # Context the returned table carries besides the stored columns (for reports and CSV export).
 CONTEXT_COLUMNS = (
-    "iteration", "rank", "op_type", "scope_name", "position", "target_dtype", "bench_dtype",
+    "iteration", "rank", "graph_id", "call_index", "op_type", "scope_name", "position", "timestamp",
+    "target_content_hash", "bench_content_hash", "target_dtype", "bench_dtype",
     "target_shape", "bench_shape", "target_max", "target_min", "target_mean", "target_l2norm",
     "bench_max", "bench_min", "bench_mean", "bench_l2norm", "target_requires_grad",
     "bench_requires_grad", "code_file", "code_line", "code_text", "target_source_file",
@@ -58,7 +59,7 @@ _SELECT_SQL = """
 SELECT t.tensor_id, t.run, t.rank, t.device_id, t.graph_id, t.iteration, t.op_type, t.op_name,
        t.scope_name, t.io, t.slot, t.arg_name, t.slot_path, t.direction, t.timestamp, t.dtype,
        t.shape, t.nbytes, t.content_hash, t.min, t.max, t.mean, t.l2norm, t.requires_grad,
-       t.nan_count, t.pos_inf_count, t.neg_inf_count, t.stats_source,
+       t.nan_count, t.pos_inf_count, t.neg_inf_count, t.stats_source, t.call_index, t.tensor_key,
        t.source_file, b.array_path, b.elem_offset, b.elem_count,
        e.position, o.code_file, o.code_line, o.code_text
 FROM tensors t
@@ -159,15 +160,24 @@ def _group_by(target: Selection, bench: Selection) -> tuple[str, ...]:
 _IO_ORDER = {"input": 0, "parameter": 1, "output": 2, "parameter_grad": 3}
 
 
-def _pair_order(row: dict) -> tuple:
-    pos = row["position"]
-    return (
-        row["iteration"] if row["iteration"] is not None else -1,
-        row["rank"] if row["rank"] is not None else -1,
-        pos is None, pos if pos is not None else 0,
-        row["timestamp"] if row["timestamp"] is not None else 0,
-        _IO_ORDER.get(row["io"], 9), row["slot"] if row["slot"] is not None else -1,
-    )
+def _pair_orders(rows: list[dict]) -> dict[int, tuple]:
+    """Execution-order sort keys of target rows: iteration, rank, then graphs in the order
+    they ran (their first timestamp in that iteration), position in the graph, timestamp,
+    call index, inputs before outputs, slot, tensor_id (the key scan uses too)."""
+    starts: dict[tuple, int] = {}
+    for r in rows:
+        key = (r["iteration"], r["rank"], r["graph_id"])
+        ts = r["timestamp"] if r["timestamp"] is not None else 0
+        starts[key] = min(starts.get(key, ts), ts)
+
+    def n(v, default=-1):
+        return default if v is None else v
+
+    return {r["tensor_id"]: (
+        n(r["iteration"]), n(r["rank"]), starts[(r["iteration"], r["rank"], r["graph_id"])], n(r["graph_id"]),
+        r["position"] is None, n(r["position"], 0), n(r["timestamp"], 0), n(r["call_index"]),
+        _IO_ORDER.get(r["io"], 9), n(r["slot"]), r["tensor_id"],
+    ) for r in rows}
 
 
 _LOC_KEYS = ("array_path", "elem_offset", "elem_count", "dtype", "shape", "content_hash")
@@ -202,7 +212,7 @@ def _read(store, loc: tuple) -> np.ndarray:
 def _pair_metrics(store, t: tuple, b: tuple, ranges=None) -> tuple[dict, str | None]:
     """Metrics of one pair; a payload both sides share (same hash and dtype) is read once."""
     a = _read(store, t)
-    c = a if t[5] == b[5] and t[3] == b[3] else _read(store, b)
+    c = a if t[5] == b[5] and t[3] == b[3] and list(t[4]) == list(b[4]) else _read(store, b)
     return tensor_metrics(a, c, ranges=ranges)
 
 
@@ -261,12 +271,17 @@ def compare(archive, target: str | Selection, bench: str | Selection, *, iterati
         raise DumpdbError(f"mapping file: {exc}") from exc
     with archive._reader() as con:
         trows, brows = _select(con, tsel), _select(con, bsel)
-    alignment = align(trows, brows, group_by=_group_by(tsel, bsel), mapping=mapping_dict, strategies=strategies)
+    try:
+        alignment = align(trows, brows, group_by=_group_by(tsel, bsel), mapping=mapping_dict,
+                          strategies=strategies)
+    except ValueError as exc:
+        raise DumpdbError(f"compare: {exc}") from exc
     tby = {r["tensor_id"]: r for r in trows.to_pylist()}
     bby = {r["tensor_id"]: r for r in brows.to_pylist()}
     pairs = [(tby[p["target_tensor_id"]], bby[p["bench_tensor_id"]], p["match_strategy"])
              for p in alignment.pairs.to_pylist()]
-    pairs.sort(key=lambda p: _pair_order(p[0]))
+    order = _pair_orders([p[0] for p in pairs])
+    pairs.sort(key=lambda p: order[p[0]["tensor_id"]])
     rows = _compute(archive, pairs, mode, workers, progress)
     _judge(rows, thresholds)
     unmatched = pa.concat_tables([
@@ -369,7 +384,9 @@ def _base_row(i: int, t: dict, b: dict, strategy: str) -> dict:
     row.update(
         pair_index=i, target_tensor_id=t["tensor_id"], bench_tensor_id=b["tensor_id"],
         target_name=t["op_name"], bench_name=b["op_name"], io=t["io"], slot=t["slot"],
-        match_strategy=strategy, iteration=t["iteration"], rank=t["rank"], op_type=t["op_type"],
+        match_strategy=strategy, iteration=t["iteration"], rank=t["rank"], graph_id=t["graph_id"],
+        call_index=t["call_index"], timestamp=t["timestamp"], target_content_hash=t["content_hash"],
+        bench_content_hash=b["content_hash"], op_type=t["op_type"],
         scope_name=t["scope_name"], position=t["position"], target_dtype=t["dtype"], bench_dtype=b["dtype"],
         target_shape=t["shape"], bench_shape=b["shape"],
         target_requires_grad=t["requires_grad"], bench_requires_grad=b["requires_grad"],
@@ -385,7 +402,8 @@ def _judge(rows: list[dict], thresholds: Thresholds) -> None:
     """msprobe's verdicts per op: rows grouped by (iteration, rank, target op)."""
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in rows:
-        groups[(r["iteration"], r["rank"], r["target_name"])].append(r)
+        # one op call: the same name can run in several graphs or calls of one iteration
+        groups[(r["iteration"], r["rank"], r["graph_id"], r["call_index"], r["target_name"])].append(r)
     for group in groups.values():
         mode = "statistics" if all(r["mode"] == "statistics" for r in group) else "tensor"
         views = [{**r, "dtype": (r["target_dtype"], r["bench_dtype"]), "shape": (r["target_shape"], r["bench_shape"])}
@@ -397,10 +415,12 @@ def _judge(rows: list[dict], thresholds: Thresholds) -> None:
 
 
 def _result_schema() -> pa.Schema:
-    ints = {"compare_id", "pair_index", "target_tensor_id", "bench_tensor_id", "iteration", "position"}
-    small = {"slot", "rank", "code_line"}
+    ints = {"compare_id", "pair_index", "target_tensor_id", "bench_tensor_id", "iteration", "position",
+            "timestamp"}
+    small = {"slot", "rank", "code_line", "graph_id", "call_index"}
     strings = {"target_name", "bench_name", "io", "match_strategy", "mode", "result", "err_message", "op_type",
-               "scope_name", "target_dtype", "bench_dtype", "code_file", "code_text", "target_source_file"}
+               "scope_name", "target_dtype", "bench_dtype", "code_file", "code_text", "target_source_file",
+               "target_content_hash", "bench_content_hash"}
     fields = []
     for c in (*RESULT_COLUMNS, *CONTEXT_COLUMNS):
         if c in ints:
@@ -423,6 +443,17 @@ def _store(archive, tsel: Selection, bsel: Selection, rows: list[dict], unmatche
            summary: dict, mapping) -> int:
     options = {"strategies": summary["strategies"], "thresholds": summary["thresholds"],
                "mapping": str(mapping) if isinstance(mapping, (str, os.PathLike)) else bool(mapping)}
+    held = archive._held is not None
+    if held:
+        archive.close()  # DuckDB: this process cannot write while it holds a read-only connection
+    try:
+        return _insert(archive, tsel, bsel, rows, unmatched, summary, options)
+    finally:
+        if held:
+            archive.__enter__()
+
+
+def _insert(archive, tsel, bsel, rows, unmatched, summary, options) -> int:
     with archive.catalog.writer() as con:
         compare_id = con.execute("SELECT nextval('compare_id_seq')").fetchone()[0]
         con.execute(
@@ -444,6 +475,8 @@ def _store(archive, tsel: Selection, bsel: Selection, rows: list[dict], unmatche
 def _differs(r: dict) -> bool:
     if r["target_dtype"] != r["bench_dtype"] or r["target_shape"] != r["bench_shape"]:
         return True
+    if r["target_content_hash"] is not None and r["bench_content_hash"] is not None:
+        return r["target_content_hash"] != r["bench_content_hash"]  # bit for bit (-0.0 vs 0.0 too)
     if r["mode"] == "tensor":
         return r["max_abs_err"] is None or r["max_abs_err"] != 0
     return any(r[k] not in (0, 0.0) for k in ("max_diff", "min_diff", "mean_diff", "l2norm_diff"))

@@ -63,6 +63,7 @@ def write_msprobe_csv(results: pa.Table, path: str | Path) -> Path:
     rows = results.to_pylist()
     statistics = all(r["mode"] == "statistics" for r in rows) if rows else False
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
         w.writerow(msprobe_columns(statistics))
@@ -87,5 +88,6 @@ def write_msprobe_csv(results: pa.Table, path: str | Path) -> Path:
 
 
 def write_parquet(results: pa.Table, path: str | Path) -> Path:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(results, path, compression="zstd")
     return Path(path)

@@ -333,6 +333,8 @@ def tensor_metrics(target: np.ndarray, bench: np.ndarray, chunk: int = DEFAULT_C
             if check_invalid:
                 xbad, ybad = ~np.isfinite(x), ~np.isfinite(y)
                 if xbad.any() or ybad.any():
+                    # msprobe's rule: same NaN and same Inf positions (an Inf's sign is not
+                    # compared, as in msprobe; dumpdb's "first difference" still sees it)
                     if not (np.array_equal(np.isnan(x), np.isnan(y))
                             and np.array_equal(np.isinf(x), np.isinf(y))):
                         return dict.fromkeys(TENSOR_METRICS), MSG_NAN_INF_MISMATCH

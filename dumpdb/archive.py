@@ -368,6 +368,13 @@ class Archive:
 
         return scan(self, run, checks, **options)
 
+    def verify(self, run: str | None = None, **options):
+        """Re-read and re-hash stored payloads; see :func:`dumpdb.verify.verify`
+        (``sample`` fraction, ``seed``, ``progress``). Returns a VerifyReport."""
+        from dumpdb.verify import verify
+
+        return verify(self, run, **options)
+
     def _read(self, loc: tuple, host_format: bool = False) -> np.ndarray:
         (tensor_id, dtype, shape, nbytes, content_hash, source_file, array_path, offset, count, stored,
          fmt, original_shape, original_format) = loc

@@ -463,6 +463,36 @@ def scan_cmd(
 
 
 @app.command()
+def verify(
+    run: Optional[str] = typer.Argument(None, help="Run to verify (default: every payload of the archive)."),
+    archive: Optional[Path] = ArchiveOpt,
+    sample: Optional[float] = typer.Option(None, "--sample", help="Check only this fraction of payloads (e.g. 0.05)."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Make --sample's choice repeatable."),
+) -> None:
+    """Re-read every stored payload, hash it again and compare with the catalog.
+    Lists each damaged tensor (run, op, io, slot); exit 1 if any."""
+    try:
+        a = dumpdb.open(_archive_path(archive))
+        with Progress(SpinnerColumn(), TextColumn("verifying"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=err, transient=True) as bar:
+            task = bar.add_task("verify", total=None)
+            report = a.verify(run, sample=sample, seed=seed,
+                              progress=lambda done, total: bar.update(task, completed=done, total=total))
+    except DumpdbError as exc:
+        _fail(exc)
+    scope = f"run {run}" if run else "archive"
+    checked = f"{report.blobs_checked} of {report.blobs_total} payloads ({_human(report.bytes_checked)})"
+    if report.ok:
+        out.print(f"[green]ok[/green]: {scope}: {checked} read back with their recorded hashes", highlight=False)
+        return
+    out.print(f"[red]damaged[/red]: {scope}: {len(report.damaged)} of the {report.blobs_checked} payloads checked "
+              f"({report.blobs_total} in scope); {report.damaged_tensors.num_rows} tensors affected", highlight=False)
+    output.write_table(report.damaged_tensors.select(
+        ["run", "tensor_id", "iteration", "op_name", "io", "slot", "reason"]), out, 50)
+    raise typer.Exit(1)
+
+
+@app.command()
 def layouts() -> None:
     """List the dump layouts dumpdb reads, with the document each comes from."""
     from dumpdb.layouts import LAYOUTS

@@ -114,7 +114,7 @@ def _check_marker(path: Path) -> None:
 _TENSOR_LOCATION_SQL = """
 SELECT t.tensor_id, t.dtype, t.shape, t.nbytes, t.content_hash, t.source_file,
        b.array_path, b.elem_offset, b.elem_count, b.content_hash IS NOT NULL AS stored,
-       t.format, t.original_shape, t.original_format
+       t.format, t.original_shape, t.original_format, t.pruned_at
 FROM tensors t LEFT JOIN blobs b ON b.content_hash = t.content_hash
 """
 
@@ -316,7 +316,7 @@ class Archive:
         """Yield ``(row, array)`` for each row of ``query`` (which must return ``tensor_id``).
 
         Rows come in the query's order as dicts of its columns; ``array`` is
-        None for statistics-only tensors. Payloads are read one at a time, so
+        None for statistics-only and pruned tensors. Payloads are read one at a time, so
         memory stays bounded by the largest tensor. ``host_format`` as in
         :meth:`tensor`.
         """
@@ -336,7 +336,8 @@ class Archive:
                 loc = locs.get(row["tensor_id"])
                 if loc is None:
                     raise TensorNotFound(f"no tensor with tensor_id {row['tensor_id']} in {self.path}")
-                yield row, (self._read(loc, host_format) if loc[4] is not None else None)
+                has_payload = loc[4] is not None and loc[13] is None
+                yield row, (self._read(loc, host_format) if has_payload else None)
 
     # -- comparison ------------------------------------------------------------
     def compare(self, target: str, bench: str, **options) -> pa.Table:
@@ -368,6 +369,26 @@ class Archive:
 
         return scan(self, run, checks, **options)
 
+    # -- maintenance -------------------------------------------------------------
+    def prune(self, run: str, iterations: str | None = None) -> int:
+        """Drop payloads of ``run`` (MindSpore iteration spec like ``"0|5-8"``), keep rows
+        and statistics; returns tensors pruned. See :mod:`dumpdb.maintenance`."""
+        from dumpdb.maintenance import prune
+
+        return prune(self, run, iterations)
+
+    def remove_run(self, run: str) -> int:
+        """Delete a run's rows; returns tensors removed (space: :meth:`gc`)."""
+        from dumpdb.maintenance import remove_run
+
+        return remove_run(self, run)
+
+    def gc(self, compact_below: float = 0.5):
+        """Reclaim store space no live tensor uses; returns a GcReport."""
+        from dumpdb.maintenance import gc
+
+        return gc(self, compact_below)
+
     def verify(self, run: str | None = None, **options):
         """Re-read and re-hash stored payloads; see :func:`dumpdb.verify.verify`
         (``sample`` fraction, ``seed``, ``progress``). Returns a VerifyReport."""
@@ -377,10 +398,13 @@ class Archive:
 
     def _read(self, loc: tuple, host_format: bool = False) -> np.ndarray:
         (tensor_id, dtype, shape, nbytes, content_hash, source_file, array_path, offset, count, stored,
-         fmt, original_shape, original_format) = loc
+         fmt, original_shape, original_format, pruned_at) = loc
         if content_hash is None:
             raise DumpdbError(
                 f"tensor {tensor_id} ({source_file}): only statistics were dumped, there is no payload")
+        if pruned_at is not None:
+            raise DumpdbError(f"tensor {tensor_id} ({source_file}): payload pruned on {pruned_at:%Y-%m-%d %H:%M} "
+                              "(dumpdb prune --keep-stats); its statistics are still in the catalog")
         if not stored:
             raise DumpdbError(f"tensor {tensor_id} ({source_file}): payload {content_hash} is not in the store")
         array = self.store.read(array_path, offset, count or 0, from_catalog_name(dtype), tuple(shape))

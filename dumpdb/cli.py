@@ -463,6 +463,71 @@ def scan_cmd(
 
 
 @app.command()
+def prune(
+    run: str = typer.Argument(..., help="Run name."), archive: Optional[Path] = ArchiveOpt,
+    keep_stats: bool = typer.Option(False, "--keep-stats", help="Required: payloads go, rows and statistics stay."),
+    iterations: Optional[str] = typer.Option(None, "--iterations", help='MindSpore syntax, e.g. "0|5-8|100-120".'),
+) -> None:
+    """Drop a run's tensor payloads but keep its catalog rows and statistics
+    (space comes back with 'dumpdb gc')."""
+    if not keep_stats:
+        _fail(DumpdbError("prune keeps rows and statistics and drops payloads: pass --keep-stats to confirm"))
+    try:
+        n = dumpdb.open(_archive_path(archive)).prune(run, iterations)
+    except DumpdbError as exc:
+        _fail(exc)
+    out.print(f"pruned the payloads of {n} tensors of run {run}; run 'dumpdb gc' to reclaim the space",
+              highlight=False)
+
+
+@app.command("rm")
+def rm_cmd(
+    run: str = typer.Argument(..., help="Run name."), archive: Optional[Path] = ArchiveOpt,
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask."),
+) -> None:
+    """Delete a run from the catalog (space comes back with 'dumpdb gc')."""
+    if not yes and not typer.confirm(f"delete run {run!r} and its comparisons?", default=False):
+        raise typer.Exit(1)
+    try:
+        n = dumpdb.open(_archive_path(archive)).remove_run(run)
+    except DumpdbError as exc:
+        _fail(exc)
+    out.print(f"removed run {run} ({n} tensors); run 'dumpdb gc' to reclaim the space", highlight=False)
+
+
+@app.command()
+def gc(archive: Optional[Path] = ArchiveOpt) -> None:
+    """Reclaim store space no tensor uses any more (payloads other runs use stay).
+    Run it when no other process uses the archive."""
+    try:
+        report = dumpdb.open(_archive_path(archive)).gc()
+    except DumpdbError as exc:
+        _fail(exc)
+    out.print(f"reclaimed {_human(report.reclaimed)} ({_human(report.bytes_before)} -> {_human(report.bytes_after)}): "
+              f"{report.arrays_deleted} arrays deleted, {report.packs_compacted} packs compacted, "
+              f"{report.blobs_dropped} payloads dropped", highlight=False)
+
+
+@app.command()
+def migrate(archive: Optional[Path] = ArchiveOpt) -> None:
+    """Upgrade the catalog schema (also done automatically on open; a copy goes to backups/)."""
+    from dumpdb.archive import CATALOG
+    from dumpdb.catalog import Catalog, latest_version
+
+    path = _archive_path(archive)
+    try:
+        dumpdb.archive._check_marker(path)
+        applied = Catalog(path / CATALOG).migrate()
+    except DumpdbError as exc:
+        _fail(exc)
+    if applied:
+        out.print(f"applied migrations {', '.join(f'{m.version:03d}_{m.name}' for m in applied)}; "
+                  f"schema version {applied[-1].version}", highlight=False)
+    else:
+        out.print(f"schema is current (version {latest_version()})", highlight=False)
+
+
+@app.command()
 def verify(
     run: Optional[str] = typer.Argument(None, help="Run to verify (default: every payload of the archive)."),
     archive: Optional[Path] = ArchiveOpt,

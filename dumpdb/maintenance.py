@@ -1,0 +1,180 @@
+"""Keeping an archive small over time: prune, rm, gc, migrate.
+
+* :func:`prune` drops the payloads of a run (optionally some iterations) but keeps
+  every catalog row and statistic: statistics queries still answer, ``tensor()``
+  says the payload was pruned.
+* :func:`remove_run` deletes a run's rows (tensors, graphs, errors, comparisons).
+* :func:`gc` reclaims store space no payload refers to any more: arrays whose
+  payloads are all unreferenced are deleted; packs that are mostly unreferenced are
+  rewritten with their live payloads only (compaction). A payload another run still
+  uses stays. New data is written and committed before old files are removed, so a
+  crash during gc leaves at worst unreferenced files for the next gc.
+
+Concurrent readers: run gc when no other process is reading the archive (a reader
+that looked up a payload's location just before gc moved it would fail to read it).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from datetime import datetime
+
+import pyarrow as pa
+
+from dumpdb.catalog import insert_arrow
+from dumpdb.errors import DumpdbError
+
+_RANGE_RE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
+
+
+def parse_iterations(spec: str) -> list[tuple[int, int]]:
+    """MindSpore's iteration syntax (seed 001: ``"0|5-8|100-120"``; ``"all"``) as
+    inclusive ranges. Raises DumpdbError for anything else."""
+    if spec.strip().lower() == "all":
+        return [(0, 2**62)]
+    ranges = []
+    for part in spec.split("|"):
+        m = _RANGE_RE.match(part)
+        if not m:
+            raise DumpdbError(f"bad iteration spec {spec!r}: write e.g. \"0|5-8|100-120\" or \"all\"")
+        lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
+        if hi < lo:
+            raise DumpdbError(f"bad iteration range {part.strip()!r} in {spec!r}: end before start")
+        ranges.append((lo, hi))
+    return ranges
+
+
+def _iteration_sql(ranges: list[tuple[int, int]] | None) -> tuple[str, list]:
+    if not ranges:
+        return "", []
+    conds = " OR ".join("iteration BETWEEN ? AND ?" for _ in ranges)
+    return f" AND ({conds})", [v for r in ranges for v in r]
+
+
+def _require_run(con, run: str) -> None:
+    if not con.execute("SELECT count(*) FROM runs WHERE run = ?", [run]).fetchone()[0]:
+        raise DumpdbError(f"no run {run!r} in the archive")
+
+
+def prune(archive, run: str, iterations: str | None = None) -> int:
+    """Drop the payloads of ``run`` (or of its ``iterations``, MindSpore syntax), keeping
+    rows and statistics. Returns the number of tensors pruned. Space comes back with
+    :func:`gc`."""
+    ranges = parse_iterations(iterations) if iterations else None
+    where, params = _iteration_sql(ranges)
+    with archive.catalog.writer() as con:
+        _require_run(con, run)
+        n = con.execute(f"SELECT count(*) FROM tensors WHERE run = ? AND pruned_at IS NULL "
+                        f"AND content_hash IS NOT NULL{where}", [run, *params]).fetchone()[0]
+        con.execute(f"UPDATE tensors SET pruned_at = ? WHERE run = ? AND pruned_at IS NULL "
+                    f"AND content_hash IS NOT NULL{where}", [datetime.now(), run, *params])
+    return n
+
+
+def remove_run(archive, run: str) -> int:
+    """Delete every row of ``run`` (tensors, graph relations, errors, comparisons that
+    involve it). Returns the number of tensors removed. Space comes back with :func:`gc`."""
+    with archive.catalog.writer() as con:
+        _require_run(con, run)
+        n = con.execute("SELECT count(*) FROM tensors WHERE run = ?", [run]).fetchone()[0]
+        ids = "SELECT compare_id FROM compares WHERE target_run = ? OR bench_run = ?"
+        con.execute(f"DELETE FROM compare_results WHERE compare_id IN ({ids})", [run, run])
+        con.execute(f"DELETE FROM compare_unmatched WHERE compare_id IN ({ids})", [run, run])
+        con.execute("DELETE FROM compares WHERE target_run = ? OR bench_run = ?", [run, run])
+        for table in ("tensors", "ops", "execution_order", "graph_executions", "overflows", "call_stacks",
+                      "module_tree", "ingest_errors", "runs"):
+            con.execute(f"DELETE FROM {table} WHERE run = ?", [run])
+    return n
+
+
+@dataclass
+class GcReport:
+    """Bytes are on-disk bytes of the store."""
+
+    arrays_deleted: int = 0
+    packs_compacted: int = 0
+    blobs_dropped: int = 0
+    bytes_before: int = 0
+    bytes_after: int = 0
+
+    @property
+    def reclaimed(self) -> int:
+        return self.bytes_before - self.bytes_after
+
+
+def _tree_bytes(path) -> int:
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.path.getsize(os.path.join(dirpath, f))
+            except OSError:
+                pass
+    return total
+
+
+_LIVE = "(SELECT DISTINCT content_hash FROM tensors WHERE content_hash IS NOT NULL AND pruned_at IS NULL)"
+
+
+def gc(archive, compact_below: float = 0.5) -> GcReport:
+    """Reclaim store space no live tensor uses (see module docstring).
+
+    A pack whose live payload bytes are under ``compact_below`` of its total is
+    rewritten with the live payloads only; a pack or array with no live payload is
+    deleted. Returns a :class:`GcReport`.
+    """
+    from dumpdb.store import StoreWriter, TensorStore
+
+    root = archive.path / "tensors.zarr"
+    report = GcReport(bytes_before=_tree_bytes(root))
+    with archive.catalog.reader() as con:
+        usage = con.sql(f"""
+            SELECT a.array_path, a.kind, CAST(coalesce(sum(b.nbytes), 0) AS BIGINT) AS total,
+                   CAST(coalesce(sum(CASE WHEN l.content_hash IS NOT NULL THEN b.nbytes END), 0) AS BIGINT) AS live
+            FROM arrays a LEFT JOIN blobs b USING (array_path)
+            LEFT JOIN {_LIVE} l ON l.content_hash = b.content_hash
+            GROUP BY ALL""").to_arrow_table().to_pylist()
+    dead = [u["array_path"] for u in usage if u["live"] == 0]
+    sparse = [u["array_path"] for u in usage
+              if u["kind"] == "pack" and 0 < u["live"] < compact_below * u["total"]]
+    # 1. rewrite sparse packs: new pack written and committed before the old one goes
+    if sparse:
+        reader = TensorStore(root, read_only=True)
+        writer = StoreWriter(TensorStore(root, read_only=False))
+        with archive.catalog.reader() as con:
+            live_blobs = con.execute(
+                f"SELECT content_hash, array_path, elem_offset, elem_count FROM blobs "
+                f"WHERE array_path IN (SELECT unnest(?)) AND content_hash IN {_LIVE} "
+                "ORDER BY array_path, elem_offset", [sparse]).fetchall()
+        locations = []
+        for content_hash, array_path, offset, count in live_blobs:
+            data = reader.read_pack_range(array_path, offset, count)
+            locations.extend(writer.add(content_hash, data.copy()))
+        locations.extend(writer.flush())
+        arrays = writer.take_arrays()
+        writer.close()
+        with archive.catalog.writer() as con:
+            insert_arrow(con, "arrays", pa.Table.from_pylist([
+                {"array_path": a.array_path, "kind": a.kind, "dtype": a.dtype, "shape": list(a.shape),
+                 "stored_bytes": a.stored_bytes} for a in arrays]))
+            for loc in locations:
+                con.execute("UPDATE blobs SET array_path = ?, elem_offset = ?, elem_count = ?, stored_bytes = ? "
+                            "WHERE content_hash = ?", [loc.array_path, loc.elem_offset, loc.elem_count,
+                                                       loc.stored_bytes, loc.content_hash])
+        report.packs_compacted = len(sparse)
+        dead.extend(sparse)
+    # 2. drop unreferenced blobs and arrays from the catalog, then their files
+    with archive.catalog.writer() as con:
+        report.blobs_dropped = con.execute(
+            f"SELECT count(*) FROM blobs WHERE content_hash NOT IN {_LIVE}").fetchone()[0]
+        con.execute(f"DELETE FROM blobs WHERE content_hash NOT IN {_LIVE}")
+        if dead:
+            con.execute("DELETE FROM arrays WHERE array_path IN (SELECT unnest(?))", [dead])
+    for array_path in dead:
+        shutil.rmtree(root / array_path, ignore_errors=True)
+    report.arrays_deleted = len(dead)
+    report.bytes_after = _tree_bytes(root)
+    return report

@@ -389,6 +389,18 @@ class Archive:
 
         return gc(self, compact_below)
 
+    def export(self, runs: list[str] | str, to: str | os.PathLike) -> Path:
+        """Write runs as a self-describing bundle (directory, or ``.zip``); see :mod:`dumpdb.bundle`."""
+        from dumpdb.bundle import export_runs
+
+        return export_runs(self, [runs] if isinstance(runs, str) else list(runs), to)
+
+    def import_bundle(self, path: str | os.PathLike, rename: dict[str, str] | None = None):
+        """Bring a bundle's runs in (checked against its manifest, idempotent); see :mod:`dumpdb.bundle`."""
+        from dumpdb.bundle import import_bundle
+
+        return import_bundle(self, path, rename)
+
     def verify(self, run: str | None = None, **options):
         """Re-read and re-hash stored payloads; see :func:`dumpdb.verify.verify`
         (``sample`` fraction, ``seed``, ``progress``). Returns a VerifyReport."""

@@ -528,6 +528,50 @@ def migrate(archive: Optional[Path] = ArchiveOpt) -> None:
 
 
 @app.command()
+def export(
+    runs: list[str] = typer.Argument(..., help="Run names."), archive: Optional[Path] = ArchiveOpt,
+    to: Path = typer.Option(..., "--to", help="Bundle to write: a new directory, or a file ending in .zip."),
+) -> None:
+    """Export runs as a self-describing bundle (Parquet catalog rows + Zarr payloads + manifest),
+    readable without dumpdb."""
+    try:
+        path = dumpdb.open(_archive_path(archive)).export(runs, to)
+    except DumpdbError as exc:
+        _fail(exc)
+    out.print(f"exported {', '.join(runs)} to {path} ({_human(path.stat().st_size) if path.is_file() else 'directory'})",
+              highlight=False)
+
+
+@app.command("import")
+def import_cmd(
+    bundle: Path = typer.Argument(..., help="Bundle directory or .zip written by 'dumpdb export'."),
+    archive: Optional[Path] = ArchiveOpt,
+    rename: list[str] = typer.Option([], "--rename", help="OLD=NEW: import run OLD under the name NEW (repeatable)."),
+) -> None:
+    """Import a bundle's runs (every file checked against the manifest; importing twice adds nothing)."""
+    from dumpdb.archive import create_archive, is_archive
+
+    mapping = {}
+    for item in rename:
+        old, sep, new = item.partition("=")
+        if not sep or not old or not new:
+            _fail(DumpdbError(f"--rename {item!r}: write OLD=NEW"))
+        mapping[old] = new
+    path = _archive_path(archive)
+    try:
+        if not is_archive(path):
+            create_archive(path)
+        report = dumpdb.open(path).import_bundle(bundle, mapping)
+    except DumpdbError as exc:
+        _fail(exc)
+    if report.runs_imported:
+        out.print(f"imported {', '.join(report.runs_imported)}: {report.tensors} tensors, {report.payloads_added} "
+                  f"payloads stored, {report.payloads_present} already in the archive", highlight=False)
+    if report.runs_skipped:
+        out.print(f"already in the archive, skipped: {', '.join(report.runs_skipped)}", highlight=False)
+
+
+@app.command()
 def verify(
     run: Optional[str] = typer.Argument(None, help="Run to verify (default: every payload of the archive)."),
     archive: Optional[Path] = ArchiveOpt,

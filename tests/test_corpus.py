@@ -82,3 +82,21 @@ def test_compare_d2_against_d1_names_the_difference_and_unmatched_casts(tmp_path
     assert diff is not None and diff["target_name"] in result.output
     page = html.read_text()
     assert page.startswith("<!DOCTYPE html>") and "<svg" in page and diff["target_name"] in page
+
+
+def test_export_real_run_to_zip_import_verify_bit_exact(tmp_path):
+    """Issue 5 acceptance: a real corpus run to .zip, into a fresh archive, verify clean, bit-exact."""
+    src = MS / "a_tensor_all"
+    archive = tmp_path / "a.dumpdb"
+    assert dumpdb.ingest(src, archive=archive, run="a").ok
+    bundle = dumpdb.open(archive).export("a", tmp_path / "a.zip")
+    fresh = tmp_path / "fresh.dumpdb"
+    result = CliRunner().invoke(app, ["import", str(bundle), "-a", str(fresh)])
+    assert result.exit_code == 0, result.output
+    b = dumpdb.open(fresh)
+    assert b.verify().ok
+    with b:
+        rows = list(b.tensors("SELECT tensor_id, source_file FROM tensors"))
+    assert len(rows) == 641
+    for row, array in rows:
+        assert np.ascontiguousarray(array).tobytes() == npy_payload(src / row["source_file"])[2]

@@ -108,9 +108,9 @@ def export_runs(archive, runs: list[str], to: str | os.PathLike) -> Path:
                 ("elem_offset", pa.int64()), ("elem_count", pa.int64()), ("stored_bytes", pa.int64())]))
         tables["arrays"] = pa.Table.from_pylist([
             {"array_path": a.array_path, "kind": a.kind, "dtype": a.dtype, "shape": list(a.shape),
-             "stored_bytes": a.stored_bytes} for a in arrays], schema=pa.schema([
+             "stored_bytes": a.stored_bytes, "checksum": a.checksum} for a in arrays], schema=pa.schema([
                 ("array_path", pa.string()), ("kind", pa.string()), ("dtype", pa.string()),
-                ("shape", pa.list_(pa.int64())), ("stored_bytes", pa.int64())]))
+                ("shape", pa.list_(pa.int64())), ("stored_bytes", pa.int64()), ("checksum", pa.string())]))
         for name, table in tables.items():
             pq.write_table(table, bundle / "catalog" / f"{name}.parquet", compression="zstd")
         files = {}
@@ -236,7 +236,7 @@ def import_bundle(archive, path: str | os.PathLike, rename: dict[str, str] | Non
         with archive.catalog.writer() as con:
             insert_arrow(con, "arrays", pa.Table.from_pylist([
                 {"array_path": a.array_path, "kind": a.kind, "dtype": a.dtype, "shape": list(a.shape),
-                 "stored_bytes": a.stored_bytes} for a in arrays]))
+                 "stored_bytes": a.stored_bytes, "checksum": a.checksum} for a in arrays]))
             insert_arrow(con, "blobs", pa.Table.from_pylist([
                 {"content_hash": loc.content_hash, "nbytes": loc.nbytes, "array_path": loc.array_path,
                  "elem_offset": loc.elem_offset, "elem_count": loc.elem_count, "stored_bytes": loc.stored_bytes,

@@ -590,14 +590,19 @@ def verify(
     except DumpdbError as exc:
         _fail(exc)
     scope = f"run {run}" if run else "archive"
-    checked = f"{report.blobs_checked} of {report.blobs_total} payloads ({_human(report.bytes_checked)})"
+    checked = (f"{report.blobs_checked} of {report.blobs_total} payloads ({_human(report.bytes_checked)}), "
+               f"{report.shards_checked} shard checksums")
     if report.ok:
-        out.print(f"[green]ok[/green]: {scope}: {checked} read back with their recorded hashes", highlight=False)
+        out.print(f"[green]ok[/green]: {scope}: {checked}: all as recorded", highlight=False)
         return
+    for array_path, reason in report.damaged_shards.items():
+        out.print(f"[red]damaged shard[/red] {array_path}: {reason}", highlight=False)
     out.print(f"[red]damaged[/red]: {scope}: {len(report.damaged)} of the {report.blobs_checked} payloads checked "
-              f"({report.blobs_total} in scope); {report.damaged_tensors.num_rows} tensors affected", highlight=False)
-    output.write_table(report.damaged_tensors.select(
-        ["run", "tensor_id", "iteration", "op_name", "io", "slot", "reason"]), out, 50)
+              f"({report.blobs_total} in scope), {len(report.damaged_shards)} shards; "
+              f"{report.damaged_tensors.num_rows} tensors affected", highlight=False)
+    if report.damaged_tensors.num_rows:
+        output.write_table(report.damaged_tensors.select(
+            ["run", "tensor_id", "iteration", "op_name", "io", "slot", "reason"]), out, 50)
     raise typer.Exit(1)
 
 

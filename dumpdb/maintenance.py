@@ -159,7 +159,7 @@ def gc(archive, compact_below: float = 0.5) -> GcReport:
         with archive.catalog.writer() as con:
             insert_arrow(con, "arrays", pa.Table.from_pylist([
                 {"array_path": a.array_path, "kind": a.kind, "dtype": a.dtype, "shape": list(a.shape),
-                 "stored_bytes": a.stored_bytes} for a in arrays]))
+                 "stored_bytes": a.stored_bytes, "checksum": a.checksum} for a in arrays]))
             for loc in locations:
                 con.execute("UPDATE blobs SET array_path = ?, elem_offset = ?, elem_count = ?, stored_bytes = ? "
                             "WHERE content_hash = ?", [loc.array_path, loc.elem_offset, loc.elem_count,

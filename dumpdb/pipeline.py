@@ -79,7 +79,7 @@ BLOB_SCHEMA = pa.schema([
 ])
 ARRAY_SCHEMA = pa.schema([
     ("array_path", pa.string()), ("kind", pa.string()), ("dtype", pa.string()),
-    ("shape", pa.list_(pa.int64())), ("stored_bytes", pa.int64()),
+    ("shape", pa.list_(pa.int64())), ("stored_bytes", pa.int64()), ("checksum", pa.string()),
 ])
 OPS_SCHEMA = pa.schema([
     ("run", pa.string()), ("rank", pa.int32()), ("device_id", pa.int32()), ("graph_id", pa.int32()),
@@ -330,11 +330,34 @@ class _Pipeline:
             # Keep what is complete: write buffered packs and commit their rows.
             self._durable(self.writer.flush())
             self._commit()
+        except OSError as exc:
+            # Writing the store failed (disk full, archive unwritable): keep what was
+            # committed, settle the run as interrupted, and say so in one line.
+            self.report.interrupted = True
+            self._abandon()
+            try:
+                self._finish(True)
+            except Exception:  # noqa: BLE001 - the catalog may be on the same full disk
+                pass
+            self.report.status = "interrupted"
+            where = exc.filename or self.writer.store.root
+            raise ArchiveError(
+                f"{where}: cannot write the archive: {exc.strerror or exc}; the {self.report.tensors_added} "
+                "tensors committed so far are kept: free the problem and run the same command again") from exc
         finally:
             self.writer.close()
         self._finish(interrupted)
         if interrupted:
             self.report.status = "interrupted"
+
+    def _abandon(self) -> None:
+        """After a store write failed: commit the rows whose payloads are durable (and
+        the errors) if the catalog still accepts writes; drop everything else."""
+        self.waiting.clear()
+        try:
+            self._commit()
+        except Exception:  # noqa: BLE001 - nothing more can be saved
+            pass
 
     def _process(self, pending: list[TensorEntry]) -> None:
         inflight: deque = deque()
@@ -481,7 +504,7 @@ class _Pipeline:
         with self.catalog.writer() as con:
             insert_arrow(con, "arrays", pa.Table.from_pylist([
                 {"array_path": a.array_path, "kind": a.kind, "dtype": a.dtype, "shape": list(a.shape),
-                 "stored_bytes": a.stored_bytes} for a in arrays], ARRAY_SCHEMA))
+                 "stored_bytes": a.stored_bytes, "checksum": a.checksum} for a in arrays], ARRAY_SCHEMA))
             insert_arrow(con, "blobs", pa.Table.from_pylist(self.blob_rows, BLOB_SCHEMA), ignore_conflicts=True)
             insert_arrow(con, "tensors", pa.Table.from_pylist(self.rows, TENSOR_SCHEMA),
                          prefix="nextval('tensor_id_seq') AS tensor_id,")

@@ -61,13 +61,26 @@ def shard_index(frames: list[bytes]) -> bytes:
     return index_bytes + np.array([google_crc32c.value(index_bytes)], dtype="<u4").tobytes()
 
 
-def write_shard(path: str, frames: list[bytes]) -> int:
+def file_checksum(path: str) -> str:
+    """``crc32c:<hex>`` of a file's bytes (the shard checksum ``dumpdb verify`` compares)."""
+    crc = 0
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            crc = google_crc32c.extend(crc, block)
+    return f"crc32c:{crc:08x}"
+
+
+def write_shard(path: str, frames: list[bytes]) -> tuple[int, str]:
     """Write a shard (frames, then :func:`shard_index`) to ``path`` atomically:
     through a temporary file and a rename, so a crash never leaves a half-written
-    shard under the final name. Returns the bytes written."""
+    shard under the final name. Returns (bytes written, ``crc32c:<hex>`` of them)."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.tmp-{os.getpid()}"
     index = shard_index(frames)
+    crc = 0
+    for frame in frames:
+        crc = google_crc32c.extend(crc, frame)
+    crc = google_crc32c.extend(crc, index)
     with open(tmp, "wb") as f:
         f.writelines(frames)
         f.write(index)
@@ -75,7 +88,7 @@ def write_shard(path: str, frames: list[bytes]) -> int:
         os.fsync(f.fileno())  # the catalog commit that follows must never outlive the bytes
     os.replace(tmp, path)
     fsync_dir(os.path.dirname(path))
-    return sum(map(len, frames)) + len(index)
+    return sum(map(len, frames)) + len(index), f"crc32c:{crc:08x}"
 
 
 def fsync_dir(path: str) -> None:

@@ -41,7 +41,7 @@ import zarr.codecs
 import zarr.storage
 
 from dumpdb.dtypes import storage_dtype
-from dumpdb.shard import EMPTY_CHUNK, encode_chunks, fsync_dir, fsync_tree, read_shard_index, write_shard
+from dumpdb.shard import EMPTY_CHUNK, encode_chunks, file_checksum, fsync_dir, fsync_tree, read_shard_index, write_shard
 
 PACK_BYTES = 64 << 20
 LARGE_BYTES = 16 << 20
@@ -71,6 +71,7 @@ class ArrayInfo:
     dtype: str
     shape: tuple[int, ...]
     stored_bytes: int
+    checksum: str | None = None  # crc32c of the shard file (packs)
 
 
 def _unique_id() -> str:
@@ -374,7 +375,7 @@ class StoreWriter:
         # zarr writes the metadata; the one shard is encoded here (see dumpdb.shard).
         self._create(name, data, (chunk,), (math.ceil(n / chunk) * chunk,), "pack", write=False)
         frames = encode_chunks(data, chunk, ZSTD_LEVEL, self._codec_pool)
-        write_shard(str(self.store.root / name / "c" / "0"), frames)
+        _, checksum = write_shard(str(self.store.root / name / "c" / "0"), frames)
         fsync_tree(str(self.store.root / name))  # zarr.json too: durable before the catalog commit
         fsync_dir(str((self.store.root / name).parent))
         stored = _dir_bytes(self.store.root / name)
@@ -384,7 +385,7 @@ class StoreWriter:
             share = round(stored * part.nbytes / data.nbytes) if data.nbytes else 0
             locations.append(BlobLocation(content_hash, part.nbytes, name, offset, part.size, share))
             offset += part.size
-        return locations, ArrayInfo(name, "pack", buf.dtype.name, (n,), stored)
+        return locations, ArrayInfo(name, "pack", buf.dtype.name, (n,), stored, checksum)
 
     def _write_large(self, content_hash: str, payload: np.ndarray) -> _Written:
         name = f"large/{content_hash[:2]}/{content_hash}-{_unique_id()}"
@@ -395,7 +396,9 @@ class StoreWriter:
         fsync_dir(str((self.store.root / name).parent))
         stored = _dir_bytes(self.store.root / name)
         location = BlobLocation(content_hash, payload.nbytes, name, None, payload.size, stored)
-        return [location], ArrayInfo(name, "tensor", payload.dtype.name, payload.shape, stored)
+        shard = self.store.root / name / "c" / ("/".join(["0"] * payload.ndim) if payload.ndim else "0")
+        checksum = file_checksum(str(shard)) if shard.is_file() else None
+        return [location], ArrayInfo(name, "tensor", payload.dtype.name, payload.shape, stored, checksum)
 
 
 def _dtype_dir(dtype: np.dtype) -> str:

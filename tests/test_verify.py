@@ -56,6 +56,19 @@ def test_a_flipped_byte_in_a_shard_names_the_affected_tensors(archive):
     assert result.exit_code == 1 and "damaged" in result.output
 
 
+def test_shard_checksums_are_recorded_and_checked(archive):
+    a = dumpdb.open(archive)
+    assert a.sql("SELECT count(*) AS n FROM arrays WHERE checksum IS NULL")["n"][0].as_py() == 0
+    report = a.verify()
+    assert report.ok and report.shards_checked == a.sql("SELECT count(*) AS n FROM arrays")["n"][0].as_py()
+    shard, array_path = _pack_of(archive)
+    raw = bytearray(shard.read_bytes())
+    raw[len(raw) // 2] ^= 0x04
+    shard.write_bytes(bytes(raw))
+    report = dumpdb.open(archive).verify()
+    assert not report.ok and array_path in report.damaged_shards
+
+
 def test_a_damaged_index_is_found_and_run_filter(archive):
     shard, _ = _pack_of(archive)
     raw = bytearray(shard.read_bytes())

@@ -16,7 +16,6 @@ that looked up a payload's location just before gc moved it would fail to read i
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 from dataclasses import dataclass
@@ -105,17 +104,6 @@ class GcReport:
         return self.bytes_before - self.bytes_after
 
 
-def _tree_bytes(path) -> int:
-    total = 0
-    for dirpath, _dirs, files in os.walk(path):
-        for f in files:
-            try:
-                total += os.path.getsize(os.path.join(dirpath, f))
-            except OSError:
-                pass
-    return total
-
-
 _LIVE = "(SELECT DISTINCT content_hash FROM tensors WHERE content_hash IS NOT NULL AND pruned_at IS NULL)"
 
 
@@ -126,10 +114,10 @@ def gc(archive, compact_below: float = 0.5) -> GcReport:
     rewritten with the live payloads only; a pack or array with no live payload is
     deleted. Returns a :class:`GcReport`.
     """
-    from dumpdb.store import StoreWriter, TensorStore
+    from dumpdb.store import StoreWriter, TensorStore, _dir_bytes
 
     root = archive.path / "tensors.zarr"
-    report = GcReport(bytes_before=_tree_bytes(root))
+    report = GcReport(bytes_before=_dir_bytes(root))
     with archive.catalog.reader() as con:
         usage = con.sql(f"""
             SELECT a.array_path, a.kind, CAST(coalesce(sum(b.nbytes), 0) AS BIGINT) AS total,
@@ -176,5 +164,5 @@ def gc(archive, compact_below: float = 0.5) -> GcReport:
     for array_path in dead:
         shutil.rmtree(root / array_path, ignore_errors=True)
     report.arrays_deleted = len(dead)
-    report.bytes_after = _tree_bytes(root)
+    report.bytes_after = _dir_bytes(root)
     return report

@@ -67,7 +67,8 @@ from pathlib import Path
 
 from dumpdb.errors import DumpFileError, LayoutError
 from dumpdb.layouts import cann_pb
-from dumpdb.layouts.base import DumpScan, Layout, LoadedTensor, TensorEntry, display_name, read_metadata_dir
+from dumpdb.layouts.base import (DumpScan, Layout, LoadedTensor, TensorEntry, display_name, file_sizes,
+                                  read_metadata_dir)
 from dumpdb.layouts.mindspore_sync import (
     MindSporeSync,
     _float,
@@ -119,17 +120,7 @@ def _digit_dirs(d: Path) -> list[Path]:
 
 def _files(d: Path) -> dict[str, int]:
     """``{name: size}`` of the regular files directly in ``d`` (hidden ones skipped)."""
-    out: dict[str, int] = {}
-    with os.scandir(d) as it:
-        for e in it:
-            if e.name.startswith("."):
-                continue
-            try:
-                if e.is_file():
-                    out[e.name] = e.stat().st_size
-            except OSError:
-                out[e.name] = 0  # the read will report what is wrong
-    return out
+    return {name: size for name, size in file_sizes(d).items() if not name.startswith(".")}
 
 
 def _bfs(root: Path, is_anchor, max_depth: int = MAX_SEARCH_DEPTH, first_only: bool = False) -> list[Path]:

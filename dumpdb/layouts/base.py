@@ -206,3 +206,22 @@ def names_mostly_match(names: list[str], pattern: re.Pattern) -> bool:
     (detection of flat layouts whose only signature is the file name grammar)."""
     matched = sum(1 for n in names if pattern.match(n))
     return matched > 0 and 2 * matched >= len(names)
+
+
+def file_sizes(directory: str | os.PathLike) -> dict[str, int]:
+    """``{name: bytes}`` of the non-directory entries of ``directory`` (symlinks followed).
+
+    An entry whose stat fails (unreadable, symlink loop) gets size 0 and stays listed,
+    so that reading it reports what is wrong. Raises OSError if the directory cannot
+    be listed.
+    """
+    sizes: dict[str, int] = {}
+    with os.scandir(directory) as entries:
+        for e in entries:
+            try:
+                if e.is_dir():
+                    continue
+                sizes[e.name] = e.stat().st_size
+            except OSError:
+                sizes[e.name] = 0
+    return sizes

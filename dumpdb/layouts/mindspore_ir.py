@@ -5,7 +5,8 @@ README (mindspore-cpu, "Layout" and "Things that differ from the docs").
 
 * ``graphs/ms_output_trace_code_graph_{graph_id}.ir``: one node per
   ``%N(name) = OpType(...)`` line, followed by ``: (inputs) -> (outputs)`` type
-  lines, ``# Fullname with scope: (...)`` (older IR: ``: full_name_with_scope:``)
+  lines, ``# Fullname with scope: (...)`` (older IR: ``: full_name_with_scope:``,
+  and r1.2's bare ``: (Default/...)`` line, seed 000)
   and ``# In file path:line.../code/`` source trace lines.
 * ``execution_order/ms_execution_order_graph_{g}.csv``: a header, then one full
   scope name per kernel.
@@ -29,6 +30,8 @@ _BARE_NODE_RE = re.compile(r"^  ([A-Z][A-Za-z0-9_]*)\(%")  # e.g. "  Return(%26)
 _PARAM_RE = re.compile(r"^%para\d+_(\S+?):\s*<(.*)>")
 _REF_KEY_RE = re.compile(r"ref_key=([^,>]+)")
 _SCOPE_RE = re.compile(r"#\s*Fullname with scope:\s*\((.*)\)\s*$|:\s*full_name_with_scope:\s*\((.*)\)\s*$")
+# MindSpore r1.2 (seed 000) writes the scope as a bare ": (Default/...)" line under the node.
+_BARE_SCOPE_RE = re.compile(r"^:\s*\(([^()<>\s]*/[^()<>\s]*)\)$")
 _TRACE_RE = re.compile(r"#\s*In file\s+(.*)$")
 _TRACE_PARTS_RE = re.compile(r"^(?P<file>.+?)(?::(?P<line>\d+)(?P<range>~\d+)?(?:,\s*[\d~]+)?|\((?P<line2>\d+)\))/(?P<code>.*?)/?$")
 _TYPE_ITEM_RE = re.compile(r"<([^<>]*)>")
@@ -127,6 +130,10 @@ def parse_ir(path: Path) -> tuple[list[dict], list[str]]:
             sm = _SCOPE_RE.search(stripped)
             if sm:
                 current["scope_name"] = sm.group(1) or sm.group(2)
+                continue
+            bare = _BARE_SCOPE_RE.match(stripped)
+            if bare and current["scope_name"] is None:
+                current["scope_name"] = bare.group(1)
                 continue
             tm = _TRACE_RE.match(stripped)
             if tm:

@@ -77,7 +77,6 @@ NAME_GRAMMAR = "{op_name}_{input|output}_{index}_shape_{d0}_{d1}..._{data_type}_
 _EO_RE = re.compile(r"^ms_execution_order_graph_(\d+)\.csv$")
 _IR_RE = re.compile(r"^ms_output_trace_code_graph_(\d+)\.ir$")
 # r1.2 IR scope line (seed 000): "       : (Default/network-WithLossCell/.../Conv2D-op107)"
-_R12_SCOPE_RE = re.compile(r"^:\s*\(([^()<>\s]*/[^()<>\s]*)\)$")
 MAX_SEARCH_DEPTH = 4
 
 
@@ -110,40 +109,6 @@ def parse_bin_name(name: str) -> dict | None:
 def find_iteration_dirs(start: Path, max_depth: int = MAX_SEARCH_DEPTH) -> list[Path]:
     """``iteration_{n}`` directories at or below ``start`` (``max_depth`` levels; hidden dirs skipped)."""
     return find_dirs(start, ITERATION_DIR_RE.match, max_depth)
-
-
-def _r12_ir_nodes(path: Path) -> tuple[list[dict], list[str]]:
-    """:func:`mindspore_ir.parse_ir` plus the r1.2 scope line ``: (Default/...)``.
-
-    parse_ir knows the ``# Fullname with scope:`` forms of later IR; seed 000's
-    IR writes the scope as a bare ``: (scope)`` line under the node. Nodes are
-    matched by position with the same node patterns parse_ir uses.
-    """
-    nodes, params = ir.parse_ir(path)
-    scopes: list[str | None] = []
-    open_node = False
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for raw in f:
-            line = raw.rstrip("\n")
-            if ir._PARAM_RE.match(line):
-                continue
-            if ir._NODE_RE.match(line) or ir._BARE_NODE_RE.match(line):
-                scopes.append(None)
-                open_node = True
-                continue
-            stripped = line.strip()
-            if not open_node:
-                continue
-            m = _R12_SCOPE_RE.match(stripped)
-            if m and scopes[-1] is None:
-                scopes[-1] = m.group(1)
-            elif stripped.startswith("}") or stripped.startswith("subgraph") or not stripped:
-                open_node = False
-    if len(scopes) == len(nodes):
-        for node, scope in zip(nodes, scopes):
-            if node["scope_name"] is None and scope:
-                node["scope_name"] = scope
-    return nodes, params
 
 
 class MindSporeR12SyncBin(Layout):
@@ -216,7 +181,7 @@ class MindSporeR12SyncBin(Layout):
                     continue
                 g = int(m.group(1))
                 try:
-                    nodes, params = _r12_ir_nodes(path)
+                    nodes, params = ir.parse_ir(path)
                 except OSError as exc:
                     scan.errors.append((display_name(os.path.relpath(path, root)),
                                         f"cannot read IR: {exc.strerror or exc}"))

@@ -23,8 +23,8 @@ import re
 from pathlib import Path
 
 from dumpdb.errors import LayoutError
-from dumpdb.layouts.base import (DumpScan, Layout, LoadedTensor, TensorEntry, display_name, find_dirs,
-                                  read_metadata_dir)
+from dumpdb.layouts.base import (DumpScan, Layout, LoadedTensor, TensorEntry, display_name, file_sizes,
+                                  find_dirs, read_metadata_dir)
 from dumpdb.layouts import mindspore_ir as ir
 from dumpdb.npy import read_npy_declared
 
@@ -336,14 +336,8 @@ class MindSporeSync(Layout):
     def _scan_tensor_dir(self, it_dir: Path, rel_dir: str, rank: int, net_name: str,
                          graph_id: int, iteration: int | None, scan: DumpScan) -> list[TensorEntry]:
         entries: list[TensorEntry] = []
-        sizes: dict[str, int] = {}
         try:
-            with os.scandir(it_dir) as listing:
-                for item in listing:
-                    try:
-                        sizes[item.name] = item.stat(follow_symlinks=True).st_size
-                    except OSError:
-                        sizes[item.name] = 0  # the read will report what is wrong
+            sizes = file_sizes(it_dir)
         except OSError as exc:
             scan.errors.append((rel_dir, f"cannot list directory: {exc.strerror or exc}"))
             return entries

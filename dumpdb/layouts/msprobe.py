@@ -86,7 +86,7 @@ import numpy as np
 
 from dumpdb.dtypes import BFLOAT16, dtype_name, from_dump_name
 from dumpdb.errors import DumpFileError, LayoutError
-from dumpdb.layouts.base import DumpScan, Layout, LoadedTensor, TensorEntry, display_name
+from dumpdb.layouts.base import DumpScan, Layout, LoadedTensor, TensorEntry, display_name, file_sizes
 from dumpdb.npy import read_npy
 
 STEP_DIR_RE = re.compile(r"^step(\d+)$")
@@ -371,12 +371,7 @@ class MsprobeDump(Layout):
         sizes: dict[str, int] = {}
         if data_dir.is_dir():
             try:
-                with os.scandir(data_dir) as it:
-                    for e in it:
-                        try:
-                            sizes[e.name] = e.stat(follow_symlinks=True).st_size
-                        except OSError:
-                            sizes[e.name] = 0  # the read will say what is wrong
+                sizes = file_sizes(data_dir)
             except OSError as exc:
                 scan.errors.append((rel(DATA_DIR), f"cannot list directory: {exc.strerror or exc}"))
         seen: set[str] = set()

@@ -49,6 +49,7 @@ def default_archive_path() -> Path:
 
 
 def is_archive(path: Path) -> bool:
+    """True if ``path`` is a directory holding a dumpdb archive marker (``dumpdb.json``)."""
     return (Path(path) / MARKER).is_file()
 
 

@@ -78,6 +78,7 @@ def load_migrations(directory: Path | None = None) -> list[Migration]:
 
 
 def latest_version() -> int:
+    """The highest migration number this dumpdb ships (the schema version it writes)."""
     return load_migrations()[-1].version
 
 

@@ -54,6 +54,7 @@ def _nested_to_text(table: pa.Table) -> pa.Table:
 
 
 def cell_text(value: Any) -> str:
+    """One table cell: NULL, floats to 6 significant digits, lists bracketed."""
     if value is None:
         return "NULL"
     if isinstance(value, float):
@@ -103,6 +104,7 @@ def write_table(table: pa.Table, console: Console, max_rows: int | None = 50) ->
 
 
 def write_csv(table: pa.Table, out: TextIO | Path) -> None:
+    """Write ``table`` as CSV (list/struct columns as JSON text) to a stream or file."""
     buf = io.BytesIO()
     pacsv.write_csv(_nested_to_text(table), buf)
     data = buf.getvalue().decode("utf-8")
@@ -123,4 +125,5 @@ def write_json(table: pa.Table, out: TextIO | Path) -> None:
 
 
 def write_parquet(table: pa.Table, out: Path) -> None:
+    """Write ``table`` as zstd-compressed Parquet."""
     pq.write_table(table, out, compression="zstd")

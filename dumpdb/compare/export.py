@@ -49,6 +49,7 @@ def _pct(v):
 
 
 def msprobe_columns(statistics: bool) -> tuple[str, ...]:
+    """msprobe compare_result CSV header (reference formats.md 2.1), tensor or statistics mode."""
     metrics = tuple(name for name, _ in (_STATS if statistics else _TENSOR))
     return (*_HEAD, *metrics, *_TAIL_STATS, *_END)
 
@@ -88,6 +89,7 @@ def write_msprobe_csv(results: pa.Table, path: str | Path) -> Path:
 
 
 def write_parquet(results: pa.Table, path: str | Path) -> Path:
+    """Write every result column as zstd Parquet (parent directories created). Returns the path."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(results, path, compression="zstd")
     return Path(path)

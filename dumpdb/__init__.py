@@ -31,7 +31,7 @@ def __getattr__(name: str):
     # The ingest pipeline imports zarr (~0.2 s); load it only when asked for, so
     # queries (dumpdb sql, dumpdb.open(...).sql) start faster.
     if name in ("ingest", "IngestReport"):
-        from dumpdb import pipeline
+        from dumpdb.ingestion import pipeline
 
         return getattr(pipeline, name)
     raise AttributeError(f"module 'dumpdb' has no attribute {name!r}")

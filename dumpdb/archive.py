@@ -4,7 +4,7 @@ An archive is a directory::
 
     dumpdb.json      marker: format name and version, who created it
     catalog.duckdb   the catalog (see migrations/ and README "Catalog schema")
-    tensors.zarr/    the tensor store (see dumpdb.store)
+    tensors.zarr/    the tensor store (see dumpdb.storage.store)
     locks/           per-run ingest locks
     backups/         catalog copies made before migrations
 
@@ -64,7 +64,7 @@ def create_archive(path: Path) -> None:
         return  # made meanwhile by a concurrent ingest
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise ArchiveError(f"{path}: exists and is not a dumpdb archive (no {MARKER}); refusing to write into it")
-    from dumpdb.store import TensorStore
+    from dumpdb.storage.store import TensorStore
 
     # Built aside and renamed into place, so two ingests creating the same new archive
     # never see a half-made one: the loser of the rename finds a complete archive.
@@ -141,9 +141,9 @@ class Archive:
 
     @property
     def store(self):
-        """The :class:`~dumpdb.store.TensorStore` (read-only), opened on first use."""
+        """The :class:`~dumpdb.storage.store.TensorStore` (read-only), opened on first use."""
         if self._store is None:
-            from dumpdb.store import TensorStore
+            from dumpdb.storage.store import TensorStore
 
             self._store = TensorStore(self.path / STORE, read_only=True)
         return self._store
@@ -365,47 +365,47 @@ class Archive:
 
     def scan(self, run: str, checks=None, **options) -> pa.Table:
         """Run checks (first NaN/Inf, fp16 overflow, all-zero, MindInsight watch
-        conditions) over one run; see :func:`dumpdb.compare.scan.scan`."""
-        from dumpdb.compare.scan import scan
+        conditions) over one run; see :func:`dumpdb.checks.scan.scan`."""
+        from dumpdb.checks.scan import scan
 
         return scan(self, run, checks, **options)
 
     # -- maintenance -------------------------------------------------------------
     def prune(self, run: str, iterations: str | None = None) -> int:
         """Drop payloads of ``run`` (MindSpore iteration spec like ``"0|5-8"``), keep rows
-        and statistics; returns tensors pruned. See :mod:`dumpdb.maintenance`."""
-        from dumpdb.maintenance import prune
+        and statistics; returns tensors pruned. See :mod:`dumpdb.archival.maintenance`."""
+        from dumpdb.archival.maintenance import prune
 
         return prune(self, run, iterations)
 
     def remove_run(self, run: str) -> int:
         """Delete a run's rows; returns tensors removed (space: :meth:`gc`)."""
-        from dumpdb.maintenance import remove_run
+        from dumpdb.archival.maintenance import remove_run
 
         return remove_run(self, run)
 
     def gc(self, compact_below: float = 0.5):
         """Reclaim store space no live tensor uses; returns a GcReport."""
-        from dumpdb.maintenance import gc
+        from dumpdb.archival.maintenance import gc
 
         return gc(self, compact_below)
 
     def export(self, runs: list[str] | str, to: str | os.PathLike) -> Path:
-        """Write runs as a self-describing bundle (directory, or ``.zip``); see :mod:`dumpdb.bundle`."""
-        from dumpdb.bundle import export_runs
+        """Write runs as a self-describing bundle (directory, or ``.zip``); see :mod:`dumpdb.archival.bundle`."""
+        from dumpdb.archival.bundle import export_runs
 
         return export_runs(self, [runs] if isinstance(runs, str) else list(runs), to)
 
     def import_bundle(self, path: str | os.PathLike, rename: dict[str, str] | None = None):
-        """Bring a bundle's runs in (checked against its manifest, idempotent); see :mod:`dumpdb.bundle`."""
-        from dumpdb.bundle import import_bundle
+        """Bring a bundle's runs in (checked against its manifest, idempotent); see :mod:`dumpdb.archival.bundle`."""
+        from dumpdb.archival.bundle import import_bundle
 
         return import_bundle(self, path, rename)
 
     def verify(self, run: str | None = None, **options):
-        """Re-read and re-hash stored payloads; see :func:`dumpdb.verify.verify`
+        """Re-read and re-hash stored payloads; see :func:`dumpdb.archival.verify.verify`
         (``sample`` fraction, ``seed``, ``progress``). Returns a VerifyReport."""
-        from dumpdb.verify import verify
+        from dumpdb.archival.verify import verify
 
         return verify(self, run, **options)
 

@@ -21,7 +21,7 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColum
 from rich.table import Table
 
 import dumpdb
-from dumpdb import output
+from dumpdb.render import tables as output
 from dumpdb.archive import default_archive_path
 from dumpdb.errors import DumpdbError
 from dumpdb.progress import Reporter
@@ -372,7 +372,7 @@ def compare_cmd(
 
 
 def _write_compare_outputs(outcome, csv_file, parquet_file, html) -> None:
-    from dumpdb.compare import export
+    from dumpdb.render import msprobe_csv as export
 
     sm = outcome.summary
     if csv_file:
@@ -382,7 +382,7 @@ def _write_compare_outputs(outcome, csv_file, parquet_file, html) -> None:
         export.write_parquet(outcome.results, parquet_file)
         err.print(f"Parquet written to {parquet_file}", style="dim")
     if html:
-        from dumpdb.compare.report import write_compare_report
+        from dumpdb.render.report import write_compare_report
 
         write_compare_report(html, summary=sm, results=outcome.results, unmatched=outcome.unmatched,
                              first_divergence=outcome.first_divergence)
@@ -426,7 +426,7 @@ def scan_cmd(
 ) -> None:
     """First NaN/Inf per iteration and rank, fp16 overflow, all-zero tensors and
     MindInsight watch conditions, answered from the catalog's statistics."""
-    from dumpdb.compare import scan as scan_mod
+    from dumpdb.checks import scan as scan_mod
 
     if list_checks:
         view = Table(header_style="bold")
@@ -455,7 +455,7 @@ def scan_cmd(
     else:
         output.write_table(hits.select(cols), out, max_rows or None)
     if html:
-        from dumpdb.compare.report import write_scan_report
+        from dumpdb.render.report import write_scan_report
 
         write_scan_report(html, run=run, summary={"run": run, "checks": names or "default", "hits": hits.num_rows},
                           hits=hits)

@@ -11,7 +11,7 @@ import pytest
 
 import dumpdb
 from conftest import MS_CASES, ms_case
-from dumpdb import catalog as catalog_mod
+from dumpdb.catalog import migrations as catalog_mod
 
 
 def test_sql_returns_arrow_and_is_read_only(ingested):

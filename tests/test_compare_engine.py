@@ -14,7 +14,7 @@ import dumpdb
 from conftest import ms_case, npy_files
 from dumpdb.cli import app
 from dumpdb.compare.engine import Selection, compare
-from dumpdb.compare.export import msprobe_columns
+from dumpdb.render.msprobe_csv import msprobe_columns
 
 
 @pytest.fixture(scope="module")

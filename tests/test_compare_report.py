@@ -1,4 +1,4 @@
-"""dumpdb.compare.report: self-contained HTML for compare and scan results.
+"""dumpdb.render.report: self-contained HTML for compare and scan results.
 
 The tables here are built by hand in the shapes the engine stores (migrations/003_compare.sql
 plus the context columns the caller joins in); nothing here needs an archive.
@@ -22,8 +22,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from dumpdb.compare import report
-from dumpdb.compare.report import METRICS, write_compare_report, write_scan_report
+from dumpdb.render import report
+from dumpdb.render.report import METRICS, write_compare_report, write_scan_report
 
 TENSOR_METRICS = ("cosine", "euc_dist", "max_abs_err", "max_rel_err", "one_thousandth_err_ratio",
                   "five_thousandths_err_ratio", "mean_abs_err", "rmse", "rel_euc_dist", "accumulated_rel_err",

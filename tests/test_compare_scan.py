@@ -1,8 +1,8 @@
-"""dumpdb.compare.scan on real MindSpore dumps, checked against an independent numpy model.
+"""dumpdb.checks.scan on real MindSpore dumps, checked against an independent numpy model.
 
 The model below reads the case directories itself (file names, .npy headers, the
 execution-order csv, the IR text) without dumpdb, and applies each check's definition
-(MindInsight / MindSpore semantics, see dumpdb/compare/scan.py) with plain numpy.
+(MindInsight / MindSpore semantics, see dumpdb/checks/scan.py) with plain numpy.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import pyarrow as pa
 import pytest
 
 import dumpdb
-from dumpdb.compare import scan as scan_mod
-from dumpdb.compare.scan import CHECKS, RESULT_SCHEMA, parse_check_spec, scan
+from dumpdb.checks import scan as scan_mod
+from dumpdb.checks.scan import CHECKS, RESULT_SCHEMA, parse_check_spec, scan
 from dumpdb.errors import DumpdbError
 
 DATA = Path(__file__).parent / "data" / "mindspore"

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import dumpdb
-import dumpdb.store
+import dumpdb.storage.store
 from conftest import ms_case, npy_files, npy_payload
 
 
@@ -36,9 +36,9 @@ def _exact_and_complete(archive, run, src):
 
 
 def test_disk_full_during_ingest_keeps_what_was_committed(tmp_path, monkeypatch):
-    monkeypatch.setattr("dumpdb.store.PACK_BYTES", 32 << 10)
-    monkeypatch.setattr("dumpdb.pipeline.COMMIT_SECONDS", 0)
-    real = dumpdb.store.write_shard
+    monkeypatch.setattr("dumpdb.storage.store.PACK_BYTES", 32 << 10)
+    monkeypatch.setattr("dumpdb.ingestion.pipeline.COMMIT_SECONDS", 0)
+    real = dumpdb.storage.store.write_shard
     calls = []
 
     def full_after_three(path, frames):
@@ -47,7 +47,7 @@ def test_disk_full_during_ingest_keeps_what_was_committed(tmp_path, monkeypatch)
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
         return real(path, frames)
 
-    monkeypatch.setattr("dumpdb.store.write_shard", full_after_three)
+    monkeypatch.setattr("dumpdb.storage.store.write_shard", full_after_three)
     src = ms_case("d2_compare_fp16_bf16_iter0")
     archive = tmp_path / "a.dumpdb"
     with pytest.raises(dumpdb.ArchiveError, match="No space left on device.*committed so far are kept"):
@@ -56,7 +56,7 @@ def test_disk_full_during_ingest_keeps_what_was_committed(tmp_path, monkeypatch)
     kept = a.sql("SELECT count(*) AS n FROM tensors")["n"][0].as_py()
     assert 0 < kept < 95 and a.verify().ok
     assert a.show("d2")["status"] == "interrupted"
-    monkeypatch.setattr("dumpdb.store.write_shard", real)  # space freed
+    monkeypatch.setattr("dumpdb.storage.store.write_shard", real)  # space freed
     again = dumpdb.ingest(src, archive=archive, run="d2")
     assert again.ok and again.tensors_skipped == kept
     _exact_and_complete(archive, "d2", src)
@@ -92,10 +92,10 @@ def test_queries_from_another_process_work_while_an_ingest_runs(tmp_path):
     archive = tmp_path / "a.dumpdb"
     src = ms_case("d2_compare_fp16_bf16_iter0")
     code = textwrap.dedent(f"""
-        import time, dumpdb, dumpdb.pipeline, dumpdb.store
+        import time, dumpdb, dumpdb.ingestion.pipeline, dumpdb.storage.store
         from dumpdb.progress import Reporter
-        dumpdb.store.PACK_BYTES = 32 << 10
-        dumpdb.pipeline.COMMIT_SECONDS = 0
+        dumpdb.storage.store.PACK_BYTES = 32 << 10
+        dumpdb.ingestion.pipeline.COMMIT_SECONDS = 0
         class Slow(Reporter):
             def advance(self, n, b):
                 time.sleep(0.03)

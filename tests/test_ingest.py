@@ -203,8 +203,8 @@ def test_corrupt_file_is_recorded_and_skipped(case_copy, tmp_path):
 
 
 def test_ctrl_c_keeps_committed_work_and_rerun_completes(tmp_path, monkeypatch):
-    monkeypatch.setattr("dumpdb.store.PACK_BYTES", 32 << 10)  # many small packs
-    monkeypatch.setattr("dumpdb.pipeline.COMMIT_SECONDS", 0)  # commit as soon as rows are durable
+    monkeypatch.setattr("dumpdb.storage.store.PACK_BYTES", 32 << 10)  # many small packs
+    monkeypatch.setattr("dumpdb.ingestion.pipeline.COMMIT_SECONDS", 0)  # commit as soon as rows are durable
 
     class Interrupt(Reporter):
         n = 0
@@ -228,10 +228,10 @@ def test_ctrl_c_keeps_committed_work_and_rerun_completes(tmp_path, monkeypatch):
 
 KILL_SCRIPT = textwrap.dedent("""
     import os, signal, sys
-    import dumpdb, dumpdb.store, dumpdb.pipeline
+    import dumpdb, dumpdb.storage.store, dumpdb.ingestion.pipeline
     from dumpdb.progress import Reporter
-    dumpdb.store.PACK_BYTES = 32 << 10
-    dumpdb.pipeline.COMMIT_SECONDS = 0  # commit as soon as rows are durable: many commits to kill between
+    dumpdb.storage.store.PACK_BYTES = 32 << 10
+    dumpdb.ingestion.pipeline.COMMIT_SECONDS = 0  # commit as soon as rows are durable: many commits to kill between
     class Kill(Reporter):
         n = 0
         def advance(self, tensors, bytes_read):
@@ -296,7 +296,7 @@ def test_statistic_csv_values_are_used(case_copy, tmp_path):
 
 def test_empty_and_scalar_and_large_tensors_round_trip(tmp_path, monkeypatch):
     """Synthetic dump in the seed-001 name form (no dtype suffix) with edge-case tensors."""
-    monkeypatch.setattr("dumpdb.store.LARGE_BYTES", 1 << 16)  # 64 KiB counts as large here
+    monkeypatch.setattr("dumpdb.storage.store.LARGE_BYTES", 1 << 16)  # 64 KiB counts as large here
     it = tmp_path / "dump/rank_3/Net/0/7"
     it.mkdir(parents=True)
     arrays = {

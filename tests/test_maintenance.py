@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 import dumpdb
 from conftest import DATA, file_count, ms_case, npy_files, npy_payload
 from dumpdb.cli import app
-from dumpdb.maintenance import parse_iterations
+from dumpdb.archival.maintenance import parse_iterations
 
 
 def store_bytes(archive):

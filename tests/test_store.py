@@ -11,8 +11,8 @@ import zarr
 import zarr.codecs
 
 from dumpdb.dtypes import BFLOAT16
-from dumpdb.shard import encode_chunks, write_shard
-from dumpdb.store import StoreWriter, TensorStore, large_chunks
+from dumpdb.storage.shard import encode_chunks, write_shard
+from dumpdb.storage.store import StoreWriter, TensorStore, large_chunks
 
 
 @pytest.mark.parametrize("dtype,n,chunk", [

@@ -1,4 +1,4 @@
-"""Run-to-run comparison, first divergence, NaN/Inf scans and watch conditions.
+"""Run-to-run comparison and first divergence.
 
 Modules (one concern each):
 
@@ -9,7 +9,8 @@ Modules (one concern each):
 ``align``     pairing target and bench tensors: exact key, normalised name,
               execution-order position within op type, user mapping file;
 ``engine``    selection, alignment, streaming tensor reads, metrics on all cores,
-              results stored in ``compare_results``;
-``scan``      first NaN/Inf, fp16 overflow, all-zero, MindInsight watch conditions;
-``report``    self-contained HTML reports.
+              results stored in ``compare_results``.
+
+Scans of one run live in :mod:`dumpdb.checks`; CSV/Parquet/HTML output in
+:mod:`dumpdb.render`.
 """

@@ -224,7 +224,7 @@ _WORKER_STORE = None
 
 def _init_worker(store_root: str) -> None:
     global _WORKER_STORE
-    from dumpdb.store import TensorStore
+    from dumpdb.storage.store import TensorStore
 
     # The metrics' dot products run on cache-sized chunks: BLAS threads only
     # contend with the other workers (measured: 2 processes 13 s -> 3 s).

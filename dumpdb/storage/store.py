@@ -41,7 +41,7 @@ import zarr.codecs
 import zarr.storage
 
 from dumpdb.dtypes import storage_dtype
-from dumpdb.shard import EMPTY_CHUNK, encode_chunks, file_checksum, fsync_dir, fsync_tree, read_shard_index, write_shard
+from dumpdb.storage.shard import EMPTY_CHUNK, encode_chunks, file_checksum, fsync_dir, fsync_tree, read_shard_index, write_shard
 
 PACK_BYTES = 64 << 20
 LARGE_BYTES = 16 << 20
@@ -133,7 +133,7 @@ class TensorStore:
     """Read access to ``tensors.zarr`` (and the root a :class:`StoreWriter` writes to).
 
     Pack reads decode only the 1 MiB inner chunks a tensor spans, straight from
-    the shard (dumpdb writes the shards itself, see :mod:`dumpdb.shard`), and keep
+    the shard (dumpdb writes the shards itself, see :mod:`dumpdb.storage.shard`), and keep
     recently decoded chunks in a bounded cache (``chunk_cache_bytes``), so a
     stream of neighbouring small tensors decodes each chunk once. Large arrays
     are read through zarr.
@@ -372,7 +372,7 @@ class StoreWriter:
         n = data.size
         chunk = min(n, max(1, INNER_CHUNK_BYTES // buf.dtype.itemsize))
         name = f"packs/{_dtype_dir(buf.dtype)}/{_unique_id()}"
-        # zarr writes the metadata; the one shard is encoded here (see dumpdb.shard).
+        # zarr writes the metadata; the one shard is encoded here (see dumpdb.storage.shard).
         self._create(name, data, (chunk,), (math.ceil(n / chunk) * chunk,), "pack", write=False)
         frames = encode_chunks(data, chunk, ZSTD_LEVEL, self._codec_pool)
         _, checksum = write_shard(str(self.store.root / name / "c" / "0"), frames)

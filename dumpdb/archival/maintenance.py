@@ -114,7 +114,7 @@ def gc(archive, compact_below: float = 0.5) -> GcReport:
     rewritten with the live payloads only; a pack or array with no live payload is
     deleted. Returns a :class:`GcReport`.
     """
-    from dumpdb.store import StoreWriter, TensorStore, _dir_bytes
+    from dumpdb.storage.store import StoreWriter, TensorStore, _dir_bytes
 
     root = archive.path / "tensors.zarr"
     report = GcReport(bytes_before=_dir_bytes(root))

@@ -46,7 +46,7 @@ from dumpdb.layouts import DumpScan, Layout, TensorEntry, detect, get_layout
 from dumpdb.layouts.base import display_name
 from dumpdb.progress import Reporter
 from dumpdb.stats import STAT_COLUMNS, compute_stats
-from dumpdb.store import BlobLocation, StoreWriter, TensorStore
+from dumpdb.storage.store import BlobLocation, StoreWriter, TensorStore
 
 # Catalog commits: each opens the catalog read-write (~20 ms alone, far more while
 # reader threads hold the GIL), so commit by volume and time, not per pack. A

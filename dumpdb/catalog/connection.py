@@ -24,7 +24,6 @@ import shutil
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
@@ -32,54 +31,10 @@ import duckdb
 import pyarrow as pa
 
 from dumpdb import __version__
+from dumpdb.catalog.migrations import Migration, latest_version, load_migrations
 from dumpdb.errors import ArchiveError, CatalogVersionError
 
-_MIGRATION_RE = re.compile(r"^(\d+)_([A-Za-z0-9_]+)\.sql$")
 DEFAULT_LOCK_TIMEOUT = float(os.environ.get("DUMPDB_LOCK_TIMEOUT", "120"))
-
-
-@dataclass(frozen=True)
-class Migration:
-    version: int
-    name: str
-    path: Path
-
-    @property
-    def sql(self) -> str:
-        return self.path.read_text(encoding="utf-8")
-
-
-def migrations_dir() -> Path:
-    """Where the numbered ``.sql`` migrations are.
-
-    Installed wheels carry them as ``dumpdb/migrations``; a source checkout
-    (editable install) has them at the repository top level.
-    """
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "migrations", here.parent / "migrations"):
-        if candidate.is_dir():
-            return candidate
-    raise ArchiveError(f"{here}: dumpdb installation lacks its migrations/ directory")
-
-
-def load_migrations(directory: Path | None = None) -> list[Migration]:
-    """All migrations, sorted by version. Raises ArchiveError on a gap or duplicate."""
-    directory = directory or migrations_dir()
-    found = []
-    for path in directory.iterdir():
-        m = _MIGRATION_RE.match(path.name)
-        if m:
-            found.append(Migration(int(m.group(1)), m.group(2), path))
-    found.sort(key=lambda mig: mig.version)
-    for expected, mig in enumerate(found, start=1):
-        if mig.version != expected:
-            raise ArchiveError(f"{mig.path}: migration numbers must run 1, 2, 3... (expected {expected})")
-    return found
-
-
-def latest_version() -> int:
-    """The highest migration number this dumpdb ships (the schema version it writes)."""
-    return load_migrations()[-1].version
 
 
 def _is_lock_error(exc: Exception) -> bool:

@@ -106,7 +106,7 @@ def verify(archive, run: str | None = None, *, sample: float | None = None, seed
 def _check_shards(archive, array_paths: set[str], report: VerifyReport) -> None:
     """Compare each shard file's crc32c with the one recorded when it was written
     (``arrays.checksum``; arrays written before schema 5 have none)."""
-    from dumpdb.shard import file_checksum
+    from dumpdb.storage.shard import file_checksum
 
     if not array_paths:
         return

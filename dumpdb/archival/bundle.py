@@ -65,7 +65,7 @@ def export_runs(archive, runs: list[str], to: str | os.PathLike) -> Path:
     """Write ``runs`` of ``archive`` as a bundle at ``to`` (a ``.zip`` file if the name
     ends so, else a new directory). Returns the path. Raises DumpdbError for an unknown
     run or an existing destination."""
-    from dumpdb.store import StoreWriter, TensorStore
+    from dumpdb.storage.store import StoreWriter, TensorStore
 
     to = Path(to)
     if to.exists():
@@ -178,7 +178,7 @@ def import_bundle(archive, path: str | os.PathLike, rename: dict[str, str] | Non
     name. Payloads the archive already holds (same content hash) are not stored
     again. Raises DumpdbError for a damaged or foreign bundle or a name conflict.
     """
-    from dumpdb.store import StoreWriter, TensorStore
+    from dumpdb.storage.store import StoreWriter, TensorStore
 
     path, rename = Path(path), dict(rename or {})
     with tempfile.TemporaryDirectory(prefix=".dumpdb-import-") as tmp:

@@ -2,7 +2,7 @@
 
 ::
 
-    from dumpdb.compare.scan import scan, CHECKS, parse_check_spec
+    from dumpdb.checks.scan import scan, CHECKS, parse_check_spec
     hits = scan(archive, "nan", ["inf", "nan"])                  # first hit per check/iteration/rank
     hits = scan(archive, "c1", ["tensor_too_large:abs_mean_gt=100,max_gt=1e4"], first_only=False)
     hits = scan(archive, "c1", ["tensor_unchanged"], params={"tensor_unchanged": {"rtol": 1e-3}})

@@ -1,0 +1,1 @@
+"""Long-term keeping: export/import bundles, verify, prune, rm, gc."""

@@ -1,0 +1,15 @@
+"""The DuckDB catalog: connections and locking (``connection``), schema migrations
+(``migrations``)."""
+
+from dumpdb.catalog.connection import DEFAULT_LOCK_TIMEOUT, Catalog, insert_arrow
+from dumpdb.catalog.migrations import Migration, latest_version, load_migrations, migrations_dir
+
+__all__ = [
+    "DEFAULT_LOCK_TIMEOUT",
+    "Catalog",
+    "Migration",
+    "insert_arrow",
+    "latest_version",
+    "load_migrations",
+    "migrations_dir",
+]

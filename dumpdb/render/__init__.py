@@ -1,0 +1,1 @@
+"""Output for people and tools: terminal tables, msprobe-compatible CSV/Parquet, HTML reports."""

@@ -17,6 +17,7 @@ Python API (the CLI is a thin layer over it)::
 
 __version__ = "0.1.0"
 
+from dumpdb.archive import Archive, open  # noqa: E402,A004
 from dumpdb.errors import (  # noqa: E402
     ArchiveError,
     CatalogVersionError,
@@ -24,7 +25,6 @@ from dumpdb.errors import (  # noqa: E402
     LayoutError,
     TensorNotFound,
 )
-from dumpdb.archive import Archive, open  # noqa: E402,A004
 
 
 def __getattr__(name: str):

@@ -16,15 +16,23 @@ from typing import Optional
 import pyarrow.compute as pa_compute
 import typer
 from rich.console import Console
-from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TaskProgressColumn,
-                           TextColumn, TimeElapsedColumn, TimeRemainingColumn)
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
 import dumpdb
-from dumpdb.render import tables as output
 from dumpdb.archive import default_archive_path
 from dumpdb.errors import DumpdbError
 from dumpdb.progress import Reporter
+from dumpdb.render import tables as output
 
 app = typer.Typer(
     name="dumpdb",

@@ -8,9 +8,9 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 import pytest
+from conftest import MS_CASES, ms_case
 
 import dumpdb
-from conftest import MS_CASES, ms_case
 from dumpdb.catalog import migrations as catalog_mod
 
 

@@ -10,10 +10,10 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import zarr
+from conftest import ms_case, npy_files, npy_payload
 from typer.testing import CliRunner
 
 import dumpdb
-from conftest import ms_case, npy_files, npy_payload
 from dumpdb.cli import app
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import pyarrow.parquet as pq
+from conftest import ms_case
 from typer.testing import CliRunner
 
-from conftest import ms_case
 from dumpdb.cli import app
 
 runner = CliRunner()

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from conftest import DATA, ms_case
 
 import dumpdb
-from conftest import DATA, ms_case
 from dumpdb.compare.align import STRATEGIES, Alignment, align, load_mapping, normalize_name
 
 MSP = DATA / "msprobe"

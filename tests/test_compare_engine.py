@@ -8,10 +8,10 @@ import html.parser
 
 import numpy as np
 import pytest
+from conftest import ms_case, npy_files
 from typer.testing import CliRunner
 
 import dumpdb
-from conftest import ms_case, npy_files
 from dumpdb.cli import app
 from dumpdb.compare.engine import Selection, compare
 from dumpdb.render.msprobe_csv import msprobe_columns

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import file_count, npy_payload
 from typer.testing import CliRunner
 
 import dumpdb
-from conftest import file_count, npy_payload
 from dumpdb.cli import app
 
 CORPUS = Path(os.environ.get("DUMPDB_CORPUS", Path(__file__).resolve().parents[2] / "shared" / "corpus"))

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import ms_case, npy_files, npy_payload
 
 import dumpdb
 import dumpdb.storage.store
-from conftest import ms_case, npy_files, npy_payload
 
 
 def _exact_and_complete(archive, run, src):

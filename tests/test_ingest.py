@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import MS_CASES, assert_bit_exact, file_count, ms_case, npy_files, npy_payload
 
 import dumpdb
-from conftest import MS_CASES, assert_bit_exact, file_count, ms_case, npy_files, npy_payload
 from dumpdb.dtypes import BFLOAT16
 from dumpdb.progress import Reporter
 

@@ -12,16 +12,15 @@ import struct
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import fixtures_cann as fc
 import numpy as np
 import pytest
+from conftest import ms_case
 
 import dumpdb
-import fixtures_cann as fc
-from conftest import ms_case
 from dumpdb.dtypes import BFLOAT16, dtype_name
 from dumpdb.errors import DumpFileError
-from dumpdb.layouts import LAYOUTS, detect, get_layout
-from dumpdb.layouts import cann_pb
+from dumpdb.layouts import LAYOUTS, cann_pb, detect, get_layout
 
 MINE = ("mindspore-r1.2-async-pb", "ascend-async-pb", "ascend-async-npy", "cann-tf-adapter", "torchair-ge")
 CASES = {

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import DATA, assert_bit_exact, ms_case, npy_payload
 
 import dumpdb
-from conftest import DATA, assert_bit_exact, ms_case, npy_payload
 from dumpdb.layouts import LAYOUTS, detect, get_layout
 from dumpdb.layouts.mindspore_legacy import MindSporeR12SyncBin, parse_bin_name
 from dumpdb.layouts.msaccucmp import MsaccucmpNpy, parse_msaccucmp_name

@@ -5,13 +5,12 @@ from __future__ import annotations
 import shutil
 
 import pytest
-
 from conftest import ms_case, npy_files
+
 from dumpdb.errors import LayoutError
 from dumpdb.layouts import detect, get_layout
 from dumpdb.layouts.mindspore_ir import link_scopes, parse_ir
-from dumpdb.layouts.mindspore_sync import (MindSporeSync, find_dump_roots, parse_tensor_name,
-                                           read_statistic_csv)
+from dumpdb.layouts.mindspore_sync import MindSporeSync, find_dump_roots, parse_tensor_name, read_statistic_csv
 
 
 def test_parse_name_with_and_without_dtype():

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import DATA, MS_CASES, ms_case
 from typer.testing import CliRunner
 
 import dumpdb
-from conftest import DATA, MS_CASES, ms_case
 from dumpdb.cli import app
 from dumpdb.errors import DumpFileError, LayoutError
 from dumpdb.layouts import detect

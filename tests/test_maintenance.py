@@ -6,12 +6,12 @@ from __future__ import annotations
 import shutil
 
 import pytest
+from conftest import DATA, file_count, ms_case, npy_files, npy_payload
 from typer.testing import CliRunner
 
 import dumpdb
-from conftest import DATA, file_count, ms_case, npy_files, npy_payload
-from dumpdb.cli import app
 from dumpdb.archival.maintenance import parse_iterations
+from dumpdb.cli import app
 
 
 def store_bytes(archive):

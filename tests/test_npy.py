@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from conftest import ms_case, npy_payload
+
 from dumpdb.dtypes import BFLOAT16
 from dumpdb.errors import DumpFileError
 from dumpdb.npy import parse_npy, read_npy

@@ -5,10 +5,10 @@ from __future__ import annotations
 import shutil
 
 import pytest
+from conftest import ms_case
 from typer.testing import CliRunner
 
 import dumpdb
-from conftest import ms_case
 from dumpdb.cli import app
 
 

@@ -19,10 +19,10 @@ below that.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 from collections import defaultdict, deque
 from collections.abc import Callable, Mapping, Sequence
-import multiprocessing
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any

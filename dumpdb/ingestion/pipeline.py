@@ -38,7 +38,7 @@ import pyarrow as pa
 import xxhash
 
 from dumpdb import __version__
-from dumpdb.archive import CATALOG, STORE, create_archive, default_archive_path, is_archive, _check_marker
+from dumpdb.archive import CATALOG, STORE, _check_marker, create_archive, default_archive_path, is_archive
 from dumpdb.catalog import DEFAULT_LOCK_TIMEOUT, Catalog, insert_arrow
 from dumpdb.dtypes import dtype_name, from_dump_name
 from dumpdb.errors import ArchiveError, DumpdbError

@@ -14,9 +14,9 @@ from dumpdb.layouts.base import DumpScan, Layout, LoadedTensor, TensorEntry
 from dumpdb.layouts.mindspore_legacy import MindSporeR12SyncBin
 from dumpdb.layouts.mindspore_sync import MindSporeSync
 from dumpdb.layouts.msaccucmp import MsaccucmpNpy
+from dumpdb.layouts.msprobe import MsprobeDump
 from dumpdb.layouts.statistic_only import StatisticOnly
 from dumpdb.layouts.tensordump import MindSporeTensorDump
-from dumpdb.layouts.msprobe import MsprobeDump
 
 # Detection order: the first layout whose detect() is True wins, so a layout
 # that is a special case of another comes first.

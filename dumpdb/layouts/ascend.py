@@ -67,8 +67,7 @@ from pathlib import Path
 
 from dumpdb.errors import DumpFileError, LayoutError
 from dumpdb.layouts import cann_pb
-from dumpdb.layouts.base import (DumpScan, Layout, LoadedTensor, TensorEntry, display_name, file_sizes,
-                                  read_metadata_dir)
+from dumpdb.layouts.base import DumpScan, Layout, LoadedTensor, TensorEntry, display_name, file_sizes, read_metadata_dir
 from dumpdb.layouts.mindspore_sync import (
     MindSporeSync,
     _float,

@@ -64,8 +64,7 @@ import numpy as np
 from dumpdb.dtypes import from_dump_name
 from dumpdb.errors import DumpFileError, LayoutError
 from dumpdb.layouts import mindspore_ir as ir
-from dumpdb.layouts.base import (DumpScan, Layout, LoadedTensor, TensorEntry, display_name, find_dirs,
-                                  read_metadata_dir)
+from dumpdb.layouts.base import DumpScan, Layout, LoadedTensor, TensorEntry, display_name, find_dirs, read_metadata_dir
 
 ITERATION_DIR_RE = re.compile(r"^iteration_(\d+)$")
 DEVICE_DIR_RE = re.compile(r"^device_(\d+)$")

@@ -23,9 +23,17 @@ import re
 from pathlib import Path
 
 from dumpdb.errors import LayoutError
-from dumpdb.layouts.base import (DumpScan, Layout, LoadedTensor, TensorEntry, display_name, file_sizes,
-                                  find_dirs, read_metadata_dir)
 from dumpdb.layouts import mindspore_ir as ir
+from dumpdb.layouts.base import (
+    DumpScan,
+    Layout,
+    LoadedTensor,
+    TensorEntry,
+    display_name,
+    file_sizes,
+    find_dirs,
+    read_metadata_dir,
+)
 from dumpdb.npy import read_npy_declared
 
 RANK_DIR_RE = re.compile(r"^rank_(\d+)$")

@@ -41,7 +41,15 @@ import zarr.codecs
 import zarr.storage
 
 from dumpdb.dtypes import storage_dtype
-from dumpdb.storage.shard import EMPTY_CHUNK, encode_chunks, file_checksum, fsync_dir, fsync_tree, read_shard_index, write_shard
+from dumpdb.storage.shard import (
+    EMPTY_CHUNK,
+    encode_chunks,
+    file_checksum,
+    fsync_dir,
+    fsync_tree,
+    read_shard_index,
+    write_shard,
+)
 
 PACK_BYTES = 64 << 20
 LARGE_BYTES = 16 << 20

@@ -20,9 +20,17 @@ __version__ = "0.1.0"
 from dumpdb.archive import Archive, open  # noqa: E402,A004
 from dumpdb.errors import (  # noqa: E402
     ArchiveError,
+    BadDump,
+    BundleError,
+    CatalogCorrupt,
     CatalogVersionError,
     DumpdbError,
+    DumpFileError,
     LayoutError,
+    PayloadCorrupt,
+    PayloadMissing,
+    RunNotFound,
+    StorageError,
     TensorNotFound,
 )
 
@@ -40,10 +48,18 @@ def __getattr__(name: str):
 __all__ = [
     "Archive",
     "ArchiveError",
+    "BadDump",
+    "BundleError",
+    "CatalogCorrupt",
     "CatalogVersionError",
+    "DumpFileError",
     "DumpdbError",
     "IngestReport",
     "LayoutError",
+    "PayloadCorrupt",
+    "PayloadMissing",
+    "RunNotFound",
+    "StorageError",
     "TensorNotFound",
     "__version__",
     "ingest",

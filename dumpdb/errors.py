@@ -2,12 +2,34 @@
 
 Every error dumpdb raises on purpose derives from :class:`DumpdbError`; its
 message is one line that names the file or archive concerned and what is
-wrong, so the CLI can print it as is (no traceback).
+wrong, so the CLI can print it as is (no traceback). Each class carries the
+exit code the CLI ends with (``exit_code``), mapped in one place
+(:func:`dumpdb.cli.main`).
+
+Hierarchy::
+
+    DumpdbError                      exit 2
+    ├── ArchiveError                 the archive: missing, locked, read-only
+    │   ├── CatalogVersionError      schema newer than this dumpdb, or not migratable
+    │   └── CatalogCorrupt           catalog.duckdb cannot be opened or lacks tables
+    ├── RunNotFound                  (also a LookupError)
+    ├── TensorNotFound               (also a LookupError)
+    ├── PayloadMissing               a tensor's stored bytes are gone
+    ├── PayloadCorrupt               a tensor's stored bytes have the wrong length or hash
+    ├── StorageError                 the tensor store cannot be reached or written
+    ├── LayoutError                  no recognised dump layout (also BadDump)
+    ├── BadDump                      the input as a whole is unusable
+    ├── DumpFileError                one file of a dump (recorded, ingest goes on)
+    └── BundleError                  an export bundle is damaged, hostile or unreadable
 """
+
+from __future__ import annotations
 
 
 class DumpdbError(Exception):
     """Base class of dumpdb's own errors."""
+
+    exit_code = 2
 
 
 class ArchiveError(DumpdbError):
@@ -19,7 +41,38 @@ class CatalogVersionError(ArchiveError):
     that cannot be applied (e.g. the archive is read-only)."""
 
 
-class LayoutError(DumpdbError):
+class CatalogCorrupt(ArchiveError):
+    """``catalog.duckdb`` cannot be opened by DuckDB, or lacks tables or migrations."""
+
+
+class RunNotFound(DumpdbError, LookupError):
+    """No run of that name in the archive."""
+
+
+class TensorNotFound(DumpdbError, LookupError):
+    """No tensor matches the id or the (run, iteration, op_name, io, slot) key."""
+
+
+class PayloadMissing(DumpdbError):
+    """A tensor's payload bytes are not in the store (deleted shard, missing object).
+
+    Never answered with zeros or fill values: the message names run/op/io/slot.
+    """
+
+
+class PayloadCorrupt(DumpdbError):
+    """A tensor's payload bytes are there but their length or content hash is wrong."""
+
+
+class StorageError(DumpdbError):
+    """The tensor store cannot be reached, listed or written (disk full, server down)."""
+
+
+class BadDump(DumpdbError):
+    """The input directory as a whole cannot be ingested (missing, unreadable, empty)."""
+
+
+class LayoutError(BadDump):
     """The input directory is missing or holds no dump layout dumpdb recognises."""
 
 
@@ -30,5 +83,8 @@ class DumpFileError(DumpdbError):
     """
 
 
-class TensorNotFound(DumpdbError, LookupError):
-    """No tensor matches the id or the (run, iteration, op_name, io, slot) key."""
+class BundleError(DumpdbError):
+    """An export bundle is damaged, hostile (paths leaving it, bombs) or unreadable.
+
+    Raised before anything of the bundle enters the archive.
+    """

@@ -35,13 +35,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from dumpdb import __version__
-from dumpdb.catalog import insert_arrow, latest_version
+from dumpdb.catalog import insert_arrow, latest_version, schema
 from dumpdb.errors import DumpdbError
 
 FORMAT = "dumpdb-bundle"
 FORMAT_VERSION = 1
-RUN_TABLES = ("runs", "tensors", "ops", "execution_order", "graph_executions", "overflows",
-              "call_stacks", "module_tree", "ingest_errors")
 
 
 @dataclass
@@ -84,7 +82,7 @@ def export_runs(archive, runs: list[str], to: str | os.PathLike) -> Path:
             if missing:
                 raise DumpdbError(f"no run {missing[0]!r} in {archive.path} (runs: {', '.join(sorted(known))})")
             tables = {t: con.sql(f"SELECT * FROM {t} WHERE run IN (SELECT unnest(?))", params=[runs])
-                      .to_arrow_table() for t in RUN_TABLES}
+                      .to_arrow_table() for t in schema.run_tables()}
             live = con.execute(
                 "SELECT b.content_hash, b.array_path, b.elem_offset, b.elem_count, b.nbytes FROM blobs b "
                 "WHERE b.content_hash IN (SELECT content_hash FROM tensors WHERE run IN (SELECT unnest(?)) "
@@ -103,14 +101,11 @@ def export_runs(archive, runs: list[str], to: str | os.PathLike) -> Path:
         tables["blobs"] = pa.Table.from_pylist([
             {"content_hash": loc.content_hash, "nbytes": loc.nbytes, "array_path": loc.array_path,
              "elem_offset": loc.elem_offset, "elem_count": loc.elem_count, "stored_bytes": loc.stored_bytes}
-            for loc in locations], schema=pa.schema([
-                ("content_hash", pa.string()), ("nbytes", pa.int64()), ("array_path", pa.string()),
-                ("elem_offset", pa.int64()), ("elem_count", pa.int64()), ("stored_bytes", pa.int64())]))
+            for loc in locations], schema=schema.arrow_schema("blobs", exclude=("first_run", "created_at")))
         tables["arrays"] = pa.Table.from_pylist([
             {"array_path": a.array_path, "kind": a.kind, "dtype": a.dtype, "shape": list(a.shape),
-             "stored_bytes": a.stored_bytes, "checksum": a.checksum} for a in arrays], schema=pa.schema([
-                ("array_path", pa.string()), ("kind", pa.string()), ("dtype", pa.string()),
-                ("shape", pa.list_(pa.int64())), ("stored_bytes", pa.int64()), ("checksum", pa.string())]))
+             "stored_bytes": a.stored_bytes, "checksum": a.checksum} for a in arrays],
+            schema=schema.arrow_schema("arrays", exclude=("created_at",)))
         for name, table in tables.items():
             pq.write_table(table, bundle / "catalog" / f"{name}.parquet", compression="zstd")
         files = {}
@@ -119,8 +114,10 @@ def export_runs(archive, runs: list[str], to: str | os.PathLike) -> Path:
             files[rel] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
         manifest = {
             "format": FORMAT, "format_version": FORMAT_VERSION, "dumpdb_version": __version__,
-            "schema_version": archive.schema_version, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "runs": runs, "tables": {n: {"file": f"catalog/{n}.parquet", "rows": t.num_rows} for n, t in tables.items()},
+            "schema_version": archive.schema_version,
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "runs": runs,
+            "tables": {n: {"file": f"catalog/{n}.parquet", "rows": t.num_rows} for n, t in tables.items()},
             "files": files,
         }
         (bundle / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
@@ -158,8 +155,10 @@ def _check(bundle: Path, source: Path) -> dict:
         raise DumpdbError(f"{source}: no readable manifest.json ({exc})") from exc
     if manifest.get("format") != FORMAT:
         raise DumpdbError(f"{source}: manifest is not a {FORMAT} manifest")
-    if int(manifest.get("format_version", 0)) > FORMAT_VERSION or int(manifest.get("schema_version", 0)) > latest_version():
-        raise DumpdbError(f"{source}: bundle written by a newer dumpdb ({manifest.get('dumpdb_version')}); upgrade dumpdb")
+    newer_schema = int(manifest.get("schema_version", 0)) > latest_version()
+    if int(manifest.get("format_version", 0)) > FORMAT_VERSION or newer_schema:
+        raise DumpdbError(
+            f"{source}: bundle written by a newer dumpdb ({manifest.get('dumpdb_version')}); upgrade dumpdb")
     for rel, meta in manifest["files"].items():
         path = bundle / rel
         if not path.is_file():
@@ -241,7 +240,7 @@ def import_bundle(archive, path: str | os.PathLike, rename: dict[str, str] | Non
                 {"content_hash": loc.content_hash, "nbytes": loc.nbytes, "array_path": loc.array_path,
                  "elem_offset": loc.elem_offset, "elem_count": loc.elem_count, "stored_bytes": loc.stored_bytes,
                  "first_run": owner.get(loc.content_hash)} for loc in locations]), ignore_conflicts=True)
-            for table in RUN_TABLES:
+            for table in schema.run_tables():
                 rows = tables.get(table)
                 if rows is None or rows.num_rows == 0:
                     continue

@@ -23,7 +23,7 @@ from datetime import datetime
 
 import pyarrow as pa
 
-from dumpdb.catalog import insert_arrow
+from dumpdb.catalog import insert_arrow, schema
 from dumpdb.errors import DumpdbError
 
 _RANGE_RE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
@@ -83,8 +83,7 @@ def remove_run(archive, run: str) -> int:
         con.execute(f"DELETE FROM compare_results WHERE compare_id IN ({ids})", [run, run])
         con.execute(f"DELETE FROM compare_unmatched WHERE compare_id IN ({ids})", [run, run])
         con.execute("DELETE FROM compares WHERE target_run = ? OR bench_run = ?", [run, run])
-        for table in ("tensors", "ops", "execution_order", "graph_executions", "overflows", "call_stacks",
-                      "module_tree", "ingest_errors", "runs"):
+        for table in schema.run_tables():
             con.execute(f"DELETE FROM {table} WHERE run = ?", [run])
     return n
 

@@ -1,6 +1,8 @@
 """The DuckDB catalog: connections and locking (``connection``), schema migrations
-(``migrations``)."""
+(``migrations``), and the schema they define (``schema``: tables, columns, types,
+comments)."""
 
+from dumpdb.catalog import schema
 from dumpdb.catalog.connection import DEFAULT_LOCK_TIMEOUT, Catalog, insert_arrow
 from dumpdb.catalog.migrations import Migration, latest_version, load_migrations, migrations_dir
 
@@ -12,4 +14,5 @@ __all__ = [
     "latest_version",
     "load_migrations",
     "migrations_dir",
+    "schema",
 ]

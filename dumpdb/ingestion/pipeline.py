@@ -39,7 +39,7 @@ import xxhash
 
 from dumpdb import __version__
 from dumpdb.archive import CATALOG, STORE, _check_marker, create_archive, default_archive_path, is_archive
-from dumpdb.catalog import DEFAULT_LOCK_TIMEOUT, Catalog, insert_arrow
+from dumpdb.catalog import DEFAULT_LOCK_TIMEOUT, Catalog, insert_arrow, schema
 from dumpdb.dtypes import dtype_name, from_dump_name
 from dumpdb.errors import ArchiveError, DumpdbError
 from dumpdb.layouts import DumpScan, Layout, TensorEntry, detect, get_layout
@@ -56,54 +56,12 @@ COMMIT_SECONDS = 10.0
 INFLIGHT_BYTES = 256 << 20
 INFLIGHT_COUNT = 64
 
-TENSOR_SCHEMA = pa.schema([
-    ("run", pa.string()), ("rank", pa.int32()), ("net_name", pa.string()), ("graph_id", pa.int32()),
-    ("iteration", pa.int64()), ("op_type", pa.string()), ("op_name", pa.string()),
-    ("scope_name", pa.string()), ("task_id", pa.int64()), ("stream_id", pa.int64()),
-    ("timestamp", pa.int64()), ("io", pa.string()), ("slot", pa.int32()), ("format", pa.string()),
-    ("dtype", pa.string()), ("dtype_declared", pa.string()), ("shape", pa.list_(pa.int64())),
-    ("nbytes", pa.int64()), ("source_file", pa.string()), ("content_hash", pa.string()),
-    ("min", pa.float64()), ("max", pa.float64()), ("mean", pa.float64()), ("l2norm", pa.float64()),
-    ("count", pa.int64()), ("nan_count", pa.int64()), ("pos_inf_count", pa.int64()),
-    ("neg_inf_count", pa.int64()), ("zero_count", pa.int64()), ("stats_source", pa.string()),
-    ("checksum", pa.string()), ("checksum_algo", pa.string()), ("note", pa.string()),
-    ("tensor_key", pa.string()), ("device_id", pa.int32()), ("model_name", pa.string()),
-    ("model_id", pa.int64()), ("step", pa.int64()), ("original_shape", pa.list_(pa.int64())),
-    ("original_format", pa.string()), ("direction", pa.string()), ("call_index", pa.int32()),
-    ("arg_name", pa.string()), ("slot_path", pa.string()), ("requires_grad", pa.bool_()),
-])
-BLOB_SCHEMA = pa.schema([
-    ("content_hash", pa.string()), ("nbytes", pa.int64()), ("array_path", pa.string()),
-    ("elem_offset", pa.int64()), ("elem_count", pa.int64()), ("stored_bytes", pa.int64()),
-    ("first_run", pa.string()),
-])
-ARRAY_SCHEMA = pa.schema([
-    ("array_path", pa.string()), ("kind", pa.string()), ("dtype", pa.string()),
-    ("shape", pa.list_(pa.int64())), ("stored_bytes", pa.int64()), ("checksum", pa.string()),
-])
-OPS_SCHEMA = pa.schema([
-    ("run", pa.string()), ("rank", pa.int32()), ("device_id", pa.int32()), ("graph_id", pa.int32()),
-    ("scope_name", pa.string()),
-    ("op_type", pa.string()), ("ir_op_type", pa.string()), ("node", pa.string()),
-    ("input_shapes", pa.list_(pa.list_(pa.int64()))), ("input_dtypes", pa.list_(pa.string())),
-    ("output_shapes", pa.list_(pa.list_(pa.int64()))), ("output_dtypes", pa.list_(pa.string())),
-    ("code_file", pa.string()), ("code_line", pa.int32()), ("code_text", pa.string()),
-    ("code_trace", pa.list_(pa.string())),
-])
-ORDER_SCHEMA = pa.schema([("run", pa.string()), ("rank", pa.int32()), ("device_id", pa.int32()),
-                          ("graph_id", pa.int32()), ("position", pa.int32()), ("scope_name", pa.string())])
-EXEC_SCHEMA = pa.schema([("run", pa.string()), ("rank", pa.int32()), ("device_id", pa.int32()),
-                         ("graph_id", pa.int32()), ("iteration", pa.int64())])
-OVERFLOW_SCHEMA = pa.schema([
-    ("run", pa.string()), ("rank", pa.int32()), ("device_id", pa.int32()), ("iteration", pa.int64()),
-    ("op_type", pa.string()), ("op_name", pa.string()), ("task_id", pa.int64()), ("stream_id", pa.int64()),
-    ("timestamp", pa.int64()), ("slot", pa.int32()), ("source_file", pa.string()), ("content", pa.string()),
-])
-STACK_SCHEMA = pa.schema([("run", pa.string()), ("rank", pa.int32()), ("iteration", pa.int64()),
-                          ("stack_id", pa.string()), ("op_name", pa.string()), ("frames", pa.list_(pa.string()))])
-MODULE_SCHEMA = pa.schema([("run", pa.string()), ("rank", pa.int32()), ("iteration", pa.int64()),
-                           ("node", pa.string()), ("parent", pa.string())])
-ERROR_SCHEMA = pa.schema([("run", pa.string()), ("source_file", pa.string()), ("error", pa.string())])
+# Arrow schemas of the rows this pipeline writes, from the catalog schema (the
+# migrations); columns filled by a default (ids, timestamps) are left out.
+TENSOR_SCHEMA = schema.arrow_schema("tensors", exclude=("tensor_id", "pruned_at"))
+BLOB_SCHEMA = schema.arrow_schema("blobs", exclude=("created_at",))
+ARRAY_SCHEMA = schema.arrow_schema("arrays", exclude=("created_at",))
+ERROR_SCHEMA = schema.arrow_schema("ingest_errors", exclude=("time",))
 
 
 @dataclass
@@ -140,8 +98,8 @@ class IngestReport:
 # Per-run relations a scan provides whole (DumpScan attribute = table name);
 # replaced as a unit when an interrupted run is resumed.
 _RELATION_SCHEMAS = {
-    "ops": OPS_SCHEMA, "execution_order": ORDER_SCHEMA, "graph_executions": EXEC_SCHEMA,
-    "overflows": OVERFLOW_SCHEMA, "call_stacks": STACK_SCHEMA, "module_tree": MODULE_SCHEMA,
+    table: schema.arrow_schema(table)
+    for table in ("ops", "execution_order", "graph_executions", "overflows", "call_stacks", "module_tree")
 }
 
 
@@ -307,9 +265,9 @@ class _Pipeline:
                     [self.run_name, report.source_path, self.layout.name, scan.framework,
                      scan.framework_version, scan.device_target, _json_or_none(scan.dump_config),
                      json.dumps(scan.metadata, default=str) if scan.metadata else None, now, __version__])
-            for table, schema in _RELATION_SCHEMAS.items():
+            for table, arrow in _RELATION_SCHEMAS.items():
                 rows = [{"run": self.run_name, **r} for r in getattr(scan, table)]
-                insert_arrow(con, table, pa.Table.from_pylist(rows, schema))
+                insert_arrow(con, table, pa.Table.from_pylist(rows, arrow))
         for source_file, message in scan.errors:
             self._error(source_file, message)
         return pending

@@ -1,0 +1,103 @@
+"""The catalog schema, read from the one place that defines it: the SQL migrations.
+
+The numbered ``migrations/NNN_name.sql`` files are the source of truth. This module
+applies them once (cached, per process) to an in-memory DuckDB and answers from
+DuckDB's own catalog (``duckdb_tables()``, ``duckdb_columns()``), so export/import,
+``rm``, ingest, ``show`` and ``dumpdb schema`` never keep their own lists of tables
+or columns. Comments come from migration 006 (``COMMENT ON``).
+
+Building it costs one in-memory DuckDB and the migrations (a few hundred ms), so it
+happens on first use, not on import.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+
+import duckdb
+import pyarrow as pa
+
+from dumpdb.catalog.migrations import load_migrations
+
+__all__ = ["Column", "Table", "arrow_schema", "columns", "run_tables", "table", "tables"]
+
+
+@dataclass(frozen=True)
+class Column:
+    """One catalog column: ``name``, DuckDB ``type`` (e.g. ``BIGINT[]``), whether it
+    may be NULL, and its one-line ``comment``."""
+
+    name: str
+    type: str
+    nullable: bool
+    comment: str | None
+
+
+@dataclass(frozen=True)
+class Table:
+    """One catalog table, its columns in order, and its one-line ``comment``."""
+
+    name: str
+    comment: str | None
+    columns: tuple[Column, ...]
+    arrow: pa.Schema
+
+    @property
+    def column_names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns)
+
+
+@cache
+def _tables() -> dict[str, Table]:
+    con = duckdb.connect()
+    try:
+        for mig in load_migrations():
+            con.execute(mig.sql)
+        found: dict[str, Table] = {}
+        for name, comment in con.execute(
+                "SELECT table_name, comment FROM duckdb_tables() WHERE NOT internal ORDER BY table_oid").fetchall():
+            cols = tuple(
+                Column(n, t, bool(nullable), c) for n, t, nullable, c in con.execute(
+                    "SELECT column_name, data_type, is_nullable, comment FROM duckdb_columns() "
+                    "WHERE table_name = ? ORDER BY column_index", [name]).fetchall())
+            arrow = con.sql(f'SELECT * FROM "{name}" LIMIT 0').to_arrow_table().schema
+            found[name] = Table(name, comment, cols, arrow)
+        return found
+    finally:
+        con.close()
+
+
+def tables() -> tuple[str, ...]:
+    """Names of every catalog table, in the order the migrations create them."""
+    return tuple(_tables())
+
+
+def table(name: str) -> Table:
+    """The table called ``name``; raises KeyError naming the known tables."""
+    try:
+        return _tables()[name]
+    except KeyError:
+        raise KeyError(f"no catalog table {name!r} (tables: {', '.join(_tables())})") from None
+
+
+def columns(name: str) -> tuple[str, ...]:
+    """Column names of table ``name``, in order."""
+    return table(name).column_names
+
+
+def run_tables() -> tuple[str, ...]:
+    """Tables holding rows of one run (a ``run`` column): what export copies and ``rm``
+    deletes. ``runs`` comes last, so deleting in this order never leaves rows of a run
+    that is gone."""
+    names = [t for t, info in _tables().items() if "run" in info.column_names]
+    return (*[t for t in names if t != "runs"], "runs")
+
+
+def arrow_schema(name: str, exclude: tuple[str, ...] = ()) -> pa.Schema:
+    """The pyarrow schema DuckDB gives table ``name`` (types as in the catalog), without
+    the columns in ``exclude`` (e.g. ones filled by a default, like ``tensor_id``)."""
+    schema = table(name).arrow
+    for col in exclude:
+        schema = schema.remove(schema.get_field_index(col))
+    return schema

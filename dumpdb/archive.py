@@ -24,16 +24,19 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import duckdb
 import numpy as np
 import pyarrow as pa
 
 from dumpdb import __version__
-from dumpdb.catalog import DEFAULT_LOCK_TIMEOUT, Catalog
+from dumpdb.catalog import DEFAULT_LOCK_TIMEOUT, Catalog, one
 from dumpdb.dtypes import from_catalog_name
 from dumpdb.errors import ArchiveError, DumpdbError, TensorNotFound
+
+if TYPE_CHECKING:  # pragma: no cover
+    from dumpdb.storage.store import TensorStore
 
 MARKER = "dumpdb.json"
 CATALOG = "catalog.duckdb"
@@ -94,7 +97,12 @@ def create_archive(path: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _check_marker(path: Path) -> None:
+def check_marker(path: Path) -> None:
+    """Check that ``path`` is an archive this dumpdb can open (its ``dumpdb.json`` marker).
+
+    Raises ArchiveError (one line naming the path) when it does not exist, has no or an
+    unreadable marker, or was written by a newer archive format.
+    """
     if not path.exists():
         raise ArchiveError(f"{path}: no such archive (create one with 'dumpdb ingest DUMP_DIR --archive {path}')")
     if not is_archive(path):
@@ -130,10 +138,10 @@ class Archive:
 
     def __init__(self, path: str | os.PathLike, *, lock_timeout: float = DEFAULT_LOCK_TIMEOUT, on_wait=None):
         self.path = Path(path)
-        _check_marker(self.path)
+        check_marker(self.path)
         self.catalog = Catalog(self.path / CATALOG, lock_timeout=lock_timeout, on_wait=on_wait)
         self.schema_version = self.catalog.check(writable=self.writable)
-        self._store = None  # opened on first tensor read: zarr costs ~0.2 s to import
+        self._store: TensorStore | None = None  # opened on first tensor read: zarr costs ~0.2 s to import
         self._held: duckdb.DuckDBPyConnection | None = None
 
     def __repr__(self) -> str:
@@ -230,7 +238,8 @@ class Archive:
             stored = con.execute(
                 "SELECT count(*), coalesce(sum(stored_bytes), 0) FROM blobs WHERE first_run = ?", [run]
             ).fetchone()
-            errors = con.execute("SELECT count(*) FROM ingest_errors WHERE run = ?", [run]).fetchone()[0]
+            errors = one(con, "SELECT count(*) FROM ingest_errors WHERE run = ?", [run])[0]
+        assert agg is not None and stored is not None  # aggregates: always one row
         tensors, with_payload, bytes_in, distinct, ranks, graphs, iterations = agg
         info.update(
             tensors=tensors,

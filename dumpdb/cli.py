@@ -142,7 +142,8 @@ def ingest(
     archive: Optional[Path] = ArchiveOpt,
     run: Optional[str] = typer.Option(None, "--run", "-r", help="Run name (default: the dump directory's name)."),
     layout: Optional[str] = typer.Option(None, "--layout", help="Skip auto-detection; see 'dumpdb layouts'."),
-    workers: Optional[int] = typer.Option(None, "--workers", "-j", min=1, help="Reader threads (default: cores + 1, max 4)."),
+    workers: Optional[int] = typer.Option(None, "--workers", "-j", min=1,
+        help="Reader threads (default: cores + 1, max 4)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
     """Ingest a dump into an archive (created if missing). Re-running completes or skips."""
@@ -168,7 +169,8 @@ def sql(
     query: str = typer.Argument(..., help="SQL over runs, tensors, blobs, arrays, ops, execution_order, ..."),
     archive: Optional[Path] = ArchiveOpt,
     fmt: str = typer.Option("table", "--format", "-f", help="table | csv | json | parquet"),
-    output_file: Optional[Path] = typer.Option(None, "--output", "-o", help="Write to this file (required for parquet)."),
+    output_file: Optional[Path] = typer.Option(None, "--output", "-o",
+        help="Write to this file (required for parquet)."),
     max_rows: int = typer.Option(50, "--max-rows", help="Rows shown by --format table (0: all)."),
 ) -> None:
     """Run a read-only SQL query on the catalog."""
@@ -239,7 +241,8 @@ def show(run: str = typer.Argument(..., help="Run name."), archive: Optional[Pat
     lines = [
         ("run", info["run"]), ("status", info["status"]), ("source", info["source_path"]),
         ("layout", info["layout"]),
-        ("framework", " ".join(str(x) for x in (info["framework"], info["framework_version"], info["device_target"]) if x)),
+        ("framework", " ".join(
+            str(x) for x in (info["framework"], info["framework_version"], info["device_target"]) if x)),
         ("ingested", f"{info['ingest_started']:%Y-%m-%d %H:%M:%S} by dumpdb {info['dumpdb_version']}"),
         ("ranks", span(info["ranks"])), ("graphs", span(info["graphs"])), ("iterations", span(info["iterations"])),
         ("tensors", f"{info['tensors']} ({info['statistics_only']} statistics-only, "
@@ -315,19 +318,24 @@ def _print_divergence(fd) -> None:
 @app.command("compare")
 def compare_cmd(
     target: str = CompareTarget, bench: str = CompareBench, archive: Optional[Path] = ArchiveOpt,
-    iteration: Optional[int] = typer.Option(None, "--iteration", "-i", help="Iteration for both sides (if not in the selection)."),
+    iteration: Optional[int] = typer.Option(None, "--iteration", "-i",
+        help="Iteration for both sides (if not in the selection)."),
     rank: Optional[int] = typer.Option(None, "--rank", help="Rank for both sides (if not in the selection)."),
-    mapping: Optional[Path] = typer.Option(None, "--mapping", "-m", help="Name mapping file (CSV target,bench or YAML; msprobe mapping yaml)."),
-    strategy: Optional[str] = typer.Option(None, "--strategy", help="Alignment strategies in order, e.g. exact,normalized,order."),
+    mapping: Optional[Path] = typer.Option(None, "--mapping", "-m",
+        help="Name mapping file (CSV target,bench or YAML; msprobe mapping yaml)."),
+    strategy: Optional[str] = typer.Option(None, "--strategy",
+        help="Alignment strategies in order, e.g. exact,normalized,order."),
     mode: str = typer.Option("auto", "--mode", help="auto | tensor | statistics"),
     threshold: list[str] = typer.Option([], "--threshold", "-t", help="Verdict threshold NAME=VALUE (repeatable)."),
     csv_file: Optional[Path] = typer.Option(None, "--csv", help="Write msprobe-compatible compare_result CSV."),
     parquet_file: Optional[Path] = typer.Option(None, "--parquet", help="Write all result columns as Parquet."),
     html: Optional[Path] = typer.Option(None, "--html", help="Write a self-contained HTML report."),
-    workers: Optional[int] = typer.Option(None, "--workers", "-j", min=1, help="Metric workers (default: cores; processes for comparisons >= 64 MB)."),
+    workers: Optional[int] = typer.Option(None, "--workers", "-j", min=1,
+        help="Metric workers (default: cores; processes for comparisons >= 64 MB)."),
     show: int = typer.Option(20, "--show", help="Failing pairs to list (0: none)."),
     fail_on: Optional[str] = typer.Option(None, "--fail-on", help="Exit 1 if any pair is 'error' (or 'warning')."),
-    store: bool = typer.Option(True, "--store/--no-store", help="Keep the results in the archive (compares, compare_results)."),
+    store: bool = typer.Option(True, "--store/--no-store",
+        help="Keep the results in the archive (compares, compare_results)."),
 ) -> None:
     """Compare two runs, or two iterations/ranks of one run, tensor by tensor."""
     if fail_on not in (None, "error", "warning"):
@@ -344,7 +352,8 @@ def compare_cmd(
         out.print(f"[yellow]no pairs formed between {sm['target']} and {sm['bench']}[/yellow] "
                   f"({sm['unmatched_target']} target, {sm['unmatched_bench']} bench tensors unmatched): "
                   "check the selections (iteration, rank) or give a --mapping", highlight=False)
-    out.print(f"compare {sm['compare_id'] or '(not stored)'}: [bold]{sm['target']}[/bold] vs [bold]{sm['bench']}[/bold] "
+    out.print(f"compare {sm['compare_id'] or '(not stored)'}: "
+              f"[bold]{sm['target']}[/bold] vs [bold]{sm['bench']}[/bold] "
               f"({sm['mode']}): {sm['pairs']} pairs: [green]{sm['pass']} pass[/green], "
               f"[yellow]{sm['warning']} warning[/yellow], [red]{sm['error']} error[/red]; unmatched "
               f"{sm['unmatched_target']} target, {sm['unmatched_bench']} bench", highlight=False)
@@ -424,7 +433,8 @@ def first_divergence_cmd(
 @app.command("scan")
 def scan_cmd(
     run: str = typer.Argument(..., help="Run name."), archive: Optional[Path] = ArchiveOpt,
-    check: list[str] = typer.Option([], "--check", "-c", help="Check NAME or NAME:param=value,... (repeatable; default nan, inf, fp16_overflow, all_zero)."),
+    check: list[str] = typer.Option([], "--check", "-c",
+        help="Check NAME or NAME:param=value,... (repeatable; default nan, inf, fp16_overflow, all_zero)."),
     iteration: Optional[int] = typer.Option(None, "--iteration", "-i"),
     rank: Optional[int] = typer.Option(None, "--rank"),
     all_hits: bool = typer.Option(False, "--all", help="Every hit, not only the first per check and iteration."),
@@ -524,7 +534,7 @@ def migrate(archive: Optional[Path] = ArchiveOpt) -> None:
 
     path = _archive_path(archive)
     try:
-        dumpdb.archive._check_marker(path)
+        dumpdb.archive.check_marker(path)
         applied = Catalog(path / CATALOG).migrate()
     except DumpdbError as exc:
         _fail(exc)
@@ -546,7 +556,8 @@ def export(
         path = dumpdb.open(_archive_path(archive)).export(runs, to)
     except DumpdbError as exc:
         _fail(exc)
-    out.print(f"exported {', '.join(runs)} to {path} ({_human(path.stat().st_size) if path.is_file() else 'directory'})",
+    size = _human(path.stat().st_size) if path.is_file() else "directory"
+    out.print(f"exported {', '.join(runs)} to {path} ({size})",
               highlight=False)
 
 

@@ -3,7 +3,7 @@
 comments)."""
 
 from dumpdb.catalog import schema
-from dumpdb.catalog.connection import DEFAULT_LOCK_TIMEOUT, Catalog, insert_arrow
+from dumpdb.catalog.connection import DEFAULT_LOCK_TIMEOUT, Catalog, insert_arrow, one
 from dumpdb.catalog.migrations import Migration, latest_version, load_migrations, migrations_dir
 
 __all__ = [
@@ -14,5 +14,6 @@ __all__ = [
     "latest_version",
     "load_migrations",
     "migrations_dir",
+    "one",
     "schema",
 ]

@@ -26,13 +26,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pyarrow as pa
 
 from dumpdb import __version__
 from dumpdb.catalog.migrations import Migration, latest_version, load_migrations
-from dumpdb.errors import ArchiveError, CatalogVersionError
+from dumpdb.errors import ArchiveError, CatalogCorrupt, CatalogVersionError
 
 DEFAULT_LOCK_TIMEOUT = float(os.environ.get("DUMPDB_LOCK_TIMEOUT", "120"))
 
@@ -114,12 +115,10 @@ class Catalog:
     @staticmethod
     def schema_version(con: duckdb.DuckDBPyConnection) -> int:
         """Applied schema version; 0 for an empty database."""
-        exists = con.execute(
-            "SELECT count(*) FROM information_schema.tables WHERE table_name = 'schema_version'"
-        ).fetchone()[0]
+        exists = one(con, "SELECT count(*) FROM information_schema.tables WHERE table_name = 'schema_version'")[0]
         if not exists:
             return 0
-        return con.execute("SELECT coalesce(max(version), 0) FROM schema_version").fetchone()[0]
+        return one(con, "SELECT coalesce(max(version), 0) FROM schema_version")[0]
 
     def create(self) -> None:
         """Create a new catalog file with every migration applied."""
@@ -191,6 +190,16 @@ class Catalog:
                 )
             applied.append(mig)
         return applied
+
+
+def one(con: duckdb.DuckDBPyConnection, sql: str, params: list | None = None) -> tuple[Any, ...]:
+    """The row of a query that returns exactly one (an aggregate, ``SELECT count(*) ...``).
+
+    Raises CatalogCorrupt when it returns none (the catalog lacks what the query reads)."""
+    row = con.execute(sql, params or []).fetchone()
+    if row is None:
+        raise CatalogCorrupt(f"query returned no row: {sql}")
+    return row
 
 
 def insert_arrow(

@@ -38,11 +38,11 @@ import pyarrow as pa
 import xxhash
 
 from dumpdb import __version__
-from dumpdb.archive import CATALOG, STORE, _check_marker, create_archive, default_archive_path, is_archive
+from dumpdb.archive import CATALOG, STORE, check_marker, create_archive, default_archive_path, is_archive
 from dumpdb.catalog import DEFAULT_LOCK_TIMEOUT, Catalog, insert_arrow, schema
 from dumpdb.dtypes import dtype_name, from_dump_name
 from dumpdb.errors import ArchiveError, DumpdbError
-from dumpdb.layouts import DumpScan, Layout, TensorEntry, detect, get_layout
+from dumpdb.layouts import DumpScan, Layout, TensorEntry, locate
 from dumpdb.layouts.base import display_name
 from dumpdb.progress import Reporter
 from dumpdb.stats import STAT_COLUMNS, compute_stats
@@ -154,7 +154,7 @@ class _RunLock:
 def _open_for_write(archive: Path) -> None:
     if not is_archive(archive):
         create_archive(archive)  # refuses a non-empty directory that is not an archive
-    _check_marker(archive)
+    check_marker(archive)
     if not (os.access(archive, os.W_OK) and os.access(archive / CATALOG, os.W_OK)):
         raise ArchiveError(f"{archive}: archive is read-only; cannot ingest into it")
 
@@ -187,7 +187,9 @@ def ingest(
     reporter = reporter or Reporter()
     dump_dir = Path(dump_dir)
     archive = Path(archive) if archive is not None else default_archive_path()
-    lay: Layout = get_layout(layout) if layout else detect(dump_dir)
+    # The dump may sit below the given directory (detection at any depth): read it from where it is.
+    found = locate(dump_dir, layout)
+    lay: Layout = found.layout
     run = run or dump_dir.resolve().name
     if not run.strip():
         raise DumpdbError("run name must not be empty")
@@ -195,10 +197,10 @@ def ingest(
     catalog = Catalog(archive / CATALOG, lock_timeout=lock_timeout, on_wait=on_wait)
     catalog.check(writable=True)
     with _RunLock(archive, run):
-        reporter.scanning(dump_dir)
-        scan = lay.scan(dump_dir)
+        reporter.scanning(found.path)
+        scan = lay.scan(found.path)
         report = IngestReport(run=run, archive=archive, layout=lay.name,
-                              source_path=str(dump_dir.resolve()), tensors_in_dump=len(scan.entries))
+                              source_path=str(found.path.resolve()), tensors_in_dump=len(scan.entries))
         pipeline = _Pipeline(catalog, TensorStore(archive / STORE, read_only=False), lay, scan,
                              report, reporter, workers or min(4, (os.cpu_count() or 2) + 1))
         try:

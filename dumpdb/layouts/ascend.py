@@ -58,7 +58,6 @@ Telling the layouts apart (names only; the first directories found decide):
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import re
@@ -66,17 +65,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from dumpdb.errors import DumpFileError, LayoutError
-from dumpdb.layouts import cann_pb
+from dumpdb.layouts import cann_pb, register
+from dumpdb.layouts import mindspore_kit as kit
 from dumpdb.layouts.base import DumpScan, Layout, LoadedTensor, TensorEntry, display_name, file_sizes, read_metadata_dir
-from dumpdb.layouts.mindspore_sync import (
-    MindSporeSync,
-    _float,
-    _int,
-    parse_tensor_name,
-    read_mapping_csv,
-    read_statistic_csv,
-    statistic_key,
-)
+from dumpdb.layouts.mindspore_kit import parse_tensor_name, read_mapping_csv, read_stats_csv
 from dumpdb.npy import read_npy_declared
 
 TIME_RE = re.compile(r"^(?:19|20)\d{8,12}$")
@@ -270,28 +262,6 @@ def _classify(root: Path) -> str | None:
     return "ascend-async-pb"
 
 
-# -- statistics csv ---------------------------------------------------------------------
-def read_stats_csv(path: Path) -> list[dict]:
-    """Rows of a statistics csv: :func:`read_statistic_csv` (MindSpore's statistic.csv
-    headers) plus the CANN spellings it does not know: ``Index`` for the slot and
-    ``L2 Norm Value`` (mstt AclDumpDataProcessor.cpp kStatsHeaderId / kStatsHeaderL2Norm)."""
-    rows = read_statistic_csv(path)
-    with open(path, encoding="utf-8", errors="replace", newline="") as f:
-        reader = csv.reader(f)
-        header = next(reader, None) or []
-        cols = [h.strip().lower() for h in header]
-        if not ({"index", "l2 norm value"} & set(cols)):
-            return rows
-        raw = [rec for rec in reader if rec and any(c.strip() for c in rec)]
-    for row, rec in zip(rows, raw):
-        values = dict(zip(cols, (c.strip() for c in rec)))
-        if row.get("slot") is None and "index" in values:
-            row["slot"] = _int(values["index"])
-        if "l2 norm value" in values and row["stats"].get("l2norm") is None:
-            row["stats"]["l2norm"] = _float(values["l2 norm value"])
-    return rows
-
-
 # -- the readers ------------------------------------------------------------------------
 class _CannLayout(Layout):
     """Shared scanning and loading of the CANN directory layouts."""
@@ -386,7 +356,7 @@ class _CannLayout(Layout):
                 mapping = read_mapping_csv(d / "mapping.csv")
             except OSError as exc:
                 scan.errors.append((src("mapping.csv"), f"cannot read: {exc.strerror or exc}"))
-        csv_rows: dict[tuple, tuple[str, dict]] = {}
+        stats = kit.StatisticJoin()
         npy_entries: list[TensorEntry] = []
         for name in sorted(sizes):
             original = mapping.get(name, name)
@@ -406,8 +376,7 @@ class _CannLayout(Layout):
             elif original.endswith(".npy"):
                 parsed = parse_tensor_name(original)
                 if parsed is None:
-                    scan.errors.append((source_file, "file name does not follow {op_type}.{op_name}.{task_id}."
-                                        "{stream_id}.{timestamp}.{input|output}.{slot}.{format}[.{dtype}].npy"))
+                    scan.errors.append((source_file, f"file name does not follow {kit.TENSOR_NAME_GRAMMAR}"))
                     continue
                 parsed["op_name"] = display_name(parsed["op_name"])
                 npy_entries.append(TensorEntry(source_file=source_file, path=str(path), size=sizes[name],
@@ -423,27 +392,12 @@ class _CannLayout(Layout):
                     for k, v in (from_name or {}).items():
                         if row.get(k) is None:
                             row[k] = v
-                    key = (row.get("op_type"), row.get("op_name"), row.get("task_id"), row.get("stream_id"),
-                           row.get("timestamp"), row.get("io"), row.get("slot"))
-                    csv_rows[(source_file, *key) if from_name else key] = (source_file, row)
+                stats.add(source_file, rows, per_file=bool(from_name))
         # statistic.csv rows describe the .npy files of the directory; the rest are statistics only.
         for entry in npy_entries:
-            hit = csv_rows.pop((entry.op_type, entry.op_name, entry.task_id, entry.stream_id,
-                                entry.timestamp, entry.io, entry.slot), None)
-            if hit is not None:
-                row = hit[1]
-                entry.stats = row["stats"] or None
-                entry.checksum, entry.checksum_algo = row["checksum"], row["checksum_algo"]
+            stats.attach(entry)
             scan.entries.append(entry)
-        for source_file, row in csv_rows.values():
-            scan.entries.append(TensorEntry(
-                source_file=source_file, path=None, tensor_key=statistic_key(source_file, row), **fields,
-                op_type=row.get("op_type"), op_name=row.get("op_name"), task_id=row.get("task_id"),
-                stream_id=row.get("stream_id"), timestamp=row.get("timestamp"), io=row.get("io"),
-                slot=row.get("slot"), format=row.get("format"), dtype_declared=row.get("dtype"),
-                shape_declared=row.get("shape"), stats=row["stats"] or None,
-                checksum=row["checksum"], checksum_algo=row["checksum_algo"],
-            ))
+        scan.entries.extend(stats.statistics_only(**fields))
 
     def _overflow_row(self, fields: dict, parsed: dict, slot: int, source_file: str, content: str) -> dict:
         return {
@@ -530,11 +484,13 @@ def _entry_order(e: TensorEntry) -> tuple:
     )
 
 
+@register
 class MindSporeR12AsyncPb(_CannLayout):
     name = "mindspore-r1.2-async-pb"
     description = ("MindSpore r1.2 asynchronous dump: {device_id}/{net}_graph_{g}/{g}/{iteration}/"
                    "{op_type}.{op_name}.{task_id}.{timestamp} (protobuf containers)")
     document = "seed 000 (Asynchronous Dump Data Object Directory); reference formats.md 3.2-3.4"
+    priority = 60
     framework = "MindSpore"
     names = _NAMES_R12
     name_pattern = _NAME_R12
@@ -551,19 +507,14 @@ class MindSporeR12AsyncPb(_CannLayout):
             by_device.setdefault(d.parent.parent.parent, []).append((d, ctx))  # {device_id}/
         if not by_device:
             raise LayoutError(f"{root}: no {self.name} dump found ({self.description})")
-        ms = MindSporeSync()
         metadata_dirs = set()
         for dev_dir, dirs in sorted(by_device.items()):
             first = len(scan.entries)
             for d, ctx in dirs:
                 self._scan_dir(root, d, ctx, scan)
             # graphs/ and execution_order/ sit in the device directory, as in the sync layout.
-            before = {rel: len(getattr(scan, rel)) for rel in ("ops", "execution_order", "graph_executions")}
-            scopes, params = ms._read_graphs(root, dev_dir, None, scan)
-            for rel, n in before.items():
-                for row in getattr(scan, rel)[n:]:
-                    row["device_id"] = int(dev_dir.name)
-            ms._link(scan.entries[first:], scopes, params)
+            graphs = kit.read_graphs(root, dev_dir, scan, rank=None, device_id=int(dev_dir.name))
+            kit.link_entries(scan.entries[first:], graphs)
             if dev_dir != root:
                 metadata_dirs.add(dev_dir.parent)  # {path}/.metadata/
         for top in sorted(metadata_dirs):
@@ -574,33 +525,41 @@ class MindSporeR12AsyncPb(_CannLayout):
         return scan
 
 
+@register
 class AscendAsyncPb(_CannLayout):
     name = "ascend-async-pb"
     description = ("MindSpore Ascend asynchronous dump, file_format bin: [{step_id}/]{time}/{device_id}/"
                    "[{model_name}/{model_id}/]{iteration_id}/ protobuf containers")
     document = "seed 001 (异步Dump数据对象目录, 异步Dump数据文件介绍); reference formats.md 3.1-3.4"
+    priority = 70
     framework = "MindSpore"
 
 
+@register
 class AscendAsyncNpy(_CannLayout):
     name = "ascend-async-npy"
     description = ("MindSpore Ascend asynchronous dump, file_format npy: [{step_id}/]{time}/{device_id}/"
                    "[{model_name}/{model_id}/]{iteration_id}/*.npy, statistic.csv, Opdebug *.json")
     document = "seed 001 (异步Dump, file_format npy; 同步Dump数据文件介绍 for names and statistic.csv)"
+    priority = 80
     framework = "MindSpore"
 
 
+@register
 class CannTfAdapter(_CannLayout):
     name = "cann-tf-adapter"
     description = ("CANN TensorFlow adapter dump: {time}/{deviceid}/{model_name}/{model_id}/{data_index}/ "
                    "protobuf containers (model_name ge_default_*)")
     document = "seed 003 (Dump Data Generation, Table 1 Path format of a dump file); reference formats.md 3"
+    priority = 90
     framework = "TensorFlow"
 
 
+@register
 class TorchAirGe(_CannLayout):
     name = "torchair-ge"
     description = ("TorchAir graph-mode dump: worldsize{N}_global_rank{R}/{time}/{device_id}/{model_name}/"
                    "{model_id}/{data_index}/ protobuf containers or csv statistics")
     document = "seed 004 (非dump_config_path配置项说明, dump_data stats); reference formats.md 3"
+    priority = 100
     framework = "PyTorch"

@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -112,6 +112,9 @@ class Layout:
     name: str = ""
     description: str = ""
     document: str = ""
+    # Detection order (lower first): in one directory the first layout whose detect()
+    # is True wins, so a layout that is a special case of another has a lower number.
+    priority: int = 100
     # Where the dump's own statistics (TensorEntry.stats) come from: the
     # catalog's stats_source says this, or this + '+computed'.
     stats_label: str = "statistic.csv"
@@ -127,6 +130,27 @@ class Layout:
     def load(self, entry: TensorEntry) -> LoadedTensor:
         """Read one entry's payload; raises DumpFileError naming the file."""
         raise NotImplementedError
+
+
+_REGISTRY: dict[str, Layout] = {}
+
+
+_L = TypeVar("_L", bound="type[Layout]")
+
+
+def register(cls: _L) -> _L:
+    """Class decorator: make layout ``cls`` known to detection, ``--layout`` and
+    ``dumpdb layouts`` (one instance, keyed by ``cls.name``). Raises ValueError for
+    a duplicate or empty name."""
+    if not cls.name or cls.name in _REGISTRY:
+        raise ValueError(f"layout name {cls.name!r} is empty or already registered")
+    _REGISTRY[cls.name] = cls()
+    return cls
+
+
+def registered() -> list[Layout]:
+    """Every registered layout, in detection order (``priority``, then name)."""
+    return sorted(_REGISTRY.values(), key=lambda lay: (lay.priority, lay.name))
 
 
 def display_name(name: str) -> str:

@@ -33,7 +33,8 @@ _SCOPE_RE = re.compile(r"#\s*Fullname with scope:\s*\((.*)\)\s*$|:\s*full_name_w
 # MindSpore r1.2 (seed 000) writes the scope as a bare ": (Default/...)" line under the node.
 _BARE_SCOPE_RE = re.compile(r"^:\s*\(([^()<>\s]*/[^()<>\s]*)\)$")
 _TRACE_RE = re.compile(r"#\s*In file\s+(.*)$")
-_TRACE_PARTS_RE = re.compile(r"^(?P<file>.+?)(?::(?P<line>\d+)(?P<range>~\d+)?(?:,\s*[\d~]+)?|\((?P<line2>\d+)\))/(?P<code>.*?)/?$")
+_TRACE_PARTS_RE = re.compile(
+    r"^(?P<file>.+?)(?::(?P<line>\d+)(?P<range>~\d+)?(?:,\s*[\d~]+)?|\((?P<line2>\d+)\))/(?P<code>.*?)/?$")
 _TYPE_ITEM_RE = re.compile(r"<([^<>]*)>")
 _TENSOR_ITEM_RE = re.compile(r"^(?:Ref\[)?Tensor\[(\w+)\]\]?,\s*\(([\d,\s]*)\)")
 _OP_NUMBER_RE = re.compile(r"-op(\d+)$")

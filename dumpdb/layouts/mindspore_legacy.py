@@ -63,7 +63,8 @@ import numpy as np
 
 from dumpdb.dtypes import from_dump_name
 from dumpdb.errors import DumpFileError, LayoutError
-from dumpdb.layouts import mindspore_ir as ir
+from dumpdb.layouts import mindspore_kit as kit
+from dumpdb.layouts import register
 from dumpdb.layouts.base import DumpScan, Layout, LoadedTensor, TensorEntry, display_name, find_dirs, read_metadata_dir
 
 ITERATION_DIR_RE = re.compile(r"^iteration_(\d+)$")
@@ -73,9 +74,6 @@ BIN_NAME_RE = re.compile(
     r"_(?P<dtype>[A-Za-z][A-Za-z0-9]*)_(?P<format>[A-Za-z0-9][A-Za-z0-9_]*)\.bin$"
 )
 NAME_GRAMMAR = "{op_name}_{input|output}_{index}_shape_{d0}_{d1}..._{data_type}_{format}.bin"
-_EO_RE = re.compile(r"^ms_execution_order_graph_(\d+)\.csv$")
-_IR_RE = re.compile(r"^ms_output_trace_code_graph_(\d+)\.ir$")
-# r1.2 IR scope line (seed 000): "       : (Default/network-WithLossCell/.../Conv2D-op107)"
 MAX_SEARCH_DEPTH = 4
 
 
@@ -110,11 +108,13 @@ def find_iteration_dirs(start: Path, max_depth: int = MAX_SEARCH_DEPTH) -> list[
     return find_dirs(start, ITERATION_DIR_RE.match, max_depth)
 
 
+@register
 class MindSporeR12SyncBin(Layout):
     name = "mindspore-r1.2-sync-bin"
     description = ("MindSpore r1.2 synchronous dump: {net_name}/[device_{id}/]iteration_{n}/"
                    "{op_name}_{output_0}_shape_{dims}_{data_type}_{format}.bin")
     document = "seed 000 (MindSpore r1.2 Using Dump in the Graph Mode, Synchronous Dump)"
+    priority = 50
 
     def detect(self, root: Path) -> bool:
         for it_dir in find_iteration_dirs(Path(root)):
@@ -166,50 +166,12 @@ class MindSporeR12SyncBin(Layout):
     # -- graphs ------------------------------------------------------------------
     @staticmethod
     def _read_graphs(root: Path, device_dir: Path, scan: DumpScan, device_id: int | None = None) -> dict[int, dict]:
-        """{graph_id: {"scopes": set of scope names, "op_types": {scope: op_type}, "params": [...]}}."""
-        graphs: dict[int, dict] = {}
-
-        def graph(g: int) -> dict:
-            return graphs.setdefault(g, {"scopes": set(), "op_types": {}, "params": []})
-
-        graphs_dir = device_dir / "graphs"
-        if graphs_dir.is_dir():
-            for path in sorted(graphs_dir.iterdir()):
-                m = _IR_RE.match(path.name)
-                if not m:
-                    continue
-                g = int(m.group(1))
-                try:
-                    nodes, params = ir.parse_ir(path)
-                except OSError as exc:
-                    scan.errors.append((display_name(os.path.relpath(path, root)),
-                                        f"cannot read IR: {exc.strerror or exc}"))
-                    continue
-                info = graph(g)
-                info["params"] = params
-                for n in nodes:
-                    scan.ops.append({"rank": None, "device_id": device_id, "graph_id": g, **n})
-                    if n["scope_name"]:
-                        info["scopes"].add(n["scope_name"])
-                        info["op_types"].setdefault(n["scope_name"], n["op_type"])
-        eo_dir = device_dir / "execution_order"
-        if eo_dir.is_dir():
-            for path in sorted(eo_dir.iterdir()):
-                m = _EO_RE.match(path.name)
-                if not m:
-                    continue
-                g = int(m.group(1))
-                try:
-                    order = ir.read_execution_order(path)
-                except OSError as exc:
-                    scan.errors.append((display_name(os.path.relpath(path, root)),
-                                        f"cannot read execution order: {exc.strerror or exc}"))
-                    continue
-                graph(g)["scopes"].update(order)
-                scan.execution_order.extend(
-                    {"rank": None, "device_id": device_id, "graph_id": g, "position": i, "scope_name": s}
-                    for i, s in enumerate(order))
-        return graphs
+        """{graph_id: {"scopes": set of scope names, "op_types": {scope: op_type}, "params": [...]}}
+        from the device directory's graphs/ and execution_order/ (:func:`mindspore_kit.read_graphs`)."""
+        read = kit.read_graphs(root, device_dir, scan, rank=None, device_id=device_id)
+        return {g: {"scopes": set(read.ir_scopes.get(g, [])) | set(read.order.get(g, [])),
+                    "op_types": read.op_types.get(g, {}), "params": read.params.get(g, [])}
+                for g in read.graph_ids()}
 
     # -- tensor files ----------------------------------------------------------
     def _scan_iteration(self, root: Path, it_dir: Path, net_name: str, device_id: int | None,

@@ -17,13 +17,13 @@ Sources: seed 001 (同步Dump数据对象目录 / 同步Dump数据文件介绍),
 
 from __future__ import annotations
 
-import csv
 import os
 import re
 from pathlib import Path
 
 from dumpdb.errors import LayoutError
-from dumpdb.layouts import mindspore_ir as ir
+from dumpdb.layouts import mindspore_kit as kit
+from dumpdb.layouts import register
 from dumpdb.layouts.base import (
     DumpScan,
     Layout,
@@ -34,49 +34,20 @@ from dumpdb.layouts.base import (
     find_dirs,
     read_metadata_dir,
 )
+
+# Re-exported: these moved to the shared kit (dumpdb.layouts.mindspore_kit).
+from dumpdb.layouts.mindspore_kit import (  # noqa: F401
+    TENSOR_NAME_RE,
+    parse_tensor_name,
+    read_mapping_csv,
+    read_statistic_csv,
+    statistic_key,
+)
 from dumpdb.npy import read_npy_declared
 
 RANK_DIR_RE = re.compile(r"^rank_(\d+)$")
-TENSOR_NAME_RE = re.compile(
-    r"^(?P<op_type>[^.]+)\.(?P<op_name>.+)\.(?P<task_id>\d+)\.(?P<stream_id>\d+)\.(?P<timestamp>\d+)"
-    r"\.(?P<io>input|output)\.(?P<slot>\d+)\.(?P<format>[A-Za-z0-9_]+)(?:\.(?P<dtype>[A-Za-z0-9_]+))?\.npy$"
-)
-_EO_RE = re.compile(r"^ms_execution_order_graph_(\d+)\.csv$")
-_GEO_RE = re.compile(r"^ms_global_execution_order_graph_(\d+)\.csv$")
-_IR_RE = re.compile(r"^ms_output_trace_code_graph_(\d+)\.ir$")
 _SPECIAL_DIRS = {".dump_metadata", "graphs", "execution_order"}
 MAX_SEARCH_DEPTH = 4
-
-# statistic.csv header -> catalog statistic column (seed 001 and corpus README:
-# "Max Value, Min Value, Avg Value, Count, Negative Zero Count, Positive Zero
-# Count, NaN Count, Negative Inf Count, Positive Inf Count, Zero Count, MD5,
-# L2Norm Value"). Matched case-insensitively; unknown columns are ignored.
-_CSV_STATS = {
-    "max value": "max",
-    "min value": "min",
-    "avg value": "mean",
-    "l2norm value": "l2norm",
-    "count": "count",
-    "nan count": "nan_count",
-    "positive inf count": "pos_inf_count",
-    "negative inf count": "neg_inf_count",
-    "zero count": "zero_count",
-}
-_CSV_KEYS = {
-    "op type": "op_type",
-    "op name": "op_name",
-    "task id": "task_id",
-    "stream id": "stream_id",
-    "timestamp": "timestamp",
-    "io": "io",
-    "input/output": "io",
-    "slot": "slot",
-    "data type": "dtype",
-    "shape": "shape",
-    "format": "format",
-}
-_CSV_CHECKSUMS = {"md5": "md5", "md5 value": "md5", "sha1": "sha1", "sha1 value": "sha1"}
-
 
 def find_dump_roots(start: Path, max_depth: int = MAX_SEARCH_DEPTH) -> list[Path]:
     """Directories at or below ``start`` that directly contain ``rank_{id}`` dirs.
@@ -90,113 +61,12 @@ def find_dump_roots(start: Path, max_depth: int = MAX_SEARCH_DEPTH) -> list[Path
     return sorted({r.parent for r in ranks})
 
 
-def _int(text: str | None) -> int | None:
-    if text is None or text == "":
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        try:
-            return int(float(text))
-        except ValueError:
-            return None
-
-
-def _float(text: str | None) -> float | None:
-    if text is None or text.strip() == "":
-        return None
-    try:
-        return float(text)
-    except ValueError:
-        return None
-
-
-def read_mapping_csv(path: Path) -> dict[str, str]:
-    """``{hashed file name: original file name}`` from a mapping.csv (no header)."""
-    mapping: dict[str, str] = {}
-    with open(path, encoding="utf-8", errors="surrogateescape", newline="") as f:
-        for row in csv.reader(f):
-            if len(row) >= 2 and row[0].strip():
-                mapping[row[0].strip()] = ",".join(row[1:]).strip()
-    return mapping
-
-
-def read_statistic_csv(path: Path) -> list[dict]:
-    """Rows of a statistic.csv, keyed by catalog names, parsed by header names.
-
-    Extra and reordered columns are tolerated; a missing key column gives
-    None. Each row: the key fields (op_type, op_name, task_id, stream_id,
-    timestamp, io, slot), ``dtype``/``shape``/``format`` as written, ``stats``
-    (catalog statistic columns present) and ``checksum``/``checksum_algo``.
-    """
-    rows = []
-    with open(path, encoding="utf-8", errors="replace", newline="") as f:
-        reader = csv.reader(f)
-        header = next(reader, None)
-        if not header:
-            return rows
-        cols = [h.strip().lower() for h in header]
-        for rec in reader:
-            if not rec or all(not c.strip() for c in rec):
-                continue
-            values = dict(zip(cols, (c.strip() for c in rec)))
-            row: dict = {field: values.get(col) for col, field in _CSV_KEYS.items() if col in values}
-            for num in ("task_id", "stream_id", "timestamp", "slot"):
-                row[num] = _int(row.get(num))
-            io = (row.get("io") or "").lower()
-            row["io"] = io if io in ("input", "output") else None
-            stats = {}
-            for col, field in _CSV_STATS.items():
-                if col in values:
-                    v = _float(values[col])
-                    stats[field] = int(v) if (v is not None and field.endswith("count")) else v
-            if "zero_count" not in stats and {"negative zero count", "positive zero count"} <= values.keys():
-                neg, pos = _int(values["negative zero count"]), _int(values["positive zero count"])
-                if neg is not None and pos is not None:
-                    stats["zero_count"] = neg + pos
-            row["stats"] = stats
-            row["checksum"] = row["checksum_algo"] = None
-            for col, algo in _CSV_CHECKSUMS.items():
-                if values.get(col):
-                    row["checksum"], row["checksum_algo"] = values[col], algo
-                    break
-            if row.get("shape"):
-                row["shape"] = tuple(int(d) for d in re.findall(r"\d+", row["shape"]))
-            rows.append(row)
-    return rows
-
-
-def statistic_key(csv_file: str, row: dict) -> str:
-    """``tensor_key`` of a statistics-only row: the csv plus the row's identity fields
-    (the same formula migration 002 uses for older archives)."""
-    parts = (row.get("op_type"), row.get("op_name"), row.get("task_id"), row.get("stream_id"),
-             row.get("timestamp"), row.get("io"), row.get("slot"))
-    return csv_file + "#" + ".".join("" if p is None else str(p) for p in parts)
-
-
-def parse_tensor_name(name: str) -> dict | None:
-    """Fields of a tensor file name, or None if it does not follow the pattern."""
-    m = TENSOR_NAME_RE.match(name)
-    if not m:
-        return None
-    d = m.groupdict()
-    return {
-        "op_type": display_name(d["op_type"]),
-        "op_name": display_name(d["op_name"]),
-        "task_id": int(d["task_id"]),
-        "stream_id": int(d["stream_id"]),
-        "timestamp": int(d["timestamp"]),
-        "io": d["io"],
-        "slot": int(d["slot"]),
-        "format": d["format"],
-        "dtype_declared": d["dtype"],
-    }
-
-
+@register
 class MindSporeSync(Layout):
     name = "mindspore-sync"
     description = "MindSpore 2.x synchronous (e2e) dump: rank_{id}/{net}/{graph}/{iteration}/*.npy"
     document = "seed 001 (MindSpore Dump, 同步Dump), seed 002; corpus mindspore-cpu"
+    priority = 20
 
     def detect(self, root: Path) -> bool:
         for dump_root in find_dump_roots(root):
@@ -261,7 +131,7 @@ class MindSporeSync(Layout):
         rank = int(RANK_DIR_RE.match(rank_dir.name).group(1))
         rel_rank = os.path.relpath(rank_dir, root)
         self._read_metadata(root, rank_dir, scan)
-        scopes_by_graph, params_by_graph = self._read_graphs(root, rank_dir, rank, scan)
+        graphs = kit.read_graphs(root, rank_dir, scan, rank=rank, device_id=None)
         rank_entries: list[TensorEntry] = []
         for net_dir in self._net_dirs(rank_dir):
             net_name = net_dir.name
@@ -281,7 +151,7 @@ class MindSporeSync(Layout):
                     rel_dir = os.path.join(rel_rank, net_name, graph_dir.name, it_dir.name)
                     rank_entries.extend(self._scan_tensor_dir(
                         it_dir, rel_dir, rank, net_name, graph_id, iteration, scan))
-        self._link(rank_entries, scopes_by_graph, params_by_graph)
+        kit.link_entries(rank_entries, graphs)
         scan.entries.extend(rank_entries)
 
     def _read_metadata(self, root: Path, rank_dir: Path, scan: DumpScan) -> None:
@@ -292,54 +162,6 @@ class MindSporeSync(Layout):
         if isinstance(config, dict):
             scan.framework_version = scan.framework_version or config.get("ms_version")
             scan.device_target = scan.device_target or config.get("device_target")
-
-    def _read_graphs(self, root: Path, rank_dir: Path, rank: int, scan: DumpScan):
-        scopes_by_graph: dict[int, list[str]] = {}
-        params_by_graph: dict[int, list[str]] = {}
-        ir_scopes: dict[int, list[str]] = {}
-        graphs_dir = rank_dir / "graphs"
-        if graphs_dir.is_dir():
-            for path in sorted(graphs_dir.iterdir()):
-                m = _IR_RE.match(path.name)
-                if not m:
-                    continue
-                g = int(m.group(1))
-                try:
-                    nodes, params = ir.parse_ir(path)
-                except OSError as exc:
-                    scan.errors.append((os.path.relpath(path, root), f"cannot read IR: {exc.strerror or exc}"))
-                    continue
-                params_by_graph[g] = params
-                ir_scopes[g] = [n["scope_name"] for n in nodes if n["scope_name"]]
-                for n in nodes:
-                    scan.ops.append({"rank": rank, "graph_id": g, **n})
-        eo_dir = rank_dir / "execution_order"
-        if eo_dir.is_dir():
-            for path in sorted(eo_dir.iterdir()):
-                rel = os.path.relpath(path, root)
-                m, gm = _EO_RE.match(path.name), _GEO_RE.match(path.name)
-                try:
-                    if m:
-                        g = int(m.group(1))
-                        order = ir.read_execution_order(path)
-                        scopes_by_graph[g] = order
-                        scan.execution_order.extend(
-                            {"rank": rank, "graph_id": g, "position": i, "scope_name": s}
-                            for i, s in enumerate(order)
-                        )
-                    elif gm:
-                        g = int(gm.group(1))
-                        scan.graph_executions.extend(
-                            {"rank": rank, "graph_id": g, "iteration": it}
-                            for it in ir.read_global_execution_order(path)
-                        )
-                except OSError as exc:
-                    scan.errors.append((rel, f"cannot read execution order: {exc.strerror or exc}"))
-        for g, scopes in ir_scopes.items():
-            # Kernels come from the execution order; the IR also has Load,
-            # UpdateState, ... nodes. Use the IR only where no order exists.
-            scopes_by_graph.setdefault(g, scopes)
-        return scopes_by_graph, params_by_graph
 
     def _scan_tensor_dir(self, it_dir: Path, rel_dir: str, rank: int, net_name: str,
                          graph_id: int, iteration: int | None, scan: DumpScan) -> list[TensorEntry]:
@@ -356,13 +178,11 @@ class MindSporeSync(Layout):
                 mapping = read_mapping_csv(it_dir / "mapping.csv")
             except OSError as exc:
                 scan.errors.append((os.path.join(rel_dir, "mapping.csv"), f"cannot read: {exc.strerror or exc}"))
-        csv_rows: dict[tuple, dict] = {}
+        stats = kit.StatisticJoin()
+        csv_file = display_name(os.path.join(rel_dir, "statistic.csv"))
         if "statistic.csv" in names:
             try:
-                for row in read_statistic_csv(it_dir / "statistic.csv"):
-                    key = (row.get("op_type"), row.get("op_name"), row.get("task_id"),
-                           row.get("stream_id"), row.get("timestamp"), row.get("io"), row.get("slot"))
-                    csv_rows[key] = row
+                stats.add(csv_file, read_statistic_csv(it_dir / "statistic.csv"))
             except OSError as exc:
                 scan.errors.append((os.path.join(rel_dir, "statistic.csv"), f"cannot read: {exc.strerror or exc}"))
         for name in sorted(names):
@@ -372,8 +192,7 @@ class MindSporeSync(Layout):
             source_file = display_name(os.path.join(rel_dir, name))
             fields = parse_tensor_name(original)
             if fields is None:
-                scan.errors.append((source_file, "file name does not follow "
-                                    "{op_type}.{op_name}.{task_id}.{stream_id}.{timestamp}.{input|output}.{slot}.{format}[.{dtype}].npy"))
+                scan.errors.append((source_file, f"file name does not follow {kit.TENSOR_NAME_GRAMMAR}"))
                 continue
             entry = TensorEntry(
                 source_file=source_file, path=str(it_dir / name), rank=rank, net_name=net_name,
@@ -381,44 +200,11 @@ class MindSporeSync(Layout):
             )
             if name in mapping:
                 entry.note = f"name from mapping.csv ({name})"
-            row = csv_rows.pop((entry.op_type, entry.op_name, entry.task_id, entry.stream_id,
-                                entry.timestamp, entry.io, entry.slot), None)
-            if row is not None:
-                entry.stats = row["stats"] or None
-                entry.checksum, entry.checksum_algo = row["checksum"], row["checksum_algo"]
+            stats.attach(entry)
             entries.append(entry)
         # statistic.csv rows without a tensor file: statistics-only tensors.
-        csv_file = display_name(os.path.join(rel_dir, "statistic.csv"))
-        for row in csv_rows.values():
-            entries.append(TensorEntry(
-                source_file=csv_file, path=None, tensor_key=statistic_key(csv_file, row),
-                rank=rank, net_name=net_name, graph_id=graph_id, iteration=iteration,
-                op_type=row.get("op_type"), op_name=row.get("op_name"), task_id=row.get("task_id"),
-                stream_id=row.get("stream_id"), timestamp=row.get("timestamp"), io=row.get("io"),
-                slot=row.get("slot"), format=row.get("format"), dtype_declared=row.get("dtype"),
-                shape_declared=row.get("shape"), stats=row["stats"] or None,
-                checksum=row["checksum"], checksum_algo=row["checksum_algo"],
-            ))
+        entries.extend(stats.statistics_only(rank=rank, net_name=net_name, graph_id=graph_id, iteration=iteration))
         return entries
-
-    @staticmethod
-    def _link(entries: list[TensorEntry], scopes_by_graph: dict[int, list[str]],
-              params_by_graph: dict[int, list[str]]) -> None:
-        by_graph: dict[int | None, list[TensorEntry]] = {}
-        for e in entries:
-            by_graph.setdefault(e.graph_id, []).append(e)
-        for g, group in by_graph.items():
-            ops = [e.op_name for e in group if e.op_type != "Parameter" and e.op_name]
-            links = ir.link_scopes(ops, scopes_by_graph.get(g, []))
-            # Parameter files: Parameter.{name with '.' -> '_'} (corpus README).
-            params = {}
-            for p in params_by_graph.get(g, []):
-                params.setdefault(p.replace(".", "_"), p)
-            for e in group:
-                if e.op_type == "Parameter":
-                    e.scope_name = params.get(e.op_name)
-                else:
-                    e.scope_name = links.get(e.op_name)
 
     # -- payloads ----------------------------------------------------------------
     def load(self, entry: TensorEntry) -> LoadedTensor:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import re
 
 from dumpdb.errors import DumpFileError
-from dumpdb.layouts.base import LoadedTensor, TensorEntry, display_name
+from dumpdb.layouts.base import LoadedTensor, TensorEntry, display_name, register
 from dumpdb.layouts.flat_npy import FlatNpyLayout
 from dumpdb.npy import read_npy
 
@@ -59,11 +59,13 @@ def parse_msaccucmp_name(name: str) -> dict | None:
     }
 
 
+@register
 class MsaccucmpNpy(FlatNpyLayout):
     name = "msaccucmp-npy"
     description = ("CANN msaccucmp convert output: {op_type}.{op_name}.{task_id}[.{stream_id}].{timestamp}"
                    ".{input|output}.{index}.{d0}x{d1}x....npy")
     document = "seed 000 and seed 001 (Asynchronous Dump Data Analysis Sample: msaccucmp.py convert)"
+    priority = 1000  # flat .npy names only: tried last
 
     name_re = MSACCUCMP_NAME_RE
     grammar = NAME_GRAMMAR

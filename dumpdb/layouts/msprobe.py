@@ -87,7 +87,7 @@ import numpy as np
 
 from dumpdb.dtypes import BFLOAT16, dtype_name, from_dump_name
 from dumpdb.errors import DumpFileError, LayoutError
-from dumpdb.layouts.base import DumpScan, Layout, LoadedTensor, TensorEntry, display_name, file_sizes
+from dumpdb.layouts.base import DumpScan, Layout, LoadedTensor, TensorEntry, display_name, file_sizes, register
 from dumpdb.npy import read_npy
 
 STEP_DIR_RE = re.compile(r"^step(\d+)$")
@@ -293,10 +293,12 @@ def _step_sort_key(p: Path) -> tuple:
 
 
 # -- the layout ----------------------------------------------------------------------
+@register
 class MsprobeDump(Layout):
     name = "msprobe"
     description = "msprobe (PrecisionDebugger) dump: step{N}/rank{R}|proc{PID}/dump.json [+ dump_tensor_data/]"
     document = "reference formats.md section 1 (msprobe 26.2.0); corpus msprobe-torch-cpu"
+    priority = 30
     stats_label = "dump.json"
 
     def detect(self, root: Path) -> bool:

@@ -29,15 +29,17 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from dumpdb.layouts.base import DumpScan
+from dumpdb.layouts.base import DumpScan, register
 from dumpdb.layouts.mindspore_sync import RANK_DIR_RE, MindSporeSync, find_dump_roots
 
 
+@register
 class StatisticOnly(MindSporeSync):
     name = "statistic-only"
     description = ("MindSpore 2.x synchronous dump with saved_data \"statistic\": "
                    "rank_{id}/{net}/{graph}/{iteration}/statistic.csv and no tensor files")
     document = "seed 001 (Dump功能调试: saved_data statistic, statistic.csv)"
+    priority = 10  # a mindspore-sync tree without tensor files
 
     def detect(self, root: Path) -> bool:
         root = Path(root)

@@ -35,7 +35,7 @@ from __future__ import annotations
 import os
 import re
 
-from dumpdb.layouts.base import LoadedTensor, TensorEntry, display_name
+from dumpdb.layouts.base import LoadedTensor, TensorEntry, display_name, register
 from dumpdb.layouts.flat_npy import FlatNpyLayout
 from dumpdb.npy import read_npy_declared
 
@@ -65,10 +65,12 @@ def parse_tensordump_name(name: str) -> dict | None:
     }
 
 
+@register
 class MindSporeTensorDump(FlatNpyLayout):
     name = "mindspore-tensordump"
     description = "MindSpore ops.TensorDump files: {fileName}[_in]_{dtype}_{id}.npy"
     document = "MindSpore API mindspore.ops.TensorDump; reference formats.md section 4; corpus j_tensordump_pynative"
+    priority = 40
 
     name_re = TENSORDUMP_NAME_RE
     grammar = NAME_GRAMMAR

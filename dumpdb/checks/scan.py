@@ -48,8 +48,9 @@ last dumped one if it was dumped several times there); ``detail`` names that ite
 MindInsight compares with the previous step and reports an error when it was not dumped;
 with iterations 0, 2, 3 dumped, dumpdb compares 2 with 0 and 3 with 2.
 
-Checks (names, parameters and defaults in :data:`CHECKS`; exact definitions in each
-entry's ``description``). The MindInsight watch conditions follow
+Checks (names, parameters and defaults in :data:`CHECKS`, the registry of
+:mod:`dumpdb.checks.registry`; one entry each in :mod:`dumpdb.checks.conditions`, with its
+exact definition in ``description``). The MindInsight watch conditions follow
 ``mindinsight/debugger/api/conditions.py`` (names, parameters) and MindSpore's evaluator
 ``mindspore/ccsrc/debug/debugger/tensor_summary.cc`` (``TensorSummary::IsWatchpointHit``,
 ``StatLookup``) with ``debug_services.h`` (``parameter_t::Evaluate``); reference
@@ -67,13 +68,14 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
+from dumpdb.checks.conditions import FP16_MAX
+from dumpdb.checks.registry import CHECKS, Check
+from dumpdb.checks.registry import ThresholdTest as _Test
 from dumpdb.errors import DumpdbError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -81,7 +83,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["CHECKS", "DEFAULT_CHECKS", "FP16_MAX", "RESULT_SCHEMA", "Check", "parse_check_spec", "scan"]
 
-FP16_MAX = 65504.0  # msaccucmp OVERFLOW_MAX_VALUE (reference formats.md 2.2); float16 max finite
 READ_BATCH = 32  # tensors per Archive.tensors() call
 CHUNK = 1 << 20  # elements per float64 pass over a payload
 _SLACK = 1e-9  # relative widening of statistics-derived bounds (float64 rounding)
@@ -105,99 +106,6 @@ RESULT_SCHEMA = pa.schema([
     ("code_line", pa.int32()),
     ("code_text", pa.string()),
 ])
-
-_MI = ("MindInsight {cls} (mindinsight/debugger/api/conditions.py, condition id {id}); evaluated as "
-       "MindSpore TensorSummary::IsWatchpointHit/StatLookup (mindspore/ccsrc/debug/debugger/tensor_summary.cc); "
-       "reference formats.md 5")
-
-
-@dataclass(frozen=True)
-class Check:
-    """One scan check. ``params`` maps each parameter to its default (None: disabled unless given)."""
-
-    name: str
-    description: str
-    source: str
-    params: Mapping[str, float | None]
-    needs_tensors: bool
-
-
-def _check(name, description, source, params=None, needs_tensors=False) -> Check:
-    return Check(name, description, source, MappingProxyType(dict(params or {})), needs_tensors)
-
-
-CHECKS: dict[str, Check] = {c.name: c for c in (
-    _check("nan", "tensors with NaN: nan_count > 0. value = nan_count. Statistics only.",
-           "catalog nan_count; MindSpore watch condition HAS_NAN (tensor_summary.cc: nan_count > 0)"),
-    _check("inf", "tensors with +-Inf: pos_inf_count + neg_inf_count > 0. value = number of +-Inf. Statistics only.",
-           "catalog pos_inf_count/neg_inf_count; MindSpore watch condition HAS_INF (inf_count > 0)"),
-    _check("nan_inf", "tensors with NaN or +-Inf: nan_count + pos_inf_count + neg_inf_count > 0. "
-           "value = that sum. Statistics only.",
-           "catalog counts; README 'First NaN/Inf of each iteration'"),
-    _check("fp16_overflow",
-           "max|x| >= max_abs_ge (NaN ignored; +-Inf counts as overflow, value inf). cast=0: only tensors that "
-           "are float16 (catalog dtype float16, or dtype_declared float16 with another payload dtype); "
-           "cast=1: every numeric tensor (would overflow if cast to float16). value = max|x|. Statistics "
-           "(max(|min|, |max|)); reads only tensors holding NaN and no Inf, whose catalog min/max are NaN.",
-           "msaccucmp OVERFLOW_MAX_VALUE 65504 (reference formats.md 2.2); MindInsight DumpAnalyzer."
-           "summary_statistics overflow_value=65500 (formats.md 5): pass max_abs_ge=65500 for it",
-           {"max_abs_ge": FP16_MAX, "cast": 0.0}, needs_tensors=True),
-    _check("all_zero", "non-empty tensors whose elements are all 0: count > 0 and zero_count = count "
-           "(-0.0 is 0, NaN is not, bool False is 0). value = count. Statistics only.",
-           "catalog zero_count; README 'All-zero tensors'"),
-    _check("tensor_too_large",
-           "hit if abs_mean > abs_mean_gt or max > max_gt or min > min_gt or mean > mean_gt (given ones; at "
-           "least one). abs_mean = mean(|x|): exact from statistics when min >= 0 (= mean) or max <= 0 "
-           "(= -mean), else read. Tensors with NaN/Inf are not evaluated.",
-           _MI.format(cls="TensorTooLargeCondition", id=15),
-           {"abs_mean_gt": None, "max_gt": None, "min_gt": None, "mean_gt": None}, needs_tensors=True),
-    _check("tensor_too_small",
-           "hit if abs_mean < abs_mean_lt or max < max_lt or min < min_lt or mean < mean_lt (given ones; at "
-           "least one). abs_mean as in tensor_too_large. Tensors with NaN/Inf are not evaluated.",
-           _MI.format(cls="TensorTooSmallCondition", id=16),
-           {"abs_mean_lt": None, "max_lt": None, "min_lt": None, "mean_lt": None}, needs_tensors=True),
-    _check("tensor_range",
-           "range_percentage = 100 * #(range_start_inclusive <= x <= range_end_inclusive) / count; hit if "
-           "range_percentage < range_percentage_lt or > range_percentage_gt, or max-min < max_min_lt or "
-           "> max_min_gt (given ones; at least one of these four; a percentage needs both range ends). "
-           "The percentage is exact from statistics when the range covers [min, max] (100) or misses it (0), "
-           "else read. Tensors with NaN/Inf are not evaluated.",
-           _MI.format(cls="TensorRangeCondition", id=21),
-           {"range_start_inclusive": None, "range_end_inclusive": None, "range_percentage_lt": None,
-            "range_percentage_gt": None, "max_min_lt": None, "max_min_gt": None}, needs_tensors=True),
-    _check("tensor_all_zero",
-           "zero_percentage = 100 * zero_count / count >= zero_percentage_ge (default 100, MindInsight's UI "
-           "default). value = zero_percentage. Statistics only; tensors with NaN/Inf are not evaluated.",
-           _MI.format(cls="TensorAllZeroCondition", id=17)
-           + "; default from mindinsight/debugger/conditionmgr/condition_list.py",
-           {"zero_percentage_ge": 100.0}),
-    _check("tensor_overflow", "tensors with NaN or +-Inf (nan_count + inf_count > 0, MindSpore GENERAL_OVERFLOW). "
-           "value = that count. Statistics only.",
-           _MI.format(cls="TensorOverflowCondition", id=13)),
-    _check("tensor_unchanged",
-           "|x - x_prev| <= atol + rtol * |x_prev| for every element (allclose; NaN compares false), x_prev = "
-           "the same tensor (rank, device, graph, scope/op name, io, slot) in the previous dumped iteration, "
-           "same element count. value = max|x - x_prev|. Identical payloads (content_hash) hit without "
-           "reading; statistics rule out changed ones (|d max|, |d min|, |d mean| > atol + rtol*max|x_prev|) "
-           "without reading; the rest are read. Tensors with NaN/Inf are not evaluated.",
-           _MI.format(cls="TensorUnchangedCondition", id=20),
-           {"rtol": 1e-5, "atol": 1e-8}, needs_tensors=True),
-    _check("tensor_change_above_threshold",
-           "abs_mean_update_ratio = mean|x - x_prev| / (mean|x_prev| + epsilon) > abs_mean_update_ratio_gt "
-           "(default 0.1, MindInsight's UI default), x_prev as in tensor_unchanged (for a Parameter: the "
-           "weight update). epsilon in the denominator as MindSpore's StatLookup computes it (the "
-           "docstring writes '+ epsilon' after the fraction). value = the ratio. Identical payloads give 0 "
-           "without reading; statistics bound the ratio; the rest are read.",
-           _MI.format(cls="TensorChangeAboveThresholdCondition", id=18)
-           + "; default from mindinsight/debugger/conditionmgr/condition_list.py",
-           {"abs_mean_update_ratio_gt": 0.1, "epsilon": 1e-9}, needs_tensors=True),
-    _check("tensor_change_below_threshold",
-           "abs_mean_update_ratio (as in tensor_change_above_threshold) < abs_mean_update_ratio_lt (default "
-           "1e-4, MindInsight's UI default). value = the ratio.",
-           _MI.format(cls="TensorChangeBelowThresholdCondition", id=19)
-           + "; default from mindinsight/debugger/conditionmgr/condition_list.py",
-           {"abs_mean_update_ratio_lt": 1e-4, "epsilon": 1e-9}, needs_tensors=True),
-)}
 
 DEFAULT_CHECKS: tuple[str, ...] = ("nan", "inf", "fp16_overflow", "all_zero")
 
@@ -487,14 +395,6 @@ def _metric_sql(metric: str, p: Mapping[str, float]) -> tuple[str, str]:
 
 
 # --------------------------------------------------------------------------- check implementations
-@dataclass(frozen=True)
-class _Test:
-    param: str  # shown in detail, e.g. "max_gt"
-    metric: str
-    op: str  # gt | lt | ge
-    threshold: float
-
-
 def _passes(value: float | None, op: str, threshold: float) -> bool:
     if value is None or math.isnan(value):  # MindSpore parameter_t::Evaluate: NaN never hits
         return False
@@ -508,18 +408,9 @@ _MI_METRIC = {"abs_mean": "abs_mean", "max": "max", "min": "min", "mean": "mean"
 
 
 def _tests(name: str, p: Mapping[str, float]) -> list[_Test]:
-    if name == "nan":
-        return [_Test("nan", "nan_count", "gt", 0)]
-    if name == "inf":
-        return [_Test("inf", "inf_count", "gt", 0)]
-    if name in ("nan_inf", "tensor_overflow"):
-        return [_Test(name, "nan_inf_count", "gt", 0)]
-    if name == "all_zero":
-        return [_Test("all_zero", "zero_pct", "ge", 100)]
-    if name == "fp16_overflow":
-        return [_Test("max_abs_ge", "max_abs", "ge", p["max_abs_ge"])]
-    if name == "tensor_unchanged":
-        return [_Test("allclose", "allclose", "ge", 1)]
+    check = CHECKS[name]
+    if check.tests is not None:
+        return check.tests(p)
     out = []
     for key in CHECKS[name].params:  # MindInsight parameter order
         metric, _, op = key.rpartition("_")
@@ -529,27 +420,11 @@ def _tests(name: str, p: Mapping[str, float]) -> list[_Test]:
 
 
 def _value_metric(name: str) -> str | None:
-    return {"all_zero": "count", "tensor_unchanged": "max_abs_diff"}.get(name)
-
-
-_FP16_DECLARED = "regexp_matches(lower(coalesce(dtype_declared, '')), '(^|[^b])float16')"
+    return CHECKS[name].value_metric
 
 
 def _eligible(name: str, p: Mapping[str, float]) -> str:
-    if name == "nan":
-        return "nan_count IS NOT NULL"
-    if name == "inf":
-        return "pos_inf_count IS NOT NULL AND neg_inf_count IS NOT NULL"
-    if name in ("nan_inf", "tensor_overflow"):
-        return "nan_count IS NOT NULL AND pos_inf_count IS NOT NULL AND neg_inf_count IS NOT NULL"
-    if name == "all_zero":
-        return "count > 0 AND zero_count IS NOT NULL"
-    if name == "fp16_overflow":
-        numeric = "count > 0 AND coalesce(dtype, '') NOT IN ('bool', 'str', 'object', '')"
-        return numeric if p["cast"] else f"count > 0 AND (dtype = 'float16' OR {_FP16_DECLARED})"
-    if name in ("tensor_unchanged", "tensor_change_above_threshold", "tensor_change_below_threshold"):
-        return "finite AND count = p_count"
-    return "finite"
+    return CHECKS[name].eligible(p)
 
 
 def _g(v: float | None) -> str:
@@ -721,7 +596,7 @@ def _run_check(archive: Archive, name: str, p: Mapping[str, float], order: int, 
     tests = _tests(name, p)
     value_metric = _value_metric(name)
     metrics = sorted({t.metric for t in tests} | ({value_metric} if value_metric else set()))
-    pair = name in ("tensor_unchanged", "tensor_change_above_threshold", "tensor_change_below_threshold")
+    pair = CHECKS[name].between_iterations
     sql = _candidates_sql(name, p, tests, metrics, pair, first_only, iteration, rank)
     params: dict[str, Any] = {"run": run}
     if iteration is not None:

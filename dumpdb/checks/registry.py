@@ -1,0 +1,69 @@
+"""The registry of scan checks: one :class:`Check` entry per check.
+
+A check is declared once, with everything the scan engine (:mod:`dumpdb.checks.scan`)
+and ``dumpdb scan --list`` need: its parameters and defaults, the threshold tests it
+makes on statistics-derived metrics, which tensors it can evaluate, and whether it
+compares a tensor with its previous iteration. The entries live in
+:mod:`dumpdb.checks.conditions`; adding a check is one :func:`register` call there
+(plus a test), using the metrics the engine knows (``_metric_sql`` in scan.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+__all__ = ["CHECKS", "Check", "ThresholdTest", "register"]
+
+
+@dataclass(frozen=True)
+class ThresholdTest:
+    """One threshold test: ``metric`` ``op`` (gt | lt | ge) ``threshold``; ``param`` names it
+    in the result's ``detail`` (e.g. ``max_gt``)."""
+
+    param: str
+    metric: str
+    op: str
+    threshold: float
+
+
+def _finite(p: Mapping[str, float]) -> str:
+    return "finite"
+
+
+@dataclass(frozen=True)
+class Check:
+    """One scan check. ``params`` maps each parameter to its default (None: disabled unless given).
+
+    ``tests(params)`` gives the threshold tests (None: one test per given MindInsight
+    parameter ``{metric}_{gt|lt|ge}``, in parameter order); ``eligible(params)`` is the
+    SQL condition on a tensor's statistics for it to be evaluated at all;
+    ``value_metric`` is the metric reported as ``value`` when it is not the tested one;
+    ``between_iterations``: the check compares a tensor with the same tensor in the
+    previous dumped iteration (metric columns of that one are prefixed ``p_``).
+    """
+
+    name: str
+    description: str
+    source: str
+    params: Mapping[str, float | None]
+    needs_tensors: bool
+    tests: Callable[[Mapping[str, float]], list[ThresholdTest]] | None = field(default=None, compare=False, repr=False)
+    eligible: Callable[[Mapping[str, float]], str] = field(default=_finite, compare=False, repr=False)
+    value_metric: str | None = None
+    between_iterations: bool = False
+
+
+CHECKS: dict[str, Check] = {}
+
+
+def register(name: str, description: str, source: str, params: Mapping[str, float | None] | None = None,
+             needs_tensors: bool = False, **behaviour) -> Check:
+    """Add a check to :data:`CHECKS` (``behaviour``: the optional :class:`Check` fields).
+    Raises ValueError for a name already registered."""
+    if name in CHECKS:
+        raise ValueError(f"check {name!r} is already registered")
+    check = Check(name, description, source, MappingProxyType(dict(params or {})), needs_tensors, **behaviour)
+    CHECKS[name] = check
+    return check

@@ -157,7 +157,7 @@ def pair_specs() -> list[dict]:
             by_shape[(a.shape, a.dtype.str)].append(rel0)
         if a.dtype.kind == "f" and n % 4 == 0:
             add("msprobe:perturbed", rel0, rel0, {"kind": "perturb", "scale": 4e-3, "phase": 0.3})
-    for (shape, _), paths in sorted(by_shape.items(), key=lambda kv: str(kv[0])):
+    for (_shape, _), paths in sorted(by_shape.items(), key=lambda kv: str(kv[0])):
         for p, q in list(zip(paths, paths[1:]))[:2]:
             add("msprobe:same-shape", p, q)
     picks = [f"{MSPROBE_STEP0}/Functional.conv2d.0.forward.output.0.pt",

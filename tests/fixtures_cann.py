@@ -272,7 +272,7 @@ def _npy_bytes(array: np.ndarray) -> bytes:
 
     buf = io.BytesIO()
     if array.dtype == BFLOAT16:  # MindSpore writes '<E2' (corpus README); np.save cannot
-        header = "{'descr': '<E2', 'fortran_order': False, 'shape': %r, }" % (array.shape,)
+        header = f"{{'descr': '<E2', 'fortran_order': False, 'shape': {array.shape!r}, }}"
         header = header.ljust(118) + "\n"
         return b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode() + array.tobytes()
     np.save(buf, array)

@@ -250,7 +250,7 @@ def test_op_counter_differs_pairs_via_normalized(ms):
            for t, b, s in pair_list(al) if s == "normalized" and rows[t]["op_type"] in ("ReLU", "MaxPool")}
     assert got == {"ReLU-op4": "ReLU-op0", "ReLU-op5": "ReLU-op1", "ReLU-op6": "ReLU-op2",
                    "ReLU-op7": "ReLU-op3", "MaxPool-op2": "MaxPool-op0", "MaxPool-op3": "MaxPool-op1"}
-    for t, b, s in pair_list(al):
+    for t, b, _s in pair_list(al):
         assert rows[t]["shape"] == rows[b]["shape"]
         assert OP_COUNTER.sub("", rows[t]["op_name"]) == OP_COUNTER.sub("", rows[b]["op_name"])
     assert al.unmatched_target["name"].to_pylist() == ["x"]  # eval input parameter; d1 has inputs0

@@ -90,11 +90,11 @@ def remove_run(archive, run: str) -> int:
 
 @dataclass
 class GcReport:
-    """Bytes are on-disk bytes of the store."""
+    """What :func:`gc` did. Bytes are on-disk bytes of the store."""
 
-    arrays_deleted: int = 0
-    packs_compacted: int = 0
-    blobs_dropped: int = 0
+    arrays_deleted: int = 0  # arrays no live tensor uses (large tensors, emptied packs), removed
+    packs_compacted: int = 0  # mostly-dead packs rewritten with only their live payloads
+    blobs_dropped: int = 0  # blobs rows of payloads nothing references any more
     bytes_before: int = 0
     bytes_after: int = 0
 

@@ -46,7 +46,7 @@ def _plain(value: Any) -> Any:
 def _nested_to_text(table: pa.Table) -> pa.Table:
     """Replace list/struct/map columns by their JSON text (CSV cannot hold them)."""
     cols = []
-    for name, col in zip(table.column_names, table.columns):
+    for _name, col in zip(table.column_names, table.columns):
         if pa.types.is_nested(col.type):
             col = pa.array([None if v is None else json.dumps(_plain(v)) for v in col.to_pylist()], pa.string())
         cols.append(col)

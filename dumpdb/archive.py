@@ -163,7 +163,7 @@ class Archive:
     # -- connections -------------------------------------------------------
     def __enter__(self) -> Archive:
         if self._held is None:
-            self._held = self.catalog._connect(read_only=True)
+            self._held = self.catalog.connect(read_only=True)
         return self
 
     def __exit__(self, *exc) -> None:

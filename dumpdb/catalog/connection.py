@@ -61,7 +61,11 @@ class Catalog:
         self.on_wait = on_wait
 
     # -- connections -------------------------------------------------------
-    def _connect(self, read_only: bool) -> duckdb.DuckDBPyConnection:
+    def connect(self, read_only: bool) -> duckdb.DuckDBPyConnection:
+        """A new connection to the catalog file (the caller closes it), waiting up to
+        ``lock_timeout`` seconds for a lock another process holds (``on_wait`` is told
+        once). Raises ArchiveError when it cannot be opened or the wait times out.
+        Prefer :meth:`reader` / :meth:`writer`, which hold it for one block only."""
         deadline = time.monotonic() + self.lock_timeout
         delay = 0.02
         warned = False
@@ -87,7 +91,7 @@ class Catalog:
     @contextmanager
     def reader(self) -> Iterator[duckdb.DuckDBPyConnection]:
         """A read-only connection, closed on exit."""
-        con = self._connect(read_only=True)
+        con = self.connect(read_only=True)
         try:
             yield con
         finally:
@@ -99,7 +103,7 @@ class Catalog:
 
         Commits on normal exit, rolls back if the block raises; always closes.
         """
-        con = self._connect(read_only=False)
+        con = self.connect(read_only=False)
         try:
             con.execute("BEGIN TRANSACTION")
             try:

@@ -29,6 +29,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from dataclasses import fields as dataclass_fields
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -429,21 +430,14 @@ class _Pipeline:
             shape = list(e.shape_declared) if e.shape_declared is not None else None
             nbytes = None
         notes = "; ".join(n for n in (e.note, item.note) if n) or None
-        return {
-            "run": self.run_name, "rank": e.rank, "net_name": e.net_name, "graph_id": e.graph_id,
-            "iteration": e.iteration, "op_type": e.op_type, "op_name": e.op_name,
-            "scope_name": e.scope_name, "task_id": e.task_id, "stream_id": e.stream_id,
-            "timestamp": e.timestamp, "io": e.io, "slot": e.slot, "format": e.format,
-            "dtype": dtype, "dtype_declared": e.dtype_declared, "shape": shape, "nbytes": nbytes,
-            "source_file": e.source_file, "content_hash": item.content_hash,
-            **{k: stats.get(k) for k in STAT_COLUMNS}, "stats_source": source,
-            "checksum": e.checksum, "checksum_algo": e.checksum_algo, "note": notes,
-            "tensor_key": e.key, "device_id": e.device_id, "model_name": e.model_name,
-            "model_id": e.model_id, "step": e.step,
+        row = {c: getattr(e, c) for c in _ENTRY_COLUMNS}  # as the layout named them
+        row.update({
+            "run": self.run_name, "dtype": dtype, "shape": shape, "nbytes": nbytes,
+            "content_hash": item.content_hash, **{k: stats.get(k) for k in STAT_COLUMNS},
+            "stats_source": source, "note": notes, "tensor_key": e.key,
             "original_shape": list(e.original_shape) if e.original_shape is not None else None,
-            "original_format": e.original_format, "direction": e.direction, "call_index": e.call_index,
-            "arg_name": e.arg_name, "slot_path": e.slot_path, "requires_grad": e.requires_grad,
-        }
+        })
+        return row
 
     def _error(self, source_file: str, message: str) -> None:
         self.report.errors.append((source_file, message))
@@ -485,6 +479,9 @@ class _Pipeline:
                 status = row[0]
         report.status = status
 
+
+# tensors columns a TensorEntry carries under the same name (the rest are computed in _row).
+_ENTRY_COLUMNS = tuple(c for c in TENSOR_SCHEMA.names if c in {f.name for f in dataclass_fields(TensorEntry)})
 
 _TEXT_FIELDS = ("source_file", "tensor_key", "op_type", "op_name", "scope_name", "net_name", "model_name",
                 "format", "dtype_declared", "arg_name", "note")

@@ -232,7 +232,7 @@ def names_mostly_match(names: list[str], pattern: re.Pattern) -> bool:
     return matched > 0 and 2 * matched >= len(names)
 
 
-def file_sizes(directory: str | os.PathLike) -> dict[str, int]:
+def file_sizes(directory: str | os.PathLike[str]) -> dict[str, int]:
     """``{name: bytes}`` of the non-directory entries of ``directory`` (symlinks followed).
 
     An entry whose stat fails (unreadable, symlink loop) gets size 0 and stays listed,

@@ -101,7 +101,7 @@ def read_statistic_csv(path: Path) -> list[dict]:
     timestamp, io, slot), ``dtype``/``shape``/``format`` as written, ``stats``
     (catalog statistic columns present) and ``checksum``/``checksum_algo``.
     """
-    rows = []
+    rows: list[dict] = []
     with open(path, encoding="utf-8", errors="replace", newline="") as f:
         reader = csv.reader(f)
         header = next(reader, None)
@@ -327,11 +327,11 @@ def link_entries(entries: list[TensorEntry], graphs: Graphs) -> None:
     for g, group in by_graph.items():
         ops = [e.op_name for e in group if e.op_type != "Parameter" and e.op_name]
         links = ir.link_scopes(ops, graphs.scopes(g))
-        params = {}
+        params: dict[str, str] = {}
         for p in graphs.params.get(g, []) if g is not None else []:
             params.setdefault(p.replace(".", "_"), p)
         for e in group:
             if e.op_type == "Parameter":
-                e.scope_name = params.get(e.op_name)
+                e.scope_name = params.get(e.op_name or "")
             else:
-                e.scope_name = links.get(e.op_name)
+                e.scope_name = links.get(e.op_name or "")

@@ -66,7 +66,7 @@ def test_several_dumps_are_listed_and_refused_until_one_is_chosen(tmp_path):
     with pytest.raises(LayoutError) as err:
         locate(tmp_path)
     msg = str(err.value)
-    assert "\n" not in msg and "2 dumps" in msg and "--layout" in msg
+    assert "\n" not in msg and "more than one dump" in msg and "--layout" in msg
     assert "mindspore-sync at one" in msg and "msprobe at two" in msg
     chosen = locate(tmp_path, "msprobe")
     assert chosen.layout.name == "msprobe"
@@ -107,3 +107,16 @@ def test_layout_given_for_a_directory_that_is_not_that_layout_lets_the_reader_sa
     assert found.path == tmp_path / "dump"
     with pytest.raises(LayoutError, match="no step"):
         found.layout.scan(found.path)
+
+
+def _cases():
+    for family in sorted(p for p in DATA.iterdir() if p.is_dir() and p.name != "archives"):
+        yield from sorted(p for p in family.iterdir() if p.is_dir())
+
+
+@pytest.mark.parametrize("case", list(_cases()), ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_test_dump_is_one_dump_of_one_layout(case):
+    """Trying every layout (not only the first that matches) finds exactly one on each real case."""
+    found = detect_all(case)
+    assert [(d.layout.name, d.path) for d in found] == [(detect(case).name, case)]
+    assert found[0].layout.detect(case)

@@ -59,7 +59,17 @@ def get_layout(name: str) -> Layout:
 def _matches(directory: Path, layouts: list[Layout]) -> list[Layout]:
     """Layouts recognising ``directory``, less those refined by another match (a layout
     whose class is a base of another match's, e.g. mindspore-sync under statistic-only)."""
-    hits = [layout for layout in layouts if layout.detect(directory)]
+    probed: dict[object, str | None] = {}  # a family's classify(), called once
+
+    def hit(layout: Layout) -> bool:
+        if layout.classify is None:
+            return layout.detect(directory)
+        key = layout.classify
+        if key not in probed:
+            probed[key] = layout.classify(directory)
+        return probed[key] == layout.name
+
+    hits = [layout for layout in layouts if hit(layout)]
     return [h for h in hits if not any(o is not h and isinstance(o, type(h)) for o in hits)]
 
 
@@ -148,7 +158,7 @@ def locate(root: Path, layout: str | None = None) -> Detection:
     if len(found) > 1:
         paths = [d.path for d in found]
         listed = "; ".join(_where(root, d, paths.count(d.path) > 1) for d in found)
-        raise LayoutError(f"{root}: holds {len(found)} dumps ({listed}); ingest one directory at a time, "
+        raise LayoutError(f"{root}: holds more than one dump ({listed}); ingest one directory at a time, "
                           "or choose a layout with --layout NAME")
     return found[0]
 

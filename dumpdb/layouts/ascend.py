@@ -269,6 +269,8 @@ class _CannLayout(Layout):
     framework: str | None = None
     names = _NAMES_GE
     name_pattern = _NAME_GE
+    # One probe tells the five CANN layouts apart; detection calls it once per directory.
+    classify = staticmethod(lambda root: _classify(Path(root)))
 
     def __init__(self) -> None:
         self._headers = cann_pb.HeaderCache()

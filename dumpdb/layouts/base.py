@@ -115,6 +115,10 @@ class Layout:
     # Detection order (lower first): in one directory the first layout whose detect()
     # is True wins, so a layout that is a special case of another has a lower number.
     priority: int = 100
+    # Layouts of one family that tell themselves apart with one probe set this to a
+    # function (directory -> the matching layout's name or None): detection then calls
+    # it once per directory for the whole family instead of each member's detect().
+    classify: Callable[[Path], str | None] | None = None
     # Where the dump's own statistics (TensorEntry.stats) come from: the
     # catalog's stats_source says this, or this + '+computed'.
     stats_label: str = "statistic.csv"

@@ -49,6 +49,7 @@ RANK_DIR_RE = re.compile(r"^rank_(\d+)$")
 _SPECIAL_DIRS = {".dump_metadata", "graphs", "execution_order"}
 MAX_SEARCH_DEPTH = 4
 
+
 def find_dump_roots(start: Path, max_depth: int = MAX_SEARCH_DEPTH) -> list[Path]:
     """Directories at or below ``start`` that directly contain ``rank_{id}`` dirs.
 

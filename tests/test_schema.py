@@ -54,7 +54,7 @@ def test_columns_and_types_come_from_the_migrations():
 
 def test_run_tables_are_the_tables_with_a_run_column_runs_last():
     rt = schema.run_tables()
-    assert rt[-1] == "runs"
+    assert rt == schema.RUN_TABLES and rt[-1] == "runs"
     assert set(rt) == {"runs", "tensors", "ops", "execution_order", "graph_executions", "overflows",
                        "call_stacks", "module_tree", "ingest_errors"}
 

@@ -104,3 +104,10 @@ def arrow_schema(name: str, exclude: tuple[str, ...] = ()) -> pa.Schema:
     for col in exclude:
         schema = schema.remove(schema.get_field_index(col))
     return schema
+
+
+def __getattr__(name: str) -> tuple[str, ...]:
+    # RUN_TABLES reads like a constant but is derived on first use (see run_tables).
+    if name == "RUN_TABLES":
+        return run_tables()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -3,8 +3,8 @@
 The numbered ``migrations/NNN_name.sql`` files are the source of truth. This module
 applies them once (cached, per process) to an in-memory DuckDB and answers from
 DuckDB's own catalog (``duckdb_tables()``, ``duckdb_columns()``), so export/import,
-``rm``, ingest, ``show`` and ``dumpdb schema`` never keep their own lists of tables
-or columns. Comments come from migration 006 (``COMMENT ON``).
+``rm``, ingest (its arrow schemas) and ``dumpdb schema`` never keep their own lists of
+tables or columns. Comments come from migration 006 (``COMMENT ON``).
 
 Building it costs one in-memory DuckDB and the migrations (a few hundred ms), so it
 happens on first use, not on import.

@@ -1,0 +1,55 @@
+"""The rules of ARCHITECTURE.md that a reading of the source can check."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import dumpdb
+
+PACKAGE = Path(dumpdb.__file__).parent
+
+# Storage privates another change replaces with a public seam (issue 10 items 1-3a).
+KNOWN_STORAGE_PRIVATES = {"archive._reader", "archive._held", "_dir_bytes"}
+# Modules of dumpdb/layouts/ that hold shared helpers, not layouts.
+SHARED_LAYOUT_MODULES = {"base", "mindspore_kit", "mindspore_ir", "cann_pb", "flat_npy", "dump_data_pb2"}
+# statistic-only is a special case of mindspore-sync (a subclass), the one allowed pair.
+REFINES = {("statistic_only", "mindspore_sync")}
+
+
+def _modules():
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if not path.name.endswith("_pb2.py"):
+            yield path, ast.parse(path.read_text(encoding="utf-8"))
+
+
+def test_no_module_uses_another_modules_private_names():
+    found: dict[str, str] = {}  # private name used -> where
+    for path, tree in _modules():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+                if not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                    found[ast.unparse(node)] = f"{path.name}:{node.lineno}"
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("dumpdb"):
+                for a in node.names:
+                    if a.name.startswith("_") and not a.name.startswith("__"):
+                        found[a.name] = f"{path.name}:{node.lineno}"
+    unexpected = {name: where for name, where in found.items() if name not in KNOWN_STORAGE_PRIVATES}
+    assert unexpected == {}
+
+
+def test_layouts_use_only_the_shared_modules_not_each_other():
+    for path, tree in _modules():
+        if path.parent.name != "layouts" or path.stem in SHARED_LAYOUT_MODULES | {"__init__"}:
+            continue
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                if node.module == "dumpdb.layouts":
+                    names = [a.name for a in node.names]
+                elif node.module.startswith("dumpdb.layouts."):
+                    names = [node.module.rsplit(".", 1)[1]]
+            for name in names:
+                if name in ("register",) or name in SHARED_LAYOUT_MODULES:
+                    continue
+                assert (path.stem, name) in REFINES, f"{path.name} imports layout module {name}"

@@ -200,17 +200,8 @@ def _resolve_params(name: str, given: Mapping[str, Any]) -> dict[str, float]:
     for key, default in check.params.items():
         if key not in out and default is not None:  # None given for a defaulted parameter: the default
             out[key] = float(default)
-    thresholds = [k for k in check.params if k not in ("range_start_inclusive", "range_end_inclusive")]
-    if name in ("tensor_too_large", "tensor_too_small", "tensor_range") and not any(k in out for k in thresholds):
-        raise DumpdbError(f"check {name} needs at least one of {', '.join(thresholds)} "
-                          f"(e.g. {name}:{thresholds[0]}=...)")
-    if name == "tensor_range":
-        if ("range_percentage_lt" in out or "range_percentage_gt" in out) and not (
-                "range_start_inclusive" in out and "range_end_inclusive" in out):
-            raise DumpdbError("check tensor_range: range_percentage_lt/gt need both range_start_inclusive "
-                              "and range_end_inclusive")
-        if out.get("range_start_inclusive", -math.inf) > out.get("range_end_inclusive", math.inf):
-            raise DumpdbError("check tensor_range: range_start_inclusive is greater than range_end_inclusive")
+    if check.validate is not None:
+        check.validate(check, out)
     return out
 
 
@@ -401,7 +392,6 @@ def _passes(value: float | None, op: str, threshold: float) -> bool:
     return value > threshold if op == "gt" else value < threshold if op == "lt" else value >= threshold
 
 
-_OPS = {"gt": ">", "lt": "<", "ge": ">="}
 _MI_METRIC = {"abs_mean": "abs_mean", "max": "max", "min": "min", "mean": "mean",
               "range_percentage": "range_pct", "max_min": "max_min", "zero_percentage": "zero_pct",
               "abs_mean_update_ratio": "ratio"}
@@ -427,48 +417,9 @@ def _eligible(name: str, p: Mapping[str, float]) -> str:
     return CHECKS[name].eligible(p)
 
 
-def _g(v: float | None) -> str:
-    return "n/a" if v is None else f"{v:.6g}"
-
-
 def _detail(name: str, row: Mapping[str, Any], m: Mapping[str, float], hits: list[tuple[_Test, float]],
             p: Mapping[str, float]) -> str:
-    n = row.get("count")
-    if name == "nan":
-        return f"{row['nan_count']} NaN of {n} elements"
-    if name == "inf":
-        return f"{row['pos_inf_count']} +Inf, {row['neg_inf_count']} -Inf of {n} elements"
-    if name in ("nan_inf", "tensor_overflow"):
-        return (f"{row['nan_count']} NaN, {row['pos_inf_count']} +Inf, {row['neg_inf_count']} -Inf "
-                f"of {n} elements")
-    if name == "all_zero":
-        return f"all {n} elements are 0"
-    if name == "fp16_overflow":
-        dtype, declared = row.get("dtype"), row.get("dtype_declared")
-        if dtype == "float16":
-            what = "float16 tensor"
-        elif p["cast"] == 0:
-            what = f"declared {declared} (payload {dtype})"
-        else:
-            what = f"{dtype} tensor (overflows if cast to float16)"
-        infs = (row.get("pos_inf_count") or 0) + (row.get("neg_inf_count") or 0)
-        extra = f"; {row.get('pos_inf_count')} +Inf, {row.get('neg_inf_count')} -Inf" if infs else ""
-        extra += f"; {row.get('nan_count')} NaN ignored" if row.get("nan_count") else ""
-        return f"{what}: max|x| = {_g(m['max_abs'])} >= {_g(p['max_abs_ge'])}{extra}"
-    prev = f" vs iteration {row['p_iteration']}" if "p_iteration" in row else ""
-    if name == "tensor_unchanged":
-        how = " (identical payload)" if row.get("same_payload") else ""
-        return (f"allclose{prev} (rtol={_g(p['rtol'])}, atol={_g(p['atol'])}): "
-                f"max|x - x_prev| = {_g(m.get('max_abs_diff'))}{how}")
-    parts = [f"{t.param.rpartition('_')[0]} = {_g(v)} {_OPS[t.op]} {_g(t.threshold)}" for t, v in hits]
-    text = ", ".join(parts)
-    if name == "tensor_range" and any(t.metric == "range_pct" for t, _ in hits):
-        text += f" (range [{_g(p['range_start_inclusive'])}, {_g(p['range_end_inclusive'])}])"
-    if name in ("tensor_change_above_threshold", "tensor_change_below_threshold"):
-        text += f"{prev} (epsilon={_g(p['epsilon'])})" + (" (identical payload)" if row.get("same_payload") else "")
-    if name == "tensor_all_zero":
-        text += f" ({row.get('zero_count')} of {n} elements are 0)"
-    return text
+    return CHECKS[name].detail(row, m, hits, p)
 
 
 # --------------------------------------------------------------------------- reading payloads

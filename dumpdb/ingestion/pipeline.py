@@ -20,6 +20,7 @@ Guarantees (issue 2, "Safety"):
 
 from __future__ import annotations
 
+import contextvars
 import fcntl
 import hashlib
 import json
@@ -41,6 +42,7 @@ from dumpdb import __version__
 from dumpdb.archive import CATALOG, STORE, _check_marker, create_archive, default_archive_path, is_archive
 from dumpdb.catalog import DEFAULT_LOCK_TIMEOUT, Catalog, insert_arrow
 from dumpdb.dtypes import dtype_name, from_dump_name
+from dumpdb.dumpio import check_dump_file, confine
 from dumpdb.errors import ArchiveError, DumpdbError
 from dumpdb.layouts import DumpScan, Layout, TensorEntry, detect, get_layout
 from dumpdb.layouts.base import display_name
@@ -211,6 +213,7 @@ def ingest(
     reporter: Reporter | None = None,
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
     on_wait: Callable[[str], None] | None = None,
+    follow_symlinks: bool = False,
 ) -> IngestReport:
     """Ingest the dump at ``dump_dir`` into ``archive`` as run ``run``.
 
@@ -224,6 +227,11 @@ def ingest(
     cannot be written or a run name already used by another dump.
     KeyboardInterrupt stops reading, commits what is complete, and returns a
     report with ``interrupted=True``.
+
+    Dump files are read only if they are regular files (a FIFO, socket or device
+    is refused before it is opened) and, unless ``follow_symlinks``, only if they
+    lie inside ``dump_dir`` once symlinks are resolved (:mod:`dumpdb.dumpio`);
+    each refused file is one line in ``report.errors``.
     """
     started = time.monotonic()
     reporter = reporter or Reporter()
@@ -236,9 +244,10 @@ def ingest(
     _open_for_write(archive)
     catalog = Catalog(archive / CATALOG, lock_timeout=lock_timeout, on_wait=on_wait)
     catalog.check(writable=True)
-    with _RunLock(archive, run):
+    with _RunLock(archive, run), confine(dump_dir, follow_symlinks):
         reporter.scanning(dump_dir)
         scan = lay.scan(dump_dir)
+        check_ranges(scan)
         report = IngestReport(run=run, archive=archive, layout=lay.name,
                               source_path=str(dump_dir.resolve()), tensors_in_dump=len(scan.entries))
         pipeline = _Pipeline(catalog, TensorStore(archive / STORE, read_only=False), lay, scan,
@@ -374,7 +383,10 @@ class _Pipeline:
                             exhausted = True
                             break
                         size = entry.size if entry.size is not None else _file_size(entry.path)
-                        inflight.append((pool.submit(self._load, entry, size), size))
+                        # each worker call in a copy of this context: it carries the
+                        # dump-directory confinement (dumpio.confine)
+                        ctx = contextvars.copy_context()
+                        inflight.append((pool.submit(ctx.run, self._load, entry, size), size))
                         inflight_bytes += size
                     if not inflight:
                         break
@@ -394,12 +406,14 @@ class _Pipeline:
         if entry.path is None:
             return item
         try:
+            # every layout's payload: a regular file inside the dump, before any open
+            check_dump_file(entry.path, entry.source_file)
             loaded = self.layout.load(entry)
         except DumpdbError as exc:
             item.error = str(exc)
             return item
-        except (OSError, ValueError, MemoryError) as exc:
-            item.error = f"{entry.source_file}: {type(exc).__name__}: {exc}"
+        except Exception as exc:  # noqa: BLE001 - a hostile file must not stop the ingest
+            item.error = f"{entry.source_file}: {type(exc).__name__}: {_one_line(exc)}"
             return item
         item.array, item.note = loaded.array, loaded.note
         item.content_hash = content_hash(loaded.array)
@@ -528,6 +542,75 @@ class _Pipeline:
 
 _TEXT_FIELDS = ("source_file", "tensor_key", "op_type", "op_name", "scope_name", "net_name", "model_name",
                 "format", "dtype_declared", "arg_name", "note")
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text[:300] + ("..." if len(text) > 300 else "")
+
+
+_INT_RANGES = {pa.int32(): (-(1 << 31), (1 << 31) - 1), pa.int64(): (-(1 << 63), (1 << 63) - 1)}
+
+
+def _bad_value(value: Any, typ: pa.DataType) -> bool:
+    """True if ``value`` cannot be stored in a column of type ``typ``."""
+    if value is None:
+        return False
+    if typ in _INT_RANGES:
+        lo, hi = _INT_RANGES[typ]
+        return not (isinstance(value, (int, np.integer)) and lo <= value <= hi)
+    if pa.types.is_list(typ):
+        return not isinstance(value, (list, tuple)) or any(_bad_value(v, typ.value_type) for v in value)
+    return False
+
+
+_ENTRY_FIELDS = {f.name: f.type for f in TENSOR_SCHEMA} | {
+    "shape_declared": pa.list_(pa.int64()), "original_shape": pa.list_(pa.int64())}
+
+
+def check_ranges(scan: DumpScan) -> None:
+    """Drop what the catalog's columns cannot hold, one error line each (issue 14).
+
+    A file name's task id, timestamp or slot, or a directory's iteration beyond
+    int64/int32 (or a statistic that is not a finite count) would make the whole
+    commit fail: such an entry becomes an error naming its file; an unusable
+    statistic is dropped (dumpdb computes it from the payload) with an error line;
+    a relation row (IR ops, execution order, ...) with such a value loses that value.
+    """
+    kept = []
+    for e in scan.entries:
+        bad = [f"{name}={getattr(e, name)!r:.40}" for name, typ in _ENTRY_FIELDS.items()
+               if hasattr(e, name) and _bad_value(getattr(e, name), typ)]
+        if bad:
+            scan.errors.append((e.source_file, f"{', '.join(bad)} out of range for the catalog "
+                                "(int32/int64); tensor skipped"))
+            continue
+        if e.stats:
+            wrong = []
+            for k, v in list(e.stats.items()):
+                if v is None:
+                    continue
+                if k.endswith("count"):
+                    ok = isinstance(v, (int, np.integer)) and 0 <= v < (1 << 63)
+                else:  # min/max/mean/l2norm: any float, NaN and inf included
+                    ok = isinstance(v, (int, float, np.number))
+                if not ok:
+                    wrong.append(f"{k}={v!r:.40}")
+                    del e.stats[k]
+            if wrong:
+                scan.errors.append((e.source_file, f"statistic {', '.join(wrong)} is not a valid value "
+                                    f"for {e.key}; ignored (computed from the payload if there is one)"))
+        kept.append(e)
+    scan.entries[:] = kept
+    for table, schema in _RELATION_SCHEMAS.items():
+        dropped = 0
+        for row in getattr(scan, table):
+            for f in schema:
+                if f.name in row and _bad_value(row[f.name], f.type):
+                    row[f.name] = None
+                    dropped += 1
+        if dropped:
+            scan.errors.append((table, f"{table}: {dropped} value(s) out of range for the catalog set to NULL"))
 
 
 def _file_size(path: str | None) -> int:

@@ -62,7 +62,8 @@ from pathlib import Path
 import numpy as np
 
 from dumpdb.dtypes import from_dump_name
-from dumpdb.errors import DumpFileError, LayoutError
+from dumpdb.dumpio import read_dump_bytes, reason
+from dumpdb.errors import DumpdbError, DumpFileError, LayoutError
 from dumpdb.layouts import mindspore_ir as ir
 from dumpdb.layouts.base import DumpScan, Layout, LoadedTensor, TensorEntry, display_name, find_dirs, read_metadata_dir
 
@@ -181,9 +182,9 @@ class MindSporeR12SyncBin(Layout):
                 g = int(m.group(1))
                 try:
                     nodes, params = ir.parse_ir(path)
-                except OSError as exc:
+                except (OSError, DumpdbError) as exc:
                     scan.errors.append((display_name(os.path.relpath(path, root)),
-                                        f"cannot read IR: {exc.strerror or exc}"))
+                                        f"cannot read IR: {reason(exc, path)}"))
                     continue
                 info = graph(g)
                 info["params"] = params
@@ -201,9 +202,9 @@ class MindSporeR12SyncBin(Layout):
                 g = int(m.group(1))
                 try:
                     order = ir.read_execution_order(path)
-                except OSError as exc:
+                except (OSError, DumpdbError) as exc:
                     scan.errors.append((display_name(os.path.relpath(path, root)),
-                                        f"cannot read execution order: {exc.strerror or exc}"))
+                                        f"cannot read execution order: {reason(exc, path)}"))
                     continue
                 graph(g)["scopes"].update(order)
                 scan.execution_order.extend(
@@ -292,11 +293,7 @@ class MindSporeR12SyncBin(Layout):
         dtype = dump_dtype(entry.dtype_declared)
         if dtype is None or entry.shape_declared is None:
             raise DumpFileError(f"{entry.source_file}: no data type/shape in the file name")
-        try:
-            with open(entry.path, "rb") as f:
-                raw = f.read()
-        except OSError as exc:
-            raise DumpFileError(f"{entry.source_file}: cannot read: {exc.strerror or exc}") from exc
+        raw = read_dump_bytes(entry.path, entry.source_file)  # regular file, at most its size
         dtype = dtype.newbyteorder("<")
         shape = tuple(entry.shape_declared)
         expected = math.prod(shape) * dtype.itemsize

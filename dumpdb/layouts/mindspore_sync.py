@@ -18,11 +18,14 @@ Sources: seed 001 (同步Dump数据对象目录 / 同步Dump数据文件介绍),
 from __future__ import annotations
 
 import csv
+import io
+import math
 import os
 import re
 from pathlib import Path
 
-from dumpdb.errors import LayoutError
+from dumpdb.dumpio import MAX_TEXT_BYTES, read_dump_bytes, read_dump_text, reason
+from dumpdb.errors import DumpdbError, DumpFileError, LayoutError
 from dumpdb.layouts import mindspore_ir as ir
 from dumpdb.layouts.base import (
     DumpScan,
@@ -45,6 +48,8 @@ _EO_RE = re.compile(r"^ms_execution_order_graph_(\d+)\.csv$")
 _GEO_RE = re.compile(r"^ms_global_execution_order_graph_(\d+)\.csv$")
 _IR_RE = re.compile(r"^ms_output_trace_code_graph_(\d+)\.ir$")
 _SPECIAL_DIRS = {".dump_metadata", "graphs", "execution_order"}
+_ASCII_DIGITS = re.compile(r"^[0-9]+$")
+_INT32_MAX, _INT64_MAX = (1 << 31) - 1, (1 << 63) - 1
 MAX_SEARCH_DEPTH = 4
 
 # statistic.csv header -> catalog statistic column (seed 001 and corpus README:
@@ -98,7 +103,7 @@ def _int(text: str | None) -> int | None:
     except ValueError:
         try:
             return int(float(text))
-        except ValueError:
+        except (ValueError, OverflowError):  # 'nan', '1e400'
             return None
 
 
@@ -111,13 +116,25 @@ def _float(text: str | None) -> float | None:
         return None
 
 
+def _dir_number(name: str, limit: int) -> int | None:
+    """``int(name)`` for an ASCII-digit name not above ``limit`` (catalog column range), else None."""
+    if not _ASCII_DIGITS.match(name) or len(name) > 20:
+        return None
+    value = int(name)
+    return value if value <= limit else None
+
+
 def read_mapping_csv(path: Path) -> dict[str, str]:
     """``{hashed file name: original file name}`` from a mapping.csv (no header)."""
     mapping: dict[str, str] = {}
-    with open(path, encoding="utf-8", errors="surrogateescape", newline="") as f:
-        for row in csv.reader(f):
+    raw = read_dump_bytes(path, str(path), MAX_TEXT_BYTES)  # regular file, bounded (dumpdb.dumpio)
+    text = raw.replace(b"\x00", b"").decode("utf-8", errors="surrogateescape")
+    try:
+        for row in csv.reader(io.StringIO(text, newline="")):
             if len(row) >= 2 and row[0].strip():
                 mapping[row[0].strip()] = ",".join(row[1:]).strip()
+    except csv.Error as exc:
+        raise DumpFileError(f"{path}: not a readable csv: {exc}") from None
     return mapping
 
 
@@ -128,10 +145,15 @@ def read_statistic_csv(path: Path) -> list[dict]:
     None. Each row: the key fields (op_type, op_name, task_id, stream_id,
     timestamp, io, slot), ``dtype``/``shape``/``format`` as written, ``stats``
     (catalog statistic columns present) and ``checksum``/``checksum_algo``.
+    A statistic that is not a number (or a count that is not a non-negative
+    integer: ``nan``, ``1e400``, ``-3``) is kept as its text, which the ingest
+    reports as one error line and ignores (:func:`dumpdb.ingestion.pipeline.check_ranges`).
+    Raises :class:`~dumpdb.errors.DumpFileError` for a FIFO/device or an unreadable file.
     """
-    rows = []
-    with open(path, encoding="utf-8", errors="replace", newline="") as f:
-        reader = csv.reader(f)
+    rows: list[dict] = []
+    text = read_dump_text(path, str(path))
+    reader = csv.reader(io.StringIO(text.replace("\x00", ""), newline=""))
+    try:
         header = next(reader, None)
         if not header:
             return rows
@@ -143,13 +165,20 @@ def read_statistic_csv(path: Path) -> list[dict]:
             row: dict = {field: values.get(col) for col, field in _CSV_KEYS.items() if col in values}
             for num in ("task_id", "stream_id", "timestamp", "slot"):
                 row[num] = _int(row.get(num))
-            io = (row.get("io") or "").lower()
-            row["io"] = io if io in ("input", "output") else None
-            stats = {}
+            io_ = (row.get("io") or "").lower()
+            row["io"] = io_ if io_ in ("input", "output") else None
+            stats: dict = {}
             for col, field in _CSV_STATS.items():
-                if col in values:
+                if col in values and values[col] != "":
                     v = _float(values[col])
-                    stats[field] = int(v) if (v is not None and field.endswith("count")) else v
+                    if field.endswith("count"):
+                        # a count is a non-negative integer; anything else stays text (reported)
+                        if v is not None and math.isfinite(v) and v == int(v) and v >= 0:
+                            stats[field] = int(v)
+                        else:
+                            stats[field] = values[col]
+                    else:
+                        stats[field] = v if v is not None else values[col]
             if "zero_count" not in stats and {"negative zero count", "positive zero count"} <= values.keys():
                 neg, pos = _int(values["negative zero count"]), _int(values["positive zero count"])
                 if neg is not None and pos is not None:
@@ -161,8 +190,10 @@ def read_statistic_csv(path: Path) -> list[dict]:
                     row["checksum"], row["checksum_algo"] = values[col], algo
                     break
             if row.get("shape"):
-                row["shape"] = tuple(int(d) for d in re.findall(r"\d+", row["shape"]))
+                row["shape"] = tuple(int(d) for d in re.findall(r"\d{1,19}", row["shape"]))
             rows.append(row)
+    except csv.Error as exc:
+        raise DumpFileError(f"{path}: not a readable csv: {exc}") from None
     return rows
 
 
@@ -266,19 +297,27 @@ class MindSporeSync(Layout):
         for net_dir in self._net_dirs(rank_dir):
             net_name = net_dir.name
             for graph_dir in sorted(net_dir.iterdir()):
-                if not (graph_dir.is_dir() and graph_dir.name.isdigit()):
+                if not graph_dir.is_dir():
                     continue
-                graph_id = int(graph_dir.name)
+                graph_id = _dir_number(graph_dir.name, _INT32_MAX)
+                if graph_id is None:
+                    if _ASCII_DIGITS.match(graph_dir.name):
+                        scan.errors.append((display_name(os.path.join(rel_rank, net_name, graph_dir.name)),
+                                            f"graph_id {graph_dir.name[:40]} is out of range; directory not read"))
+                    continue
                 for it_dir in sorted(graph_dir.iterdir()):
                     if not it_dir.is_dir():
                         continue
-                    if it_dir.name.isdigit():
-                        iteration = int(it_dir.name)
-                    elif it_dir.name == "constants":
-                        iteration = None
-                    else:
-                        continue
                     rel_dir = os.path.join(rel_rank, net_name, graph_dir.name, it_dir.name)
+                    iteration = _dir_number(it_dir.name, _INT64_MAX)
+                    if it_dir.name == "constants":
+                        iteration = None
+                    elif iteration is None:
+                        # seed 001: {graph_id}/{iteration_id}/ and constants/ only
+                        what = ("iteration_id out of range" if _ASCII_DIGITS.match(it_dir.name)
+                                else "not an iteration directory ({iteration_id} or constants)")
+                        scan.errors.append((display_name(rel_dir), f"{what}; its files were not read"))
+                        continue
                     rank_entries.extend(self._scan_tensor_dir(
                         it_dir, rel_dir, rank, net_name, graph_id, iteration, scan))
         self._link(rank_entries, scopes_by_graph, params_by_graph)
@@ -304,11 +343,18 @@ class MindSporeSync(Layout):
                 if not m:
                     continue
                 g = int(m.group(1))
+                rel_ir = display_name(os.path.relpath(path, root))
                 try:
                     nodes, params = ir.parse_ir(path)
-                except OSError as exc:
-                    scan.errors.append((os.path.relpath(path, root), f"cannot read IR: {exc.strerror or exc}"))
+                except (OSError, DumpdbError) as exc:
+                    scan.errors.append((rel_ir, f"cannot read IR: {reason(exc, path)}"))
                     continue
+                absurd = [n for n in nodes if n["code_line"] is not None and not 0 <= n["code_line"] <= _INT32_MAX]
+                for n in absurd:
+                    n["code_line"] = None
+                if absurd:
+                    scan.errors.append((rel_ir, f"{len(absurd)} source line number(s) out of range; "
+                                        "code_line left NULL for those ops"))
                 params_by_graph[g] = params
                 ir_scopes[g] = [n["scope_name"] for n in nodes if n["scope_name"]]
                 for n in nodes:
@@ -316,12 +362,17 @@ class MindSporeSync(Layout):
         eo_dir = rank_dir / "execution_order"
         if eo_dir.is_dir():
             for path in sorted(eo_dir.iterdir()):
-                rel = os.path.relpath(path, root)
+                rel = display_name(os.path.relpath(path, root))
                 m, gm = _EO_RE.match(path.name), _GEO_RE.match(path.name)
                 try:
                     if m:
                         g = int(m.group(1))
                         order = ir.read_execution_order(path)
+                        garbled = [i for i, s in enumerate(order) if ir.garbled_scope(s)]
+                        if garbled:
+                            scan.errors.append((rel, f"{len(garbled)} garbled line(s) (binary data, not a scope "
+                                                f"name), first at line {garbled[0] + 2}; skipped"))
+                            order = [s for s in order if not ir.garbled_scope(s)]
                         scopes_by_graph[g] = order
                         scan.execution_order.extend(
                             {"rank": rank, "graph_id": g, "position": i, "scope_name": s}
@@ -333,8 +384,8 @@ class MindSporeSync(Layout):
                             {"rank": rank, "graph_id": g, "iteration": it}
                             for it in ir.read_global_execution_order(path)
                         )
-                except OSError as exc:
-                    scan.errors.append((rel, f"cannot read execution order: {exc.strerror or exc}"))
+                except (OSError, DumpdbError) as exc:
+                    scan.errors.append((rel, f"cannot read execution order: {reason(exc, path)}"))
         for g, scopes in ir_scopes.items():
             # Kernels come from the execution order; the IR also has Load,
             # UpdateState, ... nodes. Use the IR only where no order exists.
@@ -354,8 +405,9 @@ class MindSporeSync(Layout):
         if "mapping.csv" in names:
             try:
                 mapping = read_mapping_csv(it_dir / "mapping.csv")
-            except OSError as exc:
-                scan.errors.append((os.path.join(rel_dir, "mapping.csv"), f"cannot read: {exc.strerror or exc}"))
+            except (OSError, DumpdbError) as exc:
+                scan.errors.append((display_name(os.path.join(rel_dir, "mapping.csv")),
+                                    reason(exc, it_dir / "mapping.csv")))
         csv_rows: dict[tuple, dict] = {}
         if "statistic.csv" in names:
             try:
@@ -363,8 +415,9 @@ class MindSporeSync(Layout):
                     key = (row.get("op_type"), row.get("op_name"), row.get("task_id"),
                            row.get("stream_id"), row.get("timestamp"), row.get("io"), row.get("slot"))
                     csv_rows[key] = row
-            except OSError as exc:
-                scan.errors.append((os.path.join(rel_dir, "statistic.csv"), f"cannot read: {exc.strerror or exc}"))
+            except (OSError, DumpdbError) as exc:
+                scan.errors.append((display_name(os.path.join(rel_dir, "statistic.csv")),
+                                    reason(exc, it_dir / "statistic.csv")))
         for name in sorted(names):
             if not name.endswith(".npy"):
                 continue

@@ -229,12 +229,13 @@ def _subdirs(d: Path) -> list[os.DirEntry]:
 
 
 def _is_rank_dir(d: Path) -> bool:
-    return bool(RANK_DIR_RE.match(d.name)) and (d / "dump.json").is_file()
+    # lexists, not is_file: a FIFO or dangling dump.json is reported by the scan, not skipped
+    return bool(RANK_DIR_RE.match(d.name)) and os.path.lexists(d / "dump.json")
 
 
 def _rank_dirs_of_step(step_dir: Path) -> list[Path]:
     return sorted((Path(e.path) for e in _subdirs(step_dir) if RANK_DIR_RE.match(e.name)
-                   and os.path.isfile(os.path.join(e.path, "dump.json"))), key=_rank_sort_key)
+                   and os.path.lexists(os.path.join(e.path, "dump.json"))), key=_rank_sort_key)
 
 
 def _rank_sort_key(p: Path) -> tuple:

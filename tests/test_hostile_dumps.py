@@ -464,3 +464,35 @@ def test_sql_sandbox_keeps_parquet_output_and_stays_read_only(archive, tmp_path)
     with dumpdb.open(archive) as a:
         a.sql("SELECT 1")
         assert a.tensor(1) is not None
+
+
+# -- CANN protobuf containers (ascend-async-pb) --------------------------------------------------
+def _cann_dump(tmp_path: Path):
+    import fixtures_cann as fc
+
+    fx = fc.build_ascend_pb(tmp_path / "cann", "plain")
+    it_dir = tmp_path / "cann" / fc.TIME / "0" / "kernel_graph_1" / "1" / "0"
+    return fx, it_dir
+
+
+def _assert_cann_bit_exact(fx, archive: Path) -> None:
+    a = dumpdb.open(archive)
+    for e in fx.tensors:
+        t = a.sql("SELECT tensor_id FROM tensors WHERE run = 'r' AND source_file = ? AND io = ? AND slot = ?",
+                  [e.source_file, e.io, e.slot])
+        assert t.num_rows == 1, e.source_file
+        assert a.tensor(t["tensor_id"][0].as_py()).tobytes() == e.array.tobytes()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev_zero"])
+def test_cann_container_that_is_not_a_regular_file_is_refused(tmp_path, kind):
+    fx, it_dir = _cann_dump(tmp_path)
+    name = "Add.Default_Hostile-op0.1.2.1795336641750000"
+    if kind == "fifo":
+        os.mkfifo(it_dir / name)
+    else:
+        os.symlink("/dev/zero", it_dir / name)
+    r = invoke("ingest", fx.root, "--archive", tmp_path / "a", "--run", "r", "-q", "--follow-symlinks")
+    assert r.exit_code == 1, r.output
+    assert_one_line(r, name, "FIFO" if kind == "fifo" else "character device", "refused")
+    _assert_cann_bit_exact(fx, tmp_path / "a")

@@ -70,7 +70,17 @@ def bounded(fn, data: bytes, factor: int = 4, slack: int = 1 << 20):
 NAME_PARTS = st.sampled_from(["Conv2D", "Default_net-op0", "0", "1", "99999999999999999999999", "input",
                               "output", "DefaultFormat", "Float32", "npy", "bin", "shape", "x", "-1", "",
                               "\x00", "é", "²", "1e400", "NaN", "float32", "in"])
+BIG = st.integers(0, 10**30).map(str)
+WELL_FORMED = st.one_of(  # the layouts' grammars with numbers of any size
+    st.tuples(BIG, BIG, BIG, BIG, st.sampled_from(["input", "output"])).map(
+        lambda t: f"Conv2D.Default_x-op0.{t[0]}.{t[1]}.{t[2]}.{t[4]}.{t[3]}.DefaultFormat.Float32.npy"),
+    st.tuples(BIG, BIG, BIG).map(lambda t: f"Default--x_output_{t[0]}_shape_{t[1]}_{t[2]}_Float32_NCHW.bin"),
+    st.tuples(BIG, BIG).map(lambda t: f"Add.Default_x-op1.{t[0]}.{t[1]}"),
+    st.tuples(BIG, BIG).map(lambda t: f"Module.fc.Linear.forward.{t[0]}"),
+    st.tuples(BIG, BIG).map(lambda t: f"x_in_float32_{t[0]}.npy"),
+)
 NAMES = st.one_of(
+    WELL_FORMED,
     st.text(max_size=255),
     st.lists(NAME_PARTS, min_size=1, max_size=14).map(".".join),
     st.lists(NAME_PARTS, min_size=1, max_size=14).map("_".join),

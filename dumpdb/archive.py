@@ -137,6 +137,7 @@ class Archive:
         self.schema_version = self.catalog.check(writable=self.writable)
         self._store = None  # opened on first tensor read: zarr costs ~0.2 s to import
         self._held: duckdb.DuckDBPyConnection | None = None
+        self._held_sandbox: duckdb.DuckDBPyConnection | None = None  # sql()'s, while held
 
     def __repr__(self) -> str:
         return f"<dumpdb.Archive {str(self.path)!r}>"
@@ -168,6 +169,9 @@ class Archive:
         if self._held is not None:
             self._held.close()
             self._held = None
+        if self._held_sandbox is not None:
+            self._held_sandbox.close()
+            self._held_sandbox = None
 
     @contextmanager
     def _reader(self) -> Iterator[duckdb.DuckDBPyConnection]:
@@ -214,7 +218,20 @@ class Archive:
         database, then file access disabled and the configuration locked (in that
         order: ATTACH itself is file access). Its own instance, so the settings never
         reach other connections of this process. Waits for a catalog lock like
-        :meth:`Catalog.reader`."""
+        :meth:`Catalog.reader`. Kept for the whole ``with archive:`` block (a new
+        DuckDB instance costs tens of milliseconds)."""
+        if self._held is not None:
+            if self._held_sandbox is None:
+                self._held_sandbox = self._open_sandbox()
+            yield self._held_sandbox
+            return
+        con = self._open_sandbox()
+        try:
+            yield con
+        finally:
+            con.close()
+
+    def _open_sandbox(self) -> duckdb.DuckDBPyConnection:
         from dumpdb.catalog.connection import _is_lock_error
 
         con = duckdb.connect(":memory:")
@@ -244,9 +261,10 @@ class Archive:
             con.execute("USE catalog")
             con.execute("SET enable_external_access = false")
             con.execute("SET lock_configuration = true")
-            yield con
-        finally:
+        except BaseException:
             con.close()
+            raise
+        return con
 
     def runs(self) -> pa.Table:
         """One row per run with its tensor count and payload bytes."""

@@ -462,8 +462,12 @@ def test_sql_sandbox_keeps_parquet_output_and_stays_read_only(archive, tmp_path)
     assert r.exit_code == 2 and "read-only" in r.output
     # the sandbox's settings stay in its own DuckDB instance: other reads are unaffected
     with dumpdb.open(archive) as a:
-        a.sql("SELECT 1")
+        assert a.sql("SELECT count(*) AS n FROM tensors")["n"][0].as_py() == C1_TENSORS
         assert a.tensor(1) is not None
+        with pytest.raises(DumpdbError, match="SQL refused"):  # held connections stay sandboxed
+            a.sql(f"COPY tensors TO '{tmp_path / 'held.csv'}'")
+        assert a.sql("SELECT 1 AS x")["x"][0].as_py() == 1
+    assert not (tmp_path / "held.csv").exists()
 
 
 # -- CANN protobuf containers (ascend-async-pb) --------------------------------------------------

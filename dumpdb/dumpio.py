@@ -80,6 +80,16 @@ def _outside(path: str, conf: _Confinement) -> str | None:
     return real
 
 
+def leaves_dump(path: str | os.PathLike) -> str | None:
+    """Inside :func:`confine` without ``follow_symlinks``: the real path of ``path``
+    if it lies outside the dump directory (a directory symlink leaving it), else None.
+    Lets a reader refuse a whole directory with one line instead of one per file."""
+    conf = _confinement.get()
+    if conf is None or conf.follow_symlinks:
+        return None
+    return _outside(os.fspath(path), conf)
+
+
 def check_dump_file(path: str | os.PathLike, where: str, confined: bool = True) -> os.stat_result:
     """``os.stat`` of ``path`` if it is a regular file dumpdb may read.
 

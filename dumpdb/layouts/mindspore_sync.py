@@ -24,7 +24,7 @@ import os
 import re
 from pathlib import Path
 
-from dumpdb.dumpio import MAX_TEXT_BYTES, read_dump_bytes, read_dump_text, reason
+from dumpdb.dumpio import MAX_TEXT_BYTES, leaves_dump, read_dump_bytes, read_dump_text, reason
 from dumpdb.errors import DumpdbError, DumpFileError, LayoutError
 from dumpdb.layouts import mindspore_ir as ir
 from dumpdb.layouts.base import (
@@ -309,6 +309,11 @@ class MindSporeSync(Layout):
                     if not it_dir.is_dir():
                         continue
                     rel_dir = os.path.join(rel_rank, net_name, graph_dir.name, it_dir.name)
+                    outside = leaves_dump(it_dir)
+                    if outside is not None:  # one line for the directory, not one per file
+                        scan.errors.append((display_name(rel_dir), f"symlink leads outside the dump directory "
+                                            f"(to {outside}); not followed (--follow-symlinks allows it)"))
+                        continue
                     iteration = _dir_number(it_dir.name, _INT64_MAX)
                     if it_dir.name == "constants":
                         iteration = None

@@ -267,3 +267,22 @@ def test_json_nesting_is_one_error_at_any_depth(depth, opener):
         load_json(text, "d.json")
     except DumpdbError as exc:
         assert str(exc).startswith("d.json: ")
+
+
+# -- check_ranges: whatever a reader leaves, the catalog can hold what is kept ---------------------
+ANY_VALUE = st.one_of(st.none(), st.booleans(), st.integers(-(10**400), 10**400), st.floats(), st.text(max_size=5))
+INT_FIELDS = ["rank", "graph_id", "iteration", "task_id", "stream_id", "timestamp", "slot", "device_id",
+              "model_id", "step", "call_index"]
+
+
+@FAST
+@given(st.dictionaries(st.sampled_from(INT_FIELDS), st.integers(-(10**30), 10**30), max_size=4),
+       st.dictionaries(st.sampled_from(["max", "min", "mean", "l2norm", "count", "nan_count", "zero_count"]),
+                       ANY_VALUE, max_size=5),
+       st.lists(st.integers(-(10**30), 10**30), max_size=3))
+def test_check_ranges_leaves_only_storable_values(ints, stats, shape):
+    entry = TensorEntry(source_file="f", path=None, stats=stats or None, shape_declared=tuple(shape), **ints)
+    scan = DumpScan(layout="t", root=Path("."), entries=[entry])
+    check_ranges(scan)
+    catalog_rows(scan)
+    assert len(scan.entries) == 1 or scan.errors

@@ -558,10 +558,18 @@ def _bad_value(value: Any, typ: pa.DataType) -> bool:
         return False
     if typ in _INT_RANGES:
         lo, hi = _INT_RANGES[typ]
-        return not (isinstance(value, (int, np.integer)) and lo <= value <= hi)
+        return not (isinstance(value, (int, np.integer)) and not isinstance(value, bool) and lo <= value <= hi)
     if pa.types.is_list(typ):
         return not isinstance(value, (list, tuple)) or any(_bad_value(v, typ.value_type) for v in value)
     return False
+
+
+def _float_ok(value: Any) -> bool:
+    try:
+        float(value)
+        return True
+    except OverflowError:
+        return False
 
 
 _ENTRY_FIELDS = {f.name: f.type for f in TENSOR_SCHEMA} | {
@@ -590,10 +598,12 @@ def check_ranges(scan: DumpScan) -> None:
             for k, v in list(e.stats.items()):
                 if v is None:
                     continue
-                if k.endswith("count"):
+                if isinstance(v, (bool, np.bool_)):
+                    ok = False  # readers turn booleans into numbers themselves (msprobe: 1.0 / 0.0)
+                elif k.endswith("count"):
                     ok = isinstance(v, (int, np.integer)) and 0 <= v < (1 << 63)
-                else:  # min/max/mean/l2norm: any float, NaN and inf included
-                    ok = isinstance(v, (int, float, np.number))
+                else:  # min/max/mean/l2norm: any float, NaN and inf included; not an int beyond float
+                    ok = isinstance(v, (int, float, np.number)) and _float_ok(v)
                 if not ok:
                     wrong.append(f"{k}={v!r:.40}")
                     del e.stats[k]

@@ -44,6 +44,7 @@ from dumpdb.catalog import DEFAULT_LOCK_TIMEOUT, Catalog, insert_arrow
 from dumpdb.dtypes import dtype_name, from_dump_name
 from dumpdb.dumpio import check_dump_file, confine
 from dumpdb.errors import ArchiveError, DumpdbError
+from dumpdb.ingestion.ranges import check_ranges
 from dumpdb.layouts import DumpScan, Layout, TensorEntry, detect, get_layout
 from dumpdb.layouts.base import display_name
 from dumpdb.progress import Reporter
@@ -247,7 +248,7 @@ def ingest(
     with _RunLock(archive, run), confine(dump_dir, follow_symlinks):
         reporter.scanning(dump_dir)
         scan = lay.scan(dump_dir)
-        check_ranges(scan)
+        check_ranges(scan, TENSOR_SCHEMA, _RELATION_SCHEMAS)
         report = IngestReport(run=run, archive=archive, layout=lay.name,
                               source_path=str(dump_dir.resolve()), tensors_in_dump=len(scan.entries))
         pipeline = _Pipeline(catalog, TensorStore(archive / STORE, read_only=False), lay, scan,
@@ -547,80 +548,6 @@ _TEXT_FIELDS = ("source_file", "tensor_key", "op_type", "op_name", "scope_name",
 def _one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     return text[:300] + ("..." if len(text) > 300 else "")
-
-
-_INT_RANGES = {pa.int32(): (-(1 << 31), (1 << 31) - 1), pa.int64(): (-(1 << 63), (1 << 63) - 1)}
-
-
-def _bad_value(value: Any, typ: pa.DataType) -> bool:
-    """True if ``value`` cannot be stored in a column of type ``typ``."""
-    if value is None:
-        return False
-    if typ in _INT_RANGES:
-        lo, hi = _INT_RANGES[typ]
-        return not (isinstance(value, (int, np.integer)) and not isinstance(value, bool) and lo <= value <= hi)
-    if pa.types.is_list(typ):
-        return not isinstance(value, (list, tuple)) or any(_bad_value(v, typ.value_type) for v in value)
-    return False
-
-
-def _float_ok(value: Any) -> bool:
-    try:
-        float(value)
-        return True
-    except OverflowError:
-        return False
-
-
-_ENTRY_FIELDS = {f.name: f.type for f in TENSOR_SCHEMA} | {
-    "shape_declared": pa.list_(pa.int64()), "original_shape": pa.list_(pa.int64())}
-
-
-def check_ranges(scan: DumpScan) -> None:
-    """Drop what the catalog's columns cannot hold, one error line each (issue 14).
-
-    A file name's task id, timestamp or slot, or a directory's iteration beyond
-    int64/int32 (or a statistic that is not a finite count) would make the whole
-    commit fail: such an entry becomes an error naming its file; an unusable
-    statistic is dropped (dumpdb computes it from the payload) with an error line;
-    a relation row (IR ops, execution order, ...) with such a value loses that value.
-    """
-    kept = []
-    for e in scan.entries:
-        bad = [f"{name}={getattr(e, name)!r:.40}" for name, typ in _ENTRY_FIELDS.items()
-               if hasattr(e, name) and _bad_value(getattr(e, name), typ)]
-        if bad:
-            scan.errors.append((e.source_file, f"{', '.join(bad)} out of range for the catalog "
-                                "(int32/int64); tensor skipped"))
-            continue
-        if e.stats:
-            wrong = []
-            for k, v in list(e.stats.items()):
-                if v is None:
-                    continue
-                if isinstance(v, (bool, np.bool_)):
-                    ok = False  # readers turn booleans into numbers themselves (msprobe: 1.0 / 0.0)
-                elif k.endswith("count"):
-                    ok = isinstance(v, (int, np.integer)) and 0 <= v < (1 << 63)
-                else:  # min/max/mean/l2norm: any float, NaN and inf included; not an int beyond float
-                    ok = isinstance(v, (int, float, np.number)) and _float_ok(v)
-                if not ok:
-                    wrong.append(f"{k}={v!r:.40}")
-                    del e.stats[k]
-            if wrong:
-                scan.errors.append((e.source_file, f"statistic {', '.join(wrong)} is not a valid value "
-                                    f"for {e.key}; ignored (computed from the payload if there is one)"))
-        kept.append(e)
-    scan.entries[:] = kept
-    for table, schema in _RELATION_SCHEMAS.items():
-        dropped = 0
-        for row in getattr(scan, table):
-            for f in schema:
-                if f.name in row and _bad_value(row[f.name], f.type):
-                    row[f.name] = None
-                    dropped += 1
-        if dropped:
-            scan.errors.append((table, f"{table}: {dropped} value(s) out of range for the catalog set to NULL"))
 
 
 def _file_size(path: str | None) -> int:

@@ -147,7 +147,7 @@ def read_statistic_csv(path: Path) -> list[dict]:
     (catalog statistic columns present) and ``checksum``/``checksum_algo``.
     A statistic that is not a number (or a count that is not a non-negative
     integer: ``nan``, ``1e400``, ``-3``) is kept as its text, which the ingest
-    reports as one error line and ignores (:func:`dumpdb.ingestion.pipeline.check_ranges`).
+    reports as one error line and ignores (:func:`dumpdb.ingestion.ranges.check_ranges`).
     Raises :class:`~dumpdb.errors.DumpFileError` for a FIFO/device or an unreadable file.
     """
     rows: list[dict] = []

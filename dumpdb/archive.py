@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -143,6 +145,7 @@ class Archive:
         self.schema_version = self.catalog.check(writable=self.writable)
         self._store: TensorStore | None = None  # opened on first tensor read: zarr costs ~0.2 s to import
         self._held: duckdb.DuckDBPyConnection | None = None
+        self._held_sandbox: duckdb.DuckDBPyConnection | None = None  # sql()'s, while held
 
     def __repr__(self) -> str:
         return f"<dumpdb.Archive {str(self.path)!r}>"
@@ -174,6 +177,9 @@ class Archive:
         if self._held is not None:
             self._held.close()
             self._held = None
+        if self._held_sandbox is not None:
+            self._held_sandbox.close()
+            self._held_sandbox = None
 
     @contextmanager
     def _reader(self) -> Iterator[duckdb.DuckDBPyConnection]:
@@ -184,20 +190,89 @@ class Archive:
                 yield con
 
     # -- queries -----------------------------------------------------------
-    def sql(self, query: str, params: list | dict | None = None) -> pa.Table:
+    def sql(self, query: str, params: list | dict | None = None, *, allow_files: bool = False) -> pa.Table:
         """Run a SQL query on the catalog (read-only) and return a ``pyarrow.Table``.
 
         Relations: runs, tensors, blobs, arrays, ops, execution_order,
         graph_executions, ingest_errors, schema_version (README "Catalog
         schema"). Raises :class:`DumpdbError` with DuckDB's message on a bad
         query or an attempt to write.
+
+        Sandboxed (README "Safety"): the query runs in its own DuckDB instance
+        with the catalog attached read-only, ``enable_external_access = false``
+        and ``lock_configuration = true``, so ``COPY ... TO``, ``read_csv`` /
+        ``read_text`` / ``read_parquet`` of files, ``ATTACH``, ``INSTALL`` and
+        ``LOAD`` fail (:class:`DumpdbError` saying file access is disabled).
+        ``allow_files=True`` lifts this for a user who wants DuckDB to read or
+        write files (the catalog itself stays read-only).
         """
-        with self._reader() as con:
+        with (self._reader() if allow_files else self._sandbox()) as con:
             try:
                 rel = con.sql(query, params=params)
                 return rel.to_arrow_table() if rel is not None else pa.table({})
+            except duckdb.PermissionException as exc:
+                first = " ".join(str(exc).split())
+                raise DumpdbError(f"SQL refused: {first}; dumpdb sql reads the catalog only "
+                                  "(--allow-files / allow_files=True permits file access)") from exc
             except duckdb.Error as exc:
+                if "configuration has been locked" in str(exc):
+                    raise DumpdbError(f"SQL refused: {' '.join(str(exc).split())}; settings cannot be "
+                                      "changed in dumpdb sql (--allow-files lifts the sandbox)") from exc
                 raise DumpdbError(f"SQL error: {str(exc).strip()}") from exc
+
+    @contextmanager
+    def _sandbox(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A private in-memory DuckDB with the catalog attached READ_ONLY as the default
+        database, then file access disabled and the configuration locked (in that
+        order: ATTACH itself is file access). Its own instance, so the settings never
+        reach other connections of this process. Waits for a catalog lock like
+        :meth:`Catalog.reader`. Kept for the whole ``with archive:`` block (a new
+        DuckDB instance costs tens of milliseconds)."""
+        if self._held is not None:
+            if self._held_sandbox is None:
+                self._held_sandbox = self._open_sandbox()
+            yield self._held_sandbox
+            return
+        con = self._open_sandbox()
+        try:
+            yield con
+        finally:
+            con.close()
+
+    def _open_sandbox(self) -> duckdb.DuckDBPyConnection:
+        from dumpdb.catalog.connection import is_lock_error
+
+        con = duckdb.connect(":memory:")
+        try:
+            literal = "'" + str(self.catalog.path).replace("'", "''") + "'"
+            deadline = time.monotonic() + self.catalog.lock_timeout
+            delay, warned = 0.02, False
+            while True:
+                try:
+                    con.execute(f"ATTACH {literal} AS catalog (READ_ONLY)")
+                    break
+                except duckdb.Error as exc:
+                    if not is_lock_error(exc):
+                        raise ArchiveError(f"{self.catalog.path}: cannot open catalog: "
+                                           f"{str(exc).splitlines()[0]}") from exc
+                    if time.monotonic() >= deadline:
+                        raise ArchiveError(
+                            f"{self.catalog.path}: catalog is locked by another process; gave up after "
+                            f"{self.catalog.lock_timeout:g} s ({str(exc).splitlines()[0]})") from exc
+                    if not warned and self.catalog.on_wait is not None:
+                        holder = re.search(r"\(PID (\d+)\)", str(exc))
+                        who = f"process {holder.group(1)}" if holder else "another process"
+                        self.catalog.on_wait(f"waiting for the catalog lock held by {who}...")
+                        warned = True
+                    time.sleep(delay)  # another process commits: wait as Catalog._connect does
+                    delay = min(delay * 2, 0.5)
+            con.execute("USE catalog")
+            con.execute("SET enable_external_access = false")
+            con.execute("SET lock_configuration = true")
+        except BaseException:
+            con.close()
+            raise
+        return con
 
     def runs(self) -> pa.Table:
         """One row per run with its tensor count and payload bytes."""

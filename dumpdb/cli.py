@@ -145,12 +145,14 @@ def ingest(
     workers: Optional[int] = typer.Option(None, "--workers", "-j", min=1,
         help="Reader threads (default: cores + 1, max 4)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    follow_symlinks: bool = typer.Option(
+        False, "--follow-symlinks", help="Read files that symlinks lead to outside DUMP_DIR (off by default)."),
 ) -> None:
     """Ingest a dump into an archive (created if missing). Re-running completes or skips."""
     reporter = _RichReporter(quiet)
     try:
         report = dumpdb.ingest(dump_dir, archive=_archive_path(archive), run=run, layout=layout,
-                               workers=workers, reporter=reporter,
+                               workers=workers, reporter=reporter, follow_symlinks=follow_symlinks,
                                on_wait=lambda msg: err.print(msg, style="yellow"))
     except DumpdbError as exc:
         _fail(exc)
@@ -172,8 +174,10 @@ def sql(
     output_file: Optional[Path] = typer.Option(None, "--output", "-o",
         help="Write to this file (required for parquet)."),
     max_rows: int = typer.Option(50, "--max-rows", help="Rows shown by --format table (0: all)."),
+    allow_files: bool = typer.Option(
+        False, "--allow-files", help="Let the query read/write files (COPY, read_csv, ATTACH...); off by default."),
 ) -> None:
-    """Run a read-only SQL query on the catalog."""
+    """Run a read-only SQL query on the catalog (sandboxed: no file access unless --allow-files)."""
     if not query.strip():
         _fail(DumpdbError("empty query"))
     if fmt not in output.FORMATS:
@@ -181,7 +185,7 @@ def sql(
     if fmt == "parquet" and output_file is None:
         _fail(DumpdbError("--format parquet needs --output FILE"))
     try:
-        table = dumpdb.open(_archive_path(archive)).sql(query)
+        table = dumpdb.open(_archive_path(archive)).sql(query, allow_files=allow_files)
     except DumpdbError as exc:
         _fail(exc)
     if fmt == "table":

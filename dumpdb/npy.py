@@ -17,13 +17,14 @@ it, and returns the array in the dtype the bytes really are.
 
 from __future__ import annotations
 
-import ast
 import math
+import re
 from dataclasses import dataclass
 
 import numpy as np
 
 from dumpdb.dtypes import BFLOAT16
+from dumpdb.dumpio import read_dump_bytes
 from dumpdb.errors import DumpFileError
 
 MAGIC = b"\x93NUMPY"
@@ -43,6 +44,88 @@ class NpyTensor:
     note: str | None = None
 
 
+# numpy refuses headers above 10000 bytes by default (``max_header_size``); real
+# tensor headers are about 100 bytes. Anything longer is refused before parsing.
+MAX_HEADER_BYTES = 65536
+_TOKEN_RE = re.compile(r"""\s*(?:(?P<str>'[^'\\\n]{0,256}'|"[^"\\\n]{0,256}")|(?P<int>\d{1,20})L?(?![\w.])"""
+                       r"|(?P<name>True|False|None)(?!\w)|(?P<punct>[{}():,\[\]]))")
+_END = object()
+
+
+def _tokens(text: str, where: str) -> list:
+    out: list = []
+    pos = 0
+    while pos < len(text):
+        m = _TOKEN_RE.match(text, pos)
+        if m is None:
+            if not text[pos:].strip():
+                break
+            raise DumpFileError(f"{where}: unreadable .npy header at {text[pos:pos + 20]!r}")
+        pos = m.end()
+        if m["str"] is not None:
+            out.append(("str", m["str"][1:-1]))
+        elif m["int"] is not None:
+            out.append(("int", int(m["int"])))
+        elif m["name"] is not None:
+            out.append(("val", {"True": True, "False": False, "None": None}[m["name"]]))
+        else:
+            out.append(("p", m["punct"]))
+    return out
+
+
+def _header_dict(text: str, where: str) -> dict:
+    """The header dict, parsed strictly: string keys; values a string, True/False,
+    or a tuple of non-negative ints (a list means a structured dtype: refused).
+    Never evaluates anything (no ``ast.literal_eval``)."""
+    toks = _tokens(text, where)
+    i = 0
+
+    def take(kind=None, value=None):
+        nonlocal i
+        if i >= len(toks):
+            raise DumpFileError(f"{where}: .npy header ends early: {text.strip()[:80]!r}")
+        tok = toks[i]
+        if (kind and tok[0] != kind) or (value is not None and tok[1] != value):
+            raise DumpFileError(f"{where}: unreadable .npy header {text.strip()[:80]!r}")
+        i += 1
+        return tok
+
+    take("p", "{")
+    header: dict = {}
+    while True:
+        if toks[i:i + 1] == [("p", "}")]:
+            i += 1
+            break
+        key = take("str")[1]
+        take("p", ":")
+        kind, val = toks[i] if i < len(toks) else ("end", None)
+        if kind == "p" and val == "(":
+            i += 1
+            dims: list[int] = []
+            while toks[i:i + 1] != [("p", ")")]:
+                dims.append(take("int")[1])
+                if toks[i:i + 1] == [("p", ",")]:
+                    i += 1
+                elif toks[i:i + 1] != [("p", ")")]:
+                    take("p", ")")  # raises: neither ',' nor ')'
+            i += 1
+            header[key] = tuple(dims)
+        elif kind == "p" and val == "[":
+            raise DumpFileError(f"{where}: structured dtype in .npy header is not a tensor")
+        elif kind in ("str", "val", "int"):
+            i += 1
+            header[key] = val
+        else:
+            take("str")  # raises
+        if toks[i:i + 1] == [("p", ",")]:
+            i += 1
+        elif toks[i:i + 1] != [("p", "}")]:
+            take("p", "}")  # raises
+    if i != len(toks):
+        raise DumpFileError(f"{where}: unreadable .npy header (text after the dict)")
+    return header
+
+
 def _parse_header(raw: bytes | memoryview, where: str) -> tuple[dict, int]:
     if len(raw) < 10 or bytes(raw[:6]) != MAGIC:
         raise DumpFileError(f"{where}: not an .npy file (missing \\x93NUMPY magic)")
@@ -55,20 +138,23 @@ def _parse_header(raw: bytes | memoryview, where: str) -> tuple[dict, int]:
         hlen, start = int.from_bytes(raw[8:12], "little"), 12
     else:
         raise DumpFileError(f"{where}: unsupported .npy format version {major}")
+    if hlen > MAX_HEADER_BYTES:
+        raise DumpFileError(f"{where}: .npy header of {hlen} bytes (more than {MAX_HEADER_BYTES}); refused")
     if start + hlen > len(raw):
         raise DumpFileError(
             f"{where}: truncated .npy header ({len(raw)} bytes, header needs {start + hlen})"
         )
-    text = bytes(raw[start : start + hlen]).decode("utf-8" if major == 3 else "latin1")
-    try:
-        header = ast.literal_eval(text.strip())
-    except (ValueError, SyntaxError) as exc:
-        raise DumpFileError(f"{where}: unreadable .npy header {text.strip()[:80]!r}") from exc
-    if not isinstance(header, dict) or not {"descr", "shape"} <= header.keys():
+    text = bytes(raw[start : start + hlen]).decode("utf-8" if major == 3 else "latin1", errors="replace")
+    header = _header_dict(text, where)
+    if not {"descr", "shape"} <= header.keys():
         raise DumpFileError(f"{where}: .npy header lacks descr/shape: {text.strip()[:80]!r}")
     shape = header["shape"]
     if not isinstance(shape, tuple) or not all(isinstance(d, int) and d >= 0 for d in shape):
         raise DumpFileError(f"{where}: bad shape {shape!r} in .npy header")
+    if len(shape) > 64:  # numpy's NPY_MAXDIMS
+        raise DumpFileError(f"{where}: {len(shape)} dimensions in .npy header (numpy allows 64)")
+    if not isinstance(header.get("fortran_order", False), bool):
+        raise DumpFileError(f"{where}: bad fortran_order {header['fortran_order']!r} in .npy header")
     return header, start + hlen
 
 
@@ -79,7 +165,7 @@ def _header_dtype(descr, where: str) -> np.dtype:
         return BFLOAT16
     try:
         dtype = np.dtype(descr)
-    except TypeError as exc:
+    except (TypeError, ValueError, OverflowError, SyntaxError) as exc:  # numpy parses descr strings
         raise DumpFileError(f"{where}: unknown dtype descriptor {descr!r}") from exc
     if dtype.hasobject or dtype.kind in "OVSUMm":
         raise DumpFileError(f"{where}: dtype {descr!r} is not a numeric tensor")
@@ -135,15 +221,13 @@ def read_npy(path: str, where: str | None = None) -> NpyTensor:
     """Read one ``.npy`` file (never modifies it; works on 0400 files).
 
     Raises :class:`DumpFileError` (message starts with ``where`` or the path)
-    for an unreadable file or any problem :func:`parse_npy` finds.
+    for an unreadable or non-regular file (FIFO, device, socket; a symlink out of
+    the dump during an ingest) or any problem :func:`parse_npy` finds.
     """
     where = where or path
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except OSError as exc:
-        raise DumpFileError(f"{where}: cannot read: {exc.strerror or exc}") from exc
-    return parse_npy(raw, where)
+    # Regular files only, never more than the file's size (dumpdb.dumpio): a FIFO or
+    # a symlink to /dev/zero named .npy is refused instead of blocking or filling memory.
+    return parse_npy(read_dump_bytes(path, where), where)
 
 
 def read_npy_declared(path: str, where: str, declared: str | None) -> NpyTensor:

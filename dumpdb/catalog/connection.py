@@ -38,7 +38,7 @@ from dumpdb.errors import ArchiveError, CatalogCorrupt, CatalogVersionError
 DEFAULT_LOCK_TIMEOUT = float(os.environ.get("DUMPDB_LOCK_TIMEOUT", "120"))
 
 
-def _is_lock_error(exc: Exception) -> bool:
+def is_lock_error(exc: Exception) -> bool:
     text = str(exc).lower()
     return "lock" in text and ("conflicting" in text or "could not set" in text)
 
@@ -73,7 +73,7 @@ class Catalog:
             try:
                 return duckdb.connect(str(self.path), read_only=read_only)
             except duckdb.IOException as exc:
-                if not _is_lock_error(exc):
+                if not is_lock_error(exc):
                     raise ArchiveError(f"{self.path}: cannot open catalog: {exc}") from exc
                 if time.monotonic() >= deadline:
                     raise ArchiveError(

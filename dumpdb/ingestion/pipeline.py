@@ -20,6 +20,7 @@ Guarantees (issue 2, "Safety"):
 
 from __future__ import annotations
 
+import contextvars
 import fcntl
 import hashlib
 import json
@@ -42,7 +43,9 @@ from dumpdb import __version__
 from dumpdb.archive import CATALOG, STORE, check_marker, create_archive, default_archive_path, is_archive
 from dumpdb.catalog import DEFAULT_LOCK_TIMEOUT, Catalog, insert_arrow, schema
 from dumpdb.dtypes import dtype_name, from_dump_name
+from dumpdb.dumpio import check_dump_file, confine
 from dumpdb.errors import ArchiveError, DumpdbError
+from dumpdb.ingestion.ranges import check_ranges
 from dumpdb.layouts import DumpScan, Layout, TensorEntry, locate
 from dumpdb.layouts.base import display_name
 from dumpdb.progress import Reporter
@@ -170,6 +173,7 @@ def ingest(
     reporter: Reporter | None = None,
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
     on_wait: Callable[[str], None] | None = None,
+    follow_symlinks: bool = False,
 ) -> IngestReport:
     """Ingest the dump at ``dump_dir`` into ``archive`` as run ``run``.
 
@@ -183,6 +187,11 @@ def ingest(
     cannot be written or a run name already used by another dump.
     KeyboardInterrupt stops reading, commits what is complete, and returns a
     report with ``interrupted=True``.
+
+    Dump files are read only if they are regular files (a FIFO, socket or device
+    is refused before it is opened) and, unless ``follow_symlinks``, only if they
+    lie inside ``dump_dir`` once symlinks are resolved (:mod:`dumpdb.dumpio`);
+    each refused file is one line in ``report.errors``.
     """
     started = time.monotonic()
     reporter = reporter or Reporter()
@@ -197,9 +206,10 @@ def ingest(
     _open_for_write(archive)
     catalog = Catalog(archive / CATALOG, lock_timeout=lock_timeout, on_wait=on_wait)
     catalog.check(writable=True)
-    with _RunLock(archive, run):
+    with _RunLock(archive, run), confine(dump_dir, follow_symlinks):
         reporter.scanning(found.path)
         scan = lay.scan(found.path)
+        check_ranges(scan, TENSOR_SCHEMA, _RELATION_SCHEMAS)
         report = IngestReport(run=run, archive=archive, layout=lay.name,
                               source_path=str(found.path.resolve()), tensors_in_dump=len(scan.entries))
         pipeline = _Pipeline(catalog, TensorStore(archive / STORE, read_only=False), lay, scan,
@@ -335,7 +345,10 @@ class _Pipeline:
                             exhausted = True
                             break
                         size = entry.size if entry.size is not None else _file_size(entry.path)
-                        inflight.append((pool.submit(self._load, entry, size), size))
+                        # each worker call in a copy of this context: it carries the
+                        # dump-directory confinement (dumpio.confine)
+                        ctx = contextvars.copy_context()
+                        inflight.append((pool.submit(ctx.run, self._load, entry, size), size))
                         inflight_bytes += size
                     if not inflight:
                         break
@@ -355,12 +368,14 @@ class _Pipeline:
         if entry.path is None:
             return item
         try:
+            # every layout's payload: a regular file inside the dump, before any open
+            check_dump_file(entry.path, entry.source_file)
             loaded = self.layout.load(entry)
         except DumpdbError as exc:
             item.error = str(exc)
             return item
-        except (OSError, ValueError, MemoryError) as exc:
-            item.error = f"{entry.source_file}: {type(exc).__name__}: {exc}"
+        except Exception as exc:  # noqa: BLE001 - a hostile file must not stop the ingest
+            item.error = f"{entry.source_file}: {type(exc).__name__}: {_one_line(exc)}"
             return item
         item.array, item.note = loaded.array, loaded.note
         item.content_hash = content_hash(loaded.array)
@@ -485,6 +500,11 @@ _ENTRY_COLUMNS = tuple(c for c in TENSOR_SCHEMA.names if c in {f.name for f in d
 
 _TEXT_FIELDS = ("source_file", "tensor_key", "op_type", "op_name", "scope_name", "net_name", "model_name",
                 "format", "dtype_declared", "arg_name", "note")
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text[:300] + ("..." if len(text) > 300 else "")
 
 
 def _file_size(path: str | None) -> int:

@@ -58,16 +58,25 @@ Telling the layouts apart (names only; the first directories found decide):
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from dumpdb.errors import DumpFileError, LayoutError
+from dumpdb.dumpio import read_dump_text, reason
+from dumpdb.errors import DumpdbError, DumpFileError, LayoutError
 from dumpdb.layouts import cann_pb, register
 from dumpdb.layouts import mindspore_kit as kit
-from dumpdb.layouts.base import DumpScan, Layout, LoadedTensor, TensorEntry, display_name, file_sizes, read_metadata_dir
+from dumpdb.layouts.base import (
+    DumpScan,
+    Layout,
+    LoadedTensor,
+    TensorEntry,
+    display_name,
+    file_sizes,
+    load_json,
+    read_metadata_dir,
+)
 from dumpdb.layouts.mindspore_kit import parse_tensor_name, read_mapping_csv, read_stats_csv
 from dumpdb.npy import read_npy_declared
 
@@ -314,16 +323,19 @@ class _CannLayout(Layout):
             path = root / name
             rel = display_name(name)
             try:
-                if not path.is_file() or path.stat().st_size > MAX_METADATA_BYTES:
+                if path.is_dir() or path.stat().st_size > MAX_METADATA_BYTES:
                     continue
-                text = path.read_text(encoding="utf-8", errors="replace")
+                text = read_dump_text(path, rel, MAX_METADATA_BYTES)  # regular file inside the dump
             except OSError as exc:
                 scan.errors.append((rel, f"cannot read metadata: {exc.strerror or exc}"))
                 continue
+            except DumpdbError as exc:
+                scan.errors.append((rel, f"cannot read metadata: {reason(exc, rel)}"))
+                continue
             try:
-                scan.metadata[rel] = json.loads(text)
-            except json.JSONDecodeError as exc:
-                scan.errors.append((rel, f"invalid JSON: {exc.msg} at line {exc.lineno}"))
+                scan.metadata[rel] = load_json(text, rel)
+            except DumpdbError as exc:
+                scan.errors.append((rel, reason(exc, rel)))
 
     def _parse_bin_name(self, name: str) -> dict | None:
         for pattern in self.names:
@@ -356,8 +368,8 @@ class _CannLayout(Layout):
         if "mapping.csv" in sizes:
             try:
                 mapping = read_mapping_csv(d / "mapping.csv")
-            except OSError as exc:
-                scan.errors.append((src("mapping.csv"), f"cannot read: {exc.strerror or exc}"))
+            except (OSError, DumpdbError) as exc:
+                scan.errors.append((src("mapping.csv"), reason(exc, d / "mapping.csv")))
         stats = kit.StatisticJoin()
         npy_entries: list[TensorEntry] = []
         for name in sorted(sizes):
@@ -386,8 +398,8 @@ class _CannLayout(Layout):
             else:  # statistics csv
                 try:
                     rows = read_stats_csv(path)
-                except OSError as exc:
-                    scan.errors.append((source_file, f"cannot read: {exc.strerror or exc}"))
+                except (OSError, DumpdbError) as exc:
+                    scan.errors.append((source_file, reason(exc, path)))
                     continue
                 from_name = self._parse_bin_name(original[:-4]) if original != "statistic.csv" else None
                 for row in rows:
@@ -449,15 +461,11 @@ class _CannLayout(Layout):
     def _scan_overflow_json(self, path: Path, source_file: str, original: str, fields: dict,
                             scan: DumpScan) -> None:
         m = _OPDEBUG_JSON_RE.match(original)
-        try:
-            text = path.read_text(encoding="utf-8", errors="replace")
-        except OSError as exc:
-            scan.errors.append((source_file, f"cannot read: {exc.strerror or exc}"))
-            return
-        try:
-            json.loads(text)
-        except json.JSONDecodeError as exc:
-            scan.errors.append((source_file, f"invalid JSON: {exc.msg} at line {exc.lineno}"))
+        try:  # regular file inside the dump, bounded; deep nesting is one error
+            text = read_dump_text(path, source_file, MAX_METADATA_BYTES)
+            load_json(text, source_file)
+        except DumpdbError as exc:
+            scan.errors.append((source_file, reason(exc, source_file)))
             return
         parsed = {"op_type": OPDEBUG_TYPE, "op_name": OPDEBUG_NAME, "task_id": int(m["task_id"]),
                   "stream_id": int(m["stream_id"]), "timestamp": int(m["timestamp"])}

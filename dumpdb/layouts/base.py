@@ -18,6 +18,12 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from dumpdb.dumpio import read_dump_text, reason
+from dumpdb.errors import DumpdbError, DumpFileError
+
+# metadata files (.dump_metadata/*) are small JSON/text; their text goes into runs.metadata
+MAX_METADATA_BYTES = 16 << 20
+
 
 @dataclass(slots=True)
 class TensorEntry:
@@ -207,26 +213,40 @@ def read_metadata_dir(root: Path, meta_dir: Path, scan: DumpScan) -> dict[str, s
     particular files (e.g. ``data_dump.json`` as the dump config).
     """
     texts: dict[str, str] = {}
-    if not meta_dir.is_dir():
+    if not meta_dir.is_dir() or meta_dir.is_symlink():
         return texts
     for path in sorted(meta_dir.iterdir()):
-        if not path.is_file():
+        if path.is_dir():
             continue
         rel = display_name(os.path.relpath(path, root))
-        try:
-            text = path.read_text(encoding="utf-8", errors="replace")
-        except OSError as exc:
-            scan.errors.append((rel, f"cannot read metadata: {exc.strerror or exc}"))
+        try:  # regular files inside the dump only, bounded (dumpdb.dumpio)
+            text = read_dump_text(path, rel, MAX_METADATA_BYTES)
+        except DumpdbError as exc:
+            scan.errors.append((rel, f"cannot read metadata: {reason(exc, rel)}"))
             continue
         value: object = text
         if path.suffix == ".json":
             try:
-                value = json.loads(text)
-            except json.JSONDecodeError as exc:
-                scan.errors.append((rel, f"invalid JSON: {exc.msg} at line {exc.lineno}"))
+                value = load_json(text, rel)
+            except DumpdbError as exc:
+                scan.errors.append((rel, reason(exc, rel)))
         scan.metadata[rel] = value
         texts[path.name] = text
     return texts
+
+
+def load_json(text: str, where: str) -> Any:
+    """``json.loads`` that fails with one line: :class:`~dumpdb.errors.DumpFileError`
+    naming ``where`` for invalid JSON and for nesting too deep for Python's parser
+    (a ``dump.json`` nested 100,000 levels deep raises RecursionError in ``json``)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DumpFileError(f"{where}: invalid JSON: {exc.msg} at line {exc.lineno}") from None
+    except RecursionError:
+        raise DumpFileError(f"{where}: JSON nested too deeply to read; refused") from None
+    except ValueError as exc:  # e.g. an integer of more than 4300 digits
+        raise DumpFileError(f"{where}: invalid JSON: {' '.join(str(exc).split())[:120]}") from None
 
 
 def names_mostly_match(names: list[str], pattern: re.Pattern) -> bool:

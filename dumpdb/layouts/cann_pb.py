@@ -49,6 +49,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 
 from dumpdb.dtypes import BFLOAT16
+from dumpdb.dumpio import open_dump_file, read_dump_bytes
 from dumpdb.errors import DumpFileError
 from dumpdb.formats import OUTPUT_FORMAT
 
@@ -287,10 +288,7 @@ def _read_header_fd(fd: int, file_size: int, where: str) -> DumpHeader:
 def read_header(path: str | os.PathLike, where: str | None = None) -> DumpHeader:
     """Read and check one container's header (reads the header bytes only)."""
     where = where or str(path)
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError as exc:
-        raise DumpFileError(f"{where}: cannot read: {exc.strerror or exc}") from exc
+    fd = open_dump_file(path, where)  # regular files only: a FIFO never blocks (dumpdb.dumpio)
     try:
         return _read_header_fd(fd, os.fstat(fd).st_size, where)
     except OSError as exc:
@@ -342,12 +340,13 @@ def tensor_array(t: TensorSlot, raw: bytes, where: str) -> tuple[np.ndarray, str
 
 def read_slot(path: str | os.PathLike, t: TensorSlot, where: str) -> tuple[np.ndarray, str | None]:
     """Read one slot's bytes from the file and return :func:`tensor_array`."""
+    fd = open_dump_file(path, where)
     try:
-        with open(path, "rb") as f:
-            f.seek(t.offset)
-            raw = f.read(t.size)
+        raw = os.pread(fd, t.size, t.offset) if t.size else b""
     except OSError as exc:
         raise DumpFileError(f"{where}: cannot read: {exc.strerror or exc}") from exc
+    finally:
+        os.close(fd)
     return tensor_array(t, raw, where)
 
 
@@ -373,10 +372,7 @@ class HeaderCache:
 
     def load(self, path: str, io: str, slot: int, where: str) -> tuple[np.ndarray, str | None]:
         """Read slot ``io``.``slot`` of the container at ``path``."""
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError as exc:
-            raise DumpFileError(f"{where}: cannot read: {exc.strerror or exc}") from exc
+        fd = open_dump_file(path, where)
         try:
             size = os.fstat(fd).st_size
             with self._lock:
@@ -438,11 +434,7 @@ def read_overflow(path: str | os.PathLike, where: str) -> list[tuple[int, str]]:
     Raises :class:`DumpFileError` for a bad container or a block too short.
     """
     header = read_header(path, where)
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as exc:
-        raise DumpFileError(f"{where}: cannot read: {exc.strerror or exc}") from exc
+    data = read_dump_bytes(path, where, header.file_size)
     blocks = [(t.slot, t.offset, t.size) for t in header.outputs] or [
         (0, header.data_offset, header.file_size - header.data_offset)]
     records = []

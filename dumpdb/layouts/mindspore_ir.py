@@ -25,6 +25,9 @@ from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
 
+from dumpdb.dumpio import looks_binary, read_dump_text
+from dumpdb.errors import DumpFileError
+
 _NODE_RE = re.compile(r"^\s*%(\d+)\(([^)]*)\)\s*=\s*([^(\s]+)\(")
 _BARE_NODE_RE = re.compile(r"^  ([A-Z][A-Za-z0-9_]*)\(%")  # e.g. "  Return(%26)": no id
 _PARAM_RE = re.compile(r"^%para\d+_(\S+?):\s*<(.*)>")
@@ -47,8 +50,8 @@ def _parse_types(text: str) -> tuple[list, list]:
     for item in _TYPE_ITEM_RE.findall(text):
         m = _TENSOR_ITEM_RE.match(item)
         if m:
-            dims = [int(d) for d in m.group(2).replace(" ", "").split(",") if d]
-            shapes.append(dims)
+            digits = [d for d in m.group(2).replace(" ", "").split(",") if d]
+            shapes.append([int(d) for d in digits] if all(len(d) <= 18 for d in digits) else None)
             dtypes.append(m.group(1))
         else:
             shapes.append(None)
@@ -63,7 +66,9 @@ def _parse_trace(line: str) -> dict | None:
     number = m.group("line") or m.group("line2")
     return {
         "file": m.group("file"),
-        "line": int(number) if number else None,
+        # beyond 19 digits: out of any column's range (the scan reports it), and int()
+        # of thousands of digits raises
+        "line": (int(number) if len(number) <= 19 else 1 << 63) if number else None,
         "is_range": bool(m.group("range")),
         "code": m.group("code").strip(),
     }
@@ -95,61 +100,63 @@ def parse_ir(path: Path) -> tuple[list[dict], list[str]]:
     ``op_type`` (``PrimFunc_`` prefix removed), ``scope_name``, input/output
     shapes and dtypes, ``code_file``/``code_line``/``code_text`` (user frame)
     and ``code_trace`` (all ``# In file`` lines); params are the parameter names
-    (``ref_key``, e.g. ``fc1.weight``).
+    (``ref_key``, e.g. ``fc1.weight``). Raises :class:`~dumpdb.errors.DumpFileError`
+    for a FIFO/device, an unreadable file or one that is binary data, not IR text.
     """
     nodes: list[dict] = []
     params: list[str] = []
     current: dict | None = None
     type_lines = 0
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for raw in f:
-            line = raw.rstrip("\n")
-            pm = _PARAM_RE.match(line)
-            if pm:
-                ref = _REF_KEY_RE.search(pm.group(2))
-                params.append(ref.group(1).strip() if ref else pm.group(1))
-                continue
-            nm = _NODE_RE.match(line)
-            bare = None if nm else _BARE_NODE_RE.match(line)
-            if nm or bare:
-                op = nm.group(3) if nm else bare.group(1)
-                current = {
-                    "node": f"%{nm.group(1)}" if nm else None,
-                    "ir_op_type": op,
-                    "op_type": op.removeprefix("PrimFunc_"),
-                    "scope_name": None,
-                    "input_shapes": None, "input_dtypes": None,
-                    "output_shapes": None, "output_dtypes": None,
-                    "code_trace": [],
-                }
-                nodes.append(current)
-                type_lines = 0
-                continue
-            if current is None:
-                continue
-            stripped = line.strip()
-            sm = _SCOPE_RE.search(stripped)
-            if sm:
-                current["scope_name"] = sm.group(1) or sm.group(2)
-                continue
-            bare = _BARE_SCOPE_RE.match(stripped)
-            if bare and current["scope_name"] is None:
-                current["scope_name"] = bare.group(1)
-                continue
-            tm = _TRACE_RE.match(stripped)
-            if tm:
-                current["code_trace"].append(tm.group(1))
-                continue
-            if stripped.startswith(": (") and "->" in stripped and type_lines == 0:
-                # First type line: host-side types (the second, if any, is device-side).
-                left, _, right = stripped[2:].partition("->")
-                current["input_shapes"], current["input_dtypes"] = _parse_types(left)
-                current["output_shapes"], current["output_dtypes"] = _parse_types(right)
-                type_lines += 1
-            elif stripped.startswith(": ("):
-                type_lines += 1
-            elif stripped.startswith("}") or stripped.startswith("subgraph") or not stripped:
-                current = None
+    text = read_dump_text(path, str(path))  # regular file, bounded (dumpdb.dumpio)
+    if looks_binary(text):
+        raise DumpFileError(f"{path}: not a MindSpore IR text file (binary data)")
+    for line in text.splitlines():
+        pm = _PARAM_RE.match(line)
+        if pm:
+            ref = _REF_KEY_RE.search(pm.group(2))
+            params.append(ref.group(1).strip() if ref else pm.group(1))
+            continue
+        nm = _NODE_RE.match(line)
+        bare = None if nm else _BARE_NODE_RE.match(line)
+        if nm or bare:
+            op = nm.group(3) if nm else bare.group(1)
+            current = {
+                "node": f"%{nm.group(1)}" if nm else None,
+                "ir_op_type": op,
+                "op_type": op.removeprefix("PrimFunc_"),
+                "scope_name": None,
+                "input_shapes": None, "input_dtypes": None,
+                "output_shapes": None, "output_dtypes": None,
+                "code_trace": [],
+            }
+            nodes.append(current)
+            type_lines = 0
+            continue
+        if current is None:
+            continue
+        stripped = line.strip()
+        sm = _SCOPE_RE.search(stripped)
+        if sm:
+            current["scope_name"] = sm.group(1) or sm.group(2)
+            continue
+        bare = _BARE_SCOPE_RE.match(stripped)
+        if bare and current["scope_name"] is None:
+            current["scope_name"] = bare.group(1)
+            continue
+        tm = _TRACE_RE.match(stripped)
+        if tm:
+            current["code_trace"].append(tm.group(1))
+            continue
+        if stripped.startswith(": (") and "->" in stripped and type_lines == 0:
+            # First type line: host-side types (the second, if any, is device-side).
+            left, _, right = stripped[2:].partition("->")
+            current["input_shapes"], current["input_dtypes"] = _parse_types(left)
+            current["output_shapes"], current["output_dtypes"] = _parse_types(right)
+            type_lines += 1
+        elif stripped.startswith(": ("):
+            type_lines += 1
+        elif stripped.startswith("}") or stripped.startswith("subgraph") or not stripped:
+            current = None
     for node in nodes:
         frame = _user_frame(node["code_trace"])
         node["code_file"] = frame["file"] if frame else None
@@ -158,20 +165,32 @@ def parse_ir(path: Path) -> tuple[list[dict], list[str]]:
     return nodes, params
 
 
+def garbled_scope(line: str) -> bool:
+    """True if an execution-order line is not a scope name: control characters (NUL...)
+    or undecodable bytes, which no MindSpore scope name holds."""
+    return any(c == "\ufffd" or c < " " or c == "\x7f" for c in line)
+
+
 def read_execution_order(path: Path) -> list[str]:
-    """Scope names of ``ms_execution_order_graph_{g}.csv`` in file order (header dropped)."""
-    lines = [ln.strip() for ln in path.read_text(encoding="utf-8", errors="replace").splitlines()]
+    """Scope names of ``ms_execution_order_graph_{g}.csv`` in file order (header dropped).
+
+    Lines are returned as read (see :func:`garbled_scope` to tell binary garbage);
+    raises :class:`~dumpdb.errors.DumpFileError` for a FIFO/device or unreadable file.
+    """
+    lines = [ln.strip() for ln in read_dump_text(path, str(path)).splitlines()]
     if lines and "/" not in lines[0] and not lines[0].startswith("Default"):
         lines = lines[1:]  # header, e.g. NodeExecutionOrder-FullNameWithScope
     return [ln for ln in lines if ln]
 
 
 def read_global_execution_order(path: Path) -> list[int]:
-    """Iterations of ``ms_global_execution_order_graph_{g}.csv`` (non-numbers skipped)."""
+    """Iterations of ``ms_global_execution_order_graph_{g}.csv`` (non-numbers and
+    numbers beyond int64 skipped)."""
     out = []
-    for ln in path.read_text(encoding="utf-8", errors="replace").split():
+    for ln in read_dump_text(path, str(path)).split():
         for part in ln.split(","):
-            if part.strip().isdigit():
+            part = part.strip()
+            if part.isascii() and part.isdigit() and int(part) < (1 << 63):
                 out.append(int(part))
     return out
 

@@ -13,11 +13,15 @@ and execution-order file grammars are in :mod:`dumpdb.layouts.mindspore_ir`.
 from __future__ import annotations
 
 import csv
+import io
+import math
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dumpdb.dumpio import MAX_TEXT_BYTES, read_dump_bytes, read_dump_text, reason
+from dumpdb.errors import DumpdbError, DumpFileError
 from dumpdb.layouts import mindspore_ir as ir
 from dumpdb.layouts.base import DumpScan, TensorEntry, display_name
 
@@ -30,6 +34,7 @@ TENSOR_NAME_GRAMMAR = ("{op_type}.{op_name}.{task_id}.{stream_id}.{timestamp}.{i
 EXECUTION_ORDER_RE = re.compile(r"^ms_execution_order_graph_(\d+)\.csv$")
 GLOBAL_EXECUTION_ORDER_RE = re.compile(r"^ms_global_execution_order_graph_(\d+)\.csv$")
 IR_RE = re.compile(r"^ms_output_trace_code_graph_(\d+)\.ir$")
+_INT32_MAX = (1 << 31) - 1  # catalog INTEGER columns (code_line)
 
 # statistic.csv header -> catalog statistic column (seed 001 and corpus README:
 # "Max Value, Min Value, Avg Value, Count, Negative Zero Count, Positive Zero
@@ -70,7 +75,7 @@ def _int(text: str | None) -> int | None:
     except ValueError:
         try:
             return int(float(text))
-        except ValueError:
+        except (ValueError, OverflowError):  # 'nan', '1e400'
             return None
 
 
@@ -86,10 +91,14 @@ def _float(text: str | None) -> float | None:
 def read_mapping_csv(path: Path) -> dict[str, str]:
     """``{hashed file name: original file name}`` from a mapping.csv (no header)."""
     mapping: dict[str, str] = {}
-    with open(path, encoding="utf-8", errors="surrogateescape", newline="") as f:
-        for row in csv.reader(f):
+    raw = read_dump_bytes(path, str(path), MAX_TEXT_BYTES)  # regular file, bounded (dumpdb.dumpio)
+    text = raw.replace(b"\x00", b"").decode("utf-8", errors="surrogateescape")
+    try:
+        for row in csv.reader(io.StringIO(text, newline="")):
             if len(row) >= 2 and row[0].strip():
                 mapping[row[0].strip()] = ",".join(row[1:]).strip()
+    except csv.Error as exc:
+        raise DumpFileError(f"{path}: not a readable csv: {exc}") from None
     return mapping
 
 
@@ -100,10 +109,15 @@ def read_statistic_csv(path: Path) -> list[dict]:
     None. Each row: the key fields (op_type, op_name, task_id, stream_id,
     timestamp, io, slot), ``dtype``/``shape``/``format`` as written, ``stats``
     (catalog statistic columns present) and ``checksum``/``checksum_algo``.
+    A statistic that is not a number (or a count that is not a non-negative
+    integer: ``nan``, ``1e400``, ``-3``) is kept as its text, which the ingest
+    reports as one error line and ignores (:func:`dumpdb.ingestion.ranges.check_ranges`).
+    Raises :class:`~dumpdb.errors.DumpFileError` for a FIFO/device or an unreadable file.
     """
     rows: list[dict] = []
-    with open(path, encoding="utf-8", errors="replace", newline="") as f:
-        reader = csv.reader(f)
+    text = read_dump_text(path, str(path))
+    reader = csv.reader(io.StringIO(text.replace("\x00", ""), newline=""))
+    try:
         header = next(reader, None)
         if not header:
             return rows
@@ -115,13 +129,20 @@ def read_statistic_csv(path: Path) -> list[dict]:
             row: dict = {field: values.get(col) for col, field in _CSV_KEYS.items() if col in values}
             for num in ("task_id", "stream_id", "timestamp", "slot"):
                 row[num] = _int(row.get(num))
-            io = (row.get("io") or "").lower()
-            row["io"] = io if io in ("input", "output") else None
-            stats = {}
+            io_ = (row.get("io") or "").lower()
+            row["io"] = io_ if io_ in ("input", "output") else None
+            stats: dict = {}
             for col, field in _CSV_STATS.items():
-                if col in values:
+                if col in values and values[col] != "":
                     v = _float(values[col])
-                    stats[field] = int(v) if (v is not None and field.endswith("count")) else v
+                    if field.endswith("count"):
+                        # a count is a non-negative integer; anything else stays text (reported)
+                        if v is not None and math.isfinite(v) and v == int(v) and v >= 0:
+                            stats[field] = int(v)
+                        else:
+                            stats[field] = values[col]
+                    else:
+                        stats[field] = v if v is not None else values[col]
             if "zero_count" not in stats and {"negative zero count", "positive zero count"} <= values.keys():
                 neg, pos = _int(values["negative zero count"]), _int(values["positive zero count"])
                 if neg is not None and pos is not None:
@@ -133,8 +154,10 @@ def read_statistic_csv(path: Path) -> list[dict]:
                     row["checksum"], row["checksum_algo"] = values[col], algo
                     break
             if row.get("shape"):
-                row["shape"] = tuple(int(d) for d in re.findall(r"\d+", row["shape"]))
+                row["shape"] = tuple(int(d) for d in re.findall(r"\d{1,19}", row["shape"]))
             rows.append(row)
+    except csv.Error as exc:
+        raise DumpFileError(f"{path}: not a readable csv: {exc}") from None
     return rows
 
 
@@ -170,13 +193,16 @@ def read_stats_csv(path: Path) -> list[dict]:
     headers) plus the CANN spellings it does not know: ``Index`` for the slot and
     ``L2 Norm Value`` (mstt AclDumpDataProcessor.cpp kStatsHeaderId / kStatsHeaderL2Norm)."""
     rows = read_statistic_csv(path)
-    with open(path, encoding="utf-8", errors="replace", newline="") as f:
-        reader = csv.reader(f)
+    text = read_dump_text(path, str(path)).replace("\x00", "")  # regular file, bounded
+    try:
+        reader = csv.reader(io.StringIO(text, newline=""))
         header = next(reader, None) or []
         cols = [h.strip().lower() for h in header]
         if not ({"index", "l2 norm value"} & set(cols)):
             return rows
         raw = [rec for rec in reader if rec and any(c.strip() for c in rec)]
+    except csv.Error as exc:
+        raise DumpFileError(f"{path}: not a readable csv: {exc}") from None
     for row, rec in zip(rows, raw):
         values = dict(zip(cols, (c.strip() for c in rec)))
         if row.get("slot") is None and "index" in values:
@@ -281,12 +307,18 @@ def read_graphs(root: Path, directory: Path, scan: DumpScan, *, rank: int | None
             if not m:
                 continue
             g = int(m.group(1))
+            rel_ir = display_name(os.path.relpath(path, root))
             try:
                 nodes, params = ir.parse_ir(path)
-            except OSError as exc:
-                scan.errors.append((display_name(os.path.relpath(path, root)),
-                                    f"cannot read IR: {exc.strerror or exc}"))
+            except (OSError, DumpdbError) as exc:
+                scan.errors.append((rel_ir, f"cannot read IR: {reason(exc, path)}"))
                 continue
+            absurd = [n for n in nodes if n["code_line"] is not None and not 0 <= n["code_line"] <= _INT32_MAX]
+            for n in absurd:
+                n["code_line"] = None
+            if absurd:
+                scan.errors.append((rel_ir, f"{len(absurd)} source line number(s) out of range; "
+                                    "code_line left NULL for those ops"))
             graphs.params[g] = params
             graphs.ir_scopes[g] = [n["scope_name"] for n in nodes if n["scope_name"]]
             types = graphs.op_types.setdefault(g, {})
@@ -297,11 +329,17 @@ def read_graphs(root: Path, directory: Path, scan: DumpScan, *, rank: int | None
     eo_dir = directory / "execution_order"
     if eo_dir.is_dir():
         for path in sorted(eo_dir.iterdir()):
+            rel = display_name(os.path.relpath(path, root))
             m, gm = EXECUTION_ORDER_RE.match(path.name), GLOBAL_EXECUTION_ORDER_RE.match(path.name)
             try:
                 if m:
                     g = int(m.group(1))
                     order = ir.read_execution_order(path)
+                    garbled = [i for i, s in enumerate(order) if ir.garbled_scope(s)]
+                    if garbled:
+                        scan.errors.append((rel, f"{len(garbled)} garbled line(s) (binary data, not a scope "
+                                            f"name), first at line {garbled[0] + 2}; skipped"))
+                        order = [s for s in order if not ir.garbled_scope(s)]
                     graphs.order[g] = order
                     scan.execution_order.extend(
                         {"rank": rank, "device_id": device_id, "graph_id": g, "position": i, "scope_name": s}
@@ -311,9 +349,8 @@ def read_graphs(root: Path, directory: Path, scan: DumpScan, *, rank: int | None
                     scan.graph_executions.extend(
                         {"rank": rank, "device_id": device_id, "graph_id": g, "iteration": it}
                         for it in ir.read_global_execution_order(path))
-            except OSError as exc:
-                scan.errors.append((display_name(os.path.relpath(path, root)),
-                                    f"cannot read execution order: {exc.strerror or exc}"))
+            except (OSError, DumpdbError) as exc:
+                scan.errors.append((rel, f"cannot read execution order: {reason(exc, path)}"))
     return graphs
 
 

@@ -62,6 +62,7 @@ from pathlib import Path
 import numpy as np
 
 from dumpdb.dtypes import from_dump_name
+from dumpdb.dumpio import read_dump_bytes
 from dumpdb.errors import DumpFileError, LayoutError
 from dumpdb.layouts import mindspore_kit as kit
 from dumpdb.layouts import register
@@ -254,11 +255,7 @@ class MindSporeR12SyncBin(Layout):
         dtype = dump_dtype(entry.dtype_declared)
         if dtype is None or entry.shape_declared is None:
             raise DumpFileError(f"{entry.source_file}: no data type/shape in the file name")
-        try:
-            with open(entry.path, "rb") as f:
-                raw = f.read()
-        except OSError as exc:
-            raise DumpFileError(f"{entry.source_file}: cannot read: {exc.strerror or exc}") from exc
+        raw = read_dump_bytes(entry.path, entry.source_file)  # regular file, at most its size
         dtype = dtype.newbyteorder("<")
         shape = tuple(entry.shape_declared)
         expected = math.prod(shape) * dtype.itemsize

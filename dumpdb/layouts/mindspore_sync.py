@@ -21,7 +21,8 @@ import os
 import re
 from pathlib import Path
 
-from dumpdb.errors import LayoutError
+from dumpdb.dumpio import leaves_dump, reason
+from dumpdb.errors import DumpdbError, LayoutError
 from dumpdb.layouts import mindspore_kit as kit
 from dumpdb.layouts import register
 from dumpdb.layouts.base import (
@@ -47,6 +48,8 @@ from dumpdb.npy import read_npy_declared
 
 RANK_DIR_RE = re.compile(r"^rank_(\d+)$")
 _SPECIAL_DIRS = {".dump_metadata", "graphs", "execution_order"}
+_ASCII_DIGITS = re.compile(r"^[0-9]+$")
+_INT32_MAX, _INT64_MAX = (1 << 31) - 1, (1 << 63) - 1
 MAX_SEARCH_DEPTH = 4
 
 
@@ -60,6 +63,15 @@ def find_dump_roots(start: Path, max_depth: int = MAX_SEARCH_DEPTH) -> list[Path
     if ranks == [start]:
         return [start]
     return sorted({r.parent for r in ranks})
+
+
+def _dir_number(name: str, limit: int) -> int | None:
+    """``int(name)`` for an ASCII-digit name not above ``limit`` (catalog column range), else None."""
+    if not _ASCII_DIGITS.match(name) or len(name) > 20:
+        return None
+    value = int(name)
+    return value if value <= limit else None
+
 
 
 @register
@@ -137,19 +149,32 @@ class MindSporeSync(Layout):
         for net_dir in self._net_dirs(rank_dir):
             net_name = net_dir.name
             for graph_dir in sorted(net_dir.iterdir()):
-                if not (graph_dir.is_dir() and graph_dir.name.isdigit()):
+                if not graph_dir.is_dir():
                     continue
-                graph_id = int(graph_dir.name)
+                graph_id = _dir_number(graph_dir.name, _INT32_MAX)
+                if graph_id is None:
+                    if _ASCII_DIGITS.match(graph_dir.name):
+                        scan.errors.append((display_name(os.path.join(rel_rank, net_name, graph_dir.name)),
+                                            f"graph_id {graph_dir.name[:40]} is out of range; directory not read"))
+                    continue
                 for it_dir in sorted(graph_dir.iterdir()):
                     if not it_dir.is_dir():
                         continue
-                    if it_dir.name.isdigit():
-                        iteration = int(it_dir.name)
-                    elif it_dir.name == "constants":
-                        iteration = None
-                    else:
-                        continue
                     rel_dir = os.path.join(rel_rank, net_name, graph_dir.name, it_dir.name)
+                    outside = leaves_dump(it_dir)
+                    if outside is not None:  # one line for the directory, not one per file
+                        scan.errors.append((display_name(rel_dir), f"symlink leads outside the dump directory "
+                                            f"(to {outside}); not followed (--follow-symlinks allows it)"))
+                        continue
+                    iteration = _dir_number(it_dir.name, _INT64_MAX)
+                    if it_dir.name == "constants":
+                        iteration = None
+                    elif iteration is None:
+                        # seed 001: {graph_id}/{iteration_id}/ and constants/ only
+                        what = ("iteration_id out of range" if _ASCII_DIGITS.match(it_dir.name)
+                                else "not an iteration directory ({iteration_id} or constants)")
+                        scan.errors.append((display_name(rel_dir), f"{what}; its files were not read"))
+                        continue
                     rank_entries.extend(self._scan_tensor_dir(
                         it_dir, rel_dir, rank, net_name, graph_id, iteration, scan))
         kit.link_entries(rank_entries, graphs)
@@ -177,15 +202,16 @@ class MindSporeSync(Layout):
         if "mapping.csv" in names:
             try:
                 mapping = read_mapping_csv(it_dir / "mapping.csv")
-            except OSError as exc:
-                scan.errors.append((os.path.join(rel_dir, "mapping.csv"), f"cannot read: {exc.strerror or exc}"))
+            except (OSError, DumpdbError) as exc:
+                scan.errors.append((display_name(os.path.join(rel_dir, "mapping.csv")),
+                                    reason(exc, it_dir / "mapping.csv")))
         stats = kit.StatisticJoin()
         csv_file = display_name(os.path.join(rel_dir, "statistic.csv"))
         if "statistic.csv" in names:
             try:
                 stats.add(csv_file, read_statistic_csv(it_dir / "statistic.csv"))
-            except OSError as exc:
-                scan.errors.append((os.path.join(rel_dir, "statistic.csv"), f"cannot read: {exc.strerror or exc}"))
+            except (OSError, DumpdbError) as exc:
+                scan.errors.append((csv_file, reason(exc, it_dir / "statistic.csv")))
         for name in sorted(names):
             if not name.endswith(".npy"):
                 continue

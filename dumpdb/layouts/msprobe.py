@@ -76,7 +76,6 @@ Payloads: ``.npy`` through :func:`dumpdb.npy.read_npy`; ``.pt`` through ``torch.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Iterator
@@ -86,14 +85,25 @@ from typing import Any
 import numpy as np
 
 from dumpdb.dtypes import BFLOAT16, dtype_name, from_dump_name
-from dumpdb.errors import DumpFileError, LayoutError
-from dumpdb.layouts.base import DumpScan, Layout, LoadedTensor, TensorEntry, display_name, file_sizes, register
+from dumpdb.dumpio import MAX_TEXT_BYTES, read_dump_text, reason
+from dumpdb.errors import DumpdbError, DumpFileError, LayoutError
+from dumpdb.layouts.base import (
+    DumpScan,
+    Layout,
+    LoadedTensor,
+    TensorEntry,
+    display_name,
+    file_sizes,
+    load_json,
+    register,
+)
 from dumpdb.npy import read_npy
 
 STEP_DIR_RE = re.compile(r"^step(\d+)$")
 RANK_DIR_RE = re.compile(r"^(?:rank(\d+)|proc(\d+))$")
 MODE_DIRS = ("pynative",)  # msprobe MindSpore PyNative-graph mode: {dump_path}/pynative/step{N}
 DATA_DIR = "dump_tensor_data"
+MAX_JSON_BYTES = MAX_TEXT_BYTES  # dump.json of a long run is large; bounded all the same
 MAX_SEARCH_DEPTH = 3  # directory levels searched below the given directory for step{N}/
 
 _STATS = {"Max": "max", "Min": "min", "Mean": "mean", "Norm": "l2norm"}
@@ -154,7 +164,7 @@ def _stat(value: Any) -> float | None:
         return 1.0 if value else 0.0
     try:
         return float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # an integer beyond float range
         return None
 
 
@@ -228,12 +238,13 @@ def _subdirs(d: Path) -> list[os.DirEntry]:
 
 
 def _is_rank_dir(d: Path) -> bool:
-    return bool(RANK_DIR_RE.match(d.name)) and (d / "dump.json").is_file()
+    # lexists, not is_file: a FIFO or dangling dump.json is reported by the scan, not skipped
+    return bool(RANK_DIR_RE.match(d.name)) and os.path.lexists(d / "dump.json")
 
 
 def _rank_dirs_of_step(step_dir: Path) -> list[Path]:
     return sorted((Path(e.path) for e in _subdirs(step_dir) if RANK_DIR_RE.match(e.name)
-                   and os.path.isfile(os.path.join(e.path, "dump.json"))), key=_rank_sort_key)
+                   and os.path.lexists(os.path.join(e.path, "dump.json"))), key=_rank_sort_key)
 
 
 def _rank_sort_key(p: Path) -> tuple:
@@ -330,14 +341,11 @@ class MsprobeDump(Layout):
             if not path.is_file():
                 continue
             rel = display_name(os.path.relpath(path, root))
-            try:
-                text = path.read_text(encoding="utf-8", errors="replace")
-                config = json.loads(text)
-            except OSError as exc:
-                scan.errors.append((rel, f"cannot read msprobe config: {exc.strerror or exc}"))
-                return
-            except json.JSONDecodeError as exc:
-                scan.errors.append((rel, f"invalid JSON: {exc.msg} at line {exc.lineno}"))
+            try:  # read on purpose from beside the dump: not confined to it, still regular + bounded
+                text = read_dump_text(path, rel, MAX_JSON_BYTES, confined=(d != dump_path.parent))
+                config = load_json(text, rel)
+            except DumpdbError as exc:
+                scan.errors.append((rel, f"cannot read msprobe config: {reason(exc, rel)}"))
                 return
             if isinstance(config, dict) and ("task" in config or "level" in config or "dump_path" in config):
                 scan.dump_config = text
@@ -353,14 +361,10 @@ class MsprobeDump(Layout):
         rel_dir = os.path.relpath(rank_dir, root)
         rel = lambda name: display_name(os.path.normpath(os.path.join(rel_dir, name)))  # noqa: E731
         dump_json = rel("dump.json")
-        try:
-            with open(rank_dir / "dump.json", encoding="utf-8", errors="replace") as f:
-                dump = json.load(f)
-        except OSError as exc:
-            scan.errors.append((dump_json, f"cannot read: {exc.strerror or exc}"))
-            return
-        except json.JSONDecodeError as exc:
-            scan.errors.append((dump_json, f"invalid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"))
+        try:  # regular file inside the dump, bounded; deep nesting is one error (dumpdb.dumpio)
+            dump = load_json(read_dump_text(rank_dir / "dump.json", dump_json, MAX_JSON_BYTES), dump_json)
+        except DumpdbError as exc:
+            scan.errors.append((dump_json, reason(exc, dump_json)))
             return
         if not isinstance(dump, dict) or not isinstance(dump.get("data"), dict):
             scan.errors.append((dump_json, "not an msprobe dump.json (no \"data\" object)"))
@@ -382,7 +386,12 @@ class MsprobeDump(Layout):
             if not isinstance(record, dict):
                 continue
             parsed = parse_record_key(key)
-            for item in record_leaves(key, record):
+            try:
+                items = list(record_leaves(key, record))
+            except RecursionError:  # nesting just under json's own limit
+                scan.errors.append((dump_json, f"{key[:80]}: record nested too deeply; skipped"))
+                continue
+            for item in items:
                 entry = self._entry(item, key, parsed, rank=rank, step=step, dump_json=dump_json,
                                     rank_dir=rank_dir, rel=rel, sizes=sizes, scan=scan)
                 if entry.tensor_key in seen:  # never two rows with one identity
@@ -447,15 +456,12 @@ class MsprobeDump(Layout):
     # -- stack.json / construct.json ----------------------------------------------------
     @staticmethod
     def _read_json(path: Path, rel: str, scan: DumpScan) -> Any:
-        if not path.is_file():
+        if not os.path.lexists(path):  # a FIFO or dangling link is reported, not skipped
             return None
         try:
-            with open(path, encoding="utf-8", errors="replace") as f:
-                return json.load(f)
-        except OSError as exc:
-            scan.errors.append((rel, f"cannot read: {exc.strerror or exc}"))
-        except json.JSONDecodeError as exc:
-            scan.errors.append((rel, f"invalid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"))
+            return load_json(read_dump_text(path, rel, MAX_JSON_BYTES), rel)
+        except DumpdbError as exc:
+            scan.errors.append((rel, reason(exc, rel)))
         return None
 
     def _read_stacks(self, rank_dir: Path, rel: str, rank, step, scan: DumpScan) -> None:

@@ -1,0 +1,185 @@
+"""Opening dump files safely: regular files only, bounded reads, confined to the dump.
+
+A dump directory may come from someone else (issue 14, "Hangs and memory bombs",
+"Symlinks that leave the dump directory"). Every dump file dumpdb reads goes
+through :func:`open_dump_file`, :func:`read_dump_bytes` or :func:`read_dump_text`:
+
+* the path is ``os.stat``-ed **before** it is opened: a FIFO, socket or device
+  (also through a symlink, e.g. ``x.npy -> /dev/zero``) is refused, so a read
+  never blocks or streams forever; the open itself uses ``O_NONBLOCK`` and the
+  descriptor is checked again (a FIFO swapped in between is refused too);
+* a read never returns more than the file's size at open time, and callers give
+  a ceiling (``max_bytes``) for files read whole into memory;
+* during an ingest (:func:`confine`), a path whose real location is outside the
+  dump directory (a symlink leaving it, at any level) is refused unless the user
+  asked for ``--follow-symlinks``. Symlinks that stay inside the dump work.
+
+Every refusal is a :class:`~dumpdb.errors.DumpFileError` whose one-line message
+starts with the file's name as the caller gives it (``where``).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import os
+import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from dumpdb.errors import DumpFileError
+
+# Text files read whole (IR, execution orders, csv, json): far above any real one
+# (the largest IR of the corpus is a few MB) and far below what hurts a machine.
+MAX_TEXT_BYTES = 512 << 20
+
+_KINDS = {
+    stat.S_IFIFO: "a FIFO (named pipe)",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFDIR: "a directory",
+}
+
+
+@dataclass
+class _Confinement:
+    root: str  # real path of the dump directory
+    follow_symlinks: bool
+    inside: dict[str, bool] = field(default_factory=dict)  # directory -> its real path is inside root
+
+
+_confinement: contextvars.ContextVar[_Confinement | None] = contextvars.ContextVar(
+    "dumpdb_confinement", default=None)
+
+
+@contextmanager
+def confine(root: str | os.PathLike, follow_symlinks: bool = False) -> Iterator[None]:
+    """Within the block (and in contexts copied from it), dump files must lie inside
+    ``root`` once symlinks are resolved, unless ``follow_symlinks``."""
+    token = _confinement.set(_Confinement(os.path.realpath(root), follow_symlinks))
+    try:
+        yield
+    finally:
+        _confinement.reset(token)
+
+
+def _outside(path: str, conf: _Confinement) -> str | None:
+    """The real path of ``path`` if it lies outside the confinement root, else None."""
+    directory, name = os.path.split(os.path.abspath(path))
+    inside = conf.inside.get(directory)
+    if inside is None:
+        real_dir = os.path.realpath(directory)
+        inside = real_dir == conf.root or real_dir.startswith(conf.root.rstrip(os.sep) + os.sep)
+        conf.inside[directory] = inside
+    if inside and not os.path.islink(path):
+        return None
+    real = os.path.realpath(path)
+    if real == conf.root or real.startswith(conf.root.rstrip(os.sep) + os.sep):
+        return None
+    return real
+
+
+def leaves_dump(path: str | os.PathLike) -> str | None:
+    """Inside :func:`confine` without ``follow_symlinks``: the real path of ``path``
+    if it lies outside the dump directory (a directory symlink leaving it), else None.
+    Lets a reader refuse a whole directory with one line instead of one per file."""
+    conf = _confinement.get()
+    if conf is None or conf.follow_symlinks:
+        return None
+    return _outside(os.fspath(path), conf)
+
+
+def check_dump_file(path: str | os.PathLike, where: str, confined: bool = True) -> os.stat_result:
+    """``os.stat`` of ``path`` if it is a regular file dumpdb may read.
+
+    Raises :class:`DumpFileError` for a missing or unreadable path, a FIFO,
+    socket, device or directory, and (inside :func:`confine`, unless not
+    ``confined``: a file read from beside the dump on purpose) a path that
+    resolves outside the dump directory.
+    """
+    path = os.fspath(path)
+    conf = _confinement.get()
+    if confined and conf is not None and not conf.follow_symlinks:
+        real = _outside(path, conf)
+        if real is not None:
+            raise DumpFileError(f"{where}: symlink leads outside the dump directory (to {real}); "
+                                "not followed (--follow-symlinks allows it)")
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise DumpFileError(f"{where}: cannot read: {exc.strerror or exc}") from exc
+    if not stat.S_ISREG(st.st_mode):
+        kind = _KINDS.get(stat.S_IFMT(st.st_mode), "not a regular file")
+        raise DumpFileError(f"{where}: is {kind}, not a regular file; refused")
+    return st
+
+
+def open_dump_file(path: str | os.PathLike, where: str, confined: bool = True) -> int:
+    """A read-only file descriptor of a regular dump file (see :func:`check_dump_file`).
+
+    The caller closes it. Opened with ``O_NONBLOCK`` and checked again with
+    ``fstat``, so a FIFO put in place after the check cannot block.
+    """
+    check_dump_file(path, where, confined)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise DumpFileError(f"{where}: cannot read: {exc.strerror or exc}") from exc
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise DumpFileError(f"{where}: is not a regular file; refused")
+    return fd
+
+
+def read_dump_bytes(path: str | os.PathLike, where: str, max_bytes: int | None = None,
+                    confined: bool = True) -> bytes:
+    """The whole content of a regular dump file, at most its size at open time.
+
+    Raises :class:`DumpFileError` if the file is refused (:func:`check_dump_file`),
+    cannot be read, or is larger than ``max_bytes``.
+    """
+    fd = open_dump_file(path, where, confined)
+    try:
+        size = os.fstat(fd).st_size
+        if max_bytes is not None and size > max_bytes:
+            raise DumpFileError(f"{where}: {size} bytes, more than the {max_bytes} this file kind may hold; "
+                                "refused")
+        chunks, got = [], 0
+        while got < size:
+            chunk = os.read(fd, min(size - got, 64 << 20))
+            if not chunk:
+                break  # shrank while read: the caller's size checks report it
+            chunks.append(chunk)
+            got += len(chunk)
+        return b"".join(chunks)
+    except OSError as exc:
+        raise DumpFileError(f"{where}: cannot read: {exc.strerror or exc}") from exc
+    finally:
+        os.close(fd)
+
+
+def read_dump_text(path: str | os.PathLike, where: str | None = None, max_bytes: int = MAX_TEXT_BYTES,
+                   confined: bool = True) -> str:
+    """A text dump file (UTF-8, undecodable bytes replaced), read as :func:`read_dump_bytes`."""
+    return read_dump_bytes(path, where or str(path), max_bytes, confined).decode("utf-8", errors="replace")
+
+
+def looks_binary(text: str) -> bool:
+    """True if ``text`` (decoded with ``errors='replace'``) is not text a dump tool
+    writes: NUL bytes, or many replacement/control characters in its first 64 KiB."""
+    head = text[:65536]
+    if "\x00" in head:
+        return True
+    bad = sum(1 for c in head if c == "\ufffd" or (c < " " and c not in "\t\n\r\f\v"))
+    return bad > max(8, len(head) // 100)
+
+
+def reason(exc: BaseException, path: str | os.PathLike | None = None) -> str:
+    """What is wrong, for a scan error line whose file is named separately: an
+    OSError's strerror, or a dumpdb message without its leading ``path: ``."""
+    if isinstance(exc, OSError):
+        return f"cannot read: {exc.strerror or exc}"
+    text = " ".join(str(exc).split())
+    prefix = f"{os.fspath(path)}: " if path is not None else None
+    return text[len(prefix):] if prefix and text.startswith(prefix) else text

@@ -1,0 +1,91 @@
+"""What the catalog's columns can hold: entries and rows of a scan checked before commit.
+
+A hostile or damaged dump can name a file with a timestamp beyond int64 or write
+``nan`` as a count (issue 14); one such value would make a whole commit fail and
+leave the run stuck in ``ingesting``. :func:`check_ranges` turns each into one
+error line naming the file, before anything is written.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from dumpdb.layouts.base import DumpScan
+
+_INT_RANGES = {pa.int32(): (-(1 << 31), (1 << 31) - 1), pa.int64(): (-(1 << 63), (1 << 63) - 1)}
+
+
+def _bad_value(value: Any, typ: pa.DataType) -> bool:
+    """True if ``value`` cannot be stored in a column of type ``typ``."""
+    if value is None:
+        return False
+    if typ in _INT_RANGES:
+        lo, hi = _INT_RANGES[typ]
+        return not (isinstance(value, (int, np.integer)) and not isinstance(value, bool) and lo <= value <= hi)
+    if pa.types.is_list(typ):
+        return not isinstance(value, (list, tuple)) or any(_bad_value(v, typ.value_type) for v in value)
+    return False
+
+
+def _float_ok(value: Any) -> bool:
+    try:
+        float(value)
+        return True
+    except OverflowError:
+        return False
+
+
+_DECLARED = {"shape_declared": pa.list_(pa.int64()), "original_shape": pa.list_(pa.int64())}
+
+
+def check_ranges(scan: DumpScan, tensor_schema: pa.Schema, relation_schemas: dict[str, pa.Schema]) -> None:
+    """Drop what the catalog's columns cannot hold, one error line each (issue 14).
+
+    A file name's task id, timestamp or slot, or a directory's iteration beyond
+    int64/int32 (or a statistic that is not a finite count) would make the whole
+    commit fail: such an entry becomes an error naming its file; an unusable
+    statistic is dropped (dumpdb computes it from the payload) with an error line;
+    a relation row (IR ops, execution order, ...) with such a value loses that value.
+    ``tensor_schema`` / ``relation_schemas``: the catalog tables' Arrow schemas
+    (``tensors``; ``{scan attribute: schema}`` for ops, execution_order, ...).
+    """
+    fields = {f.name: f.type for f in tensor_schema} | _DECLARED
+    kept = []
+    for e in scan.entries:
+        bad = [f"{name}={getattr(e, name)!r:.40}" for name, typ in fields.items()
+               if hasattr(e, name) and _bad_value(getattr(e, name), typ)]
+        if bad:
+            scan.errors.append((e.source_file, f"{', '.join(bad)} out of range for the catalog "
+                                "(int32/int64); tensor skipped"))
+            continue
+        if e.stats:
+            wrong = []
+            for k, v in list(e.stats.items()):
+                if v is None:
+                    continue
+                if isinstance(v, (bool, np.bool_)):
+                    ok = False  # readers turn booleans into numbers themselves (msprobe: 1.0 / 0.0)
+                elif k.endswith("count"):
+                    ok = bool(isinstance(v, (int, np.integer)) and 0 <= v < (1 << 63))
+                else:  # min/max/mean/l2norm: any float, NaN and inf included; not an int beyond float
+                    ok = isinstance(v, (int, float, np.number)) and _float_ok(v)
+                if not ok:
+                    wrong.append(f"{k}={v!r:.40}")
+                    del e.stats[k]
+            if wrong:
+                scan.errors.append((e.source_file, f"statistic {', '.join(wrong)} is not a valid value "
+                                    f"for {e.key}; ignored (computed from the payload if there is one)"))
+        kept.append(e)
+    scan.entries[:] = kept
+    for table, schema in relation_schemas.items():
+        dropped = 0
+        for row in getattr(scan, table):
+            for f in schema:
+                if f.name in row and _bad_value(row[f.name], f.type):
+                    row[f.name] = None
+                    dropped += 1
+        if dropped:
+            scan.errors.append((table, f"{table}: {dropped} value(s) out of range for the catalog set to NULL"))

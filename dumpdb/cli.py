@@ -24,7 +24,6 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
-import click
 import typer
 from typer.core import TyperGroup
 
@@ -79,11 +78,9 @@ def _error_line(message: str) -> None:
 class _Commands(TyperGroup):
     """The one place exceptions become one-line messages and exit codes."""
 
-    def invoke(self, ctx: click.Context) -> Any:
+    def invoke(self, ctx: Any) -> Any:
         try:
             return super().invoke(ctx)
-        except (click.exceptions.Exit, click.ClickException, click.Abort, typer.Exit):
-            raise
         except DumpdbError as exc:
             _report(exc, str(exc), exc.exit_code)
         except KeyboardInterrupt as exc:
@@ -97,9 +94,17 @@ class _Commands(TyperGroup):
             where = exc.filename or "output"
             _report(exc, f"{where}: {exc.strerror or exc}", EXIT_ERROR)
         except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, not a traceback
+            if _is_cli_control(exc):
+                raise
             first = (str(exc).strip().splitlines() or [""])[0]
             _report(exc, f"internal error: {type(exc).__name__}: {first} (run again with --debug for the traceback)",
                     INTERNAL_ERROR_EXIT)
+
+
+def _is_cli_control(exc: BaseException) -> bool:
+    """typer.Exit, click's Exit/Abort/usage errors: exits and messages the CLI framework
+    handles itself. Matched by module, as typer >= 0.20 vendors its own click."""
+    return isinstance(exc, typer.Exit) or type(exc).__module__.split(".")[0] in ("click", "typer")
 
 
 def _report(exc: BaseException, message: str, code: int) -> None:
@@ -153,9 +158,10 @@ def _check_format(fmt: str, output: Optional[Path]) -> None:
         raise DumpdbError("--format parquet needs --output FILE")
 
 
-def _emit(data, fmt: str, output: Optional[Path], max_rows: int | None = None, footer: bool = True) -> None:
+def _emit(data, fmt: str, output: Optional[Path], max_rows: int | None = None, footer: bool = True,
+          more: str = "--max-rows 0") -> None:
     """Rows of any command to stdout or ``--output`` (one rendering path for all)."""
-    emit(data, fmt, output, console=_console(), max_rows=max_rows, footer=footer)
+    emit(data, fmt, output, console=_console(), max_rows=max_rows, footer=footer, more=more)
     if output is not None:
         n = data.num_rows if hasattr(data, "num_rows") else len(data)
         _say(f"{n} rows written to {output}", stderr=True, style="dim")
@@ -634,7 +640,7 @@ def compare_cmd(
         if show and failing.num_rows:
             cols = ["pair_index", "iteration", "op_type", "target_name", "io", "slot", "cosine", "max_abs_err",
                     "max_rel_err", "result"]
-            _emit(failing.select(cols), "table", None, max_rows=show)
+            _emit(failing.select(cols), "table", None, max_rows=show, more=f"--show {failing.num_rows}")
     if outcome.unmatched.num_rows:
         names = outcome.unmatched.to_pylist()
         say(f"unmatched ({len(names)}): " + ", ".join(
@@ -864,7 +870,7 @@ def verify(
          f"{report.damaged_tensors.num_rows} tensors affected", style="red")
     if report.damaged_tensors.num_rows:
         _emit(report.damaged_tensors.select(["run", "tensor_id", "iteration", "op_name", "io", "slot", "reason"]),
-              "table", None, max_rows=50)
+              "table", None, max_rows=None)
     raise typer.Exit(EXIT_FOUND)
 
 

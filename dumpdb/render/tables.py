@@ -117,11 +117,13 @@ def _table_cell(value: Any) -> str:
     return text(value)
 
 
-def render_table(rows: Rows, console: Console, max_rows: int | None = None, footer: bool = True) -> None:
+def render_table(rows: Rows, console: Console, max_rows: int | None = None, footer: bool = True,
+                 more: str = "--max-rows 0") -> None:
     """Print ``rows`` as a rich table on ``console``, at most ``max_rows`` rows (None: all).
 
     Never truncates a cell: on a terminal wide cells fold onto more lines; on a
     pipe or file the console is widened to the longest row so nothing wraps.
+    ``more`` names the command's option that shows the rows left out.
     """
     from rich.table import Table
     from rich.text import Text
@@ -151,7 +153,7 @@ def render_table(rows: Rows, console: Console, max_rows: int | None = None, foot
         hidden = len(rows) - len(shown)
         note = f"{len(rows)} row{'s' if len(rows) != 1 else ''}"
         if hidden:
-            note += f" ({hidden} not shown; use --max-rows 0 for all, or --format csv)"
+            note += f" ({hidden} not shown; use {more} for more, or --format csv)"
         console.print(Text(note, style="dim"))
 
 
@@ -194,10 +196,10 @@ def write_parquet(data: Rows | pa.Table, path: Path) -> None:
 
 
 def emit(data: Rows | pa.Table, fmt: str, output: Path | None = None, *, console: Console | None = None,
-         max_rows: int | None = None, footer: bool = True) -> None:
+         max_rows: int | None = None, footer: bool = True, more: str = "--max-rows 0") -> None:
     """Write ``data`` as ``fmt`` to ``output`` (a file, replaced) or to stdout / ``console``.
 
-    ``max_rows`` limits the ``table`` format only. Raises ``ValueError`` for an
+    ``max_rows`` limits the ``table`` format only (``more``: the option to see more). Raises ``ValueError`` for an
     unknown format or ``parquet`` without a file; ``OSError`` if the file cannot
     be written.
     """
@@ -211,19 +213,19 @@ def emit(data: Rows | pa.Table, fmt: str, output: Path | None = None, *, console
     rows = as_rows(data)
     if output is not None:
         with open(output, "w", encoding="utf-8", newline="") as f:
-            _emit_text(rows, fmt, f, None, max_rows, footer)
+            _emit_text(rows, fmt, f, None, max_rows, footer, more)
     else:
-        _emit_text(rows, fmt, sys.stdout, console, max_rows, footer)
+        _emit_text(rows, fmt, sys.stdout, console, max_rows, footer, more)
 
 
 def _emit_text(rows: Rows, fmt: str, out: TextIO, console: Console | None, max_rows: int | None,
-               footer: bool) -> None:
+               footer: bool, more: str = "--max-rows 0") -> None:
     if fmt == "table":
         from rich.console import Console
 
         if console is None or out is not sys.stdout:
             console = Console(file=out, highlight=False, soft_wrap=False)
-        render_table(rows, console, max_rows, footer)
+        render_table(rows, console, max_rows, footer, more)
     elif fmt in ("csv", "tsv"):
         _write_delimited(rows, out, "," if fmt == "csv" else "\t")
     elif fmt in ("json", "ndjson"):

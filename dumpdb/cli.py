@@ -161,7 +161,8 @@ def _check_format(fmt: str, output: Optional[Path]) -> None:
 def _emit(data, fmt: str, output: Optional[Path], max_rows: int | None = None, footer: bool = True,
           more: str = "--max-rows 0") -> None:
     """Rows of any command to stdout or ``--output`` (one rendering path for all)."""
-    emit(data, fmt, output, console=_console(), max_rows=max_rows, footer=footer, more=more)
+    console = _console() if fmt == "table" and output is None else None  # rich only when drawing a table
+    emit(data, fmt, output, console=console, max_rows=max_rows, footer=footer, more=more)
     if output is not None:
         n = data.num_rows if hasattr(data, "num_rows") else len(data)
         _say(f"{n} rows written to {output}", stderr=True, style="dim")
@@ -243,7 +244,7 @@ def _reporter(quiet: bool):
                 TaskProgressColumn(), TextColumn("{task.fields[read]}"), TimeElapsedColumn(), TimeRemainingColumn(),
                 console=_console(True), transient=False, disable=quiet,
             )
-            self.task = None
+            self.task: Any = None
             self.read = 0
 
         def scanning(self, dump_dir):

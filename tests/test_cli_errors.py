@@ -144,3 +144,20 @@ def test_no_query_is_a_usage_error(archive, tmp_path):
     assert r.exit_code == 2 and "missing.sql: cannot read the query" in r.output
     r = invoke("sql", "-a", archive, "-p", "novalue", "SELECT 1")
     assert r.exit_code == 2 and "write NAME=VALUE" in r.output
+
+
+def test_interrupt_while_modules_load_is_one_line_130(tmp_path):
+    """Ctrl-C before the CLI module has finished importing (typer, rich, DuckDB load):
+    'interrupted', exit 130, no traceback. The interrupt is raised by an import hook
+    at the moment typer is imported, as a real Ctrl-C there would."""
+    code = ("import sys, runpy\n"
+            "class Interrupt:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'typer':\n"
+            "            raise KeyboardInterrupt\n"
+            "sys.meta_path.insert(0, Interrupt())\n"
+            "sys.argv = ['dumpdb', 'sql', 'SELECT 1']\n"
+            "runpy.run_module('dumpdb', run_name='__main__')\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=120)
+    assert proc.returncode == 130 and proc.stderr == "interrupted\n"

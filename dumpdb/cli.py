@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import shlex
 import sys
-import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -97,6 +96,10 @@ class _Commands(TyperGroup):
             if _is_cli_control(exc):
                 raise
             first = (str(exc).strip().splitlines() or [""])[0]
+            if type(exc).__module__.lstrip("_").startswith("duckdb"):
+                # DuckDB names the catalog file and what failed (a damaged or truncated catalog):
+                # an input error, not a dumpdb bug.
+                _report(exc, f"DuckDB: {first}", EXIT_ERROR)
             _report(exc, f"internal error: {type(exc).__name__}: {first} (run again with --debug for the traceback)",
                     INTERNAL_ERROR_EXIT)
 
@@ -109,6 +112,8 @@ def _is_cli_control(exc: BaseException) -> bool:
 
 def _report(exc: BaseException, message: str, code: int) -> None:
     if _state["debug"]:
+        import traceback
+
         traceback.print_exception(exc, file=sys.stderr)
     if code == EXIT_INTERRUPTED:
         _say(message, stderr=True, style="yellow")
@@ -166,6 +171,15 @@ def _emit(data, fmt: str, output: Optional[Path], max_rows: int | None = None, f
     if output is not None:
         n = data.num_rows if hasattr(data, "num_rows") else len(data)
         _say(f"{n} rows written to {output}", stderr=True, style="dim")
+
+
+def _progress(label: str):
+    """A transient progress bar on stderr; none when stderr is not a terminal (logs stay clean)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    console = _console(True)
+    return Progress(SpinnerColumn(), TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=console, transient=True, disable=not console.is_terminal)
 
 
 def _human(n: float | None) -> str:
@@ -541,8 +555,6 @@ def _run_compare(archive, target, bench, iteration, rank, mapping, strategy, mod
     Raises DumpdbError (exit 2) when no pair is formed: there is nothing to judge,
     and a script must not read that as "no difference".
     """
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
     from dumpdb.compare.engine import compare
 
     a = _open(archive)
@@ -551,8 +563,7 @@ def _run_compare(archive, target, bench, iteration, rank, mapping, strategy, mod
                    thresholds=_thresholds(threshold), workers=workers, store_results=store)
     if strategies:
         options["strategies"] = strategies
-    with Progress(SpinnerColumn(), TextColumn("comparing"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=_console(True), transient=True) as bar:
+    with _progress("comparing") as bar:
         task = bar.add_task("compare", total=None)
         outcome = compare(a, target, bench, progress=lambda done, total: bar.update(task, completed=done, total=total),
                           **options)
@@ -850,11 +861,8 @@ def verify(
 ) -> None:
     """Re-read every stored payload, hash it again and compare with the catalog.
     Lists each damaged tensor (run, op, io, slot); exit 1 if any."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
     a = _open(archive)
-    with Progress(SpinnerColumn(), TextColumn("verifying"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=_console(True), transient=True) as bar:
+    with _progress("verifying") as bar:
         task = bar.add_task("verify", total=None)
         report = a.verify(run, sample=sample, seed=seed,
                           progress=lambda done, total: bar.update(task, completed=done, total=total))

@@ -2,7 +2,8 @@
 
 Both are whole processes (interpreter start, imports, opening the catalog read-only,
 one query), run alternately so a busy machine slows both alike; the median of each is
-compared. Issue 16 asks for a ratio <= 2.5.
+compared. Issue 16 asks for a ratio <= 2.5 (wall clock). The CPU time (user + system) of
+each process is reported too: on a machine shared with other work it varies far less.
 
     python scripts/bench_cli.py [--runs 15] [--archive A]
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -25,10 +27,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _elapsed(cmd: list[str], env: dict[str, str]) -> float:
-    t0 = time.perf_counter()
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _elapsed(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of one process."""
+    t0, c0 = time.perf_counter(), _cpu()
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env)
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, _cpu() - c0
 
 
 def main() -> None:
@@ -52,10 +60,11 @@ def main() -> None:
         for _ in range(args.runs):
             cli_s.append(_elapsed(cli, env))
             plain_s.append(_elapsed(plain, env))
-    c, p = statistics.median(cli_s), statistics.median(plain_s)
-    print(f"dumpdb sql SELECT 1: median {c * 1000:.0f} ms over {args.runs} runs")
-    print(f"python + duckdb    : median {p * 1000:.0f} ms")
-    print(f"ratio {c / p:.2f} (target <= 2.5)")
+    c, p = (statistics.median(t for t, _ in cli_s), statistics.median(t for t, _ in plain_s))
+    cc, pc = (statistics.median(u for _, u in cli_s), statistics.median(u for _, u in plain_s))
+    print(f"dumpdb sql SELECT 1: median {c * 1000:.0f} ms wall, {cc * 1000:.0f} ms CPU over {args.runs} runs")
+    print(f"python + duckdb    : median {p * 1000:.0f} ms wall, {pc * 1000:.0f} ms CPU")
+    print(f"ratio {c / p:.2f} wall, {cc / pc:.2f} CPU (target <= 2.5)")
 
 
 if __name__ == "__main__":

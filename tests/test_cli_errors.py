@@ -161,3 +161,24 @@ def test_interrupt_while_modules_load_is_one_line_130(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
                           env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=120)
     assert proc.returncode == 130 and proc.stderr == "interrupted\n"
+
+
+def test_truncated_catalog_is_one_line_in_every_command(tmp_path):
+    """Issue 14: a truncated catalog.duckdb gave raw DuckDB tracebacks; now one line, exit 2
+    (or an answer where DuckDB can still give one)."""
+    import shutil
+
+    a = tmp_path / "a.dumpdb"
+    assert dumpdb.ingest(ms_case("c1_inputs_kernels_iter"), archive=a, run="c1").ok
+    catalog = a / "catalog.duckdb"
+    catalog.write_bytes(catalog.read_bytes()[: catalog.stat().st_size // 2])
+    for args in (["sql", "SELECT * FROM tensors"], ["runs"], ["show", "c1"], ["scan", "c1"], ["verify"], ["gc"],
+                 ["export", "c1", "--to", str(tmp_path / "b.zip")], ["tables"], ["schema"],
+                 ["prune", "c1", "--keep-stats"], ["rm", "c1", "--yes"],
+                 ["ingest", str(ms_case("c1_inputs_kernels_iter")), "-r", "again", "-q"]):
+        r = invoke(*args, "-a", a)
+        assert "Traceback" not in r.output, args
+        assert r.exit_code in (0, 1, 2), (args, r.output)
+        if r.exit_code == 2:
+            assert r.output.rstrip("\n").count("\n") == 0 and r.output.startswith("error: "), (args, r.output)
+    shutil.rmtree(a)

@@ -28,10 +28,8 @@ import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
-from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
-from uuid import UUID
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -81,9 +79,10 @@ def plain(value: Any) -> Any:
         return value.isoformat()
     if isinstance(value, timedelta):
         return str(value)
-    if isinstance(value, Decimal):
+    # decimal and uuid are not imported to check: a value of those types means DuckDB imported them.
+    if (decimal := sys.modules.get("decimal")) is not None and isinstance(value, decimal.Decimal):
         return float(value)
-    if isinstance(value, UUID):
+    if (uuid := sys.modules.get("uuid")) is not None and isinstance(value, uuid.UUID):
         return str(value)
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value).hex()

@@ -576,14 +576,21 @@ def _run_compare(archive, target, bench, iteration, rank, mapping, strategy, mod
     return outcome
 
 
+def _v(value: Any) -> str:
+    """A value in a message: absent -> '-', never 'None'; floats to 6 significant digits."""
+    if value is None:
+        return "-"
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
 def _divergence_lines(fd) -> list[str]:
     if fd is None:
         return ["no divergence: no pair fails the rule"]
     where = f"{fd['code_file']}:{fd['code_line']}  {fd['code_text']}" if fd.get("code_file") else "-"
     metric = ", ".join(f"{k} {fd[k]:.6g}" for k in ("cosine", "max_abs_err", "max_rel_err", "mean_rel_diff")
                        if isinstance(fd.get(k), float))
-    lines = [f"first divergence: iteration {fd['iteration']}, position {fd['position']}: "
-             f"{fd['op_type']} {fd['io']}.{fd['slot']}",
+    lines = [f"first divergence: iteration {_v(fd['iteration'])}, position {_v(fd['position'])}: "
+             f"{_v(fd['op_type'])} {fd['io']}.{fd['slot']}",
              f"  op      {fd['target_name']}",
              f"  scope   {fd['scope_name'] or '-'}",
              f"  source  {where}",
@@ -639,9 +646,10 @@ def compare_cmd(
     if diff is None:
         say("  every pair is identical")
     else:
-        say(f"  first difference: iteration {diff['iteration']}, position {diff['position']}: "
-            f"{diff['target_name']} {diff['io']}.{diff['slot']} (max_abs_err {diff['max_abs_err']}, "
-            f"cosine {diff['cosine']}, {diff['target_dtype']} vs {diff['bench_dtype']}, {diff['result']})")
+        say(f"  first difference: iteration {_v(diff['iteration'])}, position {_v(diff['position'])}: "
+            f"{diff['target_name']} {diff['io']}.{diff['slot']} (max_abs_err {_v(diff['max_abs_err'])}, "
+            f"cosine {_v(diff['cosine'])}, {_v(diff['target_dtype'])} vs {_v(diff['bench_dtype'])}, "
+            f"{diff['result']})")
     _print_divergence(outcome.first_divergence, stderr=rows_out)
     if rows_out:
         _emit(outcome.results, fmt, output)

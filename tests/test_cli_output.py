@@ -158,6 +158,7 @@ def test_compare_and_first_divergence_in_a_pipe(archive):
     assert r.returncode == 0, r.stderr
     assert "Default_network-WithLossCell__backbone-LeNet5_relu-ReLU_ReLU-op2" in r.stdout and "…" not in r.stdout
     assert "use --show" in r.stdout and "--max-rows" not in r.stdout  # the footer names compare's own option
+    assert "None" not in r.stdout and "position -:" in r.stdout  # a parameter has no execution position
     r = dumpdb_cli("compare", "nan:0", "nan:1", "-a", archive, "--no-store", "-f", "csv")
     rows = list(csv.DictReader(io.StringIO(r.stdout)))
     assert len(rows) == 195 and "pairs" in r.stderr  # rows on stdout, the summary on stderr
@@ -206,3 +207,21 @@ def test_msprobe_statistics_case_prints_in_full(tmp_path):
     names = [row[0] for row in dumpdb.open(a).sql_rows("SELECT op_name FROM tensors ORDER BY length(op_name) DESC")[1]]
     r = dumpdb_cli("sql", "-a", a, "SELECT op_name FROM tensors ORDER BY length(op_name) DESC", "--max-rows", "0")
     assert r.returncode == 0 and names[0] in r.stdout and "…" not in r.stdout
+
+
+def test_table_on_a_narrow_terminal_wraps_and_never_cuts():
+    """On a terminal (here a forced 60-column one) long cells fold onto more lines: every
+    character is still there, nothing is replaced by an ellipsis."""
+    from rich.console import Console
+
+    from dumpdb.render.tables import Rows, render_table
+
+    buf = io.StringIO()
+    console = Console(file=buf, force_terminal=True, width=60, color_system=None)
+    render_table(Rows(["op_name", "code_text"], [(LONG_OP, "x = self.sparse_softmax_cross_entropy(logits, labels)")]),
+                 console)
+    lines = buf.getvalue().splitlines()
+    assert max(len(line) for line in lines) <= 60 and "…" not in buf.getvalue()
+    cells = ["".join(line.split("│")[i].strip() for line in lines if line.startswith("│")) for i in (1, 2)]
+    assert cells[0] == LONG_OP
+    assert cells[1].replace(" ", "") == "x=self.sparse_softmax_cross_entropy(logits,labels)"

@@ -126,6 +126,8 @@ app = typer.Typer(
     name="dumpdb",
     cls=_Commands,
     help="Turn operator dumps (MindSpore, CANN, msprobe) into an indexed archive; query it with SQL.",
+    epilog="Exit codes: 0 ok or nothing found; 1 found (failed files, NaN/Inf hits, a divergence, damage); "
+           "2 usage or input error; 130 interrupted. Errors are one line; --debug adds the traceback.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -365,7 +367,7 @@ def sql(
         None, help="SQL over runs, tensors, blobs, arrays, ops, execution_order, ... ('-': read it from stdin)."),
     archive: Optional[Path] = ArchiveOpt,
     file: Optional[Path] = typer.Option(None, "--file", help="Read the query from this file."),
-    param: list[str] = typer.Option([], "--param", "-p",
+    param: list[str] = typer.Option([], "--param", "-p", metavar="NAME=VALUE",
                                     help="NAME=VALUE: bind $NAME in the query to the text VALUE (repeatable)."),
     fmt: str = FormatOpt,
     output: Optional[Path] = OutputOpt,
@@ -543,7 +545,8 @@ MappingOpt = typer.Option(None, "--mapping", "-m",
                           help="Name mapping file (CSV target,bench or YAML; msprobe mapping yaml).")
 StrategyOpt = typer.Option(None, "--strategy", help="Alignment strategies in order, e.g. exact,normalized,order.")
 ModeOpt = typer.Option("auto", "--mode", help="auto | tensor | statistics")
-ThresholdOpt = typer.Option([], "--threshold", "-t", help="Verdict threshold NAME=VALUE (repeatable).")
+ThresholdOpt = typer.Option([], "--threshold", "-t", metavar="NAME=VALUE",
+                            help="Verdict threshold NAME=VALUE (repeatable).")
 WorkersOpt = typer.Option(None, "--workers", "-j", min=1,
                           help="Metric workers (default: cores; processes for comparisons >= 64 MB).")
 

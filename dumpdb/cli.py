@@ -333,7 +333,7 @@ def ingest(
 
 
 # -- sql, tables, schema ------------------------------------------------------------------------
-def _read_query(query: Optional[str], file: Optional[Path]) -> str:
+def _read_query(query: Optional[str], file: Optional[Path]) -> str | None:
     if file is not None:
         if query is not None:
             raise DumpdbError("give the query as an argument or with --file, not both")
@@ -343,11 +343,49 @@ def _read_query(query: Optional[str], file: Optional[Path]) -> str:
             raise DumpdbError(f"{file}: cannot read the query: {exc.strerror or exc}") from None
     if query == "-" or (query is None and not sys.stdin.isatty()):
         return sys.stdin.read()
-    if query is None:
-        # An interactive prompt would need prompt_toolkit (not a dependency): say what works instead.
+    return query  # None: a terminal and no query, the interactive prompt
+
+
+def sql_shell(a, fmt: str, max_rows: int | None, *, input=None, output=None) -> None:
+    """An interactive SQL prompt on archive ``a`` (``dumpdb sql`` with no query on a terminal).
+
+    Statements end with ``;`` and may span lines (as in the DuckDB shell); history is kept in
+    ``~/.dumpdb_history``; Ctrl-C drops the statement being typed, Ctrl-D or ``.quit`` ends.
+    An error is one line and the prompt goes on. Needs prompt_toolkit (``pip install
+    'dumpdb[shell]'``); raises DumpdbError saying so without it. ``input``/``output``:
+    prompt_toolkit input/output objects (tests).
+    """
+    try:
+        from prompt_toolkit import PromptSession
+        from prompt_toolkit.history import FileHistory, InMemoryHistory
+    except ImportError:
         raise DumpdbError("no query: give one as an argument, '-' to read it from stdin, or --file Q.sql "
-                          "(for an interactive shell: duckdb -readonly ARCHIVE/catalog.duckdb)")
-    return query
+                          "(an interactive prompt needs: pip install 'dumpdb[shell]')") from None
+    history = InMemoryHistory() if input is not None else FileHistory(str(Path.home() / ".dumpdb_history"))
+    session: Any = PromptSession(history=history, input=input, output=output)
+    _say(f"dumpdb {__version__} SQL on {a.path} (read-only); end statements with ';', Ctrl-D to quit", style="dim")
+    lines: list[str] = []
+    while True:
+        try:
+            line = session.prompt("dumpdb> " if not lines else "   ...> ")
+        except KeyboardInterrupt:
+            lines.clear()
+            continue
+        except EOFError:
+            break
+        if not lines and line.strip() in (".quit", ".exit", "\\q"):
+            break
+        lines.append(line)
+        text = "\n".join(lines).strip()
+        if not text:
+            lines.clear()
+        elif text.endswith(";"):
+            lines.clear()
+            try:
+                names, rows = a.sql_rows(text)
+                _emit(Rows(names, rows), fmt, None, max_rows=max_rows)
+            except DumpdbError as exc:
+                _error_line(str(exc))
 
 
 def _params(items: list[str]) -> dict[str, str] | None:
@@ -373,9 +411,14 @@ def sql(
     output: Optional[Path] = OutputOpt,
     max_rows: int = typer.Option(50, "--max-rows", help="Rows shown by --format table (0: all)."),
 ) -> None:
-    """Run a read-only SQL query on the catalog."""
+    """Run a read-only SQL query on the catalog. With no query on a terminal: an interactive prompt."""
     _check_format(fmt, output)
     text = _read_query(query, file)
+    if text is None:
+        if output is not None or fmt == "parquet":
+            raise DumpdbError("the interactive prompt prints to the terminal: give a query to use --output")
+        sql_shell(_open(archive), fmt, max_rows if max_rows > 0 else None)
+        return
     if not text.strip():
         raise DumpdbError("empty query")
     a = _open(archive)

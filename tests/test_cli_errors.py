@@ -182,3 +182,20 @@ def test_truncated_catalog_is_one_line_in_every_command(tmp_path):
         if r.exit_code == 2:
             assert r.output.rstrip("\n").count("\n") == 0 and r.output.startswith("error: "), (args, r.output)
     shutil.rmtree(a)
+
+
+def test_sql_shell_runs_statements_until_ctrl_d(archive, capsys):
+    """`dumpdb sql` with no query on a terminal: statements end with ';' and may span lines;
+    an error is one line and the prompt goes on. Driven through prompt_toolkit's pipe input."""
+    from prompt_toolkit.input import create_pipe_input
+    from prompt_toolkit.output import DummyOutput
+
+    from dumpdb.cli import sql_shell
+
+    with create_pipe_input() as keys:
+        keys.send_text("SELECT count(*) AS n\r FROM tensors WHERE run = 'c1';\rSELEC 1;\rSELECT 'dumpdb[torch]' AS s;\r")
+        keys.send_text("\x04")  # Ctrl-D
+        sql_shell(Archive(archive), "csv", None, input=keys, output=DummyOutput())
+    out = capsys.readouterr()
+    assert out.out.splitlines()[-4:] == ["n", "42", "s", "dumpdb[torch]"]
+    assert 'error: SQL error: Parser Error: syntax error at or near "SELEC"' in out.err

@@ -35,7 +35,7 @@ def _cpu() -> float:
 def _elapsed(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
     """(wall seconds, CPU seconds) of one process."""
     t0, c0 = time.perf_counter(), _cpu()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env)
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env, cwd=ROOT)
     return time.perf_counter() - t0, _cpu() - c0
 
 
@@ -51,7 +51,7 @@ def main() -> None:
             archive = Path(tmp) / "bench.dumpdb"
             subprocess.run([sys.executable, "-m", "dumpdb", "ingest", "-q", "-a", str(archive),
                             str(ROOT / "tests/data/mindspore/c1_inputs_kernels_iter")],
-                           check=True, env=env, stderr=subprocess.DEVNULL)
+                           check=True, env=env, cwd=ROOT, stderr=subprocess.DEVNULL)
         cli = [sys.executable, "-m", "dumpdb", "sql", "-a", str(archive), "SELECT 1"]
         plain = [sys.executable, "-c", "import duckdb; duckdb.connect("
                  f"{str(archive / 'catalog.duckdb')!r}, read_only=True).sql('SELECT 1').fetchall()"]

@@ -129,7 +129,7 @@ def test_closed_pipe_exits_0_without_traceback(archive):
     """`dumpdb sql ... | head -1`: the reader goes away; dumpdb ends quietly with 0."""
     proc = subprocess.Popen([sys.executable, "-m", "dumpdb", "sql", "-a", str(archive), "-f", "csv",
                              "SELECT * FROM range(2000000)"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+                            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, cwd=ROOT)
     assert proc.stdout.readline() == b"range\n"
     proc.stdout.close()
     err = proc.stderr.read().decode()

@@ -23,7 +23,8 @@ def test_pt_dump_without_torch_keeps_statistics_with_one_warning(tmp_path):
     archive = tmp_path / "a.dumpdb"
     proc = subprocess.run([sys.executable, "-c", WITHOUT_TORCH, "ingest", str(DATA / "msprobe" / "tensor_mix"),
                            "-a", str(archive), "-r", "pt", "-q"],
-                          capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=300)
+                          capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=ROOT,
+                          timeout=300)
     assert proc.returncode == 0, proc.stderr
     warnings = [line for line in proc.stderr.splitlines() if "warning" in line.lower()]
     assert len(warnings) == 1, proc.stderr

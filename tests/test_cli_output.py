@@ -29,7 +29,7 @@ def dumpdb_cli(*args, stdin: str | None = None, columns: int = 80) -> subprocess
     env = dict(os.environ, COLUMNS=str(columns), PYTHONPATH=str(ROOT))
     env.pop("DUMPDB_ARCHIVE", None)
     return subprocess.run([sys.executable, "-m", "dumpdb", *map(str, args)], input=stdin, capture_output=True,
-                          text=True, env=env, timeout=300)
+                          text=True, env=env, cwd=ROOT, timeout=300)
 
 
 @pytest.fixture(scope="module")

@@ -71,7 +71,10 @@ rank and step. ``debug.json`` (level debug) and ``kernel_config_*.json`` (level 
 output is a CANN dump) are not read by this layout.
 
 Payloads: ``.npy`` through :func:`dumpdb.npy.read_npy`; ``.pt`` through ``torch.load``
-(optional dependency ``dumpdb[torch]``, imported only when a ``.pt`` is read).
+(optional dependency ``dumpdb[torch]``, imported only when a ``.pt`` is read). Without
+PyTorch a ``.pt`` tensor keeps its ``dump.json`` statistics, its payload is not stored
+(``content_hash`` NULL, ``note`` says why) and the scan issues one
+:class:`~dumpdb.errors.DumpdbWarning` for the whole dump (issue 16).
 """
 
 from __future__ import annotations

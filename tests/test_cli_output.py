@@ -225,3 +225,27 @@ def test_table_on_a_narrow_terminal_wraps_and_never_cuts():
     cells = ["".join(line.split("│")[i].strip() for line in lines if line.startswith("│")) for i in (1, 2)]
     assert cells[0] == LONG_OP
     assert cells[1].replace(" ", "") == "x=self.sparse_softmax_cross_entropy(logits,labels)"
+
+
+def test_too_many_columns_for_the_terminal_print_as_records(archive):
+    """`SELECT * FROM tensors` has ~45 columns: squeezed into 80 terminal columns rich would
+    reduce every cell to nothing. Such rows print as records (a column per line), in full."""
+    from rich.console import Console
+
+    from dumpdb.render.tables import Rows, render_table
+
+    names, rows = dumpdb.open(archive).sql_rows("SELECT * FROM tensors ORDER BY tensor_id LIMIT 2")
+    assert len(names) > 30
+    buf = io.StringIO()
+    console = Console(file=buf, force_terminal=True, width=80, color_system=None)
+    render_table(Rows(names, rows), console)
+    lines = buf.getvalue().splitlines()
+    assert max(len(line) for line in lines) <= 80 and "…" not in buf.getvalue()
+    assert sum(1 for line in lines if line.startswith("row ")) == 2
+    value_of = {}
+    for line in lines:
+        parts = line.split("│")
+        if len(parts) == 4 and parts[1].strip():
+            value_of.setdefault(parts[1].strip(), parts[2].strip())
+    assert value_of["tensor_id"] == str(rows[0][0]) and value_of["run"] == "nan"
+    assert set(names) <= set(value_of)

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 FORMATS = ("table", "csv", "tsv", "json", "ndjson", "markdown", "parquet")
+MIN_COLUMN = 8  # narrowest a wrapped column may get on a terminal before rows print as records
 FORMAT_HELP = "Output format: " + " | ".join(FORMATS) + " (parquet needs --output)."
 
 
@@ -124,11 +125,44 @@ def render_table(rows: Rows, console: Console, max_rows: int | None = None, foot
     pipe or file the console is widened to the longest row so nothing wraps.
     ``more`` names the command's option that shows the rows left out.
     """
-    from rich.table import Table
     from rich.text import Text
 
     shown = rows.rows if max_rows is None else rows.rows[:max_rows]
     cells = [[_table_cell(v) for v in r] for r in shown]
+    natural = [max([len(n)] + [max((len(line) for line in r[i].splitlines()), default=0) for r in cells])
+               for i, n in enumerate(rows.names)]
+    if console.is_terminal and sum(min(w, MIN_COLUMN) + 3 for w in natural) + 1 > console.width:
+        # Too many columns to wrap legibly (rich would squeeze cells to nothing): one
+        # record at a time, a column per line, like psql's \x or DuckDB's .mode line.
+        _render_records(rows.names, cells, console)
+    else:
+        _render_grid(rows, shown, cells, natural, console)
+    if footer:
+        hidden = len(rows) - len(shown)
+        note = f"{len(rows)} row{'s' if len(rows) != 1 else ''}"
+        if hidden:
+            note += f" ({hidden} not shown; use {more} for more, or --format csv)"
+        console.print(Text(note, style="dim"))
+
+
+def _render_records(names: list[str], cells: list[list[str]], console: Console) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    for i, r in enumerate(cells, 1):
+        view = Table(title=Text(f"row {i}", style="dim"), title_justify="left", show_header=False)
+        view.add_column(overflow="fold", style="bold")
+        view.add_column(overflow="fold")
+        for name, value in zip(names, r):
+            view.add_row(Text(name), Text(value))
+        console.print(view)
+
+
+def _render_grid(rows: Rows, shown: list[tuple], cells: list[list[str]], natural: list[int],
+                 console: Console) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
     view = Table(header_style="bold")
     for i, name in enumerate(rows.names):
         numeric = any(r[i] is not None for r in shown) and all(
@@ -139,8 +173,6 @@ def render_table(rows: Rows, console: Console, max_rows: int | None = None, foot
     if console.is_terminal:
         console.print(view)
     else:
-        natural = [max([len(n)] + [max((len(line) for line in r[i].splitlines()), default=0) for r in cells])
-                   for i, n in enumerate(rows.names)]
         width = sum(natural) + 3 * len(natural) + 1
         saved = console.width
         console.width = max(width, saved)
@@ -148,12 +180,6 @@ def render_table(rows: Rows, console: Console, max_rows: int | None = None, foot
             console.print(view, crop=False)
         finally:
             console.width = saved
-    if footer:
-        hidden = len(rows) - len(shown)
-        note = f"{len(rows)} row{'s' if len(rows) != 1 else ''}"
-        if hidden:
-            note += f" ({hidden} not shown; use {more} for more, or --format csv)"
-        console.print(Text(note, style="dim"))
 
 
 def _write_delimited(rows: Rows, out: TextIO, delimiter: str) -> None:

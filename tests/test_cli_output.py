@@ -249,3 +249,17 @@ def test_too_many_columns_for_the_terminal_print_as_records(archive):
             value_of.setdefault(parts[1].strip(), parts[2].strip())
     assert value_of["tensor_id"] == str(rows[0][0]) and value_of["run"] == "nan"
     assert set(names) <= set(value_of)
+
+
+def test_sql_does_not_import_numpy_pyarrow_or_zarr(archive):
+    """Start-up (issue 16 item 7): `dumpdb sql` loads only what it uses; numpy, pyarrow
+    and zarr cost about 0.3 s and are needed only for tensors and Parquet."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    for fmt in ("table", "csv"):
+        proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "dumpdb", "sql", "-a", str(archive), "-f",
+                               fmt, "SELECT count(*) FROM tensors"], capture_output=True, text=True, env=env,
+                              cwd=ROOT, timeout=300)
+        assert proc.returncode == 0 and "390" in proc.stdout
+        imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if "|" in line}
+        assert not imported & {"numpy", "pyarrow", "zarr", "pyarrow.lib"}, fmt
+        assert "duckdb" in imported

@@ -93,6 +93,9 @@ class _Commands(TyperGroup):
             where = exc.filename or "output"
             _report(exc, f"{where}: {exc.strerror or exc}", EXIT_ERROR)
         except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, not a traceback
+            if type(exc).__name__ == "Abort" and _is_cli_control(exc):
+                # click turns Ctrl-C (or end of input) at a prompt into Abort ("Aborted!", exit 1)
+                _report(exc, "interrupted", EXIT_INTERRUPTED)
             if _is_cli_control(exc):
                 raise
             first = (str(exc).strip().splitlines() or [""])[0]
@@ -836,8 +839,12 @@ def rm_cmd(
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask."),
 ) -> None:
     """Delete a run from the catalog (space comes back with 'dumpdb gc')."""
-    if not yes and not typer.confirm(f"delete run {run!r} and its comparisons?", default=False):
-        raise typer.Exit(EXIT_FOUND)
+    if not yes:
+        if not sys.stdin.isatty():
+            raise DumpdbError(f"rm {run}: not confirmed; pass --yes (no terminal to ask on)")
+        if not typer.confirm(f"delete run {run!r} and its comparisons?", default=False):
+            _say("nothing deleted", stderr=True)
+            return
     n = _open(archive).remove_run(run)
     _say(f"removed run {run} ({n} tensors); run 'dumpdb gc{_a(archive)}' to reclaim the space")
 

@@ -199,3 +199,9 @@ def test_sql_shell_runs_statements_until_ctrl_d(archive, capsys):
     out = capsys.readouterr()
     assert out.out.splitlines()[-4:] == ["n", "42", "s", "dumpdb[torch]"]
     assert 'error: SQL error: Parser Error: syntax error at or near "SELEC"' in out.err
+
+
+def test_rm_without_yes_and_no_terminal_refuses_clearly(archive):
+    r = runner.invoke(app, ["rm", "c1", "-a", str(archive)], input="")
+    assert r.exit_code == 2 and "pass --yes" in r.output
+    assert dumpdb.open(archive).sql_rows("SELECT count(*) FROM runs WHERE run = 'c1'")[1] == [(1,)]

@@ -17,7 +17,8 @@ Python API (the CLI is a thin layer over it)::
 
 __version__ = "0.1.0"
 
-from dumpdb.archive import Archive, open  # noqa: E402,A004
+from typing import TYPE_CHECKING
+
 from dumpdb.errors import (  # noqa: E402
     ArchiveError,
     BadDump,
@@ -25,6 +26,7 @@ from dumpdb.errors import (  # noqa: E402
     CatalogCorrupt,
     CatalogVersionError,
     DumpdbError,
+    DumpdbWarning,
     DumpFileError,
     LayoutError,
     PayloadCorrupt,
@@ -34,15 +36,24 @@ from dumpdb.errors import (  # noqa: E402
     TensorNotFound,
 )
 
+if TYPE_CHECKING:
+    from dumpdb.archive import Archive, open  # noqa: A004
+    from dumpdb.ingestion.pipeline import IngestReport, ingest
+
+# Imported when first used (PEP 562): `import dumpdb` stays cheap, so the CLI starts
+# fast and a Ctrl-C during start-up is caught by the entry point. The archive module
+# imports DuckDB (~0.1 s); the ingest pipeline imports numpy and zarr (~0.3 s).
+_LAZY = {"Archive": "dumpdb.archive", "open": "dumpdb.archive",
+         "ingest": "dumpdb.ingestion.pipeline", "IngestReport": "dumpdb.ingestion.pipeline"}
+
 
 def __getattr__(name: str):
-    # The ingest pipeline imports zarr (~0.2 s); load it only when asked for, so
-    # queries (dumpdb sql, dumpdb.open(...).sql) start faster.
-    if name in ("ingest", "IngestReport"):
-        from dumpdb.ingestion import pipeline
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'dumpdb' has no attribute {name!r}")
+    import importlib
 
-        return getattr(pipeline, name)
-    raise AttributeError(f"module 'dumpdb' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
 
 
 __all__ = [
@@ -54,6 +65,7 @@ __all__ = [
     "CatalogVersionError",
     "DumpFileError",
     "DumpdbError",
+    "DumpdbWarning",
     "IngestReport",
     "LayoutError",
     "PayloadCorrupt",

@@ -1,3 +1,20 @@
-from dumpdb.cli import main
+"""``python -m dumpdb`` and the ``dumpdb`` console script.
 
-main()
+The CLI module is imported inside :func:`main` so that a Ctrl-C while modules
+load also ends as one line, "interrupted", with exit code 130.
+"""
+
+import sys
+
+
+def main() -> None:
+    try:
+        from dumpdb.cli import main as cli_main
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        raise SystemExit(130) from None
+    cli_main()
+
+
+if __name__ == "__main__":
+    main()

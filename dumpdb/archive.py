@@ -29,15 +29,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import duckdb
-import numpy as np
-import pyarrow as pa
 
 from dumpdb import __version__
 from dumpdb.catalog import DEFAULT_LOCK_TIMEOUT, Catalog, one
-from dumpdb.dtypes import from_catalog_name
 from dumpdb.errors import ArchiveError, DumpdbError, TensorNotFound
 
-if TYPE_CHECKING:  # pragma: no cover
+if TYPE_CHECKING:  # numpy and pyarrow are imported where used: a query CLI starts without them
+    import numpy as np
+    import pyarrow as pa
+
     from dumpdb.storage.store import TensorStore
 
 MARKER = "dumpdb.json"
@@ -206,10 +206,25 @@ class Archive:
         ``allow_files=True`` lifts this for a user who wants DuckDB to read or
         write files (the catalog itself stays read-only).
         """
+        import pyarrow as pa
+
+        with self._query(query, params, allow_files) as rel:
+            return rel.to_arrow_table() if rel is not None else pa.table({})
+
+    def sql_rows(self, query: str, params: list | dict | None = None, *,
+                 allow_files: bool = False) -> tuple[list[str], list[tuple]]:
+        """Like :meth:`sql`, as (column names, rows of Python values): no pyarrow or
+        numpy import, so the ``dumpdb sql`` command starts fast. Same sandbox and errors."""
+        with self._query(query, params, allow_files) as rel:
+            return (list(rel.columns), rel.fetchall()) if rel is not None else ([], [])
+
+    @contextmanager
+    def _query(self, query: str, params: list | dict | None, allow_files: bool) -> Iterator[Any]:
+        """The relation of ``query`` on a sandboxed (or, with ``allow_files``, a plain
+        read-only) connection; DuckDB errors become one-line :class:`DumpdbError`."""
         with (self._reader() if allow_files else self._sandbox()) as con:
             try:
-                rel = con.sql(query, params=params)
-                return rel.to_arrow_table() if rel is not None else pa.table({})
+                yield con.sql(query, params=params)
             except duckdb.PermissionException as exc:
                 first = " ".join(str(exc).split())
                 raise DumpdbError(f"SQL refused: {first}; dumpdb sql reads the catalog only "
@@ -325,9 +340,10 @@ class Archive:
             bytes_in=bytes_in,
             bytes_stored=stored[1],
             ratio=(bytes_in / stored[1]) if stored[1] else None,
-            ranks=[r for r in ranks if r is not None],
-            graphs=[g for g in graphs if g is not None],
-            iterations=[i for i in iterations if i is not None],
+            # list() over no rows is NULL: a run with 0 tensors has no ranks, graphs, iterations
+            ranks=[r for r in ranks or () if r is not None],
+            graphs=[g for g in graphs or () if g is not None],
+            iterations=[i for i in iterations or () if i is not None],
             errors=errors,
         )
         return info
@@ -405,6 +421,8 @@ class Archive:
         memory stays bounded by the largest tensor. ``host_format`` as in
         :meth:`tensor`.
         """
+        import pyarrow as pa
+
         table = self.sql(query, params)
         if "tensor_id" not in table.column_names:
             raise DumpdbError("tensors(query): the query must return a tensor_id column")
@@ -504,6 +522,8 @@ class Archive:
                               "(dumpdb prune --keep-stats); its statistics are still in the catalog")
         if not stored:
             raise DumpdbError(f"tensor {tensor_id} ({source_file}): payload {content_hash} is not in the store")
+        from dumpdb.dtypes import from_catalog_name
+
         array = self.store.read(array_path, offset, count or 0, from_catalog_name(dtype), tuple(shape))
         if host_format and original_shape is not None:
             from dumpdb.formats import to_host

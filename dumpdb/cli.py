@@ -1,61 +1,190 @@
 """The ``dumpdb`` command line: a thin layer over the Python API.
 
-Every command calls one function of :mod:`dumpdb` and only formats its result.
-Exit codes: 0 success; 1 ingest finished but some files failed; 2 bad input
-(missing or unrecognised dump, not an archive, bad query); 130 interrupted.
+Every command calls one function of :mod:`dumpdb` and only formats its result;
+commands that print rows take ``--format`` and ``--output`` and go through
+:func:`dumpdb.render.tables.emit`. Errors are handled in one place
+(:class:`_Commands`): a :class:`~dumpdb.errors.DumpdbError` prints its one-line
+message and exits with its ``exit_code``; ``--debug`` adds the traceback.
+
+Exit codes (README "Exit codes"): 0 ok / nothing found; 1 found (failed files,
+a divergence, scan hits, ``compare --fail-on``); 2 usage or input error, and
+internal errors; 130 interrupted.
+
+Start-up time matters (``dumpdb sql`` is run in loops): modules beyond typer
+are imported inside the commands that use them (numpy, pyarrow, zarr, rich
+progress bars); ``scripts/bench_cli.py`` measures it.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
+import shlex
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-import pyarrow.compute as pa_compute
 import typer
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TaskProgressColumn,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
-from rich.table import Table
+from typer.core import TyperGroup
 
-import dumpdb
-from dumpdb.archive import default_archive_path
+from dumpdb import __version__
 from dumpdb.errors import DumpdbError
-from dumpdb.progress import Reporter
-from dumpdb.render import tables as output
+from dumpdb.render.tables import FORMAT_HELP, FORMATS, Rows, emit
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+EXIT_OK, EXIT_FOUND, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
+INTERNAL_ERROR_EXIT = EXIT_ERROR  # a bug is not a finding: never 1, which scripts read as "found"
+
+_state = {"debug": bool(os.environ.get("DUMPDB_DEBUG"))}
+_consoles: dict[bool, Console] = {}
+
+
+def _console(stderr: bool = False) -> Console:
+    """stdout (or stderr) console, made on first use (rich costs start-up time)."""
+    if stderr not in _consoles:
+        from rich.console import Console
+
+        _consoles[stderr] = Console(stderr=stderr, highlight=False)
+    return _consoles[stderr]
+
+
+def _say(message: str, *, stderr: bool = False, style: str | None = None) -> None:
+    """Print ``message`` literally: user text ('dumpdb[torch]', scope names) is never markup."""
+    from rich.text import Text
+
+    _console(stderr).print(Text(message, style=style or ""), soft_wrap=True)
+
+
+def one_line(message: str) -> str:
+    """``message`` on one line; DuckDB's ``LINE 1: ...`` / ``^^^`` pointer lines are dropped
+    (they only make sense on several lines)."""
+    kept = []
+    for line in str(message).splitlines():
+        if line.lstrip().startswith("LINE ") or (line.strip() and not line.strip("^ ")):
+            break
+        if line.strip():
+            kept.append(line.strip())
+    return " ".join(kept)
+
+
+def _error_line(message: str) -> None:
+    from rich.text import Text
+
+    _console(True).print(Text.assemble(("error: ", "red"), one_line(message)), soft_wrap=True)
+
+
+class _Commands(TyperGroup):
+    """The one place exceptions become one-line messages and exit codes."""
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except DumpdbError as exc:
+            _report(exc, str(exc), exc.exit_code)
+        except KeyboardInterrupt as exc:
+            _report(exc, "interrupted", EXIT_INTERRUPTED)
+        except BrokenPipeError:
+            # The reader went away (dumpdb sql ... | head): not an error. Point stdout at
+            # /dev/null so the interpreter's final flush does not complain again.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise typer.Exit(EXIT_OK) from None
+        except OSError as exc:
+            where = exc.filename or "output"
+            _report(exc, f"{where}: {exc.strerror or exc}", EXIT_ERROR)
+        except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, not a traceback
+            if type(exc).__name__ == "Abort" and _is_cli_control(exc):
+                # click turns Ctrl-C (or end of input) at a prompt into Abort ("Aborted!", exit 1)
+                _report(exc, "interrupted", EXIT_INTERRUPTED)
+            if _is_cli_control(exc):
+                raise
+            first = (str(exc).strip().splitlines() or [""])[0]
+            if type(exc).__module__.lstrip("_").startswith("duckdb"):
+                # DuckDB names the catalog file and what failed (a damaged or truncated catalog):
+                # an input error, not a dumpdb bug.
+                _report(exc, f"DuckDB: {first}", EXIT_ERROR)
+            _report(exc, f"internal error: {type(exc).__name__}: {first} (run again with --debug for the traceback)",
+                    INTERNAL_ERROR_EXIT)
+
+
+def _is_cli_control(exc: BaseException) -> bool:
+    """typer.Exit, click's Exit/Abort/usage errors: exits and messages the CLI framework
+    handles itself. Matched by module, as typer >= 0.20 vendors its own click."""
+    return isinstance(exc, typer.Exit) or type(exc).__module__.split(".")[0] in ("click", "typer")
+
+
+def _report(exc: BaseException, message: str, code: int) -> None:
+    if _state["debug"]:
+        import traceback
+
+        traceback.print_exception(exc, file=sys.stderr)
+    if code == EXIT_INTERRUPTED:
+        _say(message, stderr=True, style="yellow")
+    else:
+        _error_line(message)
+    raise typer.Exit(code)
+
 
 app = typer.Typer(
     name="dumpdb",
+    cls=_Commands,
     help="Turn operator dumps (MindSpore, CANN, msprobe) into an indexed archive; query it with SQL.",
+    epilog="Exit codes: 0 ok or nothing found; 1 found (failed files, NaN/Inf hits, a divergence, damage); "
+           "2 usage or input error; 130 interrupted. Errors are one line; --debug adds the traceback.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
-err = Console(stderr=True, highlight=False)
-out = Console(highlight=False)
 
 ArchiveOpt = typer.Option(
     None, "--archive", "-a", envvar="DUMPDB_ARCHIVE", show_default="$DUMPDB_ARCHIVE or ./dumpdb.archive",
     help="Archive directory.")
+FormatOpt = typer.Option("table", "--format", "-f", help=FORMAT_HELP)
+OutputOpt = typer.Option(None, "--output", "-o", help="Write the rows to this file instead of stdout.")
 
 
 def _archive_path(path: Optional[Path]) -> Path:
+    from dumpdb.archive import default_archive_path
+
     return path if path is not None else default_archive_path()
 
 
-def _fail(exc: Exception, code: int = 2) -> None:
-    err.print(f"[red]error:[/red] {exc}", soft_wrap=True)
-    raise typer.Exit(code)
+def _open(path: Optional[Path]):
+    from dumpdb.archive import Archive
+
+    return Archive(_archive_path(path))
+
+
+def _a(archive: Optional[Path]) -> str:
+    """`` -a ARCHIVE`` for hints, as the user gave it (empty when the default is used)."""
+    return f" -a {shlex.quote(str(archive))}" if archive is not None else ""
+
+
+def _check_format(fmt: str, output: Optional[Path]) -> None:
+    if fmt not in FORMATS:
+        raise DumpdbError(f"unknown --format {fmt!r}; use one of {', '.join(FORMATS)}")
+    if fmt == "parquet" and output is None:
+        raise DumpdbError("--format parquet needs --output FILE")
+
+
+def _emit(data, fmt: str, output: Optional[Path], max_rows: int | None = None, footer: bool = True,
+          more: str = "--max-rows 0") -> None:
+    """Rows of any command to stdout or ``--output`` (one rendering path for all)."""
+    console = _console() if fmt == "table" and output is None else None  # rich only when drawing a table
+    emit(data, fmt, output, console=console, max_rows=max_rows, footer=footer, more=more)
+    if output is not None:
+        n = data.num_rows if hasattr(data, "num_rows") else len(data)
+        _say(f"{n} rows written to {output}", stderr=True, style="dim")
+
+
+def _progress(label: str):
+    """A transient progress bar on stderr; none when stderr is not a terminal (logs stay clean)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    console = _console(True)
+    return Progress(SpinnerColumn(), TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=console, transient=True, disable=not console.is_terminal)
 
 
 def _human(n: float | None) -> str:
@@ -70,70 +199,113 @@ def _human(n: float | None) -> str:
 
 def _version_callback(value: bool) -> None:
     if value:
-        out.print(f"dumpdb {dumpdb.__version__}")
+        _say(f"dumpdb {__version__}")
         raise typer.Exit()
 
 
 @app.callback()
-def _root(version: bool = typer.Option(False, "--version", callback=_version_callback, is_eager=True,
-                                       help="Print the version and exit.")) -> None:
-    """dumpdb: ingest dumps once, then query ops, iterations and statistics with SQL."""
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version_callback, is_eager=True,
+                                 help="Print the version and exit."),
+    debug: bool = typer.Option(False, "--debug", envvar="DUMPDB_DEBUG",
+                               help="On an error, print the Python traceback too."),
+) -> None:
+    """dumpdb: ingest dumps once, then query ops, iterations and statistics with SQL.
+
+    Exit codes: 0 ok or nothing found; 1 found (failed files, NaN/Inf hits, a
+    divergence); 2 usage or input error; 130 interrupted.
+    """
+    _state["debug"] = debug
+    _install_warning_printer()
 
 
-class _RichReporter(Reporter):
-    MAX_ERRORS_SHOWN = 20
+def _install_warning_printer() -> None:
+    """Print dumpdb's warnings as one line each ('warning: ...'), not Python's two-line form."""
+    import warnings
 
-    def __init__(self, quiet: bool):
-        self.quiet = quiet
-        self.errors = 0
-        self.progress = Progress(
-            SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TaskProgressColumn(), TextColumn("{task.fields[read]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-            console=err, transient=False, disable=quiet,
-        )
-        self.task = None
-        self.read = 0
+    from dumpdb.errors import DumpdbWarning
 
-    def scanning(self, dump_dir):
-        if not self.quiet:
-            err.print(f"scanning {dump_dir} ...", style="dim")
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, DumpdbWarning):
+            _say(f"warning: {message}", stderr=True, style="yellow")
+        else:
+            default_show(message, category, filename, lineno, file, line)
 
-    def start(self, total, skipped):
-        if skipped and not self.quiet:
-            err.print(f"{skipped} tensors already in this run, skipped", style="dim")
-        if total == 0:
-            return  # nothing new: no empty progress bar
-        self.progress.start()
-        self.task = self.progress.add_task("ingesting", total=total, read="")
+    if _state.get("warning_printer"):
+        return
+    _state["warning_printer"] = True
+    default_show = warnings.showwarning
+    warnings.showwarning = show
 
-    def advance(self, tensors, bytes_read):
-        self.read += bytes_read
-        if self.task is not None:
-            self.progress.update(self.task, advance=tensors, read=_human(self.read))
 
-    def error(self, source_file, message):
-        self.errors += 1
-        if self.errors <= self.MAX_ERRORS_SHOWN:
-            self.progress.console.print(f"[red]error:[/red] {message}", soft_wrap=True, markup=True,
-                                        highlight=False) if message.startswith(source_file) else \
-                self.progress.console.print(f"[red]error:[/red] {source_file}: {message}", soft_wrap=True)
-        elif self.errors == self.MAX_ERRORS_SHOWN + 1:
-            self.progress.console.print("[red]more errors: see ingest_errors in the catalog[/red]")
+# -- ingest -------------------------------------------------------------------------------------
+def _reporter(quiet: bool):
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        SpinnerColumn,
+        TaskProgressColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
-    def finish(self):
-        self.progress.stop()
+    from dumpdb.progress import Reporter
+
+    class RichReporter(Reporter):
+        MAX_ERRORS_SHOWN = 20
+
+        def __init__(self) -> None:
+            self.errors = 0
+            self.progress = Progress(
+                SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                TaskProgressColumn(), TextColumn("{task.fields[read]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+                console=_console(True), transient=False, disable=quiet,
+            )
+            self.task: Any = None
+            self.read = 0
+
+        def scanning(self, dump_dir):
+            if not quiet:
+                _say(f"scanning {dump_dir} ...", stderr=True, style="dim")
+
+        def start(self, total, skipped):
+            if skipped and not quiet:
+                _say(f"{skipped} tensors already in this run, skipped", stderr=True, style="dim")
+            if total == 0:
+                return  # nothing new: no empty progress bar
+            self.progress.start()
+            self.task = self.progress.add_task("ingesting", total=total, read="")
+
+        def advance(self, tensors, bytes_read):
+            self.read += bytes_read
+            if self.task is not None:
+                self.progress.update(self.task, advance=tensors, read=_human(self.read))
+
+        def error(self, source_file, message):
+            from rich.text import Text
+
+            self.errors += 1
+            if self.errors <= self.MAX_ERRORS_SHOWN:
+                line = message if message.startswith(source_file) else f"{source_file}: {message}"
+                self.progress.console.print(Text.assemble(("error: ", "red"), line), soft_wrap=True)
+            elif self.errors == self.MAX_ERRORS_SHOWN + 1:
+                self.progress.console.print(Text("more errors: see ingest_errors in the catalog", style="red"))
+
+        def finish(self):
+            self.progress.stop()
+
+    return RichReporter()
 
 
 def _print_report(r) -> None:
     ratio = f"{r.ratio:.2f}x" if r.ratio else "-"
-    err.print(
-        f"run [bold]{r.run}[/bold] ({r.layout}) -> {r.archive}\n"
-        f"  tensors: {r.tensors_added} added, {r.tensors_skipped} already there, "
-        f"{r.deduplicated} deduplicated, {r.statistics_only} statistics-only, {len(r.errors)} failed\n"
-        f"  bytes read {_human(r.bytes_read)}, payload {_human(r.bytes_in)}, stored {_human(r.bytes_stored)}, "
-        f"ratio {ratio}, {r.seconds:.1f} s",
-        highlight=False,
-    )
+    _say(f"run {r.run} ({r.layout}) -> {r.archive}\n"
+         f"  tensors: {r.tensors_added} added, {r.tensors_skipped} already there, "
+         f"{r.deduplicated} deduplicated, {r.statistics_only} statistics-only, {len(r.errors)} failed\n"
+         f"  bytes read {_human(r.bytes_read)}, payload {_human(r.bytes_in)}, stored {_human(r.bytes_stored)}, "
+         f"ratio {ratio}, {r.seconds:.1f} s", stderr=True)
 
 
 @app.command()
@@ -143,96 +315,225 @@ def ingest(
     run: Optional[str] = typer.Option(None, "--run", "-r", help="Run name (default: the dump directory's name)."),
     layout: Optional[str] = typer.Option(None, "--layout", help="Skip auto-detection; see 'dumpdb layouts'."),
     workers: Optional[int] = typer.Option(None, "--workers", "-j", min=1,
-        help="Reader threads (default: cores + 1, max 4)."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+                                          help="Reader threads (default: cores + 1, max 4)."),
     follow_symlinks: bool = typer.Option(
         False, "--follow-symlinks", help="Read files that symlinks lead to outside DUMP_DIR (off by default)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
     """Ingest a dump into an archive (created if missing). Re-running completes or skips."""
-    reporter = _RichReporter(quiet)
-    try:
-        report = dumpdb.ingest(dump_dir, archive=_archive_path(archive), run=run, layout=layout,
-                               workers=workers, reporter=reporter, follow_symlinks=follow_symlinks,
-                               on_wait=lambda msg: err.print(msg, style="yellow"))
-    except DumpdbError as exc:
-        _fail(exc)
+    from dumpdb.ingestion.pipeline import ingest as run_ingest
+
+    report = run_ingest(dump_dir, archive=_archive_path(archive), run=run, layout=layout, workers=workers,
+                        follow_symlinks=follow_symlinks, reporter=_reporter(quiet),
+                        on_wait=lambda msg: _say(msg, stderr=True, style="yellow"))
     _print_report(report)
     if report.interrupted:
-        err.print("[yellow]interrupted: what was committed stays; run the same command again to finish[/yellow]")
-        raise typer.Exit(130)
+        _say("interrupted: what was committed stays; run the same command again to finish",
+             stderr=True, style="yellow")
+        raise typer.Exit(EXIT_INTERRUPTED)
     if report.errors:
-        err.print(f"[red]{len(report.errors)} file(s) failed[/red]; they are listed in ingest_errors "
-                  f"(dumpdb sql \"SELECT * FROM ingest_errors WHERE run = '{report.run}'\")")
-        raise typer.Exit(1)
+        query = shlex.quote(f"SELECT * FROM ingest_errors WHERE run = '{report.run}'")
+        _say(f"{len(report.errors)} file(s) failed; they are listed in ingest_errors "
+             f"(dumpdb sql{_a(archive)} {query})", stderr=True, style="red")
+        raise typer.Exit(EXIT_FOUND)
+
+
+# -- sql, tables, schema ------------------------------------------------------------------------
+def _read_query(query: Optional[str], file: Optional[Path]) -> str | None:
+    if file is not None:
+        if query is not None:
+            raise DumpdbError("give the query as an argument or with --file, not both")
+        try:
+            return file.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise DumpdbError(f"{file}: cannot read the query: {exc.strerror or exc}") from None
+    if query == "-" or (query is None and not sys.stdin.isatty()):
+        return sys.stdin.read()
+    return query  # None: a terminal and no query, the interactive prompt
+
+
+def sql_shell(a, fmt: str, max_rows: int | None, *, input=None, output=None) -> None:
+    """An interactive SQL prompt on archive ``a`` (``dumpdb sql`` with no query on a terminal).
+
+    Statements end with ``;`` and may span lines (as in the DuckDB shell); history is kept in
+    ``~/.dumpdb_history``; Ctrl-C drops the statement being typed, Ctrl-D or ``.quit`` ends.
+    An error is one line and the prompt goes on. Needs prompt_toolkit (``pip install
+    'dumpdb[shell]'``); raises DumpdbError saying so without it. ``input``/``output``:
+    prompt_toolkit input/output objects (tests).
+    """
+    try:
+        from prompt_toolkit import PromptSession
+        from prompt_toolkit.history import FileHistory, InMemoryHistory
+    except ImportError:
+        raise DumpdbError("no query: give one as an argument, '-' to read it from stdin, or --file Q.sql "
+                          "(an interactive prompt needs: pip install 'dumpdb[shell]')") from None
+    history = InMemoryHistory() if input is not None else FileHistory(str(Path.home() / ".dumpdb_history"))
+    session: Any = PromptSession(history=history, input=input, output=output)
+    _say(f"dumpdb {__version__} SQL on {a.path} (read-only); end statements with ';', Ctrl-D to quit", style="dim")
+    lines: list[str] = []
+    while True:
+        try:
+            line = session.prompt("dumpdb> " if not lines else "   ...> ")
+        except KeyboardInterrupt:
+            lines.clear()
+            continue
+        except EOFError:
+            break
+        if not lines and line.strip() in (".quit", ".exit", "\\q"):
+            break
+        lines.append(line)
+        text = "\n".join(lines).strip()
+        if not text:
+            lines.clear()
+        elif text.endswith(";"):
+            lines.clear()
+            try:
+                names, rows = a.sql_rows(text)
+                _emit(Rows(names, rows), fmt, None, max_rows=max_rows)
+            except DumpdbError as exc:
+                _error_line(str(exc))
+
+
+def _params(items: list[str]) -> dict[str, str] | None:
+    params = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        name = name.strip().lstrip("$")
+        if not sep or not name:
+            raise DumpdbError(f"--param {item!r}: write NAME=VALUE (bound to $NAME in the query)")
+        params[name] = value
+    return params or None
 
 
 @app.command()
 def sql(
-    query: str = typer.Argument(..., help="SQL over runs, tensors, blobs, arrays, ops, execution_order, ..."),
+    query: Optional[str] = typer.Argument(
+        None, help="SQL over runs, tensors, blobs, arrays, ops, execution_order, ... ('-': read it from stdin)."),
     archive: Optional[Path] = ArchiveOpt,
-    fmt: str = typer.Option("table", "--format", "-f", help="table | csv | json | parquet"),
-    output_file: Optional[Path] = typer.Option(None, "--output", "-o",
-        help="Write to this file (required for parquet)."),
+    file: Optional[Path] = typer.Option(None, "--file", help="Read the query from this file."),
+    param: list[str] = typer.Option([], "--param", "-p", metavar="NAME=VALUE",
+                                    help="NAME=VALUE: bind $NAME in the query to the text VALUE (repeatable)."),
+    fmt: str = FormatOpt,
+    output: Optional[Path] = OutputOpt,
     max_rows: int = typer.Option(50, "--max-rows", help="Rows shown by --format table (0: all)."),
     allow_files: bool = typer.Option(
         False, "--allow-files", help="Let the query read/write files (COPY, read_csv, ATTACH...); off by default."),
 ) -> None:
-    """Run a read-only SQL query on the catalog (sandboxed: no file access unless --allow-files)."""
-    if not query.strip():
-        _fail(DumpdbError("empty query"))
-    if fmt not in output.FORMATS:
-        _fail(DumpdbError(f"unknown --format {fmt!r}; use one of {', '.join(output.FORMATS)}"))
-    if fmt == "parquet" and output_file is None:
-        _fail(DumpdbError("--format parquet needs --output FILE"))
-    try:
-        table = dumpdb.open(_archive_path(archive)).sql(query, allow_files=allow_files)
-    except DumpdbError as exc:
-        _fail(exc)
-    if fmt == "table":
-        if output_file is not None:
-            with open(output_file, "w", encoding="utf-8") as f:
-                output.write_table(table, Console(file=f, width=200), max_rows if max_rows > 0 else None)
-        else:
-            output.write_table(table, out, max_rows if max_rows > 0 else None)
-    elif fmt == "csv":
-        output.write_csv(table, output_file or sys.stdout)
-    elif fmt == "json":
-        output.write_json(table, output_file or sys.stdout)
+    """Run a read-only SQL query on the catalog (sandboxed: no file access unless --allow-files).
+    With no query on a terminal: an interactive prompt."""
+    _check_format(fmt, output)
+    text = _read_query(query, file)
+    if text is None:
+        if output is not None or fmt == "parquet":
+            raise DumpdbError("the interactive prompt prints to the terminal: give a query to use --output")
+        sql_shell(_open(archive), fmt, max_rows if max_rows > 0 else None)
+        return
+    if not text.strip():
+        raise DumpdbError("empty query")
+    a = _open(archive)
+    params = _params(param)
+    if fmt == "parquet":
+        data: Any = a.sql(text, params, allow_files=allow_files)  # keeps DuckDB's column types
     else:
-        output.write_parquet(table, output_file)
-    if output_file is not None:
-        err.print(f"{table.num_rows} rows written to {output_file}", style="dim")
+        names, rows = a.sql_rows(text, params, allow_files=allow_files)  # no pyarrow import: fast start
+        data = Rows(names, rows)
+    _emit(data, fmt, output, max_rows=max_rows if max_rows > 0 else None)
+
+
+_TABLES_SQL = """
+SELECT table_name AS "table", 'table' AS kind, estimated_size, comment FROM duckdb_tables()
+WHERE database_name = current_database() AND schema_name = 'main' AND NOT internal AND NOT temporary
+UNION ALL
+SELECT view_name, 'view', NULL, comment FROM duckdb_views()
+WHERE database_name = current_database() AND schema_name = 'main' AND NOT internal AND NOT temporary
+ORDER BY 1
+"""
 
 
 @app.command()
-def runs(archive: Optional[Path] = ArchiveOpt) -> None:
+def tables(
+    archive: Optional[Path] = ArchiveOpt,
+    fmt: str = FormatOpt,
+    output: Optional[Path] = OutputOpt,
+) -> None:
+    """List the catalog's tables with their row counts and what each holds."""
+    _check_format(fmt, output)
+    a = _open(archive)
+    _, found = a.sql_rows(_TABLES_SQL)
+    rows = []
+    if found:
+        counts = " UNION ALL ".join(
+            f"SELECT {i} AS i, count(*) AS n FROM \"{name.replace(chr(34), chr(34) * 2)}\""
+            for i, (name, *_rest) in enumerate(found))
+        n = dict(a.sql_rows(counts)[1])
+        rows = [(name, kind, n[i], comment or None) for i, (name, kind, _, comment) in enumerate(found)]
+    _emit(Rows(["table", "kind", "rows", "comment"], rows), fmt, output)
+
+
+@app.command()
+def schema(
+    table: Optional[str] = typer.Argument(None, help="Table (default: every table)."),
+    archive: Optional[Path] = ArchiveOpt,
+    fmt: str = FormatOpt,
+    output: Optional[Path] = OutputOpt,
+) -> None:
+    """Columns of the catalog's tables: name, type and meaning (DuckDB's column comments)."""
+    _check_format(fmt, output)
+    a = _open(archive)
+    where = "AND table_name = $table" if table else ""
+    names, rows = a.sql_rows(
+        'SELECT table_name AS "table", column_name AS "column", data_type AS type, comment '
+        "FROM duckdb_columns() WHERE database_name = current_database() AND schema_name = 'main' "
+        f"AND NOT internal {where} ORDER BY table_name, column_index",
+        {"table": table} if table else None)
+    if table and not rows:
+        _, known = a.sql_rows(_TABLES_SQL)
+        raise DumpdbError(f"no table {table!r} in the catalog (tables: {', '.join(r[0] for r in known)})")
+    if table:
+        names, rows = names[1:], [r[1:] for r in rows]
+    _emit(Rows(names, [tuple(v if v != "" else None for v in r) for r in rows]), fmt, output)
+
+
+# -- runs, show ---------------------------------------------------------------------------------
+@app.command()
+def runs(
+    archive: Optional[Path] = ArchiveOpt,
+    fmt: str = FormatOpt,
+    output: Optional[Path] = OutputOpt,
+) -> None:
     """List the runs of an archive."""
-    try:
-        table = dumpdb.open(_archive_path(archive)).runs()
-    except DumpdbError as exc:
-        _fail(exc)
-    if table.num_rows == 0:
-        err.print("no runs yet: add one with 'dumpdb ingest DUMP_DIR'")
+    _check_format(fmt, output)
+    table = _open(archive).runs()
+    if table.num_rows == 0 and fmt == "table" and output is None:
+        _say(f"no runs yet: add one with 'dumpdb ingest DUMP_DIR{_a(archive)}'", stderr=True)
         return
-    view = Table(header_style="bold")
-    for col in ("run", "status", "tensors", "payload", "ingested"):
-        view.add_column(col, no_wrap=True)
-    for col in ("layout", "framework", "source"):
-        view.add_column(col, overflow="fold")
+    if fmt != "table":
+        _emit(table, fmt, output)
+        return
+    rows = []
     for r in table.to_pylist():
         fw = " ".join(x for x in (r["framework"], r["framework_version"]) if x)
-        view.add_row(r["run"], r["status"], str(r["tensors"]), _human(r["bytes_in"]),
-                     r["ingest_started"].strftime("%Y-%m-%d %H:%M"), r["layout"], fw, r["source_path"])
-    out.print(view)
+        started = r["ingest_started"]
+        rows.append((r["run"], r["status"], r["tensors"], _human(r["bytes_in"]),
+                     started.strftime("%Y-%m-%d %H:%M") if started else None, r["layout"], fw or None,
+                     r["source_path"]))
+    _emit(Rows(["run", "status", "tensors", "payload", "ingested", "layout", "framework", "source"], rows),
+          fmt, output, footer=False)
 
 
 @app.command()
-def show(run: str = typer.Argument(..., help="Run name."), archive: Optional[Path] = ArchiveOpt) -> None:
+def show(
+    run: str = typer.Argument(..., help="Run name."),
+    archive: Optional[Path] = ArchiveOpt,
+    fmt: str = FormatOpt,
+    output: Optional[Path] = OutputOpt,
+) -> None:
     """Summarise one run: ranks, graphs, iterations, tensors, bytes in/stored, ratio."""
-    try:
-        info = dumpdb.open(_archive_path(archive)).show(run)
-    except DumpdbError as exc:
-        _fail(exc)
+    _check_format(fmt, output)
+    info = _open(archive).show(run)
+    if fmt != "table":
+        _emit(Rows.from_dicts([info]), fmt, output)
+        return
 
     def span(values):
         if not values:
@@ -241,25 +542,35 @@ def show(run: str = typer.Argument(..., help="Run name."), archive: Optional[Pat
             return f"{len(values)} ({values[0]}..{values[-1]})"
         return ", ".join(str(v) for v in values)
 
+    started = info.get("ingest_started")
     ratio = f"{info['ratio']:.2f}x" if info["ratio"] else "-"
+    framework = (info["framework"], info["framework_version"], info["device_target"])
     lines = [
         ("run", info["run"]), ("status", info["status"]), ("source", info["source_path"]),
         ("layout", info["layout"]),
-        ("framework", " ".join(
-            str(x) for x in (info["framework"], info["framework_version"], info["device_target"]) if x)),
-        ("ingested", f"{info['ingest_started']:%Y-%m-%d %H:%M:%S} by dumpdb {info['dumpdb_version']}"),
+        ("framework", " ".join(str(x) for x in framework if x) or "-"),
+        ("ingested", f"{started:%Y-%m-%d %H:%M:%S} by dumpdb {info['dumpdb_version']}" if started else "-"),
         ("ranks", span(info["ranks"])), ("graphs", span(info["graphs"])), ("iterations", span(info["iterations"])),
         ("tensors", f"{info['tensors']} ({info['statistics_only']} statistics-only, "
                     f"{info['deduplicated']} deduplicated, {info['distinct_payloads']} distinct payloads)"),
         ("bytes in", _human(info["bytes_in"])), ("bytes stored", _human(info["bytes_stored"])), ("ratio", ratio),
         ("ingest errors", str(info["errors"])),
     ]
+    if output is not None:
+        _emit(Rows(["field", "value"], lines), fmt, output, footer=False)
+        return
+    from rich.text import Text
+
     width = max(len(k) for k, _ in lines)
     for k, v in lines:
-        out.print(f"[bold]{k.ljust(width)}[/bold]  {v}", highlight=False)
+        _console().print(Text.assemble((k.ljust(width), "bold"), "  ", "-" if v is None else str(v)),
+                         soft_wrap=True)
 
 
+# -- compare, first-divergence, scan ------------------------------------------------------------
 def _thresholds(pairs: list[str]):
+    import dataclasses
+
     from dumpdb.compare.verdict import Thresholds
 
     values = {}
@@ -280,116 +591,138 @@ def _thresholds(pairs: list[str]):
 
 CompareTarget = typer.Argument(..., help="Target selection: RUN, RUN:ITERATION or RUN:ITERATION:RANK.")
 CompareBench = typer.Argument(..., help="Bench (ground truth) selection, same form.")
+IterationOpt = typer.Option(None, "--iteration", "-i", help="Iteration for both sides (if not in the selection).")
+RankOpt = typer.Option(None, "--rank", help="Rank for both sides (if not in the selection).")
+MappingOpt = typer.Option(None, "--mapping", "-m",
+                          help="Name mapping file (CSV target,bench or YAML; msprobe mapping yaml).")
+StrategyOpt = typer.Option(None, "--strategy", help="Alignment strategies in order, e.g. exact,normalized,order.")
+ModeOpt = typer.Option("auto", "--mode", help="auto | tensor | statistics")
+ThresholdOpt = typer.Option([], "--threshold", "-t", metavar="NAME=VALUE",
+                            help="Verdict threshold NAME=VALUE (repeatable).")
+WorkersOpt = typer.Option(None, "--workers", "-j", min=1,
+                          help="Metric workers (default: cores; processes for comparisons >= 64 MB).")
 
 
 def _run_compare(archive, target, bench, iteration, rank, mapping, strategy, mode, threshold, workers,
                  store: bool = True):
-    """Run a comparison for the CLI (``store``: keep the results in the archive)."""
+    """Run a comparison for the CLI (``store``: keep the results in the archive).
+
+    Raises DumpdbError (exit 2) when no pair is formed: there is nothing to judge,
+    and a script must not read that as "no difference".
+    """
     from dumpdb.compare.engine import compare
 
-    a = dumpdb.open(_archive_path(archive))
+    a = _open(archive)
     strategies = tuple(s.strip() for s in strategy.split(",")) if strategy else None
     options = dict(iteration=iteration, rank=rank, mapping=mapping, mode=mode,
                    thresholds=_thresholds(threshold), workers=workers, store_results=store)
     if strategies:
         options["strategies"] = strategies
-    with Progress(SpinnerColumn(), TextColumn("comparing"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=err, transient=True) as bar:
+    with _progress("comparing") as bar:
         task = bar.add_task("compare", total=None)
         outcome = compare(a, target, bench, progress=lambda done, total: bar.update(task, completed=done, total=total),
                           **options)
+    sm = outcome.summary
+    if sm["pairs"] == 0:
+        raise DumpdbError(
+            f"no pairs formed between {sm['target']} and {sm['bench']} ({sm['unmatched_target']} target, "
+            f"{sm['unmatched_bench']} bench tensors unmatched): check the selections (iteration, rank) "
+            "or give a --mapping")
     return outcome
 
 
-def _print_divergence(fd) -> None:
+def _v(value: Any) -> str:
+    """A value in a message: absent -> '-', never 'None'; floats to 6 significant digits."""
+    if value is None:
+        return "-"
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def _divergence_lines(fd) -> list[str]:
     if fd is None:
-        out.print("[green]no divergence: no pair fails the rule[/green]")
-        return
+        return ["no divergence: no pair fails the rule"]
     where = f"{fd['code_file']}:{fd['code_line']}  {fd['code_text']}" if fd.get("code_file") else "-"
     metric = ", ".join(f"{k} {fd[k]:.6g}" for k in ("cosine", "max_abs_err", "max_rel_err", "mean_rel_diff")
                        if isinstance(fd.get(k), float))
-    out.print(f"[bold red]first divergence[/bold red]: iteration {fd['iteration']}, position {fd['position']}: "
-              f"{fd['op_type']} {fd['io']}.{fd['slot']}", highlight=False)
-    out.print(f"  op      {fd['target_name']}", highlight=False)
-    out.print(f"  scope   {fd['scope_name'] or '-'}", highlight=False)
-    out.print(f"  source  {where}", highlight=False)
-    out.print(f"  metrics {metric or '-'}  ({fd['err_message'] or fd['result']})", highlight=False)
+    lines = [f"first divergence: iteration {_v(fd['iteration'])}, position {_v(fd['position'])}: "
+             f"{_v(fd['op_type'])} {fd['io']}.{fd['slot']}",
+             f"  op      {fd['target_name']}",
+             f"  scope   {fd['scope_name'] or '-'}",
+             f"  source  {where}",
+             f"  metrics {metric or '-'}  ({fd['err_message'] or fd['result']})"]
     if fd["path"]:
-        out.print("  path    " + "\n          ".join(fd["path"]) + "\n          -> " + fd["target_name"],
-                  highlight=False)
+        lines.append("  path    " + "\n          ".join(fd["path"]) + "\n          -> " + fd["target_name"])
+    return lines
+
+
+def _print_divergence(fd, stderr: bool = False) -> None:
+    for i, line in enumerate(_divergence_lines(fd)):
+        style = "green" if fd is None else ("bold red" if i == 0 else None)
+        _say(line, stderr=stderr, style=style)
 
 
 @app.command("compare")
 def compare_cmd(
     target: str = CompareTarget, bench: str = CompareBench, archive: Optional[Path] = ArchiveOpt,
-    iteration: Optional[int] = typer.Option(None, "--iteration", "-i",
-        help="Iteration for both sides (if not in the selection)."),
-    rank: Optional[int] = typer.Option(None, "--rank", help="Rank for both sides (if not in the selection)."),
-    mapping: Optional[Path] = typer.Option(None, "--mapping", "-m",
-        help="Name mapping file (CSV target,bench or YAML; msprobe mapping yaml)."),
-    strategy: Optional[str] = typer.Option(None, "--strategy",
-        help="Alignment strategies in order, e.g. exact,normalized,order."),
-    mode: str = typer.Option("auto", "--mode", help="auto | tensor | statistics"),
-    threshold: list[str] = typer.Option([], "--threshold", "-t", help="Verdict threshold NAME=VALUE (repeatable)."),
+    iteration: Optional[int] = IterationOpt,
+    rank: Optional[int] = RankOpt,
+    mapping: Optional[Path] = MappingOpt,
+    strategy: Optional[str] = StrategyOpt,
+    mode: str = ModeOpt,
+    threshold: list[str] = ThresholdOpt,
     csv_file: Optional[Path] = typer.Option(None, "--csv", help="Write msprobe-compatible compare_result CSV."),
     parquet_file: Optional[Path] = typer.Option(None, "--parquet", help="Write all result columns as Parquet."),
     html: Optional[Path] = typer.Option(None, "--html", help="Write a self-contained HTML report."),
-    workers: Optional[int] = typer.Option(None, "--workers", "-j", min=1,
-        help="Metric workers (default: cores; processes for comparisons >= 64 MB)."),
-    show: int = typer.Option(20, "--show", help="Failing pairs to list (0: none)."),
+    workers: Optional[int] = WorkersOpt,
+    show: int = typer.Option(20, "--show", help="Failing pairs listed by --format table (0: none)."),
     fail_on: Optional[str] = typer.Option(None, "--fail-on", help="Exit 1 if any pair is 'error' (or 'warning')."),
     store: bool = typer.Option(True, "--store/--no-store",
-        help="Keep the results in the archive (compares, compare_results)."),
+                               help="Keep the results in the archive (compares, compare_results)."),
+    fmt: str = typer.Option("table", "--format", "-f",
+                            help=FORMAT_HELP + " table: summary and failing pairs; others: every pair's row."),
+    output: Optional[Path] = OutputOpt,
 ) -> None:
-    """Compare two runs, or two iterations/ranks of one run, tensor by tensor."""
+    """Compare two runs, or two iterations/ranks of one run, tensor by tensor.
+    Exit 2 if no pair is formed."""
     if fail_on not in (None, "error", "warning"):
-        _fail(DumpdbError(f"--fail-on {fail_on!r}: use error or warning"))
-    try:
-        outcome = _run_compare(archive, target, bench, iteration, rank, mapping, strategy, mode, threshold, workers,
-                               store)
-    except DumpdbError as exc:
-        _fail(exc)
-    except OSError as exc:
-        _fail(DumpdbError(f"{getattr(exc, 'filename', '') or 'compare'}: {exc.strerror or exc}"))
+        raise DumpdbError(f"--fail-on {fail_on!r}: use error or warning")
+    _check_format(fmt, output)
+    outcome = _run_compare(archive, target, bench, iteration, rank, mapping, strategy, mode, threshold, workers,
+                           store)
+    rows_out = fmt != "table" or output is not None
     sm = outcome.summary
-    if sm["pairs"] == 0:
-        out.print(f"[yellow]no pairs formed between {sm['target']} and {sm['bench']}[/yellow] "
-                  f"({sm['unmatched_target']} target, {sm['unmatched_bench']} bench tensors unmatched): "
-                  "check the selections (iteration, rank) or give a --mapping", highlight=False)
-    out.print(f"compare {sm['compare_id'] or '(not stored)'}: "
-              f"[bold]{sm['target']}[/bold] vs [bold]{sm['bench']}[/bold] "
-              f"({sm['mode']}): {sm['pairs']} pairs: [green]{sm['pass']} pass[/green], "
-              f"[yellow]{sm['warning']} warning[/yellow], [red]{sm['error']} error[/red]; unmatched "
-              f"{sm['unmatched_target']} target, {sm['unmatched_bench']} bench", highlight=False)
+    say = (lambda m, style=None: _say(m, stderr=rows_out, style=style))  # noqa: E731
+    say(f"compare {sm['compare_id'] or '(not stored)'}: {sm['target']} vs {sm['bench']} ({sm['mode']}): "
+        f"{sm['pairs']} pairs: {sm['pass']} pass, {sm['warning']} warning, {sm['error']} error; "
+        f"unmatched {sm['unmatched_target']} target, {sm['unmatched_bench']} bench")
     strategies = ", ".join(f"{k} {v}" for k, v in sm["strategies"].items() if v)
-    out.print(f"  matched by {strategies or '-'}", highlight=False)
+    say(f"  matched by {strategies or '-'}")
     diff = sm.get("first_difference")
-    if diff is None and sm["pairs"]:
-        out.print("  every pair is identical", highlight=False)
-    elif diff is None:
-        pass
+    if diff is None:
+        say("  every pair is identical")
     else:
-        out.print(f"  first difference: iteration {diff['iteration']}, position {diff['position']}: "
-                  f"{diff['target_name']} {diff['io']}.{diff['slot']} (max_abs_err {diff['max_abs_err']}, "
-                  f"cosine {diff['cosine']}, {diff['target_dtype']} vs {diff['bench_dtype']}, {diff['result']})",
-                  highlight=False)
-    _print_divergence(outcome.first_divergence)
-    failing = outcome.results.filter(pa_compute.not_equal(outcome.results["result"], "pass"))
-    if show and failing.num_rows:
-        cols = ["pair_index", "iteration", "op_type", "target_name", "io", "slot", "cosine", "max_abs_err",
-                "max_rel_err", "result"]
-        output.write_table(failing.select(cols), out, show)
+        say(f"  first difference: iteration {_v(diff['iteration'])}, position {_v(diff['position'])}: "
+            f"{diff['target_name']} {diff['io']}.{diff['slot']} (max_abs_err {_v(diff['max_abs_err'])}, "
+            f"cosine {_v(diff['cosine'])}, {_v(diff['target_dtype'])} vs {_v(diff['bench_dtype'])}, "
+            f"{diff['result']})")
+    _print_divergence(outcome.first_divergence, stderr=rows_out)
+    if rows_out:
+        _emit(outcome.results, fmt, output)
+    else:
+        import pyarrow.compute as pc
+
+        failing = outcome.results.filter(pc.not_equal(outcome.results["result"], "pass"))
+        if show and failing.num_rows:
+            cols = ["pair_index", "iteration", "op_type", "target_name", "io", "slot", "cosine", "max_abs_err",
+                    "max_rel_err", "result"]
+            _emit(failing.select(cols), "table", None, max_rows=show, more=f"--show {failing.num_rows}")
     if outcome.unmatched.num_rows:
         names = outcome.unmatched.to_pylist()
-        out.print(f"unmatched ({len(names)}): " + ", ".join(
-            f"{u['side']}:{u['name']}.{u['io']}.{u['slot']}" for u in names[:12]) + (" ..." if len(names) > 12 else ""),
-            highlight=False)
-    try:
-        _write_compare_outputs(outcome, csv_file, parquet_file, html)
-    except OSError as exc:
-        _fail(DumpdbError(f"{exc.filename or 'output'}: {exc.strerror or exc}"))
+        say(f"unmatched ({len(names)}): " + ", ".join(
+            f"{u['side']}:{u['name']}.{u['io']}.{u['slot']}" for u in names[:12]) + (" ..." if len(names) > 12 else ""))
+    _write_compare_outputs(outcome, csv_file, parquet_file, html)
     if fail_on and (sm["error"] or (fail_on == "warning" and sm["warning"])):
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_FOUND)
 
 
 def _write_compare_outputs(outcome, csv_file, parquet_file, html) -> None:
@@ -398,92 +731,100 @@ def _write_compare_outputs(outcome, csv_file, parquet_file, html) -> None:
     sm = outcome.summary
     if csv_file:
         export.write_msprobe_csv(outcome.results, csv_file)
-        err.print(f"msprobe-compatible CSV written to {csv_file}", style="dim")
+        _say(f"msprobe-compatible CSV written to {csv_file}", stderr=True, style="dim")
     if parquet_file:
         export.write_parquet(outcome.results, parquet_file)
-        err.print(f"Parquet written to {parquet_file}", style="dim")
+        _say(f"Parquet written to {parquet_file}", stderr=True, style="dim")
     if html:
         from dumpdb.render.report import write_compare_report
 
         write_compare_report(html, summary=sm, results=outcome.results, unmatched=outcome.unmatched,
                              first_divergence=outcome.first_divergence)
-        err.print(f"HTML report written to {html}", style="dim")
+        _say(f"HTML report written to {html}", stderr=True, style="dim")
 
 
 @app.command("first-divergence")
 def first_divergence_cmd(
     target: str = CompareTarget, bench: str = CompareBench, archive: Optional[Path] = ArchiveOpt,
-    iteration: Optional[int] = typer.Option(None, "--iteration", "-i"),
-    rank: Optional[int] = typer.Option(None, "--rank"),
-    mapping: Optional[Path] = typer.Option(None, "--mapping", "-m"),
-    strategy: Optional[str] = typer.Option(None, "--strategy"),
-    mode: str = typer.Option("auto", "--mode"),
-    threshold: list[str] = typer.Option([], "--threshold", "-t"),
-    workers: Optional[int] = typer.Option(None, "--workers", "-j", min=1),
+    iteration: Optional[int] = IterationOpt,
+    rank: Optional[int] = RankOpt,
+    mapping: Optional[Path] = MappingOpt,
+    strategy: Optional[str] = StrategyOpt,
+    mode: str = ModeOpt,
+    threshold: list[str] = ThresholdOpt,
+    workers: Optional[int] = WorkersOpt,
+    fmt: str = typer.Option("table", "--format", "-f",
+                            help=FORMAT_HELP + " Non-table formats: one row, or none if nothing diverges."),
+    output: Optional[Path] = OutputOpt,
 ) -> None:
     """The first op, in execution order, whose output fails the rule; its scope,
-    source line and the ops before it. Exit 1 if there is one. (Nothing is stored:
-    use 'dumpdb compare' to keep results.)"""
-    try:
-        outcome = _run_compare(archive, target, bench, iteration, rank, mapping, strategy, mode, threshold, workers,
-                               store=False)
-    except DumpdbError as exc:
-        _fail(exc)
-    _print_divergence(outcome.first_divergence)
-    if outcome.first_divergence is not None:
-        raise typer.Exit(1)
+    source line and the ops before it. Exit 1 if there is one, 2 if no pair is formed.
+    (Nothing is stored: use 'dumpdb compare' to keep results.)"""
+    _check_format(fmt, output)
+    outcome = _run_compare(archive, target, bench, iteration, rank, mapping, strategy, mode, threshold, workers,
+                           store=False)
+    fd = outcome.first_divergence
+    if fmt == "table" and output is None:
+        _print_divergence(fd)
+    else:
+        _emit(Rows.from_dicts([fd] if fd is not None else []), fmt, output)
+    if fd is not None:
+        raise typer.Exit(EXIT_FOUND)
 
 
 @app.command("scan")
 def scan_cmd(
     run: str = typer.Argument(..., help="Run name."), archive: Optional[Path] = ArchiveOpt,
-    check: list[str] = typer.Option([], "--check", "-c",
-        help="Check NAME or NAME:param=value,... (repeatable; default nan, inf, fp16_overflow, all_zero)."),
-    iteration: Optional[int] = typer.Option(None, "--iteration", "-i"),
-    rank: Optional[int] = typer.Option(None, "--rank"),
+    check: list[str] = typer.Option([], "--check", "-c", help="Check NAME or NAME:param=value,... (repeatable; "
+                                    "default nan, inf, fp16_overflow, all_zero)."),
+    iteration: Optional[int] = typer.Option(None, "--iteration", "-i", help="Only this iteration."),
+    rank: Optional[int] = typer.Option(None, "--rank", help="Only this rank."),
     all_hits: bool = typer.Option(False, "--all", help="Every hit, not only the first per check and iteration."),
     html: Optional[Path] = typer.Option(None, "--html", help="Write a self-contained HTML report."),
     list_checks: bool = typer.Option(False, "--list", help="List the checks and their parameters."),
-    max_rows: int = typer.Option(50, "--max-rows"),
+    max_rows: int = typer.Option(50, "--max-rows", help="Rows shown by --format table (0: all)."),
+    fmt: str = FormatOpt,
+    output: Optional[Path] = OutputOpt,
 ) -> None:
     """First NaN/Inf per iteration and rank, fp16 overflow, all-zero tensors and
-    MindInsight watch conditions, answered from the catalog's statistics."""
+    MindInsight watch conditions, answered from the catalog's statistics.
+    Exit 1 if there is a hit."""
     from dumpdb.checks import scan as scan_mod
 
+    _check_format(fmt, output)
     if list_checks:
-        view = Table(header_style="bold")
-        for col in ("check", "parameters", "reads tensors", "description"):
-            view.add_column(col, overflow="fold")
-        for name, c in scan_mod.CHECKS.items():
-            params = ", ".join(f"{k}={v}" for k, v in (c.params or {}).items())
-            view.add_row(name, params or "-", "yes" if c.needs_tensors else "no", c.description)
-        out.print(view)
+        rows = [(name, ", ".join(f"{k}={v}" for k, v in (c.params or {}).items()) or None,
+                 "yes" if c.needs_tensors else "no", c.description) for name, c in scan_mod.CHECKS.items()]
+        _emit(Rows(["check", "parameters", "reads tensors", "description"], rows), fmt, output, footer=False)
         return
-    try:
-        names, params = [], {}
-        for spec in check:
-            name, values = scan_mod.parse_check_spec(spec)
-            names.append(name)
-            if values:
-                params[name] = values
-        hits = dumpdb.open(_archive_path(archive)).scan(run, names or None, iteration=iteration, rank=rank,
-                                                        params=params or None, first_only=not all_hits)
-    except DumpdbError as exc:
-        _fail(exc)
-    cols = [c for c in ("check", "iteration", "rank", "position", "op_type", "op_name", "io", "slot", "value",
-                        "code_line", "code_text") if c in hits.column_names]
-    if hits.num_rows == 0:
-        out.print("[green]no hits[/green]")
+    names, params = [], {}
+    for spec in check:
+        name, values = scan_mod.parse_check_spec(spec)
+        names.append(name)
+        if values:
+            params[name] = values
+    hits = _open(archive).scan(run, names or None, iteration=iteration, rank=rank,
+                               params=params or None, first_only=not all_hits)
+    if fmt == "table" and output is None:
+        cols = [c for c in ("check", "iteration", "rank", "position", "op_type", "op_name", "io", "slot", "value",
+                            "code_line", "code_text") if c in hits.column_names]
+        if hits.num_rows == 0:
+            _say("no hits", style="green")
+        else:
+            _emit(hits.select(cols), fmt, None, max_rows=max_rows or None)
     else:
-        output.write_table(hits.select(cols), out, max_rows or None)
+        _emit(hits, fmt, output)
     if html:
         from dumpdb.render.report import write_scan_report
 
         write_scan_report(html, run=run, summary={"run": run, "checks": names or "default", "hits": hits.num_rows},
                           hits=hits)
-        err.print(f"HTML report written to {html}", style="dim")
+        _say(f"HTML report written to {html}", stderr=True, style="dim")
+    if hits.num_rows:
+        raise typer.Exit(EXIT_FOUND)
 
 
+# -- archival -----------------------------------------------------------------------------------
 @app.command()
 def prune(
     run: str = typer.Argument(..., help="Run name."), archive: Optional[Path] = ArchiveOpt,
@@ -493,13 +834,9 @@ def prune(
     """Drop a run's tensor payloads but keep its catalog rows and statistics
     (space comes back with 'dumpdb gc')."""
     if not keep_stats:
-        _fail(DumpdbError("prune keeps rows and statistics and drops payloads: pass --keep-stats to confirm"))
-    try:
-        n = dumpdb.open(_archive_path(archive)).prune(run, iterations)
-    except DumpdbError as exc:
-        _fail(exc)
-    out.print(f"pruned the payloads of {n} tensors of run {run}; run 'dumpdb gc' to reclaim the space",
-              highlight=False)
+        raise DumpdbError("prune keeps rows and statistics and drops payloads: pass --keep-stats to confirm")
+    n = _open(archive).prune(run, iterations)
+    _say(f"pruned the payloads of {n} tensors of run {run}; run 'dumpdb gc{_a(archive)}' to reclaim the space")
 
 
 @app.command("rm")
@@ -508,45 +845,40 @@ def rm_cmd(
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask."),
 ) -> None:
     """Delete a run from the catalog (space comes back with 'dumpdb gc')."""
-    if not yes and not typer.confirm(f"delete run {run!r} and its comparisons?", default=False):
-        raise typer.Exit(1)
-    try:
-        n = dumpdb.open(_archive_path(archive)).remove_run(run)
-    except DumpdbError as exc:
-        _fail(exc)
-    out.print(f"removed run {run} ({n} tensors); run 'dumpdb gc' to reclaim the space", highlight=False)
+    if not yes:
+        if not sys.stdin.isatty():
+            raise DumpdbError(f"rm {run}: not confirmed; pass --yes (no terminal to ask on)")
+        if not typer.confirm(f"delete run {run!r} and its comparisons?", default=False):
+            _say("nothing deleted", stderr=True)
+            return
+    n = _open(archive).remove_run(run)
+    _say(f"removed run {run} ({n} tensors); run 'dumpdb gc{_a(archive)}' to reclaim the space")
 
 
 @app.command()
 def gc(archive: Optional[Path] = ArchiveOpt) -> None:
     """Reclaim store space no tensor uses any more (payloads other runs use stay).
     Run it when no other process uses the archive."""
-    try:
-        report = dumpdb.open(_archive_path(archive)).gc()
-    except DumpdbError as exc:
-        _fail(exc)
-    out.print(f"reclaimed {_human(report.reclaimed)} ({_human(report.bytes_before)} -> {_human(report.bytes_after)}): "
-              f"{report.arrays_deleted} arrays deleted, {report.packs_compacted} packs compacted, "
-              f"{report.blobs_dropped} payloads dropped", highlight=False)
+    report = _open(archive).gc()
+    _say(f"reclaimed {_human(report.reclaimed)} ({_human(report.bytes_before)} -> {_human(report.bytes_after)}): "
+         f"{report.arrays_deleted} arrays deleted, {report.packs_compacted} packs compacted, "
+         f"{report.blobs_dropped} payloads dropped")
 
 
 @app.command()
 def migrate(archive: Optional[Path] = ArchiveOpt) -> None:
     """Upgrade the catalog schema (also done automatically on open; a copy goes to backups/)."""
-    from dumpdb.archive import CATALOG
+    import dumpdb.archive
     from dumpdb.catalog import Catalog, latest_version
 
     path = _archive_path(archive)
-    try:
-        dumpdb.archive.check_marker(path)
-        applied = Catalog(path / CATALOG).migrate()
-    except DumpdbError as exc:
-        _fail(exc)
+    dumpdb.archive.check_marker(path)
+    applied = Catalog(path / dumpdb.archive.CATALOG).migrate()
     if applied:
-        out.print(f"applied migrations {', '.join(f'{m.version:03d}_{m.name}' for m in applied)}; "
-                  f"schema version {applied[-1].version}", highlight=False)
+        _say(f"applied migrations {', '.join(f'{m.version:03d}_{m.name}' for m in applied)}; "
+             f"schema version {applied[-1].version}")
     else:
-        out.print(f"schema is current (version {latest_version()})", highlight=False)
+        _say(f"schema is current (version {latest_version()})")
 
 
 @app.command()
@@ -556,13 +888,9 @@ def export(
 ) -> None:
     """Export runs as a self-describing bundle (Parquet catalog rows + Zarr payloads + manifest),
     readable without dumpdb."""
-    try:
-        path = dumpdb.open(_archive_path(archive)).export(runs, to)
-    except DumpdbError as exc:
-        _fail(exc)
+    path = _open(archive).export(runs, to)
     size = _human(path.stat().st_size) if path.is_file() else "directory"
-    out.print(f"exported {', '.join(runs)} to {path} ({size})",
-              highlight=False)
+    _say(f"exported {', '.join(runs)} to {path} ({size})")
 
 
 @app.command("import")
@@ -578,20 +906,17 @@ def import_cmd(
     for item in rename:
         old, sep, new = item.partition("=")
         if not sep or not old or not new:
-            _fail(DumpdbError(f"--rename {item!r}: write OLD=NEW"))
+            raise DumpdbError(f"--rename {item!r}: write OLD=NEW")
         mapping[old] = new
     path = _archive_path(archive)
-    try:
-        if not is_archive(path):
-            create_archive(path)
-        report = dumpdb.open(path).import_bundle(bundle, mapping)
-    except DumpdbError as exc:
-        _fail(exc)
+    if not is_archive(path):
+        create_archive(path)
+    report = _open(path).import_bundle(bundle, mapping)
     if report.runs_imported:
-        out.print(f"imported {', '.join(report.runs_imported)}: {report.tensors} tensors, {report.payloads_added} "
-                  f"payloads stored, {report.payloads_present} already in the archive", highlight=False)
+        _say(f"imported {', '.join(report.runs_imported)}: {report.tensors} tensors, {report.payloads_added} "
+             f"payloads stored, {report.payloads_present} already in the archive")
     if report.runs_skipped:
-        out.print(f"already in the archive, skipped: {', '.join(report.runs_skipped)}", highlight=False)
+        _say(f"already in the archive, skipped: {', '.join(report.runs_skipped)}")
 
 
 @app.command()
@@ -603,52 +928,52 @@ def verify(
 ) -> None:
     """Re-read every stored payload, hash it again and compare with the catalog.
     Lists each damaged tensor (run, op, io, slot); exit 1 if any."""
-    try:
-        a = dumpdb.open(_archive_path(archive))
-        with Progress(SpinnerColumn(), TextColumn("verifying"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), console=err, transient=True) as bar:
-            task = bar.add_task("verify", total=None)
-            report = a.verify(run, sample=sample, seed=seed,
-                              progress=lambda done, total: bar.update(task, completed=done, total=total))
-    except DumpdbError as exc:
-        _fail(exc)
+    a = _open(archive)
+    with _progress("verifying") as bar:
+        task = bar.add_task("verify", total=None)
+        report = a.verify(run, sample=sample, seed=seed,
+                          progress=lambda done, total: bar.update(task, completed=done, total=total))
     scope = f"run {run}" if run else "archive"
     checked = (f"{report.blobs_checked} of {report.blobs_total} payloads ({_human(report.bytes_checked)}), "
                f"{report.shards_checked} shard checksums")
     if report.ok:
-        out.print(f"[green]ok[/green]: {scope}: {checked}: all as recorded", highlight=False)
+        _say(f"ok: {scope}: {checked}: all as recorded", style="green")
         return
     for array_path, reason in report.damaged_shards.items():
-        out.print(f"[red]damaged shard[/red] {array_path}: {reason}", highlight=False)
-    out.print(f"[red]damaged[/red]: {scope}: {len(report.damaged)} of the {report.blobs_checked} payloads checked "
-              f"({report.blobs_total} in scope), {len(report.damaged_shards)} shards; "
-              f"{report.damaged_tensors.num_rows} tensors affected", highlight=False)
+        _say(f"damaged shard {array_path}: {reason}", style="red")
+    _say(f"damaged: {scope}: {len(report.damaged)} of the {report.blobs_checked} payloads checked "
+         f"({report.blobs_total} in scope), {len(report.damaged_shards)} shards; "
+         f"{report.damaged_tensors.num_rows} tensors affected", style="red")
     if report.damaged_tensors.num_rows:
-        output.write_table(report.damaged_tensors.select(
-            ["run", "tensor_id", "iteration", "op_name", "io", "slot", "reason"]), out, 50)
-    raise typer.Exit(1)
+        _emit(report.damaged_tensors.select(["run", "tensor_id", "iteration", "op_name", "io", "slot", "reason"]),
+              "table", None, max_rows=None)
+    raise typer.Exit(EXIT_FOUND)
 
 
 @app.command()
-def layouts() -> None:
+def layouts(
+    fmt: str = FormatOpt,
+    output: Optional[Path] = OutputOpt,
+) -> None:
     """List the dump layouts dumpdb reads, with the document each comes from."""
     from dumpdb.layouts import LAYOUTS
 
-    view = Table(header_style="bold")
-    for col in ("layout", "description", "source"):
-        view.add_column(col, overflow="fold")
-    for lay in LAYOUTS:
-        view.add_row(lay.name, lay.description, lay.document)
-    out.print(view)
+    _check_format(fmt, output)
+    _emit(Rows(["layout", "description", "source"], [(lay.name, lay.description, lay.document) for lay in LAYOUTS]),
+          fmt, output, footer=False)
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point: the app with the top-level handler (see :class:`_Commands`).
+
+    A Ctrl-C outside a command (while parsing, or in click itself) also ends as
+    one line and exit 130, not click's "Aborted!".
+    """
     try:
-        app()
+        app(standalone_mode=True)
     except KeyboardInterrupt:
-        err.print("[yellow]interrupted[/yellow]")
-        sys.exit(130)
+        _say("interrupted", stderr=True, style="yellow")
+        sys.exit(EXIT_INTERRUPTED)
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        sys.exit(0)
+        sys.exit(EXIT_OK)

@@ -21,6 +21,9 @@ Hierarchy::
     ├── BadDump                      the input as a whole is unusable
     ├── DumpFileError                one file of a dump (recorded, ingest goes on)
     └── BundleError                  an export bundle is damaged, hostile or unreadable
+
+    DumpdbWarning (a UserWarning)    something left out on purpose (e.g. .pt payloads
+                                     without PyTorch); the CLI prints it as one line
 """
 
 from __future__ import annotations
@@ -88,3 +91,8 @@ class BundleError(DumpdbError):
 
     Raised before anything of the bundle enters the archive.
     """
+
+
+class DumpdbWarning(UserWarning):
+    """Something dumpdb left out on purpose and says once (e.g. ``.pt`` payloads not
+    stored because PyTorch is missing: the statistics are kept). Not an error: exit 0."""

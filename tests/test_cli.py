@@ -25,7 +25,7 @@ def test_ingest_sql_runs_show(tmp_path):
     r = invoke("sql", "--archive", archive, "--format", "csv",
                "SELECT iteration, count(*) AS n FROM tensors GROUP BY ALL ORDER BY iteration")
     assert r.exit_code == 0
-    assert r.stdout.splitlines() == ['"iteration","n"', "0,14", "2,14", "3,14"]
+    assert r.stdout.splitlines() == ['iteration,n', "0,14", "2,14", "3,14"]
     r = invoke("sql", "-a", archive, "-f", "json", "SELECT shape, max FROM tensors WHERE op_type='MatMul' AND slot=2 LIMIT 1")
     assert json.loads(r.stdout) == [{"shape": [], "max": 0.0}]
     out = tmp_path / "t.parquet"

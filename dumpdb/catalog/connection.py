@@ -26,16 +26,25 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import duckdb
-import pyarrow as pa
 
 from dumpdb import __version__
 from dumpdb.catalog.migrations import Migration, latest_version, load_migrations
 from dumpdb.errors import ArchiveError, CatalogCorrupt, CatalogVersionError
 
+if TYPE_CHECKING:
+    import pyarrow as pa
+
 DEFAULT_LOCK_TIMEOUT = float(os.environ.get("DUMPDB_LOCK_TIMEOUT", "120"))
+
+# DuckDB 2 writes a storage format DuckDB 1.x cannot read by default; the DuckDB CLI
+# and most libraries users have are 1.x. A catalog is created with this storage
+# version (DuckDB's `storage_compatibility_version` setting, docs: "Storage
+# versions and format") so every DuckDB >= 1.4 opens it. Checked by
+# tests/test_cli_duckdb1.py with the latest duckdb<2 from PyPI.
+STORAGE_COMPATIBILITY = "v1.4.0"
 
 
 def is_lock_error(exc: Exception) -> bool:
@@ -71,7 +80,9 @@ class Catalog:
         warned = False
         while True:
             try:
-                return duckdb.connect(str(self.path), read_only=read_only)
+                config: dict[str, str | bool | int | float | list[str]] = (
+                    {} if read_only else {"storage_compatibility_version": STORAGE_COMPATIBILITY})
+                return duckdb.connect(str(self.path), read_only=read_only, config=config)
             except duckdb.IOException as exc:
                 if not is_lock_error(exc):
                     raise ArchiveError(f"{self.path}: cannot open catalog: {exc}") from exc

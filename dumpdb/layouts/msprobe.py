@@ -71,13 +71,18 @@ rank and step. ``debug.json`` (level debug) and ``kernel_config_*.json`` (level 
 output is a CANN dump) are not read by this layout.
 
 Payloads: ``.npy`` through :func:`dumpdb.npy.read_npy`; ``.pt`` through ``torch.load``
-(optional dependency ``dumpdb[torch]``, imported only when a ``.pt`` is read).
+(optional dependency ``dumpdb[torch]``, imported only when a ``.pt`` is read). Without
+PyTorch a ``.pt`` tensor keeps its ``dump.json`` statistics, its payload is not stored
+(``content_hash`` NULL, ``note`` says why) and the scan issues one
+:class:`~dumpdb.errors.DumpdbWarning` for the whole dump (issue 16).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import re
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -86,7 +91,7 @@ import numpy as np
 
 from dumpdb.dtypes import BFLOAT16, dtype_name, from_dump_name
 from dumpdb.dumpio import MAX_TEXT_BYTES, read_dump_text, reason
-from dumpdb.errors import DumpdbError, DumpFileError, LayoutError
+from dumpdb.errors import DumpdbError, DumpdbWarning, DumpFileError, LayoutError
 from dumpdb.layouts.base import (
     DumpScan,
     Layout,
@@ -311,6 +316,7 @@ class MsprobeDump(Layout):
     document = "reference formats.md section 1 (msprobe 26.2.0); corpus msprobe-torch-cpu"
     priority = 30
     stats_label = "dump.json"
+    _pt_not_stored = 0  # .pt payloads left out by the current scan (no PyTorch)
 
     def detect(self, root: Path) -> bool:
         return bool(find_rank_dirs(Path(root), first_only=True))
@@ -328,9 +334,15 @@ class MsprobeDump(Layout):
                 "ingest them one at a time")
         dump_path, rank_dirs = found[0]
         scan = DumpScan(layout=self.name, root=root)
+        self._pt_not_stored = 0
         self._read_config(root, dump_path, scan)
         for rank_dir in rank_dirs:
             self._scan_rank_dir(root, rank_dir, scan)
+        if self._pt_not_stored:
+            # One line for the whole dump, not one per file: the statistics are kept (issue 16).
+            warnings.warn(f"{root}: {self._pt_not_stored} .pt payloads not stored (statistics from dump.json "
+                          "kept): reading .pt tensors needs PyTorch: pip install 'dumpdb[torch]'",
+                          DumpdbWarning, stacklevel=2)
         return scan
 
     # -- metadata --------------------------------------------------------------
@@ -446,6 +458,10 @@ class MsprobeDump(Layout):
                 scan.errors.append((file_rel, f"missing: dump.json ({key}) names it; statistics from "
                                               "dump.json kept"))
                 notes.append(f"payload file {DATA_DIR}/{data_name} missing")
+            elif data_name.lower().endswith(".pt") and not torch_available():
+                entry.source_file = file_rel  # path stays None: statistics only, counted for one warning
+                notes.append("payload not stored: reading .pt needs PyTorch (pip install 'dumpdb[torch]')")
+                self._pt_not_stored += 1
             else:
                 entry.source_file = file_rel
                 entry.path = str(rank_dir / DATA_DIR / data_name)
@@ -528,6 +544,16 @@ class MsprobeDump(Layout):
         if entry.shape_declared is not None and tuple(entry.shape_declared) != array.shape:
             notes.append(f"dump.json declares shape {list(entry.shape_declared)}, payload is {list(array.shape)}")
         return LoadedTensor(array, "; ".join(notes) or None)
+
+
+@functools.cache
+def torch_available() -> bool:
+    """True if ``import torch`` works (tried once, only when a dump holds ``.pt`` files)."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def load_pt(path: str | os.PathLike, where: str) -> np.ndarray:

@@ -2,7 +2,8 @@
 (``migrations``), and the schema they define (``schema``: tables, columns, types,
 comments)."""
 
-from dumpdb.catalog import schema
+# ``schema`` (a submodule: ``from dumpdb.catalog import schema``) imports pyarrow, so it is not
+# loaded here: a plain query starts without pyarrow.
 from dumpdb.catalog.connection import DEFAULT_LOCK_TIMEOUT, Catalog, insert_arrow, one
 from dumpdb.catalog.migrations import Migration, latest_version, load_migrations, migrations_dir
 
@@ -15,5 +16,4 @@ __all__ = [
     "load_migrations",
     "migrations_dir",
     "one",
-    "schema",
 ]

@@ -372,19 +372,19 @@ def compare_cmd(
             f"{u['side']}:{u['name']}.{u['io']}.{u['slot']}" for u in names[:12]) + (" ..." if len(names) > 12 else ""),
             highlight=False)
     try:
-        _write_compare_outputs(outcome, csv_file, parquet_file, html)
+        _write_compare_outputs(outcome, csv_file, parquet_file, html, archive)
     except OSError as exc:
         _fail(DumpdbError(f"{exc.filename or 'output'}: {exc.strerror or exc}"))
     if fail_on and (sm["error"] or (fail_on == "warning" and sm["warning"])):
         raise typer.Exit(1)
 
 
-def _write_compare_outputs(outcome, csv_file, parquet_file, html) -> None:
+def _write_compare_outputs(outcome, csv_file, parquet_file, html, archive=None) -> None:
     from dumpdb.render import msprobe_csv as export
 
     sm = outcome.summary
     if csv_file:
-        export.write_msprobe_csv(outcome.results, csv_file)
+        export.write_msprobe_csv(outcome.results, csv_file, archive=dumpdb.open(_archive_path(archive)))
         err.print(f"msprobe-compatible CSV written to {csv_file}", style="dim")
     if parquet_file:
         export.write_parquet(outcome.results, parquet_file)

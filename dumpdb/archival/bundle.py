@@ -41,7 +41,7 @@ from dumpdb.errors import DumpdbError
 FORMAT = "dumpdb-bundle"
 FORMAT_VERSION = 1
 RUN_TABLES = ("runs", "tensors", "ops", "execution_order", "graph_executions", "overflows",
-              "call_stacks", "module_tree", "ingest_errors")
+              "call_stacks", "module_tree", "msprobe_records", "ingest_errors")
 
 
 @dataclass

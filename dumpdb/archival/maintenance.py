@@ -84,7 +84,7 @@ def remove_run(archive, run: str) -> int:
         con.execute(f"DELETE FROM compare_unmatched WHERE compare_id IN ({ids})", [run, run])
         con.execute("DELETE FROM compares WHERE target_run = ? OR bench_run = ?", [run, run])
         for table in ("tensors", "ops", "execution_order", "graph_executions", "overflows", "call_stacks",
-                      "module_tree", "ingest_errors", "runs"):
+                      "module_tree", "msprobe_records", "ingest_errors", "runs"):
             con.execute(f"DELETE FROM {table} WHERE run = ?", [run])
     return n
 

@@ -103,6 +103,8 @@ STACK_SCHEMA = pa.schema([("run", pa.string()), ("rank", pa.int32()), ("iteratio
                           ("stack_id", pa.string()), ("op_name", pa.string()), ("frames", pa.list_(pa.string()))])
 MODULE_SCHEMA = pa.schema([("run", pa.string()), ("rank", pa.int32()), ("iteration", pa.int64()),
                            ("node", pa.string()), ("parent", pa.string())])
+RECORD_SCHEMA = pa.schema([("run", pa.string()), ("rank", pa.int32()), ("iteration", pa.int64()),
+                           ("position", pa.int32()), ("op_name", pa.string()), ("record", pa.string())])
 ERROR_SCHEMA = pa.schema([("run", pa.string()), ("source_file", pa.string()), ("error", pa.string())])
 
 
@@ -142,6 +144,7 @@ class IngestReport:
 _RELATION_SCHEMAS = {
     "ops": OPS_SCHEMA, "execution_order": ORDER_SCHEMA, "graph_executions": EXEC_SCHEMA,
     "overflows": OVERFLOW_SCHEMA, "call_stacks": STACK_SCHEMA, "module_tree": MODULE_SCHEMA,
+    "msprobe_records": RECORD_SCHEMA,
 }
 
 

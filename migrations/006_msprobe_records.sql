@@ -1,0 +1,12 @@
+-- dumpdb catalog, schema version 6: msprobe dump.json records kept whole, in dump order.
+-- They carry what the tensors table does not: non-tensor arguments (ints, slices, strings,
+-- None gradients) and the order msprobe wrote the records in (its execution order), which
+-- `compare --csv` needs to write msprobe's compare_result rows (reference formats.md 1.3, 2.1).
+CREATE TABLE msprobe_records (
+    run       VARCHAR NOT NULL,
+    rank      INTEGER,           -- R of rank{R}; NULL under proc{PID}
+    iteration BIGINT,            -- N of step{N}
+    position  INTEGER NOT NULL,  -- 0-based index of the record in dump.json "data"
+    op_name   VARCHAR NOT NULL,  -- the record key, e.g. Functional.conv2d.0.forward
+    record    JSON               -- the record as dumped
+);

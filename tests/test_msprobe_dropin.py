@@ -1,0 +1,112 @@
+"""dumpdb compare --csv against real msprobe 26.2.0 compare CSVs (tests/data/msprobe_oracle).
+
+Each oracle case is a pair of real msprobe dumps (bf16-autocast target, fp32 bench) and the
+CSV msprobe wrote for them. dumpdb ingests both, compares, and its CSV must equal msprobe's:
+same header, same rows in the same order, every string cell identical, numbers within
+display rounding; byte for byte where no dumpdb-computed float is involved (statistics and
+md5 modes, and tensor mode on these pairs).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+import dumpdb
+from dumpdb.render.msprobe_csv import write_msprobe_csv
+
+ORACLE = Path(__file__).parent / "data" / "msprobe_oracle"
+CASES = ("tensor_L1", "statistics_L1", "md5_L1", "statistics_mix")
+
+
+@pytest.fixture(scope="module")
+def archive(tmp_path_factory):
+    path = tmp_path_factory.mktemp("oracle") / "a.dumpdb"
+    for case in CASES:
+        for variant in ("fp32", "bf16"):
+            report = dumpdb.ingest(ORACLE / case / variant / "dump", archive=path, run=f"{case}_{variant}")
+            assert report.ok, report.errors
+    return dumpdb.open(path)
+
+
+def _oracle(case: str) -> Path:
+    (found,) = (ORACLE / case).glob("compare_result_*.csv")
+    return found
+
+
+PAIRS = {case: (f"{case}_bf16", f"{case}_fp32") for case in CASES}
+# target with modules (mix) against a bench without them (L1): rows with no bench
+PAIRS["unmatched_mix_vs_L1"] = ("statistics_mix_bf16", "statistics_L1_fp32")
+
+
+def _ours(archive, case: str, tmp_path: Path) -> Path:
+    results = archive.compare(*PAIRS[case])
+    return write_msprobe_csv(results, tmp_path / f"{case}.csv", archive=archive)
+
+
+def _number(cell: str) -> float | None:
+    try:
+        return float(cell)
+    except ValueError:
+        return None
+
+
+@pytest.mark.parametrize("case", PAIRS)
+def test_csv_equals_msprobe_cell_by_cell(archive, case, tmp_path):
+    ours = list(csv.reader(open(_ours(archive, case, tmp_path), newline="", encoding="utf-8")))
+    theirs = list(csv.reader(open(_oracle(case), newline="", encoding="utf-8")))
+    assert ours[0] == theirs[0]  # header: msprobe's columns in msprobe's order, nothing extra
+    assert [r[0] for r in ours] == [r[0] for r in theirs]  # every dump.json entry, msprobe's order
+    header = theirs[0]
+    for mine, ref in zip(ours[1:], theirs[1:]):
+        assert len(mine) == len(ref)
+        for col, a, b in zip(header, mine, ref):
+            x, y = _number(a), _number(b)
+            if x is not None and y is not None and not (math.isnan(x) or math.isnan(y)):
+                assert x == pytest.approx(y, rel=1e-6, abs=1e-9), (ref[0], col, a, b)
+            else:
+                assert a == b, (ref[0], col, a, b)
+
+
+@pytest.mark.parametrize("case", PAIRS)
+def test_csv_byte_identical(archive, case, tmp_path):
+    # statistics and md5 cells come from dump.json; tensor metrics are dumpdb's, formatted
+    # like msprobe's (12-decimal rounding) so they agree to the byte on these pairs too
+    assert _ours(archive, case, tmp_path).read_bytes() == _oracle(case).read_bytes()
+
+
+def test_non_tensor_and_none_rows_are_msprobe_tokens(archive, tmp_path):
+    rows = {r["NPU Name"]: r for r in csv.DictReader(open(_ours(archive, "tensor_L1", tmp_path), newline=""))}
+    alpha = rows["Tensor.add_.0.forward.input.alpha"]
+    assert (alpha["NPU Dtype"], alpha["Cosine"], alpha["NPU max"]) == ("<class 'float'>", "unsupported", "-0.1")
+    none_grad = rows["Functional.conv2d.0.backward.output.0"]
+    assert (none_grad["NPU Dtype"], none_grad["NPU max"], none_grad["Data_name"]) == ("N/A", "None", "['-1', '-1']")
+    first = rows["Functional.conv2d.0.forward.input.0"]
+    assert first["NPU_Stack_Info"].startswith("['File ") and first["Err_message"] == "[]"
+
+
+# -- execution order of msprobe runs (dump.json order) ------------------------------------
+def _dump_json(case: str, variant: str) -> dict:
+    (path,) = (ORACLE / case / variant / "dump").glob("step0/*/dump.json")
+    return json.loads(path.read_text())["data"]
+
+
+def test_execution_order_is_dump_json_order(archive):
+    keys = list(_dump_json("statistics_mix", "bf16"))
+    got = archive.sql("SELECT scope_name FROM execution_order WHERE run = 'statistics_mix_bf16' ORDER BY position")
+    assert got["scope_name"].to_pylist() == keys
+
+
+def test_first_divergence_names_op_position_source_and_module_path(archive):
+    fd = archive.first_divergence("statistics_mix_bf16", "statistics_mix_fp32")
+    # autocast makes conv2d's output bfloat16: the first op of the step diverges
+    assert (fd["target_name"], fd["position"], fd["io"]) == ("Functional.conv2d.0.forward", 0, "output")
+    assert fd["code_file"].endswith("_worker.py") and fd["code_line"] == 19
+    assert "self.conv(x)" in fd["code_text"]
+    node = archive.sql("SELECT node FROM ops WHERE run = 'statistics_mix_bf16' "
+                       "AND scope_name = 'Functional.linear.0.forward'")["node"].to_pylist()
+    assert node == ["Module.mlp.Sequential.forward.0/Module.mlp.0.Linear.forward.0/Functional.linear.0.forward"]

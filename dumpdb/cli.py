@@ -276,14 +276,14 @@ CompareBench = typer.Argument(..., help="Bench (ground truth) selection, same fo
 
 
 def _run_compare(archive, target, bench, iteration, rank, mapping, strategy, mode, threshold, workers,
-                 store: bool = True):
+                 store: bool = True, bench_rank: int | None = None):
     """Run a comparison for the CLI (``store``: keep the results in the archive)."""
     from dumpdb.compare.engine import compare
 
     a = dumpdb.open(_archive_path(archive))
     strategies = tuple(s.strip() for s in strategy.split(",")) if strategy else None
     options = dict(iteration=iteration, rank=rank, mapping=mapping, mode=mode,
-                   thresholds=_thresholds(threshold), workers=workers, store_results=store)
+                   thresholds=_thresholds(threshold), workers=workers, store_results=store, bench_rank=bench_rank)
     if strategies:
         options["strategies"] = strategies
     with Progress(SpinnerColumn(), TextColumn("comparing"), BarColumn(), MofNCompleteColumn(),
@@ -317,6 +317,7 @@ def compare_cmd(
     target: str = CompareTarget, bench: str = CompareBench, archive: Optional[Path] = ArchiveOpt,
     iteration: Optional[int] = typer.Option(None, "--iteration", "-i", help="Iteration for both sides (if not in the selection)."),
     rank: Optional[int] = typer.Option(None, "--rank", help="Rank for both sides (if not in the selection)."),
+    bench_rank: Optional[int] = typer.Option(None, "--bench-rank", help="Rank of the bench side (overrides --rank)."),
     mapping: Optional[Path] = typer.Option(None, "--mapping", "-m", help="Name mapping file (CSV target,bench or YAML; msprobe mapping yaml)."),
     strategy: Optional[str] = typer.Option(None, "--strategy", help="Alignment strategies in order, e.g. exact,normalized,order."),
     mode: str = typer.Option("auto", "--mode", help="auto | tensor | statistics"),
@@ -334,7 +335,7 @@ def compare_cmd(
         _fail(DumpdbError(f"--fail-on {fail_on!r}: use error or warning"))
     try:
         outcome = _run_compare(archive, target, bench, iteration, rank, mapping, strategy, mode, threshold, workers,
-                               store)
+                               store, bench_rank)
     except DumpdbError as exc:
         _fail(exc)
     except OSError as exc:
@@ -397,6 +398,66 @@ def _write_compare_outputs(outcome, csv_file, parquet_file, html, archive=None) 
         err.print(f"HTML report written to {html}", style="dim")
 
 
+def _scan_across_ranks(run, archive, iteration, max_rows) -> None:
+    from dumpdb.checks.ranks import first_bad_across_ranks
+
+    try:
+        bad = first_bad_across_ranks(dumpdb.open(_archive_path(archive)), run, iteration=iteration)
+    except DumpdbError as exc:
+        _fail(exc)
+    if bad.num_rows == 0:
+        out.print("[green]no rank has a NaN/Inf tensor[/green]")
+        return
+    f = bad.to_pylist()[0]
+    where = f"{f['code_file']}:{f['code_line']} {f['code_text']}" if f["code_file"] else "no source line recorded"
+    out.print(f"first bad rank: [bold]{_rank_label(f['rank'])}[/bold], iteration {f['iteration']}, position "
+              f"{f['position']}: {f['op_name']} {f['io']}.{f['slot']} ({where})", highlight=False)
+    output.write_table(bad.select(["order", "rank", "iteration", "position", "timestamp", "op_name", "io", "slot",
+                                   "nan_count", "inf_count", "code_line", "code_text"]), out, max_rows or None)
+
+
+def _rank_label(rank) -> str:
+    return "proc (no rank)" if rank is None else f"rank {rank}"
+
+
+@app.command("ranks")
+def ranks_cmd(
+    run: str = typer.Argument(..., help="Run name."), archive: Optional[Path] = ArchiveOpt,
+    iteration: Optional[int] = typer.Option(None, "--iteration", "-i", help="One iteration/step only."),
+    max_rows: int = typer.Option(50, "--max-rows"),
+) -> None:
+    """Group the ranks of a run by fingerprint; name the odd ranks and where they depart."""
+    from dumpdb.checks.ranks import rank_groups
+
+    try:
+        table = rank_groups(dumpdb.open(_archive_path(archive)), run, iteration=iteration)
+    except DumpdbError as exc:
+        _fail(exc)
+    rows = table.to_pylist()
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault(r["group"], r)
+    seq = len({r["sequence_group"] for r in rows})
+    out.print(f"{run}: {len(rows)} rank(s), {len(groups)} data group(s), {seq} op-sequence group(s)", highlight=False)
+    for g, r in groups.items():
+        shared = sum(x["shared_bytes"] for x in rows if x["group"] == g)
+        payload = sum(x["payload_bytes"] for x in rows if x["group"] == g)
+        share = f", {shared / payload:.0%} of payload bytes shared with other ranks" if payload else ""
+        label = ", ".join(_rank_label(k) for k in r["group_ranks"])
+        if r["reference"]:
+            out.print(f"  group {g} (reference): {label}{share}", highlight=False)
+        else:
+            where = (f" ({r['first_diff_code_file']}:{r['first_diff_code_line']} {r['first_diff_code_text']})"
+                     if r["first_diff_code_file"] else "")
+            out.print(f"  group {g}: {label} departs from {_rank_label(r['reference_rank'])} "
+                      f"({r['departs_at']}) at iteration {r['first_diff_iteration']}, position "
+                      f"{r['first_diff_position']}: {r['first_diff_op']} {r['first_diff_io']}.{r['first_diff_slot']}"
+                      f"{where}{share}", highlight=False)
+    output.write_table(table.select(["rank", "group", "sequence_group", "tensors", "payload_bytes", "shared_bytes",
+                                     "departs_at", "first_diff_position", "first_diff_op", "first_diff_io",
+                                     "first_diff_slot"]), out, max_rows or None)
+
+
 @app.command("first-divergence")
 def first_divergence_cmd(
     target: str = CompareTarget, bench: str = CompareBench, archive: Optional[Path] = ArchiveOpt,
@@ -431,11 +492,16 @@ def scan_cmd(
     html: Optional[Path] = typer.Option(None, "--html", help="Write a self-contained HTML report."),
     list_checks: bool = typer.Option(False, "--list", help="List the checks and their parameters."),
     max_rows: int = typer.Option(50, "--max-rows"),
+    across_ranks: bool = typer.Option(False, "--across-ranks",
+                                      help="Which rank went bad (NaN/Inf) first, then the others."),
 ) -> None:
     """First NaN/Inf per iteration and rank, fp16 overflow, all-zero tensors and
     MindInsight watch conditions, answered from the catalog's statistics."""
     from dumpdb.checks import scan as scan_mod
 
+    if across_ranks:
+        _scan_across_ranks(run, archive, iteration, max_rows)
+        return
     if list_checks:
         view = Table(header_style="bold")
         for col in ("check", "parameters", "reads tensors", "description"):

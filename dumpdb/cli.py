@@ -330,9 +330,14 @@ def compare_cmd(
     fail_on: Optional[str] = typer.Option(None, "--fail-on", help="Exit 1 if any pair is 'error' (or 'warning')."),
     store: bool = typer.Option(True, "--store/--no-store", help="Keep the results in the archive (compares, compare_results)."),
 ) -> None:
-    """Compare two runs, or two iterations/ranks of one run, tensor by tensor."""
+    """Compare two runs, or two iterations/ranks of one run, tensor by tensor.
+
+    TARGET and BENCH may also be two dump directories (any layout): both are ingested
+    first, into --archive if given (kept), else into a temporary archive."""
     if fail_on not in (None, "error", "warning"):
         _fail(DumpdbError(f"--fail-on {fail_on!r}: use error or warning"))
+    if os.path.isdir(target) and os.path.isdir(bench):
+        archive, target, bench = _ingest_pair(Path(target), Path(bench), archive)
     try:
         outcome = _run_compare(archive, target, bench, iteration, rank, mapping, strategy, mode, threshold, workers,
                                store, bench_rank)
@@ -378,6 +383,34 @@ def compare_cmd(
         _fail(DumpdbError(f"{exc.filename or 'output'}: {exc.strerror or exc}"))
     if fail_on and (sm["error"] or (fail_on == "warning" and sm["warning"])):
         raise typer.Exit(1)
+
+
+def _ingest_pair(target: Path, bench: Path, archive: Optional[Path]) -> tuple[Path, str, str]:
+    """Ingest two dump directories for ``compare DIR DIR``; (archive, target run, bench run).
+
+    Without ``archive`` a temporary one is used and removed when the command ends. Run
+    names are the directories' names (prefixed ``target-``/``bench-`` when they are equal).
+    """
+    import atexit
+    import shutil
+    import tempfile
+
+    if archive is None:
+        tmp = tempfile.mkdtemp(prefix="dumpdb-compare-")
+        atexit.register(shutil.rmtree, tmp, True)
+        archive = Path(tmp) / "archive"
+    t_name, b_name = target.resolve().name, bench.resolve().name
+    if t_name == b_name:
+        t_name, b_name = f"target-{t_name}", f"bench-{b_name}"
+    for path, name in ((target, t_name), (bench, b_name)):
+        try:
+            report = dumpdb.ingest(path, archive=archive, run=name)
+        except DumpdbError as exc:
+            _fail(exc)
+        for source_file, message in report.errors:
+            err.print(f"{source_file}: {message}", highlight=False, markup=False)
+        err.print(f"ingested {path} as run {name!r}: {report.tensors_in_dump} tensors", style="dim")
+    return archive, t_name, b_name
 
 
 def _write_compare_outputs(outcome, csv_file, parquet_file, html, archive=None) -> None:

@@ -110,3 +110,34 @@ def test_first_divergence_names_op_position_source_and_module_path(archive):
     node = archive.sql("SELECT node FROM ops WHERE run = 'statistics_mix_bf16' "
                        "AND scope_name = 'Functional.linear.0.forward'")["node"].to_pylist()
     assert node == ["Module.mlp.Sequential.forward.0/Module.mlp.0.Linear.forward.0/Functional.linear.0.forward"]
+
+
+# -- compare DIR DIR: one step, like msprobe -----------------------------------------------
+def test_compare_two_msprobe_dump_dirs_writes_msprobe_csv(tmp_path):
+    from typer.testing import CliRunner
+
+    from dumpdb.cli import app
+
+    case = ORACLE / "statistics_L1"
+    out = tmp_path / "result.csv"
+    res = CliRunner().invoke(app, ["compare", str(case / "bf16" / "dump"), str(case / "fp32" / "dump"),
+                                   "--csv", str(out), "--show", "0"], env={"COLUMNS": "200", "DUMPDB_ARCHIVE": None})
+    assert res.exit_code == 0, res.output
+    assert "target-dump vs bench-dump" in res.output and "pairs" in res.output
+    assert out.read_bytes() == _oracle("statistics_L1").read_bytes()
+
+
+def test_compare_two_mindspore_dump_dirs_into_a_kept_archive(tmp_path):
+    from typer.testing import CliRunner
+
+    from dumpdb.cli import app
+
+    ms = Path(__file__).parent / "data" / "mindspore"
+    res = CliRunner().invoke(app, ["compare", str(ms / "d2_compare_fp16_bf16_iter0"), str(ms / "d1_compare_fp32_iter0"),
+                                   "--archive", str(tmp_path / "kept"), "--show", "0"], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    assert "d2_compare_fp16_bf16_iter0 vs d1_compare_fp32_iter0 (tensor): 66 pairs" in res.output
+    kept = dumpdb.open(tmp_path / "kept")
+    assert sorted(kept.sql("SELECT run FROM runs")["run"].to_pylist()) == ["d1_compare_fp32_iter0",
+                                                                          "d2_compare_fp16_bf16_iter0"]
+    assert kept.sql("SELECT count(*) AS n FROM compares")["n"].to_pylist() == [1]

@@ -458,14 +458,24 @@ def ranks_cmd(
     run: str = typer.Argument(..., help="Run name."), archive: Optional[Path] = ArchiveOpt,
     iteration: Optional[int] = typer.Option(None, "--iteration", "-i", help="One iteration/step only."),
     max_rows: int = typer.Option(50, "--max-rows"),
+    html: Optional[Path] = typer.Option(None, "--html", help="Write a self-contained HTML report (with NaN/Inf)."),
 ) -> None:
     """Group the ranks of a run by fingerprint; name the odd ranks and where they depart."""
-    from dumpdb.checks.ranks import rank_groups
+    from dumpdb.checks.ranks import first_bad_across_ranks, rank_groups
 
     try:
-        table = rank_groups(dumpdb.open(_archive_path(archive)), run, iteration=iteration)
+        a = dumpdb.open(_archive_path(archive))
+        table = rank_groups(a, run, iteration=iteration)
+        if html:
+            from dumpdb.render.ranks_report import write_ranks_report
+
+            write_ranks_report(html, run=run, groups=table,
+                               first_bad=first_bad_across_ranks(a, run, iteration=iteration))
+            err.print(f"HTML report written to {html}", style="dim")
     except DumpdbError as exc:
         _fail(exc)
+    except OSError as exc:
+        _fail(DumpdbError(f"{exc.filename or html}: {exc.strerror or exc}"))
     rows = table.to_pylist()
     groups: dict = {}
     for r in rows:

@@ -134,3 +134,14 @@ def test_proc_run_aligns_with_rank0_and_bench_rank_picks_a_rank(archive, tmp_pat
     assert outcome.summary["pairs"] == outcome.summary["pass"] > 50
     assert outcome.summary["unmatched_target"] == 0
     assert set(outcome.results["max_diff"].to_pylist()) <= {0.0, None}
+
+
+def test_ranks_html_report(archive, tmp_path):
+    a, keys = archive
+    out = tmp_path / "ranks.html"
+    res = CliRunner().invoke(app, ["ranks", "dp8", "--archive", str(a.path), "--html", str(out)])
+    assert res.exit_code == 0, res.output
+    page = out.read_text()
+    assert f"<b>rank 5</b> departs from rank 0 (value) at iteration 0, position 4: <code>{keys[4]} output.0" in page
+    assert "First rank with NaN/Inf</h2><p><b>rank 6</b>" in page
+    assert "<script src" not in page  # self-contained

@@ -20,7 +20,7 @@ import dumpdb
 from dumpdb.render.msprobe_csv import write_msprobe_csv
 
 ORACLE = Path(__file__).parent / "data" / "msprobe_oracle"
-CASES = ("tensor_L1", "statistics_L1", "md5_L1", "statistics_mix")
+CASES = ("tensor_L1", "statistics_L1", "md5_L1", "statistics_mix", "statistics_L0", "tensor_mix")
 
 
 @pytest.fixture(scope="module")

@@ -141,3 +141,16 @@ def test_compare_two_mindspore_dump_dirs_into_a_kept_archive(tmp_path):
     assert sorted(kept.sql("SELECT run FROM runs")["run"].to_pylist()) == ["d1_compare_fp32_iter0",
                                                                           "d2_compare_fp16_bf16_iter0"]
     assert kept.sql("SELECT count(*) AS n FROM compares")["n"].to_pylist() == [1]
+
+
+def test_two_ranks_one_csv_per_rank_like_msprobe(tmp_path):
+    gloo = Path(__file__).parent / "data" / "msprobe" / "statistics_mix_2rank_gloo" / "dump"
+    assert dumpdb.ingest(gloo, archive=tmp_path / "a", run="gloo").ok
+    a = dumpdb.open(tmp_path / "a")
+    results = a.compare("gloo:1", "gloo:0")  # step 1 against step 0, rank by rank
+    write_msprobe_csv(results, tmp_path / "out" / "compare_result.csv", archive=a)
+    assert not (tmp_path / "out" / "compare_result.csv").exists()
+    for rank in (0, 1):
+        (theirs,) = (ORACLE / "gloo_2rank_step1_vs_step0").glob(f"compare_result_rank{rank}_*.csv")
+        ours = tmp_path / "out" / f"compare_result_rank{rank}.csv"
+        assert ours.read_bytes() == theirs.read_bytes()

@@ -131,6 +131,9 @@ def _mode(archive, run: str, records: list[tuple[str, Any]]) -> str:
 def msprobe_rows_csv(archive, results: pa.Table, path: str | Path) -> bool:
     """Write msprobe's own ``compare_result`` CSV for two msprobe runs (False: not msprobe).
 
+    Several target ranks: one file per rank, as msprobe does, named ``{stem}_rank{R}{suffix}``
+    beside ``path`` (``path`` itself is not written); steps follow each other in a file.
+
     Rows: every leaf of every target dump.json record in dump order (non-tensor arguments
     and ``None`` gradients included), matched to the bench by msprobe's tensor name;
     cells, verdicts and messages as msprobe 26.2 writes them
@@ -150,7 +153,7 @@ def msprobe_rows_csv(archive, results: pa.Table, path: str | Path) -> bool:
         key = keys.get(r["target_tensor_id"])
         if key and "#" in key:
             metrics[key.split("#", 1)[1]] = r
-    out_rows: list[list] = []
+    by_rank: dict[Any, list[list]] = {}
     mode = None
     for t_run, t_rank, t_it, b_run, b_rank, b_it in sides:
         target = _records(archive, t_run, t_rank, t_it)
@@ -162,13 +165,16 @@ def msprobe_rows_csv(archive, results: pa.Table, path: str | Path) -> bool:
             "SELECT op_name, any_value(frames) AS frames FROM call_stacks WHERE run = $run "
             "AND rank IS NOT DISTINCT FROM $rank AND iteration IS NOT DISTINCT FROM $it GROUP BY op_name",
             {"run": t_run, "rank": t_rank, "it": t_it}).to_pylist()}
-        out_rows.extend(build_rows(mode, target, bench, stacks, metrics))
+        by_rank.setdefault(t_rank, []).extend(build_rows(mode, target, bench, stacks, metrics))
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f, lineterminator="\n")
-        w.writerow(header(mode or "statistics"))
-        w.writerows(out_rows)
+    for rank, rows in by_rank.items():
+        # msprobe writes one compare_result_rank{R}_*.csv per rank: so do we, beside ``path``
+        out = path if len(by_rank) == 1 else path.with_name(f"{path.stem}_rank{rank}{path.suffix}")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with open(out, "w", newline="", encoding="utf-8") as f:
+            w = csv.writer(f, lineterminator="\n")
+            w.writerow(header(mode or "statistics"))
+            w.writerows(rows)
     return True
 
 

@@ -154,3 +154,13 @@ def test_two_ranks_one_csv_per_rank_like_msprobe(tmp_path):
         (theirs,) = (ORACLE / "gloo_2rank_step1_vs_step0").glob(f"compare_result_rank{rank}_*.csv")
         ours = tmp_path / "out" / f"compare_result_rank{rank}.csv"
         assert ours.read_bytes() == theirs.read_bytes()
+
+
+@pytest.mark.parametrize("case", ("statistics_L1", "tensor_L1"))
+def test_fallback_writer_has_msprobe_header_and_line_ends(archive, case, tmp_path):
+    # without the archive (other layouts, or runs ingested before msprobe_records) the
+    # writer works from the results alone: same header and "\n" line ends as msprobe's
+    out = write_msprobe_csv(archive.compare(*PAIRS[case]), tmp_path / "r.csv")
+    ours, theirs = out.read_bytes(), _oracle(case).read_bytes()
+    assert ours.split(b"\n", 1)[0] == theirs.split(b"\n", 1)[0]
+    assert b"\r\n" not in ours

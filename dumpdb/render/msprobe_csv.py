@@ -53,7 +53,7 @@ def _pct(v):
 def msprobe_columns(statistics: bool) -> tuple[str, ...]:
     """msprobe compare_result CSV header (reference formats.md 2.1), tensor or statistics mode."""
     metrics = tuple(name for name, _ in (_STATS if statistics else _TENSOR))
-    return (*_HEAD, *metrics, *_TAIL_STATS, *_END)
+    return (*_HEAD, *metrics, *_TAIL_STATS, *(_END[:-1] if statistics else _END))  # Data_name: tensor mode only
 
 
 def write_msprobe_csv(results: pa.Table, path: str | Path, archive=None) -> Path:
@@ -73,7 +73,7 @@ def write_msprobe_csv(results: pa.Table, path: str | Path, archive=None) -> Path
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f)
+        w = csv.writer(f, lineterminator="\n")  # pandas to_csv's line end, as msprobe writes
         w.writerow(msprobe_columns(statistics))
         for r in rows:
             name_t = leaf_name(r["target_name"], r["io"], r["slot"])
@@ -90,7 +90,8 @@ def write_msprobe_csv(results: pa.Table, path: str | Path, archive=None) -> Path
                 *(_num(r[f"target_{k}"]) for k in ("max", "min", "mean", "l2norm")),
                 *(_num(r[f"bench_{k}"]) for k in ("max", "min", "mean", "l2norm")),
                 "N/A" if rg_t is None or rg_b is None else rg_t == rg_b,
-                r["result"], r["err_message"] or "", stack, r.get("target_source_file") or "N/A",
+                r["result"], r["err_message"] or "", stack,
+                *(() if statistics else (r.get("target_source_file") or "N/A",)),
             ])
     return path
 

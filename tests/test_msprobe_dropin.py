@@ -30,6 +30,7 @@ def archive(tmp_path_factory):
         for variant in ("fp32", "bf16"):
             report = dumpdb.ingest(ORACLE / case / variant / "dump", archive=path, run=f"{case}_{variant}")
             assert report.ok, report.errors
+    assert dumpdb.ingest(ORACLE / "naninf_L1" / "dump", archive=path, run="naninf_L1").ok
     return dumpdb.open(path)
 
 
@@ -41,6 +42,8 @@ def _oracle(case: str) -> Path:
 PAIRS = {case: (f"{case}_bf16", f"{case}_fp32") for case in CASES}
 # target with modules (mix) against a bench without them (L1): rows with no bench
 PAIRS["unmatched_mix_vs_L1"] = ("statistics_mix_bf16", "statistics_L1_fp32")
+# NaN and +-Inf statistics (edited dump.json) against the real fp32 run
+PAIRS["naninf_L1"] = ("naninf_L1", "statistics_L1_fp32")
 
 
 def _ours(archive, case: str, tmp_path: Path) -> Path:

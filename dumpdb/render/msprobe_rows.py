@@ -136,11 +136,19 @@ def record_items(op_name: str, record: dict) -> list[dict]:
 
 # -- cells ---------------------------------------------------------------------------------
 def _stat_cell(v: Any) -> Any:
-    return NONE_STR if v is None else v
+    """A statistic as msprobe writes it: None -> 'None', NaN -> 'Nan' (``set_summary``),
+    +-inf -> ' inf' / ' -inf' (its CSV writer's replacement, for Excel)."""
+    if v is None:
+        return NONE_STR
+    if isinstance(v, float) and math.isnan(v):
+        return NAN
+    if isinstance(v, float) and math.isinf(v):
+        return " inf" if v > 0 else " -inf"
+    return v
 
 
 def _classify(v: Any) -> str:
-    s = str(v)
+    s = str(v).strip()  # ' inf' is how a written cell spells a float inf
     low = s.lower()
     if v is None or (isinstance(v, float) and math.isnan(v)) or low == "nan":
         return "nan"

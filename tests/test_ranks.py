@@ -145,3 +145,30 @@ def test_ranks_html_report(archive, tmp_path):
     assert f"<b>rank 5</b> departs from rank 0 (value) at iteration 0, position 4: <code>{keys[4]} output.0" in page
     assert "First rank with NaN/Inf</h2><p><b>rank 6</b>" in page
     assert "<script src" not in page  # self-contained
+
+
+def test_first_bad_rank_by_timestamp_on_a_mindspore_dump(tmp_path):
+    """MindSpore file names carry a dump timestamp (µs): the rank that dumped its first
+    NaN/Inf tensor earlier went bad first, whatever its rank number."""
+    import os
+    import re
+
+    src = DATA / "mindspore" / "e1_nan_inf_overflow" / "rank_0"
+    root = tmp_path / "ms2"
+    shutil.copytree(src, root / "rank_0", copy_function=os.link)
+    shutil.copytree(src, root / "rank_1", copy_function=os.link)
+    stamp = re.compile(r"\.(\d{16})\.(input|output)\.")
+    for f in (root / "rank_1").rglob("*.npy"):  # rank 1 ran one second earlier
+        new = stamp.sub(lambda m: f".{int(m.group(1)) - 1_000_000}.{m.group(2)}.", f.name)
+        f.rename(f.with_name(new))
+    report = dumpdb.ingest(root, archive=tmp_path / "a", run="ms2")
+    assert report.tensors_added > 0 and not report.errors
+    a = dumpdb.open(tmp_path / "a")
+    bad = first_bad_across_ranks(a, "ms2").to_pylist()
+    assert [b["rank"] for b in bad] == [1, 0]
+    assert bad[0]["timestamp"] == bad[1]["timestamp"] - 1_000_000
+    assert (bad[0]["op_name"], bad[0]["io"], bad[0]["slot"]) == (bad[1]["op_name"], bad[1]["io"], bad[1]["slot"])
+    assert bad[0]["nan_count"] is not None  # counts come from the payloads
+    groups = {r["rank"]: r for r in rank_groups(a, "ms2").to_pylist()}
+    assert groups[0]["group"] == groups[1]["group"] == 1  # same data: one group, every byte shared
+    assert groups[0]["shared_bytes"] == groups[0]["payload_bytes"] > 0

@@ -167,3 +167,16 @@ def test_fallback_writer_has_msprobe_header_and_line_ends(archive, case, tmp_pat
     ours, theirs = out.read_bytes(), _oracle(case).read_bytes()
     assert ours.split(b"\n", 1)[0] == theirs.split(b"\n", 1)[0]
     assert b"\r\n" not in ours
+
+
+def test_records_travel_in_bundles(archive, tmp_path):
+    bundle = archive.export(["md5_L1_bf16", "md5_L1_fp32"], tmp_path / "md5.zip")
+    other = tmp_path / "other.dumpdb"
+    dumpdb.ingest(ORACLE / "statistics_L0" / "fp32" / "dump", archive=other, run="unrelated")  # an existing archive
+    dumpdb.open(other).import_bundle(bundle)
+    b = dumpdb.open(other)
+    out = write_msprobe_csv(b.compare("md5_L1_bf16", "md5_L1_fp32"), tmp_path / "r.csv", archive=b)
+    assert out.read_bytes() == _oracle("md5_L1").read_bytes()
+    b.remove_run("md5_L1_bf16")
+    left = b.sql("SELECT DISTINCT run FROM msprobe_records ORDER BY run")["run"].to_pylist()
+    assert left == ["md5_L1_fp32", "unrelated"]

@@ -389,7 +389,8 @@ def _ingest_pair(target: Path, bench: Path, archive: Optional[Path]) -> tuple[Pa
     """Ingest two dump directories for ``compare DIR DIR``; (archive, target run, bench run).
 
     Without ``archive`` a temporary one is used and removed when the command ends. Run
-    names are the directories' names (prefixed ``target-``/``bench-`` when they are equal).
+    names are the directories' names (prefixed ``target-``/``bench-`` when they are equal);
+    two single-step dumps are compared step against step whatever their step numbers.
     """
     import atexit
     import shutil
@@ -410,6 +411,11 @@ def _ingest_pair(target: Path, bench: Path, archive: Optional[Path]) -> tuple[Pa
         for source_file, message in report.errors:
             err.print(f"{source_file}: {message}", highlight=False, markup=False)
         err.print(f"ingested {path} as run {name!r}: {report.tensors_in_dump} tensors", style="dim")
+    a = dumpdb.open(archive)
+    its = [a.sql("SELECT DISTINCT iteration FROM tensors WHERE run = $run", {"run": n})["iteration"].to_pylist()
+           for n in (t_name, b_name)]
+    if all(len(i) == 1 and i[0] is not None for i in its):  # one step each (step1 vs step0): pair them, as msprobe
+        return archive, f"{t_name}:{its[0][0]}", f"{b_name}:{its[1][0]}"
     return archive, t_name, b_name
 
 
@@ -419,7 +425,9 @@ def _write_compare_outputs(outcome, csv_file, parquet_file, html, archive=None) 
     sm = outcome.summary
     if csv_file:
         export.write_msprobe_csv(outcome.results, csv_file, archive=dumpdb.open(_archive_path(archive)))
-        err.print(f"msprobe-compatible CSV written to {csv_file}", style="dim")
+        written = ([csv_file] if csv_file.exists()  # several ranks: one file per rank, like msprobe
+                   else sorted(csv_file.parent.glob(f"{csv_file.stem}_rank*{csv_file.suffix}")))
+        err.print(f"msprobe-compatible CSV written to {', '.join(map(str, written))}", style="dim")
     if parquet_file:
         export.write_parquet(outcome.results, parquet_file)
         err.print(f"Parquet written to {parquet_file}", style="dim")

@@ -126,7 +126,7 @@ def test_compare_two_msprobe_dump_dirs_writes_msprobe_csv(tmp_path):
     res = CliRunner().invoke(app, ["compare", str(case / "bf16" / "dump"), str(case / "fp32" / "dump"),
                                    "--csv", str(out), "--show", "0"], env={"COLUMNS": "200", "DUMPDB_ARCHIVE": None})
     assert res.exit_code == 0, res.output
-    assert "target-dump vs bench-dump" in res.output and "pairs" in res.output
+    assert "target-dump iteration 0 vs bench-dump iteration 0" in res.output and "pairs" in res.output
     assert out.read_bytes() == _oracle("statistics_L1").read_bytes()
 
 
@@ -139,7 +139,7 @@ def test_compare_two_mindspore_dump_dirs_into_a_kept_archive(tmp_path):
     res = CliRunner().invoke(app, ["compare", str(ms / "d2_compare_fp16_bf16_iter0"), str(ms / "d1_compare_fp32_iter0"),
                                    "--archive", str(tmp_path / "kept"), "--show", "0"], env={"COLUMNS": "200"})
     assert res.exit_code == 0, res.output
-    assert "d2_compare_fp16_bf16_iter0 vs d1_compare_fp32_iter0 (tensor): 66 pairs" in res.output
+    assert "d2_compare_fp16_bf16_iter0 iteration 0 vs d1_compare_fp32_iter0 iteration 0 (tensor): 66 pairs" in res.output
     kept = dumpdb.open(tmp_path / "kept")
     assert sorted(kept.sql("SELECT run FROM runs")["run"].to_pylist()) == ["d1_compare_fp32_iter0",
                                                                           "d2_compare_fp16_bf16_iter0"]
@@ -180,3 +180,20 @@ def test_records_travel_in_bundles(archive, tmp_path):
     b.remove_run("md5_L1_bf16")
     left = b.sql("SELECT DISTINCT run FROM msprobe_records ORDER BY run")["run"].to_pylist()
     assert left == ["md5_L1_fp32", "unrelated"]
+
+
+def test_compare_two_step_dirs_of_a_2rank_run_like_msprobe_cli(tmp_path):
+    # msprobe compare -tp dump/step1 -gp dump/step0: one CSV per rank, step against step
+    from typer.testing import CliRunner
+
+    from dumpdb.cli import app
+
+    gloo = Path(__file__).parent / "data" / "msprobe" / "statistics_mix_2rank_gloo" / "dump"
+    out = tmp_path / "compare_result.csv"
+    res = CliRunner().invoke(app, ["compare", str(gloo / "step1"), str(gloo / "step0"), "--csv", str(out),
+                                   "--show", "0"], env={"COLUMNS": "200", "DUMPDB_ARCHIVE": None})
+    assert res.exit_code == 0, res.output
+    assert "step1 iteration 1 vs step0 iteration 0" in res.output
+    for rank in (0, 1):
+        (theirs,) = (ORACLE / "gloo_2rank_step1_vs_step0").glob(f"compare_result_rank{rank}_*.csv")
+        assert (tmp_path / f"compare_result_rank{rank}.csv").read_bytes() == theirs.read_bytes()

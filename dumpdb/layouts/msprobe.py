@@ -26,7 +26,7 @@ Record keys (formats.md 1.3 "Key grammar"):
 Mapping to :class:`TensorEntry` (one entry per **tensor leaf**):
 
 ==================  ==========================================================================
-``op_name``         the full record key
+``op_name``         the full record key (also ``scope_name``)
 ``op_type``         API: the key without call index and direction (``Functional.conv2d``,
                     ``Tensor.add_``, ``Aten.add.Tensor``); module: prefix + class
                     (``Module.Conv2d``, ``Cell.Dense``); unparsable key: None (+ note)
@@ -64,11 +64,15 @@ Mapping to :class:`TensorEntry` (one entry per **tensor leaf**):
 A tensor leaf is a dict whose ``type`` ends in ``Tensor`` / ``Parameter`` (``torch.Tensor``,
 ``mindspore.Tensor``) or that has both ``dtype`` and ``shape``. Non-tensor leaves (``int``,
 ``float``, ``bool``, ``str``, ``slice``, ... ``{"type", "value"}`` and ``null``) are not
-tensors and are skipped: they stay readable in the dump.json, the catalog holds tensors only.
+tensors: no ``tensors`` row. Every record is also kept whole, in dump order, as a
+``msprobe_records`` row (non-tensor leaves included: msprobe's compare CSV has rows for
+them, :mod:`dumpdb.render.msprobe_rows`).
 
 ``stack.json`` -> ``call_stacks`` rows, ``construct.json`` -> ``module_tree`` rows, per
-rank and step. ``debug.json`` (level debug) and ``kernel_config_*.json`` (level L2, whose
-output is a CANN dump) are not read by this layout.
+rank and step. ``scope_name`` = the record key; ``execution_order`` (position = place in
+dump.json) and ``ops`` (source line from stack.json, module path from construct.json in
+``node``) rows per rank and key (:meth:`MsprobeDump._order_and_ops`). ``debug.json``
+(level debug) and ``kernel_config_*.json`` (level L2, whose output is a CANN dump) are not read by this layout.
 
 Payloads: ``.npy`` through :func:`dumpdb.npy.read_npy`; ``.pt`` through ``torch.load``
 (optional dependency ``dumpdb[torch]``, imported only when a ``.pt`` is read).

@@ -604,7 +604,7 @@ WorkersOpt = typer.Option(None, "--workers", "-j", min=1,
 
 
 def _run_compare(archive, target, bench, iteration, rank, mapping, strategy, mode, threshold, workers,
-                 store: bool = True):
+                 store: bool = True, bench_rank: int | None = None):
     """Run a comparison for the CLI (``store``: keep the results in the archive).
 
     Raises DumpdbError (exit 2) when no pair is formed: there is nothing to judge,
@@ -615,7 +615,7 @@ def _run_compare(archive, target, bench, iteration, rank, mapping, strategy, mod
     a = _open(archive)
     strategies = tuple(s.strip() for s in strategy.split(",")) if strategy else None
     options = dict(iteration=iteration, rank=rank, mapping=mapping, mode=mode,
-                   thresholds=_thresholds(threshold), workers=workers, store_results=store)
+                   thresholds=_thresholds(threshold), workers=workers, store_results=store, bench_rank=bench_rank)
     if strategies:
         options["strategies"] = strategies
     with _progress("comparing") as bar:
@@ -666,6 +666,8 @@ def compare_cmd(
     target: str = CompareTarget, bench: str = CompareBench, archive: Optional[Path] = ArchiveOpt,
     iteration: Optional[int] = IterationOpt,
     rank: Optional[int] = RankOpt,
+    bench_rank: Optional[int] = typer.Option(None, "--bench-rank",
+                                             help="Rank of the bench side (overrides --rank)."),
     mapping: Optional[Path] = MappingOpt,
     strategy: Optional[str] = StrategyOpt,
     mode: str = ModeOpt,
@@ -683,12 +685,17 @@ def compare_cmd(
     output: Optional[Path] = OutputOpt,
 ) -> None:
     """Compare two runs, or two iterations/ranks of one run, tensor by tensor.
+
+    TARGET and BENCH may also be two dump directories (any layout): both are ingested
+    first, into --archive if given (kept), else into a temporary archive.
     Exit 2 if no pair is formed."""
     if fail_on not in (None, "error", "warning"):
         raise DumpdbError(f"--fail-on {fail_on!r}: use error or warning")
     _check_format(fmt, output)
+    if os.path.isdir(target) and os.path.isdir(bench):
+        archive, target, bench = _ingest_pair(Path(target), Path(bench), archive)
     outcome = _run_compare(archive, target, bench, iteration, rank, mapping, strategy, mode, threshold, workers,
-                           store)
+                           store, bench_rank)
     rows_out = fmt != "table" or output is not None
     sm = outcome.summary
     say = (lambda m, style=None: _say(m, stderr=rows_out, style=style))  # noqa: E731
@@ -720,18 +727,54 @@ def compare_cmd(
         names = outcome.unmatched.to_pylist()
         say(f"unmatched ({len(names)}): " + ", ".join(
             f"{u['side']}:{u['name']}.{u['io']}.{u['slot']}" for u in names[:12]) + (" ..." if len(names) > 12 else ""))
-    _write_compare_outputs(outcome, csv_file, parquet_file, html)
+    _write_compare_outputs(outcome, csv_file, parquet_file, html, archive)
     if fail_on and (sm["error"] or (fail_on == "warning" and sm["warning"])):
         raise typer.Exit(EXIT_FOUND)
 
 
-def _write_compare_outputs(outcome, csv_file, parquet_file, html) -> None:
+def _ingest_pair(target: Path, bench: Path, archive: Optional[Path]) -> tuple[Path, str, str]:
+    """Ingest two dump directories for ``compare DIR DIR``; (archive, target run, bench run).
+
+    Without ``archive`` a temporary one is used and removed when the command ends. Run
+    names are the directories' names (prefixed ``target-``/``bench-`` when they are equal);
+    two single-step dumps are compared step against step whatever their step numbers.
+    """
+    import atexit
+    import shutil
+    import tempfile
+
+    from dumpdb.archive import Archive
+    from dumpdb.ingestion.pipeline import ingest as run_ingest
+
+    if archive is None:
+        tmp = tempfile.mkdtemp(prefix="dumpdb-compare-")
+        atexit.register(shutil.rmtree, tmp, True)
+        archive = Path(tmp) / "archive"
+    t_name, b_name = target.resolve().name, bench.resolve().name
+    if t_name == b_name:
+        t_name, b_name = f"target-{t_name}", f"bench-{b_name}"
+    for path, name in ((target, t_name), (bench, b_name)):
+        report = run_ingest(path, archive=archive, run=name)
+        for source_file, message in report.errors:
+            _say(f"{source_file}: {message}", stderr=True)
+        _say(f"ingested {path} as run {name!r}: {report.tensors_in_dump} tensors", stderr=True, style="dim")
+    a = Archive(archive)
+    its = [a.sql("SELECT DISTINCT iteration FROM tensors WHERE run = $run", {"run": n})["iteration"].to_pylist()
+           for n in (t_name, b_name)]
+    if all(len(i) == 1 and i[0] is not None for i in its):  # one step each (step1 vs step0): pair them, as msprobe
+        return archive, f"{t_name}:{its[0][0]}", f"{b_name}:{its[1][0]}"
+    return archive, t_name, b_name
+
+
+def _write_compare_outputs(outcome, csv_file, parquet_file, html, archive=None) -> None:
     from dumpdb.render import msprobe_csv as export
 
     sm = outcome.summary
     if csv_file:
-        export.write_msprobe_csv(outcome.results, csv_file)
-        _say(f"msprobe-compatible CSV written to {csv_file}", stderr=True, style="dim")
+        export.write_msprobe_csv(outcome.results, csv_file, archive=_open(archive))
+        written = ([csv_file] if csv_file.exists()  # several ranks: one file per rank, like msprobe
+                   else sorted(csv_file.parent.glob(f"{csv_file.stem}_rank*{csv_file.suffix}")))
+        _say(f"msprobe-compatible CSV written to {', '.join(map(str, written))}", stderr=True, style="dim")
     if parquet_file:
         export.write_parquet(outcome.results, parquet_file)
         _say(f"Parquet written to {parquet_file}", stderr=True, style="dim")
@@ -741,6 +784,79 @@ def _write_compare_outputs(outcome, csv_file, parquet_file, html) -> None:
         write_compare_report(html, summary=sm, results=outcome.results, unmatched=outcome.unmatched,
                              first_divergence=outcome.first_divergence)
         _say(f"HTML report written to {html}", stderr=True, style="dim")
+
+
+def _scan_across_ranks(run, archive, iteration, max_rows, fmt, output) -> None:
+    from dumpdb.checks.ranks import first_bad_across_ranks
+
+    bad = first_bad_across_ranks(_open(archive), run, iteration=iteration)
+    if fmt != "table" or output is not None:
+        _emit(bad, fmt, output)
+    elif bad.num_rows == 0:
+        _say("no rank has a NaN/Inf tensor", style="green")
+        return
+    else:
+        f = bad.to_pylist()[0]
+        where = (f"{f['code_file']}:{f['code_line']} {f['code_text']}" if f["code_file"]
+                 else "no source line recorded")
+        _say(f"first bad rank: {_rank_label(f['rank'])}, iteration {f['iteration']}, position "
+             f"{f['position']}: {f['op_name']} {f['io']}.{f['slot']} ({where})")
+        _emit(bad.select(["order", "rank", "iteration", "position", "timestamp", "op_name", "io", "slot",
+                          "nan_count", "inf_count", "code_line", "code_text"]), fmt, None, max_rows=max_rows or None)
+    if bad.num_rows:
+        raise typer.Exit(EXIT_FOUND)
+
+
+def _rank_label(rank) -> str:
+    return "proc (no rank)" if rank is None else f"rank {rank}"
+
+
+@app.command("ranks")
+def ranks_cmd(
+    run: str = typer.Argument(..., help="Run name."), archive: Optional[Path] = ArchiveOpt,
+    iteration: Optional[int] = typer.Option(None, "--iteration", "-i", help="One iteration/step only."),
+    max_rows: int = typer.Option(50, "--max-rows", help="Rows shown by --format table (0: all)."),
+    html: Optional[Path] = typer.Option(None, "--html", help="Write a self-contained HTML report (with NaN/Inf)."),
+    fmt: str = FormatOpt,
+    output: Optional[Path] = OutputOpt,
+) -> None:
+    """Group the ranks of a run by fingerprint; name the odd ranks and where they depart."""
+    from dumpdb.checks.ranks import first_bad_across_ranks, rank_groups
+
+    _check_format(fmt, output)
+    a = _open(archive)
+    table = rank_groups(a, run, iteration=iteration)
+    if html:
+        from dumpdb.render.ranks_report import write_ranks_report
+
+        write_ranks_report(html, run=run, groups=table, first_bad=first_bad_across_ranks(a, run, iteration=iteration))
+        _say(f"HTML report written to {html}", stderr=True, style="dim")
+    if fmt != "table" or output is not None:
+        _emit(table, fmt, output)
+        return
+    rows = table.to_pylist()
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault(r["group"], r)
+    seq = len({r["sequence_group"] for r in rows})
+    _say(f"{run}: {len(rows)} rank(s), {len(groups)} data group(s), {seq} op-sequence group(s)")
+    for g, r in groups.items():
+        shared = sum(x["shared_bytes"] for x in rows if x["group"] == g)
+        payload = sum(x["payload_bytes"] for x in rows if x["group"] == g)
+        share = f", {shared / payload:.0%} of payload bytes shared with other ranks" if payload else ""
+        label = ", ".join(_rank_label(k) for k in r["group_ranks"])
+        if r["reference"]:
+            _say(f"  group {g} (reference): {label}{share}")
+        else:
+            where = (f" ({r['first_diff_code_file']}:{r['first_diff_code_line']} {r['first_diff_code_text']})"
+                     if r["first_diff_code_file"] else "")
+            _say(f"  group {g}: {label} departs from {_rank_label(r['reference_rank'])} "
+                 f"({r['departs_at']}) at iteration {r['first_diff_iteration']}, position "
+                 f"{r['first_diff_position']}: {r['first_diff_op']} {r['first_diff_io']}.{r['first_diff_slot']}"
+                 f"{where}{share}")
+    _emit(table.select(["rank", "group", "sequence_group", "tensors", "payload_bytes", "shared_bytes",
+                        "departs_at", "first_diff_position", "first_diff_op", "first_diff_io",
+                        "first_diff_slot"]), fmt, None, max_rows=max_rows or None)
 
 
 @app.command("first-divergence")
@@ -785,6 +901,8 @@ def scan_cmd(
     max_rows: int = typer.Option(50, "--max-rows", help="Rows shown by --format table (0: all)."),
     fmt: str = FormatOpt,
     output: Optional[Path] = OutputOpt,
+    across_ranks: bool = typer.Option(False, "--across-ranks",
+                                      help="Which rank went bad (NaN/Inf) first, then the others."),
 ) -> None:
     """First NaN/Inf per iteration and rank, fp16 overflow, all-zero tensors and
     MindInsight watch conditions, answered from the catalog's statistics.
@@ -792,6 +910,9 @@ def scan_cmd(
     from dumpdb.checks import scan as scan_mod
 
     _check_format(fmt, output)
+    if across_ranks:
+        _scan_across_ranks(run, archive, iteration, max_rows, fmt, output)
+        return
     if list_checks:
         rows = [(name, ", ".join(f"{k}={v}" for k, v in (c.params or {}).items()) or None,
                  "yes" if c.needs_tensors else "no", c.description) for name, c in scan_mod.CHECKS.items()]

@@ -109,8 +109,8 @@ class Selection:
     def where(self) -> tuple[str, list]:
         conds, params = ["t.run = ?"], [self.run]
         for column, value in (("iteration", self.iteration), ("rank", self.rank)):
-            if value is not None:
-                conds.append(f"t.{column} = ?")
+            if value is not None:  # rank 0 includes a dump without ranks (msprobe proc<PID>)
+                conds.append("t.iteration = ?" if column == "iteration" else "coalesce(t.rank, 0) = ?")
                 params.append(value)
         return " AND ".join(conds), params
 
@@ -144,6 +144,14 @@ def _select(con, sel: Selection) -> pa.Table:
             raise DumpdbError(f"no run {sel.run!r} in the archive")
         raise DumpdbError(f"no tensors in {sel.describe()}")
     return table
+
+
+def _proc_as_rank0(rows: pa.Table, other: pa.Table) -> pa.Table:
+    """``rows`` with rank 0 for rank NULL when ``rows`` has no rank at all and ``other`` has."""
+    if rows.column("rank").null_count == rows.num_rows and other.column("rank").null_count < other.num_rows:
+        i = rows.column_names.index("rank")
+        return rows.set_column(i, "rank", pa.array([0] * rows.num_rows, rows.schema.field("rank").type))
+    return rows
 
 
 def _group_by(target: Selection, bench: Selection) -> tuple[str, ...]:
@@ -247,11 +255,15 @@ def compare(archive, target: str | Selection, bench: str | Selection, *, iterati
             rank: int | None = None, mapping: str | os.PathLike | Mapping[str, str] | None = None,
             strategies: Sequence[str] = STRATEGIES, thresholds: Thresholds | None = None,
             mode: str = "auto", workers: int | None = None, store_results: bool = True,
-            progress: Callable[[int, int], None] | None = None) -> CompareOutcome:
+            progress: Callable[[int, int], None] | None = None, bench_rank: int | None = None) -> CompareOutcome:
     """Compare two selections of an archive (see module docstring).
 
     ``target``/``bench``: ``RUN[:ITERATION[:RANK]]`` or :class:`Selection`;
-    ``iteration``/``rank`` apply to both sides where the spec leaves them open.
+    ``iteration``/``rank`` apply to both sides where the spec leaves them open;
+    ``bench_rank`` overrides ``rank`` on the bench side (1-card baseline vs one rank of an
+    8-card run). A single-process dump without a rank (msprobe ``proc<PID>``) is rank 0
+    when the other side has ranks (msprobe names ``rank{R}`` only once torch.distributed
+    is initialised, formats.md 1.2).
     ``mapping``: a mapping file (CSV or YAML, see :func:`~dumpdb.compare.align.load_mapping`)
     or a dict target name -> bench name. ``mode``: ``auto`` (tensor metrics where
     both payloads exist, statistics otherwise), ``tensor`` or ``statistics``.
@@ -264,13 +276,18 @@ def compare(archive, target: str | Selection, bench: str | Selection, *, iterati
     if mode not in ("auto", "tensor", "statistics"):
         raise DumpdbError(f"unknown compare mode {mode!r}: use auto, tensor or statistics")
     thresholds = thresholds or Thresholds()
-    tsel, bsel = Selection.parse(target, iteration, rank), Selection.parse(bench, iteration, rank)
+    tsel = Selection.parse(target, iteration, rank)
+    bsel = Selection.parse(bench, iteration, rank if bench_rank is None else bench_rank)
     try:
         mapping_dict = load_mapping(mapping) if isinstance(mapping, (str, os.PathLike)) else mapping
     except (OSError, ValueError) as exc:
         raise DumpdbError(f"mapping file: {exc}") from exc
     with archive._reader() as con:
+        if bench_rank is not None and tsel.rank is None and not con.execute(
+                "SELECT count(*) FROM tensors WHERE run = ? AND rank IS NOT NULL", [tsel.run]).fetchall()[0][0]:
+            tsel = Selection(tsel.run, tsel.iteration, 0)  # a rankless target is rank 0 vs the bench's rank
         trows, brows = _select(con, tsel), _select(con, bsel)
+    trows, brows = _proc_as_rank0(trows, brows), _proc_as_rank0(brows, trows)
     try:
         alignment = align(trows, brows, group_by=_group_by(tsel, bsel), mapping=mapping_dict,
                           strategies=strategies)

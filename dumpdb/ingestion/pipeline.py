@@ -103,7 +103,8 @@ class IngestReport:
 # replaced as a unit when an interrupted run is resumed.
 _RELATION_SCHEMAS = {
     table: schema.arrow_schema(table)
-    for table in ("ops", "execution_order", "graph_executions", "overflows", "call_stacks", "module_tree")
+    for table in ("ops", "execution_order", "graph_executions", "overflows", "call_stacks", "module_tree",
+                  "msprobe_records")
 }
 
 

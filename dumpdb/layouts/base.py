@@ -104,6 +104,7 @@ class DumpScan:
     overflows: list[dict[str, Any]] = field(default_factory=list)
     call_stacks: list[dict[str, Any]] = field(default_factory=list)
     module_tree: list[dict[str, Any]] = field(default_factory=list)
+    msprobe_records: list[dict[str, Any]] = field(default_factory=list)  # dump.json records, in order
     errors: list[tuple[str, str]] = field(default_factory=list)  # (source_file, message)
 
 

@@ -26,7 +26,7 @@ Record keys (formats.md 1.3 "Key grammar"):
 Mapping to :class:`TensorEntry` (one entry per **tensor leaf**):
 
 ==================  ==========================================================================
-``op_name``         the full record key
+``op_name``         the full record key (also ``scope_name``)
 ``op_type``         API: the key without call index and direction (``Functional.conv2d``,
                     ``Tensor.add_``, ``Aten.add.Tensor``); module: prefix + class
                     (``Module.Conv2d``, ``Cell.Dense``); unparsable key: None (+ note)
@@ -64,11 +64,15 @@ Mapping to :class:`TensorEntry` (one entry per **tensor leaf**):
 A tensor leaf is a dict whose ``type`` ends in ``Tensor`` / ``Parameter`` (``torch.Tensor``,
 ``mindspore.Tensor``) or that has both ``dtype`` and ``shape``. Non-tensor leaves (``int``,
 ``float``, ``bool``, ``str``, ``slice``, ... ``{"type", "value"}`` and ``null``) are not
-tensors and are skipped: they stay readable in the dump.json, the catalog holds tensors only.
+tensors: no ``tensors`` row. Every record is also kept whole, in dump order, as a
+``msprobe_records`` row (non-tensor leaves included: msprobe's compare CSV has rows for
+them, :mod:`dumpdb.render.msprobe_rows`).
 
 ``stack.json`` -> ``call_stacks`` rows, ``construct.json`` -> ``module_tree`` rows, per
-rank and step. ``debug.json`` (level debug) and ``kernel_config_*.json`` (level L2, whose
-output is a CANN dump) are not read by this layout.
+rank and step. ``scope_name`` = the record key; ``execution_order`` (position = place in
+dump.json) and ``ops`` (source line from stack.json, module path from construct.json in
+``node``) rows per rank and key (:meth:`MsprobeDump._order_and_ops`). ``debug.json``
+(level debug) and ``kernel_config_*.json`` (level L2, whose output is a CANN dump) are not read by this layout.
 
 Payloads: ``.npy`` through :func:`dumpdb.npy.read_npy`; ``.pt`` through ``torch.load``
 (optional dependency ``dumpdb[torch]``, imported only when a ``.pt`` is read). Without
@@ -80,6 +84,7 @@ PyTorch a ``.pt`` tensor keeps its ``dump.json`` statistics, its payload is not 
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
 import warnings
@@ -308,6 +313,36 @@ def _step_sort_key(p: Path) -> tuple:
     return (p.parent.name in MODE_DIRS, int(STEP_DIR_RE.match(p.name).group(1)))
 
 
+_FRAME_RE = re.compile(r"^File (?P<file>.*), line (?P<line>\d+), in (?P<func>[^,]*),\s*\n?\s*(?P<text>.*)$", re.S)
+_LIBRARY_DIRS = ("site-packages", "dist-packages")
+
+
+def user_frame(frames: list[str]) -> tuple[str, int, str] | None:
+    """(file, line, source text) of the innermost stack.json frame in the user's own code:
+    the first frame (msprobe lists the innermost first) whose file is not under
+    site-/dist-packages, else the outermost frame. None if no frame parses."""
+    parsed = []
+    for frame in frames:
+        m = _FRAME_RE.match(frame)
+        if m:
+            parsed.append((m["file"], int(m["line"]), m["text"].strip()))
+    for p in parsed:
+        if not any(d in p[0] for d in _LIBRARY_DIRS):
+            return p
+    return parsed[-1] if parsed else None
+
+
+def module_path(key: str, parent_of) -> str | None:
+    """``Module.a.A.forward.0/Module.a.b.B.forward.0/key``: the chain of construct.json
+    parents of ``key``, outermost first; None when ``key`` has no parent."""
+    chain = [key]
+    node = parent_of(key)
+    while node is not None and node not in chain and len(chain) < 256:
+        chain.append(node)
+        node = parent_of(node)
+    return "/".join(reversed(chain)) if len(chain) > 1 else None
+
+
 # -- the layout ----------------------------------------------------------------------
 @register
 class MsprobeDump(Layout):
@@ -338,12 +373,51 @@ class MsprobeDump(Layout):
         self._read_config(root, dump_path, scan)
         for rank_dir in rank_dirs:
             self._scan_rank_dir(root, rank_dir, scan)
+        self._order_and_ops(scan)
         if self._pt_not_stored:
             # One line for the whole dump, not one per file: the statistics are kept (issue 16).
             warnings.warn(f"{root}: {self._pt_not_stored} .pt payloads not stored (statistics from dump.json "
                           "kept): reading .pt tensors needs PyTorch: pip install 'dumpdb[torch]'",
                           DumpdbWarning, stacklevel=2)
         return scan
+
+    # -- execution order, source lines, module path ------------------------------
+    @staticmethod
+    def _order_and_ops(scan: DumpScan) -> None:
+        """``execution_order`` and ``ops`` rows per rank, keyed by the record key (``scope_name``).
+
+        Position = the order of records in dump.json, which msprobe appends as the ops run
+        (formats.md 1.3); steps repeat the same keys (call indices restart every step), so
+        a key keeps the position of its first step and keys new in a later step follow.
+        ``ops.code_*`` come from the op's stack.json frames (the innermost frame outside
+        site-/dist-packages, i.e. the user's line), ``ops.node`` is the op's module path
+        from construct.json (outermost module first, joined by ``/``).
+        """
+        order: dict[Any, dict[str, int]] = {}
+        for r in sorted(scan.msprobe_records, key=lambda r: (-1 if r["iteration"] is None else r["iteration"],
+                                                              r["position"])):
+            keys = order.setdefault(r["rank"], {})
+            keys.setdefault(r["op_name"], len(keys))
+        stacks: dict[tuple, list[str]] = {}
+        for st in scan.call_stacks:
+            stacks.setdefault((st["rank"], st["op_name"]), st["frames"])
+        parents: dict[tuple, str | None] = {}
+        for node in scan.module_tree:
+            parents.setdefault((node["rank"], node["node"]), node["parent"])
+        for rank, keys in order.items():
+            for key, position in keys.items():
+                scan.execution_order.append({"rank": rank, "device_id": None, "graph_id": None,
+                                             "position": position, "scope_name": key})
+                frames = stacks.get((rank, key))
+                path = module_path(key, lambda n, r=rank: parents.get((r, n)))
+                if frames is None and path is None:
+                    continue
+                code = user_frame(frames or [])
+                parsed = parse_record_key(key)
+                scan.ops.append({"rank": rank, "device_id": None, "graph_id": None, "scope_name": key,
+                                 "op_type": parsed["op_type"] if parsed else None, "node": path,
+                                 "code_file": code[0] if code else None, "code_line": code[1] if code else None,
+                                 "code_text": code[2] if code else None, "code_trace": frames})
 
     # -- metadata --------------------------------------------------------------
     def _read_config(self, root: Path, dump_path: Path, scan: DumpScan) -> None:
@@ -394,7 +468,11 @@ class MsprobeDump(Layout):
             except OSError as exc:
                 scan.errors.append((rel(DATA_DIR), f"cannot list directory: {exc.strerror or exc}"))
         seen: set[str] = set()
-        for key, record in dump["data"].items():
+        for position, (key, record) in enumerate(dump["data"].items()):
+            # kept whole and in dump order: msprobe's CSV rows (non-tensor arguments too)
+            # and its execution order come from here
+            scan.msprobe_records.append({"rank": rank, "iteration": step, "position": position,
+                                         "op_name": key, "record": json.dumps(record)})
             if not isinstance(record, dict):
                 continue
             parsed = parse_record_key(key)
@@ -438,7 +516,7 @@ class MsprobeDump(Layout):
         entry = TensorEntry(
             source_file=dump_json, path=None, tensor_key=f"{dump_json}#{item['name']}",
             rank=rank, iteration=step, step=step,
-            op_type=parsed["op_type"] if parsed else None, op_name=key,
+            op_type=parsed["op_type"] if parsed else None, op_name=key, scope_name=key,
             direction=parsed["direction"] if parsed else None,
             call_index=parsed["call_index"] if parsed else None,
             io=item["io"], slot=item["slot"], arg_name=item["arg_name"], slot_path=item["slot_path"],

@@ -9,8 +9,10 @@ written for msprobe keep working. Parquet keeps every column dumpdb computed.
 from __future__ import annotations
 
 import csv
+import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -32,7 +34,7 @@ _IO_NAMES = {"parameter": "parameters", "parameter_grad": "parameters_grad"}
 def leaf_name(op_name: str | None, io: str | None, slot, slot_path: str | None = None) -> str:
     """msprobe's row name ``{op}.{input|output|parameters|parameters_grad}.{i}[.{j}]``."""
     index = slot_path if slot_path is not None else ("" if slot is None else str(slot))
-    parts = [op_name or "", _IO_NAMES.get(io, io or "")]
+    parts = [op_name or "", _IO_NAMES.get(io or "", io or "")]
     return ".".join(p for p in (*parts, index) if p != "")
 
 
@@ -51,22 +53,27 @@ def _pct(v):
 def msprobe_columns(statistics: bool) -> tuple[str, ...]:
     """msprobe compare_result CSV header (reference formats.md 2.1), tensor or statistics mode."""
     metrics = tuple(name for name, _ in (_STATS if statistics else _TENSOR))
-    return (*_HEAD, *metrics, *_TAIL_STATS, *_END)
+    return (*_HEAD, *metrics, *_TAIL_STATS, *(_END[:-1] if statistics else _END))  # Data_name: tensor mode only
 
 
-def write_msprobe_csv(results: pa.Table, path: str | Path) -> Path:
+def write_msprobe_csv(results: pa.Table, path: str | Path, archive=None) -> Path:
     """Write ``results`` (:func:`dumpdb.compare.engine.compare` output) as msprobe's CSV.
 
-    Tensor-mode columns when any pair was compared on payloads, else statistics
-    columns; relative errors in statistics mode as percentages (``"12.5%"``) and
-    missing values as ``N/A``, as msprobe writes them. Returns the path.
+    With ``archive`` (a :class:`dumpdb.Archive`) and two msprobe runs, the file is
+    msprobe 26.x's own ``compare_result`` CSV (:func:`msprobe_rows_csv`: every dump.json
+    entry, msprobe's cells, row order and ``\\n`` line ends). Otherwise (other layouts):
+    tensor-mode columns when any pair was compared on payloads, else statistics columns;
+    relative errors in statistics mode as percentages (``"12.5%"``) and missing values as
+    ``N/A``. Returns the path.
     """
+    if archive is not None and results.num_rows and msprobe_rows_csv(archive, results, path):
+        return Path(path)
     rows = results.to_pylist()
     statistics = all(r["mode"] == "statistics" for r in rows) if rows else False
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f)
+        w = csv.writer(f, lineterminator="\n")  # pandas to_csv's line end, as msprobe writes
         w.writerow(msprobe_columns(statistics))
         for r in rows:
             name_t = leaf_name(r["target_name"], r["io"], r["slot"])
@@ -83,9 +90,93 @@ def write_msprobe_csv(results: pa.Table, path: str | Path) -> Path:
                 *(_num(r[f"target_{k}"]) for k in ("max", "min", "mean", "l2norm")),
                 *(_num(r[f"bench_{k}"]) for k in ("max", "min", "mean", "l2norm")),
                 "N/A" if rg_t is None or rg_b is None else rg_t == rg_b,
-                r["result"], r["err_message"] or "", stack, r.get("target_source_file") or "N/A",
+                r["result"], r["err_message"] or "", stack,
+                *(() if statistics else (r.get("target_source_file") or "N/A",)),
             ])
     return path
+
+
+def _sides(archive, results: pa.Table) -> list[tuple]:
+    """(target run, rank, iteration, bench run, rank, iteration) of the compared pairs, in order."""
+    ids_t = [i for i in results["target_tensor_id"].to_pylist() if i is not None]
+    ids_b = [i for i in results["bench_tensor_id"].to_pylist() if i is not None]
+    if not ids_t or not ids_b:
+        return []
+    q = "SELECT tensor_id, run, rank, iteration FROM tensors WHERE tensor_id IN (SELECT unnest($ids))"
+    t = {r["tensor_id"]: r for r in archive.sql(q, {"ids": ids_t}).to_pylist()}
+    b = {r["tensor_id"]: r for r in archive.sql(q, {"ids": ids_b}).to_pylist()}
+    seen: dict[tuple, None] = {}
+    for ti, bi in zip(results["target_tensor_id"].to_pylist(), results["bench_tensor_id"].to_pylist()):
+        if ti in t and bi in b:
+            x, y = t[ti], b[bi]
+            seen.setdefault((x["run"], x["rank"], x["iteration"], y["run"], y["rank"], y["iteration"]), None)
+    return sorted(seen, key=lambda k: (k[2] if k[2] is not None else -1, k[1] if k[1] is not None else -1))
+
+
+def _records(archive, run: str, rank, iteration) -> list[tuple[str, Any]]:
+    rows = archive.sql(
+        "SELECT op_name, record FROM msprobe_records WHERE run = $run AND rank IS NOT DISTINCT FROM $rank "
+        "AND iteration IS NOT DISTINCT FROM $it ORDER BY position", {"run": run, "rank": rank, "it": iteration})
+    return [(r["op_name"], json.loads(r["record"]) if r["record"] else None) for r in rows.to_pylist()]
+
+
+def _mode(archive, run: str, records: list[tuple[str, Any]]) -> str:
+    meta = archive.sql("SELECT metadata FROM runs WHERE run = $run", {"run": run}).to_pylist()
+    task = json.loads(meta[0]["metadata"] or "{}").get("task") if meta else None
+    if task == "tensor":
+        return "tensor"
+    text = json.dumps([r for _, r in records[:50]])
+    return "md5" if '"md5"' in text else "statistics"
+
+
+def msprobe_rows_csv(archive, results: pa.Table, path: str | Path) -> bool:
+    """Write msprobe's own ``compare_result`` CSV for two msprobe runs (False: not msprobe).
+
+    Several target ranks: one file per rank, as msprobe does, named ``{stem}_rank{R}{suffix}``
+    beside ``path`` (``path`` itself is not written); steps follow each other in a file.
+
+    Rows: every leaf of every target dump.json record in dump order (non-tensor arguments
+    and ``None`` gradients included), matched to the bench by msprobe's tensor name;
+    cells, verdicts and messages as msprobe 26.2 writes them
+    (:mod:`dumpdb.render.msprobe_rows`); ``NPU_Stack_Info`` from stack.json; line ends
+    ``\\n`` (pandas ``to_csv``). Tensor metrics are dumpdb's, rounded like msprobe's.
+    """
+    from dumpdb.render.msprobe_rows import build_rows, header
+
+    sides = _sides(archive, results)
+    if not sides:
+        return False
+    ids = [i for i in results["target_tensor_id"].to_pylist() if i is not None]
+    keys = {r["tensor_id"]: r["tensor_key"] for r in archive.sql(
+        "SELECT tensor_id, tensor_key FROM tensors WHERE tensor_id IN (SELECT unnest($ids))", {"ids": ids}).to_pylist()}
+    metrics = {}
+    for r in results.to_pylist():
+        key = keys.get(r["target_tensor_id"])
+        if key and "#" in key:
+            metrics[key.split("#", 1)[1]] = r
+    by_rank: dict[Any, list[list]] = {}
+    mode = None
+    for t_run, t_rank, t_it, b_run, b_rank, b_it in sides:
+        target = _records(archive, t_run, t_rank, t_it)
+        bench = _records(archive, b_run, b_rank, b_it)
+        if not target or not bench:
+            return False
+        mode = mode or _mode(archive, t_run, target)
+        stacks = {r["op_name"]: list(r["frames"]) for r in archive.sql(
+            "SELECT op_name, any_value(frames) AS frames FROM call_stacks WHERE run = $run "
+            "AND rank IS NOT DISTINCT FROM $rank AND iteration IS NOT DISTINCT FROM $it GROUP BY op_name",
+            {"run": t_run, "rank": t_rank, "it": t_it}).to_pylist()}
+        by_rank.setdefault(t_rank, []).extend(build_rows(mode, target, bench, stacks, metrics))
+    path = Path(path)
+    for rank, rows in by_rank.items():
+        # msprobe writes one compare_result_rank{R}_*.csv per rank: so do we, beside ``path``
+        out = path if len(by_rank) == 1 else path.with_name(f"{path.stem}_rank{rank}{path.suffix}")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with open(out, "w", newline="", encoding="utf-8") as f:
+            w = csv.writer(f, lineterminator="\n")
+            w.writerow(header(mode or "statistics"))
+            w.writerows(rows)
+    return True
 
 
 def write_parquet(results: pa.Table, path: str | Path) -> Path:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from dumpdb.render.report import _badges, _esc, _has_values, _page, _table_block, _write_atomic
+from dumpdb.render.report import esc, has_values, page, table_block, write_atomic
 
 
 def _rank(rank) -> str:
@@ -34,24 +34,24 @@ def write_ranks_report(path: str | os.PathLike[str], *, run: str, groups: pa.Tab
     for r in rows:
         if r["reference"]:
             continue
-        where = (f" — {_esc(r['first_diff_code_file'])}:{r['first_diff_code_line']} "
-                 f"<code>{_esc(r['first_diff_code_text'])}</code>" if r["first_diff_code_file"] else "")
-        items.append(f"<li><b>{_esc(_rank(r['rank']))}</b> departs from {_esc(_rank(r['reference_rank']))} "
-                     f"({_esc(r['departs_at'])}) at iteration {_esc(r['first_diff_iteration'])}, position "
-                     f"{_esc(r['first_diff_position'])}: <code>{_esc(r['first_diff_op'])} "
-                     f"{_esc(r['first_diff_io'])}.{_esc(r['first_diff_slot'])}</code>{where}</li>")
+        where = (f" — {esc(r['first_diff_code_file'])}:{r['first_diff_code_line']} "
+                 f"<code>{esc(r['first_diff_code_text'])}</code>" if r["first_diff_code_file"] else "")
+        items.append(f"<li><b>{esc(_rank(r['rank']))}</b> departs from {esc(_rank(r['reference_rank']))} "
+                     f"({esc(r['departs_at'])}) at iteration {esc(r['first_diff_iteration'])}, position "
+                     f"{esc(r['first_diff_position'])}: <code>{esc(r['first_diff_op'])} "
+                     f"{esc(r['first_diff_io'])}.{esc(r['first_diff_slot'])}</code>{where}</li>")
     verdict = ("<p>Every rank agrees (one group).</p>" if not items
                else "<ul>" + "".join(items) + "</ul>")
     body = ['<h2 id="odd">Ranks that depart</h2>', verdict]
     if first_bad.num_rows:
         f = first_bad.to_pylist()[0]
-        body.append(f'<h2 id="bad">First rank with NaN/Inf</h2><p><b>{_esc(_rank(f["rank"]))}</b>, iteration '
-                    f'{_esc(f["iteration"])}, position {_esc(f["position"])}: <code>{_esc(f["op_name"])} '
-                    f'{_esc(f["io"])}.{_esc(f["slot"])}</code></p>')
-        body.append(_table_block("first-bad", first_bad, [c for c in first_bad.column_names
-                                                          if _has_values(first_bad, c)], empty="No NaN/Inf."))
+        body.append(f'<h2 id="bad">First rank with NaN/Inf</h2><p><b>{esc(_rank(f["rank"]))}</b>, iteration '
+                    f'{esc(f["iteration"])}, position {esc(f["position"])}: <code>{esc(f["op_name"])} '
+                    f'{esc(f["io"])}.{esc(f["slot"])}</code></p>')
+        body.append(table_block("first-bad", first_bad, [c for c in first_bad.column_names
+                                                          if has_values(first_bad, c)], empty="No NaN/Inf."))
     cols = [c for c in groups.column_names if c not in ("data_fingerprint", "sequence_fingerprint")
-            and _has_values(groups, c)]
-    body += ['<h2 id="groups">Ranks</h2>', _table_block("ranks", groups, cols, empty="No ranks.")]
+            and has_values(groups, c)]
+    body += ['<h2 id="groups">Ranks</h2>', table_block("ranks", groups, cols, empty="No ranks.")]
     nav = [("odd", "departures"), ("bad", "NaN/Inf"), ("groups", "ranks")]
-    return _write_atomic(path, _page(f"dumpdb ranks: {run}", _badges(badges), nav, "".join(body)))
+    return write_atomic(path, page(f"dumpdb ranks: {run}", badges(badges), nav, "".join(body)))

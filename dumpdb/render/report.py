@@ -921,3 +921,7 @@ def write_scan_report(path: str | os.PathLike[str], *, run: str, summary: Mappin
              _table_block("hits", hits, [c for c in hits.column_names if _has_values(hits, c)], empty="No hits.")]
     nav = [("summary", "summary"), ("plots", "plot"), ("hits-h", "hits")]
     return _write_atomic(path, _page(f"dumpdb scan: {run}", _badges(badges), nav, "".join(body)))
+
+
+# Building blocks the other self-contained reports share (render/ranks_report.py).
+esc, badges, has_values, page, table_block, write_atomic = _esc, _badges, _has_values, _page, _table_block, _write_atomic

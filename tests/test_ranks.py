@@ -102,7 +102,7 @@ def test_cli_ranks_and_scan_across_ranks(archive):
     assert "8 rank(s), 4 data group(s), 1 op-sequence group(s)" in res.output
     assert f"rank 5 departs from rank 0 (value) at iteration 0, position 4: {keys[4]} output.0" in res.output
     res = runner.invoke(app, ["scan", "dp8", "--across-ranks", "--archive", str(a.path)], env={"COLUMNS": "250"})
-    assert res.exit_code == 0, res.output
+    assert res.exit_code == 1, res.output  # scan exit codes: 1 = found
     assert f"first bad rank: rank 6, iteration 0, position 6: {keys[6]} output.0" in res.output
     res = runner.invoke(app, ["ranks", "nope", "--archive", str(a.path)])
     assert res.exit_code == 2 and "nope" in res.output

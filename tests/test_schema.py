@@ -56,7 +56,7 @@ def test_run_tables_are_the_tables_with_a_run_column_runs_last():
     rt = schema.run_tables()
     assert rt == schema.RUN_TABLES and rt[-1] == "runs"
     assert set(rt) == {"runs", "tensors", "ops", "execution_order", "graph_executions", "overflows",
-                       "call_stacks", "module_tree", "ingest_errors"}
+                       "call_stacks", "module_tree", "msprobe_records", "ingest_errors"}
 
 
 def test_ingest_row_schemas_match_the_catalog():

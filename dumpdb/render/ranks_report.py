@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from dumpdb.render.report import esc, has_values, page, table_block, write_atomic
+from dumpdb.render.report import badges, esc, has_values, page, table_block, write_atomic
 
 
 def _rank(rank) -> str:
@@ -28,7 +28,7 @@ def write_ranks_report(path: str | os.PathLike[str], *, run: str, groups: pa.Tab
     """
     rows = groups.to_pylist()
     n_groups = len({r["group"] for r in rows})
-    badges = [("b-pass" if n_groups <= 1 else "b-error", f"{len(rows)} ranks, {n_groups} group(s)"),
+    summary_badges = [("b-pass" if n_groups <= 1 else "b-error", f"{len(rows)} ranks, {n_groups} group(s)"),
               ("b-error" if first_bad.num_rows else "b-pass", f"{first_bad.num_rows} rank(s) with NaN/Inf")]
     items = []
     for r in rows:
@@ -54,4 +54,4 @@ def write_ranks_report(path: str | os.PathLike[str], *, run: str, groups: pa.Tab
             and has_values(groups, c)]
     body += ['<h2 id="groups">Ranks</h2>', table_block("ranks", groups, cols, empty="No ranks.")]
     nav = [("odd", "departures"), ("bad", "NaN/Inf"), ("groups", "ranks")]
-    return write_atomic(path, page(f"dumpdb ranks: {run}", badges(badges), nav, "".join(body)))
+    return write_atomic(path, page(f"dumpdb ranks: {run}", badges(summary_badges), nav, "".join(body)))

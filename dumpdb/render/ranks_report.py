@@ -29,7 +29,7 @@ def write_ranks_report(path: str | os.PathLike[str], *, run: str, groups: pa.Tab
     rows = groups.to_pylist()
     n_groups = len({r["group"] for r in rows})
     summary_badges = [("b-pass" if n_groups <= 1 else "b-error", f"{len(rows)} ranks, {n_groups} group(s)"),
-              ("b-error" if first_bad.num_rows else "b-pass", f"{first_bad.num_rows} rank(s) with NaN/Inf")]
+                      ("b-error" if first_bad.num_rows else "b-pass", f"{first_bad.num_rows} rank(s) with NaN/Inf")]
     items = []
     for r in rows:
         if r["reference"]:

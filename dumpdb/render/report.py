@@ -924,4 +924,5 @@ def write_scan_report(path: str | os.PathLike[str], *, run: str, summary: Mappin
 
 
 # Building blocks the other self-contained reports share (render/ranks_report.py).
-esc, badges, has_values, page, table_block, write_atomic = _esc, _badges, _has_values, _page, _table_block, _write_atomic
+esc, badges, has_values, page = _esc, _badges, _has_values, _page
+table_block, write_atomic = _table_block, _write_atomic

@@ -222,14 +222,14 @@ def _pair_metrics(store, t: tuple, b: tuple, ranges=None) -> tuple[dict, str | N
 _WORKER_STORE = None
 
 
-def _init_worker(store_root: str) -> None:
+def _init_worker(zstore) -> None:
     global _WORKER_STORE
     from dumpdb.storage.store import TensorStore
 
     # The metrics' dot products run on cache-sized chunks: BLAS threads only
     # contend with the other workers (measured: 2 processes 13 s -> 3 s).
     threadpool_limits(1, user_api="blas")
-    _WORKER_STORE = TensorStore(store_root, read_only=True)
+    _WORKER_STORE = TensorStore(zstore, read_only=True)
 
 
 def _pair_metrics_in_worker(t: tuple, b: tuple, ranges=None) -> tuple[dict, str | None]:
@@ -269,7 +269,7 @@ def compare(archive, target: str | Selection, bench: str | Selection, *, iterati
         mapping_dict = load_mapping(mapping) if isinstance(mapping, (str, os.PathLike)) else mapping
     except (OSError, ValueError) as exc:
         raise DumpdbError(f"mapping file: {exc}") from exc
-    with archive._reader() as con:
+    with archive.reader() as con:
         trows, brows = _select(con, tsel), _select(con, bsel)
     try:
         alignment = align(trows, brows, group_by=_group_by(tsel, bsel), mapping=mapping_dict,
@@ -321,7 +321,7 @@ def _pool(archive, pairs, mode, workers: int):
     if workers > 1 and tensor_bytes >= PROCESS_MIN_BYTES:
         ctx = multiprocessing.get_context("forkserver")
         pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
-                                   initargs=(str(archive.store.root),))
+                                   initargs=(archive.store.zstore,))
         return pool, lambda t, b: pool.submit(_pair_metrics_in_worker, _loc(t), _loc(b), _ranges(t, b))
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dumpdb-compare")
     store = archive.store

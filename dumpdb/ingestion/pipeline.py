@@ -35,7 +35,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import xxhash
 
 from dumpdb import __version__
 from dumpdb.archive import CATALOG, STORE, _check_marker, create_archive, default_archive_path, is_archive
@@ -46,7 +45,8 @@ from dumpdb.layouts import DumpScan, Layout, TensorEntry, detect, get_layout
 from dumpdb.layouts.base import display_name
 from dumpdb.progress import Reporter
 from dumpdb.stats import STAT_COLUMNS, compute_stats
-from dumpdb.storage.store import BlobLocation, StoreWriter, TensorStore
+from dumpdb.storage.payloads import record_payloads
+from dumpdb.storage.store import BlobLocation, StoreWriter, TensorStore, payload_hash
 
 # Catalog commits: each opens the catalog read-write (~20 ms alone, far more while
 # reader threads hold the GIL), so commit by volume and time, not per pack. A
@@ -71,15 +71,6 @@ TENSOR_SCHEMA = pa.schema([
     ("model_id", pa.int64()), ("step", pa.int64()), ("original_shape", pa.list_(pa.int64())),
     ("original_format", pa.string()), ("direction", pa.string()), ("call_index", pa.int32()),
     ("arg_name", pa.string()), ("slot_path", pa.string()), ("requires_grad", pa.bool_()),
-])
-BLOB_SCHEMA = pa.schema([
-    ("content_hash", pa.string()), ("nbytes", pa.int64()), ("array_path", pa.string()),
-    ("elem_offset", pa.int64()), ("elem_count", pa.int64()), ("stored_bytes", pa.int64()),
-    ("first_run", pa.string()),
-])
-ARRAY_SCHEMA = pa.schema([
-    ("array_path", pa.string()), ("kind", pa.string()), ("dtype", pa.string()),
-    ("shape", pa.list_(pa.int64())), ("stored_bytes", pa.int64()), ("checksum", pa.string()),
 ])
 OPS_SCHEMA = pa.schema([
     ("run", pa.string()), ("rank", pa.int32()), ("device_id", pa.int32()), ("graph_id", pa.int32()),
@@ -158,8 +149,7 @@ class _Loaded:
 
 def content_hash(array: np.ndarray) -> str:
     """xxh3-128 hex digest of an array's bytes (C order), the dedup key."""
-    data = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-    return xxhash.xxh3_128_hexdigest(data)
+    return payload_hash(array)
 
 
 class _RunLock:
@@ -266,7 +256,7 @@ class _Pipeline:
         self.waiting: dict[str, list[dict]] = {}  # hash buffered in a pack -> rows waiting on it
         self.stats_cache: dict[tuple[str, str], dict] = {}
         self.rows: list[dict] = []  # rows ready to commit
-        self.blob_rows: list[dict] = []
+        self.blob_rows: list[BlobLocation] = []  # durable payloads, not yet in the catalog
         self.error_rows: list[dict] = []
         self.last_commit = time.monotonic()
         self.arrays: list = []  # arrays written, not yet in the catalog
@@ -340,7 +330,7 @@ class _Pipeline:
             except Exception:  # noqa: BLE001 - the catalog may be on the same full disk
                 pass
             self.report.status = "interrupted"
-            where = exc.filename or self.writer.store.root
+            where = exc.filename or self.writer.store.name
             raise ArchiveError(
                 f"{where}: cannot write the archive: {exc.strerror or exc}; the {self.report.tensors_added} "
                 "tensors committed so far are kept: free the problem and run the same command again") from exc
@@ -441,11 +431,7 @@ class _Pipeline:
         self.arrays.extend(self.writer.take_arrays())
         for loc in locations:
             self.known.add(loc.content_hash)
-            self.blob_rows.append({
-                "content_hash": loc.content_hash, "nbytes": loc.nbytes, "array_path": loc.array_path,
-                "elem_offset": loc.elem_offset, "elem_count": loc.elem_count,
-                "stored_bytes": loc.stored_bytes, "first_run": self.run_name,
-            })
+            self.blob_rows.append(loc)
             self.report.bytes_stored += loc.stored_bytes
             self.rows.extend(self.waiting.pop(loc.content_hash, ()))
 
@@ -502,10 +488,7 @@ class _Pipeline:
             return
         # Rows whose payload is still in a pack buffer stay behind (self.waiting).
         with self.catalog.writer() as con:
-            insert_arrow(con, "arrays", pa.Table.from_pylist([
-                {"array_path": a.array_path, "kind": a.kind, "dtype": a.dtype, "shape": list(a.shape),
-                 "stored_bytes": a.stored_bytes, "checksum": a.checksum} for a in arrays], ARRAY_SCHEMA))
-            insert_arrow(con, "blobs", pa.Table.from_pylist(self.blob_rows, BLOB_SCHEMA), ignore_conflicts=True)
+            record_payloads(con, self.blob_rows, arrays, self.run_name)
             insert_arrow(con, "tensors", pa.Table.from_pylist(self.rows, TENSOR_SCHEMA),
                          prefix="nextval('tensor_id_seq') AS tensor_id,")
             insert_arrow(con, "ingest_errors", pa.Table.from_pylist(self.error_rows, ERROR_SCHEMA))

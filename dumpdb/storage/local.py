@@ -24,7 +24,8 @@ import os
 import uuid
 from pathlib import Path
 
-from zarr.core.buffer import Buffer
+from zarr.abc.store import ByteRequest, RangeByteRequest
+from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
 from zarr.storage import LocalStore
 
 TMP_MARK = ".tmp-"  # temporary files: ``<name>.tmp-<pid>-<hex>``; never an object name
@@ -90,6 +91,24 @@ class DurableLocalStore(LocalStore):
     object given as several buffers without joining them first (pack shards are
     tens of MB of zstd frames).
     """
+
+    def get_sync(self, key: str, *, prototype: BufferPrototype | None = None,
+                 byte_range: ByteRequest | None = None) -> Buffer | None:
+        # The hot path of a tensor read (one inner chunk of a pack): one pread, no
+        # pathlib and no seek to the end, which LocalStore's get does for every range.
+        if not isinstance(byte_range, RangeByteRequest):
+            return super().get_sync(key, prototype=prototype, byte_range=byte_range)
+        try:
+            fd = os.open(os.path.join(self.root, key), os.O_RDONLY)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        try:
+            data = os.pread(fd, byte_range.end - byte_range.start, byte_range.start)
+        except IsADirectoryError:
+            return None
+        finally:
+            os.close(fd)
+        return (prototype or default_buffer_prototype()).buffer.from_bytes(data)
 
     def set_parts_sync(self, key: str, parts: list[bytes | bytearray | memoryview], exclusive: bool = False) -> int:
         """Write the object ``key`` as ``parts`` back to back; returns its size in bytes."""

@@ -40,6 +40,10 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
     return sync(coro)
 
 
+def _view(buf: Buffer) -> memoryview:
+    return buf.as_numpy_array().data.cast("B")
+
+
 async def _collect(it: Any) -> list[str]:
     return [key async for key in it]
 
@@ -73,8 +77,10 @@ class ObjectStore:
             return self.store.get_sync(key, prototype=self._proto, byte_range=byte_range)  # type: ignore[attr-defined]
         return _run(self.store.get(key, self._proto, byte_range))
 
-    def get(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
-        """The bytes ``[start, end)`` of object ``key`` (the whole object when both are None).
+    def get(self, key: str, start: int | None = None, end: int | None = None) -> memoryview:
+        """The bytes ``[start, end)`` of object ``key`` (the whole object when both are None),
+        as a read-only view of the buffer the store returned (no copy: pack frames are
+        up to 1 MiB and are decoded straight from it; ``bytes(...)`` it to keep it).
 
         Raises PayloadMissing if the object does not exist, PayloadCorrupt if it
         ends before ``end``.
@@ -88,18 +94,19 @@ class ObjectStore:
             buf = self._get(key, RangeByteRequest(lo, end)) if end > lo else self._get(key, RangeByteRequest(lo, lo))
         if buf is None:
             raise PayloadMissing(f"{self.where(key)}: object missing from the tensor store")
-        data = buf.to_bytes()
+        data = _view(buf)
         if end is not None and len(data) != end - (start or 0):
             raise PayloadCorrupt(f"{self.where(key)}: object too short for bytes [{start or 0}, {end}) "
                                  f"(got {len(data)} of {end - (start or 0)})")
         return data
 
-    def get_suffix(self, key: str, n: int) -> bytes:
-        """The last ``n`` bytes of object ``key``; PayloadCorrupt if it is shorter."""
+    def get_suffix(self, key: str, n: int) -> memoryview:
+        """The last ``n`` bytes of object ``key`` (a view, as :meth:`get`); PayloadCorrupt
+        if it is shorter."""
         buf = self._get(key, SuffixByteRequest(n))
         if buf is None:
             raise PayloadMissing(f"{self.where(key)}: object missing from the tensor store")
-        data = buf.to_bytes()
+        data = _view(buf)
         if len(data) != n:
             raise PayloadCorrupt(f"{self.where(key)}: object has {len(data)} bytes, fewer than the {n} expected")
         return data
@@ -124,7 +131,7 @@ class ObjectStore:
         total = self.size(key)
         crc = 0
         for lo in range(0, total, _BLOCK):
-            crc = google_crc32c.extend(crc, self.get(key, lo, min(lo + _BLOCK, total)))
+            crc = google_crc32c.extend(crc, bytes(self.get(key, lo, min(lo + _BLOCK, total))))
         return f"crc32c:{crc:08x}"
 
     def list_prefix(self, prefix: str) -> list[str]:

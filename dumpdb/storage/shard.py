@@ -97,14 +97,14 @@ def shard_index_bytes(n_chunks: int) -> int:
     return 16 * n_chunks + 4
 
 
-def parse_shard_index(raw: bytes, n_chunks: int, where: str) -> np.ndarray:
+def parse_shard_index(raw: bytes | memoryview, n_chunks: int, where: str) -> np.ndarray:
     """The ``(n_chunks, 2)`` (offset, nbytes) index from a shard's last
     :func:`shard_index_bytes` bytes ``raw``.
 
     Raises ValueError (naming ``where``) if the index checksum does not match (a
     damaged shard).
     """
-    index_bytes, checksum = raw[:-4], int.from_bytes(raw[-4:], "little")
+    index_bytes, checksum = bytes(raw[:-4]), int.from_bytes(raw[-4:], "little")
     if len(raw) != shard_index_bytes(n_chunks) or google_crc32c.value(index_bytes) != checksum:
         raise ValueError(f"{where}: shard index checksum mismatch (damaged file)")
     return np.frombuffer(index_bytes, dtype="<u8").reshape(n_chunks, 2)

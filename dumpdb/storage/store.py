@@ -133,7 +133,7 @@ class _PackMeta:
     """What reading a pack needs from its ``zarr.json``: dtype, inner chunk, shard index."""
 
     def __init__(self, objects: ObjectStore, array_path: str):
-        meta = json.loads(objects.get(f"{array_path}/zarr.json"))
+        meta = json.loads(bytes(objects.get(f"{array_path}/zarr.json")))
         sharding = meta["codecs"][0]
         if sharding["name"] != "sharding_indexed" or len(meta["shape"]) != 1:
             raise ValueError(f"{array_path}: not a 1-D sharded pack")

@@ -213,7 +213,7 @@ def test_a_big_endian_pack_is_refused(zstore, small_units):
     locations, _ = _write(zstore, small_units, {"p": np.arange(50, dtype=np.float32)})
     loc = locations["p"]
     objects = ObjectStore(zstore)
-    meta = json.loads(objects.get(f"{loc.array_path}/zarr.json"))
+    meta = json.loads(bytes(objects.get(f"{loc.array_path}/zarr.json")))
     meta["codecs"][0]["configuration"]["codecs"][0]["configuration"] = {"endian": "big"}
     objects.set(f"{loc.array_path}/zarr.json", json.dumps(meta).encode())
     with pytest.raises(ValueError, match="little-endian"):

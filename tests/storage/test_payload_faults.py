@@ -57,5 +57,5 @@ def test_verify_on_read_catches_bytes_that_decode_but_changed(archive):
 
 
 def _inner_chunk(store, path) -> int:
-    meta = json.loads(store.objects.get(f"{path}/zarr.json"))
+    meta = json.loads(bytes(store.objects.get(f"{path}/zarr.json")))
     return int(meta["codecs"][0]["configuration"]["chunk_shape"][0])

@@ -40,7 +40,7 @@ def copy_payloads(source: TensorStore, writer: StoreWriter, blobs: Iterable[Blob
     damaged source payload, OSError when writing fails."""
     locations: list[BlobLocation] = []
     for content_hash, array_path, offset, count in blobs:
-        data = source.read_payload(array_path, offset, count or 0)
+        data = source.read_payload(array_path, offset, count or 0, content_hash)
         locations.extend(writer.add(content_hash, data))
     locations.extend(writer.flush())
     return locations

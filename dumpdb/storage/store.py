@@ -297,16 +297,32 @@ class TensorStore:
                 raise PayloadMissing(f"{self.objects.where(path + '/' + key)}: shard missing from the tensor store")
         return arr
 
-    def read_payload(self, array_path: str | None, elem_offset: int | None, elem_count: int) -> np.ndarray:
+    def _large(self, array_path: str, content_hash: str | None) -> np.ndarray:
+        """A large array's data; PayloadMissing for a missing shard, with one exception:
+        older archives (large arrays written without ``write_empty_chunks``) have no
+        shard for an all-zero tensor, and zeros are right when they hash to its key."""
+        try:
+            return np.asarray(self.array(array_path)[...])
+        except PayloadMissing:
+            arr = self._arrays.get(array_path)  # None: zarr.json itself is gone
+            if arr is None or content_hash is None:
+                raise
+            zeros = np.zeros(arr.shape, dtype=arr.dtype)
+            if payload_hash(zeros) != content_hash:
+                raise
+            return zeros
+
+    def read_payload(self, array_path: str | None, elem_offset: int | None, elem_count: int,
+                     content_hash: str | None = None) -> np.ndarray:
         """The stored payload of one blob, flat, in its storage dtype (a new array).
 
-        ``array_path`` None is the empty payload (uint8, 0 elements). Raises as
-        the class docstring says.
+        ``array_path`` None is the empty payload (uint8, 0 elements);
+        ``content_hash`` as in :meth:`read`. Raises as the class docstring says.
         """
         if array_path is None:
             return np.empty(0, np.uint8)
         if elem_offset is None:
-            return np.asarray(self.array(array_path)[...]).reshape(-1)
+            return self._large(array_path, content_hash).reshape(-1)
         return self.read_pack_range(array_path, elem_offset, elem_count).copy()
 
     def read(self, array_path: str | None, elem_offset: int | None, elem_count: int,
@@ -324,16 +340,7 @@ class TensorStore:
         if array_path is None:
             return np.zeros(shape, dtype=dtype)
         if elem_offset is None:
-            try:
-                data = np.asarray(self.array(array_path)[...])
-            except PayloadMissing:
-                # Older archives (large arrays written without write_empty_chunks) have no
-                # shard for an all-zero tensor: zeros are right only if they hash to its key.
-                zeros = np.zeros(shape, dtype=storage_dtype(dtype))
-                if content_hash is None or payload_hash(zeros) != content_hash or \
-                        not self.objects.exists(f"{array_path}/zarr.json"):
-                    raise
-                data = zeros
+            data = self._large(array_path, content_hash)
         else:
             data = self.read_pack_range(array_path, elem_offset, elem_count)
         want = storage_dtype(dtype)

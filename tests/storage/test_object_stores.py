@@ -198,6 +198,21 @@ def test_missing_objects_raise_payload_missing_never_zeros(zstore, small_units, 
                                  payloads[kind].dtype, payloads[kind].shape, content_hash=kind)
 
 
+def test_an_all_zero_large_array_of_older_archives_reads_back(zstore):
+    """Older dumpdb let zarr skip fill-value chunks: an all-zero large tensor has no shard.
+    Zeros are returned only when they hash to the payload's content hash."""
+    zeros = np.zeros((40, 100), np.float32)
+    arr = zarr.create_array(zstore, name="large/ab/old", shape=zeros.shape, dtype=zeros.dtype,
+                            chunks=(10, 100), shards=(40, 100), fill_value=0)
+    arr[...] = zeros  # written without write_empty_chunks: no shard object
+    assert ObjectStore(zstore).list_prefix("large/ab/old") == ["large/ab/old/zarr.json"]
+    got = TensorStore(zstore).read("large/ab/old", None, zeros.size, zeros.dtype, zeros.shape,
+                                   content_hash=payload_hash(zeros))
+    assert got.tobytes() == zeros.tobytes()
+    with pytest.raises(PayloadMissing, match="large/ab/old/c/0/0: shard missing"):
+        TensorStore(zstore).read("large/ab/old", None, zeros.size, zeros.dtype, zeros.shape, content_hash="0" * 32)
+
+
 def test_truncated_pack_shard_is_corrupt_not_zeros(zstore, small_units):
     payloads = {"p": np.arange(500, dtype=np.float32)}
     locations, _ = _write(zstore, small_units, payloads)

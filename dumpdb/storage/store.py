@@ -6,7 +6,7 @@ array per tensor costs ~2.7 ms + ~3 ms per chunk, so tensors are packed):
 ``packs/{dtype}/{pack_id}``
     1-D arrays holding many tensors' payloads back to back (one per dtype per
     flush, about ``pack_bytes`` each), zstd level 1, inner chunks of 1 MiB,
-    one shard per pack: one ``zarr.json`` + one shard file per pack.
+    one shard per pack: one ``zarr.json`` + one shard object per pack.
 ``large/{hh}/{content_hash}-{id}``
     one array per tensor of at least ``large_bytes``, in its own shape and
     dtype, chunked along the leading dimensions (~4 MiB chunks) in one shard.
@@ -19,6 +19,9 @@ ever referenced: the catalog commit comes after the write).
 
 bfloat16 is stored as uint16 bit patterns (Zarr 3.1 has no bfloat16); every
 payload reads back bit for bit.
+
+All I/O goes through :class:`~dumpdb.storage.objects.ObjectStore` (object keys, not
+paths), so the store may be local (:mod:`dumpdb.storage.local`), in memory, or remote.
 """
 
 from __future__ import annotations

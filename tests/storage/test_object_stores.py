@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import zarr.storage
 from zarr.abc.store import RangeByteRequest, Store
+from zarr.storage import WrapperStore
 
 import dumpdb.storage.store as store_mod
 from dumpdb.errors import PayloadCorrupt, PayloadMissing
@@ -37,7 +38,14 @@ def _memory(tmp_path: Path) -> Store:
     return zarr.storage.MemoryStore()
 
 
-STORES: list[tuple[str, Callable[[Path], Store]]] = [("local", _local), ("memory", _memory)]
+def _async_only(tmp_path: Path) -> Store:
+    """A store with zarr's async API only, as object stores (FsspecStore, ObjectStore)
+    have: every call goes through the facade's event-loop path."""
+    return WrapperStore(zarr.storage.MemoryStore())
+
+
+STORES: list[tuple[str, Callable[[Path], Store]]] = [
+    ("local", _local), ("memory", _memory), ("async-only", _async_only)]
 
 
 @pytest.fixture(params=[f for _, f in STORES], ids=[n for n, _ in STORES])

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import duckdb
 import numpy as np
@@ -34,6 +34,9 @@ from dumpdb import __version__
 from dumpdb.catalog import DEFAULT_LOCK_TIMEOUT, Catalog
 from dumpdb.dtypes import from_catalog_name
 from dumpdb.errors import ArchiveError, DumpdbError, PayloadCorrupt, PayloadMissing, TensorNotFound
+
+if TYPE_CHECKING:
+    from dumpdb.storage.store import TensorStore
 
 MARKER = "dumpdb.json"
 CATALOG = "catalog.duckdb"
@@ -133,14 +136,14 @@ class Archive:
         _check_marker(self.path)
         self.catalog = Catalog(self.path / CATALOG, lock_timeout=lock_timeout, on_wait=on_wait)
         self.schema_version = self.catalog.check(writable=self.writable)
-        self._store = None  # opened on first tensor read: zarr costs ~0.2 s to import
+        self._store: TensorStore | None = None  # opened on first tensor read: zarr costs ~0.2 s to import
         self._held: duckdb.DuckDBPyConnection | None = None
 
     def __repr__(self) -> str:
         return f"<dumpdb.Archive {str(self.path)!r}>"
 
     @property
-    def store(self):
+    def store(self) -> TensorStore:
         """The :class:`~dumpdb.storage.store.TensorStore` (read-only), opened on first use."""
         if self._store is None:
             from dumpdb.storage.store import TensorStore
@@ -148,7 +151,7 @@ class Archive:
             self._store = TensorStore(self.path / STORE, read_only=True)
         return self._store
 
-    def writable_store(self):
+    def writable_store(self) -> TensorStore:
         """A :class:`~dumpdb.storage.store.TensorStore` open for writing (for a
         :class:`~dumpdb.storage.store.StoreWriter`; gc, import). Its writes are
         durable when they return (:mod:`dumpdb.storage.local`)."""

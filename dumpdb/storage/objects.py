@@ -79,8 +79,8 @@ class ObjectStore:
 
     def get(self, key: str, start: int | None = None, end: int | None = None) -> memoryview:
         """The bytes ``[start, end)`` of object ``key`` (the whole object when both are None),
-        as a read-only view of the buffer the store returned (no copy: pack frames are
-        up to 1 MiB and are decoded straight from it; ``bytes(...)`` it to keep it).
+        as a view of the buffer the store returned (no copy: pack frames are up to
+        1 MiB and are decoded straight from it; never write to it, ``bytes(...)`` it to keep it).
 
         Raises PayloadMissing if the object does not exist, PayloadCorrupt if it
         ends before ``end``.
@@ -91,7 +91,7 @@ class ObjectStore:
             lo = start or 0
             if end is None:
                 raise ValueError("get(): give end with start (use get_suffix for a tail)")
-            buf = self._get(key, RangeByteRequest(lo, end)) if end > lo else self._get(key, RangeByteRequest(lo, lo))
+            buf = self._get(key, RangeByteRequest(lo, max(end, lo)))
         if buf is None:
             raise PayloadMissing(f"{self.where(key)}: object missing from the tensor store")
         data = _view(buf)

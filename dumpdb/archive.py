@@ -334,13 +334,13 @@ class Archive:
         return rows[0][0]
 
     def tensors(self, query: str, params: list | None = None, *,
-                host_format: bool = False) -> Iterator[tuple[dict[str, Any], np.ndarray | None]]:
+                host_format: bool = False, verify: bool = False) -> Iterator[tuple[dict[str, Any], np.ndarray | None]]:
         """Yield ``(row, array)`` for each row of ``query`` (which must return ``tensor_id``).
 
         Rows come in the query's order as dicts of its columns; ``array`` is
         None for statistics-only and pruned tensors. Payloads are read one at a time, so
-        memory stays bounded by the largest tensor. ``host_format`` as in
-        :meth:`tensor`.
+        memory stays bounded by the largest tensor. ``host_format`` and ``verify``
+        as in :meth:`tensor`.
         """
         table = self.sql(query, params)
         if "tensor_id" not in table.column_names:
@@ -359,7 +359,7 @@ class Archive:
                 if loc is None:
                     raise TensorNotFound(f"no tensor with tensor_id {row['tensor_id']} in {self.path}")
                 has_payload = loc[4] is not None and loc[13] is None
-                yield row, (self._read(loc, host_format) if has_payload else None)
+                yield row, (self._read(loc, host_format, verify) if has_payload else None)
 
     # -- comparison ------------------------------------------------------------
     def compare(self, target: str, bench: str, **options) -> pa.Table:

@@ -53,9 +53,23 @@ def test_verify_on_read_catches_bytes_that_decode_but_changed(archive):
     fresh.tensor(row["tensor_id"])  # no check: the altered bytes come back
     with pytest.raises(PayloadCorrupt, match=r"run='c1'.*content hash mismatch"):
         fresh.tensor(row["tensor_id"], verify=True)
+    with pytest.raises(PayloadCorrupt, match="content hash mismatch"):
+        list(fresh.tensors("SELECT tensor_id FROM tensors WHERE tensor_id = ?", [row["tensor_id"]], verify=True))
     assert not fresh.verify().ok
 
 
 def _inner_chunk(store, path) -> int:
     meta = json.loads(bytes(store.objects.get(f"{path}/zarr.json")))
     return int(meta["codecs"][0]["configuration"]["chunk_shape"][0])
+
+
+def test_a_missing_shard_stops_export_and_shows_in_verify(archive, tmp_path):
+    row = _one(archive, "pack")
+    key = shard_key(row["array_path"], 1)
+    archive.writable_store().objects.delete(key)
+    report = archive.verify()
+    assert not report.ok and row["array_path"] in report.damaged_shards
+    assert any("missing" in reason for reason in report.damaged.values())
+    with pytest.raises(PayloadMissing, match=key):
+        archive.export("c1", tmp_path / "c1.bundle")
+    assert not (tmp_path / "c1.bundle").exists()  # no bundle written without its payloads

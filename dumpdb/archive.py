@@ -32,7 +32,7 @@ import duckdb
 
 from dumpdb import __version__
 from dumpdb.catalog import DEFAULT_LOCK_TIMEOUT, Catalog, one
-from dumpdb.errors import ArchiveError, DumpdbError, TensorNotFound
+from dumpdb.errors import ArchiveError, DumpdbError, PayloadCorrupt, PayloadMissing, TensorNotFound
 
 if TYPE_CHECKING:  # numpy and pyarrow are imported where used: a query CLI starts without them
     import numpy as np
@@ -125,7 +125,7 @@ def check_marker(path: Path) -> None:
 _TENSOR_LOCATION_SQL = """
 SELECT t.tensor_id, t.dtype, t.shape, t.nbytes, t.content_hash, t.source_file,
        b.array_path, b.elem_offset, b.elem_count, b.content_hash IS NOT NULL AS stored,
-       t.format, t.original_shape, t.original_format, t.pruned_at
+       t.format, t.original_shape, t.original_format, t.pruned_at, t.run, t.op_name, t.io, t.slot
 FROM tensors t LEFT JOIN blobs b ON b.content_hash = t.content_hash
 """
 
@@ -151,13 +151,21 @@ class Archive:
         return f"<dumpdb.Archive {str(self.path)!r}>"
 
     @property
-    def store(self):
+    def store(self) -> TensorStore:
         """The :class:`~dumpdb.storage.store.TensorStore` (read-only), opened on first use."""
         if self._store is None:
             from dumpdb.storage.store import TensorStore
 
             self._store = TensorStore(self.path / STORE, read_only=True)
         return self._store
+
+    def writable_store(self) -> TensorStore:
+        """A :class:`~dumpdb.storage.store.TensorStore` open for writing (for a
+        :class:`~dumpdb.storage.store.StoreWriter`; gc, import). Its writes are
+        durable when they return (:mod:`dumpdb.storage.local`)."""
+        from dumpdb.storage.store import TensorStore
+
+        return TensorStore(self.path / STORE, read_only=False)
 
     @property
     def writable(self) -> bool:
@@ -181,8 +189,16 @@ class Archive:
             self._held_sandbox.close()
             self._held_sandbox = None
 
+    @property
+    def holding(self) -> bool:
+        """True inside ``with archive:`` (a read-only catalog connection is held open)."""
+        return self._held is not None
+
     @contextmanager
-    def _reader(self) -> Iterator[duckdb.DuckDBPyConnection]:
+    def reader(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A read-only catalog connection for a block of queries: the one ``with
+        archive:`` holds, else a new one closed when the block ends. Raises
+        ArchiveError if the catalog stays locked past ``lock_timeout``."""
         if self._held is not None:
             yield self._held
         else:
@@ -222,7 +238,7 @@ class Archive:
     def _query(self, query: str, params: list | dict | None, allow_files: bool) -> Iterator[Any]:
         """The relation of ``query`` on a sandboxed (or, with ``allow_files``, a plain
         read-only) connection; DuckDB errors become one-line :class:`DumpdbError`."""
-        with (self._reader() if allow_files else self._sandbox()) as con:
+        with (self.reader() if allow_files else self._sandbox()) as con:
             try:
                 yield con.sql(query, params=params)
             except duckdb.PermissionException as exc:
@@ -309,7 +325,7 @@ class Archive:
         run cost it nothing), ``ratio`` = bytes_in / bytes_stored. Raises
         TensorNotFound-style :class:`DumpdbError` for an unknown run.
         """
-        with self._reader() as con:
+        with self.reader() as con:
             meta = con.sql("SELECT * FROM runs WHERE run = ?", params=[run]).to_arrow_table().to_pylist()
             if not meta:
                 known = [r[0] for r in con.execute("SELECT run FROM runs ORDER BY run").fetchall()]
@@ -351,7 +367,7 @@ class Archive:
     # -- tensors -----------------------------------------------------------
     def tensor(self, tensor_id: int | None = None, *, run: str | None = None, iteration: int | None = None,
                op_name: str | None = None, io: str = "output", slot: int = 0, rank: int | None = 0,
-               graph_id: int | None = None, host_format: bool = False) -> np.ndarray:
+               graph_id: int | None = None, host_format: bool = False, verify: bool = False) -> np.ndarray:
         """The payload of one tensor as a numpy array, bit for bit as dumped.
 
         By id: ``tensor(17)``. By key: ``tensor(run="fp32", iteration=0,
@@ -367,18 +383,23 @@ class Archive:
         layout and ``original_shape`` (see :mod:`dumpdb.formats`); tensors already
         in a host format come back unchanged.
 
+        ``verify=True`` hashes the bytes read again (xxh3-128) and compares them
+        with the tensor's ``content_hash``.
+
         Raises :class:`TensorNotFound` when nothing (or more than one tensor)
-        matches, and :class:`DumpdbError` when only statistics were dumped or a
-        device format cannot be converted.
+        matches, :class:`DumpdbError` when only statistics were dumped or a
+        device format cannot be converted, :class:`PayloadMissing` when the stored
+        bytes are gone and :class:`PayloadCorrupt` when their length or hash is
+        wrong (both name run, op_name, io and slot).
         """
         if tensor_id is None:
             tensor_id = self.find_tensor_id(run=run, iteration=iteration, op_name=op_name, io=io,
                                             slot=slot, rank=rank, graph_id=graph_id)
-        with self._reader() as con:
+        with self.reader() as con:
             rows = con.execute(_TENSOR_LOCATION_SQL + " WHERE t.tensor_id = ?", [int(tensor_id)]).fetchall()
         if not rows:
             raise TensorNotFound(f"no tensor with tensor_id {tensor_id} in {self.path}")
-        return self._read(rows[0], host_format)
+        return self._read(rows[0], host_format, verify)
 
     def find_tensor_id(self, *, run: str | None, iteration: int | None, op_name: str | None,
                        io: str = "output", slot: int = 0, rank: int | None = 0,
@@ -396,7 +417,7 @@ class Archive:
             # Layouts without ranks (CANN device dirs, r1.2, TensorDump) have rank NULL.
             conds.append("(rank = ? OR rank IS NULL)")
             params.append(rank)
-        with self._reader() as con:
+        with self.reader() as con:
             rows = con.execute(
                 "SELECT tensor_id, graph_id, iteration, rank FROM tensors WHERE "
                 + " AND ".join(conds) + " ORDER BY tensor_id LIMIT 6",
@@ -413,13 +434,13 @@ class Archive:
         return rows[0][0]
 
     def tensors(self, query: str, params: list | None = None, *,
-                host_format: bool = False) -> Iterator[tuple[dict[str, Any], np.ndarray | None]]:
+                host_format: bool = False, verify: bool = False) -> Iterator[tuple[dict[str, Any], np.ndarray | None]]:
         """Yield ``(row, array)`` for each row of ``query`` (which must return ``tensor_id``).
 
         Rows come in the query's order as dicts of its columns; ``array`` is
         None for statistics-only and pruned tensors. Payloads are read one at a time, so
-        memory stays bounded by the largest tensor. ``host_format`` as in
-        :meth:`tensor`.
+        memory stays bounded by the largest tensor. ``host_format`` and ``verify``
+        as in :meth:`tensor`.
         """
         import pyarrow as pa
 
@@ -427,7 +448,7 @@ class Archive:
         if "tensor_id" not in table.column_names:
             raise DumpdbError("tensors(query): the query must return a tensor_id column")
         ids = pa.table({"tensor_id": table.column("tensor_id").cast(pa.int64())})
-        with self._reader() as con:
+        with self.reader() as con:
             con.register("_ids", ids)
             try:
                 locs = {r[0]: r for r in con.execute(
@@ -440,7 +461,7 @@ class Archive:
                 if loc is None:
                     raise TensorNotFound(f"no tensor with tensor_id {row['tensor_id']} in {self.path}")
                 has_payload = loc[4] is not None and loc[13] is None
-                yield row, (self._read(loc, host_format) if has_payload else None)
+                yield row, (self._read(loc, host_format, verify) if has_payload else None)
 
     # -- comparison ------------------------------------------------------------
     def compare(self, target: str, bench: str, **options) -> pa.Table:
@@ -511,9 +532,9 @@ class Archive:
 
         return verify(self, run, **options)
 
-    def _read(self, loc: tuple, host_format: bool = False) -> np.ndarray:
+    def _read(self, loc: tuple, host_format: bool = False, verify: bool = False) -> np.ndarray:
         (tensor_id, dtype, shape, nbytes, content_hash, source_file, array_path, offset, count, stored,
-         fmt, original_shape, original_format, pruned_at) = loc
+         fmt, original_shape, original_format, pruned_at, run, op_name, io, slot) = loc
         if content_hash is None:
             raise DumpdbError(
                 f"tensor {tensor_id} ({source_file}): only statistics were dumped, there is no payload")
@@ -524,7 +545,13 @@ class Archive:
             raise DumpdbError(f"tensor {tensor_id} ({source_file}): payload {content_hash} is not in the store")
         from dumpdb.dtypes import from_catalog_name
 
-        array = self.store.read(array_path, offset, count or 0, from_catalog_name(dtype), tuple(shape))
+        try:
+            array = self.store.read(array_path, offset, count or 0, from_catalog_name(dtype), tuple(shape),
+                                    content_hash=content_hash, verify=verify)
+        except (PayloadMissing, PayloadCorrupt, ValueError) as exc:
+            what = f"tensor {tensor_id} (run={run!r} op_name={op_name!r} io={io} slot={slot})"
+            cls = PayloadMissing if isinstance(exc, PayloadMissing) else PayloadCorrupt
+            raise cls(f"{what}: payload {content_hash}: {exc}") from exc
         if host_format and original_shape is not None:
             from dumpdb.formats import to_host
 

@@ -9,8 +9,8 @@ import dumpdb
 
 PACKAGE = Path(dumpdb.__file__).parent
 
-# Storage privates another change replaces with a public seam (issue 10 items 1-3a).
-KNOWN_STORAGE_PRIVATES = {"archive._reader", "archive._held", "_dir_bytes"}
+# None left: storage is reached through public methods (Archive.reader, TensorStore, ObjectStore).
+KNOWN_STORAGE_PRIVATES: set[str] = set()
 # Modules of dumpdb/layouts/ that hold shared helpers, not layouts.
 SHARED_LAYOUT_MODULES = {"base", "mindspore_kit", "mindspore_ir", "cann_pb", "flat_npy", "dump_data_pb2"}
 # statistic-only is a special case of mindspore-sync (a subclass), the one allowed pair.

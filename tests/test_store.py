@@ -11,7 +11,8 @@ import zarr
 import zarr.codecs
 
 from dumpdb.dtypes import BFLOAT16
-from dumpdb.storage.shard import encode_chunks, write_shard
+from dumpdb.storage.objects import ObjectStore
+from dumpdb.storage.shard import ShardTarget, encode_chunks, write_shard
 from dumpdb.storage.store import StoreWriter, TensorStore, large_chunks
 
 
@@ -30,7 +31,7 @@ def test_encoded_shard_reads_back_through_zarr(tmp_path, dtype, n, chunk):
                       shards=(math.ceil(n / chunk) * chunk,), compressors=zarr.codecs.ZstdCodec(level=1),
                       fill_value=0)
     with ThreadPoolExecutor(2) as pool:
-        write_shard(str(tmp_path / "p" / "c" / "0"), encode_chunks(data, chunk, 1, pool))
+        write_shard(ShardTarget(ObjectStore(store), "p/c/0"), encode_chunks(data, chunk, 1, pool))
     back = zarr.open_array(store, path="p", mode="r")
     assert back[:].tobytes() == data.tobytes()
     assert back[n // 3 : n // 3 + 5].tobytes() == data[n // 3 : n // 3 + 5].tobytes()

@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -63,6 +62,7 @@ def export_runs(archive, runs: list[str], to: str | os.PathLike) -> Path:
     """Write ``runs`` of ``archive`` as a bundle at ``to`` (a ``.zip`` file if the name
     ends so, else a new directory). Returns the path. Raises DumpdbError for an unknown
     run or an existing destination."""
+    from dumpdb.storage.payloads import array_table, blob_table, copy_payloads
     from dumpdb.storage.store import StoreWriter, TensorStore
 
     to = Path(to)
@@ -76,7 +76,7 @@ def export_runs(archive, runs: list[str], to: str | os.PathLike) -> Path:
         bundle = work / "bundle"
         (bundle / "catalog").mkdir(parents=True)
         TensorStore.create(bundle / "tensors.zarr")
-        with archive._reader() as con:
+        with archive.reader() as con:
             known = {r[0] for r in con.execute("SELECT run FROM runs").fetchall()}
             missing = [r for r in runs if r not in known]
             if missing:
@@ -88,24 +88,11 @@ def export_runs(archive, runs: list[str], to: str | os.PathLike) -> Path:
                 "WHERE b.content_hash IN (SELECT content_hash FROM tensors WHERE run IN (SELECT unnest(?)) "
                 "AND pruned_at IS NULL) ORDER BY b.array_path, b.elem_offset", [runs]).fetchall()
         writer = StoreWriter(TensorStore(bundle / "tensors.zarr", read_only=False))
-        locations = []
-        for content_hash, array_path, offset, count, _nbytes in live:
-            if offset is None:
-                data = archive.store.array(array_path)[...]
-            else:
-                data = archive.store.read_pack_range(array_path, offset, count or 0).copy()
-            locations.extend(writer.add(content_hash, data))
-        locations.extend(writer.flush())
+        locations = copy_payloads(archive.store, writer, [row[:4] for row in live])
         arrays = writer.take_arrays()
         writer.close()
-        tables["blobs"] = pa.Table.from_pylist([
-            {"content_hash": loc.content_hash, "nbytes": loc.nbytes, "array_path": loc.array_path,
-             "elem_offset": loc.elem_offset, "elem_count": loc.elem_count, "stored_bytes": loc.stored_bytes}
-            for loc in locations], schema=schema.arrow_schema("blobs", exclude=("first_run", "created_at")))
-        tables["arrays"] = pa.Table.from_pylist([
-            {"array_path": a.array_path, "kind": a.kind, "dtype": a.dtype, "shape": list(a.shape),
-             "stored_bytes": a.stored_bytes, "checksum": a.checksum} for a in arrays],
-            schema=schema.arrow_schema("arrays", exclude=("created_at",)))
+        tables["blobs"] = blob_table(locations).drop_columns(["first_run"])
+        tables["arrays"] = array_table(arrays)
         for name, table in tables.items():
             pq.write_table(table, bundle / "catalog" / f"{name}.parquet", compression="zstd")
         files = {}
@@ -177,6 +164,7 @@ def import_bundle(archive, path: str | os.PathLike, rename: dict[str, str] | Non
     name. Payloads the archive already holds (same content hash) are not stored
     again. Raises DumpdbError for a damaged or foreign bundle or a name conflict.
     """
+    from dumpdb.storage.payloads import copy_payloads, record_payloads
     from dumpdb.storage.store import StoreWriter, TensorStore
 
     path, rename = Path(path), dict(rename or {})
@@ -186,7 +174,7 @@ def import_bundle(archive, path: str | os.PathLike, rename: dict[str, str] | Non
         tables = {n: pq.read_table(bundle / meta["file"]) for n, meta in manifest["tables"].items()}
         report = ImportReport()
         todo = []
-        with archive._reader() as con:
+        with archive.reader() as con:
             for run in manifest["runs"]:
                 new = rename.get(run, run)
                 row = con.execute("SELECT source_path FROM runs WHERE run = ?", [new]).fetchone()
@@ -208,22 +196,16 @@ def import_bundle(archive, path: str | os.PathLike, rename: dict[str, str] | Non
         tensors = tables["tensors"].filter(pc.is_in(tables["tensors"]["run"], pa.array(list(wanted))))
         needed = set(tensors.column("content_hash").drop_null().to_pylist())
         source = TensorStore(bundle / "tensors.zarr")
-        writer = StoreWriter(TensorStore(archive.path / "tensors.zarr", read_only=False))
-        locations = []
+        writer = StoreWriter(archive.writable_store())
+        todo_blobs = []
         for blob in tables["blobs"].to_pylist():
             if blob["content_hash"] not in needed:
                 continue
             if blob["content_hash"] in have:
                 report.payloads_present += 1
                 continue
-            if blob["array_path"] is None:
-                data = np.zeros(0, np.uint8)  # an empty payload
-            elif blob["elem_offset"] is None:
-                data = np.asarray(source.array(blob["array_path"])[...])
-            else:
-                data = source.read_pack_range(blob["array_path"], blob["elem_offset"], blob["elem_count"] or 0).copy()
-            locations.extend(writer.add(blob["content_hash"], data))
-        locations.extend(writer.flush())
+            todo_blobs.append((blob["content_hash"], blob["array_path"], blob["elem_offset"], blob["elem_count"]))
+        locations = copy_payloads(source, writer, todo_blobs)
         arrays = writer.take_arrays()
         writer.close()
         report.payloads_added = len(locations)
@@ -233,13 +215,7 @@ def import_bundle(archive, path: str | os.PathLike, rename: dict[str, str] | Non
             if content_hash is not None:
                 owner.setdefault(content_hash, first[run])
         with archive.catalog.writer() as con:
-            insert_arrow(con, "arrays", pa.Table.from_pylist([
-                {"array_path": a.array_path, "kind": a.kind, "dtype": a.dtype, "shape": list(a.shape),
-                 "stored_bytes": a.stored_bytes, "checksum": a.checksum} for a in arrays]))
-            insert_arrow(con, "blobs", pa.Table.from_pylist([
-                {"content_hash": loc.content_hash, "nbytes": loc.nbytes, "array_path": loc.array_path,
-                 "elem_offset": loc.elem_offset, "elem_count": loc.elem_count, "stored_bytes": loc.stored_bytes,
-                 "first_run": owner.get(loc.content_hash)} for loc in locations]), ignore_conflicts=True)
+            record_payloads(con, locations, arrays, owner)
             for table in schema.run_tables():
                 rows = tables.get(table)
                 if rows is None or rows.num_rows == 0:

@@ -17,13 +17,10 @@ that looked up a payload's location just before gc moved it would fail to read i
 from __future__ import annotations
 
 import re
-import shutil
 from dataclasses import dataclass
 from datetime import datetime
 
-import pyarrow as pa
-
-from dumpdb.catalog import insert_arrow, schema
+from dumpdb.catalog import schema
 from dumpdb.errors import DumpdbError
 
 _RANGE_RE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
@@ -113,10 +110,11 @@ def gc(archive, compact_below: float = 0.5) -> GcReport:
     rewritten with the live payloads only; a pack or array with no live payload is
     deleted. Returns a :class:`GcReport`.
     """
-    from dumpdb.storage.store import StoreWriter, TensorStore, _dir_bytes
+    from dumpdb.storage.payloads import copy_payloads, record_payloads
+    from dumpdb.storage.store import StoreWriter
 
-    root = archive.path / "tensors.zarr"
-    report = GcReport(bytes_before=_dir_bytes(root))
+    store = archive.writable_store()
+    report = GcReport(bytes_before=store.stored_bytes())
     with archive.catalog.reader() as con:
         usage = con.sql(f"""
             SELECT a.array_path, a.kind, CAST(coalesce(sum(b.nbytes), 0) AS BIGINT) AS total,
@@ -129,28 +127,17 @@ def gc(archive, compact_below: float = 0.5) -> GcReport:
               if u["kind"] == "pack" and 0 < u["live"] < compact_below * u["total"]]
     # 1. rewrite sparse packs: new pack written and committed before the old one goes
     if sparse:
-        reader = TensorStore(root, read_only=True)
-        writer = StoreWriter(TensorStore(root, read_only=False))
+        writer = StoreWriter(store)
         with archive.catalog.reader() as con:
             live_blobs = con.execute(
                 f"SELECT content_hash, array_path, elem_offset, elem_count FROM blobs "
                 f"WHERE array_path IN (SELECT unnest(?)) AND content_hash IN {_LIVE} "
                 "ORDER BY array_path, elem_offset", [sparse]).fetchall()
-        locations = []
-        for content_hash, array_path, offset, count in live_blobs:
-            data = reader.read_pack_range(array_path, offset, count)
-            locations.extend(writer.add(content_hash, data.copy()))
-        locations.extend(writer.flush())
+        locations = copy_payloads(store, writer, live_blobs)
         arrays = writer.take_arrays()
         writer.close()
         with archive.catalog.writer() as con:
-            insert_arrow(con, "arrays", pa.Table.from_pylist([
-                {"array_path": a.array_path, "kind": a.kind, "dtype": a.dtype, "shape": list(a.shape),
-                 "stored_bytes": a.stored_bytes, "checksum": a.checksum} for a in arrays]))
-            for loc in locations:
-                con.execute("UPDATE blobs SET array_path = ?, elem_offset = ?, elem_count = ?, stored_bytes = ? "
-                            "WHERE content_hash = ?", [loc.array_path, loc.elem_offset, loc.elem_count,
-                                                       loc.stored_bytes, loc.content_hash])
+            record_payloads(con, locations, arrays, relocate=True)
         report.packs_compacted = len(sparse)
         dead.extend(sparse)
     # 2. drop unreferenced blobs and arrays from the catalog, then their files
@@ -161,7 +148,7 @@ def gc(archive, compact_below: float = 0.5) -> GcReport:
         if dead:
             con.execute("DELETE FROM arrays WHERE array_path IN (SELECT unnest(?))", [dead])
     for array_path in dead:
-        shutil.rmtree(root / array_path, ignore_errors=True)
+        store.delete_array(array_path)
     report.arrays_deleted = len(dead)
-    report.bytes_after = _dir_bytes(root)
+    report.bytes_after = store.stored_bytes()
     return report

@@ -44,12 +44,7 @@ class VerifyReport:
 
 def _payload_bytes(store, row: dict) -> np.ndarray:
     """The stored bytes of one blob, as uint8."""
-    if row["array_path"] is None:
-        return np.empty(0, np.uint8)
-    if row["elem_offset"] is None:
-        data = np.asarray(store.array(row["array_path"])[...])
-    else:
-        data = store.read_pack_range(row["array_path"], row["elem_offset"], row["elem_count"] or 0)
+    data = store.read_payload(row["array_path"], row["elem_offset"], row["elem_count"] or 0, row["content_hash"])
     return np.ascontiguousarray(data).reshape(-1).view(np.uint8)
 
 
@@ -66,7 +61,7 @@ def verify(archive, run: str | None = None, *, sample: float | None = None, seed
     if sample is not None and not 0 < sample <= 1:
         raise DumpdbError(f"--sample {sample}: give a fraction in (0, 1], e.g. 0.05")
     where, params = "", []
-    with archive._reader() as con:
+    with archive.reader() as con:
         if run is not None:
             if not con.execute("SELECT count(*) FROM runs WHERE run = ?", [run]).fetchone()[0]:
                 raise DumpdbError(f"no run {run!r} in {archive.path}")
@@ -90,7 +85,7 @@ def verify(archive, run: str | None = None, *, sample: float | None = None, seed
             digest = xxhash.xxh3_128_hexdigest(data)
             if digest != row["content_hash"]:
                 raise ValueError("content hash mismatch: the stored bytes changed")
-        except (OSError, ValueError, RuntimeError, KeyError) as exc:
+        except (OSError, ValueError, RuntimeError, KeyError, DumpdbError) as exc:
             where_ = row["array_path"] or "(empty)"
             report.damaged[row["content_hash"]] = f"{where_}: {exc}"
         else:
@@ -106,21 +101,18 @@ def verify(archive, run: str | None = None, *, sample: float | None = None, seed
 def _check_shards(archive, array_paths: set[str], report: VerifyReport) -> None:
     """Compare each shard file's crc32c with the one recorded when it was written
     (``arrays.checksum``; arrays written before schema 5 have none)."""
-    from dumpdb.storage.shard import file_checksum
-
     if not array_paths:
         return
-    with archive._reader() as con:
+    with archive.reader() as con:
         recorded = con.execute("SELECT array_path, checksum, shape FROM arrays WHERE checksum IS NOT NULL "
                                "AND array_path IN (SELECT unnest(?))", [sorted(array_paths)]).fetchall()
-    root = archive.path / "tensors.zarr"
+    store = archive.store
     for array_path, checksum, shape in recorded:
-        kind_1d = len(shape) <= 1
-        shard = root / array_path / "c" / ("0" if kind_1d else "/".join(["0"] * len(shape)))
         try:
-            actual = file_checksum(str(shard))
-        except OSError as exc:
-            report.damaged_shards[array_path] = f"cannot read {shard.relative_to(root)}: {exc.strerror or exc}"
+            actual = store.shard_checksum(array_path, len(shape))
+        except (OSError, DumpdbError) as exc:
+            shard = store.shard_name(array_path, len(shape))
+            report.damaged_shards[array_path] = f"cannot read {shard}: {getattr(exc, 'strerror', None) or exc}"
             continue
         report.shards_checked += 1
         if actual != checksum:
@@ -130,7 +122,7 @@ def _check_shards(archive, array_paths: set[str], report: VerifyReport) -> None:
 def _tensors_of(archive, damaged: dict[str, str], run: str | None) -> pa.Table:
     hashes = pa.table({"content_hash": pa.array(list(damaged), pa.string()),
                        "reason": pa.array(list(damaged.values()), pa.string())})
-    with archive._reader() as con:
+    with archive.reader() as con:
         con.register("_damaged", hashes)
         try:
             query = ("SELECT t.run, t.tensor_id, t.iteration, t.op_name, t.io, t.slot, t.source_file, "

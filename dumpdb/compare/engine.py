@@ -230,14 +230,14 @@ def _pair_metrics(store, t: tuple, b: tuple, ranges=None) -> tuple[dict, str | N
 _WORKER_STORE = None
 
 
-def _init_worker(store_root: str) -> None:
+def _init_worker(zstore) -> None:
     global _WORKER_STORE
     from dumpdb.storage.store import TensorStore
 
     # The metrics' dot products run on cache-sized chunks: BLAS threads only
     # contend with the other workers (measured: 2 processes 13 s -> 3 s).
     threadpool_limits(1, user_api="blas")
-    _WORKER_STORE = TensorStore(store_root, read_only=True)
+    _WORKER_STORE = TensorStore(zstore, read_only=True)
 
 
 def _pair_metrics_in_worker(t: tuple, b: tuple, ranges=None) -> tuple[dict, str | None]:
@@ -282,7 +282,7 @@ def compare(archive, target: str | Selection, bench: str | Selection, *, iterati
         mapping_dict = load_mapping(mapping) if isinstance(mapping, (str, os.PathLike)) else mapping
     except (OSError, ValueError) as exc:
         raise DumpdbError(f"mapping file: {exc}") from exc
-    with archive._reader() as con:
+    with archive.reader() as con:
         if bench_rank is not None and tsel.rank is None and not con.execute(
                 "SELECT count(*) FROM tensors WHERE run = ? AND rank IS NOT NULL", [tsel.run]).fetchall()[0][0]:
             tsel = Selection(tsel.run, tsel.iteration, 0)  # a rankless target is rank 0 vs the bench's rank
@@ -338,7 +338,7 @@ def _pool(archive, pairs, mode, workers: int):
     if workers > 1 and tensor_bytes >= PROCESS_MIN_BYTES:
         ctx = multiprocessing.get_context("forkserver")
         pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
-                                   initargs=(str(archive.store.root),))
+                                   initargs=(archive.store.zstore,))
         return pool, lambda t, b: pool.submit(_pair_metrics_in_worker, _loc(t), _loc(b), _ranges(t, b))
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dumpdb-compare")
     store = archive.store
@@ -460,7 +460,7 @@ def _store(archive, tsel: Selection, bsel: Selection, rows: list[dict], unmatche
            summary: dict, mapping) -> int:
     options = {"strategies": summary["strategies"], "thresholds": summary["thresholds"],
                "mapping": str(mapping) if isinstance(mapping, (str, os.PathLike)) else bool(mapping)}
-    held = archive._held is not None
+    held = archive.holding
     if held:
         archive.close()  # DuckDB: this process cannot write while it holds a read-only connection
     try:

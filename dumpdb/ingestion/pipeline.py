@@ -37,7 +37,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import xxhash
 
 from dumpdb import __version__
 from dumpdb.archive import CATALOG, STORE, check_marker, create_archive, default_archive_path, is_archive
@@ -50,7 +49,8 @@ from dumpdb.layouts import DumpScan, Layout, TensorEntry, locate
 from dumpdb.layouts.base import display_name
 from dumpdb.progress import Reporter
 from dumpdb.stats import STAT_COLUMNS, compute_stats
-from dumpdb.storage.store import BlobLocation, StoreWriter, TensorStore
+from dumpdb.storage.payloads import record_payloads
+from dumpdb.storage.store import BlobLocation, StoreWriter, TensorStore, payload_hash
 
 # Catalog commits: each opens the catalog read-write (~20 ms alone, far more while
 # reader threads hold the GIL), so commit by volume and time, not per pack. A
@@ -61,10 +61,9 @@ INFLIGHT_BYTES = 256 << 20
 INFLIGHT_COUNT = 64
 
 # Arrow schemas of the rows this pipeline writes, from the catalog schema (the
-# migrations); columns filled by a default (ids, timestamps) are left out.
+# migrations); columns filled by a default (ids, timestamps) are left out. blobs/arrays
+# rows are written by dumpdb.storage.payloads.
 TENSOR_SCHEMA = schema.arrow_schema("tensors", exclude=("tensor_id", "pruned_at"))
-BLOB_SCHEMA = schema.arrow_schema("blobs", exclude=("created_at",))
-ARRAY_SCHEMA = schema.arrow_schema("arrays", exclude=("created_at",))
 ERROR_SCHEMA = schema.arrow_schema("ingest_errors", exclude=("time",))
 
 
@@ -121,8 +120,7 @@ class _Loaded:
 
 def content_hash(array: np.ndarray) -> str:
     """xxh3-128 hex digest of an array's bytes (C order), the dedup key."""
-    data = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-    return xxhash.xxh3_128_hexdigest(data)
+    return payload_hash(array)
 
 
 class _RunLock:
@@ -238,7 +236,7 @@ class _Pipeline:
         self.waiting: dict[str, list[dict]] = {}  # hash buffered in a pack -> rows waiting on it
         self.stats_cache: dict[tuple[str, str], dict] = {}
         self.rows: list[dict] = []  # rows ready to commit
-        self.blob_rows: list[dict] = []
+        self.blob_rows: list[BlobLocation] = []  # durable payloads, not yet in the catalog
         self.error_rows: list[dict] = []
         self.last_commit = time.monotonic()
         self.arrays: list = []  # arrays written, not yet in the catalog
@@ -312,7 +310,7 @@ class _Pipeline:
             except Exception:  # noqa: BLE001 - the catalog may be on the same full disk
                 pass
             self.report.status = "interrupted"
-            where = exc.filename or self.writer.store.root
+            where = exc.filename or self.writer.store.name
             raise ArchiveError(
                 f"{where}: cannot write the archive: {exc.strerror or exc}; the {self.report.tensors_added} "
                 "tensors committed so far are kept: free the problem and run the same command again") from exc
@@ -418,11 +416,7 @@ class _Pipeline:
         self.arrays.extend(self.writer.take_arrays())
         for loc in locations:
             self.known.add(loc.content_hash)
-            self.blob_rows.append({
-                "content_hash": loc.content_hash, "nbytes": loc.nbytes, "array_path": loc.array_path,
-                "elem_offset": loc.elem_offset, "elem_count": loc.elem_count,
-                "stored_bytes": loc.stored_bytes, "first_run": self.run_name,
-            })
+            self.blob_rows.append(loc)
             self.report.bytes_stored += loc.stored_bytes
             self.rows.extend(self.waiting.pop(loc.content_hash, ()))
 
@@ -472,10 +466,7 @@ class _Pipeline:
             return
         # Rows whose payload is still in a pack buffer stay behind (self.waiting).
         with self.catalog.writer() as con:
-            insert_arrow(con, "arrays", pa.Table.from_pylist([
-                {"array_path": a.array_path, "kind": a.kind, "dtype": a.dtype, "shape": list(a.shape),
-                 "stored_bytes": a.stored_bytes, "checksum": a.checksum} for a in arrays], ARRAY_SCHEMA))
-            insert_arrow(con, "blobs", pa.Table.from_pylist(self.blob_rows, BLOB_SCHEMA), ignore_conflicts=True)
+            record_payloads(con, self.blob_rows, arrays, self.run_name)
             insert_arrow(con, "tensors", pa.Table.from_pylist(self.rows, TENSOR_SCHEMA),
                          prefix="nextval('tensor_id_seq') AS tensor_id,")
             insert_arrow(con, "ingest_errors", pa.Table.from_pylist(self.error_rows, ERROR_SCHEMA))

@@ -14,17 +14,22 @@ do all reading. The bytes are exactly what the codec chain in the array's
   uint64 ``(offset, nbytes)`` pairs, followed by the ``crc32c`` of the index bytes
   as a little-endian uint32 (``index_codecs: [bytes, crc32c]``).
 
-Tests read every shard back through zarr and compare bit for bit.
+Tests read every shard back through zarr and compare bit for bit. A shard is
+written as one whole object through the store facade (:mod:`dumpdb.storage.objects`),
+never appended to or renamed by this module.
 """
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, NamedTuple
 
 import google_crc32c
 import numcodecs
 import numpy as np
+
+if TYPE_CHECKING:
+    from dumpdb.storage.objects import ObjectStore
 
 
 def encode_chunks(data: np.ndarray, chunk: int, level: int, pool: ThreadPoolExecutor | None = None) -> list[bytes]:
@@ -61,73 +66,45 @@ def shard_index(frames: list[bytes]) -> bytes:
     return index_bytes + np.array([google_crc32c.value(index_bytes)], dtype="<u4").tobytes()
 
 
-def file_checksum(path: str) -> str:
-    """``crc32c:<hex>`` of a file's bytes (the shard checksum ``dumpdb verify`` compares)."""
-    crc = 0
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            crc = google_crc32c.extend(crc, block)
-    return f"crc32c:{crc:08x}"
+class ShardTarget(NamedTuple):
+    """Where a shard goes: an object ``key`` of the store ``objects``."""
+
+    objects: ObjectStore
+    key: str
+
+    def __str__(self) -> str:
+        return self.objects.where(self.key)
 
 
-def write_shard(path: str, frames: list[bytes]) -> tuple[int, str]:
-    """Write a shard (frames, then :func:`shard_index`) to ``path`` atomically:
-    through a temporary file and a rename, so a crash never leaves a half-written
-    shard under the final name. Returns (bytes written, ``crc32c:<hex>`` of them)."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
+def write_shard(target: ShardTarget, frames: list[bytes]) -> tuple[int, str]:
+    """Write a shard (frames, then :func:`shard_index`) as the object ``target``, whole:
+    durable and visible only once complete (the store's promise, see
+    :mod:`dumpdb.storage.local`). Returns (bytes written, ``crc32c:<hex>`` of them)."""
     index = shard_index(frames)
     crc = 0
     for frame in frames:
         crc = google_crc32c.extend(crc, frame)
     crc = google_crc32c.extend(crc, index)
-    with open(tmp, "wb") as f:
-        f.writelines(frames)
-        f.write(index)
-        f.flush()
-        os.fsync(f.fileno())  # the catalog commit that follows must never outlive the bytes
-    os.replace(tmp, path)
-    fsync_dir(os.path.dirname(path))
-    return sum(map(len, frames)) + len(index), f"crc32c:{crc:08x}"
-
-
-def fsync_dir(path: str) -> None:
-    """Make a directory's entries (a rename, a new file) durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_tree(path: str) -> None:
-    """fsync every file under ``path`` and every directory (zarr-written arrays)."""
-    for dirpath, _dirs, files in os.walk(path):
-        for name in files:
-            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        fsync_dir(dirpath)
+    written = target.objects.set(target.key, [*frames, index])
+    return written, f"crc32c:{crc:08x}"
 
 
 EMPTY_CHUNK = 2**64 - 1  # index entry (offset, nbytes) of a chunk never written
 
 
-def read_shard_index(f, n_chunks: int, where: str) -> np.ndarray:
-    """The ``(n_chunks, 2)`` (offset, nbytes) index at the end of an open shard file.
+def shard_index_bytes(n_chunks: int) -> int:
+    """Size of the index at the end of a shard of ``n_chunks`` chunks."""
+    return 16 * n_chunks + 4
 
-    Raises ValueError (naming ``where``) if the file is too short or the index
-    checksum does not match (a damaged shard).
+
+def parse_shard_index(raw: bytes | memoryview, n_chunks: int, where: str) -> np.ndarray:
+    """The ``(n_chunks, 2)`` (offset, nbytes) index from a shard's last
+    :func:`shard_index_bytes` bytes ``raw``.
+
+    Raises ValueError (naming ``where``) if the index checksum does not match (a
+    damaged shard).
     """
-    size = 16 * n_chunks + 4
-    f.seek(0, os.SEEK_END)
-    if f.tell() < size:
-        raise ValueError(f"{where}: shard too short for its index ({f.tell()} bytes)")
-    f.seek(-size, os.SEEK_END)
-    raw = f.read(size)
-    index_bytes, checksum = raw[:-4], int.from_bytes(raw[-4:], "little")
-    if google_crc32c.value(index_bytes) != checksum:
+    index_bytes, checksum = bytes(raw[:-4]), int.from_bytes(raw[-4:], "little")
+    if len(raw) != shard_index_bytes(n_chunks) or google_crc32c.value(index_bytes) != checksum:
         raise ValueError(f"{where}: shard index checksum mismatch (damaged file)")
     return np.frombuffer(index_bytes, dtype="<u8").reshape(n_chunks, 2)

@@ -6,7 +6,7 @@ array per tensor costs ~2.7 ms + ~3 ms per chunk, so tensors are packed):
 ``packs/{dtype}/{pack_id}``
     1-D arrays holding many tensors' payloads back to back (one per dtype per
     flush, about ``pack_bytes`` each), zstd level 1, inner chunks of 1 MiB,
-    one shard per pack: one ``zarr.json`` + one shard file per pack.
+    one shard per pack: one ``zarr.json`` + one shard object per pack.
 ``large/{hh}/{content_hash}-{id}``
     one array per tensor of at least ``large_bytes``, in its own shape and
     dtype, chunked along the leading dimensions (~4 MiB chunks) in one shard.
@@ -19,6 +19,9 @@ ever referenced: the catalog commit comes after the write).
 
 bfloat16 is stored as uint16 bit patterns (Zarr 3.1 has no bfloat16); every
 payload reads back bit for bit.
+
+All I/O goes through :class:`~dumpdb.storage.objects.ObjectStore` (object keys, not
+paths), so the store may be local (:mod:`dumpdb.storage.local`), in memory, or remote.
 """
 
 from __future__ import annotations
@@ -33,21 +36,25 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import numcodecs
 import numpy as np
+import xxhash
 import zarr
 import zarr.codecs
-import zarr.storage
+from zarr.abc.store import Store
 
 from dumpdb.dtypes import storage_dtype
+from dumpdb.errors import PayloadCorrupt, PayloadMissing
+from dumpdb.storage.local import DurableLocalStore
+from dumpdb.storage.objects import ObjectStore
 from dumpdb.storage.shard import (
     EMPTY_CHUNK,
+    ShardTarget,
     encode_chunks,
-    file_checksum,
-    fsync_dir,
-    fsync_tree,
-    read_shard_index,
+    parse_shard_index,
+    shard_index_bytes,
     write_shard,
 )
 
@@ -69,6 +76,12 @@ class BlobLocation:
     elem_count: int
     stored_bytes: int
 
+    def row(self, first_run: str | None = None) -> dict[str, Any]:
+        """This location as a ``blobs`` catalog row."""
+        return {"content_hash": self.content_hash, "nbytes": self.nbytes, "array_path": self.array_path,
+                "elem_offset": self.elem_offset, "elem_count": self.elem_count,
+                "stored_bytes": self.stored_bytes, "first_run": first_run}
+
 
 @dataclass(frozen=True)
 class ArrayInfo:
@@ -79,22 +92,27 @@ class ArrayInfo:
     dtype: str
     shape: tuple[int, ...]
     stored_bytes: int
-    checksum: str | None = None  # crc32c of the shard file (packs)
+    checksum: str | None = None  # crc32c of the shard object
+
+    def row(self) -> dict[str, Any]:
+        """This array as an ``arrays`` catalog row."""
+        return {"array_path": self.array_path, "kind": self.kind, "dtype": self.dtype,
+                "shape": list(self.shape), "stored_bytes": self.stored_bytes, "checksum": self.checksum}
 
 
 def _unique_id() -> str:
     return datetime.now().strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:10]
 
 
-def _dir_bytes(path: Path) -> int:
-    total = 0
-    for dirpath, _dirs, files in os.walk(path):
-        for f in files:
-            try:
-                total += os.path.getsize(os.path.join(dirpath, f))
-            except OSError:
-                pass
-    return total
+def payload_hash(data: np.ndarray) -> str:
+    """xxh3-128 hex digest of an array's bytes in C order: the content hash that keys
+    ``blobs`` (dedup) and that ``verify`` and ``tensor(verify=True)`` recompute."""
+    return xxhash.xxh3_128_hexdigest(np.ascontiguousarray(data).reshape(-1).view(np.uint8).data)
+
+
+def shard_key(array_path: str, ndim: int) -> str:
+    """Object key of the one shard of a dumpdb array (packs: 1-D; large: ``ndim``-D)."""
+    return f"{array_path}/c/" + "/".join(["0"] * max(ndim, 1))
 
 
 def large_chunks(shape: tuple[int, ...], itemsize: int, target: int = LARGE_CHUNK_BYTES) -> tuple[int, ...]:
@@ -117,8 +135,8 @@ def large_chunks(shape: tuple[int, ...], itemsize: int, target: int = LARGE_CHUN
 class _PackMeta:
     """What reading a pack needs from its ``zarr.json``: dtype, inner chunk, shard index."""
 
-    def __init__(self, root: Path, array_path: str):
-        meta = json.loads((root / array_path / "zarr.json").read_text())
+    def __init__(self, objects: ObjectStore, array_path: str):
+        meta = json.loads(bytes(objects.get(f"{array_path}/zarr.json")))
         sharding = meta["codecs"][0]
         if sharding["name"] != "sharding_indexed" or len(meta["shape"]) != 1:
             raise ValueError(f"{array_path}: not a 1-D sharded pack")
@@ -127,30 +145,51 @@ class _PackMeta:
         if codecs != ["bytes", "zstd"] or inner.get("index_location", "end") != "end" or \
                 [c["name"] for c in inner["index_codecs"]] != ["bytes", "crc32c"]:
             raise ValueError(f"{array_path}: pack codecs {codecs} not the ones dumpdb writes")
+        endian = (inner["codecs"][0].get("configuration") or {}).get("endian", "little")
+        if endian != "little":  # dumpdb writes and decodes little-endian only: never read byte-swapped
+            raise ValueError(f"{array_path}: pack bytes codec is {endian}-endian, not little-endian")
         data_type = meta["data_type"]
         self.dtype = np.dtype(np.bool_) if data_type == "bool" else np.dtype(data_type).newbyteorder("<")
         self.chunk = int(inner["chunk_shape"][0])
         self.shard = int(meta["chunk_grid"]["configuration"]["chunk_shape"][0])
         self.size = int(meta["shape"][0])
-        self.path = root / array_path / "c" / "0"
-        with open(self.path, "rb") as f:
-            self.index = read_shard_index(f, self.shard // self.chunk, str(self.path))
+        self.key = shard_key(array_path, 1)
+        n_chunks = self.shard // self.chunk
+        raw = objects.get_suffix(self.key, shard_index_bytes(n_chunks))
+        self.index = parse_shard_index(raw, n_chunks, objects.where(self.key))
 
 
 class TensorStore:
-    """Read access to ``tensors.zarr`` (and the root a :class:`StoreWriter` writes to).
+    """Read access to ``tensors.zarr`` (and the store a :class:`StoreWriter` writes to).
 
-    Pack reads decode only the 1 MiB inner chunks a tensor spans, straight from
-    the shard (dumpdb writes the shards itself, see :mod:`dumpdb.storage.shard`), and keep
-    recently decoded chunks in a bounded cache (``chunk_cache_bytes``), so a
-    stream of neighbouring small tensors decodes each chunk once. Large arrays
-    are read through zarr.
+    ``location`` is a directory (opened as a
+    :class:`~dumpdb.storage.local.DurableLocalStore`) or any
+    :class:`zarr.abc.store.Store`; every byte goes through :attr:`objects`
+    (:class:`~dumpdb.storage.objects.ObjectStore`).
+
+    Pack reads decode only the 1 MiB inner chunks a tensor spans, each one ranged
+    ``get`` of the shard (dumpdb writes the shards itself, see
+    :mod:`dumpdb.storage.shard`), and keep recently decoded chunks in a bounded
+    cache (``chunk_cache_bytes``), so a stream of neighbouring small tensors
+    decodes each chunk once. Large arrays are read through zarr, after checking
+    that their shard exists (zarr would answer a missing one with fill values).
+
+    Errors: PayloadMissing when an object is gone, PayloadCorrupt when it is too
+    short, ValueError when its content does not decode (damaged index or frame).
     """
 
-    def __init__(self, root: Path, read_only: bool = True, cache_size: int = 64,
+    def __init__(self, location: str | os.PathLike[str] | Store, read_only: bool = True, cache_size: int = 64,
                  chunk_cache_bytes: int = 64 << 20):
-        self.root = Path(root)
-        self.zstore = zarr.storage.LocalStore(str(self.root), read_only=read_only)
+        if isinstance(location, Store):
+            zstore: Store = location if location.read_only == read_only or not read_only \
+                else location.with_read_only(True)
+            self.root: Path | None = getattr(location, "root", None)
+            name = str(location)
+        else:
+            self.root = Path(location)
+            zstore = DurableLocalStore(str(self.root), read_only=read_only)
+            name = str(self.root)
+        self.objects = ObjectStore(zstore, name)
         self._arrays: OrderedDict[str, zarr.Array] = OrderedDict()
         self._cache_size = cache_size
         self._packs: OrderedDict[str, _PackMeta] = OrderedDict()
@@ -161,13 +200,26 @@ class TensorStore:
         self._zstd = numcodecs.Zstd()
         zarr.config.set({"threading.max_workers": os.cpu_count() or 2})
 
+    def __repr__(self) -> str:
+        return f"<TensorStore {self.objects.name}>"
+
+    @property
+    def zstore(self) -> Store:
+        """The zarr Store underneath (picklable for local stores: worker processes reopen it)."""
+        return self.objects.store
+
+    @property
+    def name(self) -> str:
+        """How messages name this store (its directory for a local store)."""
+        return self.objects.name
+
     def _pack(self, array_path: str) -> _PackMeta:
         with self._lock:
             meta = self._packs.get(array_path)
             if meta is not None:
                 self._packs.move_to_end(array_path)
                 return meta
-        meta = _PackMeta(self.root, array_path)
+        meta = _PackMeta(self.objects, array_path)
         with self._lock:
             self._packs[array_path] = meta
             if len(self._packs) > self._cache_size:
@@ -185,12 +237,11 @@ class TensorStore:
         if offset == EMPTY_CHUNK:
             data = np.zeros(meta.chunk, dtype=meta.dtype)
         else:
-            with open(meta.path, "rb") as f:
-                f.seek(offset)
-                frame = f.read(nbytes)
+            frame = self.objects.get(meta.key, offset, offset + nbytes)  # one ranged read
             data = np.frombuffer(self._zstd.decode(frame), dtype=meta.dtype)
             if data.size != meta.chunk:
-                raise ValueError(f"{meta.path}: chunk {i} decodes to {data.size} elements, not {meta.chunk}")
+                raise ValueError(f"{self.objects.where(meta.key)}: chunk {i} decodes to {data.size} elements, "
+                                 f"not {meta.chunk}")
         with self._lock:
             self._chunks[key] = data
             self._chunk_bytes += data.nbytes
@@ -200,7 +251,8 @@ class TensorStore:
         return data
 
     def read_pack_range(self, array_path: str, start: int, count: int) -> np.ndarray:
-        """Elements ``[start, start + count)`` of a pack, in the pack's dtype."""
+        """Elements ``[start, start + count)`` of a pack, in the pack's dtype (may be a
+        read-only view of the chunk cache: copy before writing to it)."""
         meta = self._pack(array_path)
         if start < 0 or start + count > meta.size:
             raise ValueError(f"{array_path}: range {start}+{count} outside the pack ({meta.size} elements)")
@@ -221,44 +273,122 @@ class TensorStore:
         return out
 
     @staticmethod
-    def create(root: Path) -> None:
-        """Create an empty store with its root group."""
-        store = zarr.storage.LocalStore(str(root), read_only=False)
+    def create(location: str | os.PathLike[str] | Store) -> None:
+        """Create an empty store with its root group (``location`` as in the constructor)."""
+        store = location if isinstance(location, Store) else DurableLocalStore(str(location), read_only=False)
         zarr.create_group(store, attributes={"dumpdb": {"kind": "tensor-store", "layout": 1}})
 
     def array(self, path: str) -> zarr.Array:
-        """Open (and cache) the Zarr array at ``path`` inside the store."""
+        """Open (and cache) the Zarr array at ``path`` inside the store.
+
+        Raises PayloadMissing if one of its shards is missing (zarr itself would
+        read a missing shard as fill values).
+        """
         arr = self._arrays.get(path)
         if arr is None:
-            arr = zarr.open_array(self.zstore, path=path, mode="r")
+            try:
+                arr = zarr.open_array(self.zstore, path=path, mode="r")
+            except FileNotFoundError as exc:  # zarr.errors.ArrayNotFoundError too
+                raise PayloadMissing(f"{self.objects.where(path)}: array missing from the tensor store") from exc
             self._arrays[path] = arr
             if len(self._arrays) > self._cache_size:
                 self._arrays.popitem(last=False)
         else:
             self._arrays.move_to_end(path)
+        for key in _shard_keys(arr):
+            if not self.objects.exists(f"{path}/{key}"):
+                raise PayloadMissing(f"{self.objects.where(path + '/' + key)}: shard missing from the tensor store")
         return arr
 
+    def _large(self, array_path: str, content_hash: str | None) -> np.ndarray:
+        """A large array's data; PayloadMissing for a missing shard, with one exception:
+        older archives (large arrays written without ``write_empty_chunks``) have no
+        shard for an all-zero tensor, and zeros are right when they hash to its key."""
+        try:
+            return np.asarray(self.array(array_path)[...])
+        except PayloadMissing:
+            arr = self._arrays.get(array_path)  # None: zarr.json itself is gone
+            if arr is None or content_hash is None:
+                raise
+            zeros = np.zeros(arr.shape, dtype=arr.dtype)
+            if payload_hash(zeros) != content_hash:
+                raise
+            return zeros
+
+    def read_payload(self, array_path: str | None, elem_offset: int | None, elem_count: int,
+                     content_hash: str | None = None) -> np.ndarray:
+        """The stored payload of one blob, flat, in its storage dtype (a new array).
+
+        ``array_path`` None is the empty payload (uint8, 0 elements);
+        ``content_hash`` as in :meth:`read`. Raises as the class docstring says.
+        """
+        if array_path is None:
+            return np.empty(0, np.uint8)
+        if elem_offset is None:
+            return self._large(array_path, content_hash).reshape(-1)
+        return self.read_pack_range(array_path, elem_offset, elem_count).copy()
+
     def read(self, array_path: str | None, elem_offset: int | None, elem_count: int,
-             dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+             dtype: np.dtype, shape: tuple[int, ...], content_hash: str | None = None,
+             verify: bool = False) -> np.ndarray:
         """Payload of one tensor as ``dtype`` with ``shape`` (a new, writable array).
 
         ``dtype`` is the logical dtype (``ml_dtypes.bfloat16`` allowed).
-        Raises ValueError if the stored byte count does not fit dtype x shape.
+        ``content_hash`` is the payload's key; with ``verify`` the bytes read are
+        hashed again and compared (PayloadCorrupt if they differ). Raises
+        PayloadCorrupt if the stored byte count does not fit dtype x shape,
+        PayloadMissing if an object is gone.
         """
         dtype = np.dtype(dtype)
         if array_path is None:
             return np.zeros(shape, dtype=dtype)
         if elem_offset is None:
-            data = np.asarray(self.array(array_path)[...])
+            data = self._large(array_path, content_hash)
         else:
             data = self.read_pack_range(array_path, elem_offset, elem_count)
         want = storage_dtype(dtype)
+        expected = math.prod(shape) * want.itemsize
+        if data.nbytes != expected:
+            raise PayloadCorrupt(f"{self.objects.where(array_path)}: {data.nbytes} bytes stored, "
+                                 f"{dtype} x {tuple(shape)} needs {expected}")
         if data.dtype != want or data.shape != tuple(shape):
             data = np.ascontiguousarray(data).reshape(-1).view(np.uint8).view(want)
         if want != dtype:
             data = data.view(dtype)
+        if verify and content_hash is not None and payload_hash(data) != content_hash:
+            raise PayloadCorrupt(f"{self.objects.where(array_path)}: content hash mismatch: "
+                                 "the stored bytes changed")
         # a new, writable array: never a view into the chunk cache
         return np.array(data.reshape(shape), copy=True)
+
+    def stored_bytes(self, prefix: str = "") -> int:
+        """Bytes of every object under ``prefix`` (the whole store by default)."""
+        return self.objects.size_prefix(prefix)
+
+    def shard_checksum(self, array_path: str, ndim: int) -> str:
+        """``crc32c:<hex>`` of the shard of a dumpdb array (as ``arrays.checksum`` records).
+
+        ``ndim``: the array's dimensions (1 for packs). Raises PayloadMissing if gone.
+        """
+        return self.objects.checksum(shard_key(array_path, ndim))
+
+    def shard_name(self, array_path: str, ndim: int) -> str:
+        """The shard's key relative to the store (for messages)."""
+        return shard_key(array_path, ndim)
+
+    def delete_array(self, array_path: str) -> None:
+        """Delete an array (its ``zarr.json`` and shards). Gone already is fine."""
+        self.objects.delete_prefix(array_path)
+        with self._lock:
+            self._packs.pop(array_path, None)
+            self._arrays.pop(array_path, None)
+
+
+def _shard_keys(arr: zarr.Array) -> list[str]:
+    """The chunk-grid keys (shards, for sharded arrays) of every chunk of ``arr``."""
+    meta: Any = arr.metadata
+    grid = tuple(math.ceil(s / c) for s, c in zip(arr.shape, meta.chunk_grid.chunk_shape))
+    return [meta.encode_chunk_key(idx) for idx in np.ndindex(*grid)] if grid else [meta.encode_chunk_key(())]
 
 
 @dataclass
@@ -383,10 +513,11 @@ class StoreWriter:
         # zarr writes the metadata; the one shard is encoded here (see dumpdb.storage.shard).
         self._create(name, data, (chunk,), (math.ceil(n / chunk) * chunk,), "pack", write=False)
         frames = encode_chunks(data, chunk, ZSTD_LEVEL, self._codec_pool)
-        _, checksum = write_shard(str(self.store.root / name / "c" / "0"), frames)
-        fsync_tree(str(self.store.root / name))  # zarr.json too: durable before the catalog commit
-        fsync_dir(str((self.store.root / name).parent))
-        stored = _dir_bytes(self.store.root / name)
+        objects = self.store.objects
+        written, checksum = write_shard(ShardTarget(objects, shard_key(name, 1)), frames)
+        # zarr.json was written (durably, by the store) before the shard: the pack is complete
+        # once the shard exists, and the catalog commit comes after this returns.
+        stored = objects.size(f"{name}/zarr.json") + written
         locations = []
         offset = 0
         for content_hash, part in buf.parts:
@@ -400,12 +531,10 @@ class StoreWriter:
         chunks = large_chunks(payload.shape, payload.dtype.itemsize)
         shards = tuple(math.ceil(s / c) * c for s, c in zip(payload.shape, chunks)) if chunks else None
         self._create(name, payload, chunks or None, shards, "tensor", content_hash=content_hash)
-        fsync_tree(str(self.store.root / name))
-        fsync_dir(str((self.store.root / name).parent))
-        stored = _dir_bytes(self.store.root / name)
+        stored = self.store.stored_bytes(name)  # every object durable already (the store's set)
         location = BlobLocation(content_hash, payload.nbytes, name, None, payload.size, stored)
-        shard = self.store.root / name / "c" / ("/".join(["0"] * payload.ndim) if payload.ndim else "0")
-        checksum = file_checksum(str(shard)) if shard.is_file() else None
+        key = shard_key(name, payload.ndim)
+        checksum = self.store.objects.checksum(key) if self.store.objects.exists(key) else None
         return [location], ArrayInfo(name, "tensor", payload.dtype.name, payload.shape, stored, checksum)
 
 

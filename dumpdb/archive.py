@@ -384,11 +384,12 @@ class Archive:
 
         return remove_run(self, run)
 
-    def gc(self, compact_below: float = 0.5):
-        """Reclaim store space no live tensor uses; returns a GcReport."""
+    def gc(self, compact_below: float = 0.5, **options):
+        """Reclaim store space no live tensor uses (``grace`` seconds for uncommitted
+        files); returns a GcReport. See :func:`dumpdb.archival.maintenance.gc`."""
         from dumpdb.archival.maintenance import gc
 
-        return gc(self, compact_below)
+        return gc(self, compact_below, **options)
 
     def export(self, runs: list[str] | str, to: str | os.PathLike) -> Path:
         """Write runs as a self-describing bundle (directory, or ``.zip``); see :mod:`dumpdb.archival.bundle`."""

@@ -504,16 +504,20 @@ def rm_cmd(
 
 
 @app.command()
-def gc(archive: Optional[Path] = ArchiveOpt) -> None:
-    """Reclaim store space no tensor uses any more (payloads other runs use stay).
-    Run it when no other process uses the archive."""
+def gc(archive: Optional[Path] = ArchiveOpt,
+       grace: float = typer.Option(3600.0, "--grace", min=0,
+                                   help="Keep uncommitted store files younger than this many seconds."),
+       ) -> None:
+    """Reclaim store space no tensor uses any more (payloads other runs use stay), and
+    files crashed ingests left. Waits for running ingest/import/rm/prune."""
     try:
-        report = dumpdb.open(_archive_path(archive)).gc()
+        report = dumpdb.open(_archive_path(archive), on_wait=err.print).gc(grace=grace)
     except DumpdbError as exc:
         _fail(exc)
     out.print(f"reclaimed {_human(report.reclaimed)} ({_human(report.bytes_before)} -> {_human(report.bytes_after)}): "
               f"{report.arrays_deleted} arrays deleted, {report.packs_compacted} packs compacted, "
-              f"{report.blobs_dropped} payloads dropped", highlight=False)
+              f"{report.blobs_dropped} payloads dropped, {report.orphans_deleted + report.temp_files_deleted} "
+              f"crash leftovers removed", highlight=False)
 
 
 @app.command()

@@ -10,23 +10,44 @@
   uses stays. New data is written and committed before old files are removed, so a
   crash during gc leaves at worst unreferenced files for the next gc.
 
-Concurrent readers: run gc when no other process is reading the archive (a reader
-that looked up a payload's location just before gc moved it would fail to read it).
+Concurrency: ``prune`` and ``rm`` (like ingest and import) hold the archive's store
+lock shared, ``gc`` holds it exclusive (:mod:`dumpdb.catalog.locks`), so gc never
+runs while another process may be about to reference a payload it would delete; it
+waits (saying for whom) up to the archive's lock timeout. Readers are not locked out:
+run gc when no other process is reading tensors (a reader that looked up a payload's
+location just before gc moved it would fail to read it, and says so).
+
+Crash leftovers: files in the store no catalog row refers to (arrays written by an
+ingest killed before its commit) and ``*.tmp-*`` shards of interrupted writes are
+reclaimed by gc too, once older than a grace period (``grace`` seconds, default
+:data:`GRACE_SECONDS`), so even a writer that does not take the lock (an older
+dumpdb) keeps what it has not committed yet.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import time
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 
 import pyarrow as pa
 
 from dumpdb.catalog import insert_arrow
+from dumpdb.catalog.locks import EXCLUSIVE, SHARED, store_lock
 from dumpdb.errors import DumpdbError
 
 _RANGE_RE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
+GRACE_SECONDS = 3600.0  # uncommitted store files younger than this are kept (an ingest commits every ~10 s)
+
+
+def _lock(archive, mode: str, what: str):
+    """The archive's store lock, waiting like the catalog does (timeout, on_wait)."""
+    return store_lock(archive.path, mode, what, timeout=archive.catalog.lock_timeout,
+                      on_wait=archive.catalog.on_wait)
 
 
 def parse_iterations(spec: str) -> list[tuple[int, int]]:
@@ -64,7 +85,7 @@ def prune(archive, run: str, iterations: str | None = None) -> int:
     :func:`gc`."""
     ranges = parse_iterations(iterations) if iterations else None
     where, params = _iteration_sql(ranges)
-    with archive.catalog.writer() as con:
+    with _lock(archive, SHARED, f"prune of run {run!r}"), archive.catalog.writer() as con:
         _require_run(con, run)
         n = con.execute(f"SELECT count(*) FROM tensors WHERE run = ? AND pruned_at IS NULL "
                         f"AND content_hash IS NOT NULL{where}", [run, *params]).fetchone()[0]
@@ -76,7 +97,7 @@ def prune(archive, run: str, iterations: str | None = None) -> int:
 def remove_run(archive, run: str) -> int:
     """Delete every row of ``run`` (tensors, graph relations, errors, comparisons that
     involve it). Returns the number of tensors removed. Space comes back with :func:`gc`."""
-    with archive.catalog.writer() as con:
+    with _lock(archive, SHARED, f"rm of run {run!r}"), archive.catalog.writer() as con:
         _require_run(con, run)
         n = con.execute("SELECT count(*) FROM tensors WHERE run = ?", [run]).fetchone()[0]
         ids = "SELECT compare_id FROM compares WHERE target_run = ? OR bench_run = ?"
@@ -96,6 +117,9 @@ class GcReport:
     arrays_deleted: int = 0
     packs_compacted: int = 0
     blobs_dropped: int = 0
+    orphans_deleted: int = 0  # store arrays no catalog row refers to (crashed writes)
+    temp_files_deleted: int = 0  # leftover *.tmp-* shards of interrupted writes
+    kept_recent: int = 0  # uncommitted files younger than the grace period, kept
     bytes_before: int = 0
     bytes_after: int = 0
 
@@ -107,13 +131,108 @@ class GcReport:
 _LIVE = "(SELECT DISTINCT content_hash FROM tensors WHERE content_hash IS NOT NULL AND pruned_at IS NULL)"
 
 
-def gc(archive, compact_below: float = 0.5) -> GcReport:
+@dataclass(frozen=True)
+class Leftover:
+    """A file or array directory in the store that no catalog row refers to."""
+
+    path: str  # relative to tensors.zarr
+    kind: str  # 'array' (an uncommitted/orphan array) | 'temp' (a *.tmp-* shard)
+    bytes: int
+    age: float  # seconds since its newest file was written
+
+
+# -- raw store access (kept in small helpers: the storage layer may re-route them) --
+def _tree_stat(path: Path) -> tuple[int, float]:
+    """(bytes, newest mtime) of a file or a directory tree."""
+    if path.is_file():
+        st = path.stat()
+        return st.st_size, st.st_mtime
+    total, newest = 0, path.stat().st_mtime
+    for dirpath, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                st = os.stat(os.path.join(dirpath, name))
+            except OSError:
+                continue
+            total, newest = total + st.st_size, max(newest, st.st_mtime)
+    return total, newest
+
+
+def _array_dirs(root: Path) -> list[str]:
+    """Every array directory the store layout has room for: ``packs/{dtype}/{id}`` and
+    ``large/{hh}/{name}`` (see :mod:`dumpdb.storage.store`), as store-relative paths."""
+    found = []
+    for top in ("packs", "large"):
+        base = root / top
+        if not base.is_dir():
+            continue
+        for middle in base.iterdir():
+            if middle.is_dir():
+                found.extend(f"{top}/{middle.name}/{leaf.name}" for leaf in middle.iterdir() if leaf.is_dir())
+    return found
+
+
+def _temp_files(root: Path) -> list[str]:
+    """Store-relative paths of ``*.tmp-*`` files (shards written through a temporary name)."""
+    return [p.relative_to(root).as_posix() for p in root.rglob("*.tmp-*") if p.is_file()]
+
+
+def _remove(root: Path, rel: str) -> None:
+    path = root / rel
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def find_leftovers(root: Path, known_arrays: set[str]) -> list[Leftover]:
+    """Arrays in the store at ``root`` that are not in ``known_arrays`` (the catalog's
+    ``arrays``), and leftover temporary shards, with their size and age."""
+    now = time.time()
+    found = []
+    for rel in _array_dirs(root):
+        if rel not in known_arrays:
+            nbytes, newest = _tree_stat(root / rel)
+            found.append(Leftover(rel, "array", nbytes, max(0.0, now - newest)))
+    for rel in _temp_files(root):  # inside a known array or not: never part of one
+        nbytes, newest = _tree_stat(root / rel)
+        found.append(Leftover(rel, "temp", nbytes, max(0.0, now - newest)))
+    return found
+
+
+def reclaim_leftovers(root: Path, leftovers: list[Leftover], grace: float) -> tuple[int, int, int]:
+    """Delete the leftovers older than ``grace`` seconds. Returns (arrays, temp files
+    deleted, kept because recent)."""
+    arrays = temps = kept = 0
+    for item in leftovers:
+        if item.age < grace:
+            kept += 1
+            continue
+        _remove(root, item.path)
+        if item.kind == "array":
+            arrays += 1
+        else:
+            temps += 1
+    return arrays, temps, kept
+
+
+def gc(archive, compact_below: float = 0.5, grace: float = GRACE_SECONDS) -> GcReport:
     """Reclaim store space no live tensor uses (see module docstring).
 
     A pack whose live payload bytes are under ``compact_below`` of its total is
     rewritten with the live payloads only; a pack or array with no live payload is
-    deleted. Returns a :class:`GcReport`.
+    deleted; store files no catalog row refers to, and ``*.tmp-*`` shards, are deleted
+    once older than ``grace`` seconds. Holds the store lock exclusive (waits for
+    ingest/import/rm/prune; raises :class:`~dumpdb.errors.ArchiveError` naming them
+    after the archive's lock timeout). Returns a :class:`GcReport`.
     """
+    if grace < 0:
+        raise DumpdbError(f"--grace {grace:g}: give seconds >= 0")
+    with _lock(archive, EXCLUSIVE, "gc"):
+        return _gc(archive, compact_below, grace)
+
+
+def _gc(archive, compact_below: float, grace: float) -> GcReport:
     from dumpdb.storage.store import StoreWriter, TensorStore, _dir_bytes
 
     root = archive.path / "tensors.zarr"
@@ -128,6 +247,8 @@ def gc(archive, compact_below: float = 0.5) -> GcReport:
     dead = [u["array_path"] for u in usage if u["live"] == 0]
     sparse = [u["array_path"] for u in usage
               if u["kind"] == "pack" and 0 < u["live"] < compact_below * u["total"]]
+    # 0. crash leftovers: listed before this gc writes anything of its own
+    leftovers = find_leftovers(root, {u["array_path"] for u in usage})
     # 1. rewrite sparse packs: new pack written and committed before the old one goes
     if sparse:
         reader = TensorStore(root, read_only=True)
@@ -164,5 +285,8 @@ def gc(archive, compact_below: float = 0.5) -> GcReport:
     for array_path in dead:
         shutil.rmtree(root / array_path, ignore_errors=True)
     report.arrays_deleted = len(dead)
+    # 3. crash leftovers older than the grace period
+    report.orphans_deleted, report.temp_files_deleted, report.kept_recent = reclaim_leftovers(
+        root, leftovers, grace)
     report.bytes_after = _dir_bytes(root)
     return report

@@ -40,6 +40,7 @@ import xxhash
 from dumpdb import __version__
 from dumpdb.archive import CATALOG, STORE, _check_marker, create_archive, default_archive_path, is_archive
 from dumpdb.catalog import DEFAULT_LOCK_TIMEOUT, Catalog, insert_arrow
+from dumpdb.catalog.locks import SHARED, store_lock
 from dumpdb.dtypes import dtype_name, from_dump_name
 from dumpdb.errors import ArchiveError, DumpdbError
 from dumpdb.layouts import DumpScan, Layout, TensorEntry, detect, get_layout
@@ -236,7 +237,9 @@ def ingest(
     _open_for_write(archive)
     catalog = Catalog(archive / CATALOG, lock_timeout=lock_timeout, on_wait=on_wait)
     catalog.check(writable=True)
-    with _RunLock(archive, run):
+    # store_lock (shared): gc must not delete payloads this ingest deduplicates against
+    with _RunLock(archive, run), store_lock(archive, SHARED, f"ingest of run {run!r}",
+                                            timeout=lock_timeout, on_wait=on_wait):
         reporter.scanning(dump_dir)
         scan = lay.scan(dump_dir)
         report = IngestReport(run=run, archive=archive, layout=lay.name,

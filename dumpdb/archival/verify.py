@@ -14,9 +14,11 @@ shared by many tensors and runs.
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -125,6 +127,18 @@ def _check_shards(archive, array_paths: set[str], report: VerifyReport) -> None:
         report.shards_checked += 1
         if actual != checksum:
             report.damaged_shards[array_path] = f"shard checksum {actual} differs from the recorded {checksum}"
+
+
+def shard_file(root: Path, array_path: str, ndim: int | None = None) -> Path | None:
+    """The one shard file of a dumpdb array (packs: ``c/0``; large arrays: ``c/0/0/...``,
+    one ``0`` per dimension); ``ndim`` None reads it from ``zarr.json``. None if the
+    array's metadata is gone or unreadable."""
+    if ndim is None:
+        try:
+            ndim = len(json.loads((root / array_path / "zarr.json").read_bytes()[: 1 << 20])["shape"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+    return root / array_path / "c" / ("0" if ndim <= 1 else "/".join(["0"] * ndim))
 
 
 def _tensors_of(archive, damaged: dict[str, str], run: str | None) -> pa.Table:

@@ -397,11 +397,12 @@ class Archive:
 
         return export_runs(self, [runs] if isinstance(runs, str) else list(runs), to)
 
-    def import_bundle(self, path: str | os.PathLike, rename: dict[str, str] | None = None):
-        """Bring a bundle's runs in (checked against its manifest, idempotent); see :mod:`dumpdb.archival.bundle`."""
+    def import_bundle(self, path: str | os.PathLike, rename: dict[str, str] | None = None, **options):
+        """Bring a bundle's runs in (checked whole before the archive changes, idempotent;
+        ``max_bundle_size`` bytes); see :mod:`dumpdb.archival.bundle`."""
         from dumpdb.archival.bundle import import_bundle
 
-        return import_bundle(self, path, rename)
+        return import_bundle(self, path, rename, **options)
 
     def verify(self, run: str | None = None, **options):
         """Re-read and re-hash stored payloads; see :func:`dumpdb.archival.verify.verify`

@@ -559,6 +559,8 @@ def import_cmd(
     bundle: Path = typer.Argument(..., help="Bundle directory or .zip written by 'dumpdb export'."),
     archive: Optional[Path] = ArchiveOpt,
     rename: list[str] = typer.Option([], "--rename", help="OLD=NEW: import run OLD under the name NEW (repeatable)."),
+    max_bundle_size: int = typer.Option(1 << 40, "--max-bundle-size", min=0,
+                                        help="Refuse bundles declaring more bytes than this (default 1 TiB)."),
 ) -> None:
     """Import a bundle's runs (every file checked against the manifest; importing twice adds nothing)."""
     from dumpdb.archive import create_archive, is_archive
@@ -573,7 +575,7 @@ def import_cmd(
     try:
         if not is_archive(path):
             create_archive(path)
-        report = dumpdb.open(path).import_bundle(bundle, mapping)
+        report = dumpdb.open(path, on_wait=err.print).import_bundle(bundle, mapping, max_bundle_size=max_bundle_size)
     except DumpdbError as exc:
         _fail(exc)
     if report.runs_imported:

@@ -152,7 +152,7 @@ def _archive_payload(archive, runs: list[str], content_hash: str, array_path: st
         with archive._reader() as con:
             row = con.execute("SELECT run, op_name, io, slot FROM tensors WHERE content_hash = ? AND run IN "
                               "(SELECT unnest(?)) ORDER BY tensor_id LIMIT 1", [content_hash, runs]).fetchone()
-        return f"run {row[0]} op {row[1]} {row[2]} {row[3]}" if row else f"payload {content_hash}"
+        return f"run {row[0]} op {row[1]} {row[2]} slot {row[3]}" if row else f"payload {content_hash}"
 
     if array_path is None:
         return np.zeros(0, np.uint8)

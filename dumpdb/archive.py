@@ -405,8 +405,9 @@ class Archive:
         return import_bundle(self, path, rename, **options)
 
     def verify(self, run: str | None = None, **options):
-        """Re-read and re-hash stored payloads; see :func:`dumpdb.archival.verify.verify`
-        (``sample`` fraction, ``seed``, ``progress``). Returns a VerifyReport."""
+        """Check the catalog and every tensor -> payload reference, re-read and re-hash stored
+        payloads, list orphans; see :func:`dumpdb.archival.verify.verify` (``sample``
+        fraction, ``seed``, ``progress``, ``repair``, ``grace``). Returns a VerifyReport."""
         from dumpdb.archival.verify import verify
 
         return verify(self, run, **options)

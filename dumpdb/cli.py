@@ -591,6 +591,8 @@ def verify(
     archive: Optional[Path] = ArchiveOpt,
     sample: Optional[float] = typer.Option(None, "--sample", help="Check only this fraction of payloads (e.g. 0.05)."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Make --sample's choice repeatable."),
+    repair: bool = typer.Option(False, "--repair", help="Delete orphan arrays and leftover .tmp shards."),
+    grace: float = typer.Option(3600.0, "--grace", min=0, help="--repair keeps files younger than this (seconds)."),
 ) -> None:
     """Re-read every stored payload, hash it again and compare with the catalog.
     Lists each damaged tensor (run, op, io, slot); exit 1 if any."""
@@ -599,20 +601,29 @@ def verify(
         with Progress(SpinnerColumn(), TextColumn("verifying"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=err, transient=True) as bar:
             task = bar.add_task("verify", total=None)
-            report = a.verify(run, sample=sample, seed=seed,
+            report = a.verify(run, sample=sample, seed=seed, repair=repair, grace=grace,
                               progress=lambda done, total: bar.update(task, completed=done, total=total))
     except DumpdbError as exc:
         _fail(exc)
+    for problem in report.catalog_problems:
+        out.print(f"[red]catalog[/red]: {problem}", highlight=False)
+    if report.repaired:
+        out.print(f"repaired: removed {report.repaired} orphan arrays and temp files", highlight=False)
+    if report.orphans:
+        out.print(f"orphans: {len(report.orphans)} store files nothing references "
+                  f"({_human(sum(o.bytes for o in report.orphans))}); 'dumpdb verify --repair' removes those "
+                  f"older than --grace", highlight=False)
     scope = f"run {run}" if run else "archive"
     checked = (f"{report.blobs_checked} of {report.blobs_total} payloads ({_human(report.bytes_checked)}), "
-               f"{report.shards_checked} shard checksums")
+               f"{report.shards_checked} shard checksums, {report.tensors_checked} tensor references, catalog")
     if report.ok:
         out.print(f"[green]ok[/green]: {scope}: {checked}: all as recorded", highlight=False)
         return
     for array_path, reason in report.damaged_shards.items():
         out.print(f"[red]damaged shard[/red] {array_path}: {reason}", highlight=False)
-    out.print(f"[red]damaged[/red]: {scope}: {len(report.damaged)} of the {report.blobs_checked} payloads checked "
-              f"({report.blobs_total} in scope), {len(report.damaged_shards)} shards; "
+    out.print(f"[red]damaged[/red]: {scope}: {len(report.damaged)} payloads ({report.blobs_checked} checked, "
+              f"of {report.blobs_total} in scope; {report.tensors_checked} tensor references), "
+              f"{len(report.damaged_shards)} shards, {len(report.catalog_problems)} catalog problems; "
               f"{report.damaged_tensors.num_rows} tensors affected", highlight=False)
     if report.damaged_tensors.num_rows:
         output.write_table(report.damaged_tensors.select(

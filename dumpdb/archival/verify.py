@@ -139,7 +139,7 @@ def _verify(archive, run, sample, seed, progress, repair: bool, grace: float | N
     report.catalog_problems = catalog_problems
     bad_refs, report.tensors_checked = _check_references(archive, run)
     for content_hash, reason in bad_refs.items():
-        report.damaged.setdefault(content_hash, reason)
+        report.damaged[content_hash] = reason  # "missing" says more than the read failure it caused
     report.damaged_tensors = _tensors_of(archive, report.damaged, run)
     sizes = _size_mismatches(archive, run)
     if sizes.num_rows:

@@ -165,6 +165,13 @@ def test_directory_bundle_with_a_symlink_is_refused(bundle, target, tmp_path):
     refused(target, bundle, "symlink")
 
 
+def test_a_fifo_or_device_is_refused_without_blocking(target, tmp_path):
+    fifo = tmp_path / "b.zip"
+    os.mkfifo(fifo)
+    refused(target, fifo, "not a regular file")
+    refused(target, Path("/dev/zero"), "not a regular file")
+
+
 # -- the file list ------------------------------------------------------------------
 def test_empty_files_does_not_skip_the_checks(bundle, target):
     m = manifest(bundle)
@@ -358,3 +365,82 @@ def test_export_with_a_missing_pack_shard_fails_and_writes_no_bundle(tmp_path):
     assert not list(tmp_path.glob(".dumpdb-export-*"))
     r = CliRunner().invoke(app, ["export", "c1", "-a", str(archive), "--to", str(tmp_path / "x.zip")])
     assert r.exit_code == 2 and "shard missing" in r.output and not (tmp_path / "x.zip").exists()
+
+
+# -- property-based: any manifest is a BundleError or a good import, never anything else -----
+def _json_values():
+    from hypothesis import strategies as st
+
+    scalars = st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=30)
+    return st.recursive(scalars, lambda inner: st.lists(inner, max_size=4) |
+                        st.dictionaries(st.text(max_size=12), inner, max_size=4), max_leaves=12)
+
+
+def test_random_manifests_raise_only_bundle_errors(exported):
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from dumpdb.archival import bundle_check as chk
+    from dumpdb.catalog import latest_version
+
+    honest = manifest(exported)
+    tables = ("runs", "tensors", "ops", "execution_order", "graph_executions", "overflows", "call_stacks",
+              "module_tree", "ingest_errors", "blobs", "arrays")
+
+    def check(raw: bytes) -> None:
+        try:
+            chk.read_manifest(raw, exported, latest_version(), "dumpdb-bundle", 1, tables)
+        except BundleError as exc:
+            assert "\n" not in str(exc)
+
+    @settings(max_examples=300, deadline=None)
+    @given(value=_json_values(), key=st.sampled_from(["format", "format_version", "schema_version", "runs",
+                                                      "tables", "files", None]),
+           sub=st.sampled_from(["bytes", "sha256", "file", "rows", None]))
+    def mutate(value, key, sub):
+        m = json.loads(json.dumps(honest))
+        if key is None:
+            m = value
+        elif sub is None or not isinstance(m[key], dict) or not m[key]:
+            m[key] = value
+        else:
+            first = next(iter(m[key].values()))
+            first[sub] = value
+        check(json.dumps(m, allow_nan=True).encode())
+
+    @settings(max_examples=200, deadline=None)
+    @given(raw=st.binary(max_size=200))
+    def garbage(raw):
+        check(raw)
+
+    mutate()
+    garbage()
+
+
+def test_mutated_manifests_through_import_never_raise_anything_else(exported, target, tmp_path):
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    honest = (exported / "manifest.json").read_bytes()
+    work = tmp_path / "b.bundle"
+    shutil.copytree(exported, work)
+    before = snapshot(target)
+
+    @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(pos=st.integers(0, len(honest) - 1), byte=st.integers(0, 255))
+    def flip(pos, byte):
+        raw = bytearray(honest)
+        raw[pos] = byte
+        (work / "manifest.json").write_bytes(bytes(raw))
+        try:
+            report = dumpdb.open(target).import_bundle(work)
+        except BundleError as exc:
+            assert "\n" not in str(exc)
+        else:  # a flip the manifest does not care about (whitespace, a date): the honest import
+            assert report.runs_imported in ([], ["c1"])
+            if report.runs_imported:
+                dumpdb.open(target).remove_run("c1")
+
+    flip()
+    dumpdb.open(target).gc(grace=0)
+    assert snapshot(target)[0][:3] == before[0][:3]

@@ -169,7 +169,7 @@ def _archive_payload(archive, runs: list[str], content_hash: str, array_path: st
         raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
     except (OSError, ValueError, RuntimeError) as exc:
         raise PayloadCorrupt(f"{shard}: unreadable ({exc}); {who()} cannot be exported (no bundle written)") from exc
-    if raw.size != nbytes or xxhash.xxh3_128_hexdigest(raw) != content_hash:
+    if raw.size != nbytes or xxhash.xxh3_128_hexdigest(raw.data) != content_hash:
         raise PayloadCorrupt(f"{shard}: bytes of {who()} differ from the catalog's hash; no bundle written "
                              "(dumpdb verify lists every damaged tensor)")
     return data
@@ -204,6 +204,8 @@ def _open_checked(path: Path, work: Path, max_bundle_size: int, archive_path: Pa
         chk.check_room(path, chk.declared_bytes(manifest), max_bundle_size, archive_path)
         chk.check_directory(path, manifest, path)
         return path, manifest
+    if not path.is_file():  # a FIFO or device would block or never end
+        raise BundleError(f"{path}: not a regular file or directory; not a dumpdb bundle")
     if not zipfile.is_zipfile(path):
         raise BundleError(f"{path}: not a dumpdb bundle (neither a directory nor a .zip)")
     with zipfile.ZipFile(path) as z:
@@ -276,7 +278,7 @@ def _check_payloads(source: Path, bundle: Path, tensors: pa.Table, blobs: list[d
     store = TensorStore(bundle / "tensors.zarr")
     for blob in todo:
         data = _bundle_payload(source, bundle, store, blob, arrays)
-        if data.size != blob["nbytes"] or xxhash.xxh3_128_hexdigest(data) != blob["content_hash"]:
+        if data.size != blob["nbytes"] or xxhash.xxh3_128_hexdigest(data.data) != blob["content_hash"]:
             raise BundleError(f"{source}: payload {blob['content_hash']} in {blob['array_path']} does not hash to "
                               "its content_hash (altered bytes); nothing imported")
     return todo

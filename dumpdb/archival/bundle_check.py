@@ -198,7 +198,7 @@ def extract_checked(z: zipfile.ZipFile, manifest: dict, source: Path, work: Path
 def check_directory(bundle: Path, manifest: dict, source: Path) -> None:
     """Every regular file of the directory is in the manifest and vice versa (no
     symlinks, nothing else), with the declared size and sha256."""
-    present = set()
+    present: set[str] = set()
     for dirpath, dirs, names in os.walk(bundle):
         for name in dirs + names:
             path = Path(dirpath) / name

@@ -161,7 +161,7 @@ def _tree_stat(path: Path) -> tuple[int, float]:
 def _array_dirs(root: Path) -> list[str]:
     """Every array directory the store layout has room for: ``packs/{dtype}/{id}`` and
     ``large/{hh}/{name}`` (see :mod:`dumpdb.storage.store`), as store-relative paths."""
-    found = []
+    found: list[str] = []
     for top in ("packs", "large"):
         base = root / top
         if not base.is_dir():

@@ -124,7 +124,7 @@ def _verify(archive, run, sample, seed, progress, repair: bool, grace: float | N
             data = _payload_bytes(store, row)
             if data.size != row["nbytes"]:
                 raise ValueError(f"{data.size} bytes stored, catalog says {row['nbytes']}")
-            digest = xxhash.xxh3_128_hexdigest(data)
+            digest = xxhash.xxh3_128_hexdigest(data.data)
             if digest != row["content_hash"]:
                 raise ValueError("content hash mismatch: the stored bytes changed")
         except (OSError, ValueError, RuntimeError, KeyError) as exc:

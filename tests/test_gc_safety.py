@@ -161,10 +161,14 @@ def test_gc_reclaims_crash_leftovers_older_than_the_grace_period(tmp_path):
     dumpdb.ingest(src, archive=archive, run="c1")
     orphan, recent = _orphan_pack(archive, 7200, "old-orphan"), _orphan_pack(archive, 0, "new-orphan")
     tmp, recent_tmp = _temp_shard(archive, 7200, "old"), _temp_shard(archive, 0, "new")
+    killed_import = archive / ".dumpdb-import-abc123"  # an import killed (-9) while extracting
+    (killed_import / "catalog").mkdir(parents=True)
+    (killed_import / "catalog" / "tensors.parquet").write_bytes(b"partial")
+    _age_tree(killed_import, 7200)
     a = dumpdb.open(archive)
     report = a.gc(grace=3600)
-    assert not orphan.exists() and not tmp.exists()
-    assert (report.orphans_deleted, report.temp_files_deleted) == (1, 1) and report.reclaimed > 0
+    assert not orphan.exists() and not tmp.exists() and not killed_import.exists()
+    assert (report.orphans_deleted, report.temp_files_deleted) == (1, 2) and report.reclaimed > 0
     assert recent.exists() and recent_tmp.exists() and report.kept_recent == 2  # younger than the grace
     report = a.gc(grace=0)
     assert not recent.exists() and not recent_tmp.exists()

@@ -135,8 +135,8 @@ _LIVE = "(SELECT DISTINCT content_hash FROM tensors WHERE content_hash IS NOT NU
 class Leftover:
     """A file or array directory in the store that no catalog row refers to."""
 
-    path: str  # relative to tensors.zarr
-    kind: str  # 'array' (an uncommitted/orphan array) | 'temp' (a *.tmp-* shard)
+    path: str  # relative to tensors.zarr (``../.dumpdb-import-*``: an import's extraction directory)
+    kind: str  # 'array' (an uncommitted/orphan array) | 'temp' (a *.tmp-* shard, an import's directory)
     bytes: int
     age: float  # seconds since its newest file was written
 
@@ -197,6 +197,9 @@ def find_leftovers(root: Path, known_arrays: set[str]) -> list[Leftover]:
     for rel in _temp_files(root):  # inside a known array or not: never part of one
         nbytes, newest = _tree_stat(root / rel)
         found.append(Leftover(rel, "temp", nbytes, max(0.0, now - newest)))
+    for work in root.parent.glob(".dumpdb-import-*"):  # an import killed before its cleanup
+        nbytes, newest = _tree_stat(work)
+        found.append(Leftover(f"../{work.name}", "temp", nbytes, max(0.0, now - newest)))
     return found
 
 

@@ -81,7 +81,7 @@ def verify(archive, run: str | None = None, *, sample: float | None = None, seed
 
     ``sample`` in (0, 1] checks that fraction of the payloads, chosen at random
     (``seed`` makes the choice repeatable). ``repair`` deletes orphans and temp files
-    older than ``grace`` seconds (default: gc's). Returns a :class:`VerifyReport`;
+    older than ``grace`` seconds (default: gc's; younger ones are not listed). Returns a :class:`VerifyReport`;
     ``damaged_tensors`` lists (run, tensor_id, iteration, op_name, io, slot,
     source_file, content_hash, reason) of every tensor whose payload is damaged,
     missing, or of the wrong size. Raises DumpdbError for an unknown run or a bad
@@ -150,12 +150,13 @@ def _verify(archive, run, sample, seed, progress, repair: bool, grace: float | N
         root = archive.path / "tensors.zarr"
         with archive._reader() as con:
             known = {r[0] for r in con.execute("SELECT array_path FROM arrays").fetchall()}
-        report.orphans = find_leftovers(root, known)
+        wait = GRACE_SECONDS if grace is None else grace
+        # younger files may belong to a writer that has not committed yet: neither listed nor removed
+        report.orphans = [o for o in find_leftovers(root, known) if o.age >= wait]
         if repair:
-            wait = GRACE_SECONDS if grace is None else grace
             removed = reclaim_leftovers(root, report.orphans, wait)
             report.repaired = removed[0] + removed[1]
-            report.orphans = [o for o in report.orphans if o.age < wait]
+            report.orphans = []
     return report
 
 

@@ -180,12 +180,17 @@ def test_gc_reclaims_crash_leftovers_older_than_the_grace_period(tmp_path):
     assert a.verify().ok
 
 
-def test_rm_and_prune_wait_for_gc_and_say_so(tmp_path):
+def test_rm_prune_import_ingest_wait_for_gc_and_say_so(tmp_path):
     archive = tmp_path / "a.dumpdb"
     dumpdb.ingest(ms_case("c1_inputs_kernels_iter"), archive=archive, run="c1")
+    bundle = dumpdb.open(archive).export("c1", tmp_path / "c1.zip")
     waits: list[str] = []
     a = dumpdb.open(archive, lock_timeout=0.2, on_wait=waits.append)
     with store_lock(archive, EXCLUSIVE, "gc", timeout=1):
+        with pytest.raises(ArchiveError, match=r"in use by gc \(pid"):
+            a.import_bundle(bundle, rename={"c1": "c1-again"})
+        with pytest.raises(ArchiveError, match=r"in use by gc \(pid"):
+            a.verify(repair=True)
         with pytest.raises(ArchiveError, match=r"in use by gc \(pid"):
             a.remove_run("c1")
         with pytest.raises(ArchiveError, match=r"in use by gc \(pid"):

@@ -481,7 +481,7 @@ def prune(
     if not keep_stats:
         _fail(DumpdbError("prune keeps rows and statistics and drops payloads: pass --keep-stats to confirm"))
     try:
-        n = dumpdb.open(_archive_path(archive)).prune(run, iterations)
+        n = dumpdb.open(_archive_path(archive), on_wait=err.print).prune(run, iterations)
     except DumpdbError as exc:
         _fail(exc)
     out.print(f"pruned the payloads of {n} tensors of run {run}; run 'dumpdb gc' to reclaim the space",
@@ -497,7 +497,7 @@ def rm_cmd(
     if not yes and not typer.confirm(f"delete run {run!r} and its comparisons?", default=False):
         raise typer.Exit(1)
     try:
-        n = dumpdb.open(_archive_path(archive)).remove_run(run)
+        n = dumpdb.open(_archive_path(archive), on_wait=err.print).remove_run(run)
     except DumpdbError as exc:
         _fail(exc)
     out.print(f"removed run {run} ({n} tensors); run 'dumpdb gc' to reclaim the space", highlight=False)

@@ -13,8 +13,11 @@ A bundle is a directory (or the same tree in a ``.zip``, stored uncompressed)::
 
 Readable without dumpdb: the Parquet files with pyarrow or DuckDB, the payloads
 with zarr (README "Reading a bundle without dumpdb"). :func:`import_bundle` checks
-every file against the manifest before it changes the archive, stores only the
-payloads the archive lacks, and is idempotent (a run already imported is skipped).
+the whole bundle before it changes the archive (what it refuses:
+:mod:`dumpdb.archival.bundle_check`), re-hashes every payload it will store, stores
+only the payloads the archive lacks, and is idempotent (a run already imported is
+skipped). :func:`export_runs` re-hashes every payload it writes and writes no bundle
+if one is missing or altered.
 """
 
 from __future__ import annotations

@@ -72,7 +72,9 @@ def _sha256(path: Path) -> str:
 def export_runs(archive, runs: list[str], to: str | os.PathLike) -> Path:
     """Write ``runs`` of ``archive`` as a bundle at ``to`` (a ``.zip`` file if the name
     ends so, else a new directory). Returns the path. Raises DumpdbError for an unknown
-    run or an existing destination."""
+    run or an existing destination, PayloadMissing / PayloadCorrupt (naming the shard
+    and a tensor) for a payload whose shard is gone or whose bytes no longer hash to
+    its content hash; nothing is written at ``to`` then."""
     from dumpdb.storage.store import StoreWriter, TensorStore
 
     to = Path(to)

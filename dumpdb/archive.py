@@ -507,11 +507,12 @@ class Archive:
 
         return remove_run(self, run)
 
-    def gc(self, compact_below: float = 0.5):
-        """Reclaim store space no live tensor uses; returns a GcReport."""
+    def gc(self, compact_below: float = 0.5, **options):
+        """Reclaim store space no live tensor uses (``grace`` seconds for uncommitted
+        files); returns a GcReport. See :func:`dumpdb.archival.maintenance.gc`."""
         from dumpdb.archival.maintenance import gc
 
-        return gc(self, compact_below)
+        return gc(self, compact_below, **options)
 
     def export(self, runs: list[str] | str, to: str | os.PathLike) -> Path:
         """Write runs as a self-describing bundle (directory, or ``.zip``); see :mod:`dumpdb.archival.bundle`."""
@@ -519,15 +520,17 @@ class Archive:
 
         return export_runs(self, [runs] if isinstance(runs, str) else list(runs), to)
 
-    def import_bundle(self, path: str | os.PathLike, rename: dict[str, str] | None = None):
-        """Bring a bundle's runs in (checked against its manifest, idempotent); see :mod:`dumpdb.archival.bundle`."""
+    def import_bundle(self, path: str | os.PathLike, rename: dict[str, str] | None = None, **options):
+        """Bring a bundle's runs in (checked whole before the archive changes, idempotent;
+        ``max_bundle_size`` bytes); see :mod:`dumpdb.archival.bundle`."""
         from dumpdb.archival.bundle import import_bundle
 
-        return import_bundle(self, path, rename)
+        return import_bundle(self, path, rename, **options)
 
     def verify(self, run: str | None = None, **options):
-        """Re-read and re-hash stored payloads; see :func:`dumpdb.archival.verify.verify`
-        (``sample`` fraction, ``seed``, ``progress``). Returns a VerifyReport."""
+        """Check the catalog and every tensor -> payload reference, re-read and re-hash stored
+        payloads, list orphans; see :func:`dumpdb.archival.verify.verify` (``sample``
+        fraction, ``seed``, ``progress``, ``repair``, ``grace``). Returns a VerifyReport."""
         from dumpdb.archival.verify import verify
 
         return verify(self, run, **options)

@@ -150,10 +150,10 @@ def _archive_path(path: Optional[Path]) -> Path:
     return path if path is not None else default_archive_path()
 
 
-def _open(path: Optional[Path]):
+def _open(path: Optional[Path], on_wait=None):
     from dumpdb.archive import Archive
 
-    return Archive(_archive_path(path))
+    return Archive(_archive_path(path), on_wait=on_wait)
 
 
 def _a(archive: Optional[Path]) -> str:
@@ -956,7 +956,7 @@ def prune(
     (space comes back with 'dumpdb gc')."""
     if not keep_stats:
         raise DumpdbError("prune keeps rows and statistics and drops payloads: pass --keep-stats to confirm")
-    n = _open(archive).prune(run, iterations)
+    n = _open(archive, on_wait=lambda msg: _say(msg, stderr=True, style="yellow")).prune(run, iterations)
     _say(f"pruned the payloads of {n} tensors of run {run}; run 'dumpdb gc{_a(archive)}' to reclaim the space")
 
 
@@ -972,18 +972,22 @@ def rm_cmd(
         if not typer.confirm(f"delete run {run!r} and its comparisons?", default=False):
             _say("nothing deleted", stderr=True)
             return
-    n = _open(archive).remove_run(run)
+    n = _open(archive, on_wait=lambda msg: _say(msg, stderr=True, style="yellow")).remove_run(run)
     _say(f"removed run {run} ({n} tensors); run 'dumpdb gc{_a(archive)}' to reclaim the space")
 
 
 @app.command()
-def gc(archive: Optional[Path] = ArchiveOpt) -> None:
-    """Reclaim store space no tensor uses any more (payloads other runs use stay).
-    Run it when no other process uses the archive."""
-    report = _open(archive).gc()
+def gc(archive: Optional[Path] = ArchiveOpt,
+       grace: float = typer.Option(3600.0, "--grace", min=0,
+                                   help="Keep uncommitted store files younger than this many seconds."),
+       ) -> None:
+    """Reclaim store space no tensor uses any more (payloads other runs use stay), and
+    files crashed ingests left. Waits for running ingest/import/rm/prune."""
+    report = _open(archive, on_wait=lambda msg: _say(msg, stderr=True, style="yellow")).gc(grace=grace)
     _say(f"reclaimed {_human(report.reclaimed)} ({_human(report.bytes_before)} -> {_human(report.bytes_after)}): "
          f"{report.arrays_deleted} arrays deleted, {report.packs_compacted} packs compacted, "
-         f"{report.blobs_dropped} payloads dropped")
+         f"{report.blobs_dropped} payloads dropped, {report.orphans_deleted + report.temp_files_deleted} "
+         f"crash leftovers removed")
 
 
 @app.command()
@@ -1019,6 +1023,8 @@ def import_cmd(
     bundle: Path = typer.Argument(..., help="Bundle directory or .zip written by 'dumpdb export'."),
     archive: Optional[Path] = ArchiveOpt,
     rename: list[str] = typer.Option([], "--rename", help="OLD=NEW: import run OLD under the name NEW (repeatable)."),
+    max_bundle_size: int = typer.Option(1 << 40, "--max-bundle-size", min=0,
+                                        help="Refuse bundles declaring more bytes than this (default 1 TiB)."),
 ) -> None:
     """Import a bundle's runs (every file checked against the manifest; importing twice adds nothing)."""
     from dumpdb.archive import create_archive, is_archive
@@ -1032,7 +1038,8 @@ def import_cmd(
     path = _archive_path(archive)
     if not is_archive(path):
         create_archive(path)
-    report = _open(path).import_bundle(bundle, mapping)
+    report = _open(path, on_wait=lambda msg: _say(msg, stderr=True, style="yellow")).import_bundle(bundle, mapping,
+                                                            max_bundle_size=max_bundle_size)
     if report.runs_imported:
         _say(f"imported {', '.join(report.runs_imported)}: {report.tensors} tensors, {report.payloads_added} "
              f"payloads stored, {report.payloads_present} already in the archive")
@@ -1046,24 +1053,35 @@ def verify(
     archive: Optional[Path] = ArchiveOpt,
     sample: Optional[float] = typer.Option(None, "--sample", help="Check only this fraction of payloads (e.g. 0.05)."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Make --sample's choice repeatable."),
+    repair: bool = typer.Option(False, "--repair", help="Delete orphan arrays and leftover .tmp shards."),
+    grace: float = typer.Option(3600.0, "--grace", min=0, help="--repair keeps files younger than this (seconds)."),
 ) -> None:
     """Re-read every stored payload, hash it again and compare with the catalog.
     Lists each damaged tensor (run, op, io, slot); exit 1 if any."""
     a = _open(archive)
     with _progress("verifying") as bar:
         task = bar.add_task("verify", total=None)
-        report = a.verify(run, sample=sample, seed=seed,
+        report = a.verify(run, sample=sample, seed=seed, repair=repair, grace=grace,
                           progress=lambda done, total: bar.update(task, completed=done, total=total))
+    for problem in report.catalog_problems:
+        _say(f"catalog: {problem}", style="red")
+    if report.repaired:
+        _say(f"repaired: removed {report.repaired} orphan arrays and temp files")
+    if report.orphans:
+        _say(f"orphans: {len(report.orphans)} store files nothing references "
+             f"({_human(sum(o.bytes for o in report.orphans))}); 'dumpdb verify{_a(archive)} --repair' removes those "
+             f"older than --grace")
     scope = f"run {run}" if run else "archive"
     checked = (f"{report.blobs_checked} of {report.blobs_total} payloads ({_human(report.bytes_checked)}), "
-               f"{report.shards_checked} shard checksums")
+               f"{report.shards_checked} shard checksums, {report.tensors_checked} tensor references, catalog")
     if report.ok:
         _say(f"ok: {scope}: {checked}: all as recorded", style="green")
         return
     for array_path, reason in report.damaged_shards.items():
         _say(f"damaged shard {array_path}: {reason}", style="red")
-    _say(f"damaged: {scope}: {len(report.damaged)} of the {report.blobs_checked} payloads checked "
-         f"({report.blobs_total} in scope), {len(report.damaged_shards)} shards; "
+    _say(f"damaged: {scope}: {len(report.damaged)} payloads ({report.blobs_checked} checked, "
+         f"of {report.blobs_total} in scope; {report.tensors_checked} tensor references), "
+         f"{len(report.damaged_shards)} shards, {len(report.catalog_problems)} catalog problems; "
          f"{report.damaged_tensors.num_rows} tensors affected", style="red")
     if report.damaged_tensors.num_rows:
         _emit(report.damaged_tensors.select(["run", "tensor_id", "iteration", "op_name", "io", "slot", "reason"]),

@@ -13,32 +13,42 @@ A bundle is a directory (or the same tree in a ``.zip``, stored uncompressed)::
 
 Readable without dumpdb: the Parquet files with pyarrow or DuckDB, the payloads
 with zarr (README "Reading a bundle without dumpdb"). :func:`import_bundle` checks
-every file against the manifest before it changes the archive, stores only the
-payloads the archive lacks, and is idempotent (a run already imported is skipped).
+the whole bundle before it changes the archive (what it refuses:
+:mod:`dumpdb.archival.bundle_check`), re-hashes every payload it will store, stores
+only the payloads the archive lacks, and is idempotent (a run already imported is
+skipped). :func:`export_runs` re-hashes every payload it writes and writes no bundle
+if one is missing or altered.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import tempfile
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+import xxhash
 
 from dumpdb import __version__
+from dumpdb.archival import bundle_check as chk
 from dumpdb.catalog import insert_arrow, latest_version, schema
-from dumpdb.errors import DumpdbError
+from dumpdb.catalog.locks import SHARED
+from dumpdb.errors import BundleError, DumpdbError, PayloadCorrupt, PayloadMissing
 
 FORMAT = "dumpdb-bundle"
 FORMAT_VERSION = 1
+RUN_TABLES = tuple(schema.run_tables())  # per-run tables (dumpdb.catalog.schema), runs last
 
 
 @dataclass
@@ -61,7 +71,9 @@ def _sha256(path: Path) -> str:
 def export_runs(archive, runs: list[str], to: str | os.PathLike) -> Path:
     """Write ``runs`` of ``archive`` as a bundle at ``to`` (a ``.zip`` file if the name
     ends so, else a new directory). Returns the path. Raises DumpdbError for an unknown
-    run or an existing destination."""
+    run or an existing destination, PayloadMissing / PayloadCorrupt (naming the shard
+    and a tensor) for a payload whose shard is gone or whose bytes no longer hash to
+    its content hash; nothing is written at ``to`` then."""
     from dumpdb.storage.payloads import array_table, blob_table, copy_payloads
     from dumpdb.storage.store import StoreWriter, TensorStore
 
@@ -82,12 +94,14 @@ def export_runs(archive, runs: list[str], to: str | os.PathLike) -> Path:
             if missing:
                 raise DumpdbError(f"no run {missing[0]!r} in {archive.path} (runs: {', '.join(sorted(known))})")
             tables = {t: con.sql(f"SELECT * FROM {t} WHERE run IN (SELECT unnest(?))", params=[runs])
-                      .to_arrow_table() for t in schema.run_tables()}
+                      .to_arrow_table() for t in RUN_TABLES}
             live = con.execute(
                 "SELECT b.content_hash, b.array_path, b.elem_offset, b.elem_count, b.nbytes FROM blobs b "
                 "WHERE b.content_hash IN (SELECT content_hash FROM tensors WHERE run IN (SELECT unnest(?)) "
                 "AND pruned_at IS NULL) ORDER BY b.array_path, b.elem_offset", [runs]).fetchall()
         writer = StoreWriter(TensorStore(bundle / "tensors.zarr", read_only=False))
+        for content_hash, array_path, offset, count, nbytes in live:  # every payload re-hashed first
+            _check_archive_payload(archive, runs, content_hash, array_path, offset, count, nbytes)
         locations = copy_payloads(archive.store, writer, [row[:4] for row in live])
         arrays = writer.take_arrays()
         writer.close()
@@ -102,8 +116,7 @@ def export_runs(archive, runs: list[str], to: str | os.PathLike) -> Path:
         manifest = {
             "format": FORMAT, "format_version": FORMAT_VERSION, "dumpdb_version": __version__,
             "schema_version": archive.schema_version,
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "runs": runs,
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "runs": runs,
             "tables": {n: {"file": f"catalog/{n}.parquet", "rows": t.num_rows} for n, t in tables.items()},
             "files": files,
         }
@@ -122,112 +135,281 @@ def export_runs(archive, runs: list[str], to: str | os.PathLike) -> Path:
     return to
 
 
-def _open_bundle(path: Path, work: Path) -> Path:
-    if path.is_dir():
-        return path
-    if not zipfile.is_zipfile(path):
-        raise DumpdbError(f"{path}: not a dumpdb bundle (neither a directory nor a .zip)")
-    with zipfile.ZipFile(path) as z:
-        for name in z.namelist():
-            if name.startswith("/") or ".." in Path(name).parts:
-                raise DumpdbError(f"{path}: unsafe member name {name!r}")
-        z.extractall(work)
-    return work
+def _check_archive_payload(archive, runs: list[str], content_hash: str, array_path: str | None,
+                           offset: int | None, count: int | None, nbytes: int) -> None:
+    """One payload of the archive for export, read through the store (a missing object is
+    PayloadMissing, never zeros) and re-hashed. Raises PayloadMissing / PayloadCorrupt
+    naming the array and a tensor that uses it: no bundle is written then."""
+    from dumpdb.storage.store import payload_hash
 
+    def who() -> str:
+        with archive.reader() as con:
+            row = con.execute("SELECT run, op_name, io, slot FROM tensors WHERE content_hash = ? AND run IN "
+                              "(SELECT unnest(?)) ORDER BY tensor_id LIMIT 1", [content_hash, runs]).fetchone()
+        return f"run {row[0]} op {row[1]} {row[2]} slot {row[3]}" if row else f"payload {content_hash}"
 
-def _check(bundle: Path, source: Path) -> dict:
+    if array_path is None:
+        return
+    where = f"{archive.store.name}/{array_path}"
     try:
-        manifest = json.loads((bundle / "manifest.json").read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise DumpdbError(f"{source}: no readable manifest.json ({exc})") from exc
-    if manifest.get("format") != FORMAT:
-        raise DumpdbError(f"{source}: manifest is not a {FORMAT} manifest")
-    newer_schema = int(manifest.get("schema_version", 0)) > latest_version()
-    if int(manifest.get("format_version", 0)) > FORMAT_VERSION or newer_schema:
-        raise DumpdbError(
-            f"{source}: bundle written by a newer dumpdb ({manifest.get('dumpdb_version')}); upgrade dumpdb")
-    for rel, meta in manifest["files"].items():
-        path = bundle / rel
-        if not path.is_file():
-            raise DumpdbError(f"{source}: {rel} is missing")
-        if path.stat().st_size != meta["bytes"] or _sha256(path) != meta["sha256"]:
-            raise DumpdbError(f"{source}: {rel} is damaged (size or sha256 differs from the manifest)")
-    return manifest
+        data = archive.store.read_payload(array_path, offset, count or 0, content_hash)
+        raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+    except PayloadMissing as exc:
+        raise PayloadMissing(f"{where}: shard missing; {who()} cannot be exported (no bundle written) ({exc})") \
+            from exc
+    except (PayloadCorrupt, OSError, ValueError, RuntimeError) as exc:
+        raise PayloadCorrupt(f"{where}: unreadable ({exc}); {who()} cannot be exported (no bundle written)") from exc
+    if raw.size != nbytes or payload_hash(raw) != content_hash:
+        raise PayloadCorrupt(f"{where}: bytes of {who()} differ from the catalog's hash; no bundle written "
+                             "(dumpdb verify lists every damaged tensor)")
 
 
-def import_bundle(archive, path: str | os.PathLike, rename: dict[str, str] | None = None) -> ImportReport:
+def _lock(archive, mode: str, what: str):
+    from dumpdb.catalog.locks import store_lock
+
+    return store_lock(archive.path, mode, what, timeout=archive.catalog.lock_timeout,
+                      on_wait=archive.catalog.on_wait)
+
+
+# What reading a bundle can raise besides BundleError: all of it means "unreadable bundle".
+_UNREADABLE = (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError,
+               OverflowError, MemoryError, zipfile.BadZipFile, pa.ArrowException, zlib.error)
+
+
+def _open_checked(path: Path, work: Path, max_bundle_size: int, archive_path: Path) -> tuple[Path, dict]:
+    """The bundle's root directory and validated manifest; a ``.zip`` is checked from its
+    central directory and extracted into ``work`` only then. See :mod:`.bundle_check`."""
+    def manifest_of(raw: bytes) -> dict:
+        return chk.read_manifest(raw, path, latest_version(), FORMAT, FORMAT_VERSION, RUN_TABLES + ("blobs", "arrays"))
+
+    if not path.exists():
+        raise BundleError(f"{path}: no such bundle")
+    if path.is_dir():
+        mpath = path / chk.MANIFEST
+        if not mpath.is_file() or mpath.is_symlink():
+            raise BundleError(f"{path}: no manifest.json; not a dumpdb bundle")
+        with open(mpath, "rb") as f:
+            manifest = manifest_of(f.read(chk.MAX_MANIFEST_BYTES + 1))
+        chk.check_room(path, chk.declared_bytes(manifest), max_bundle_size, archive_path)
+        chk.check_directory(path, manifest, path)
+        return path, manifest
+    if not path.is_file():  # a FIFO or device would block or never end
+        raise BundleError(f"{path}: not a regular file or directory; not a dumpdb bundle")
+    if not zipfile.is_zipfile(path):
+        raise BundleError(f"{path}: not a dumpdb bundle (neither a directory nor a .zip)")
+    with zipfile.ZipFile(path) as z:
+        manifest = manifest_of(chk.zip_manifest(z, path))
+        chk.check_zip_members(z, manifest, path)
+        # twice the payloads: extracted here, then written to the archive
+        chk.check_room(path, chk.declared_bytes(manifest), max_bundle_size, work)
+        chk.check_room(path, 2 * chk.declared_bytes(manifest), 2 * max_bundle_size, work)
+        chk.extract_checked(z, manifest, path, work)
+    return work, manifest
+
+
+_NEEDS = {"runs": ("run", "source_path"), "tensors": ("run", "content_hash", "nbytes", "dtype", "shape"),
+          "blobs": ("content_hash", "nbytes", "array_path", "elem_offset", "elem_count"), "arrays": ("array_path",)}
+
+
+def _read_tables(bundle: Path, manifest: dict, source: Path, columns: dict[str, set[str]]) -> dict[str, pa.Table]:
+    tables = {}
+    for name, meta in manifest["tables"].items():
+        table = pq.read_table(bundle / meta["file"])
+        for col in _NEEDS.get(name, ("run",)):
+            if col not in table.column_names:
+                raise BundleError(f"{source}: table {name} lacks the column {col}")
+        if name in RUN_TABLES:  # inserted as they are: every column must exist in the catalog
+            chk.check_columns(name, table.column_names, columns.get(name, set()), source)
+        tables[name] = table
+    runs = tables["runs"]["run"].to_pylist()
+    for run in manifest["runs"]:
+        if runs.count(run) != 1:
+            raise BundleError(f"{source}: run {run!r} of the manifest has {runs.count(run)} rows in runs.parquet")
+    return tables
+
+
+def _check_payloads(source: Path, bundle: Path, tensors: pa.Table, blobs: list[dict], arrays: set[str],
+                    have: dict[str, int]) -> list[dict]:
+    """Every payload the import would store, re-read from the bundle and re-hashed; every
+    tensor's nbytes against its payload and its dtype x shape. Returns the blobs to store."""
+    from dumpdb.storage.store import TensorStore
+
+    by_hash: dict[str, dict] = {}
+    for blob in blobs:
+        h = blob["content_hash"]
+        if not isinstance(h, str) or h in by_hash:
+            raise BundleError(f"{source}: blobs has a missing or repeated content_hash {h!r}")
+        for key in ("nbytes", "elem_offset", "elem_count"):
+            v = blob[key]
+            if v is not None and v < 0 or (key == "nbytes" and v is None):
+                raise BundleError(f"{source}: blob {h}: {key} {v!r} is not a size")
+        by_hash[h] = blob
+    needed: dict[str, int] = {}
+    cols = tensors.select(["content_hash", "nbytes", "dtype", "shape"] +
+                          (["pruned_at"] if "pruned_at" in tensors.column_names else [])).to_pylist()
+    for row in cols:
+        h = row["content_hash"]
+        if h is None or row.get("pruned_at") is not None:
+            continue
+        blob_bytes = by_hash[h]["nbytes"] if h in by_hash else have.get(h)
+        if blob_bytes is None:
+            raise BundleError(f"{source}: a tensor references payload {h}, which neither the bundle nor the "
+                              "archive holds")
+        try:
+            expected = chk.expected_nbytes(row["dtype"], row["shape"])
+        except (TypeError, ValueError) as exc:
+            raise BundleError(f"{source}: a tensor of payload {h} has a bad dtype or shape ({exc})") from None
+        if row["nbytes"] != blob_bytes or (expected is not None and expected != blob_bytes):
+            raise BundleError(f"{source}: a tensor of payload {h} says {row['nbytes']} bytes "
+                              f"(dtype x shape: {expected}), its payload is {blob_bytes} bytes")
+        needed[h] = blob_bytes
+    todo = [by_hash[h] for h in needed if h not in have]
+    store = TensorStore(bundle / "tensors.zarr")
+    for blob in todo:
+        data = _bundle_payload(source, bundle, store, blob, arrays)
+        if data.size != blob["nbytes"] or xxhash.xxh3_128_hexdigest(data.data) != blob["content_hash"]:
+            raise BundleError(f"{source}: payload {blob['content_hash']} in {blob['array_path']} does not hash to "
+                              "its content_hash (altered bytes); nothing imported")
+    return todo
+
+
+def _bundle_payload(source: Path, bundle: Path, store, blob: dict, arrays: set[str]) -> np.ndarray:
+    """One blob's bytes from the bundle's store, as uint8, after bounding what reading
+    it may allocate by its declared size."""
+    if blob["array_path"] is None:
+        if blob["nbytes"]:
+            raise BundleError(f"{source}: payload {blob['content_hash']} of {blob['nbytes']} bytes has no array")
+        return np.zeros(0, np.uint8)
+    array_path = chk.check_array_path(blob["array_path"], arrays, source)
+    meta = json.loads((bundle / "tensors.zarr" / array_path / "zarr.json").read_bytes()[: 1 << 20])
+    itemsize = np.dtype("bool" if meta["data_type"] == "bool" else meta["data_type"]).itemsize
+    if blob["elem_offset"] is None:
+        if math.prod(meta["shape"]) * itemsize != blob["nbytes"]:
+            raise BundleError(f"{source}: array {array_path} holds {meta['shape']} x {itemsize} bytes, its blob says "
+                              f"{blob['nbytes']}")
+        data = np.asarray(store.array(array_path)[...])
+    else:
+        inner = meta["codecs"][0]["configuration"]["chunk_shape"][0]
+        if inner * itemsize > 64 << 20 or (blob["elem_count"] or 0) * itemsize != blob["nbytes"]:
+            raise BundleError(f"{source}: pack {array_path} or its blob {blob['content_hash']} declares "
+                              "sizes dumpdb does not write")
+        data = store.read_pack_range(array_path, blob["elem_offset"], blob["elem_count"] or 0)
+    return np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+
+
+def import_bundle(archive, path: str | os.PathLike, rename: dict[str, str] | None = None, *,
+                  max_bundle_size: int = chk.MAX_BUNDLE_BYTES) -> ImportReport:
     """Bring the runs of the bundle at ``path`` into ``archive``.
 
-    Every file is checked against the manifest first. A run name already in the
+    Before anything enters the archive the bundle is checked whole
+    (:mod:`dumpdb.archival.bundle_check`: manifest, confined paths, sizes and sha256
+    of every file, zip bombs, ``max_bundle_size`` bytes at most, every payload
+    re-hashed). A ``.zip`` is extracted inside the archive directory (never to
+    ``/tmp``) and removed afterwards, whatever happens. A run name already in the
     archive is skipped if it is the same run (same source path and tensor count:
     importing twice adds nothing), else refused unless ``rename`` maps it to a new
     name. Payloads the archive already holds (same content hash) are not stored
-    again. Raises DumpdbError for a damaged or foreign bundle or a name conflict.
+    again. Holds the store lock shared (gc waits). Raises BundleError for a damaged,
+    hostile or foreign bundle, DumpdbError for a name conflict.
     """
+    path, rename = Path(path), dict(rename or {})
+    with _lock(archive, SHARED, f"import of {path.name}"):
+        work = Path(tempfile.mkdtemp(prefix=".dumpdb-import-", dir=archive.path))
+        try:
+            try:
+                bundle, manifest = _open_checked(path, work, max_bundle_size, archive.path)
+                plan = _plan(archive, bundle, manifest, path, rename)
+            except DumpdbError:
+                raise
+            except _UNREADABLE as exc:
+                text = (str(exc).splitlines() or [""])[0][:160]
+                raise BundleError(f"{path}: unreadable bundle ({type(exc).__name__}: {text})") from exc
+            if plan is None:
+                return ImportReport(runs_skipped=[rename.get(r, r) for r in manifest["runs"]])
+            return _store(archive, bundle, plan)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+@dataclass
+class _Plan:
+    report: ImportReport
+    tables: dict
+    wanted: set[str]
+    first: dict[str, str]
+    tensors: pa.Table
+    blobs: list[dict]
+
+
+def _plan(archive, bundle: Path, manifest: dict, path: Path, rename: dict[str, str]) -> _Plan | None:
+    """Everything decided and checked before the archive is touched."""
+    with archive.reader() as con:
+        columns: dict[str, set[str]] = {}
+        for table, column in con.execute("SELECT table_name, column_name FROM information_schema.columns "
+                                         "WHERE table_schema = 'main'").fetchall():
+            columns.setdefault(table, set()).add(column)
+    tables = _read_tables(bundle, manifest, path, columns)
+    report = ImportReport()
+    todo = []
+    with archive.reader() as con:
+        for run in manifest["runs"]:
+            new = rename.get(run, run)
+            row = con.execute("SELECT source_path FROM runs WHERE run = ?", [new]).fetchone()
+            mine = tables["runs"].filter(pc.equal(tables["runs"]["run"], run)).to_pylist()[0]
+            n_bundle = tables["tensors"].filter(pc.equal(tables["tensors"]["run"], run)).num_rows
+            if row is None:
+                todo.append((run, new))
+                continue
+            n_have = con.execute("SELECT count(*) FROM tensors WHERE run = ?", [new]).fetchone()[0]
+            if row[0] == mine["source_path"] and n_have == n_bundle:
+                report.runs_skipped.append(new)
+            else:
+                raise DumpdbError(f"{path}: run {new!r} already exists in {archive.path} with other data; "
+                                  f"import it under another name (--rename {run}=NEW)")
+        have = dict(con.execute("SELECT content_hash, nbytes FROM blobs").fetchall())
+    if not todo:
+        return None
+    wanted = {r for r, _ in todo}
+    tensors = tables["tensors"].filter(pc.is_in(tables["tensors"]["run"], pa.array(list(wanted))))
+    arrays = set(tables["arrays"]["array_path"].to_pylist())
+    blobs = _check_payloads(path, bundle, tensors, tables["blobs"].to_pylist(), arrays, have)
+    report.payloads_present = len({h for h in tensors["content_hash"].drop_null().to_pylist() if h in have})
+    return _Plan(report, tables, wanted, {r: n for r, n in todo}, tensors, blobs)
+
+
+def _store(archive, bundle: Path, plan: _Plan) -> ImportReport:
+    """Write the checked payloads, then the rows, in one catalog transaction."""
     from dumpdb.storage.payloads import copy_payloads, record_payloads
     from dumpdb.storage.store import StoreWriter, TensorStore
 
-    path, rename = Path(path), dict(rename or {})
-    with tempfile.TemporaryDirectory(prefix=".dumpdb-import-") as tmp:
-        bundle = _open_bundle(path, Path(tmp))
-        manifest = _check(bundle, path)
-        tables = {n: pq.read_table(bundle / meta["file"]) for n, meta in manifest["tables"].items()}
-        report = ImportReport()
-        todo = []
-        with archive.reader() as con:
-            for run in manifest["runs"]:
-                new = rename.get(run, run)
-                row = con.execute("SELECT source_path FROM runs WHERE run = ?", [new]).fetchone()
-                mine = tables["runs"].filter(pc.equal(tables["runs"]["run"], run)).to_pylist()[0]
-                n_bundle = tables["tensors"].filter(pc.equal(tables["tensors"]["run"], run)).num_rows
-                if row is None:
-                    todo.append((run, new))
-                    continue
-                n_have = con.execute("SELECT count(*) FROM tensors WHERE run = ?", [new]).fetchone()[0]
-                if row[0] == mine["source_path"] and n_have == n_bundle:
-                    report.runs_skipped.append(new)
-                else:
-                    raise DumpdbError(f"{path}: run {new!r} already exists in {archive.path} with other data; "
-                                      f"import it under another name (--rename {run}=NEW)")
-            have = {h for (h,) in con.execute("SELECT content_hash FROM blobs").fetchall()}
-        if not todo:
-            return report
-        wanted = {r for r, _ in todo}
-        tensors = tables["tensors"].filter(pc.is_in(tables["tensors"]["run"], pa.array(list(wanted))))
-        needed = set(tensors.column("content_hash").drop_null().to_pylist())
-        source = TensorStore(bundle / "tensors.zarr")
-        writer = StoreWriter(archive.writable_store())
-        todo_blobs = []
-        for blob in tables["blobs"].to_pylist():
-            if blob["content_hash"] not in needed:
-                continue
-            if blob["content_hash"] in have:
-                report.payloads_present += 1
-                continue
-            todo_blobs.append((blob["content_hash"], blob["array_path"], blob["elem_offset"], blob["elem_count"]))
-        locations = copy_payloads(source, writer, todo_blobs)
+    report, tables, wanted, first, tensors = plan.report, plan.tables, plan.wanted, plan.first, plan.tensors
+    source = TensorStore(bundle / "tensors.zarr")
+    writer = StoreWriter(archive.writable_store())
+    try:
+        locations = copy_payloads(source, writer, [(b["content_hash"], b["array_path"], b["elem_offset"],
+                                                    b["elem_count"]) for b in plan.blobs])
         arrays = writer.take_arrays()
+    finally:
         writer.close()
-        report.payloads_added = len(locations)
-        first = {r: rename.get(r, r) for r in wanted}
-        owner: dict[str, str] = {}  # payload -> the imported run that stores it (show(): bytes stored)
-        for run, content_hash in zip(tensors["run"].to_pylist(), tensors["content_hash"].to_pylist()):
-            if content_hash is not None:
-                owner.setdefault(content_hash, first[run])
-        with archive.catalog.writer() as con:
-            record_payloads(con, locations, arrays, owner)
-            for table in schema.run_tables():
-                rows = tables.get(table)
-                if rows is None or rows.num_rows == 0:
-                    continue
-                rows = rows.filter(pc.is_in(rows["run"], pa.array(list(wanted))))
-                runs_col = pa.array([first[r] for r in rows["run"].to_pylist()], pa.string())
-                rows = rows.set_column(rows.schema.get_field_index("run"), "run", runs_col)
-                if table == "tensors":
-                    rows = rows.drop_columns(["tensor_id"])
-                    insert_arrow(con, table, rows, prefix="nextval('tensor_id_seq') AS tensor_id,")
-                else:
-                    insert_arrow(con, table, rows)
-        report.runs_imported = [first[r] for r, _ in todo]
-        report.tensors = tensors.num_rows
+    report.payloads_added = len(locations)
+    owner: dict[str, str] = {}  # payload -> the imported run that stores it (show(): bytes stored)
+    for run, content_hash in zip(tensors["run"].to_pylist(), tensors["content_hash"].to_pylist()):
+        if content_hash is not None:
+            owner.setdefault(content_hash, first[run])
+    with archive.catalog.writer() as con:
+        record_payloads(con, locations, arrays, owner)
+        for table in RUN_TABLES:
+            rows = tables.get(table)
+            if rows is None or rows.num_rows == 0:
+                continue
+            rows = rows.filter(pc.is_in(rows["run"], pa.array(list(wanted))))
+            runs_col = pa.array([first[r] for r in rows["run"].to_pylist()], pa.string())
+            rows = rows.set_column(rows.schema.get_field_index("run"), "run", runs_col)
+            if table == "tensors":
+                rows = rows.drop_columns(["tensor_id"])
+                insert_arrow(con, table, rows, prefix="nextval('tensor_id_seq') AS tensor_id,")
+            else:
+                insert_arrow(con, table, rows)
+    report.runs_imported = list(first.values())
+    report.tensors = tensors.num_rows
     return report

@@ -10,8 +10,18 @@
   uses stays. New data is written and committed before old files are removed, so a
   crash during gc leaves at worst unreferenced files for the next gc.
 
-Concurrent readers: run gc when no other process is reading the archive (a reader
-that looked up a payload's location just before gc moved it would fail to read it).
+Concurrency: ``prune`` and ``rm`` (like ingest and import) hold the archive's store
+lock shared, ``gc`` holds it exclusive (:mod:`dumpdb.catalog.locks`), so gc never
+runs while another process may be about to reference a payload it would delete; it
+waits (saying for whom) up to the archive's lock timeout. Readers are not locked out:
+run gc when no other process is reading tensors (a reader that looked up a payload's
+location just before gc moved it would fail to read it, and says so).
+
+Crash leftovers: files in the store no catalog row refers to (arrays written by an
+ingest killed before its commit) and ``*.tmp-*`` shards of interrupted writes are
+reclaimed by gc too, once older than a grace period (``grace`` seconds, default
+:data:`GRACE_SECONDS`), so even a writer that does not take the lock (an older
+dumpdb) keeps what it has not committed yet.
 """
 
 from __future__ import annotations
@@ -21,9 +31,18 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from dumpdb.catalog import schema
+from dumpdb.catalog.locks import EXCLUSIVE, SHARED, store_lock
 from dumpdb.errors import DumpdbError
+from dumpdb.storage.leftovers import Leftover, find_leftovers, reclaim_leftovers  # noqa: F401 (re-exported)
 
 _RANGE_RE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
+GRACE_SECONDS = 3600.0  # uncommitted store files younger than this are kept (an ingest commits every ~10 s)
+
+
+def _lock(archive, mode: str, what: str):
+    """The archive's store lock, waiting like the catalog does (timeout, on_wait)."""
+    return store_lock(archive.path, mode, what, timeout=archive.catalog.lock_timeout,
+                      on_wait=archive.catalog.on_wait)
 
 
 def parse_iterations(spec: str) -> list[tuple[int, int]]:
@@ -61,7 +80,7 @@ def prune(archive, run: str, iterations: str | None = None) -> int:
     :func:`gc`."""
     ranges = parse_iterations(iterations) if iterations else None
     where, params = _iteration_sql(ranges)
-    with archive.catalog.writer() as con:
+    with _lock(archive, SHARED, f"prune of run {run!r}"), archive.catalog.writer() as con:
         _require_run(con, run)
         n = con.execute(f"SELECT count(*) FROM tensors WHERE run = ? AND pruned_at IS NULL "
                         f"AND content_hash IS NOT NULL{where}", [run, *params]).fetchone()[0]
@@ -73,7 +92,7 @@ def prune(archive, run: str, iterations: str | None = None) -> int:
 def remove_run(archive, run: str) -> int:
     """Delete every row of ``run`` (tensors, graph relations, errors, comparisons that
     involve it). Returns the number of tensors removed. Space comes back with :func:`gc`."""
-    with archive.catalog.writer() as con:
+    with _lock(archive, SHARED, f"rm of run {run!r}"), archive.catalog.writer() as con:
         _require_run(con, run)
         n = con.execute("SELECT count(*) FROM tensors WHERE run = ?", [run]).fetchone()[0]
         ids = "SELECT compare_id FROM compares WHERE target_run = ? OR bench_run = ?"
@@ -89,9 +108,12 @@ def remove_run(archive, run: str) -> int:
 class GcReport:
     """What :func:`gc` did. Bytes are on-disk bytes of the store."""
 
-    arrays_deleted: int = 0  # arrays no live tensor uses (large tensors, emptied packs), removed
-    packs_compacted: int = 0  # mostly-dead packs rewritten with only their live payloads
-    blobs_dropped: int = 0  # blobs rows of payloads nothing references any more
+    arrays_deleted: int = 0
+    packs_compacted: int = 0
+    blobs_dropped: int = 0
+    orphans_deleted: int = 0  # store arrays no catalog row refers to (crashed writes)
+    temp_files_deleted: int = 0  # leftover *.tmp-* shards of interrupted writes
+    kept_recent: int = 0  # uncommitted files younger than the grace period, kept
     bytes_before: int = 0
     bytes_after: int = 0
 
@@ -103,13 +125,23 @@ class GcReport:
 _LIVE = "(SELECT DISTINCT content_hash FROM tensors WHERE content_hash IS NOT NULL AND pruned_at IS NULL)"
 
 
-def gc(archive, compact_below: float = 0.5) -> GcReport:
+def gc(archive, compact_below: float = 0.5, grace: float = GRACE_SECONDS) -> GcReport:
     """Reclaim store space no live tensor uses (see module docstring).
 
     A pack whose live payload bytes are under ``compact_below`` of its total is
     rewritten with the live payloads only; a pack or array with no live payload is
-    deleted. Returns a :class:`GcReport`.
+    deleted; store files no catalog row refers to, and ``*.tmp-*`` shards, are deleted
+    once older than ``grace`` seconds. Holds the store lock exclusive (waits for
+    ingest/import/rm/prune; raises :class:`~dumpdb.errors.ArchiveError` naming them
+    after the archive's lock timeout). Returns a :class:`GcReport`.
     """
+    if grace < 0:
+        raise DumpdbError(f"--grace {grace:g}: give seconds >= 0")
+    with _lock(archive, EXCLUSIVE, "gc"):
+        return _gc(archive, compact_below, grace)
+
+
+def _gc(archive, compact_below: float, grace: float) -> GcReport:
     from dumpdb.storage.payloads import copy_payloads, record_payloads
     from dumpdb.storage.store import StoreWriter
 
@@ -125,6 +157,9 @@ def gc(archive, compact_below: float = 0.5) -> GcReport:
     dead = [u["array_path"] for u in usage if u["live"] == 0]
     sparse = [u["array_path"] for u in usage
               if u["kind"] == "pack" and 0 < u["live"] < compact_below * u["total"]]
+    # 0. crash leftovers: listed before this gc writes anything of its own
+    root = store.root  # crash leftovers are files of a local store (temp names, unfinished arrays)
+    leftovers = find_leftovers(root, {u["array_path"] for u in usage}) if root is not None else []
     # 1. rewrite sparse packs: new pack written and committed before the old one goes
     if sparse:
         writer = StoreWriter(store)
@@ -150,5 +185,8 @@ def gc(archive, compact_below: float = 0.5) -> GcReport:
     for array_path in dead:
         store.delete_array(array_path)
     report.arrays_deleted = len(dead)
+    # 3. crash leftovers older than the grace period
+    report.orphans_deleted, report.temp_files_deleted, report.kept_recent = reclaim_leftovers(
+        root, leftovers, grace)
     report.bytes_after = store.stored_bytes()
     return report

@@ -1,4 +1,16 @@
-"""Verifying an archive: every stored payload read back and hashed again.
+"""Verifying an archive: the catalog, every tensor's payload reference, every stored
+payload read back and hashed again, and what nothing references.
+
+The catalog: DuckDB can open and read it (every table scanned), every table the
+migrations create is there, every migration is recorded in ``schema_version``, and the
+row counts equal the summary recorded at the last commit (``catalog.summary.json``,
+:func:`dumpdb.catalog.connection.write_summary`): a catalog rolled back or replaced
+since shows. References: every live tensor's ``content_hash`` has a ``blobs`` row
+whose array is in ``arrays`` and on disk, the tensor's ``nbytes`` equals the
+payload's and ``prod(shape) x itemsize`` (the check that the old blob walk missed:
+tensors whose payloads gc had deleted). Orphans: store arrays no catalog row names
+and ``*.tmp-*`` shards left by crashed writes; ``repair`` deletes those older than the
+grace period (under the store lock, like gc).
 
 Two checks. Every shard file's crc32c, recorded when it was written
 (``arrays.checksum``), is recomputed: any changed byte in a shard shows. And every
@@ -18,6 +30,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import duckdb
 import numpy as np
 import pyarrow as pa
 import xxhash
@@ -36,10 +49,15 @@ class VerifyReport:
     damaged: dict[str, str] = field(default_factory=dict)
     damaged_shards: dict[str, str] = field(default_factory=dict)  # array path -> reason
     damaged_tensors: pa.Table | None = None
+    catalog_problems: list[str] = field(default_factory=list)  # one line each
+    tensors_checked: int = 0  # tensor -> payload references checked
+    orphans: list = field(default_factory=list)  # maintenance.Leftover: unreferenced store files
+    repaired: int = 0  # orphans and temp files removed by repair
 
     @property
     def ok(self) -> bool:
-        return not self.damaged and not self.damaged_shards
+        """No damage and a sound catalog (orphans waste space but lose nothing)."""
+        return not self.damaged and not self.damaged_shards and not self.catalog_problems
 
 
 def _payload_bytes(store, row: dict) -> np.ndarray:
@@ -49,17 +67,34 @@ def _payload_bytes(store, row: dict) -> np.ndarray:
 
 
 def verify(archive, run: str | None = None, *, sample: float | None = None, seed: int | None = None,
-           progress: Callable[[int, int], None] | None = None) -> VerifyReport:
-    """Re-read and re-hash the stored payloads of ``run`` (all runs if None).
+           progress: Callable[[int, int], None] | None = None, repair: bool = False,
+           grace: float | None = None) -> VerifyReport:
+    """Check the catalog, every tensor -> payload reference, and re-read and re-hash the
+    stored payloads of ``run`` (all runs if None); list orphans (whole archive only).
 
     ``sample`` in (0, 1] checks that fraction of the payloads, chosen at random
-    (``seed`` makes the choice repeatable). Returns a :class:`VerifyReport`;
+    (``seed`` makes the choice repeatable). ``repair`` deletes orphans and temp files
+    older than ``grace`` seconds (default: gc's; younger ones are not listed). Returns a :class:`VerifyReport`;
     ``damaged_tensors`` lists (run, tensor_id, iteration, op_name, io, slot,
-    source_file, content_hash) of every tensor whose payload is damaged.
-    Raises DumpdbError for an unknown run or a bad sample fraction.
+    source_file, content_hash, reason) of every tensor whose payload is damaged,
+    missing, or of the wrong size. Raises DumpdbError for an unknown run or a bad
+    sample fraction.
     """
     if sample is not None and not 0 < sample <= 1:
         raise DumpdbError(f"--sample {sample}: give a fraction in (0, 1], e.g. 0.05")
+    if repair:
+        from dumpdb.archival.maintenance import _lock
+        from dumpdb.catalog.locks import EXCLUSIVE
+
+        with _lock(archive, EXCLUSIVE, "verify --repair"):
+            return _verify(archive, run, sample, seed, progress, True, grace)
+    return _verify(archive, run, sample, seed, progress, False, grace)
+
+
+def _verify(archive, run, sample, seed, progress, repair: bool, grace: float | None) -> VerifyReport:
+    from dumpdb.archival.maintenance import GRACE_SECONDS, find_leftovers, reclaim_leftovers
+
+    catalog_problems = check_catalog(archive)
     where, params = "", []
     with archive.reader() as con:
         if run is not None:
@@ -82,7 +117,7 @@ def verify(archive, run: str | None = None, *, sample: float | None = None, seed
             data = _payload_bytes(store, row)
             if data.size != row["nbytes"]:
                 raise ValueError(f"{data.size} bytes stored, catalog says {row['nbytes']}")
-            digest = xxhash.xxh3_128_hexdigest(data)
+            digest = xxhash.xxh3_128_hexdigest(data.data)
             if digest != row["content_hash"]:
                 raise ValueError("content hash mismatch: the stored bytes changed")
         except (OSError, ValueError, RuntimeError, KeyError, DumpdbError) as exc:
@@ -94,8 +129,118 @@ def verify(archive, run: str | None = None, *, sample: float | None = None, seed
         if progress:
             progress(i + 1, len(rows))
     _check_shards(archive, {r["array_path"] for r in rows if r["array_path"]}, report)
+    report.catalog_problems = catalog_problems
+    bad_refs, report.tensors_checked = _check_references(archive, run)
+    for content_hash, reason in bad_refs.items():
+        report.damaged[content_hash] = reason  # "missing" says more than the read failure it caused
     report.damaged_tensors = _tensors_of(archive, report.damaged, run)
+    sizes = _size_mismatches(archive, run)
+    if sizes.num_rows:
+        report.damaged_tensors = pa.concat_tables([report.damaged_tensors, sizes.cast(report.damaged_tensors.schema)])
+        report.damaged.update({r["content_hash"]: r["reason"] for r in sizes.to_pylist()
+                               if r["content_hash"] not in report.damaged})
+    root = archive.store.root  # crash leftovers are files of a local store
+    if run is None and root is not None:
+        with archive.reader() as con:
+            known = {r[0] for r in con.execute("SELECT array_path FROM arrays").fetchall()}
+        wait = GRACE_SECONDS if grace is None else grace
+        # younger files may belong to a writer that has not committed yet: neither listed nor removed
+        report.orphans = [o for o in find_leftovers(root, known) if o.age >= wait]
+        if repair:
+            removed = reclaim_leftovers(root, report.orphans, wait)
+            report.repaired = removed[0] + removed[1]
+            report.orphans = []
     return report
+
+
+def check_catalog(archive) -> list[str]:
+    """Problems of the catalog itself, one line each (empty: sound). See module docstring."""
+    from dumpdb.catalog.connection import expected_tables, read_summary
+    from dumpdb.catalog.migrations import load_migrations
+
+    problems = []
+    with archive.reader() as con:
+        tables = {r[0] for r in con.execute(
+            "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main'").fetchall()}
+        missing = sorted(expected_tables() - tables)
+        if missing:
+            problems.append(f"catalog lacks the table(s) {', '.join(missing)}")
+        if "schema_version" in tables:
+            have = {v for (v,) in con.execute("SELECT version FROM schema_version").fetchall()}
+            absent = [f"{m.version:03d}_{m.name}" for m in load_migrations() if m.version not in have]
+            if absent:
+                problems.append(f"schema_version lacks the migration(s) {', '.join(absent)}")
+        counts = {}
+        for table in sorted(tables):
+            try:  # read every column of every row: damaged blocks show here, not in a later query
+                counts[table] = con.execute(f'SELECT count(*), bit_xor(hash(x)) FROM "{table}" AS x').fetchone()[0]
+            except duckdb.Error as exc:
+                problems.append(f"table {table} cannot be read ({str(exc).splitlines()[0]})")
+        summary = read_summary(archive.catalog.path)
+    if summary is not None:
+        differ = [f"{t} {counts.get(t)} (recorded {n})" for t, n in sorted(summary["rows"].items())
+                  if t in counts and counts[t] != n]
+        if differ:
+            problems.append(f"row counts differ from the summary recorded at the last commit "
+                            f"({summary.get('committed')}): {', '.join(differ)}")
+    return problems
+
+
+def _check_references(archive, run: str | None) -> tuple[dict[str, str], int]:
+    """Live tensors' payload references: hash -> what is wrong (no blobs row, array
+    not in ``arrays``, array or shard file gone). Also returns how many tensors were checked."""
+    where, params = ("AND t.run = ?", [run]) if run is not None else ("", [])
+    with archive.reader() as con:
+        checked = con.execute(f"SELECT count(*) FROM tensors t WHERE t.content_hash IS NOT NULL "
+                              f"AND t.pruned_at IS NULL {where}", params).fetchone()[0]
+        rows = con.execute(f"""
+            SELECT DISTINCT t.content_hash, b.content_hash IS NOT NULL, b.array_path, a.array_path IS NOT NULL,
+                   len(a.shape)
+            FROM tensors t LEFT JOIN blobs b USING (content_hash) LEFT JOIN arrays a ON a.array_path = b.array_path
+            WHERE t.content_hash IS NOT NULL AND t.pruned_at IS NULL {where}""", params).fetchall()
+    from dumpdb.storage.store import shard_key
+
+    objects = archive.store.objects
+    bad: dict[str, str] = {}
+    for content_hash, has_blob, array_path, has_array, ndim in rows:
+        if not has_blob:
+            bad[content_hash] = "payload missing: no blobs row (deleted while this tensor was committed?)"
+        elif array_path is None:
+            continue  # an empty payload
+        elif not has_array:
+            bad[content_hash] = f"{array_path}: payload missing: array not in the catalog's arrays"
+        else:
+            if not objects.exists(shard_key(array_path, ndim)):
+                bad[content_hash] = f"{array_path}: payload missing: shard file gone"
+    return bad, checked
+
+
+def _size_mismatches(archive, run: str | None) -> pa.Table:
+    """Live tensors whose ``nbytes`` differs from their payload's or from shape x itemsize."""
+    from dumpdb.dtypes import from_catalog_name
+
+    where, params = ("AND t.run = ?", [run]) if run is not None else ("", [])
+    with archive.reader() as con:
+        dtypes = [d for (d,) in con.execute("SELECT DISTINCT dtype FROM tensors WHERE dtype IS NOT NULL").fetchall()]
+        sizes = {}
+        for d in dtypes:
+            try:
+                sizes[d] = from_catalog_name(d).itemsize
+            except (TypeError, ValueError):
+                sizes[d] = -1  # an unknown dtype: every tensor of it is reported
+        con.register("_itemsize", pa.table({"dtype": pa.array(list(sizes), pa.string()),
+                                            "itemsize": pa.array(list(sizes.values()), pa.int64())}))
+        try:
+            return con.sql(f"""
+                SELECT t.run, t.tensor_id, t.iteration, t.op_name, t.io, t.slot, t.source_file, t.content_hash,
+                       'size: tensor says ' || t.nbytes || ' bytes, payload ' || b.nbytes || ', dtype x shape '
+                       || (coalesce(CAST(list_product(t.shape) AS BIGINT), 1) * i.itemsize) AS reason
+                FROM tensors t JOIN blobs b USING (content_hash) JOIN _itemsize i USING (dtype)
+                WHERE t.pruned_at IS NULL {where} AND (t.nbytes IS DISTINCT FROM b.nbytes OR
+                      t.nbytes IS DISTINCT FROM coalesce(CAST(list_product(t.shape) AS BIGINT), 1) * i.itemsize)
+                ORDER BY t.tensor_id""", params=params).to_arrow_table()
+        finally:
+            con.unregister("_itemsize")
 
 
 def _check_shards(archive, array_paths: set[str], report: VerifyReport) -> None:

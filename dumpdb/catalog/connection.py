@@ -18,6 +18,7 @@ schema is older is upgraded on open (after copying the catalog to
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import re
 import shutil
@@ -32,7 +33,7 @@ import duckdb
 
 from dumpdb import __version__
 from dumpdb.catalog.migrations import Migration, latest_version, load_migrations
-from dumpdb.errors import ArchiveError, CatalogCorrupt, CatalogVersionError
+from dumpdb.errors import ArchiveError, CatalogCorrupt, CatalogVersionError, StorageError
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -50,6 +51,76 @@ STORAGE_COMPATIBILITY = "v1.4.0"
 def is_lock_error(exc: Exception) -> bool:
     text = str(exc).lower()
     return "lock" in text and ("conflicting" in text or "could not set" in text)
+
+
+_CORRUPT = ("not a valid duckdb database", "could not read enough bytes", "corrupt database",
+            "corrupted", "serialization error")
+
+
+def _catalog_error(path: Path, exc: Exception, strict: bool = False) -> Exception:
+    """One-line DumpdbError for a DuckDB error on the catalog file: a full disk is a
+    StorageError, a damaged file CatalogCorrupt. With ``strict`` (errors of queries, not
+    of opening) anything else is returned unchanged: a bad query is not a bad file."""
+    text = str(exc)
+    first = text.splitlines()[0] if text else type(exc).__name__
+    low = text.lower()
+    if "no space left" in low or "disk quota" in low or "file too large" in low:
+        return StorageError(f"{path}: cannot write the catalog: {first}; what was committed before is kept")
+    if any(k in low for k in _CORRUPT) or not strict:
+        return CatalogCorrupt(f"{path}: catalog is damaged, DuckDB cannot read it ({first}); "
+                              "restore it from backups/ or a bundle")
+    return exc
+
+
+def _row_counts(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
+    """Rows of every table, as recorded in the catalog summary at each commit."""
+    names = [r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main' "
+                                       "ORDER BY table_name").fetchall()]
+    if not names:
+        return {}
+    query = " UNION ALL ".join(f"SELECT '{n}', count(*) FROM \"{n}\"" for n in names)
+    return {n: c for n, c in con.execute(query).fetchall()}
+
+
+SUMMARY = "catalog.summary.json"
+
+
+def write_summary(path: Path, counts: dict[str, int]) -> None:
+    """Record ``counts`` beside the catalog (``catalog.summary.json``), atomically.
+
+    ``dumpdb verify`` compares the catalog's row counts with it: a catalog rolled back,
+    replaced or partly lost since the last commit shows. Best effort: if it cannot be
+    written (full disk), the old summary is removed rather than left stale.
+    """
+    target = path.parent / SUMMARY
+    tmp = path.parent / f".{SUMMARY}.tmp-{os.getpid()}"
+    try:
+        tmp.write_text(json.dumps({"committed": datetime.now().isoformat(timespec="seconds"),
+                                   "dumpdb_version": __version__, "rows": counts}), encoding="utf-8")
+        os.replace(tmp, target)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        try:
+            target.unlink(missing_ok=True)
+        except OSError:
+            pass
+
+
+def read_summary(path: Path) -> dict | None:
+    """The summary recorded at the last commit, or None (none yet, or unreadable)."""
+    try:
+        data = json.loads((path.parent / SUMMARY).read_text(encoding="utf-8"))
+        return data if isinstance(data, dict) and isinstance(data.get("rows"), dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def expected_tables() -> set[str]:
+    """Tables the migrations create (what a current catalog must have)."""
+    found: set[str] = set()
+    for mig in load_migrations():
+        found.update(m.lower() for m in re.findall(r"CREATE\s+TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?(\w+)", mig.sql, re.I))
+    return found
 
 
 class Catalog:
@@ -83,9 +154,9 @@ class Catalog:
                 config: dict[str, str | bool | int | float | list[str]] = (
                     {} if read_only else {"storage_compatibility_version": STORAGE_COMPATIBILITY})
                 return duckdb.connect(str(self.path), read_only=read_only, config=config)
-            except duckdb.IOException as exc:
+            except duckdb.Error as exc:
                 if not is_lock_error(exc):
-                    raise ArchiveError(f"{self.path}: cannot open catalog: {exc}") from exc
+                    raise _catalog_error(self.path, exc) from exc
                 if time.monotonic() >= deadline:
                     raise ArchiveError(
                         f"{self.path}: catalog is locked by another process; gave up after "
@@ -105,6 +176,11 @@ class Catalog:
         con = self.connect(read_only=True)
         try:
             yield con
+        except duckdb.Error as exc:
+            mapped = _catalog_error(self.path, exc, strict=True)
+            if mapped is exc:
+                raise
+            raise mapped from exc
         finally:
             con.close()
 
@@ -119,10 +195,21 @@ class Catalog:
             con.execute("BEGIN TRANSACTION")
             try:
                 yield con
+                counts = _row_counts(con)
             except BaseException:
-                con.execute("ROLLBACK")
+                try:
+                    con.execute("ROLLBACK")
+                except duckdb.Error:
+                    pass  # the transaction is gone already (e.g. failed on a full disk)
                 raise
             con.execute("COMMIT")
+            # Still holding the only read-write connection: no other commit can come between.
+            write_summary(self.path, counts)
+        except duckdb.Error as exc:
+            mapped = _catalog_error(self.path, exc, strict=True)
+            if mapped is exc:
+                raise
+            raise mapped from exc
         finally:
             con.close()
 
@@ -150,6 +237,15 @@ class Catalog:
         latest = latest_version()
         with self.reader() as con:
             current = self.schema_version(con)
+            if current == 0:
+                raise CatalogCorrupt(f"{self.path}: catalog has no schema_version table (damaged or not dumpdb's); "
+                                     "restore it from backups/ or a bundle")
+            if current == latest:
+                missing = expected_tables() - {r[0] for r in con.execute(
+                    "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main'").fetchall()}
+                if missing:
+                    raise CatalogCorrupt(f"{self.path}: catalog lacks the table(s) {', '.join(sorted(missing))} "
+                                         "(damaged); restore it from backups/ or a bundle")
         if current == latest:
             return current
         if current > latest:
@@ -179,6 +275,9 @@ class Catalog:
             try:
                 with self.reader() as con:
                     current = self.schema_version(con)
+                if current == 0:
+                    raise CatalogCorrupt(f"{self.path}: catalog has no schema_version table (damaged or not "
+                                         "dumpdb's); nothing migrated; restore it from backups/ or a bundle")
                 pending = [m for m in load_migrations() if m.version > current]
                 if not pending:
                     return []

@@ -41,6 +41,7 @@ import pyarrow as pa
 from dumpdb import __version__
 from dumpdb.archive import CATALOG, STORE, check_marker, create_archive, default_archive_path, is_archive
 from dumpdb.catalog import DEFAULT_LOCK_TIMEOUT, Catalog, insert_arrow, schema
+from dumpdb.catalog.locks import SHARED, store_lock
 from dumpdb.dtypes import dtype_name, from_dump_name
 from dumpdb.dumpio import check_dump_file, confine
 from dumpdb.errors import ArchiveError, DumpdbError
@@ -205,7 +206,10 @@ def ingest(
     _open_for_write(archive)
     catalog = Catalog(archive / CATALOG, lock_timeout=lock_timeout, on_wait=on_wait)
     catalog.check(writable=True)
-    with _RunLock(archive, run), confine(dump_dir, follow_symlinks):
+    # store_lock (shared): gc must not delete payloads this ingest deduplicates against
+    with _RunLock(archive, run), store_lock(archive, SHARED, f"ingest of run {run!r}",
+                                            timeout=lock_timeout, on_wait=on_wait), \
+            confine(dump_dir, follow_symlinks):
         reporter.scanning(found.path)
         scan = lay.scan(found.path)
         check_ranges(scan, TENSOR_SCHEMA, _RELATION_SCHEMAS)

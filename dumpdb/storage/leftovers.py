@@ -1,0 +1,104 @@
+"""Files a crashed writer leaves in a local tensor store, found and reclaimed.
+
+An ingest killed before its catalog commit leaves arrays no ``arrays`` row names and
+``*.tmp-*`` shards (:class:`~dumpdb.storage.local.DurableLocalStore` writes through
+temporary names); an import killed before its cleanup leaves its extraction
+directory beside the store. ``gc`` and ``verify --repair`` remove them once older
+than a grace period, so a writer's uncommitted files are never taken from under it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Leftover:
+    """A file or array directory in the store that no catalog row refers to."""
+
+    path: str  # relative to tensors.zarr (``../.dumpdb-import-*``: an import's extraction directory)
+    kind: str  # 'array' (an uncommitted/orphan array) | 'temp' (a *.tmp-* shard, an import's directory)
+    bytes: int
+    age: float  # seconds since its newest file was written
+
+
+# -- raw store access (kept in small helpers: the storage layer may re-route them) --
+def _tree_stat(path: Path) -> tuple[int, float]:
+    """(bytes, newest mtime) of a file or a directory tree."""
+    if path.is_file():
+        st = path.stat()
+        return st.st_size, st.st_mtime
+    total, newest = 0, path.stat().st_mtime
+    for dirpath, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                st = os.stat(os.path.join(dirpath, name))
+            except OSError:
+                continue
+            total, newest = total + st.st_size, max(newest, st.st_mtime)
+    return total, newest
+
+
+def _array_dirs(root: Path) -> list[str]:
+    """Every array directory the store layout has room for: ``packs/{dtype}/{id}`` and
+    ``large/{hh}/{name}`` (see :mod:`dumpdb.storage.store`), as store-relative paths."""
+    found: list[str] = []
+    for top in ("packs", "large"):
+        base = root / top
+        if not base.is_dir():
+            continue
+        for middle in base.iterdir():
+            if middle.is_dir():
+                found.extend(f"{top}/{middle.name}/{leaf.name}" for leaf in middle.iterdir() if leaf.is_dir())
+    return found
+
+
+def _temp_files(root: Path) -> list[str]:
+    """Store-relative paths of ``*.tmp-*`` files (shards written through a temporary name)."""
+    return [p.relative_to(root).as_posix() for p in root.rglob("*.tmp-*") if p.is_file()]
+
+
+def _remove(root: Path, rel: str) -> None:
+    path = root / rel
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def find_leftovers(root: Path, known_arrays: set[str]) -> list[Leftover]:
+    """Arrays in the store at ``root`` that are not in ``known_arrays`` (the catalog's
+    ``arrays``), and leftover temporary shards, with their size and age."""
+    now = time.time()
+    found = []
+    for rel in _array_dirs(root):
+        if rel not in known_arrays:
+            nbytes, newest = _tree_stat(root / rel)
+            found.append(Leftover(rel, "array", nbytes, max(0.0, now - newest)))
+    for rel in _temp_files(root):  # inside a known array or not: never part of one
+        nbytes, newest = _tree_stat(root / rel)
+        found.append(Leftover(rel, "temp", nbytes, max(0.0, now - newest)))
+    for work in root.parent.glob(".dumpdb-import-*"):  # an import killed before its cleanup
+        nbytes, newest = _tree_stat(work)
+        found.append(Leftover(f"../{work.name}", "temp", nbytes, max(0.0, now - newest)))
+    return found
+
+
+def reclaim_leftovers(root: Path, leftovers: list[Leftover], grace: float) -> tuple[int, int, int]:
+    """Delete the leftovers older than ``grace`` seconds. Returns (arrays, temp files
+    deleted, kept because recent)."""
+    arrays = temps = kept = 0
+    for item in leftovers:
+        if item.age < grace:
+            kept += 1
+            continue
+        _remove(root, item.path)
+        if item.kind == "array":
+            arrays += 1
+        else:
+            temps += 1
+    return arrays, temps, kept

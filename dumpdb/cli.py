@@ -276,14 +276,14 @@ CompareBench = typer.Argument(..., help="Bench (ground truth) selection, same fo
 
 
 def _run_compare(archive, target, bench, iteration, rank, mapping, strategy, mode, threshold, workers,
-                 store: bool = True):
+                 store: bool = True, rules: str = "precision"):
     """Run a comparison for the CLI (``store``: keep the results in the archive)."""
     from dumpdb.compare.engine import compare
 
     a = dumpdb.open(_archive_path(archive))
     strategies = tuple(s.strip() for s in strategy.split(",")) if strategy else None
     options = dict(iteration=iteration, rank=rank, mapping=mapping, mode=mode,
-                   thresholds=_thresholds(threshold), workers=workers, store_results=store)
+                   thresholds=_thresholds(threshold), workers=workers, store_results=store, rules=rules)
     if strategies:
         options["strategies"] = strategies
     with Progress(SpinnerColumn(), TextColumn("comparing"), BarColumn(), MofNCompleteColumn(),
@@ -294,22 +294,39 @@ def _run_compare(archive, target, bench, iteration, rank, mapping, strategy, mod
     return outcome
 
 
-def _print_divergence(fd) -> None:
+def _print_divergence(fd, summary: dict | None = None) -> None:
+    from dumpdb.compare import registry
+
     if fd is None:
-        out.print("[green]no divergence: no pair fails the rule[/green]")
+        if summary is not None and summary.get("rules") == "precision":
+            dtype = summary.get("precision_dtype") or "the dtypes'"
+            out.print(f"[green]no departure beyond {dtype} precision[/green]", highlight=False)
+        else:
+            out.print("[green]no divergence: no pair fails the rule[/green]")
         return
     where = f"{fd['code_file']}:{fd['code_line']}  {fd['code_text']}" if fd.get("code_file") else "-"
-    metric = ", ".join(f"{k} {fd[k]:.6g}" for k in ("cosine", "max_abs_err", "max_rel_err", "mean_rel_diff")
-                       if isinstance(fd.get(k), float))
+    shown = [m for m in registry.metrics() if m.cli]
+    metric = ", ".join(f"{m.name} {format(fd[m.name], m.display)}" for m in shown if isinstance(fd.get(m.name), float))
     out.print(f"[bold red]first divergence[/bold red]: iteration {fd['iteration']}, position {fd['position']}: "
               f"{fd['op_type']} {fd['io']}.{fd['slot']}", highlight=False)
     out.print(f"  op      {fd['target_name']}", highlight=False)
+    if fd.get("origin_op"):
+        out.print(f"  origin  {fd['origin_op']} (an op only the target has, produced this input)", highlight=False)
     out.print(f"  scope   {fd['scope_name'] or '-'}", highlight=False)
     out.print(f"  source  {where}", highlight=False)
     out.print(f"  metrics {metric or '-'}  ({fd['err_message'] or fd['result']})", highlight=False)
+    for label in ("inputs", "outputs"):
+        for e in fd.get(label) or []:
+            err = "n/a" if e["scaled_err"] is None else f"{e['scaled_err']:.3g}"
+            ratio = "" if e["ratio"] is None else f" = {e['ratio']:.3g} x floor"
+            out.print(f"  {e['io']}.{e['slot']:<6} error {err}{ratio} ({e['target_dtype']} vs {e['bench_dtype']}, "
+                      f"{e['result']})", highlight=False)
     if fd["path"]:
-        out.print("  path    " + "\n          ".join(fd["path"]) + "\n          -> " + fd["target_name"],
-                  highlight=False)
+        out.print("  path    " + "\n          ".join(fd["path"]), highlight=False)
+
+
+RulesOpt = typer.Option("precision", "--rules", help="Verdict rules for the summary and first divergence: "
+                        "precision (default: departures beyond the dtypes' precision) or msprobe.")
 
 
 @app.command("compare")
@@ -328,13 +345,14 @@ def compare_cmd(
     show: int = typer.Option(20, "--show", help="Failing pairs to list (0: none)."),
     fail_on: Optional[str] = typer.Option(None, "--fail-on", help="Exit 1 if any pair is 'error' (or 'warning')."),
     store: bool = typer.Option(True, "--store/--no-store", help="Keep the results in the archive (compares, compare_results)."),
+    rules: str = RulesOpt,
 ) -> None:
     """Compare two runs, or two iterations/ranks of one run, tensor by tensor."""
     if fail_on not in (None, "error", "warning"):
         _fail(DumpdbError(f"--fail-on {fail_on!r}: use error or warning"))
     try:
         outcome = _run_compare(archive, target, bench, iteration, rank, mapping, strategy, mode, threshold, workers,
-                               store)
+                               store, rules)
     except DumpdbError as exc:
         _fail(exc)
     except OSError as exc:
@@ -360,11 +378,12 @@ def compare_cmd(
                   f"{diff['target_name']} {diff['io']}.{diff['slot']} (max_abs_err {diff['max_abs_err']}, "
                   f"cosine {diff['cosine']}, {diff['target_dtype']} vs {diff['bench_dtype']}, {diff['result']})",
                   highlight=False)
-    _print_divergence(outcome.first_divergence)
-    failing = outcome.results.filter(pa_compute.not_equal(outcome.results["result"], "pass"))
+    _print_divergence(outcome.first_divergence, sm)
+    verdicts = "result" if sm.get("rules") == "msprobe" else "precision_result"
+    failing = outcome.results.filter(pa_compute.not_equal(outcome.results[verdicts], "pass"))
     if show and failing.num_rows:
         cols = ["pair_index", "iteration", "op_type", "target_name", "io", "slot", "cosine", "max_abs_err",
-                "max_rel_err", "result"]
+                "max_rel_err", verdicts]
         output.write_table(failing.select(cols), out, show)
     if outcome.unmatched.num_rows:
         names = outcome.unmatched.to_pylist()
@@ -407,16 +426,19 @@ def first_divergence_cmd(
     mode: str = typer.Option("auto", "--mode"),
     threshold: list[str] = typer.Option([], "--threshold", "-t"),
     workers: Optional[int] = typer.Option(None, "--workers", "-j", min=1),
+    rules: str = RulesOpt,
 ) -> None:
-    """The first op, in execution order, whose output fails the rule; its scope,
-    source line and the ops before it. Exit 1 if there is one. (Nothing is stored:
-    use 'dumpdb compare' to keep results.)"""
+    """The first op, in execution order, that departs: by default the first whose error
+    exceeds its dtypes' precision and is not explained by its inputs' errors (--rules
+    msprobe: the first output failing msprobe's rules); its scope, source line, metrics
+    and its inputs' and outputs' errors. Exit 1 if there is one, 0 when nothing departs.
+    (Nothing is stored: use 'dumpdb compare' to keep results.)"""
     try:
         outcome = _run_compare(archive, target, bench, iteration, rank, mapping, strategy, mode, threshold, workers,
-                               store=False)
+                               store=False, rules=rules)
     except DumpdbError as exc:
         _fail(exc)
-    _print_divergence(outcome.first_divergence)
+    _print_divergence(outcome.first_divergence, outcome.summary)
     if outcome.first_divergence is not None:
         raise typer.Exit(1)
 

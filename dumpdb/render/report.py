@@ -41,19 +41,28 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 from PIL import Image  # matplotlib's own dependency
 
+from dumpdb.compare import registry
+
 __all__ = ["write_compare_report", "write_scan_report"]
 
-# Metrics plotted first (always visible) and the others (in a collapsed <details>).
-PRIMARY_METRICS = ("cosine", "max_abs_err", "max_rel_err", "rel_euc_dist",
-                   "max_diff", "min_diff", "mean_diff", "l2norm_diff")
-SECONDARY_METRICS = ("one_thousandth_err_ratio", "five_thousandths_err_ratio", "mean_abs_err", "rmse",
-                     "euc_dist", "accumulated_rel_err", "mean_rel_err", "kl_divergence",
-                     "max_rel_diff", "min_rel_diff", "mean_rel_diff", "l2norm_rel_diff")
-METRICS = PRIMARY_METRICS + SECONDARY_METRICS
-# Metrics that can be negative: symlog instead of log when they span decades.
-SIGNED_METRICS = frozenset({"cosine", "max_diff", "min_diff", "mean_diff", "l2norm_diff"})
-# Metrics never drawn on a log scale (bounded ranges).
-LINEAR_METRICS = frozenset({"cosine", "one_thousandth_err_ratio", "five_thousandths_err_ratio"})
+# Metrics plotted first (always visible) and the others (in a collapsed <details>): the
+# registry's (dumpdb.compare.registry) primary flag, plot scale and digits.
+
+
+def _metric_names() -> tuple[str, ...]:
+    """Every registered metric, primary ones first (registry order within each)."""
+    registry.load_plugins()
+    every = registry.metrics()
+    return tuple(m.name for m in every if m.primary) + tuple(m.name for m in every if not m.primary)
+
+
+def _plot_kind(metric: str) -> str:
+    entry = registry.get(metric)
+    return entry.plot if entry else "log"
+
+
+PRIMARY_METRICS = tuple(m.name for m in registry.metrics() if m.primary)
+METRICS = _metric_names()
 
 # Column order of the pairs table; columns not listed follow, all-NULL columns are left out.
 PAIR_COLUMNS_HEAD = ("pair_index", "iteration", "rank", "position", "op_type", "target_name", "bench_name",
@@ -222,7 +231,8 @@ def _table_json(table: pa.Table, columns: Sequence[str]) -> str:
         if kind == "i":
             tok = ["null" if v is None else str(int(v)) for v in values]
         elif kind == "n":
-            digits = 7 if name == "cosine" else 4
+            entry = registry.get(name)
+            digits = entry.digits if entry else 4
             tok = [_num_token(v, digits) for v in values]
         else:
             codes: dict[Any, str] = {}  # per distinct value: _cell_string once, not once per row
@@ -397,8 +407,8 @@ def _metric_svg(metric: str, x: np.ndarray, y: np.ndarray, present: np.ndarray, 
     scale_note = ""
     floor_mask = np.zeros_like(finite)
     vals = y[finite]
-    if vals.size and metric not in LINEAR_METRICS:
-        if metric in SIGNED_METRICS and (vals < 0).any():
+    if vals.size and _plot_kind(metric) != "linear":
+        if _plot_kind(metric) == "signed" and (vals < 0).any():
             nz = np.abs(vals[vals != 0])
             if nz.size and nz.max() / nz.min() >= 1e3:
                 _symlog(ax, vals, nz)
@@ -489,7 +499,7 @@ def _find_divergence_row(results: pa.Table, fd: Mapping[str, Any] | None) -> int
 
 
 def _plots_section(results: pa.Table, summary: Mapping[str, Any], divergence_row: int | None) -> str:
-    metrics = [m for m in METRICS if _has_values(results, m)]
+    metrics = [m for m in _metric_names() if _has_values(results, m)]
     groups = _group_rows(results)
     if not metrics or not groups:
         return '<p class="muted">No metric has values: nothing to plot.</p>'
@@ -532,9 +542,9 @@ def _plots_section(results: pa.Table, summary: Mapping[str, Any], divergence_row
             y, present = series[metric]
             if not present[rows].any():
                 continue
-            small = metric not in PRIMARY_METRICS
+            small = not getattr(registry.get(metric), "primary", False)
             svg = _metric_svg(metric, x, y[rows], present[rows], cats, xlabel=xlabel,
-                              uid=f"g{n_group}m{METRICS.index(metric)}", divergence_x=div_x,
+                              uid=f"g{n_group}m{_metric_names().index(metric)}", divergence_x=div_x,
                               thresholds=thresholds, small=small)
             fig_html = f'<figure class="plot" data-metric="{_esc(metric)}">{svg}</figure>'
             (secondary if small else primary).append(fig_html)
@@ -743,8 +753,8 @@ def _badges(items: Iterable[tuple[str, str]]) -> str:
 def _ordered_columns(table: pa.Table, head: Sequence[str], tail: Sequence[str], skip: Iterable[str] = ()) -> list[str]:
     skip = set(skip)
     names = [c for c in table.column_names if c not in skip and _has_values(table, c)]
-    known = list(head) + list(METRICS) + list(tail)
-    ordered = [c for c in head if c in names] + [c for c in METRICS if c in names]
+    known = list(head) + list(_metric_names()) + list(tail)
+    ordered = [c for c in head if c in names] + [c for c in _metric_names() if c in names]
     ordered += [c for c in names if c not in known] + [c for c in tail if c in names]
     return ordered
 
@@ -768,9 +778,9 @@ def _divergence_section(fd: Mapping[str, Any] | None, results: pa.Table, row: in
     if rest:
         parts.append(_dl(rest))
     # metrics: a "metrics" mapping, or metric columns as keys (engine.first_divergence_of), or the pair's row
-    metrics = fd.get("metrics") or {m: fd[m] for m in METRICS if fd.get(m) is not None}
+    metrics = fd.get("metrics") or {m: fd[m] for m in _metric_names() if fd.get(m) is not None}
     if not metrics and row is not None:
-        metrics = {m: results.column(m)[row].as_py() for m in METRICS if m in results.column_names}
+        metrics = {m: results.column(m)[row].as_py() for m in _metric_names() if m in results.column_names}
         metrics = {k: v for k, v in metrics.items() if v is not None}
     metrics = _maybe_json(metrics)
     if isinstance(metrics, Mapping) and metrics:

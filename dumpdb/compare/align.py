@@ -111,14 +111,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import yaml
 
+from dumpdb.compare.sequence import diff
 from dumpdb.layouts.msprobe import parse_record_key
 
 __all__ = ["STRATEGIES", "Alignment", "align", "load_mapping", "normalize_name"]
 
-STRATEGIES = ("exact", "normalized", "order", "mapping")
+STRATEGIES = ("exact", "normalized", "sequence", "order", "mapping")
 
 _COLUMNS = ("tensor_id", "op_type", "op_name", "scope_name", "io", "slot", "arg_name", "slot_path",
-            "direction", "iteration", "rank", "graph_id", "timestamp", "position")
+            "direction", "iteration", "rank", "graph_id", "timestamp", "position", "shape", "l2norm", "mean", "min", "max")
 
 PAIRS_SCHEMA = pa.schema([("target_tensor_id", pa.int64()), ("bench_tensor_id", pa.int64()),
                           ("match_strategy", pa.string())])
@@ -341,6 +342,142 @@ def _normalized(p: _Pairing) -> None:
         p.buckets(tb, bb, "normalized")
 
 
+# AMP wrapper cells in MindSpore scopes (after normalize_name: '/' -> '_'): O2's
+# auto_mixed_precision wraps the network and its fp32-kept cells, e.g.
+# 'net-_OutputTo32/_backbone-LM/...' for 'net-LM/...', 'norm1-_OutputTo16/_backbone-LayerNorm'
+# for 'norm1-LayerNorm' (real MindSpore 2.10 dumps, tests/data/transformer).
+_AMP_WRAPPER = re.compile(r"-_OutputTo[A-Za-z0-9]*__backbone-")
+_AMP_PARAM = re.compile(r"__backbone_")  # parameter names: 'net._backbone.encoder...' for 'net.encoder...'
+
+# Cast-only ops: transparent to the sequence alignment (AMP inserts them on one side).
+_CAST_OP_TYPES = frozenset({"Cast"})
+_CAST_APIS = frozenset({"to", "float", "half", "bfloat16", "double", "type", "type_as", "_to_copy", "cast"})
+
+
+def sequence_key(op_type: str | None, name: str | None) -> tuple | None:
+    """The token an op is aligned by in the ``sequence`` strategy: (op_type, normalised
+    scope without AMP wrappers; msprobe names without their call index), or None for a
+    cast-only op (transparent) or a row without a name."""
+    if name is None:
+        return None
+    if op_type in _CAST_OP_TYPES:
+        return None
+    parsed = _msprobe(name)
+    if parsed is not None:
+        parts = name.split(".")
+        if len(parts) > 1 and parts[1] in _CAST_APIS:
+            return None
+        base = _without_call_index(normalize_name(name))
+        return (op_type, base)
+    return (op_type, _AMP_PARAM.sub("_", _AMP_WRAPPER.sub("-", normalize_name(name))))
+
+
+def _sequence(p: _Pairing) -> None:
+    """Sequence alignment per group and graph (module docstring, dumpdb.compare.sequence)."""
+    def ops(s: _Side) -> dict:
+        by_group: dict = defaultdict(dict)  # (group, graph) -> op name -> [rows]
+        for i in s.free_rows():
+            name = s.op_name[i] if s.op_name[i] is not None else s.scope_name[i]
+            if name is None:
+                continue
+            by_group[(s.group[i], s.graph_id[i])].setdefault(name, []).append(i)
+        return by_group
+
+    def tokens(s: _Side, op_rows: dict) -> tuple[list, list]:
+        names, toks = [], []
+        for name, rows in sorted(op_rows.items(), key=lambda kv: min(s.okey[i] for i in kv[1])):
+            i = rows[0]
+            tok = sequence_key(s.op_type[i], s.scope_name[i] if s.scope_name[i] is not None else name)
+            if tok is not None:
+                names.append(name)
+                # element counts of the outputs: invariant under the reshapes AMP adds
+                toks.append(tok + (_sizes(s, rows),))
+        return names, toks
+
+    tops, bops = ops(p.t), ops(p.b)
+    for key, t_ops in tops.items():
+        b_ops = bops.get(key)
+        if not b_ops:
+            continue
+        tnames, ttok = tokens(p.t, t_ops)
+        bnames, btok = tokens(p.b, b_ops)
+        matched = _by_statistics(diff(ttok, btok), ttok, [t_ops[n] for n in tnames], [b_ops[n] for n in bnames],
+                                 p.t, p.b)
+        for ti, bi in matched:
+            tb: dict = defaultdict(list)
+            bb: dict = defaultdict(list)
+            for i in t_ops[tnames[ti]]:
+                tb[p.t.leafs[i]].append(i)
+            for i in b_ops[bnames[bi]]:
+                bb[p.b.leafs[i]].append(i)
+            p.buckets(tb, bb, "sequence")
+
+
+def _sizes(s: _Side, rows: list[int]) -> tuple:
+    out = []
+    for i in rows:
+        if s.io[i] == "output":
+            shape = s.shape[i]
+            out.append((s.slot[i], None if shape is None else _prod(shape)))
+    return tuple(sorted(out, key=repr))
+
+
+def _prod(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+STATS_REPAIR_MAX = 32  # ops of one token re-paired by statistics (k^2 distances)
+
+
+def _by_statistics(pairs: list[tuple[int, int]], ttok: list, trows: list[list[int]], brows: list[list[int]],
+                   t: _Side, b: _Side) -> list[tuple[int, int]]:
+    """Ops sharing one token (q/k/v Transposes of one attention, say) may run in another order
+    in the other graph: among the matched ops of such a token, pair by the closest catalog
+    statistics (L2 norm, mean, min and max of every tensor relative to the bench's L2 norm),
+    ties by order."""
+    by_tok: dict = defaultdict(list)
+    for ti, bi in pairs:
+        by_tok[ttok[ti]].append((ti, bi))
+    out = []
+    for group in by_tok.values():
+        if len(group) < 2 or len(group) > STATS_REPAIR_MAX:
+            out.extend(group)
+            continue
+        tis = [ti for ti, _ in group]
+        bis = [bi for _, bi in group]
+        cand = sorted((_distance(t, trows[ti], b, brows[bi]), abs(x - y), ti, bi)
+                      for x, ti in enumerate(tis) for y, bi in enumerate(bis))
+        used_t: set = set()
+        used_b: set = set()
+        for _, _, ti, bi in cand:
+            if ti not in used_t and bi not in used_b:
+                used_t.add(ti)
+                used_b.add(bi)
+                out.append((ti, bi))
+    return out
+
+
+def _distance(t: _Side, trows: list[int], b: _Side, brows: list[int]) -> float:
+    import math
+
+    bleaf = {b.leafs[i]: i for i in brows}
+    d = 0.0
+    for i in trows:
+        j = bleaf.get(t.leafs[i])
+        if j is None:
+            continue
+        for x, y in ((t.l2norm[i], b.l2norm[j]), (t.mean[i], b.mean[j]), (t.min[i], b.min[j]),
+                     (t.max[i], b.max[j])):
+            if x is None or y is None or not (math.isfinite(x) and math.isfinite(y)):
+                continue
+            scale = max(abs(b.l2norm[j] or 0.0), 1e-30)
+            d += abs(x - y) / scale
+    return d
+
+
 def _order(p: _Pairing) -> None:
     def key(s: _Side):
         return lambda i: None if s.op_type[i] is None else (
@@ -483,6 +620,8 @@ def align(target: pa.Table, bench: pa.Table, *, group_by: Sequence[str] = (),
             _exact(p)
         elif strategy == "normalized":
             _normalized(p)
+        elif strategy == "sequence":
+            _sequence(p)
         else:
             _order(p)
 

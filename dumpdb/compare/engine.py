@@ -33,8 +33,8 @@ from threadpoolctl import threadpool_limits
 
 from dumpdb import __version__
 from dumpdb.catalog import insert_arrow
-from dumpdb.compare.align import STRATEGIES, align, load_mapping
 from dumpdb.compare import registry
+from dumpdb.compare.align import STRATEGIES, align, load_mapping
 from dumpdb.compare.metrics import STAT_METRICS, TENSOR_METRICS, stats_metrics, tensor_metrics
 from dumpdb.compare.precision import PrecisionRules, first_departure, judge_precision
 from dumpdb.compare.verdict import Thresholds, op_results
@@ -56,7 +56,8 @@ CONTEXT_COLUMNS = (
     "bench_max", "bench_min", "bench_mean", "bench_l2norm", "target_requires_grad",
     "bench_requires_grad", "code_file", "code_line", "code_text", "target_source_file",
     # precision-aware rules (dumpdb.compare.precision)
-    "target_dtype_declared", "bench_dtype_declared", "scaled_err", "precision_floor", "precision_ratio", "precision_dtype", "precision_result", "precision_reason",
+    "target_dtype_declared", "bench_dtype_declared", "scaled_err", "precision_floor", "precision_ratio",
+    "precision_dtype", "precision_result", "precision_reason",
 )
 RULES = ("precision", "msprobe")
 
@@ -68,7 +69,8 @@ def _plugin_metrics() -> tuple[str, ...]:
 
 _SELECT_SQL = """
 SELECT t.tensor_id, t.run, t.rank, t.device_id, t.graph_id, t.iteration, t.op_type, t.op_name,
-       t.scope_name, t.io, t.slot, t.arg_name, t.slot_path, t.direction, t.timestamp, t.dtype, t.dtype_declared,
+       t.scope_name, t.io, t.slot, t.arg_name, t.slot_path, t.direction, t.timestamp, t.dtype,
+       t.dtype_declared,
        t.shape, t.nbytes, t.content_hash, t.min, t.max, t.mean, t.l2norm, t.requires_grad,
        t.nan_count, t.pos_inf_count, t.neg_inf_count, t.stats_source, t.call_index, t.tensor_key,
        t.source_file, b.array_path, b.elem_offset, b.elem_count,
@@ -558,7 +560,9 @@ def first_divergence_of(results: pa.Table, context: int = 10) -> dict[str, Any] 
 def _judge_precision(rows: list[dict], target_rows: list[dict], rules: PrecisionRules) -> dict | None:
     """Precision columns on ``rows`` (dumpdb.compare.precision) and the first departure.
     Producers of inputs: every target output (compared or not) by content hash."""
-    order = _pair_orders(target_rows)
+    pair_order = _pair_orders(target_rows)
+    order = {t["tensor_id"]: (t["timestamp"] is None, t["timestamp"] or 0, pair_order[t["tensor_id"]])
+             for t in target_rows}
     compared = {r["target_tensor_id"] for r in rows}
     producers: dict[str, list] = defaultdict(list)
     for t in target_rows:

@@ -41,8 +41,9 @@ less on real fp16-vs-fp32 pairs; exp/log of large arguments can amplify more, ra
              output of an op only the target has: an inserted op, named in the reason).
 
 The producer of an input is the last target output before it with the same content hash
-(MindSpore dumps an op's input as the bytes its producer wrote). ``first_departure`` is the
-first op in execution order with an ``error`` row.
+(MindSpore dumps an op's input as the bytes its producer wrote). Ops are taken in the order
+they ran (dump timestamps, else execution order); ``first_departure`` is the first op with an
+``error`` row.
 """
 
 from __future__ import annotations
@@ -144,8 +145,8 @@ def _pair_error(r: dict) -> tuple[float | None, float | None, str | None, str | 
             mae = _num(r.get("max_abs_err"))
             euc = mae
     else:  # statistics: | ||x|| - ||y|| | <= ||x - y||, a lower bound of the error
-        d = _num(r.get("l2norm_diff"))
-        euc = None if d is None else abs(d)
+        norm_diff = _num(r.get("l2norm_diff"))
+        euc = None if norm_diff is None else abs(norm_diff)
     if euc is None or bench_l2 is None:
         return None, None, low, None
     floor = dtype_floor(low, n, bench_l2)
@@ -156,7 +157,7 @@ def _pair_error(r: dict) -> tuple[float | None, float | None, str | None, str | 
     else:
         err = 0.0 if euc == 0 else math.inf
         if euc and math.isinf(floor):  # bench all zero: absolute floor of the subnormals
-            sub = _FLOATS.get(low, (0.0, 0.0))[1] / 2 * math.sqrt(max(n, 1))
+            sub = _FLOATS.get(low or "", (0.0, 0.0))[1] / 2 * math.sqrt(max(n, 1))
             err, floor = euc, sub
     return err, floor, low, None
 
@@ -183,7 +184,7 @@ def judge_precision(rows: list[dict], producers: dict[str, list[tuple[tuple, str
     Rows are grouped by op call as the msprobe verdicts are; see the module docstring.
     """
     ops: dict[tuple, list[dict]] = defaultdict(list)
-    for r in rows:
+    for r in sorted(rows, key=run_order):
         err, floor, low, structural = _pair_error(r)
         ratio = None
         if err is not None and floor is not None:
@@ -198,15 +199,16 @@ def judge_precision(rows: list[dict], producers: dict[str, list[tuple[tuple, str
     for group in ops.values():
         inputs = [r for r in group if r["io"] != "output"]
         outputs = [r for r in group if r["io"] == "output"]
+        where = (group[0]["iteration"], group[0]["rank"])
         for r in inputs:
             if r["_departs"]:
-                _judge_input(r, producers, rules)
-        where = (group[0]["iteration"], group[0]["rank"])
+                _judge_input(r, producers, rules, upstream.get(where, 0.0))
+        upstream[where] = max([upstream.get(where, 0.0), *(_finite(r["scaled_err"]) for r in inputs)])
         if inputs:
             worst_in = max((_finite(r["scaled_err"]) for r in inputs), default=0.0)
         else:
             worst_in = upstream.get(where, 0.0)
-        upstream[where] = max(upstream.get(where, 0.0), *(_finite(r["scaled_err"]) for r in outputs))
+        upstream[where] = max([upstream.get(where, 0.0), *(_finite(r["scaled_err"]) for r in outputs)])
         for r in outputs:
             if not r["_departs"]:
                 continue
@@ -225,6 +227,13 @@ def judge_precision(rows: list[dict], producers: dict[str, list[tuple[tuple, str
         r.pop("_departs", None)
 
 
+def run_order(r: dict) -> tuple:
+    """The order ops really ran: dump timestamps where the dump has them (MindSpore CPU runs
+    ops in another order than ``execution_order`` lists them), then the pair order."""
+    ts = r.get("timestamp")
+    return (r["iteration"] is None, r["iteration"] or 0, r["rank"] or 0, ts is None, ts or 0, r["pair_index"])
+
+
 def _finite(v) -> float:
     return v if v is not None and math.isfinite(v) else 0.0
 
@@ -233,8 +242,10 @@ def _fmt(v) -> str:
     return "n/a" if v is None else f"{v:.3g}"
 
 
-def _judge_input(r: dict, producers, rules: PrecisionRules) -> None:
-    """A departing input: explained when a compared op produced its bytes."""
+def _judge_input(r: dict, producers, rules: PrecisionRules, upstream: float) -> None:
+    """A departing input: explained when a compared op produced its bytes, or when an
+    earlier compared tensor's error explains it (the producer is a cast or an op the dump
+    or the alignment left out); otherwise the input is where the departure starts."""
     producer = None
     h = r.get("target_content_hash")
     if producers and h in producers:
@@ -244,8 +255,16 @@ def _judge_input(r: dict, producers, rules: PrecisionRules) -> None:
         r["precision_result"] = WARNING
         r["precision_reason"] = r["precision_reason"] or f"input error propagated from {producer[1]}"
         return
+    err = r["scaled_err"]
+    if r["precision_reason"] is None and err is not None and \
+            err <= rules.growth * upstream + rules.margin * (r["precision_floor"] or 0.0):
+        r["precision_result"] = WARNING
+        r["precision_reason"] = (f"input error {err:.3g} within {rules.growth:g} x the largest earlier error "
+                                 f"{upstream:.3g}" + (f" (produced by {producer[1]})" if producer else ""))
+        return
     r["precision_result"] = ERROR
-    what = r["precision_reason"] or f"input departs: error {_fmt(r['scaled_err'])} = {_fmt(r['precision_ratio'])} x floor"
+    what = r["precision_reason"] or \
+        f"input departs: error {_fmt(r['scaled_err'])} = {_fmt(r['precision_ratio'])} x floor"
     if producer is not None:
         r["precision_reason"] = f"{what}; produced by {producer[1]}, an op only the target has"
         r["origin_op"] = producer[1]
@@ -254,12 +273,13 @@ def _judge_input(r: dict, producers, rules: PrecisionRules) -> None:
 
 
 def first_departure(rows: list[dict]) -> dict[str, Any] | None:
-    """The first op (by pair order) with a precision ``error`` row: its rows as
+    """The first op (by :func:`run_order`) with a precision ``error`` row: its rows as
     ``inputs``/``outputs`` lists of {io, slot, err, floor, ratio, dtypes, result, reason}.
     None when nothing departs beyond precision."""
-    first = next((r for r in rows if r.get("precision_result") == ERROR), None)
-    if first is None:
+    failing = [r for r in rows if r.get("precision_result") == ERROR]
+    if not failing:
         return None
+    first = min(failing, key=run_order)
     key = (first["iteration"], first["rank"], first["graph_id"], first["call_index"], first["target_name"])
     group = [r for r in rows if (r["iteration"], r["rank"], r["graph_id"], r["call_index"], r["target_name"]) == key]
     out = next((r for r in group if r["io"] == "output" and r["precision_result"] == ERROR), first)

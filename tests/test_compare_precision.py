@@ -1,0 +1,151 @@
+"""Precision-aware rules and sequence alignment on real MindSpore 2.10 Transformer dumps
+(tests/data/transformer, README there): a numeric change in one op is named, clean pairs
+do not depart, msprobe's rules stay available."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+from conftest import DATA
+from typer.testing import CliRunner
+
+import dumpdb
+from dumpdb.cli import app
+from dumpdb.compare import registry
+from dumpdb.compare.align import align, sequence_key
+from dumpdb.compare.engine import compare
+from dumpdb.compare.precision import dtype_floor, lowest_precision
+from dumpdb.compare.sequence import _dp, diff
+
+TF = DATA / "transformer"
+
+
+@pytest.fixture(scope="module")
+def tf_archive(tmp_path_factory):
+    archive = tmp_path_factory.mktemp("tf") / "a.dumpdb"
+    for case in ("fp32", "fp32_ln1", "fp32_act0"):
+        assert dumpdb.ingest(TF / case, archive=archive, run=case).ok
+    return archive
+
+
+def test_floor_follows_ieee_epsilons():
+    assert dtype_floor("float16", 1, 1.0) == pytest.approx(2.0 ** -11 + 2.0 ** -25)
+    assert dtype_floor("float32", 4, 2.0) == pytest.approx(2.0 ** -24 + 2.0 ** -150 * 2 / 2)
+    assert dtype_floor("int32", 10, 1.0) == 0.0 and dtype_floor("bool", 10, 1.0) == 0.0
+    assert dtype_floor("float16", 1, 0.0) == math.inf
+    assert lowest_precision("float16", "float32") == "float16"
+    assert lowest_precision("bfloat16", "float16") == "bfloat16"
+    assert lowest_precision("int32", "float32") is None
+
+
+def test_changed_layernorm_is_named_not_its_consumers(tf_archive):
+    """Layer 1's norm1 LayerNorm with epsilon 0.5: every later op differs too, but the first
+    departure is that LayerNorm (its epsilon input and outputs), in fp32."""
+    out = compare(dumpdb.open(tf_archive), "fp32_ln1", "fp32", store_results=False)
+    fd = out.first_divergence
+    assert fd is not None and fd["op_type"] == "LayerNorm"
+    assert "1-TransformerEncoderLayer/norm1-LayerNorm" in fd["scope_name"]
+    assert any(e["result"] == "error" for e in fd["inputs"] + fd["outputs"])
+    later = [r for r in out.results.to_pylist() if r["precision_result"] == "warning"]
+    assert later, "the ops after the change depart too, as propagated errors"
+    # msprobe's rules stay available
+    ms = compare(dumpdb.open(tf_archive), "fp32_ln1", "fp32", store_results=False, rules="msprobe")
+    assert ms.summary["rules"] == "msprobe" and ms.first_divergence is not None
+
+
+def test_inserted_scaled_activation_is_named(tf_archive):
+    """Layer 0's activation scaled by 1.25 inserts a Mul (Expand/_Muls/Mul): it is named."""
+    out = compare(dumpdb.open(tf_archive), "fp32_act0", "fp32", store_results=False)
+    fd = out.first_divergence
+    assert fd is not None
+    assert fd["op_type"] == "Mul" and fd["target_name"].startswith("Expand_")
+    shapes = {tuple(r["target_shape"]) for r in out.results.to_pylist() if r["target_name"] == fd["target_name"]}
+    assert (1, 32, 256) in shapes  # the feed-forward width (4 x 64): the activation's output
+
+
+def test_clean_pair_does_not_depart_and_cli_exit_codes(tf_archive):
+    out = compare(dumpdb.open(tf_archive), "fp32", "fp32", store_results=False)
+    assert out.first_divergence is None and out.summary["error"] == 0
+    r = CliRunner().invoke(app, ["first-divergence", "fp32", "fp32", "-a", str(tf_archive)])
+    assert r.exit_code == 0 and "no departure beyond float32 precision" in r.output
+    r = CliRunner().invoke(app, ["first-divergence", "fp32_ln1", "fp32", "-a", str(tf_archive)])
+    assert r.exit_code == 1 and "LayerNorm" in r.output and "input." in r.output and "output." in r.output
+
+
+def test_diff_is_a_longest_common_subsequence_on_small_cases():
+    rng = random.Random(7)
+    for _ in range(200):
+        a = [rng.choice("abcdef") for _ in range(rng.randint(0, 30))]
+        b = [rng.choice("abcdef") for _ in range(rng.randint(0, 30))]
+        pairs = diff(a, b)
+        assert all(a[i] == b[j] for i, j in pairs)
+        assert all(i1 < i2 and j1 < j2 for (i1, j1), (i2, j2) in zip(pairs, pairs[1:]))
+        best = len(_dp(a, b, 0, len(a), 0, len(b)))
+        assert len(pairs) == best  # small windows: the exact LCS
+
+
+def test_diff_survives_insertions_and_deletions():
+    a = [f"op{i}" for i in range(1000)]
+    b = list(a)
+    del b[100:108]                     # 8 ops removed
+    b[500:500] = ["cast"] * 5          # 5 ops inserted
+    pairs = diff(a, b)
+    assert len(pairs) == 992
+    assert all(a[i] == b[j] for i, j in pairs)
+
+
+def test_sequence_key_drops_amp_wrappers_counters_and_casts():
+    t = "Default/network-LossCell/net-_OutputTo32/_backbone-LM/encoder-TransformerEncoder/norm-_OutputTo16/" \
+        "_backbone-LayerNorm/LayerNorm-op3"
+    b = "Default/network-LossCell/net-LM/encoder-TransformerEncoder/norm-LayerNorm/LayerNorm-op0"
+    assert sequence_key("LayerNorm", t) == sequence_key("LayerNorm", b)
+    assert sequence_key("Cast", t) is None
+    assert sequence_key("Functional.to", "Functional.to.3.forward") is None
+    assert sequence_key("Parameter", "net._backbone.encoder.layers.0.dense1.weight") == \
+        sequence_key("Parameter", "net.encoder.layers.0.dense1.weight")
+
+
+def test_sequence_strategy_pairs_through_inserted_ops():
+    """Unequal counts (order refuses them) and shifted -opN counters: sequence pairs the rest."""
+    import pyarrow as pa
+
+    def table(names, start):
+        return pa.table({"tensor_id": list(range(start, start + len(names))),
+                         "op_type": [n.split("/")[-1].split("-")[0] for n in names],
+                         "op_name": names, "io": ["output"] * len(names), "slot": [0] * len(names),
+                         "position": list(range(len(names)))})
+
+    bench = [f"Default/net-LM/layer{i}/Add-op{i}" for i in range(6)]
+    target = [f"Default/net-_OutputTo32/_backbone-LM/layer{i}/Add-op{i + 1}" for i in range(6)]
+    target.insert(3, "Default/net-_OutputTo32/_backbone-LM/Cast-op0")
+    target.insert(4, "Default/net-_OutputTo32/_backbone-LM/layer9/Reshape-op0")
+    al = align(table(target, 1), table(bench, 100), strategies=("exact", "normalized", "sequence", "order"))
+    pairs = {p["target_tensor_id"]: p["bench_tensor_id"] for p in al.pairs.to_pylist()}
+    assert al.counts()["sequence"] == 6 and al.unmatched_bench.num_rows == 0
+    by_name = {n: i for i, n in enumerate(target, 1)}
+    for i in range(6):
+        assert pairs[by_name[target[i if i < 3 else i + 2]]] == 100 + i
+
+
+def test_registered_metric_reaches_results_and_parquet(tmp_path):
+    """Adding a metric is one registry entry: it is computed per pair and returned."""
+    metric = registry.Metric("max_abs_sum_test", "tensor", "|sum(x) - sum(y)| (test)",
+                             function=lambda t, b: float(abs(t.astype(np.float64).sum() - b.astype(np.float64).sum())))
+    registry.register(metric)
+    try:
+        import pyarrow.parquet as pq
+
+        from dumpdb.render.msprobe_csv import write_parquet
+
+        archive = tmp_path / "a.dumpdb"
+        assert dumpdb.ingest(TF / "fp32", archive=archive, run="a").ok
+        assert dumpdb.ingest(TF / "fp32_ln1", archive=archive, run="b").ok
+        out = compare(dumpdb.open(archive), "b", "a", store_results=True)
+        values = [v for v in out.results["max_abs_sum_test"].to_pylist() if v is not None]
+        assert values and max(values) > 0
+        assert "max_abs_sum_test" in pq.read_table(write_parquet(out.results, tmp_path / "r.parquet")).column_names
+    finally:
+        registry.unregister("max_abs_sum_test")

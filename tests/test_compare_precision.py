@@ -23,12 +23,20 @@ from dumpdb.compare.sequence import _dp, diff
 TF = DATA / "transformer"
 
 
+CASES = ("fp32", "fp16", "fp32_ln1", "fp16_ln1", "fp32_act0", "fp16_act0", "fp32_big", "fp16_big")
+
+
 @pytest.fixture(scope="module")
 def tf_archive(tmp_path_factory):
     archive = tmp_path_factory.mktemp("tf") / "a.dumpdb"
-    for case in ("fp32", "fp32_ln1", "fp32_act0"):
+    for case in CASES:
         assert dumpdb.ingest(TF / case, archive=archive, run=case).ok
     return archive
+
+
+@pytest.fixture(scope="module")
+def clean_fp16(tf_archive):
+    return compare(dumpdb.open(tf_archive), "fp16", "fp32", store_results=False)
 
 
 def test_floor_follows_ieee_epsilons():
@@ -41,29 +49,95 @@ def test_floor_follows_ieee_epsilons():
     assert lowest_precision("int32", "float32") is None
 
 
-def test_changed_layernorm_is_named_not_its_consumers(tf_archive):
+@pytest.mark.parametrize("target", ["fp32_ln1", "fp16_ln1"])
+def test_changed_layernorm_is_named_not_its_consumers(tf_archive, target):
     """Layer 1's norm1 LayerNorm with epsilon 0.5: every later op differs too, but the first
-    departure is that LayerNorm (its epsilon input and outputs), in fp32."""
-    out = compare(dumpdb.open(tf_archive), "fp32_ln1", "fp32", store_results=False)
+    departure is that LayerNorm (its epsilon input), in fp32 and in the float16 target."""
+    out = compare(dumpdb.open(tf_archive), target, "fp32", store_results=False)
     fd = out.first_divergence
     assert fd is not None and fd["op_type"] == "LayerNorm"
-    assert "1-TransformerEncoderLayer/norm1-LayerNorm" in fd["scope_name"]
+    assert "1-TransformerEncoderLayer/norm1-" in fd["scope_name"]
     assert any(e["result"] == "error" for e in fd["inputs"] + fd["outputs"])
-    later = [r for r in out.results.to_pylist() if r["precision_result"] == "warning"]
-    assert later, "the ops after the change depart too, as propagated errors"
+    rows = out.results.to_pylist()
+    assert sum(r["precision_result"] == "error" for r in rows) == 1  # later ops: propagated, not blamed
+    assert sum(r["precision_result"] == "warning" for r in rows) > 50
     # msprobe's rules stay available
-    ms = compare(dumpdb.open(tf_archive), "fp32_ln1", "fp32", store_results=False, rules="msprobe")
+    ms = compare(dumpdb.open(tf_archive), target, "fp32", store_results=False, rules="msprobe")
     assert ms.summary["rules"] == "msprobe" and ms.first_divergence is not None
 
 
-def test_inserted_scaled_activation_is_named(tf_archive):
+@pytest.mark.parametrize("target", ["fp32_act0", "fp16_act0"])
+def test_inserted_scaled_activation_is_named(tf_archive, target):
     """Layer 0's activation scaled by 1.25 inserts a Mul (Expand/_Muls/Mul): it is named."""
-    out = compare(dumpdb.open(tf_archive), "fp32_act0", "fp32", store_results=False)
+    out = compare(dumpdb.open(tf_archive), target, "fp32", store_results=False)
     fd = out.first_divergence
     assert fd is not None
     assert fd["op_type"] == "Mul" and fd["target_name"].startswith("Expand_")
-    shapes = {tuple(r["target_shape"]) for r in out.results.to_pylist() if r["target_name"] == fd["target_name"]}
-    assert (1, 32, 256) in shapes  # the feed-forward width (4 x 64): the activation's output
+    shapes = dumpdb.open(tf_archive).sql("SELECT shape FROM tensors WHERE run = ? AND op_name = ?",
+                                         [target, fd["target_name"]])["shape"].to_pylist()
+    assert [1, 32, 256] in shapes  # the feed-forward width (4 x 64): the activation's output
+    assert fd["io"] == "input" and fd["slot"] == 1  # its scalar operand, 1.25
+
+
+def test_float16_overflow_is_named(tf_archive):
+    out = compare(dumpdb.open(tf_archive), "fp16_big", "fp32_big", store_results=False)
+    fd = out.first_divergence
+    assert fd is not None and fd["op_type"] == "Mul" and "overflow" in fd["err_message"]
+    assert fd["target_name"].startswith("Expand_")
+
+
+def test_clean_fp16_against_fp32_does_not_depart(tf_archive, clean_fp16):
+    out = clean_fp16
+    assert out.first_divergence is None and out.summary["error"] == 0
+    assert out.summary["precision_dtype"] == "float16"
+    r = CliRunner().invoke(app, ["first-divergence", "fp16", "fp32", "-a", str(tf_archive)])
+    assert r.exit_code == 0 and "no departure beyond float16 precision" in r.output
+
+
+def test_clean_fp16_pairs_every_fp32_tensor_with_the_same_op_type(tf_archive, clean_fp16):
+    out = clean_fp16
+    a = dumpdb.open(tf_archive)
+    bench = {r["tensor_id"]: r for r in a.sql("SELECT tensor_id, op_type FROM tensors WHERE run = 'fp32'").to_pylist()}
+    rows = out.results.to_pylist()
+    assert out.summary["unmatched_bench"] == 0
+    assert {r["bench_tensor_id"] for r in rows} == set(bench)
+    assert all(r["op_type"] == bench[r["bench_tensor_id"]]["op_type"] for r in rows)
+    unmatched = {u["name"] for u in out.unmatched.to_pylist()}
+    assert unmatched and all("Cast" in n or "Reshape" in n or n.startswith("Expand_") for n in unmatched)
+    assert out.summary["strategies"]["sequence"] > 0 and out.summary["strategies"]["order"] == 0
+
+
+def _cos(x: np.ndarray, y: np.ndarray) -> float:
+    x, y = x.astype(np.float64).ravel(), y.astype(np.float64).ravel()
+    nx, ny = np.linalg.norm(x), np.linalg.norm(y)
+    if nx == 0 or ny == 0:
+        return 1.0 if nx == ny else 0.0
+    return float(x @ y / (nx * ny))
+
+
+def test_clean_fp16_no_pair_misses_a_better_partner(tf_archive, clean_fp16):
+    """Brute force: no target tensor is paired with a bench tensor of cosine <= 0.99 while a
+    bench tensor of the same op type, io, slot and shape has cosine > 0.99 with it."""
+    a = dumpdb.open(tf_archive)
+    bench = a.sql("SELECT tensor_id, op_type, io, slot, shape FROM tensors WHERE run = 'fp32'").to_pylist()
+    cache: dict = {}
+
+    def tensor(i):
+        if i not in cache:
+            cache[i] = a.tensor(i)
+        return cache[i]
+
+    checked = 0
+    for r in clean_fp16.results.to_pylist():
+        t, b = tensor(r["target_tensor_id"]), tensor(r["bench_tensor_id"])
+        if t.size > 1 and t.size == b.size and _cos(t, b) > 0.99:
+            continue
+        checked += 1
+        better = [x["tensor_id"] for x in bench if x["tensor_id"] != r["bench_tensor_id"]
+                  and (x["op_type"], x["io"], x["slot"]) == (r["op_type"], r["io"], r["slot"])
+                  and tuple(x["shape"]) == t.shape and t.size > 1 and _cos(t, tensor(x["tensor_id"])) > 0.99]
+        assert not better, (r["target_name"], r["io"], r["slot"], r["bench_name"], better)
+    assert checked > 0  # there are low-cosine pairs to check (one-element tensors, zero tensors...)
 
 
 def test_clean_pair_does_not_depart_and_cli_exit_codes(tf_archive):
@@ -71,8 +145,10 @@ def test_clean_pair_does_not_depart_and_cli_exit_codes(tf_archive):
     assert out.first_divergence is None and out.summary["error"] == 0
     r = CliRunner().invoke(app, ["first-divergence", "fp32", "fp32", "-a", str(tf_archive)])
     assert r.exit_code == 0 and "no departure beyond float32 precision" in r.output
-    r = CliRunner().invoke(app, ["first-divergence", "fp32_ln1", "fp32", "-a", str(tf_archive)])
+    r = CliRunner().invoke(app, ["first-divergence", "fp16_ln1", "fp32", "-a", str(tf_archive)])
     assert r.exit_code == 1 and "LayerNorm" in r.output and "input." in r.output and "output." in r.output
+    r = CliRunner().invoke(app, ["compare", "fp16", "fp32", "-a", str(tf_archive), "--no-store"])
+    assert r.exit_code == 0 and "unmatched 70 target, 0 bench" in r.output, r.output
 
 
 def test_diff_is_a_longest_common_subsequence_on_small_cases():

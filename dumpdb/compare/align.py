@@ -40,7 +40,9 @@ different number of times -> cannot compare or compares the wrong API").
        with ``Cell.``, PyTorch's with ``Module.``: cross-framework compare).
 
 ``exact``
-    Same ``(op_name, io, slot, slot_path, arg_name)``; NULLs compare equal.
+    Same ``(op_name, io, slot, slot_path, arg_name)``; NULLs compare equal. Names ending in a
+    MindSpore ``-opN`` counter must also have the same element count (the counter is per
+    graph: in another graph the same name can be another op).
 
 ``normalized``
     Same :func:`normalize_name` of the op's IR scope name (its file-name op name when there is
@@ -119,7 +121,7 @@ __all__ = ["STRATEGIES", "Alignment", "align", "load_mapping", "normalize_name"]
 STRATEGIES = ("exact", "normalized", "sequence", "order", "mapping")
 
 _COLUMNS = ("tensor_id", "op_type", "op_name", "scope_name", "io", "slot", "arg_name", "slot_path",
-            "direction", "iteration", "rank", "graph_id", "timestamp", "position", "shape", "l2norm", "mean", "min", "max")
+            "direction", "iteration", "rank", "graph_id", "timestamp", "position", "shape", "l2norm", "mean", "min", "max", "content_hash")
 
 PAIRS_SCHEMA = pa.schema([("target_tensor_id", pa.int64()), ("bench_tensor_id", pa.int64()),
                           ("match_strategy", pa.string())])
@@ -290,8 +292,17 @@ def _index(side: _Side, keyfunc) -> dict:
 
 
 def _exact(p: _Pairing) -> None:
+    # A MindSpore '-opN' name is a per-graph counter: the same name in another graph can be
+    # another op (fp16 vs fp32: 'Default/network-LossCell/Reshape-op0' reshapes the logits in
+    # one, the labels in the other). Such names also need the same element count.
     def key(s: _Side):
-        return lambda i: (s.group[i], s.op_name[i]) + s.leafs[i]
+        def f(i):
+            name = s.op_name[i]
+            size = None
+            if name is not None and s.shape[i] is not None and _OP_COUNTER.search(name):
+                size = _prod(s.shape[i])
+            return (s.group[i], name, size) + s.leafs[i]
+        return f
 
     p.buckets(_index(p.t, key(p.t)), _index(p.b, key(p.b)), "exact")
 
@@ -395,22 +406,123 @@ def _sequence(p: _Pairing) -> None:
         return names, toks
 
     tops, bops = ops(p.t), ops(p.b)
+    found = []
     for key, t_ops in tops.items():
         b_ops = bops.get(key)
         if not b_ops:
             continue
         tnames, ttok = tokens(p.t, t_ops)
         bnames, btok = tokens(p.b, b_ops)
-        matched = _by_statistics(diff(ttok, btok), ttok, [t_ops[n] for n in tnames], [b_ops[n] for n in bnames],
-                                 p.t, p.b)
-        for ti, bi in matched:
+        matched = diff(ttok, btok)
+        matched += _moved(matched, ttok, btok)
+        found.append((t_ops, b_ops, tnames, bnames, ttok, matched))
+    # Ops sharing a token (q/k/v projections of one attention, say) may run in another order in
+    # the other graph: re-pair them by data flow (are their inputs' producers paired?), then
+    # by statistics, given every pair found so far.
+    flow_t, flow_b = _Flow(p.t), _Flow(p.b)
+    op_pairs = {_op_name(p.t, ti): _op_name(p.b, bi) for ti, bi, _ in p.pairs}
+    for t_ops, b_ops, tnames, bnames, _, matched in found:
+        op_pairs.update((tnames[ti], bnames[bi]) for ti, bi in matched)
+    for t_ops, b_ops, tnames, bnames, ttok, matched in found:
+        trows = [t_ops[n] for n in tnames]
+        brows = [b_ops[n] for n in bnames]
+
+        def cost(ti: int, bi: int) -> float:
+            return (W_FLOW * _flow_cost(flow_t, trows[ti], flow_b, brows[bi], op_pairs)
+                    + W_STATS * _distance(p.t, trows[ti], p.b, brows[bi])
+                    + W_COUNTER * (_counter(tnames[ti]) != _counter(bnames[bi])))
+
+        for ti, bi in _repair(matched, ttok, cost):
             tb: dict = defaultdict(list)
             bb: dict = defaultdict(list)
-            for i in t_ops[tnames[ti]]:
+            for i in trows[ti]:
                 tb[p.t.leafs[i]].append(i)
-            for i in b_ops[bnames[bi]]:
+            for i in brows[bi]:
                 bb[p.b.leafs[i]].append(i)
             p.buckets(tb, bb, "sequence")
+
+
+W_FLOW, W_STATS, W_COUNTER = 0, 1, 0.3
+
+
+def _counter(name: str) -> str | None:
+    m = _OP_COUNTER.search(name)
+    return m.group(0) if m else None
+
+
+def _op_name(s: _Side, i: int) -> str | None:
+    return s.op_name[i] if s.op_name[i] is not None else s.scope_name[i]
+
+
+def _moved(matched: list[tuple[int, int]], ttok: list, btok: list) -> list[tuple[int, int]]:
+    """Ops the diff left out whose token occurs equally often among the leftovers of both
+    sides: the same ops, run in another place (parameters dumped in another order, a
+    transpose scheduled elsewhere). Paired in order here; :func:`_repair` may re-pair them."""
+    used_t = {ti for ti, _ in matched}
+    used_b = {bi for _, bi in matched}
+    left_t: dict = defaultdict(list)
+    left_b: dict = defaultdict(list)
+    for ti, tok in enumerate(ttok):
+        if ti not in used_t:
+            left_t[tok].append(ti)
+    for bi, tok in enumerate(btok):
+        if bi not in used_b:
+            left_b[tok].append(bi)
+    out = []
+    for tok, tis in left_t.items():
+        bis = left_b.get(tok, [])
+        if len(bis) == len(tis):
+            out.extend(zip(tis, bis))
+    return out
+
+
+class _Flow:
+    """Which op produced each input of a side: the last earlier output with the same content
+    hash (a dump writes an op's input as the bytes its producer wrote), looked through
+    cast-only ops (AMP's casts change the bytes, so the cast's own input is followed)."""
+
+    def __init__(self, s: _Side):
+        self.s = s
+        self.outputs: dict = defaultdict(list)  # hash -> [(okey, row)]
+        self.inputs: dict = defaultdict(list)   # op name -> [input rows]
+        for i in range(s.n):
+            name = _op_name(s, i)
+            if s.io[i] == "output" and s.content_hash[i] is not None:
+                self.outputs[s.content_hash[i]].append((s.okey[i], i))
+            elif s.io[i] == "input" and name is not None:
+                self.inputs[name].append(i)
+        for v in self.outputs.values():
+            v.sort()
+
+    def producer(self, i: int, depth: int = 4) -> str | None:
+        s = self.s
+        cands = self.outputs.get(s.content_hash[i])
+        if not cands:
+            return None
+        before = [r for k, r in cands if k < s.okey[i]] or [cands[0][1]]
+        j = before[-1]
+        name = _op_name(s, j)
+        if s.op_type[j] in _CAST_OP_TYPES and depth > 0 and name is not None:
+            first = [r for r in self.inputs.get(name, []) if s.slot[r] == 0]
+            if first:
+                return self.producer(first[0], depth - 1) or name
+        return name
+
+
+def _flow_cost(ft: _Flow, trows: list[int], fb: _Flow, brows: list[int], op_pairs: dict) -> float:
+    """Inputs of the two ops whose producers are known on both sides but not paired."""
+    bleaf = {fb.s.leafs[j]: j for j in brows if fb.s.io[j] == "input"}
+    cost = 0.0
+    for i in trows:
+        if ft.s.io[i] != "input" or ft.s.content_hash[i] is None:
+            continue
+        j = bleaf.get(ft.s.leafs[i])
+        if j is None or fb.s.content_hash[j] is None:
+            continue
+        pt, pb = ft.producer(i), fb.producer(j)
+        if pt is not None and pb is not None and op_pairs.get(pt) != pb:
+            cost += 1.0
+    return cost
 
 
 def _sizes(s: _Side, rows: list[int]) -> tuple:
@@ -429,15 +541,12 @@ def _prod(shape) -> int:
     return n
 
 
-STATS_REPAIR_MAX = 32  # ops of one token re-paired by statistics (k^2 distances)
+STATS_REPAIR_MAX = 32  # ops of one token re-paired by data flow and statistics (k^2 costs)
 
 
-def _by_statistics(pairs: list[tuple[int, int]], ttok: list, trows: list[list[int]], brows: list[list[int]],
-                   t: _Side, b: _Side) -> list[tuple[int, int]]:
-    """Ops sharing one token (q/k/v Transposes of one attention, say) may run in another order
-    in the other graph: among the matched ops of such a token, pair by the closest catalog
-    statistics (L2 norm, mean, min and max of every tensor relative to the bench's L2 norm),
-    ties by order."""
+def _repair(pairs: list[tuple[int, int]], ttok: list, cost) -> list[tuple[int, int]]:
+    """Among the matched ops of one token, pair by the lowest ``cost(ti, bi)``, ties by order
+    (greedy assignment over at most STATS_REPAIR_MAX ops per token)."""
     by_tok: dict = defaultdict(list)
     for ti, bi in pairs:
         by_tok[ttok[ti]].append((ti, bi))
@@ -446,9 +555,10 @@ def _by_statistics(pairs: list[tuple[int, int]], ttok: list, trows: list[list[in
         if len(group) < 2 or len(group) > STATS_REPAIR_MAX:
             out.extend(group)
             continue
+        group.sort()
         tis = [ti for ti, _ in group]
-        bis = [bi for _, bi in group]
-        cand = sorted((_distance(t, trows[ti], b, brows[bi]), abs(x - y), ti, bi)
+        bis = sorted(bi for _, bi in group)
+        cand = sorted((cost(ti, bi), abs(x - y), ti, bi)
                       for x, ti in enumerate(tis) for y, bi in enumerate(bis))
         used_t: set = set()
         used_b: set = set()

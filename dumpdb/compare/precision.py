@@ -24,7 +24,9 @@ A pair **departs** when ``ratio > margin`` (default 64: the floor is one roundin
 kernel's own arithmetic adds up to ~sqrt(n) roundings for an n-term reduction with random
 rounding errors (Higham sec. 2.8, Higham & Mary 2019), n up to a few thousand here). A dtype
 difference between two floats is expected (the lower one sets the floor), not an error;
-any other dtype difference, a shape difference, or NaN/Inf at different positions departs.
+any other dtype difference, a shape difference (two shapes of the same element count, a
+reshape only one side has, are compared in C order), or NaN/Inf at different positions
+departs.
 
 Error growth: which op breaks the run
 =====================================
@@ -120,9 +122,12 @@ def _num(v) -> float | None:
 def _pair_error(r: dict) -> tuple[float | None, float | None, str | None, str | None]:
     """(err, floor, dtype, reason for a structural departure) of one result row."""
     tdt, bdt = r.get("target_dtype"), r.get("bench_dtype")
+    flat = None
     if r.get("target_shape") is not None and r.get("bench_shape") is not None \
             and list(r["target_shape"]) != list(r["bench_shape"]):
-        return None, None, None, f"shapes differ (target {r['target_shape']}, bench {r['bench_shape']})"
+        flat = _num(r.get("flat_euc_dist"))
+        if flat is None or math.prod(r["target_shape"]) != math.prod(r["bench_shape"]):
+            return None, None, None, f"shapes differ (target {r['target_shape']}, bench {r['bench_shape']})"
     low = lowest_precision(tdt, bdt)
     if low is None:
         if tdt != bdt:
@@ -134,13 +139,15 @@ def _pair_error(r: dict) -> tuple[float | None, float | None, str | None, str | 
         d = _DECLARED.get((declared or "").lower())
         if d is not None and low in _FLOATS:
             low = lowest_precision(low, d)
+    if _nonfinite(r, "target") and not _nonfinite(r, "bench"):
+        return math.inf, None, low, _nan_inf_reason(r, low)
     n = math.prod(r.get("bench_shape") or []) if r.get("bench_shape") is not None else 1
     bench_l2 = _num(r.get("bench_l2norm"))
     if r.get("mode") == "tensor":
         msg = r.get("err_message") or ""
         if MSG_NAN_INF_MISMATCH in msg:
             return math.inf, None, low, _nan_inf_reason(r, low)
-        euc = _num(r.get("euc_dist"))
+        euc = _num(r.get("euc_dist")) if flat is None else flat
         if euc is None:  # 0-d
             mae = _num(r.get("max_abs_err"))
             euc = mae
@@ -160,6 +167,12 @@ def _pair_error(r: dict) -> tuple[float | None, float | None, str | None, str | 
             sub = _FLOATS.get(low or "", (0.0, 0.0))[1] / 2 * math.sqrt(max(n, 1))
             err, floor = euc, sub
     return err, floor, low, None
+
+
+def _nonfinite(r: dict, side: str) -> bool:
+    vals = (_num(r.get(f"{side}_max")), _num(r.get(f"{side}_min")))
+    return any(v is not None and math.isinf(v) for v in vals) or \
+        any(r.get(f"{side}_{k}") is not None and math.isnan(float(r[f"{side}_{k}"])) for k in ("max", "min"))
 
 
 def _nan_inf_reason(r: dict, low: str | None) -> str:
@@ -196,16 +209,20 @@ def judge_precision(rows: list[dict], producers: dict[str, list[tuple[tuple, str
     # Ops dumped without inputs (input_output: 2): the largest error of any earlier compared
     # output of the iteration stands in for their inputs' error (never blames a propagated one).
     upstream: dict[tuple, float] = {}
+    upstream_inf: dict[tuple, bool] = {}  # an earlier op already holds nan/inf the bench lacks
     for group in ops.values():
         inputs = [r for r in group if r["io"] != "output"]
         outputs = [r for r in group if r["io"] == "output"]
         where = (group[0]["iteration"], group[0]["rank"])
+        inf_before = upstream_inf.get(where, False)
+        if any(r["scaled_err"] is not None and math.isinf(r["scaled_err"]) for r in group):
+            upstream_inf[where] = True
         for r in inputs:
             if r["_departs"]:
-                _judge_input(r, producers, rules, upstream.get(where, 0.0))
+                _judge_input(r, producers, rules, upstream.get(where, 0.0), inf_before)
         upstream[where] = max([upstream.get(where, 0.0), *(_finite(r["scaled_err"]) for r in inputs)])
         if inputs:
-            worst_in = max((_finite(r["scaled_err"]) for r in inputs), default=0.0)
+            worst_in = max((r["scaled_err"] or 0.0 for r in inputs), default=0.0)
         else:
             worst_in = upstream.get(where, 0.0)
         upstream[where] = max([upstream.get(where, 0.0), *(_finite(r["scaled_err"]) for r in outputs)])
@@ -218,6 +235,13 @@ def judge_precision(rows: list[dict], producers: dict[str, list[tuple[tuple, str
                 r["precision_result"] = WARNING
                 r["precision_reason"] = (f"error {err:.3g} propagated: within {rules.growth:g} x the inputs' "
                                          f"{worst_in:.3g} + {rules.margin:g} x floor")
+            elif err is not None and math.isinf(err) and (worst_in == math.inf or inf_before):
+                r["precision_result"] = WARNING
+                r["precision_reason"] = f"{r['precision_reason']}: propagated from earlier nan/inf"
+            elif r["precision_reason"] is None and _cancellation(r, inputs, rules):
+                r["precision_result"] = WARNING
+                r["precision_reason"] = (f"error {_fmt(err)} relative to a result far smaller than the inputs "
+                                         "(cancellation): within the inputs' absolute error")
             else:
                 r["precision_result"] = ERROR
                 if r["precision_reason"] is None:
@@ -225,6 +249,32 @@ def judge_precision(rows: list[dict], producers: dict[str, list[tuple[tuple, str
                                              f"{r['precision_dtype']} floor, inputs' error {worst_in:.3g}")
     for r in rows:
         r.pop("_departs", None)
+
+
+def _rms(l2, shape) -> float | None:
+    l2 = _num(l2)
+    if l2 is None or shape is None:
+        return None
+    return l2 / math.sqrt(max(math.prod(shape), 1))
+
+
+def _cancellation(r: dict, inputs: list[dict], rules: PrecisionRules) -> bool:
+    """An output much smaller than its inputs (a mean of centred values, a difference of
+    near-equal ones) inherits their *absolute* error: explained when its RMS error stays
+    within growth x the inputs' RMS error + margin x u x the inputs' RMS (Higham sec. 1.7)."""
+    out_rms, in_rms = _rms(r.get("bench_l2norm"), r.get("bench_shape")), 0.0
+    in_err = 0.0
+    for x in inputs:
+        rms = _rms(x.get("bench_l2norm"), x.get("bench_shape"))
+        if rms is None or x.get("scaled_err") is None or not math.isfinite(x["scaled_err"]):
+            continue
+        in_rms = max(in_rms, rms)
+        in_err = max(in_err, x["scaled_err"] * rms)
+    err = r.get("scaled_err")
+    if out_rms is None or err is None or not math.isfinite(err) or in_rms == 0 or out_rms >= 0.01 * in_rms:
+        return False
+    u = (r.get("precision_floor") or 0.0)
+    return err * out_rms <= rules.growth * in_err + rules.margin * u * in_rms
 
 
 def run_order(r: dict) -> tuple:
@@ -242,7 +292,7 @@ def _fmt(v) -> str:
     return "n/a" if v is None else f"{v:.3g}"
 
 
-def _judge_input(r: dict, producers, rules: PrecisionRules, upstream: float) -> None:
+def _judge_input(r: dict, producers, rules: PrecisionRules, upstream: float, inf_before: bool = False) -> None:
     """A departing input: explained when a compared op produced its bytes, or when an
     earlier compared tensor's error explains it (the producer is a cast or an op the dump
     or the alignment left out); otherwise the input is where the departure starts."""
@@ -256,6 +306,10 @@ def _judge_input(r: dict, producers, rules: PrecisionRules, upstream: float) -> 
         r["precision_reason"] = r["precision_reason"] or f"input error propagated from {producer[1]}"
         return
     err = r["scaled_err"]
+    if err is not None and math.isinf(err) and inf_before:
+        r["precision_result"] = WARNING
+        r["precision_reason"] = f"{r['precision_reason'] or 'nan/inf'}: propagated from earlier nan/inf"
+        return
     if r["precision_reason"] is None and err is not None and \
             err <= rules.growth * upstream + rules.margin * (r["precision_floor"] or 0.0):
         r["precision_result"] = WARNING

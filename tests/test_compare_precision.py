@@ -225,3 +225,19 @@ def test_registered_metric_reaches_results_and_parquet(tmp_path):
         assert "max_abs_sum_test" in pq.read_table(write_parquet(out.results, tmp_path / "r.parquet")).column_names
     finally:
         registry.unregister("max_abs_sum_test")
+
+
+def test_html_report_shows_departure_errors_floor_plot_and_insertions(tf_archive, tmp_path):
+    from dumpdb.render.report import write_compare_report
+
+    out = compare(dumpdb.open(tf_archive), "fp16_ln1", "fp32", store_results=False)
+    page = write_compare_report(tmp_path / "r.html", summary=out.summary, results=out.results,
+                                unmatched=out.unmatched, first_divergence=out.first_divergence).read_text()
+    assert "First divergence" in page and "norm1-_OutputTo16" in page
+    assert "<th>error / floor</th>" in page and "<td>input</td>" in page and "<td>output</td>" in page
+    assert "Error against the precision floor" in page and "floor x 64" in page
+    assert "Insertions (ops only the target has): " in page and "Cast-op" in page
+    clean = compare(dumpdb.open(tf_archive), "fp16", "fp32", store_results=False)
+    page = write_compare_report(tmp_path / "c.html", summary=clean.summary, results=clean.results,
+                                unmatched=clean.unmatched, first_divergence=clean.first_divergence).read_text()
+    assert "No departure beyond float16 precision" in page and "Deletions (ops only the bench has): 0" in page

@@ -161,12 +161,18 @@ def _to_float(value: Any) -> float:
         return math.nan
 
 
+# Which verdict column colours the report: "result" (msprobe's rules) or "precision_result"
+# (the precision-aware rules, dumpdb.compare.precision), set per report from summary["rules"].
+_VERDICT = {"column": "result"}
+
+
 def _results(table: pa.Table) -> list[str]:
     """Result category of every row: pass / warning / error / other."""
-    if "result" not in table.column_names:
+    column = _VERDICT["column"] if _VERDICT["column"] in table.column_names else "result"
+    if column not in table.column_names:
         return ["other"] * table.num_rows
     out = []
-    for v in table.column("result").to_pylist():
+    for v in table.column(column).to_pylist():
         v = str(v).strip().lower() if v is not None else ""
         out.append(v if v in ("pass", "warning", "error") else "other")
     return out
@@ -761,10 +767,70 @@ def _ordered_columns(table: pa.Table, head: Sequence[str], tail: Sequence[str], 
 
 # --------------------------------------------------------------------------- compare report
 
-_FD_HANDLED = frozenset({"name", "target_name", "path", "metrics", "code_file", "code_line", "code_text", *METRICS})
+_FD_HANDLED = frozenset({"name", "target_name", "path", "metrics", "code_file", "code_line", "code_text", "inputs",
+                         "outputs", *METRICS})
 
 
-def _divergence_section(fd: Mapping[str, Any] | None, results: pa.Table, row: int | None, n_pairs: int) -> str:
+def _fmt_num(v: Any) -> str:
+    return "" if v is None else format(float(v), ".4g")
+
+
+def _precision_svg(results: pa.Table) -> str:
+    """Scaled error of every pair along execution order (log scale), with the precision floor
+    x margin each pair is judged against drawn as a line: what departs is above it."""
+    cols = results.column_names
+    if "scaled_err" not in cols or "precision_floor" not in cols or results.num_rows == 0:
+        return ""
+    err = np.asarray([_to_float(v) for v in results.column("scaled_err").to_pylist()])
+    floor = np.asarray([_to_float(v) for v in results.column("precision_floor").to_pylist()])
+    cats = np.asarray(_results(results))
+    x = np.arange(results.num_rows, dtype=np.float64)
+    ok = np.isfinite(err) & (err > 0)
+    if not ok.any():
+        return '<p class="muted">Every compared pair is bit-identical in value: no error to plot.</p>'
+    margin = 64.0  # PrecisionRules.margin default; drawn, not re-judged
+    fig = Figure(figsize=(7.0, 2.6))
+    fig.subplots_adjust(left=0.1, right=0.8, bottom=0.17, top=0.9)
+    ax = fig.add_subplot()
+    for cat in RESULT_ORDER:
+        m = ok & (cats == cat)
+        if m.any():
+            ax.scatter(x[m], err[m], s=6 if cat in ("pass", "other") else 14, c=COLOURS[cat], label=cat,
+                       rasterized=True, linewidths=0)
+    fm = np.isfinite(floor) & (floor > 0)
+    if fm.any():
+        ax.step(x[fm], floor[fm] * margin, where="mid", color="#333333", linewidth=0.8,
+                label=f"floor x {margin:g}")
+    ax.set_yscale("log")
+    ax.set_xlabel("pair (execution order)")
+    ax.set_ylabel("relative error")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
+    return _svg(fig, "precision", "relative error and precision floor")
+
+
+def _alignment_section(unmatched: pa.Table) -> str:
+    """Ops only one side has: insertions (target) and deletions (bench), by op name."""
+    if unmatched.num_rows == 0 or "name" not in unmatched.column_names or "side" not in unmatched.column_names:
+        return ""
+    parts = []
+    for side, label in (("target", "Insertions (ops only the target has)"),
+                        ("bench", "Deletions (ops only the bench has)")):
+        names = Counter(n for n, sd in zip(unmatched.column("name").to_pylist(), unmatched.column("side").to_pylist())
+                        if sd == side and n is not None)
+        items = "".join(f"<li><code>{_esc(n)}</code> <small class=\"muted\">({k} tensors)</small></li>"
+                        for n, k in names.items())
+        parts.append(f"<h3>{label}: {len(names)}</h3>" + (f"<ul>{items}</ul>" if items else
+                                                          '<p class="muted">none</p>'))
+    return "".join(parts)
+
+
+def _divergence_section(fd: Mapping[str, Any] | None, results: pa.Table, row: int | None, n_pairs: int,
+                        summary: Mapping[str, Any] | None = None) -> str:
+    if not fd and summary and summary.get("rules") == "precision":
+        dtype = _text(summary.get("precision_dtype") or "the dtypes'")
+        return (f'<section class="verdict ok" id="divergence"><h2>No departure beyond {_esc(dtype)} precision</h2>'
+                f"<p>{n_pairs} pair(s) compared; every difference is within what rounding explains "
+                "(dumpdb.compare.precision).</p></section>")
     if not fd:
         return (f'<section class="verdict ok" id="divergence"><h2>No divergence found</h2>'
                 f"<p>{n_pairs} pair(s) compared; none failed.</p></section>")
@@ -777,6 +843,16 @@ def _divergence_section(fd: Mapping[str, Any] | None, results: pa.Table, row: in
     rest = {k: v for k, v in fd.items() if k not in _FD_HANDLED and v is not None}
     if rest:
         parts.append(_dl(rest))
+    sides = [e for key in ("inputs", "outputs") for e in (fd.get(key) or []) if isinstance(e, Mapping)]
+    if sides:  # precision rules: the op's inputs' and outputs' errors side by side
+        head = ("io", "slot", "error", "floor", "error / floor", "target dtype", "bench dtype", "result", "reason")
+        cells = "".join(
+            "<tr>" + "".join(f"<td>{_esc(_text(v))}</td>" for v in (
+                e.get("io"), e.get("slot"), _fmt_num(e.get("scaled_err")), _fmt_num(e.get("floor")),
+                _fmt_num(e.get("ratio")), e.get("target_dtype"), e.get("bench_dtype"), e.get("result"),
+                e.get("reason") or "")) + "</tr>" for e in sides)
+        parts.append('<table class="metrics errors"><thead><tr>' + "".join(f"<th>{h}</th>" for h in head)
+                     + f"</tr></thead><tbody>{cells}</tbody></table>")
     # metrics: a "metrics" mapping, or metric columns as keys (engine.first_divergence_of), or the pair's row
     metrics = fd.get("metrics") or {m: fd[m] for m in _metric_names() if fd.get(m) is not None}
     if not metrics and row is not None:
@@ -821,6 +897,7 @@ def write_compare_report(path: str | os.PathLike[str], *, summary: Mapping[str, 
     ``compare_unmatched`` rows; any column may be missing or all NULL.
     """
     summary = dict(summary or {})
+    _VERDICT["column"] = "precision_result" if summary.get("rules") == "precision" else "result"
     results = results if results is not None else pa.table({})
     unmatched = unmatched if unmatched is not None else pa.table({})
     n = results.num_rows
@@ -839,17 +916,22 @@ def write_compare_report(path: str | os.PathLike[str], *, summary: Mapping[str, 
     if summary.get("mode"):
         badges.append(("", f"mode: {summary['mode']}"))
     row = _find_divergence_row(results, first_divergence)
-    body = [_divergence_section(first_divergence, results, row, n),
+    body = [_divergence_section(first_divergence, results, row, n, summary),
             '<h2 id="summary">Summary</h2>', _dl(summary) if summary else '<p class="muted">No summary.</p>',
             '<h2 id="plots">Metrics by execution order</h2>',
             '<p class="note">One point per pair; error and warning pairs are drawn larger on top; NaN/inf values '
             "are marked × at the top of the plot.</p>",
             _plots_section(results, summary, row),
+            *(['<h2 id="precision">Error against the precision floor</h2>',
+               '<p class="note">Relative Euclidean error of every pair (log scale) and the floor x margin it is '
+               "judged against (dumpdb.compare.precision); pairs above the line depart.</p>",
+               _precision_svg(results)] if "scaled_err" in results.column_names else []),
             f'<h2 id="pairs-h">Pairs <small class="muted">({n})</small></h2>',
             '<p class="note">Click a column header to sort (again to reverse); type words to filter rows.</p>',
             _table_block("pairs", results, _ordered_columns(results, PAIR_COLUMNS_HEAD, PAIR_COLUMNS_TAIL),
                          empty="No pairs."),
             f'<h2 id="unmatched">Unmatched tensors <small class="muted">({unmatched.num_rows})</small></h2>',
+            _alignment_section(unmatched),
             _table_block("unmatched-table", unmatched, _ordered_columns(unmatched, UNMATCHED_COLUMNS, ()),
                          empty="Every tensor found a partner.")]
     nav = [("divergence", "first divergence"), ("summary", "summary"), ("plots", "plots"), ("pairs-h", "pairs"),

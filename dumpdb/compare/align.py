@@ -228,6 +228,27 @@ def _data_name(op: str, io: str | None, slot, slot_path: str | None, arg_name: s
 class _Side:
     """Column lists of one side, its group keys, execution-order keys and free flags."""
 
+    # one Python list per column of _COLUMNS (set in __init__)
+    tensor_id: list
+    op_type: list
+    op_name: list
+    scope_name: list
+    io: list
+    slot: list
+    arg_name: list
+    slot_path: list
+    direction: list
+    iteration: list
+    rank: list
+    graph_id: list
+    timestamp: list
+    position: list
+    shape: list
+    l2norm: list
+    mean: list
+    min: list
+    max: list
+
     def __init__(self, table: pa.Table, group_by: Sequence[str], label: str):
         if not isinstance(table, pa.Table):
             raise TypeError(f"{label} must be a pyarrow.Table, not {type(table).__name__}")
@@ -492,7 +513,7 @@ def _moved(matched: list[tuple[int, int]], ttok: list, btok: list) -> list[tuple
     for bi, tok in enumerate(btok):
         if bi not in used_b:
             left_b[tok].append(bi)
-    out = []
+    out: list[tuple[int, int]] = []
     for tok, tis in left_t.items():
         bis = left_b.get(tok, [])
         if len(bis) == len(tis):

@@ -18,8 +18,8 @@ AdamW moments. --batch 8 --layers 4 --vocab 4096 gives 4.3 GB per step.
 """
 import argparse
 
-import numpy as np
 import mindspore as ms
+import numpy as np
 from mindspore import nn, ops
 
 

@@ -2,7 +2,8 @@
 that differ by inserted ops (casts, reshapes: 2 %) and removed ops (2 %), with realistic
 repetition (layers repeat the same op types, scopes per layer). Prints the time of
 :func:`dumpdb.compare.sequence.diff` on the tokens and of :func:`dumpdb.compare.align.align`
-with the ``sequence`` strategy on one tensor (output 0) per op, and the pairs found.
+with the ``sequence`` strategy alone and after ``exact`` and ``normalized`` on one tensor
+(output 0) per op, and the pairs found.
 
 Usage: python scripts/bench_align.py [N]
 """
@@ -50,6 +51,11 @@ def main() -> None:
     t1 = time.perf_counter()
     print(f"diff: {len(key)} x {len(bkey)} tokens -> {len(pairs)} pairs in {t1 - t0:.2f} s")
     tt, bt = table(target, 1), table(bench, 10 * n)
+    t0 = time.perf_counter()
+    alone = align(tt, bt, strategies=("sequence",))
+    t1 = time.perf_counter()
+    print(f"align (sequence alone): {tt.num_rows} x {bt.num_rows} tensors in {t1 - t0:.2f} s: "
+          f"{alone.counts()['sequence']} pairs")
     t0 = time.perf_counter()
     al = align(tt, bt, strategies=("exact", "normalized", "sequence"))
     t1 = time.perf_counter()

@@ -486,7 +486,7 @@ class _Cost:
         self.t, self.trows, self.tnames, self.b, self.brows, self.bnames = t, trows, tnames, b, brows, bnames
 
     def __call__(self, ti: int, bi: int) -> float:
-        differ = _counter(self.tnames[ti]) != _counter(self.bnames[bi])
+        differ = _counter(self.tnames[ti]) != _counter(self.bnames[bi]) if W_COUNTER else False
         return _distance(self.t, self.trows[ti], self.b, self.brows[bi]) + W_COUNTER * differ
 
 
@@ -554,6 +554,9 @@ def _repair(pairs: list[tuple[int, int]], ttok: list, cost) -> list[tuple[int, i
         group.sort()
         tis = [ti for ti, _ in group]
         bis = sorted(bi for _, bi in group)
+        if all(cost(ti, bi) == 0 for ti, bi in zip(tis, bis)):
+            out.extend(zip(tis, bis))  # the order's pairing is already perfect
+            continue
         cand = sorted((cost(ti, bi), abs(x - y), ti, bi)
                       for x, ti in enumerate(tis) for y, bi in enumerate(bis))
         used_t: set = set()

@@ -335,7 +335,7 @@ def compare_cmd(
     iteration: Optional[int] = typer.Option(None, "--iteration", "-i", help="Iteration for both sides (if not in the selection)."),
     rank: Optional[int] = typer.Option(None, "--rank", help="Rank for both sides (if not in the selection)."),
     mapping: Optional[Path] = typer.Option(None, "--mapping", "-m", help="Name mapping file (CSV target,bench or YAML; msprobe mapping yaml)."),
-    strategy: Optional[str] = typer.Option(None, "--strategy", help="Alignment strategies in order, e.g. exact,normalized,order."),
+    strategy: Optional[str] = typer.Option(None, "--strategy", help="Alignment strategies in order, e.g. exact,normalized,sequence,order."),
     mode: str = typer.Option("auto", "--mode", help="auto | tensor | statistics"),
     threshold: list[str] = typer.Option([], "--threshold", "-t", help="Verdict threshold NAME=VALUE (repeatable)."),
     csv_file: Optional[Path] = typer.Option(None, "--csv", help="Write msprobe-compatible compare_result CSV."),

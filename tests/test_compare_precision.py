@@ -241,3 +241,37 @@ def test_html_report_shows_departure_errors_floor_plot_and_insertions(tf_archive
     page = write_compare_report(tmp_path / "c.html", summary=clean.summary, results=clean.results,
                                 unmatched=clean.unmatched, first_divergence=clean.first_divergence).read_text()
     assert "No departure beyond float16 precision" in page and "Deletions (ops only the bench has): 0" in page
+
+
+def _row(io, slot, err, dtype="float16", bench_dtype="float32", **kw):
+    """A result row as the engine gives it: euc_dist over a bench of L2 norm 1, 100 elements."""
+    row = dict(iteration=0, rank=0, graph_id=0, call_index=None, target_name=kw.pop("op", "op"), io=io, slot=slot,
+               mode="tensor", target_dtype=dtype, bench_dtype=bench_dtype, target_shape=[100], bench_shape=[100],
+               euc_dist=err, bench_l2norm=1.0, err_message=None, timestamp=kw.pop("ts", 0), pair_index=kw.pop("i", 0),
+               target_content_hash=None, target_max=1.0, target_min=-1.0, bench_max=1.0, bench_min=-1.0)
+    row.update(kw)
+    return row
+
+
+def test_error_growth_blames_the_op_whose_inputs_do_not_explain_it():
+    from dumpdb.compare.precision import first_departure, judge_precision
+
+    u = 2.0 ** -11
+    rows = [
+        _row("input", 0, 2 * u, op="a", i=0), _row("output", 0, 3 * u, op="a", i=1),          # rounding: pass
+        _row("input", 0, 0.01, op="b", i=2, ts=1), _row("output", 0, 0.1, op="b", i=3, ts=1),  # x10: propagated
+        _row("input", 0, 0.001, op="c", i=4, ts=2), _row("output", 0, 0.5, op="c", i=5, ts=2),  # x500: origin
+        _row("input", 0, 0.01, op="d", i=6, ts=3),                                               # bool from inexact
+        _row("output", 0, 0.3, op="d", i=7, ts=3, dtype="bool", bench_dtype="bool"),
+    ]
+    judge_precision(rows)
+    result = {(r["target_name"], r["io"]): r["precision_result"] for r in rows}
+    assert result[("a", "output")] == "pass" and result[("b", "output")] == "warning"
+    assert result[("c", "output")] == "error" and result[("d", "output")] == "warning"
+    fd = first_departure(rows)
+    assert fd is not None and fd["row"]["target_name"] == "c"
+    assert [e["io"] for e in fd["inputs"] + fd["outputs"]] == ["input", "output"]
+    # an int32 vs float32 pair is a dtype error, float16 vs float32 is not
+    rows = [_row("output", 0, 0.0, dtype="int32", bench_dtype="float32", op="e")]
+    judge_precision(rows)
+    assert rows[0]["precision_result"] == "error" and "dtypes differ" in rows[0]["precision_reason"]

@@ -37,7 +37,8 @@ less on real fp16-vs-fp32 pairs; exp/log of large arguments can amplify more, ra
 ``growth`` then). Per row, the precision result is:
 
 ``pass``     no departure;
-``warning``  departs, explained by its inputs (error propagated from earlier ops);
+``warning``  departs, explained by its inputs (error propagated from earlier ops; an
+             integer/bool result, e.g. a comparison, of inputs that carry any error);
 ``error``    departs and not explained: the op's output when its inputs do not explain it;
              an input when no compared op produced it (a parameter or data input, or the
              output of an op only the target has: an inserted op, named in the reason).
@@ -235,6 +236,12 @@ def judge_precision(rows: list[dict], producers: dict[str, list[tuple[tuple, str
                 r["precision_result"] = WARNING
                 r["precision_reason"] = (f"error {err:.3g} propagated: within {rules.growth:g} x the inputs' "
                                          f"{worst_in:.3g} + {rules.margin:g} x floor")
+            elif r["precision_reason"] is None and r["precision_floor"] == 0 and worst_in > 0:
+                # an integer/bool result of inexact inputs (a comparison, an argmax mask):
+                # rounding of the inputs decides ties, so any input error can flip elements
+                r["precision_result"] = WARNING
+                r["precision_reason"] = (f"exact-dtype result of inputs with error {worst_in:.3g}: "
+                                         "rounding decides its ties")
             elif err is not None and math.isinf(err) and (worst_in == math.inf or inf_before):
                 r["precision_result"] = WARNING
                 r["precision_reason"] = f"{r['precision_reason']}: propagated from earlier nan/inf"

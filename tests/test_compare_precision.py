@@ -120,12 +120,12 @@ def test_clean_fp16_no_pair_misses_a_better_partner(tf_archive, clean_fp16):
     bench tensor of the same op type, io, slot and shape has cosine > 0.99 with it."""
     a = dumpdb.open(tf_archive)
     bench = a.sql("SELECT tensor_id, op_type, io, slot, shape FROM tensors WHERE run = 'fp32'").to_pylist()
-    cache: dict = {}
+    with a:
+        arrays = {row["tensor_id"]: array for row, array in
+                  a.tensors("SELECT tensor_id FROM tensors WHERE run IN ('fp16', 'fp32')")}
 
     def tensor(i):
-        if i not in cache:
-            cache[i] = a.tensor(i)
-        return cache[i]
+        return arrays[i]
 
     checked = 0
     for r in clean_fp16.results.to_pylist():

@@ -479,9 +479,11 @@ class Archive:
         return compare(self, target, bench, **options).results
 
     def first_divergence(self, target: str, bench: str, **options) -> dict[str, Any] | None:
-        """The first op, in execution order, whose output fails the verdict rule
-        (scope name, source line, metrics, and ``path``: the ops compared before it).
-        None when nothing fails. Options as :meth:`compare`."""
+        """The first op, in the order ops ran, that departs beyond its dtypes' precision
+        and is not explained by its inputs' errors (``rules="msprobe"``: the first output
+        failing msprobe's rules): scope name, source line, metrics, ``inputs``/``outputs``
+        errors, and ``path``: the ops compared before it. None when nothing departs.
+        Options as :meth:`compare` (:func:`dumpdb.compare.engine.compare`)."""
         from dumpdb.compare.engine import compare
 
         return compare(self, target, bench, **options).first_divergence

@@ -595,7 +595,8 @@ IterationOpt = typer.Option(None, "--iteration", "-i", help="Iteration for both 
 RankOpt = typer.Option(None, "--rank", help="Rank for both sides (if not in the selection).")
 MappingOpt = typer.Option(None, "--mapping", "-m",
                           help="Name mapping file (CSV target,bench or YAML; msprobe mapping yaml).")
-StrategyOpt = typer.Option(None, "--strategy", help="Alignment strategies in order, e.g. exact,normalized,order.")
+StrategyOpt = typer.Option(None, "--strategy",
+                           help="Alignment strategies in order, e.g. exact,normalized,sequence,order.")
 ModeOpt = typer.Option("auto", "--mode", help="auto | tensor | statistics")
 ThresholdOpt = typer.Option([], "--threshold", "-t", metavar="NAME=VALUE",
                             help="Verdict threshold NAME=VALUE (repeatable).")
@@ -604,7 +605,8 @@ WorkersOpt = typer.Option(None, "--workers", "-j", min=1,
 
 
 def _run_compare(archive, target, bench, iteration, rank, mapping, strategy, mode, threshold, workers,
-                 store: bool = True, bench_rank: int | None = None):
+                 store: bool = True, bench_rank: int | None = None,
+                 rules: str = "precision"):
     """Run a comparison for the CLI (``store``: keep the results in the archive).
 
     Raises DumpdbError (exit 2) when no pair is formed: there is nothing to judge,
@@ -615,7 +617,8 @@ def _run_compare(archive, target, bench, iteration, rank, mapping, strategy, mod
     a = _open(archive)
     strategies = tuple(s.strip() for s in strategy.split(",")) if strategy else None
     options = dict(iteration=iteration, rank=rank, mapping=mapping, mode=mode,
-                   thresholds=_thresholds(threshold), workers=workers, store_results=store, bench_rank=bench_rank)
+                   thresholds=_thresholds(threshold), workers=workers, store_results=store, bench_rank=bench_rank,
+                   rules=rules)
     if strategies:
         options["strategies"] = strategies
     with _progress("comparing") as bar:
@@ -638,27 +641,44 @@ def _v(value: Any) -> str:
     return f"{value:.6g}" if isinstance(value, float) else str(value)
 
 
-def _divergence_lines(fd) -> list[str]:
+def _divergence_lines(fd, summary: dict | None = None) -> list[str]:
+    from dumpdb.compare import registry
+
     if fd is None:
+        if summary is not None and summary.get("rules") == "precision":
+            dtype = summary.get("precision_dtype") or "the dtypes'"
+            return [f"no departure beyond {dtype} precision"]
         return ["no divergence: no pair fails the rule"]
     where = f"{fd['code_file']}:{fd['code_line']}  {fd['code_text']}" if fd.get("code_file") else "-"
-    metric = ", ".join(f"{k} {fd[k]:.6g}" for k in ("cosine", "max_abs_err", "max_rel_err", "mean_rel_diff")
-                       if isinstance(fd.get(k), float))
+    shown = [m for m in registry.metrics() if m.cli]
+    metric = ", ".join(f"{m.name} {format(fd[m.name], m.display)}" for m in shown if isinstance(fd.get(m.name), float))
     lines = [f"first divergence: iteration {_v(fd['iteration'])}, position {_v(fd['position'])}: "
              f"{_v(fd['op_type'])} {fd['io']}.{fd['slot']}",
-             f"  op      {fd['target_name']}",
-             f"  scope   {fd['scope_name'] or '-'}",
-             f"  source  {where}",
-             f"  metrics {metric or '-'}  ({fd['err_message'] or fd['result']})"]
+             f"  op      {fd['target_name']}"]
+    if fd.get("origin_op"):
+        lines.append(f"  origin  {fd['origin_op']} (an op only the target has, produced this input)")
+    lines += [f"  scope   {fd['scope_name'] or '-'}",
+              f"  source  {where}",
+              f"  metrics {metric or '-'}  ({fd['err_message'] or fd['result']})"]
+    for label in ("inputs", "outputs"):
+        for e in fd.get(label) or []:
+            err = "n/a" if e["scaled_err"] is None else f"{e['scaled_err']:.3g}"
+            ratio = "" if e["ratio"] is None else f" = {e['ratio']:.3g} x floor"
+            lines.append(f"  {e['io']}.{e['slot']:<6} error {err}{ratio} ({e['target_dtype']} vs "
+                         f"{e['bench_dtype']}, {e['result']})")
     if fd["path"]:
-        lines.append("  path    " + "\n          ".join(fd["path"]) + "\n          -> " + fd["target_name"])
+        lines.append("  path    " + "\n          ".join(fd["path"]))
     return lines
 
 
-def _print_divergence(fd, stderr: bool = False) -> None:
-    for i, line in enumerate(_divergence_lines(fd)):
+def _print_divergence(fd, summary: dict | None = None, stderr: bool = False) -> None:
+    for i, line in enumerate(_divergence_lines(fd, summary)):
         style = "green" if fd is None else ("bold red" if i == 0 else None)
         _say(line, stderr=stderr, style=style)
+
+
+RulesOpt = typer.Option("precision", "--rules", help="Verdict rules for the summary and first divergence: "
+                        "precision (default: departures beyond the dtypes' precision) or msprobe.")
 
 
 @app.command("compare")
@@ -683,6 +703,7 @@ def compare_cmd(
     fmt: str = typer.Option("table", "--format", "-f",
                             help=FORMAT_HELP + " table: summary and failing pairs; others: every pair's row."),
     output: Optional[Path] = OutputOpt,
+    rules: str = RulesOpt,
 ) -> None:
     """Compare two runs, or two iterations/ranks of one run, tensor by tensor.
 
@@ -695,7 +716,7 @@ def compare_cmd(
     if os.path.isdir(target) and os.path.isdir(bench):
         archive, target, bench = _ingest_pair(Path(target), Path(bench), archive)
     outcome = _run_compare(archive, target, bench, iteration, rank, mapping, strategy, mode, threshold, workers,
-                           store, bench_rank)
+                           store, bench_rank, rules)
     rows_out = fmt != "table" or output is not None
     sm = outcome.summary
     say = (lambda m, style=None: _say(m, stderr=rows_out, style=style))  # noqa: E731
@@ -712,16 +733,17 @@ def compare_cmd(
             f"{diff['target_name']} {diff['io']}.{diff['slot']} (max_abs_err {_v(diff['max_abs_err'])}, "
             f"cosine {_v(diff['cosine'])}, {_v(diff['target_dtype'])} vs {_v(diff['bench_dtype'])}, "
             f"{diff['result']})")
-    _print_divergence(outcome.first_divergence, stderr=rows_out)
+    _print_divergence(outcome.first_divergence, sm, stderr=rows_out)
     if rows_out:
         _emit(outcome.results, fmt, output)
     else:
         import pyarrow.compute as pc
 
-        failing = outcome.results.filter(pc.not_equal(outcome.results["result"], "pass"))
+        verdicts = "result" if sm.get("rules") == "msprobe" else "precision_result"
+        failing = outcome.results.filter(pc.not_equal(outcome.results[verdicts], "pass"))
         if show and failing.num_rows:
             cols = ["pair_index", "iteration", "op_type", "target_name", "io", "slot", "cosine", "max_abs_err",
-                    "max_rel_err", "result"]
+                    "max_rel_err", verdicts]
             _emit(failing.select(cols), "table", None, max_rows=show, more=f"--show {failing.num_rows}")
     if outcome.unmatched.num_rows:
         names = outcome.unmatched.to_pylist()
@@ -869,19 +891,22 @@ def first_divergence_cmd(
     mode: str = ModeOpt,
     threshold: list[str] = ThresholdOpt,
     workers: Optional[int] = WorkersOpt,
+    rules: str = RulesOpt,
     fmt: str = typer.Option("table", "--format", "-f",
-                            help=FORMAT_HELP + " Non-table formats: one row, or none if nothing diverges."),
+                            help=FORMAT_HELP + " Non-table formats: one row, or none if nothing departs."),
     output: Optional[Path] = OutputOpt,
 ) -> None:
-    """The first op, in execution order, whose output fails the rule; its scope,
-    source line and the ops before it. Exit 1 if there is one, 2 if no pair is formed.
-    (Nothing is stored: use 'dumpdb compare' to keep results.)"""
+    """The first op, in execution order, that departs: by default the first whose error
+    exceeds its dtypes' precision and is not explained by its inputs' errors (--rules
+    msprobe: the first output failing msprobe's rules); its scope, source line, metrics
+    and its inputs' and outputs' errors. Exit 1 if there is one, 0 when nothing departs,
+    2 if no pair is formed. (Nothing is stored: use 'dumpdb compare' to keep results.)"""
     _check_format(fmt, output)
     outcome = _run_compare(archive, target, bench, iteration, rank, mapping, strategy, mode, threshold, workers,
-                           store=False)
+                           store=False, rules=rules)
     fd = outcome.first_divergence
     if fmt == "table" and output is None:
-        _print_divergence(fd)
+        _print_divergence(fd, outcome.summary)
     else:
         _emit(Rows.from_dicts([fd] if fd is not None else []), fmt, output)
     if fd is not None:

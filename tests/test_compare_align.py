@@ -152,7 +152,7 @@ def test_d1_vs_d2_pairs_every_common_op_and_leaves_extra_casts(d1d2):
 
     al = align(d1, d2, group_by=GROUP)
     check_partition(al, d1, d2)
-    assert al.counts() == {"exact": len(common), "normalized": 0, "order": 0, "mapping": 0,
+    assert al.counts() == {"exact": len(common), "normalized": 0, "sequence": 0, "order": 0, "mapping": 0,
                            "unmatched_target": len(only1), "unmatched_bench": len(only2)}
 
     rows = rows_by_id(d1, d2)
@@ -380,7 +380,7 @@ def test_msprobe_rank0_vs_rank1_pairs_by_exact_names(msp):
     r1 = select(msp, "run = 'statistics_mix_2rank_gloo' AND rank = 1 AND iteration = 0")
     al = align(r0, r1)
     check_partition(al, r0, r1)
-    assert al.counts() == {"exact": n0, "normalized": 0, "order": 0, "mapping": 0,
+    assert al.counts() == {"exact": n0, "normalized": 0, "sequence": 0, "order": 0, "mapping": 0,
                            "unmatched_target": 0, "unmatched_bench": 0}
     rows = rows_by_id(r0, r1)
     cols = ("op_name", "io", "slot", "slot_path", "arg_name")
@@ -413,7 +413,7 @@ def test_msprobe_ddp_wrapper_pairs_via_normalized(msp):
     b = select(msp, "run = 'statistics_mix_2rank_gloo' AND rank = 0 AND iteration = 0")
     al = align(t, b)
     check_partition(al, t, b)
-    assert al.counts() == {"exact": len(exact), "normalized": len(via_ddp), "order": 0, "mapping": 0,
+    assert al.counts() == {"exact": len(exact), "normalized": len(via_ddp), "sequence": 0, "order": 0, "mapping": 0,
                            "unmatched_target": len(single) - len(exact) - len(via_ddp),
                            "unmatched_bench": len(ddp) - len(exact) - len(via_ddp)}
     assert set(al.unmatched_bench["name"].to_pylist()) == {"Module.module.Net.forward.0",
@@ -443,8 +443,8 @@ def test_msprobe_call_index_dropped_only_when_unique():
     assert not {4, 5, 8, 9, 10, 11} & by.keys()  # relu.2: no bench call left; add: two calls each
     # relu.2 has no partner: unique-call rule needs a call on both sides
     assert al.unmatched_target["name"].to_pylist().count("Functional.relu.2.forward") == 2
-    al = align(target, bench)  # order then pairs the two add calls (2 vs 2 of Tensor.add)
-    assert sum(1 for _, _, s in pair_list(al) if s == "order") == 4
+    al = align(target, bench)  # sequence (or order) then pairs the two add calls (2 vs 2 of Tensor.add)
+    assert sum(1 for _, _, s in pair_list(al) if s in ("sequence", "order")) == 4
 
 
 # --------------------------------------------------------------------------- mapping files

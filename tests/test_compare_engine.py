@@ -27,7 +27,7 @@ def pair_archive(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def outcome(pair_archive):
-    return compare(dumpdb.open(pair_archive), "fp16", "fp32")
+    return compare(dumpdb.open(pair_archive), "fp16", "fp32", rules="msprobe")
 
 
 def _names(case):
@@ -118,7 +118,7 @@ def test_cli_compare_writes_csv_parquet_html(pair_archive, tmp_path):
     result = CliRunner().invoke(app, ["compare", "fp16", "fp32", "-a", str(pair_archive), "--csv", str(csv_path),
                                       "--html", str(html_path), "--parquet", str(pq_path)], catch_exceptions=False)
     assert result.exit_code == 0, result.output
-    assert "first divergence" in result.output and "unmatched" in result.output
+    assert "no departure beyond" in result.output and "unmatched" in result.output
     with open(csv_path, newline="") as f:
         reader = csv.reader(f)
         header = next(reader)
@@ -131,8 +131,11 @@ def test_cli_compare_writes_csv_parquet_html(pair_archive, tmp_path):
     assert "<svg" in page and "http://cdn" not in page and "<script src" not in page
     import pyarrow.parquet as pq
     assert pq.read_table(pq_path).num_rows == len(body)
-    fd = CliRunner().invoke(app, ["first-divergence", "fp16", "fp32", "-a", str(pair_archive)])
+    fd = CliRunner().invoke(app, ["first-divergence", "fp16", "fp32", "-a", str(pair_archive), "--rules", "msprobe"])
     assert fd.exit_code == 1 and "first divergence" in fd.output and "source" in fd.output
+    # precision-aware rules (default): fc2 in float16 and fc1 through bfloat16 is rounding, not a departure
+    fd = CliRunner().invoke(app, ["first-divergence", "fp16", "fp32", "-a", str(pair_archive)])
+    assert fd.exit_code == 0 and "no departure beyond float16 precision" in fd.output, fd.output
 
 
 def test_same_run_compares_clean(pair_archive):

@@ -69,7 +69,11 @@ def test_compare_d2_against_d1_names_the_difference_and_unmatched_casts(tmp_path
     result = CliRunner().invoke(app, ["compare", "d2_compare_fp16_bf16", "d1_compare_fp32", "-a", str(archive),
                                       "--html", str(html), "--show", "0"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
-    assert "first difference" in result.output and "first divergence" in result.output
+    # precision-aware rules (default): fc2 in float16, fc1 through bfloat16 is rounding, not a departure
+    assert "first difference" in result.output and "no departure beyond" in result.output
+    msprobe = CliRunner().invoke(app, ["compare", "d2_compare_fp16_bf16", "d1_compare_fp32", "-a", str(archive),
+                                       "--show", "0", "--no-store", "--rules", "msprobe"], catch_exceptions=False)
+    assert msprobe.exit_code == 0 and "first divergence" in msprobe.output
     from dumpdb.compare.engine import compare
 
     outcome = compare(dumpdb.open(archive), "d2_compare_fp16_bf16", "d1_compare_fp32", store_results=False)

@@ -43,7 +43,7 @@ import xxhash
 from dumpdb import __version__
 from dumpdb.archival import bundle_check as chk
 from dumpdb.catalog import insert_arrow, latest_version, schema
-from dumpdb.catalog.locks import SHARED
+from dumpdb.catalog.locks import SHARED, archive_lock
 from dumpdb.errors import BundleError, DumpdbError, PayloadCorrupt, PayloadMissing
 
 FORMAT = "dumpdb-bundle"
@@ -162,13 +162,6 @@ def _check_archive_payload(archive, runs: list[str], content_hash: str, array_pa
     if raw.size != nbytes or payload_hash(raw) != content_hash:
         raise PayloadCorrupt(f"{where}: bytes of {who()} differ from the catalog's hash; no bundle written "
                              "(dumpdb verify lists every damaged tensor)")
-
-
-def _lock(archive, mode: str, what: str):
-    from dumpdb.catalog.locks import store_lock
-
-    return store_lock(archive.path, mode, what, timeout=archive.catalog.lock_timeout,
-                      on_wait=archive.catalog.on_wait)
 
 
 # What reading a bundle can raise besides BundleError: all of it means "unreadable bundle".
@@ -313,7 +306,7 @@ def import_bundle(archive, path: str | os.PathLike, rename: dict[str, str] | Non
     hostile or foreign bundle, DumpdbError for a name conflict.
     """
     path, rename = Path(path), dict(rename or {})
-    with _lock(archive, SHARED, f"import of {path.name}"):
+    with archive_lock(archive, SHARED, f"import of {path.name}"):
         work = Path(tempfile.mkdtemp(prefix=".dumpdb-import-", dir=archive.path))
         try:
             try:

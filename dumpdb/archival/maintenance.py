@@ -31,18 +31,12 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from dumpdb.catalog import schema
-from dumpdb.catalog.locks import EXCLUSIVE, SHARED, store_lock
+from dumpdb.catalog.locks import EXCLUSIVE, SHARED, archive_lock
 from dumpdb.errors import DumpdbError
 from dumpdb.storage.leftovers import Leftover, find_leftovers, reclaim_leftovers  # noqa: F401 (re-exported)
 
 _RANGE_RE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
 GRACE_SECONDS = 3600.0  # uncommitted store files younger than this are kept (an ingest commits every ~10 s)
-
-
-def _lock(archive, mode: str, what: str):
-    """The archive's store lock, waiting like the catalog does (timeout, on_wait)."""
-    return store_lock(archive.path, mode, what, timeout=archive.catalog.lock_timeout,
-                      on_wait=archive.catalog.on_wait)
 
 
 def parse_iterations(spec: str) -> list[tuple[int, int]]:
@@ -80,7 +74,7 @@ def prune(archive, run: str, iterations: str | None = None) -> int:
     :func:`gc`."""
     ranges = parse_iterations(iterations) if iterations else None
     where, params = _iteration_sql(ranges)
-    with _lock(archive, SHARED, f"prune of run {run!r}"), archive.catalog.writer() as con:
+    with archive_lock(archive, SHARED, f"prune of run {run!r}"), archive.catalog.writer() as con:
         _require_run(con, run)
         n = con.execute(f"SELECT count(*) FROM tensors WHERE run = ? AND pruned_at IS NULL "
                         f"AND content_hash IS NOT NULL{where}", [run, *params]).fetchone()[0]
@@ -92,7 +86,7 @@ def prune(archive, run: str, iterations: str | None = None) -> int:
 def remove_run(archive, run: str) -> int:
     """Delete every row of ``run`` (tensors, graph relations, errors, comparisons that
     involve it). Returns the number of tensors removed. Space comes back with :func:`gc`."""
-    with _lock(archive, SHARED, f"rm of run {run!r}"), archive.catalog.writer() as con:
+    with archive_lock(archive, SHARED, f"rm of run {run!r}"), archive.catalog.writer() as con:
         _require_run(con, run)
         n = con.execute("SELECT count(*) FROM tensors WHERE run = ?", [run]).fetchone()[0]
         ids = "SELECT compare_id FROM compares WHERE target_run = ? OR bench_run = ?"
@@ -137,7 +131,7 @@ def gc(archive, compact_below: float = 0.5, grace: float = GRACE_SECONDS) -> GcR
     """
     if grace < 0:
         raise DumpdbError(f"--grace {grace:g}: give seconds >= 0")
-    with _lock(archive, EXCLUSIVE, "gc"):
+    with archive_lock(archive, EXCLUSIVE, "gc"):
         return _gc(archive, compact_below, grace)
 
 

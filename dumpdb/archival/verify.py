@@ -83,10 +83,9 @@ def verify(archive, run: str | None = None, *, sample: float | None = None, seed
     if sample is not None and not 0 < sample <= 1:
         raise DumpdbError(f"--sample {sample}: give a fraction in (0, 1], e.g. 0.05")
     if repair:
-        from dumpdb.archival.maintenance import _lock
-        from dumpdb.catalog.locks import EXCLUSIVE
+        from dumpdb.catalog.locks import EXCLUSIVE, archive_lock
 
-        with _lock(archive, EXCLUSIVE, "verify --repair"):
+        with archive_lock(archive, EXCLUSIVE, "verify --repair"):
             return _verify(archive, run, sample, seed, progress, True, grace)
     return _verify(archive, run, sample, seed, progress, False, grace)
 

@@ -152,3 +152,10 @@ def _drop_dead_records(folder: Path) -> None:
             continue
         if pid != os.getpid() and not _pid_alive(pid):
             path.unlink(missing_ok=True)
+
+
+def archive_lock(archive, mode: str, what: str):
+    """:func:`store_lock` for an open :class:`~dumpdb.archive.Archive`: its lock timeout
+    and its ``on_wait`` (the CLI prints the waiting line)."""
+    return store_lock(archive.path, mode, what, timeout=archive.catalog.lock_timeout,
+                      on_wait=archive.catalog.on_wait)

@@ -33,8 +33,10 @@ from threadpoolctl import threadpool_limits
 
 from dumpdb import __version__
 from dumpdb.catalog import insert_arrow
+from dumpdb.compare import registry
 from dumpdb.compare.align import STRATEGIES, align, load_mapping
 from dumpdb.compare.metrics import STAT_METRICS, TENSOR_METRICS, stats_metrics, tensor_metrics
+from dumpdb.compare.precision import PrecisionRules, first_departure, judge_precision
 from dumpdb.compare.verdict import Thresholds, op_results
 from dumpdb.dtypes import from_catalog_name
 from dumpdb.errors import DumpdbError
@@ -53,11 +55,22 @@ CONTEXT_COLUMNS = (
     "target_shape", "bench_shape", "target_max", "target_min", "target_mean", "target_l2norm",
     "bench_max", "bench_min", "bench_mean", "bench_l2norm", "target_requires_grad",
     "bench_requires_grad", "code_file", "code_line", "code_text", "target_source_file",
+    # precision-aware rules (dumpdb.compare.precision)
+    "target_dtype_declared", "bench_dtype_declared", "scaled_err", "precision_floor", "precision_ratio",
+    "precision_dtype", "precision_result", "precision_reason",
 )
+RULES = ("precision", "msprobe")
+
+
+def _plugin_metrics() -> tuple[str, ...]:
+    """Registered plug-in metrics (dumpdb.compare.registry): returned, not stored."""
+    registry.load_plugins()
+    return registry.names(builtin=False)
 
 _SELECT_SQL = """
 SELECT t.tensor_id, t.run, t.rank, t.device_id, t.graph_id, t.iteration, t.op_type, t.op_name,
        t.scope_name, t.io, t.slot, t.arg_name, t.slot_path, t.direction, t.timestamp, t.dtype,
+       t.dtype_declared,
        t.shape, t.nbytes, t.content_hash, t.min, t.max, t.mean, t.l2norm, t.requires_grad,
        t.nan_count, t.pos_inf_count, t.neg_inf_count, t.stats_source, t.call_index, t.tensor_key,
        t.source_file, b.array_path, b.elem_offset, b.elem_count,
@@ -221,7 +234,18 @@ def _pair_metrics(store, t: tuple, b: tuple, ranges=None) -> tuple[dict, str | N
     """Metrics of one pair; a payload both sides share (same hash and dtype) is read once."""
     a = _read(store, t)
     c = a if t[5] == b[5] and t[3] == b[3] and list(t[4]) == list(b[4]) else _read(store, b)
-    return tensor_metrics(a, c, ranges=ranges)
+    metrics, message = tensor_metrics(a, c, ranges=ranges)
+    if a.shape != c.shape and a.size == c.size and a.size:
+        # a reshape on one side only (AMP adds some): the precision rules compare the values
+        # in C order; msprobe's columns keep their shape-mismatch None
+        metrics["flat_euc_dist"] = tensor_metrics(a.reshape(-1), c.reshape(-1))[0]["euc_dist"]
+    for m in registry.metrics("tensor", builtin=False):
+        try:
+            metrics[m.name] = m.function(a, c) if a.shape == c.shape else None  # type: ignore[misc]
+        except (ValueError, TypeError, ArithmeticError) as exc:
+            metrics[m.name] = None
+            message = "; ".join(x for x in (message, f"{m.name}: {exc}") if x)
+    return metrics, message
 
 
 # Worker processes: numpy releases the GIL inside each operation, but the metrics make
@@ -237,6 +261,7 @@ def _init_worker(zstore) -> None:
     # The metrics' dot products run on cache-sized chunks: BLAS threads only
     # contend with the other workers (measured: 2 processes 13 s -> 3 s).
     threadpool_limits(1, user_api="blas")
+    registry.load_plugins()
     _WORKER_STORE = TensorStore(zstore, read_only=True)
 
 
@@ -255,7 +280,8 @@ def compare(archive, target: str | Selection, bench: str | Selection, *, iterati
             rank: int | None = None, mapping: str | os.PathLike | Mapping[str, str] | None = None,
             strategies: Sequence[str] = STRATEGIES, thresholds: Thresholds | None = None,
             mode: str = "auto", workers: int | None = None, store_results: bool = True,
-            progress: Callable[[int, int], None] | None = None, bench_rank: int | None = None) -> CompareOutcome:
+            progress: Callable[[int, int], None] | None = None, bench_rank: int | None = None,
+            rules: str = "precision", precision: PrecisionRules | None = None) -> CompareOutcome:
     """Compare two selections of an archive (see module docstring).
 
     ``target``/``bench``: ``RUN[:ITERATION[:RANK]]`` or :class:`Selection`;
@@ -267,7 +293,11 @@ def compare(archive, target: str | Selection, bench: str | Selection, *, iterati
     ``mapping``: a mapping file (CSV or YAML, see :func:`~dumpdb.compare.align.load_mapping`)
     or a dict target name -> bench name. ``mode``: ``auto`` (tensor metrics where
     both payloads exist, statistics otherwise), ``tensor`` or ``statistics``.
-    ``progress(done, total)`` is called as pairs finish.
+    ``progress(done, total)`` is called as pairs finish. ``rules``: ``precision``
+    (default: :mod:`dumpdb.compare.precision`, tuned by ``precision``) or ``msprobe``
+    (msprobe's verdicts, column ``result``) decide the summary counts and the first
+    divergence; both are always computed (``result`` and ``precision_result``), and the
+    msprobe CSV always carries msprobe's.
 
     Returns a :class:`CompareOutcome`; with ``store_results`` the comparison is
     also stored (``compares``, ``compare_results``, ``compare_unmatched``).
@@ -275,6 +305,8 @@ def compare(archive, target: str | Selection, bench: str | Selection, *, iterati
     """
     if mode not in ("auto", "tensor", "statistics"):
         raise DumpdbError(f"unknown compare mode {mode!r}: use auto, tensor or statistics")
+    if rules not in RULES:
+        raise DumpdbError(f"unknown rules {rules!r}: use precision or msprobe")
     thresholds = thresholds or Thresholds()
     tsel = Selection.parse(target, iteration, rank)
     bsel = Selection.parse(bench, iteration, rank if bench_rank is None else bench_rank)
@@ -301,6 +333,8 @@ def compare(archive, target: str | Selection, bench: str | Selection, *, iterati
     pairs.sort(key=lambda p: order[p[0]["tensor_id"]])
     rows = _compute(archive, pairs, mode, workers, progress)
     _judge(rows, thresholds)
+    departure = _judge_precision(rows, trows.to_pylist(), precision or PrecisionRules())
+    column = "result" if rules == "msprobe" else "precision_result"
     unmatched = pa.concat_tables([
         alignment.unmatched_target.append_column("side", pa.array(["target"] * alignment.unmatched_target.num_rows)),
         alignment.unmatched_bench.append_column("side", pa.array(["bench"] * alignment.unmatched_bench.num_rows)),
@@ -308,8 +342,11 @@ def compare(archive, target: str | Selection, bench: str | Selection, *, iterati
     summary = {
         "target": tsel.describe(), "bench": bsel.describe(), "pairs": len(rows),
         "mode": _overall_mode(rows),
-        "pass": sum(r["result"] == "pass" for r in rows), "warning": sum(r["result"] == "warning" for r in rows),
-        "error": sum(r["result"] == "error" for r in rows),
+        "rules": rules,
+        "pass": sum(r[column] == "pass" for r in rows), "warning": sum(r[column] == "warning" for r in rows),
+        "error": sum(r[column] == "error" for r in rows),
+        "msprobe_result": {k: sum(r["result"] == k for r in rows) for k in ("pass", "warning", "error")},
+        "precision_dtype": _lowest_dtype(rows),
         "unmatched_target": alignment.unmatched_target.num_rows,
         "unmatched_bench": alignment.unmatched_bench.num_rows,
         "strategies": {s: sum(r["match_strategy"] == s for r in rows) for s in strategies},
@@ -322,7 +359,8 @@ def compare(archive, target: str | Selection, bench: str | Selection, *, iterati
         r["compare_id"] = compare_id
     results = pa.Table.from_pylist(rows, schema=_result_schema())
     outcome = CompareOutcome(compare_id, results, unmatched, summary)
-    outcome.first_divergence = first_divergence_of(results)
+    outcome.first_divergence = first_divergence_of(results) if rules == "msprobe" else \
+        _departure_report(results, departure)
     summary["first_difference"] = first_difference_of(results)
     return outcome
 
@@ -397,7 +435,7 @@ def _join(a: str | None, b: str | None) -> str | None:
 
 
 def _base_row(i: int, t: dict, b: dict, strategy: str) -> dict:
-    row = {c: None for c in (*RESULT_COLUMNS, *CONTEXT_COLUMNS)}
+    row = {c: None for c in (*RESULT_COLUMNS, *CONTEXT_COLUMNS, *_plugin_metrics())}
     row.update(
         pair_index=i, target_tensor_id=t["tensor_id"], bench_tensor_id=b["tensor_id"],
         target_name=t["op_name"], bench_name=b["op_name"], io=t["io"], slot=t["slot"],
@@ -405,7 +443,8 @@ def _base_row(i: int, t: dict, b: dict, strategy: str) -> dict:
         call_index=t["call_index"], timestamp=t["timestamp"], target_content_hash=t["content_hash"],
         bench_content_hash=b["content_hash"], op_type=t["op_type"],
         scope_name=t["scope_name"], position=t["position"], target_dtype=t["dtype"], bench_dtype=b["dtype"],
-        target_shape=t["shape"], bench_shape=b["shape"],
+        target_shape=t["shape"], bench_shape=b["shape"], target_dtype_declared=t["dtype_declared"],
+        bench_dtype_declared=b["dtype_declared"],
         target_requires_grad=t["requires_grad"], bench_requires_grad=b["requires_grad"],
         code_file=t["code_file"], code_line=t["code_line"], code_text=t["code_text"],
         target_source_file=t["source_file"],
@@ -437,9 +476,10 @@ def _result_schema() -> pa.Schema:
     small = {"slot", "rank", "code_line", "graph_id", "call_index"}
     strings = {"target_name", "bench_name", "io", "match_strategy", "mode", "result", "err_message", "op_type",
                "scope_name", "target_dtype", "bench_dtype", "code_file", "code_text", "target_source_file",
-               "target_content_hash", "bench_content_hash"}
+               "target_content_hash", "bench_content_hash", "precision_dtype", "precision_result",
+               "precision_reason", "target_dtype_declared", "bench_dtype_declared"}
     fields = []
-    for c in (*RESULT_COLUMNS, *CONTEXT_COLUMNS):
+    for c in (*RESULT_COLUMNS, *CONTEXT_COLUMNS, *_plugin_metrics()):
         if c in ints:
             t = pa.int64()
         elif c in small:
@@ -535,4 +575,61 @@ def first_divergence_of(results: pa.Table, context: int = 10) -> dict[str, Any] 
                                  "code_line", "code_text", "target_tensor_id", "bench_tensor_id",
                                  *TENSOR_METRICS, *STAT_METRICS)},
         "path": ops[-context:],
+    }
+
+
+def _judge_precision(rows: list[dict], target_rows: list[dict], rules: PrecisionRules) -> dict | None:
+    """Precision columns on ``rows`` (dumpdb.compare.precision) and the first departure.
+    Producers of inputs: every target output (compared or not) by content hash."""
+    pair_order = _pair_orders(target_rows)
+    order = {t["tensor_id"]: (t["timestamp"] is None, t["timestamp"] or 0, pair_order[t["tensor_id"]])
+             for t in target_rows}
+    compared = {r["target_tensor_id"] for r in rows}
+    producers: dict[str, list] = defaultdict(list)
+    for t in target_rows:
+        if t["io"] == "output" and t["content_hash"] is not None:
+            producers[t["content_hash"]].append((order[t["tensor_id"]], t["op_name"], t["tensor_id"] in compared))
+    for v in producers.values():
+        v.sort(key=lambda p: p[0])
+    for r in rows:
+        r["_order"] = order[r["target_tensor_id"]]
+    judge_precision(rows, producers, rules)
+    departure = first_departure(rows)
+    for r in rows:
+        r.pop("_order", None)
+        r.pop("origin_op", None)
+    return departure
+
+
+def _lowest_dtype(rows: list[dict]) -> str | None:
+    """The lowest precision any pair was judged at (for "no departure beyond float16")."""
+    from dumpdb.compare.precision import dtype_floor
+
+    dtypes = {r["precision_dtype"] for r in rows if r.get("precision_dtype")}
+    return max(dtypes, key=lambda d: dtype_floor(d, 1, 1.0) or 0.0, default=None)
+
+
+def _departure_report(results: pa.Table, departure: dict | None, context: int = 10) -> dict[str, Any] | None:
+    """first_divergence_of's dict for the precision rules' first departing op, plus
+    ``inputs``/``outputs`` (errors side by side), ``origin_op`` (an op only the target
+    has that produced a departing input) and ``rules``."""
+    if departure is None:
+        return None
+    row = departure["row"]
+    rows = results.to_pylist()
+    first = rows[row["pair_index"]]
+    before = [r for r in rows[: first["pair_index"]] if r["iteration"] == first["iteration"]
+              and r["rank"] == first["rank"]]
+    ops: list[str] = []
+    for r in before:
+        if not ops or ops[-1] != r["target_name"]:
+            ops.append(r["target_name"])
+    return {
+        **{k: first[k] for k in ("pair_index", "target_name", "bench_name", "scope_name", "op_type", "io", "slot",
+                                 "iteration", "rank", "position", "code_file", "code_line", "code_text",
+                                 "target_tensor_id", "bench_tensor_id", "scaled_err", "precision_floor",
+                                 "precision_ratio", "precision_dtype", *TENSOR_METRICS, *STAT_METRICS)},
+        "result": first["precision_result"], "err_message": first["precision_reason"],
+        "origin_op": departure["origin_op"], "inputs": departure["inputs"], "outputs": departure["outputs"],
+        "rules": "precision", "path": ops[-context:],
     }

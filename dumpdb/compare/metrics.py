@@ -124,11 +124,11 @@ from collections.abc import Iterator
 import ml_dtypes
 import numpy as np
 
-TENSOR_METRICS = ("cosine", "euc_dist", "max_abs_err", "max_rel_err", "one_thousandth_err_ratio",
-                  "five_thousandths_err_ratio", "mean_abs_err", "rmse", "rel_euc_dist",
-                  "accumulated_rel_err", "mean_rel_err", "kl_divergence")
-STAT_METRICS = ("max_diff", "min_diff", "mean_diff", "l2norm_diff",
-                "max_rel_diff", "min_rel_diff", "mean_rel_diff", "l2norm_rel_diff")
+from dumpdb.compare import registry
+
+# The built-in metrics of the registry (dumpdb.compare.registry), in stored column order.
+TENSOR_METRICS = registry.names("tensor", builtin=True)
+STAT_METRICS = registry.names("statistics", builtin=True)
 
 STATS = ("max", "min", "mean", "l2norm")
 

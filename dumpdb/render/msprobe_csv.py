@@ -17,14 +17,19 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from dumpdb.compare import registry
+
 _HEAD = ("NPU Name", "Bench Name", "NPU Dtype", "Bench Dtype", "NPU Tensor Shape", "Bench Tensor Shape",
          "NPU Requires_grad", "Bench Requires_grad")
-_TENSOR = (("Cosine", "cosine"), ("EucDist", "euc_dist"), ("MaxAbsErr", "max_abs_err"),
-           ("MaxRelativeErr", "max_rel_err"), ("One Thousandth Err Ratio", "one_thousandth_err_ratio"),
-           ("Five Thousandths Err Ratio", "five_thousandths_err_ratio"))
-_STATS = (("Max diff", "max_diff"), ("Min diff", "min_diff"), ("Mean diff", "mean_diff"),
-          ("L2norm diff", "l2norm_diff"), ("MaxRelativeErr", "max_rel_diff"), ("MinRelativeErr", "min_rel_diff"),
-          ("MeanRelativeErr", "mean_rel_diff"), ("NormRelativeErr", "l2norm_rel_diff"))
+
+
+def _columns(kind: str) -> tuple[tuple[str, str, bool], ...]:
+    """(msprobe header, result column, as percent) of the registry's metrics of ``kind``
+    that msprobe's CSV has, in registry order."""
+    return tuple((m.msprobe_column, m.name, m.csv_percent) for m in registry.metrics(kind)
+                 if m.msprobe_column is not None)
+
+
 _TAIL_STATS = ("NPU max", "NPU min", "NPU mean", "NPU l2norm", "Bench max", "Bench min", "Bench mean", "Bench l2norm")
 _END = ("Requires_grad Consistent", "Result", "Err_message", "NPU_Stack_Info", "Data_name")
 
@@ -52,7 +57,7 @@ def _pct(v):
 
 def msprobe_columns(statistics: bool) -> tuple[str, ...]:
     """msprobe compare_result CSV header (reference formats.md 2.1), tensor or statistics mode."""
-    metrics = tuple(name for name, _ in (_STATS if statistics else _TENSOR))
+    metrics = tuple(header for header, _, _ in _columns("statistics" if statistics else "tensor"))
     return (*_HEAD, *metrics, *_TAIL_STATS, *(_END[:-1] if statistics else _END))  # Data_name: tensor mode only
 
 
@@ -78,10 +83,8 @@ def write_msprobe_csv(results: pa.Table, path: str | Path, archive=None) -> Path
         for r in rows:
             name_t = leaf_name(r["target_name"], r["io"], r["slot"])
             name_b = leaf_name(r["bench_name"], r["io"], r["slot"])
-            if statistics:
-                metrics = [_num(r[c]) if not c.endswith("rel_diff") else _pct(r[c]) for _, c in _STATS]
-            else:
-                metrics = [_num(r[c]) for _, c in _TENSOR]
+            metrics = [_pct(r.get(c)) if pct else _num(r.get(c))
+                       for _, c, pct in _columns("statistics" if statistics else "tensor")]
             stack = f"{r['code_file']}:{r['code_line']} {r['code_text']}" if r.get("code_file") else "N/A"
             rg_t, rg_b = r.get("target_requires_grad"), r.get("bench_requires_grad")
             w.writerow([

@@ -41,19 +41,28 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 from PIL import Image  # matplotlib's own dependency
 
+from dumpdb.compare import registry
+
 __all__ = ["write_compare_report", "write_scan_report"]
 
-# Metrics plotted first (always visible) and the others (in a collapsed <details>).
-PRIMARY_METRICS = ("cosine", "max_abs_err", "max_rel_err", "rel_euc_dist",
-                   "max_diff", "min_diff", "mean_diff", "l2norm_diff")
-SECONDARY_METRICS = ("one_thousandth_err_ratio", "five_thousandths_err_ratio", "mean_abs_err", "rmse",
-                     "euc_dist", "accumulated_rel_err", "mean_rel_err", "kl_divergence",
-                     "max_rel_diff", "min_rel_diff", "mean_rel_diff", "l2norm_rel_diff")
-METRICS = PRIMARY_METRICS + SECONDARY_METRICS
-# Metrics that can be negative: symlog instead of log when they span decades.
-SIGNED_METRICS = frozenset({"cosine", "max_diff", "min_diff", "mean_diff", "l2norm_diff"})
-# Metrics never drawn on a log scale (bounded ranges).
-LINEAR_METRICS = frozenset({"cosine", "one_thousandth_err_ratio", "five_thousandths_err_ratio"})
+# Metrics plotted first (always visible) and the others (in a collapsed <details>): the
+# registry's (dumpdb.compare.registry) primary flag, plot scale and digits.
+
+
+def _metric_names() -> tuple[str, ...]:
+    """Every registered metric, primary ones first (registry order within each)."""
+    registry.load_plugins()
+    every = registry.metrics()
+    return tuple(m.name for m in every if m.primary) + tuple(m.name for m in every if not m.primary)
+
+
+def _plot_kind(metric: str) -> str:
+    entry = registry.get(metric)
+    return entry.plot if entry else "log"
+
+
+PRIMARY_METRICS = tuple(m.name for m in registry.metrics() if m.primary)
+METRICS = _metric_names()
 
 # Column order of the pairs table; columns not listed follow, all-NULL columns are left out.
 PAIR_COLUMNS_HEAD = ("pair_index", "iteration", "rank", "position", "op_type", "target_name", "bench_name",
@@ -152,12 +161,18 @@ def _to_float(value: Any) -> float:
         return math.nan
 
 
+# Which verdict column colours the report: "result" (msprobe's rules) or "precision_result"
+# (the precision-aware rules, dumpdb.compare.precision), set per report from summary["rules"].
+_VERDICT = {"column": "result"}
+
+
 def _results(table: pa.Table) -> list[str]:
     """Result category of every row: pass / warning / error / other."""
-    if "result" not in table.column_names:
+    column = _VERDICT["column"] if _VERDICT["column"] in table.column_names else "result"
+    if column not in table.column_names:
         return ["other"] * table.num_rows
     out = []
-    for v in table.column("result").to_pylist():
+    for v in table.column(column).to_pylist():
         v = str(v).strip().lower() if v is not None else ""
         out.append(v if v in ("pass", "warning", "error") else "other")
     return out
@@ -222,7 +237,8 @@ def _table_json(table: pa.Table, columns: Sequence[str]) -> str:
         if kind == "i":
             tok = ["null" if v is None else str(int(v)) for v in values]
         elif kind == "n":
-            digits = 7 if name == "cosine" else 4
+            entry = registry.get(name)
+            digits = entry.digits if entry else 4
             tok = [_num_token(v, digits) for v in values]
         else:
             codes: dict[Any, str] = {}  # per distinct value: _cell_string once, not once per row
@@ -397,8 +413,8 @@ def _metric_svg(metric: str, x: np.ndarray, y: np.ndarray, present: np.ndarray, 
     scale_note = ""
     floor_mask = np.zeros_like(finite)
     vals = y[finite]
-    if vals.size and metric not in LINEAR_METRICS:
-        if metric in SIGNED_METRICS and (vals < 0).any():
+    if vals.size and _plot_kind(metric) != "linear":
+        if _plot_kind(metric) == "signed" and (vals < 0).any():
             nz = np.abs(vals[vals != 0])
             if nz.size and nz.max() / nz.min() >= 1e3:
                 _symlog(ax, vals, nz)
@@ -489,7 +505,7 @@ def _find_divergence_row(results: pa.Table, fd: Mapping[str, Any] | None) -> int
 
 
 def _plots_section(results: pa.Table, summary: Mapping[str, Any], divergence_row: int | None) -> str:
-    metrics = [m for m in METRICS if _has_values(results, m)]
+    metrics = [m for m in _metric_names() if _has_values(results, m)]
     groups = _group_rows(results)
     if not metrics or not groups:
         return '<p class="muted">No metric has values: nothing to plot.</p>'
@@ -532,9 +548,9 @@ def _plots_section(results: pa.Table, summary: Mapping[str, Any], divergence_row
             y, present = series[metric]
             if not present[rows].any():
                 continue
-            small = metric not in PRIMARY_METRICS
+            small = not getattr(registry.get(metric), "primary", False)
             svg = _metric_svg(metric, x, y[rows], present[rows], cats, xlabel=xlabel,
-                              uid=f"g{n_group}m{METRICS.index(metric)}", divergence_x=div_x,
+                              uid=f"g{n_group}m{_metric_names().index(metric)}", divergence_x=div_x,
                               thresholds=thresholds, small=small)
             fig_html = f'<figure class="plot" data-metric="{_esc(metric)}">{svg}</figure>'
             (secondary if small else primary).append(fig_html)
@@ -743,18 +759,78 @@ def _badges(items: Iterable[tuple[str, str]]) -> str:
 def _ordered_columns(table: pa.Table, head: Sequence[str], tail: Sequence[str], skip: Iterable[str] = ()) -> list[str]:
     skip = set(skip)
     names = [c for c in table.column_names if c not in skip and _has_values(table, c)]
-    known = list(head) + list(METRICS) + list(tail)
-    ordered = [c for c in head if c in names] + [c for c in METRICS if c in names]
+    known = list(head) + list(_metric_names()) + list(tail)
+    ordered = [c for c in head if c in names] + [c for c in _metric_names() if c in names]
     ordered += [c for c in names if c not in known] + [c for c in tail if c in names]
     return ordered
 
 
 # --------------------------------------------------------------------------- compare report
 
-_FD_HANDLED = frozenset({"name", "target_name", "path", "metrics", "code_file", "code_line", "code_text", *METRICS})
+_FD_HANDLED = frozenset({"name", "target_name", "path", "metrics", "code_file", "code_line", "code_text", "inputs",
+                         "outputs", *METRICS})
 
 
-def _divergence_section(fd: Mapping[str, Any] | None, results: pa.Table, row: int | None, n_pairs: int) -> str:
+def _fmt_num(v: Any) -> str:
+    return "" if v is None else format(float(v), ".4g")
+
+
+def _precision_svg(results: pa.Table) -> str:
+    """Scaled error of every pair along execution order (log scale), with the precision floor
+    x margin each pair is judged against drawn as a line: what departs is above it."""
+    cols = results.column_names
+    if "scaled_err" not in cols or "precision_floor" not in cols or results.num_rows == 0:
+        return ""
+    err = np.asarray([_to_float(v) for v in results.column("scaled_err").to_pylist()])
+    floor = np.asarray([_to_float(v) for v in results.column("precision_floor").to_pylist()])
+    cats = np.asarray(_results(results))
+    x = np.arange(results.num_rows, dtype=np.float64)
+    ok = np.isfinite(err) & (err > 0)
+    if not ok.any():
+        return '<p class="muted">Every compared pair is bit-identical in value: no error to plot.</p>'
+    margin = 64.0  # PrecisionRules.margin default; drawn, not re-judged
+    fig = Figure(figsize=(7.0, 2.6))
+    fig.subplots_adjust(left=0.1, right=0.8, bottom=0.17, top=0.9)
+    ax = fig.add_subplot()
+    for cat in RESULT_ORDER:
+        m = ok & (cats == cat)
+        if m.any():
+            ax.scatter(x[m], err[m], s=6 if cat in ("pass", "other") else 14, c=COLOURS[cat], label=cat,
+                       rasterized=True, linewidths=0)
+    fm = np.isfinite(floor) & (floor > 0)
+    if fm.any():
+        ax.step(x[fm], floor[fm] * margin, where="mid", color="#333333", linewidth=0.8,
+                label=f"floor x {margin:g}")
+    ax.set_yscale("log")
+    ax.set_xlabel("pair (execution order)")
+    ax.set_ylabel("relative error")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
+    return _svg(fig, "precision", "relative error and precision floor")
+
+
+def _alignment_section(unmatched: pa.Table) -> str:
+    """Ops only one side has: insertions (target) and deletions (bench), by op name."""
+    if unmatched.num_rows == 0 or "name" not in unmatched.column_names or "side" not in unmatched.column_names:
+        return ""
+    parts = []
+    for side, label in (("target", "Insertions (ops only the target has)"),
+                        ("bench", "Deletions (ops only the bench has)")):
+        names = Counter(n for n, sd in zip(unmatched.column("name").to_pylist(), unmatched.column("side").to_pylist())
+                        if sd == side and n is not None)
+        items = "".join(f"<li><code>{_esc(n)}</code> <small class=\"muted\">({k} tensors)</small></li>"
+                        for n, k in names.items())
+        parts.append(f"<h3>{label}: {len(names)}</h3>" + (f"<ul>{items}</ul>" if items else
+                                                          '<p class="muted">none</p>'))
+    return "".join(parts)
+
+
+def _divergence_section(fd: Mapping[str, Any] | None, results: pa.Table, row: int | None, n_pairs: int,
+                        summary: Mapping[str, Any] | None = None) -> str:
+    if not fd and summary and summary.get("rules") == "precision":
+        dtype = _text(summary.get("precision_dtype") or "the dtypes'")
+        return (f'<section class="verdict ok" id="divergence"><h2>No departure beyond {_esc(dtype)} precision</h2>'
+                f"<p>{n_pairs} pair(s) compared; every difference is within what rounding explains "
+                "(dumpdb.compare.precision).</p></section>")
     if not fd:
         return (f'<section class="verdict ok" id="divergence"><h2>No divergence found</h2>'
                 f"<p>{n_pairs} pair(s) compared; none failed.</p></section>")
@@ -767,10 +843,20 @@ def _divergence_section(fd: Mapping[str, Any] | None, results: pa.Table, row: in
     rest = {k: v for k, v in fd.items() if k not in _FD_HANDLED and v is not None}
     if rest:
         parts.append(_dl(rest))
+    sides = [e for key in ("inputs", "outputs") for e in (fd.get(key) or []) if isinstance(e, Mapping)]
+    if sides:  # precision rules: the op's inputs' and outputs' errors side by side
+        head = ("io", "slot", "error", "floor", "error / floor", "target dtype", "bench dtype", "result", "reason")
+        cells = "".join(
+            "<tr>" + "".join(f"<td>{_esc(_text(v))}</td>" for v in (
+                e.get("io"), e.get("slot"), _fmt_num(e.get("scaled_err")), _fmt_num(e.get("floor")),
+                _fmt_num(e.get("ratio")), e.get("target_dtype"), e.get("bench_dtype"), e.get("result"),
+                e.get("reason") or "")) + "</tr>" for e in sides)
+        parts.append('<table class="metrics errors"><thead><tr>' + "".join(f"<th>{h}</th>" for h in head)
+                     + f"</tr></thead><tbody>{cells}</tbody></table>")
     # metrics: a "metrics" mapping, or metric columns as keys (engine.first_divergence_of), or the pair's row
-    metrics = fd.get("metrics") or {m: fd[m] for m in METRICS if fd.get(m) is not None}
+    metrics = fd.get("metrics") or {m: fd[m] for m in _metric_names() if fd.get(m) is not None}
     if not metrics and row is not None:
-        metrics = {m: results.column(m)[row].as_py() for m in METRICS if m in results.column_names}
+        metrics = {m: results.column(m)[row].as_py() for m in _metric_names() if m in results.column_names}
         metrics = {k: v for k, v in metrics.items() if v is not None}
     metrics = _maybe_json(metrics)
     if isinstance(metrics, Mapping) and metrics:
@@ -811,6 +897,7 @@ def write_compare_report(path: str | os.PathLike[str], *, summary: Mapping[str, 
     ``compare_unmatched`` rows; any column may be missing or all NULL.
     """
     summary = dict(summary or {})
+    _VERDICT["column"] = "precision_result" if summary.get("rules") == "precision" else "result"
     results = results if results is not None else pa.table({})
     unmatched = unmatched if unmatched is not None else pa.table({})
     n = results.num_rows
@@ -829,17 +916,22 @@ def write_compare_report(path: str | os.PathLike[str], *, summary: Mapping[str, 
     if summary.get("mode"):
         badges.append(("", f"mode: {summary['mode']}"))
     row = _find_divergence_row(results, first_divergence)
-    body = [_divergence_section(first_divergence, results, row, n),
+    body = [_divergence_section(first_divergence, results, row, n, summary),
             '<h2 id="summary">Summary</h2>', _dl(summary) if summary else '<p class="muted">No summary.</p>',
             '<h2 id="plots">Metrics by execution order</h2>',
             '<p class="note">One point per pair; error and warning pairs are drawn larger on top; NaN/inf values '
             "are marked × at the top of the plot.</p>",
             _plots_section(results, summary, row),
+            *(['<h2 id="precision">Error against the precision floor</h2>',
+               '<p class="note">Relative Euclidean error of every pair (log scale) and the floor x margin it is '
+               "judged against (dumpdb.compare.precision); pairs above the line depart.</p>",
+               _precision_svg(results)] if "scaled_err" in results.column_names else []),
             f'<h2 id="pairs-h">Pairs <small class="muted">({n})</small></h2>',
             '<p class="note">Click a column header to sort (again to reverse); type words to filter rows.</p>',
             _table_block("pairs", results, _ordered_columns(results, PAIR_COLUMNS_HEAD, PAIR_COLUMNS_TAIL),
                          empty="No pairs."),
             f'<h2 id="unmatched">Unmatched tensors <small class="muted">({unmatched.num_rows})</small></h2>',
+            _alignment_section(unmatched),
             _table_block("unmatched-table", unmatched, _ordered_columns(unmatched, UNMATCHED_COLUMNS, ()),
                          empty="Every tensor found a partner.")]
     nav = [("divergence", "first divergence"), ("summary", "summary"), ("plots", "plots"), ("pairs-h", "pairs"),

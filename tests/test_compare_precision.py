@@ -1,0 +1,277 @@
+"""Precision-aware rules and sequence alignment on real MindSpore 2.10 Transformer dumps
+(tests/data/transformer, README there): a numeric change in one op is named, clean pairs
+do not depart, msprobe's rules stay available."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+from conftest import DATA
+from typer.testing import CliRunner
+
+import dumpdb
+from dumpdb.cli import app
+from dumpdb.compare import registry
+from dumpdb.compare.align import align, sequence_key
+from dumpdb.compare.engine import compare
+from dumpdb.compare.precision import dtype_floor, lowest_precision
+from dumpdb.compare.sequence import _dp, diff
+
+TF = DATA / "transformer"
+
+
+CASES = ("fp32", "fp16", "fp32_ln1", "fp16_ln1", "fp32_act0", "fp16_act0", "fp32_big", "fp16_big")
+
+
+@pytest.fixture(scope="module")
+def tf_archive(tmp_path_factory):
+    archive = tmp_path_factory.mktemp("tf") / "a.dumpdb"
+    for case in CASES:
+        assert dumpdb.ingest(TF / case, archive=archive, run=case).ok
+    return archive
+
+
+@pytest.fixture(scope="module")
+def clean_fp16(tf_archive):
+    return compare(dumpdb.open(tf_archive), "fp16", "fp32", store_results=False)
+
+
+def test_floor_follows_ieee_epsilons():
+    assert dtype_floor("float16", 1, 1.0) == pytest.approx(2.0 ** -11 + 2.0 ** -25)
+    assert dtype_floor("float32", 4, 2.0) == pytest.approx(2.0 ** -24 + 2.0 ** -150 * 2 / 2)
+    assert dtype_floor("int32", 10, 1.0) == 0.0 and dtype_floor("bool", 10, 1.0) == 0.0
+    assert dtype_floor("float16", 1, 0.0) == math.inf
+    assert lowest_precision("float16", "float32") == "float16"
+    assert lowest_precision("bfloat16", "float16") == "bfloat16"
+    assert lowest_precision("int32", "float32") is None
+
+
+@pytest.mark.parametrize("target", ["fp32_ln1", "fp16_ln1"])
+def test_changed_layernorm_is_named_not_its_consumers(tf_archive, target):
+    """Layer 1's norm1 LayerNorm with epsilon 0.5: every later op differs too, but the first
+    departure is that LayerNorm (its epsilon input), in fp32 and in the float16 target."""
+    out = compare(dumpdb.open(tf_archive), target, "fp32", store_results=False)
+    fd = out.first_divergence
+    assert fd is not None and fd["op_type"] == "LayerNorm"
+    assert "1-TransformerEncoderLayer/norm1-" in fd["scope_name"]
+    assert any(e["result"] == "error" for e in fd["inputs"] + fd["outputs"])
+    rows = out.results.to_pylist()
+    assert sum(r["precision_result"] == "error" for r in rows) == 1  # later ops: propagated, not blamed
+    assert sum(r["precision_result"] == "warning" for r in rows) > 50
+    # msprobe's rules stay available
+    ms = compare(dumpdb.open(tf_archive), target, "fp32", store_results=False, rules="msprobe")
+    assert ms.summary["rules"] == "msprobe" and ms.first_divergence is not None
+
+
+@pytest.mark.parametrize("target", ["fp32_act0", "fp16_act0"])
+def test_inserted_scaled_activation_is_named(tf_archive, target):
+    """Layer 0's activation scaled by 1.25 inserts a Mul (Expand/_Muls/Mul): it is named."""
+    out = compare(dumpdb.open(tf_archive), target, "fp32", store_results=False)
+    fd = out.first_divergence
+    assert fd is not None
+    assert fd["op_type"] == "Mul" and fd["target_name"].startswith("Expand_")
+    shapes = dumpdb.open(tf_archive).sql("SELECT shape FROM tensors WHERE run = ? AND op_name = ?",
+                                         [target, fd["target_name"]])["shape"].to_pylist()
+    assert [1, 32, 256] in shapes  # the feed-forward width (4 x 64): the activation's output
+    assert fd["io"] == "input" and fd["slot"] == 1  # its scalar operand, 1.25
+
+
+def test_float16_overflow_is_named(tf_archive):
+    out = compare(dumpdb.open(tf_archive), "fp16_big", "fp32_big", store_results=False)
+    fd = out.first_divergence
+    assert fd is not None and fd["op_type"] == "Mul" and "overflow" in fd["err_message"]
+    assert fd["target_name"].startswith("Expand_")
+
+
+def test_clean_fp16_against_fp32_does_not_depart(tf_archive, clean_fp16):
+    out = clean_fp16
+    assert out.first_divergence is None and out.summary["error"] == 0
+    assert out.summary["precision_dtype"] == "float16"
+    r = CliRunner().invoke(app, ["first-divergence", "fp16", "fp32", "-a", str(tf_archive)])
+    assert r.exit_code == 0 and "no departure beyond float16 precision" in r.output
+
+
+def test_clean_fp16_pairs_every_fp32_tensor_with_the_same_op_type(tf_archive, clean_fp16):
+    out = clean_fp16
+    a = dumpdb.open(tf_archive)
+    bench = {r["tensor_id"]: r for r in a.sql("SELECT tensor_id, op_type FROM tensors WHERE run = 'fp32'").to_pylist()}
+    rows = out.results.to_pylist()
+    assert out.summary["unmatched_bench"] == 0
+    assert {r["bench_tensor_id"] for r in rows} == set(bench)
+    assert all(r["op_type"] == bench[r["bench_tensor_id"]]["op_type"] for r in rows)
+    unmatched = {u["name"] for u in out.unmatched.to_pylist()}
+    assert unmatched and all("Cast" in n or "Reshape" in n or n.startswith("Expand_") for n in unmatched)
+    assert out.summary["strategies"]["sequence"] > 0 and out.summary["strategies"]["order"] == 0
+
+
+def _cos(x: np.ndarray, y: np.ndarray) -> float:
+    x, y = x.astype(np.float64).ravel(), y.astype(np.float64).ravel()
+    nx, ny = np.linalg.norm(x), np.linalg.norm(y)
+    if nx == 0 or ny == 0:
+        return 1.0 if nx == ny else 0.0
+    return float(x @ y / (nx * ny))
+
+
+def test_clean_fp16_no_pair_misses_a_better_partner(tf_archive, clean_fp16):
+    """Brute force: no target tensor is paired with a bench tensor of cosine <= 0.99 while a
+    bench tensor of the same op type, io, slot and shape has cosine > 0.99 with it."""
+    a = dumpdb.open(tf_archive)
+    bench = a.sql("SELECT tensor_id, op_type, io, slot, shape FROM tensors WHERE run = 'fp32'").to_pylist()
+    with a:
+        arrays = {row["tensor_id"]: array for row, array in
+                  a.tensors("SELECT tensor_id FROM tensors WHERE run IN ('fp16', 'fp32')")}
+
+    def tensor(i):
+        return arrays[i]
+
+    checked = 0
+    for r in clean_fp16.results.to_pylist():
+        t, b = tensor(r["target_tensor_id"]), tensor(r["bench_tensor_id"])
+        if t.size > 1 and t.size == b.size and _cos(t, b) > 0.99:
+            continue
+        checked += 1
+        better = [x["tensor_id"] for x in bench if x["tensor_id"] != r["bench_tensor_id"]
+                  and (x["op_type"], x["io"], x["slot"]) == (r["op_type"], r["io"], r["slot"])
+                  and tuple(x["shape"]) == t.shape and t.size > 1 and _cos(t, tensor(x["tensor_id"])) > 0.99]
+        assert not better, (r["target_name"], r["io"], r["slot"], r["bench_name"], better)
+    assert checked > 0  # there are low-cosine pairs to check (one-element tensors, zero tensors...)
+
+
+def test_clean_pair_does_not_depart_and_cli_exit_codes(tf_archive):
+    out = compare(dumpdb.open(tf_archive), "fp32", "fp32", store_results=False)
+    assert out.first_divergence is None and out.summary["error"] == 0
+    r = CliRunner().invoke(app, ["first-divergence", "fp32", "fp32", "-a", str(tf_archive)])
+    assert r.exit_code == 0 and "no departure beyond float32 precision" in r.output
+    r = CliRunner().invoke(app, ["first-divergence", "fp16_ln1", "fp32", "-a", str(tf_archive)])
+    assert r.exit_code == 1 and "LayerNorm" in r.output and "input." in r.output and "output." in r.output
+    r = CliRunner().invoke(app, ["compare", "fp16", "fp32", "-a", str(tf_archive), "--no-store"])
+    assert r.exit_code == 0 and "unmatched 70 target, 0 bench" in r.output, r.output
+
+
+def test_diff_is_a_longest_common_subsequence_on_small_cases():
+    rng = random.Random(7)
+    for _ in range(200):
+        a = [rng.choice("abcdef") for _ in range(rng.randint(0, 30))]
+        b = [rng.choice("abcdef") for _ in range(rng.randint(0, 30))]
+        pairs = diff(a, b)
+        assert all(a[i] == b[j] for i, j in pairs)
+        assert all(i1 < i2 and j1 < j2 for (i1, j1), (i2, j2) in zip(pairs, pairs[1:]))
+        best = len(_dp(a, b, 0, len(a), 0, len(b)))
+        assert len(pairs) == best  # small windows: the exact LCS
+
+
+def test_diff_survives_insertions_and_deletions():
+    a = [f"op{i}" for i in range(1000)]
+    b = list(a)
+    del b[100:108]                     # 8 ops removed
+    b[500:500] = ["cast"] * 5          # 5 ops inserted
+    pairs = diff(a, b)
+    assert len(pairs) == 992
+    assert all(a[i] == b[j] for i, j in pairs)
+
+
+def test_sequence_key_drops_amp_wrappers_counters_and_casts():
+    t = "Default/network-LossCell/net-_OutputTo32/_backbone-LM/encoder-TransformerEncoder/norm-_OutputTo16/" \
+        "_backbone-LayerNorm/LayerNorm-op3"
+    b = "Default/network-LossCell/net-LM/encoder-TransformerEncoder/norm-LayerNorm/LayerNorm-op0"
+    assert sequence_key("LayerNorm", t) == sequence_key("LayerNorm", b)
+    assert sequence_key("Cast", t) is None
+    assert sequence_key("Functional.to", "Functional.to.3.forward") is None
+    assert sequence_key("Parameter", "net._backbone.encoder.layers.0.dense1.weight") == \
+        sequence_key("Parameter", "net.encoder.layers.0.dense1.weight")
+
+
+def test_sequence_strategy_pairs_through_inserted_ops():
+    """Unequal counts (order refuses them) and shifted -opN counters: sequence pairs the rest."""
+    import pyarrow as pa
+
+    def table(names, start):
+        return pa.table({"tensor_id": list(range(start, start + len(names))),
+                         "op_type": [n.split("/")[-1].split("-")[0] for n in names],
+                         "op_name": names, "io": ["output"] * len(names), "slot": [0] * len(names),
+                         "position": list(range(len(names)))})
+
+    bench = [f"Default/net-LM/layer{i}/Add-op{i}" for i in range(6)]
+    target = [f"Default/net-_OutputTo32/_backbone-LM/layer{i}/Add-op{i + 1}" for i in range(6)]
+    target.insert(3, "Default/net-_OutputTo32/_backbone-LM/Cast-op0")
+    target.insert(4, "Default/net-_OutputTo32/_backbone-LM/layer9/Reshape-op0")
+    al = align(table(target, 1), table(bench, 100), strategies=("exact", "normalized", "sequence", "order"))
+    pairs = {p["target_tensor_id"]: p["bench_tensor_id"] for p in al.pairs.to_pylist()}
+    assert al.counts()["sequence"] == 6 and al.unmatched_bench.num_rows == 0
+    by_name = {n: i for i, n in enumerate(target, 1)}
+    for i in range(6):
+        assert pairs[by_name[target[i if i < 3 else i + 2]]] == 100 + i
+
+
+def test_registered_metric_reaches_results_and_parquet(tmp_path):
+    """Adding a metric is one registry entry: it is computed per pair and returned."""
+    metric = registry.Metric("max_abs_sum_test", "tensor", "|sum(x) - sum(y)| (test)",
+                             function=lambda t, b: float(abs(t.astype(np.float64).sum() - b.astype(np.float64).sum())))
+    registry.register(metric)
+    try:
+        import pyarrow.parquet as pq
+
+        from dumpdb.render.msprobe_csv import write_parquet
+
+        archive = tmp_path / "a.dumpdb"
+        assert dumpdb.ingest(TF / "fp32", archive=archive, run="a").ok
+        assert dumpdb.ingest(TF / "fp32_ln1", archive=archive, run="b").ok
+        out = compare(dumpdb.open(archive), "b", "a", store_results=True)
+        values = [v for v in out.results["max_abs_sum_test"].to_pylist() if v is not None]
+        assert values and max(values) > 0
+        assert "max_abs_sum_test" in pq.read_table(write_parquet(out.results, tmp_path / "r.parquet")).column_names
+    finally:
+        registry.unregister("max_abs_sum_test")
+
+
+def test_html_report_shows_departure_errors_floor_plot_and_insertions(tf_archive, tmp_path):
+    from dumpdb.render.report import write_compare_report
+
+    out = compare(dumpdb.open(tf_archive), "fp16_ln1", "fp32", store_results=False)
+    page = write_compare_report(tmp_path / "r.html", summary=out.summary, results=out.results,
+                                unmatched=out.unmatched, first_divergence=out.first_divergence).read_text()
+    assert "First divergence" in page and "norm1-_OutputTo16" in page
+    assert "<th>error / floor</th>" in page and "<td>input</td>" in page and "<td>output</td>" in page
+    assert "Error against the precision floor" in page and "floor x 64" in page
+    assert "Insertions (ops only the target has): " in page and "Cast-op" in page
+    clean = compare(dumpdb.open(tf_archive), "fp16", "fp32", store_results=False)
+    page = write_compare_report(tmp_path / "c.html", summary=clean.summary, results=clean.results,
+                                unmatched=clean.unmatched, first_divergence=clean.first_divergence).read_text()
+    assert "No departure beyond float16 precision" in page and "Deletions (ops only the bench has): 0" in page
+
+
+def _row(io, slot, err, dtype="float16", bench_dtype="float32", **kw):
+    """A result row as the engine gives it: euc_dist over a bench of L2 norm 1, 100 elements."""
+    row = dict(iteration=0, rank=0, graph_id=0, call_index=None, target_name=kw.pop("op", "op"), io=io, slot=slot,
+               mode="tensor", target_dtype=dtype, bench_dtype=bench_dtype, target_shape=[100], bench_shape=[100],
+               euc_dist=err, bench_l2norm=1.0, err_message=None, timestamp=kw.pop("ts", 0), pair_index=kw.pop("i", 0),
+               target_content_hash=None, target_max=1.0, target_min=-1.0, bench_max=1.0, bench_min=-1.0)
+    row.update(kw)
+    return row
+
+
+def test_error_growth_blames_the_op_whose_inputs_do_not_explain_it():
+    from dumpdb.compare.precision import first_departure, judge_precision
+
+    u = 2.0 ** -11
+    rows = [
+        _row("input", 0, 2 * u, op="a", i=0), _row("output", 0, 3 * u, op="a", i=1),          # rounding: pass
+        _row("input", 0, 0.01, op="b", i=2, ts=1), _row("output", 0, 0.1, op="b", i=3, ts=1),  # x10: propagated
+        _row("input", 0, 0.001, op="c", i=4, ts=2), _row("output", 0, 0.5, op="c", i=5, ts=2),  # x500: origin
+        _row("input", 0, 0.01, op="d", i=6, ts=3),                                               # bool from inexact
+        _row("output", 0, 0.3, op="d", i=7, ts=3, dtype="bool", bench_dtype="bool"),
+    ]
+    judge_precision(rows)
+    result = {(r["target_name"], r["io"]): r["precision_result"] for r in rows}
+    assert result[("a", "output")] == "pass" and result[("b", "output")] == "warning"
+    assert result[("c", "output")] == "error" and result[("d", "output")] == "warning"
+    fd = first_departure(rows)
+    assert fd is not None and fd["row"]["target_name"] == "c"
+    assert [e["io"] for e in fd["inputs"] + fd["outputs"]] == ["input", "output"]
+    # an int32 vs float32 pair is a dtype error, float16 vs float32 is not
+    rows = [_row("output", 0, 0.0, dtype="int32", bench_dtype="float32", op="e")]
+    judge_precision(rows)
+    assert rows[0]["precision_result"] == "error" and "dtypes differ" in rows[0]["precision_reason"]

@@ -298,7 +298,9 @@ def _alter_one_payload(bundle: Path, target: Path) -> str:
     """Re-encode a float32 pack with one element changed of a payload ``target`` does not
     hold (one it would store); re-sign the manifest. Returns the altered content hash."""
     import dumpdb.storage.store
-    from dumpdb.storage.shard import encode_chunks, write_shard
+    from dumpdb.storage.local import DurableLocalStore
+    from dumpdb.storage.objects import ObjectStore
+    from dumpdb.storage.shard import ShardTarget, encode_chunks, write_shard
 
     have = set(dumpdb.open(target).sql("SELECT content_hash FROM blobs")["content_hash"].to_pylist())
     blobs = pq.read_table(bundle / "catalog" / "blobs.parquet").to_pylist()
@@ -309,7 +311,8 @@ def _alter_one_payload(bundle: Path, target: Path) -> str:
     arr = dumpdb.storage.store.TensorStore(bundle / "tensors.zarr").read_pack_range(
         blob["array_path"], 0, meta["shape"][0]).copy()
     arr[blob["elem_offset"]] = np.float32(arr[blob["elem_offset"]]) + np.float32(1.0)
-    write_shard(str(bundle / "tensors.zarr" / blob["array_path"] / "c" / "0"), encode_chunks(arr, inner, 1))
+    objects = ObjectStore(DurableLocalStore(str(bundle / "tensors.zarr")))
+    write_shard(ShardTarget(objects, f"{blob['array_path']}/c/0"), encode_chunks(arr, inner, 1))
     resign(bundle)
     return blob["content_hash"]
 

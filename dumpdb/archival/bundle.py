@@ -22,7 +22,6 @@ if one is missing or altered.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -58,14 +57,6 @@ class ImportReport:
     tensors: int = 0
     payloads_added: int = 0
     payloads_present: int = 0
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def export_runs(archive, runs: list[str], to: str | os.PathLike) -> Path:
@@ -112,7 +103,7 @@ def export_runs(archive, runs: list[str], to: str | os.PathLike) -> Path:
         files = {}
         for path in sorted(p for p in bundle.rglob("*") if p.is_file()):
             rel = path.relative_to(bundle).as_posix()
-            files[rel] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
+            files[rel] = {"bytes": path.stat().st_size, "sha256": chk.sha256(path)}
         manifest = {
             "format": FORMAT, "format_version": FORMAT_VERSION, "dumpdb_version": __version__,
             "schema_version": archive.schema_version,

@@ -215,10 +215,11 @@ def check_directory(bundle: Path, manifest: dict, source: Path) -> None:
         size = path.stat().st_size
         if size != meta["bytes"]:
             _compare(rel, size, "", meta, source)
-        _compare(rel, size, _sha256(path), meta, source)
+        _compare(rel, size, sha256(path), meta, source)
 
 
-def _sha256(path: Path) -> str:
+def sha256(path: Path) -> str:
+    """Hex sha256 of a file, read in 1 MiB blocks (the manifest's per-file checksum)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):

@@ -175,14 +175,22 @@ class Catalog:
         """A read-only connection, closed on exit."""
         con = self.connect(read_only=True)
         try:
-            yield con
+            with self._errors_mapped():
+                yield con
+        finally:
+            con.close()
+
+    @contextmanager
+    def _errors_mapped(self) -> Iterator[None]:
+        """DuckDB errors that mean a damaged catalog or a full disk become
+        CatalogCorrupt / StorageError (one line); others pass unchanged."""
+        try:
+            yield
         except duckdb.Error as exc:
             mapped = _catalog_error(self.path, exc, strict=True)
             if mapped is exc:
                 raise
             raise mapped from exc
-        finally:
-            con.close()
 
     @contextmanager
     def writer(self) -> Iterator[duckdb.DuckDBPyConnection]:
@@ -192,24 +200,20 @@ class Catalog:
         """
         con = self.connect(read_only=False)
         try:
-            con.execute("BEGIN TRANSACTION")
-            try:
-                yield con
-                counts = _row_counts(con)
-            except BaseException:
+            with self._errors_mapped():
+                con.execute("BEGIN TRANSACTION")
                 try:
-                    con.execute("ROLLBACK")
-                except duckdb.Error:
-                    pass  # the transaction is gone already (e.g. failed on a full disk)
-                raise
-            con.execute("COMMIT")
-            # Still holding the only read-write connection: no other commit can come between.
-            write_summary(self.path, counts)
-        except duckdb.Error as exc:
-            mapped = _catalog_error(self.path, exc, strict=True)
-            if mapped is exc:
-                raise
-            raise mapped from exc
+                    yield con
+                    counts = _row_counts(con)
+                except BaseException:
+                    try:
+                        con.execute("ROLLBACK")
+                    except duckdb.Error:
+                        pass  # the transaction is gone already (e.g. failed on a full disk)
+                    raise
+                con.execute("COMMIT")
+                # Still holding the only read-write connection: no other commit can come between.
+                write_summary(self.path, counts)
         finally:
             con.close()
 

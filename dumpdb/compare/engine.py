@@ -565,10 +565,7 @@ def first_divergence_of(results: pa.Table, context: int = 10) -> dict[str, Any] 
     first = min(failing, key=lambda r: r["pair_index"])
     before = [r for r in rows if r["pair_index"] < first["pair_index"] and r["iteration"] == first["iteration"]
               and r["rank"] == first["rank"]]
-    ops: list[str] = []
-    for r in before:
-        if not ops or ops[-1] != r["target_name"]:
-            ops.append(r["target_name"])
+    ops = _ops_path(before)
     return {
         **{k: first[k] for k in ("pair_index", "target_name", "bench_name", "scope_name", "op_type", "io", "slot",
                                  "iteration", "rank", "position", "result", "err_message", "code_file",
@@ -620,10 +617,7 @@ def _departure_report(results: pa.Table, departure: dict | None, context: int = 
     first = rows[row["pair_index"]]
     before = [r for r in rows[: first["pair_index"]] if r["iteration"] == first["iteration"]
               and r["rank"] == first["rank"]]
-    ops: list[str] = []
-    for r in before:
-        if not ops or ops[-1] != r["target_name"]:
-            ops.append(r["target_name"])
+    ops = _ops_path(before)
     return {
         **{k: first[k] for k in ("pair_index", "target_name", "bench_name", "scope_name", "op_type", "io", "slot",
                                  "iteration", "rank", "position", "code_file", "code_line", "code_text",
@@ -633,3 +627,13 @@ def _departure_report(results: pa.Table, departure: dict | None, context: int = 
         "origin_op": departure["origin_op"], "inputs": departure["inputs"], "outputs": departure["outputs"],
         "rules": "precision", "path": ops[-context:],
     }
+
+
+def _ops_path(before: list[dict]) -> list[str]:
+    """The target op names of ``before`` in order, consecutive repeats (an op's several
+    slots) once: the ops a divergence report lists before the first departing op."""
+    ops: list[str] = []
+    for r in before:
+        if not ops or ops[-1] != r["target_name"]:
+            ops.append(r["target_name"])
+    return ops

@@ -342,12 +342,17 @@ def read_slot(path: str | os.PathLike, t: TensorSlot, where: str) -> tuple[np.nd
     """Read one slot's bytes from the file and return :func:`tensor_array`."""
     fd = open_dump_file(path, where)
     try:
-        raw = os.pread(fd, t.size, t.offset) if t.size else b""
-    except OSError as exc:
-        raise DumpFileError(f"{where}: cannot read: {exc.strerror or exc}") from exc
+        return tensor_array(t, _pread(fd, t, where), where)
     finally:
         os.close(fd)
-    return tensor_array(t, raw, where)
+
+
+def _pread(fd: int, t: TensorSlot, where: str) -> bytes:
+    """The slot's bytes at their offset (one pread; bounded by the slot's checked size)."""
+    try:
+        return os.pread(fd, t.size, t.offset) if t.size else b""
+    except OSError as exc:
+        raise DumpFileError(f"{where}: cannot read: {exc.strerror or exc}") from exc
 
 
 class HeaderCache:
@@ -386,9 +391,7 @@ class HeaderCache:
             if t is None:
                 raise DumpFileError(f"{where}: header has no {io}.{slot} "
                                     f"({len(header.inputs)} inputs, {len(header.outputs)} outputs)")
-            raw = os.pread(fd, t.size, t.offset) if t.size else b""
-        except OSError as exc:
-            raise DumpFileError(f"{where}: cannot read: {exc.strerror or exc}") from exc
+            raw = _pread(fd, t, where)
         finally:
             os.close(fd)
         return tensor_array(t, raw, where)

@@ -392,5 +392,10 @@ def test_default_checks_and_empty_result(archive):
     result = scan(archive, "c1")
     assert result.schema == RESULT_SCHEMA
     assert set(result.column("check").to_pylist()) <= set(scan_mod.DEFAULT_CHECKS)
+    # c1 has no NaN/Inf and nothing beyond float16's range; fc2's MatMul input 2 is all zeros in
+    # each of its iterations 0, 2, 3 (read off the dump: 14 tensors per iteration).
+    hits = [(r["check"], r["iteration"], r["op_name"], r["io"], r["slot"]) for r in result.to_pylist()]
+    assert hits == [("all_zero", it, "Default_network-WithLossCell__backbone-LeNet5_fc2-Dense_MatMul-op0", "input", 2)
+                    for it in (0, 2, 3)]
     empty = scan(archive, "c1", ["nan"])
     assert empty.num_rows == 0 and empty.schema == RESULT_SCHEMA

@@ -15,7 +15,7 @@ from pathlib import Path
 import fixtures_cann as fc
 import numpy as np
 import pytest
-from conftest import ms_case
+from conftest import DATA, ms_case
 
 import dumpdb
 from dumpdb.dtypes import BFLOAT16, dtype_name
@@ -33,7 +33,8 @@ CASES = {
     "torchair": (fc.build_torchair, "torchair-ge"),
     "torchair-stats": (lambda r: fc.build_torchair(r, stats=True), "torchair-ge"),
 }
-MSPROBE_DUMP = Path("/work/shared/corpus/msprobe-torch-cpu/statistics_L0/dump")
+OTHER_DUMPS = [DATA / "msprobe" / "statistics_mix_md5" / "dump", DATA / "msprobe" / "tensor_mix" / "dump",
+               DATA / "tensordump"]
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +64,9 @@ def test_detect_picks_the_layout_and_only_it(world, case):
 
 
 def test_other_dumps_are_not_claimed():
-    others = [ms_case("c1_inputs_kernels_iter")] + ([MSPROBE_DUMP] if MSPROBE_DUMP.is_dir() else [])
+    others = [ms_case("c1_inputs_kernels_iter"), *OTHER_DUMPS]
     for root in others:
+        assert root.is_dir(), root  # shipped in tests/data: the check is never dropped
         assert not [lay.name for lay in LAYOUTS if lay.name in MINE and lay.detect(root)], root
 
 

@@ -263,7 +263,7 @@ def test_missing_and_broken_files_are_reported(tmp_path):
     assert e.path is None and e.stats and "missing" in e.note  # statistics kept
     bad = next(e for e in scan.entries if e.key.endswith("#Functional.relu.0.forward.output.0"))
     if torch is None:
-        return
+        pytest.skip("PyTorch not installed (pip install 'dumpdb[torch]'): the .pt part is not checked")
     with pytest.raises(DumpFileError, match=r"^dump/step0/proc\d+/dump_tensor_data/Functional.relu.0.forward"
                                             r".output.0.pt: not a readable torch.save file"):
         MsprobeDump().load(bad)
@@ -336,7 +336,7 @@ def test_md5_case_stores_crc32(archive):
     assert rows and all(r["checksum_algo"] == "crc32" and re.fullmatch(r"[0-9a-f]{8}", r["checksum"]) for r in rows)
     assert all(r["checksum"] is None for r in _rows(archive, "statistics_mix_2rank_gloo"))
     if torch is None:
-        return
+        pytest.skip("PyTorch not installed (pip install 'dumpdb[torch]'): payload CRC32s not checked")
     # Same model, seeds and inputs as tensor_mix: its payloads have these CRC32s.
     md5 = {(r["step"], r["tensor_key"].split("#")[1]): r["checksum"] for r in rows}
     with dumpdb.open(archive) as a:

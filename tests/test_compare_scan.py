@@ -277,6 +277,24 @@ def _pairs(tensors: list[dict]) -> list[tuple[dict, dict]]:
     return [(a, b) for s in series.values() for a, b in zip(sorted(s, key=_order), sorted(s, key=_order)[1:])]
 
 
+# Written out from the source, not read from dumpdb: reference formats.md 5
+# (TensorUnchangedCondition(rtol=1e-5, atol=1e-8), TensorChange*ThresholdCondition(epsilon=1e-9))
+# and mindinsight/debugger/conditionmgr/condition_list.py (abs_mean_update_ratio_gt 1e-1,
+# abs_mean_update_ratio_lt 1e-4).
+MINDINSIGHT_DEFAULTS = {
+    "tensor_unchanged": {"rtol": 1e-5, "atol": 1e-8},
+    "tensor_change_above_threshold": {"abs_mean_update_ratio_gt": 0.1, "epsilon": 1e-9},
+    "tensor_change_below_threshold": {"abs_mean_update_ratio_lt": 1e-4, "epsilon": 1e-9},
+}
+
+
+def test_watch_condition_defaults_are_mindinsights():
+    for name, params in MINDINSIGHT_DEFAULTS.items():
+        assert {k: v for k, v in CHECKS[name].params.items() if v is not None} == params
+    assert CHECKS["tensor_all_zero"].params == {"zero_percentage_ge": 100.0}
+    assert CHECKS["fp16_overflow"].params["max_abs_ge"] == 65504  # float16's largest finite value
+
+
 @pytest.mark.parametrize("spec", [
     "tensor_unchanged",
     "tensor_unchanged:atol=1e-3",
@@ -289,7 +307,7 @@ def test_change_conditions_c1(archive, spec):
     tensors = _model("c1")
     assert sorted({t["iteration"] for t in tensors}) == [0, 2, 3]
     name, given = parse_check_spec(spec)
-    p = {k: v for k, v in CHECKS[name].params.items() if v is not None} | given
+    p = MINDINSIGHT_DEFAULTS[name] | given
     expected = {}
     for prev, cur in _pairs(tensors):
         c, q = cur["x"], prev["x"]

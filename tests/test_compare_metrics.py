@@ -130,7 +130,7 @@ def test_msaccucmp_metrics_equal_msaccucmp(goldens):
 
 def test_messages_follow_msprobe(goldens):
     doc, pairs = goldens
-    for p, _, _, ours, msg in pairs:
+    for p, _, _, _ours, msg in pairs:
         ref = doc["messages"][p["msprobe_err_msg"]]
         msg = msg or ""
         assert ("inf or nan" in ref and "do not match" in ref) == (M.MSG_NAN_INF_MISMATCH in msg), p["id"]

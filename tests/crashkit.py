@@ -12,6 +12,8 @@ Environment:
     ``os.pathsep``-separated directories; an ``open`` counts only inside them.
 ``CRASHKIT_KILL_AT``
     kill at this event number (1-based); 0 or unset: never kill.
+``CRASHKIT_SIGNAL``
+    the signal sent at that event: ``KILL`` (default) or ``INT`` (Ctrl-C).
 ``CRASHKIT_COUNT_FILE``
     write the number of events seen (and their kinds, one per line) here on exit.
 ``CRASHKIT_SET``
@@ -36,6 +38,7 @@ class _Counter:
     def __init__(self) -> None:
         self.pid = os.getpid()
         self.kill_at = int(os.environ.get("CRASHKIT_KILL_AT") or 0)
+        self.signal = getattr(signal, "SIG" + os.environ.get("CRASHKIT_SIGNAL", "KILL"))
         self.watch = [os.path.realpath(p) for p in os.environ.get("CRASHKIT_WATCH", "").split(os.pathsep) if p]
         self.kinds: list[str] = []
         self.active = True
@@ -45,7 +48,7 @@ class _Counter:
             return
         self.kinds.append(kind)
         if len(self.kinds) == self.kill_at:
-            os.kill(self.pid, signal.SIGKILL)
+            os.kill(self.pid, self.signal)
 
     def watched(self, path) -> bool:
         if isinstance(path, int) or path is None:

@@ -35,7 +35,7 @@ def section(title: str) -> str:
     assert m, f"README has no section {title!r}"
     level = len(m.group(1))
     rest = README[m.end():]
-    end = re.search(r"^#{1,%d} " % level, rest, re.M)
+    end = re.search(rf"^#{{1,{level}}} ", rest, re.M)
     return rest[: end.start()] if end else rest
 
 

@@ -8,7 +8,6 @@ import io
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path

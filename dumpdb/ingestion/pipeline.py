@@ -357,7 +357,8 @@ class _Pipeline:
         if not (self.rows or self.error_rows):
             return
         with self.catalog.reader() as con:
-            keys = {k for (k,) in con.execute("SELECT tensor_key FROM tensors WHERE run = ?", [self.run_name]).fetchall()}
+            keys = {k for (k,) in con.execute("SELECT tensor_key FROM tensors WHERE run = ?",
+                                               [self.run_name]).fetchall()}
             failed = {f for (f,) in con.execute("SELECT source_file FROM ingest_errors WHERE run = ?",
                                                  [self.run_name]).fetchall()}
         self.rows = [r for r in self.rows if r["tensor_key"] not in keys]

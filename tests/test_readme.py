@@ -264,3 +264,13 @@ def test_npy_payload_helper_is_independent():
     f = next((DATA / "mindspore" / "c1_inputs_kernels_iter").rglob("*.npy"))
     raw = f.read_bytes()
     assert raw.endswith(npy_payload(f)[2])
+
+
+def test_readme_test_command_is_what_ci_runs():
+    block = blocks(section("Quick start"))[1]
+    readme_pytest = next(a for a in commands(block) if "pytest" in a)
+    ci = (REPO / ".ci" / "run").read_text()
+    ci_pytest = [shlex.split(line) for line in ci.splitlines() if "-m pytest" in line and not line.startswith("#")]
+    assert ci_pytest == [readme_pytest]
+    assert "--cov=dumpdb" in readme_pytest and "--cov-branch" in readme_pytest
+    assert "apt-get install -y" in ci and "chromium" in ci

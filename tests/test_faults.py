@@ -136,15 +136,17 @@ def _drop():
 
 def _nobody_python() -> tuple[str, dict] | None:
     """An interpreter user nobody can run, with dumpdb and its dependencies importable
-    (pyenv's lives under /root, mode 700: fall back to the system Python 3.11 with this
-    environment's site-packages on PYTHONPATH)."""
+    (pyenv's may live in root's home, mode 700: fall back to the python3.X on PATH outside
+    this environment, with this environment's site-packages on PYTHONPATH)."""
     if os.geteuid() != 0:
         return None
     repo = str(Path(__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([repo, sysconfig.get_paths()["purelib"]])}
-    for exe in (sys.executable, f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"):
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    on_path = [os.path.join(d, version) for d in os.environ.get("PATH", "").split(os.pathsep) if d]
+    for exe in [sys.executable, *(p for p in on_path if os.access(p, os.X_OK))]:
         try:
-            ok = subprocess.run([exe, "-c", "import dumpdb.cli"], preexec_fn=_drop, env=env, cwd="/tmp",
+            ok = subprocess.run([exe, "-c", "import dumpdb.cli"], preexec_fn=_drop, env=env, cwd=tempfile.gettempdir(),
                                 capture_output=True, timeout=60).returncode == 0
         except OSError:
             ok = False
@@ -166,7 +168,7 @@ def _as_nobody(*args, cwd) -> subprocess.CompletedProcess:
 
 @pytest.fixture
 def shared_tmp():
-    path = Path(tempfile.mkdtemp(prefix="dumpdb-nobody-", dir="/tmp"))
+    path = Path(tempfile.mkdtemp(prefix="dumpdb-nobody-"))
     path.chmod(0o777)
     yield path
     shutil.rmtree(path, ignore_errors=True)

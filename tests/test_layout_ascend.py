@@ -332,3 +332,18 @@ def test_every_field_of_an_overflow_record_at_its_documented_offset():
                     "pc_start": "0x3500", "para_base": "0x3600", "kernel_code": "0x6100", "block_idx": 62,
                     "status": 63},
     }
+
+
+def test_container_file_names_follow_formats_md():
+    """formats.md 3.1: {op_type}.{op_name}.{task_id}.{stream_id}.{timestamp}; seed 000's r1.2 form
+    has no stream_id. Checked on the parser itself (the fixtures' world is built once per module)."""
+    ge = get_layout("ascend-async-pb")
+    assert ge._parse_bin_name(
+        "Conv2D.Default_network-WithLossCell__backbone-AlexNet_conv3-Conv2d_Conv2D-op12.2.7.161243956333802") == {
+        "op_type": "Conv2D", "op_name": "Default_network-WithLossCell__backbone-AlexNet_conv3-Conv2d_Conv2D-op12",
+        "task_id": 2, "stream_id": 7, "timestamp": 161243956333802}
+    for name in ("torchair-ge", "cann-tf-adapter"):
+        assert get_layout(name)._parse_bin_name("Cast.Default_Cast-op0.41.3.1795336641754916")["stream_id"] == 3
+    r12 = get_layout("mindspore-r1.2-async-pb")._parse_bin_name("Add.Default_Add-op1.9.1608983934774491")
+    assert r12 == {"op_type": "Add", "op_name": "Default_Add-op1", "task_id": 9, "stream_id": None,
+                   "timestamp": 1608983934774491}

@@ -147,6 +147,13 @@ def test_record_key_grammar():
     assert parse_record_key("Module.conv.Conv2d.parameters_grad.0") == {
         "op_type": "Module.Conv2d", "direction": None, "call_index": 0, "kind": "parameters_grad"}
     assert parse_record_key("optimizer") is None and parse_record_key("Functional.x.forward") is None
+    # the shortest forms the grammar accepts, and near misses
+    assert parse_record_key("Tensor.0.forward") == {
+        "op_type": "Tensor", "direction": "forward", "call_index": 0, "kind": "api"}
+    assert parse_record_key("Module.Net.backward.4") == {
+        "op_type": "Module.Net", "direction": "backward", "call_index": 4, "kind": "module"}
+    assert parse_record_key("Functional.conv.Conv2d.forward.0") is None  # module form without Module/Cell
+    assert parse_record_key("Module.conv.Conv2d.forward.x") is None  # no call index
 
 
 @pytest.mark.parametrize("case", CASES)

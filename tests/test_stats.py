@@ -64,6 +64,29 @@ def test_stats_match_numpy(name):
 def test_empty_tensor():
     s = compute_stats(np.zeros((0, 3), np.float32))
     assert s.count == 0 and s.min is None and s.mean is None and s.zero_count == 0
+    assert s.as_dict() == {"min": None, "max": None, "mean": None, "l2norm": None, "count": 0, "nan_count": 0,
+                           "pos_inf_count": 0, "neg_inf_count": 0, "zero_count": 0}
+
+
+def test_no_runtime_warnings_for_inf_nan_and_overflow():
+    """inf - inf, NaN and float16 overflow are data here, not warnings a user should see."""
+    import warnings
+
+    cases = [np.array([np.inf, -np.inf, np.nan, 1.0], np.float32), np.array([60000, 60000], np.float16),
+             np.array([np.inf, -np.inf], np.float64), np.array([1e308, 1e308], np.float64)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for a in cases:
+            compute_stats(a)
+
+
+def test_sums_accumulate_over_chunks():
+    n = 2 * CHUNK + 7
+    s = compute_stats(np.full(n, 2.0, np.float32))
+    assert (s.mean, s.l2norm, s.zero_count) == (2.0, math.sqrt(4.0 * n), 0)
+    a = np.ones(2 * CHUNK + 4, np.float16)
+    a[[3, CHUNK + 3, 2 * CHUNK + 3]] = np.nan  # one NaN in each of three chunks
+    assert compute_stats(a).nan_count == 3
 
 
 def test_float64_accumulation_beats_float32():

@@ -132,3 +132,15 @@ def test_sample_fraction_bounds(archive):
             a.verify(sample=bad)
     whole = a.verify(sample=1)
     assert whole.ok and whole.blobs_checked == whole.blobs_total
+
+
+def test_progress_and_repeatable_sample(archive):
+    a = dumpdb.open(archive)
+    calls = []
+    report = a.verify(progress=lambda done, total: calls.append((done, total)))
+    n = report.blobs_total
+    assert calls == [(i, n) for i in range(1, n + 1)]
+    one = a.verify(sample=1e-9, seed=5)  # at least one payload is always checked
+    assert one.blobs_checked == 1
+    picks = {a.verify(sample=0.3, seed=11).bytes_checked for _ in range(3)}
+    assert len(picks) == 1  # the same seed checks the same payloads

@@ -3,8 +3,9 @@ seeds 000, 001, 003, 004 and reference formats.md section 3.
 
 Payloads are real tensors from tests/data/mindspore (LeNet5 Conv2D input/weight/
 output, a bfloat16 Cast output, a float16 Assign output, a Bool and an Int64
-scalar). Containers are written with :func:`dumpdb.layouts.cann_pb.encode_dump`
-(uint64 LE header length, ``DumpData`` header, inputs then outputs). Each builder
+scalar). Containers and overflow records are written by ``cann_wire`` byte by byte from
+formats.md 3.2-3.4 (uint64 LE header length, ``DumpData`` header, inputs then outputs),
+sharing nothing with dumpdb's reader; the payloads are read here without dumpdb. Each builder
 returns the tensors it wrote as :class:`Expect` records, so tests compare the
 archive with what is on disk.
 """
@@ -18,11 +19,12 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
+from cann_wire import DATA_TYPE, DATA_TYPE_NAME, Spec, container, overflow_record
+from conftest import npy_payload
 
-from dumpdb.dtypes import BFLOAT16
-from dumpdb.layouts import cann_pb
-from dumpdb.npy import read_npy
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 
 DATA = Path(__file__).parent / "data" / "mindspore"
 _A = DATA / "a_tensor_all_eval" / "rank_0" / "LeNet5" / "1" / "3"
@@ -44,7 +46,9 @@ def payloads() -> dict[str, np.ndarray]:
     def one(directory: Path, pattern: str) -> np.ndarray:
         matches = sorted(directory.glob(pattern))
         assert matches, pattern
-        return read_npy(str(matches[0])).array
+        descr, shape, payload = npy_payload(matches[0])
+        dtype = BFLOAT16 if descr == "<E2" else np.dtype(descr)  # MindSpore's bfloat16 descr
+        return np.frombuffer(payload, dtype=dtype).reshape(shape).copy()
 
     out = {
         "conv_x": one(_A, _CONV + "*.input.0.DefaultFormat.Float32.npy"),      # (4, 1, 32, 32) float32
@@ -116,21 +120,21 @@ def _rel(fx: Fixture, path: Path) -> str:
 
 def _container(fx: Fixture, path: Path, op_type: str, op_name: str, inputs: list, outputs: list,
                fields: dict, source_name: str | None = None) -> None:
-    """Write one container and record its slots; ``inputs``/``outputs`` are TensorSpec."""
-    _write(path, cann_pb.encode_dump(inputs, outputs, dump_time=1718260502123456, op_name=op_name))
+    """Write one container and record its slots; ``inputs``/``outputs`` are Spec."""
+    _write(path, container(inputs, outputs, dump_time=1718260502123456, op_name=op_name))
     src = _rel(fx, path)
     for io, specs in (("input", inputs), ("output", outputs)):
         for slot, spec in enumerate(specs):
             fx.tensors.append(Expect(
                 src, io, slot, op_type, op_name, spec.array, spec.format, dict(fields),
                 tuple(spec.original_shape) if spec.original_shape is not None else None,
-                cann_pb.DATA_TYPES[cann_pb.data_type_code(spec.array.dtype)]))
+                DATA_TYPE_NAME[DATA_TYPE[spec.array.dtype]]))
 
 
 def _conv_specs() -> tuple[list, list]:
     p = payloads()
-    inputs = [cann_pb.TensorSpec(p["conv_x"], "NCHW"), cann_pb.TensorSpec(p["conv_w"], "NCHW")]
-    outputs = [cann_pb.TensorSpec(nc1hwc0(p["conv_y"]), "NC1HWC0", original_shape=p["conv_y"].shape)]
+    inputs = [Spec(p["conv_x"], "NCHW"), Spec(p["conv_w"], "NCHW")]
+    outputs = [Spec(nc1hwc0(p["conv_y"]), "NC1HWC0", original_shape=p["conv_y"].shape)]
     return inputs, outputs
 
 
@@ -143,12 +147,12 @@ def _tensor_dir_containers(fx: Fixture, d: Path, fields: dict, with_stream: bool
     conv_in, conv_out = _conv_specs()
     _container(fx, d / f"Conv2D.{CONV_NAME}.{task_stream}.{ts}", "Conv2D", CONV_NAME, conv_in, conv_out, fields)
     _container(fx, d / f"Cast.{CAST_NAME}.{'3.7' if with_stream else '3'}.{ts + 100}", "Cast", CAST_NAME,
-               [cann_pb.TensorSpec(p["bf16"].astype(np.float32), "ND")], [cann_pb.TensorSpec(p["bf16"], "ND")],
+               [Spec(p["bf16"].astype(np.float32), "ND")], [Spec(p["bf16"], "ND")],
                fields)
     _container(fx, d / f"Assign.{ASSIGN_NAME}.{'4.7' if with_stream else '4'}.{ts + 200}", "Assign", ASSIGN_NAME,
-               [cann_pb.TensorSpec(p["fp16"], "ND"), cann_pb.TensorSpec(p["bool"], "ND"),
-                cann_pb.TensorSpec(p["int64"], "ND")],
-               [cann_pb.TensorSpec(p["fp16"], "ND")], fields)
+               [Spec(p["fp16"], "ND"), Spec(p["bool"], "ND"),
+                Spec(p["int64"], "ND")],
+               [Spec(p["fp16"], "ND")], fields)
 
 
 OVERFLOW = {
@@ -174,10 +178,10 @@ def overflow_json() -> dict:
 
 
 def _opdebug_bin(fx: Fixture, d: Path, name: str, fields: dict) -> None:
-    record = cann_pb.encode_overflow_record(OVERFLOW["dha"], OVERFLOW["l2"], OVERFLOW["core"])
-    spec = cann_pb.TensorSpec(np.frombuffer(record, dtype=np.uint8), "ND")
+    record = overflow_record(OVERFLOW["dha"], OVERFLOW["l2"], OVERFLOW["core"])
+    spec = Spec(np.frombuffer(record, dtype=np.uint8), "ND")
     path = d / name
-    _write(path, cann_pb.encode_dump([], [spec], op_name="Node_OpDebug"))
+    _write(path, container([], [spec], op_name="Node_OpDebug"))
     fx.overflows.append({"source_file": _rel(fx, path), "slot": 0, "content": overflow_json(), **fields})
 
 
@@ -220,8 +224,8 @@ def build_ascend_pb(root: Path, variant: str = "plain") -> Fixture:
         original = f"BiasAdd.{LONG_NAME}.5.7.1795336641755555"
         p = payloads()
         path = d / random_name
-        _write(path, cann_pb.encode_dump([cann_pb.TensorSpec(p["conv_y"][0, 0], "ND")],
-                                         [cann_pb.TensorSpec(p["conv_y"][0, 0], "ND")]))
+        _write(path, container([Spec(p["conv_y"][0, 0], "ND")],
+                                         [Spec(p["conv_y"][0, 0], "ND")]))
         _write(d / "mapping.csv", f"{random_name},{original}\n")
         for io in ("input", "output"):
             fx.tensors.append(Expect(_rel(fx, path), io, 0, "BiasAdd", LONG_NAME, p["conv_y"][0, 0], "ND",
@@ -239,8 +243,8 @@ def build_ascend_pb(root: Path, variant: str = "plain") -> Fixture:
         # static-shape ops sit directly in {device_id}
         p = payloads()
         _container(fx, step_dir / f"MatMul.{MATMUL_NAME}.9.3.1795336641760000", "MatMul", MATMUL_NAME,
-                   [cann_pb.TensorSpec(fractal_nz(p["bf16"]), "FRACTAL_NZ", original_shape=p["bf16"].shape)],
-                   [cann_pb.TensorSpec(p["fp16"], "ND")], {"step": 2, "device_id": 0})
+                   [Spec(fractal_nz(p["bf16"]), "FRACTAL_NZ", original_shape=p["bf16"].shape)],
+                   [Spec(p["fp16"], "ND")], {"step": 2, "device_id": 0})
     else:
         raise ValueError(variant)
     return fx
@@ -249,7 +253,7 @@ def build_ascend_pb(root: Path, variant: str = "plain") -> Fixture:
 def add_bad_containers(fx: Fixture, d: Path) -> None:
     """Truncated data segment, header length beyond the file, 0-byte file, garbage header."""
     p = payloads()
-    good = cann_pb.encode_dump([p["conv_x"]], [p["conv_y"]])
+    good = container([p["conv_x"]], [p["conv_y"]])
     cases = {
         "Conv2D.Truncated-op1.11.7.1795336641770001": good[:-10],
         "Conv2D.HeaderBeyond-op1.12.7.1795336641770002": (10 ** 6).to_bytes(8, "little") + good[8:200],
@@ -373,7 +377,7 @@ def build_torchair(root: Path, stats: bool = False) -> Fixture:
                             "Positive Inf Count"])
                 for io, slot, array in tensors:
                     a = array.astype(np.float64)
-                    dt = cann_pb.DATA_TYPES[cann_pb.data_type_code(array.dtype)]  # DT_FLOAT, DT_BF16
+                    dt = DATA_TYPE_NAME[DATA_TYPE[array.dtype]]  # DT_FLOAT, DT_BF16
                     w.writerow([io.capitalize(), slot, array.nbytes, dt, "ND",
                                 "[" + ",".join(map(str, array.shape)) + "]", a.max(), a.min(), a.mean(),
                                 float(np.sqrt((a * a).sum())), 0, 0, 0])

@@ -129,15 +129,24 @@ def test_queries_wait_for_a_writer_then_work(tmp_path):
     a = dumpdb.open(archive, lock_timeout=0.3)
     import subprocess
     import sys
+    # The holder keeps the lock until it reads a line: no sleeps, no race with the timeouts.
     holder = subprocess.Popen([sys.executable, "-c",
-                               f"import duckdb,time; c=duckdb.connect({str(archive / 'catalog.duckdb')!r}); "
-                               "print('locked', flush=True); time.sleep(1.5)"], stdout=subprocess.PIPE, text=True)
+                               f"import duckdb,sys; c=duckdb.connect({str(archive / 'catalog.duckdb')!r}); "
+                               "print('locked', flush=True); sys.stdin.readline(); c.close()"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "locked"
     with pytest.raises(dumpdb.ArchiveError, match="locked by another process"):
         a.sql("SELECT 1")
     waited = []
-    t = dumpdb.open(archive, lock_timeout=10, on_wait=waited.append).sql("SELECT count(*) AS n FROM tensors")
-    holder.wait()
+
+    def on_wait(message):  # the reader says it waits: now let the holder go
+        waited.append(message)
+        if holder.poll() is None:
+            holder.stdin.write("release\n")
+            holder.stdin.close()
+
+    t = dumpdb.open(archive, lock_timeout=60, on_wait=on_wait).sql("SELECT count(*) AS n FROM tensors")
+    assert holder.wait() == 0
     assert t["n"][0].as_py() == 42 and waited and "waiting for the catalog lock" in waited[0]
 
 
@@ -199,5 +208,18 @@ def test_compare_inside_a_held_connection(tmp_path):
     dumpdb.ingest(ms_case("c1_inputs_kernels_iter"), archive=archive, run="c1")
     with dumpdb.open(archive) as a:
         results = a.compare("c1:0", "c1:2")
-        assert results.num_rows > 0
+        # iteration 0 against iteration 2 of one run: each of iteration 0's 14 tensors pairs with
+        # the same op/io/slot of iteration 2, by exact name
+        tensors = {r["tensor_id"]: r for r in a.sql("SELECT * FROM tensors").to_pylist()}
+        pairs = results.to_pylist()
+        assert len(pairs) == 14 and {p["match_strategy"] for p in pairs} == {"exact"}
+        for p in pairs:
+            t, b = tensors[p["target_tensor_id"]], tensors[p["bench_tensor_id"]]
+            assert (t["iteration"], b["iteration"]) == (0, 2)
+            assert (t["op_name"], t["io"], t["slot"]) == (b["op_name"], b["io"], b["slot"])
+            x = np.load(ms_case("c1_inputs_kernels_iter") / t["source_file"]).astype(np.float64).ravel()
+            y = np.load(ms_case("c1_inputs_kernels_iter") / b["source_file"]).astype(np.float64).ravel()
+            assert p["max_abs_err"] == pytest.approx(np.max(np.abs(x - y)), rel=1e-12, abs=0)
+            if x.size > 1 and np.any(x) and np.any(y):  # msprobe: no cosine of one element
+                assert p["cosine"] == pytest.approx(x @ y / np.sqrt(x @ x) / np.sqrt(y @ y), abs=1e-9)
         assert a.sql("SELECT count(*) AS n FROM compares")["n"][0].as_py() == 1  # still usable after

@@ -4,11 +4,12 @@ bf16, extra Cast/Assign ops) against the fp32 baseline d1, same seed, iteration 
 from __future__ import annotations
 
 import csv
-import html.parser
 
 import numpy as np
 import pytest
 from conftest import ms_case, npy_files
+from test_compare_report import assert_self_contained
+from test_compare_report import parse as parse_html
 from typer.testing import CliRunner
 
 import dumpdb
@@ -125,9 +126,9 @@ def test_cli_compare_writes_csv_parquet_html(pair_archive, tmp_path):
         body = list(reader)
     assert tuple(header) == msprobe_columns(statistics=False)
     assert body and body[0][0].endswith((".output.0", ".input.0"))
-    page = html_path.read_text()
-    parser = html.parser.HTMLParser()
-    parser.feed(page)
+    page, parsed = parse_html(html_path)  # every element closed in order, one html/body
+    assert_self_contained(page, parsed)
+    assert parsed.counts.get("svg", 0) >= 1 and parsed.counts.get("table", 0) >= 1
     assert "<svg" in page and "http://cdn" not in page and "<script src" not in page
     import pyarrow.parquet as pq
     assert pq.read_table(pq_path).num_rows == len(body)
@@ -189,3 +190,29 @@ def test_repeated_op_calls_are_judged_and_ordered_separately(tmp_path):
     assert by_call[0]["result"] == "pass" and by_call[0]["max_abs_err"] == 0
     assert by_call[4]["max_abs_err"] > 0
     assert out.summary["first_difference"]["pair_index"] == by_call[4]["pair_index"]
+
+
+def test_process_pool_path_gives_the_thread_path_results(pair_archive, monkeypatch):
+    """Worker processes (taken for comparisons >= PROCESS_MIN_BYTES; forced here with a tiny
+    threshold) compute exactly what the in-process thread computes."""
+    import dumpdb.compare.engine as engine
+
+    a = dumpdb.open(pair_archive)
+    one = compare(a, "fp16", "fp32", workers=1, store_results=False).results
+    started = []
+
+    class Recording(engine.ProcessPoolExecutor):
+        def __init__(self, *args, **kwargs):
+            started.append(kwargs.get("max_workers"))
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "PROCESS_MIN_BYTES", 1)
+    monkeypatch.setattr(engine, "ProcessPoolExecutor", Recording)
+    many = compare(a, "fp16", "fp32", workers=2, store_results=False).results
+    assert started == [2]  # the process pool really ran
+    metrics = [c for c in ("cosine", "euc_dist", "max_abs_err", "max_rel_err", "one_thousandth_err_ratio",
+                           "mean_abs_err", "rmse", "kl_divergence", "result", "err_message", "mode")]
+    assert one.num_rows == many.num_rows > 50
+    assert [repr(v) for c in metrics for v in many.column(c).to_pylist()] == \
+        [repr(v) for c in metrics for v in one.column(c).to_pylist()]
+    assert sum(m == "tensor" for m in many.column("mode").to_pylist()) > 50

@@ -556,3 +556,45 @@ def test_known_ranges_skip_the_first_pass_with_identical_results():
         plain, msg1 = tensor_metrics(t, b, chunk=1000)
         fast, msg2 = tensor_metrics(t, b, chunk=1000, ranges=ranges)
         assert plain == fast and msg1 == msg2
+
+
+# Worked by hand from the definitions (reference formats.md 2.1 msprobe, 2.2 msaccucmp) for
+# target n = [1, 2, 3, 4], bench b = [1, 2, 2, 5]: n - b = [0, 0, 1, -1], |(n - b) / b| =
+# [0, 0, 1/2, 1/5], n.b = 31, |n|^2 = 30, |b|^2 = 34. KL: min-max to [0, 1/3, 2/3, 1] and
+# [0, 1/4, 1/4, 1], zeros clamped to eps(float32), each divided by its sum.
+_EPS32 = float(np.finfo(np.float32).eps)
+_P = [v / (2 + _EPS32) for v in (_EPS32, 1 / 3, 2 / 3, 1)]
+_Q = [v / (1.5 + _EPS32) for v in (_EPS32, 1 / 4, 1 / 4, 1)]
+HAND = {
+    "cosine": 31 / math.sqrt(30 * 34),
+    "euc_dist": math.sqrt(2),
+    "max_abs_err": 1.0,
+    "max_rel_err": 0.5,
+    "one_thousandth_err_ratio": 0.5,  # two of four elements below 0.001
+    "five_thousandths_err_ratio": 0.5,
+    "mean_abs_err": 0.5,
+    "rmse": math.sqrt(0.5),
+    "rel_euc_dist": math.sqrt(2 / 34),
+    "accumulated_rel_err": 0.5 + 0.2,
+    "mean_rel_err": 0.7 / 4,
+    "kl_divergence": sum(p * math.log(p / q) for p, q in zip(_P, _Q)),
+}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, BF16, np.int32])
+def test_every_metric_equals_the_hand_calculation(dtype):
+    n = np.array([1, 2, 3, 4]).astype(dtype)  # exact in every one of these dtypes
+    b = np.array([1, 2, 2, 5]).astype(dtype)
+    m, msg = tensor_metrics(n, b)
+    assert msg is None
+    assert set(HAND) == set(TENSOR_METRICS)
+    _assert_metrics(m, HAND, 1e-6)  # msprobe's relative error runs in float32
+
+
+def test_bool_metrics_by_hand():
+    # as 0/1: n = [1,0,1,0,0,1], b = [1,1,1,0,0,0]: n - b = [0,-1,0,0,0,1], n.b = 2, |n| = |b| = sqrt(3)
+    n = np.array([True, False, True, False, False, True])
+    b = np.array([True, True, True, False, False, False])
+    m, _ = tensor_metrics(n, b)
+    _assert_metrics(m, {"cosine": 2 / 3, "euc_dist": math.sqrt(2), "max_abs_err": 1.0, "mean_abs_err": 2 / 6,
+                        "rmse": math.sqrt(2 / 6), "rel_euc_dist": math.sqrt(2 / 3)})

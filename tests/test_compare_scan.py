@@ -277,6 +277,24 @@ def _pairs(tensors: list[dict]) -> list[tuple[dict, dict]]:
     return [(a, b) for s in series.values() for a, b in zip(sorted(s, key=_order), sorted(s, key=_order)[1:])]
 
 
+# Written out from the source, not read from dumpdb: reference formats.md 5
+# (TensorUnchangedCondition(rtol=1e-5, atol=1e-8), TensorChange*ThresholdCondition(epsilon=1e-9))
+# and mindinsight/debugger/conditionmgr/condition_list.py (abs_mean_update_ratio_gt 1e-1,
+# abs_mean_update_ratio_lt 1e-4).
+MINDINSIGHT_DEFAULTS = {
+    "tensor_unchanged": {"rtol": 1e-5, "atol": 1e-8},
+    "tensor_change_above_threshold": {"abs_mean_update_ratio_gt": 0.1, "epsilon": 1e-9},
+    "tensor_change_below_threshold": {"abs_mean_update_ratio_lt": 1e-4, "epsilon": 1e-9},
+}
+
+
+def test_watch_condition_defaults_are_mindinsights():
+    for name, params in MINDINSIGHT_DEFAULTS.items():
+        assert {k: v for k, v in CHECKS[name].params.items() if v is not None} == params
+    assert CHECKS["tensor_all_zero"].params == {"zero_percentage_ge": 100.0}
+    assert CHECKS["fp16_overflow"].params["max_abs_ge"] == 65504  # float16's largest finite value
+
+
 @pytest.mark.parametrize("spec", [
     "tensor_unchanged",
     "tensor_unchanged:atol=1e-3",
@@ -289,7 +307,7 @@ def test_change_conditions_c1(archive, spec):
     tensors = _model("c1")
     assert sorted({t["iteration"] for t in tensors}) == [0, 2, 3]
     name, given = parse_check_spec(spec)
-    p = {k: v for k, v in CHECKS[name].params.items() if v is not None} | given
+    p = MINDINSIGHT_DEFAULTS[name] | given
     expected = {}
     for prev, cur in _pairs(tensors):
         c, q = cur["x"], prev["x"]
@@ -392,5 +410,10 @@ def test_default_checks_and_empty_result(archive):
     result = scan(archive, "c1")
     assert result.schema == RESULT_SCHEMA
     assert set(result.column("check").to_pylist()) <= set(scan_mod.DEFAULT_CHECKS)
+    # c1 has no NaN/Inf and nothing beyond float16's range; fc2's MatMul input 2 is all zeros in
+    # each of its iterations 0, 2, 3 (read off the dump: 14 tensors per iteration).
+    hits = [(r["check"], r["iteration"], r["op_name"], r["io"], r["slot"]) for r in result.to_pylist()]
+    assert hits == [("all_zero", it, "Default_network-WithLossCell__backbone-LeNet5_fc2-Dense_MatMul-op0", "input", 2)
+                    for it in (0, 2, 3)]
     empty = scan(archive, "c1", ["nan"])
     assert empty.num_rows == 0 and empty.schema == RESULT_SCHEMA

@@ -14,7 +14,6 @@ import sys
 import sysconfig
 import tempfile
 import textwrap
-import time
 from pathlib import Path
 
 import numpy as np
@@ -91,25 +90,40 @@ def test_255_byte_file_name(tmp_path):
 def test_queries_from_another_process_work_while_an_ingest_runs(tmp_path):
     archive = tmp_path / "a.dumpdb"
     src = ms_case("d2_compare_fp16_bf16_iter0")
+    # Lock-step over a pipe: every 8 tensors the ingest says so and waits for the test's query
+    # to finish, so the test sees the committed state at fixed points (no sleeps, no race).
     code = textwrap.dedent(f"""
-        import time, dumpdb, dumpdb.ingestion.pipeline, dumpdb.storage.store
+        import sys, dumpdb, dumpdb.ingestion.pipeline, dumpdb.storage.store
         from dumpdb.progress import Reporter
         dumpdb.storage.store.PACK_BYTES = 32 << 10
         dumpdb.ingestion.pipeline.COMMIT_SECONDS = 0
-        class Slow(Reporter):
+        class Paced(Reporter):
+            n = 0
             def advance(self, n, b):
-                time.sleep(0.03)
-        dumpdb.ingest({str(src)!r}, archive={str(archive)!r}, run="d2", reporter=Slow(), workers=1)
+                self.n += n
+                if self.n % 8 == 0:
+                    print(self.n, flush=True)
+                    sys.stdin.readline()
+        dumpdb.ingest({str(src)!r}, archive={str(archive)!r}, run="d2", reporter=Paced(), workers=1)
+        print("done", flush=True)
     """)
     dumpdb.ingest(ms_case("c1_inputs_kernels_iter"), archive=archive, run="c1")  # the archive exists
-    proc = subprocess.Popen([sys.executable, "-c", code])
-    counts = []
-    while proc.poll() is None:
-        counts.append(dumpdb.open(archive, lock_timeout=30).sql(
-            "SELECT count(*) AS n FROM tensors WHERE run = 'd2'")["n"][0].as_py())
-        time.sleep(0.05)
-    assert proc.returncode == 0
-    assert counts == sorted(counts) and len(set(counts)) > 2  # saw the ingest progress, commit by commit
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    counts, seen = [], []
+    for line in proc.stdout:
+        if line.strip() == "done":
+            break
+        seen.append(int(line))
+        a = dumpdb.open(archive, lock_timeout=30)
+        counts.append(a.sql("SELECT count(*) AS n FROM tensors WHERE run = 'd2'")["n"][0].as_py())
+        assert a.sql("SELECT status FROM runs WHERE run = 'd2'")["status"][0].as_py() == "ingesting"
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+    proc.stdin.close()
+    assert proc.wait() == 0
+    assert seen == list(range(8, 95, 8))
+    # saw the ingest progress, commit by commit; never more rows than tensors read
+    assert counts == sorted(counts) and len(set(counts)) > 2 and all(c <= s for c, s in zip(counts, seen))
     _exact_and_complete(archive, "d2", src)
 
 
@@ -122,15 +136,17 @@ def _drop():
 
 def _nobody_python() -> tuple[str, dict] | None:
     """An interpreter user nobody can run, with dumpdb and its dependencies importable
-    (pyenv's lives under /root, mode 700: fall back to the system Python 3.11 with this
-    environment's site-packages on PYTHONPATH)."""
+    (pyenv's may live in root's home, mode 700: fall back to the python3.X on PATH outside
+    this environment, with this environment's site-packages on PYTHONPATH)."""
     if os.geteuid() != 0:
         return None
     repo = str(Path(__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([repo, sysconfig.get_paths()["purelib"]])}
-    for exe in (sys.executable, f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"):
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    on_path = [os.path.join(d, version) for d in os.environ.get("PATH", "").split(os.pathsep) if d]
+    for exe in [sys.executable, *(p for p in on_path if os.access(p, os.X_OK))]:
         try:
-            ok = subprocess.run([exe, "-c", "import dumpdb.cli"], preexec_fn=_drop, env=env, cwd="/tmp",
+            ok = subprocess.run([exe, "-c", "import dumpdb.cli"], preexec_fn=_drop, env=env, cwd=tempfile.gettempdir(),
                                 capture_output=True, timeout=60).returncode == 0
         except OSError:
             ok = False
@@ -152,7 +168,7 @@ def _as_nobody(*args, cwd) -> subprocess.CompletedProcess:
 
 @pytest.fixture
 def shared_tmp():
-    path = Path(tempfile.mkdtemp(prefix="dumpdb-nobody-", dir="/tmp"))
+    path = Path(tempfile.mkdtemp(prefix="dumpdb-nobody-"))
     path.chmod(0o777)
     yield path
     shutil.rmtree(path, ignore_errors=True)

@@ -221,6 +221,7 @@ def test_ctrl_c_keeps_committed_work_and_rerun_completes(tmp_path, monkeypatch):
     kept = report.tensors_added
     assert 0 < kept < 95
     assert dumpdb.open(archive).runs()["status"].to_pylist() == ["interrupted"]
+    _assert_committed_exact(archive, src)
     final = dumpdb.ingest(src, archive=archive, run="d2")
     assert final.tensors_skipped == kept and final.tensors_added == 95 - kept and final.ok
     _assert_complete_and_exact(archive, "d2", src)
@@ -251,9 +252,19 @@ def test_sigkill_mid_ingest_then_rerun_completes(tmp_path, kill_at):
     partial = dumpdb.open(archive).sql("SELECT count(*) AS n, any_value(status) AS s FROM tensors "
                                         "JOIN runs USING (run)").to_pylist()[0]
     assert partial["n"] < 95
+    _assert_committed_exact(archive, src)  # before the re-run: what was committed reads back
     final = dumpdb.ingest(src, archive=archive, run="d2")
     assert final.ok and final.tensors_skipped == partial["n"]
     _assert_complete_and_exact(archive, "d2", src)
+
+
+def _assert_committed_exact(archive, src: Path):
+    """Every committed row with a payload reads back bit for bit; verify passes."""
+    a = dumpdb.open(archive)
+    with a:
+        for row, array in a.tensors("SELECT tensor_id, source_file FROM tensors WHERE content_hash IS NOT NULL"):
+            assert array is not None and array.tobytes() == npy_payload(src / row["source_file"])[2], row
+    assert a.verify().ok
 
 
 def _assert_complete_and_exact(archive, run, src: Path):

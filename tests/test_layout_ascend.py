@@ -15,7 +15,8 @@ from pathlib import Path
 import fixtures_cann as fc
 import numpy as np
 import pytest
-from conftest import ms_case
+from cann_wire import Spec, container, overflow_record
+from conftest import DATA, ms_case
 
 import dumpdb
 from dumpdb.dtypes import BFLOAT16, dtype_name
@@ -33,7 +34,8 @@ CASES = {
     "torchair": (fc.build_torchair, "torchair-ge"),
     "torchair-stats": (lambda r: fc.build_torchair(r, stats=True), "torchair-ge"),
 }
-MSPROBE_DUMP = Path("/work/shared/corpus/msprobe-torch-cpu/statistics_L0/dump")
+OTHER_DUMPS = [DATA / "msprobe" / "statistics_mix_md5" / "dump", DATA / "msprobe" / "tensor_mix" / "dump",
+               DATA / "tensordump"]
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +65,9 @@ def test_detect_picks_the_layout_and_only_it(world, case):
 
 
 def test_other_dumps_are_not_claimed():
-    others = [ms_case("c1_inputs_kernels_iter")] + ([MSPROBE_DUMP] if MSPROBE_DUMP.is_dir() else [])
+    others = [ms_case("c1_inputs_kernels_iter"), *OTHER_DUMPS]
     for root in others:
+        assert root.is_dir(), root  # shipped in tests/data: the check is never dropped
         assert not [lay.name for lay in LAYOUTS if lay.name in MINE and lay.detect(root)], root
 
 
@@ -208,10 +211,10 @@ def test_bad_containers_are_ingest_errors_rest_ingests(tmp_path):
     fc.add_bad_containers(fx, d)
     p = fc.payloads()
     # a slot whose data type is not in the enum, and a slot whose size disagrees with its shape
-    (d / "Add.UnknownType-op1.20.7.1795336641780001").write_bytes(cann_pb.encode_dump(
-        [p["fp16"]], [cann_pb.TensorSpec(p["fp16"], data_type=99)]))
-    (d / "Add.SizeLies-op1.21.7.1795336641780002").write_bytes(cann_pb.encode_dump(
-        [cann_pb.TensorSpec(p["fp16"], shape=(85,))]))
+    (d / "Add.UnknownType-op1.20.7.1795336641780001").write_bytes(container(
+        [p["fp16"]], [Spec(p["fp16"], data_type=99)]))
+    (d / "Add.SizeLies-op1.21.7.1795336641780002").write_bytes(container(
+        [Spec(p["fp16"], shape=(85,))]))
     report = dumpdb.ingest(fx.root, archive=tmp_path / "a.dumpdb", run="bad")
     assert report.layout == "ascend-async-pb"
     errors = dict(report.errors)
@@ -236,7 +239,7 @@ def test_bad_containers_are_ingest_errors_rest_ingests(tmp_path):
 
 # -- the container parser ---------------------------------------------------------------------------
 def test_container_starts_as_formats_md_says():
-    raw = cann_pb.encode_dump([], [np.zeros(3, np.float32)], version="2.0", dump_time=1)
+    raw = container([], [np.zeros(3, np.float32)], version="2.0", dump_time=1)
     (hlen,) = struct.unpack_from("<Q", raw)
     assert raw[8:13] == b"\x0a\x032.0" and raw[13] == 0x10 and raw[15] == 0x1A  # version, dump_time, output
     assert len(raw) == 8 + hlen + 12
@@ -248,7 +251,7 @@ def test_container_starts_as_formats_md_says():
 def test_roundtrip_every_mapped_dtype(tmp_path, dtype):
     array = (np.arange(24) % 7).astype(np.float64).astype(dtype).reshape(2, 3, 4)
     path = tmp_path / "Op.op.1.2.3"
-    path.write_bytes(cann_pb.encode_dump([array], [array[:1]]))
+    path.write_bytes(container([array], [array[:1]]))
     header = cann_pb.read_header(path)
     assert [t.shape for t in header.tensors] == [(2, 3, 4), (1, 3, 4)]
     cache = cann_pb.HeaderCache()
@@ -258,9 +261,9 @@ def test_roundtrip_every_mapped_dtype(tmp_path, dtype):
 
 
 def test_unknown_fields_are_skipped():
-    out = cann_pb.OpOutput(data_type=1, format=2, size=8)
-    out.shape.dim.extend([2])
-    extra_out = out.SerializeToString() + b"\x48\x2a" + b"\x52\x02ab"  # fields 9 (varint), 10 (bytes)
+    # OpOutput{data_type=1 (DT_FLOAT), format=2 (ND), shape{dim=[2]}, size=8}, by hand (formats.md 3.3)
+    out = b"\x08\x01" + b"\x10\x02" + b"\x1a\x03\x0a\x01\x02" + b"\x30\x08"
+    extra_out = out + b"\x48\x2a" + b"\x52\x02ab"  # fields 9 (varint), 10 (bytes)
     header = b"\x0a\x032.0" + b"\x1a" + bytes([len(extra_out)]) + extra_out + b"\x7a\x03xyz"  # DumpData field 15
     raw = struct.pack("<Q", len(header)) + header + np.array([1.5, 2.5], np.float32).tobytes()
     h = cann_pb.parse_header(raw, len(raw), "f")
@@ -270,7 +273,7 @@ def test_unknown_fields_are_skipped():
 
 
 def test_container_errors_name_the_file():
-    good = cann_pb.encode_dump([np.ones(4, np.float32)], [np.ones(2, np.float16)])
+    good = container([np.ones(4, np.float32)], [np.ones(2, np.float16)])
     for raw, text in (
         (b"", "empty file (0 bytes)"),
         (b"\x01\x02\x03", "only 3 bytes"),
@@ -282,7 +285,7 @@ def test_container_errors_name_the_file():
         assert str(info.value).startswith("dir/Op.x.1.2.3: ") and text in str(info.value)
     h = cann_pb.parse_header(good + b"\x00" * 5, len(good) + 5, "f")
     assert h.trailing == 5
-    t = cann_pb.parse_header(cann_pb.encode_dump([cann_pb.TensorSpec(np.ones(2, np.int8), data_type=13)]),
+    t = cann_pb.parse_header(container([Spec(np.ones(2, np.int8), data_type=13)]),
                              10**6, "f").inputs[0]
     with pytest.raises(DumpFileError, match="data type DT_STRING \\(13\\) has no numpy equivalent"):
         cann_pb.tensor_array(t, b"\x00\x00", "f")
@@ -292,7 +295,7 @@ def test_header_cache_many_threads(tmp_path):
     p = fc.payloads()
     arrays = [p["conv_x"], p["conv_w"], p["conv_y"], p["bf16"], p["fp16"]]
     path = tmp_path / "Multi.op.1.2.3"
-    path.write_bytes(cann_pb.encode_dump(arrays[:3], arrays[3:]))
+    path.write_bytes(container(arrays[:3], arrays[3:]))
     cache = cann_pb.HeaderCache(capacity=1)
     jobs = [("input", i, a) for i, a in enumerate(arrays[:3])] + [("output", i, a) for i, a in enumerate(arrays[3:])]
     with ThreadPoolExecutor(8) as pool:
@@ -302,6 +305,45 @@ def test_header_cache_many_threads(tmp_path):
 
 
 def test_overflow_record_decodes_as_msprobe_writes_it():
-    record = cann_pb.encode_overflow_record(fc.OVERFLOW["dha"], fc.OVERFLOW["l2"], fc.OVERFLOW["core"])
+    record = overflow_record(fc.OVERFLOW["dha"], fc.OVERFLOW["l2"], fc.OVERFLOW["core"])
     assert len(record) == cann_pb.OVERFLOW_RECORD_SIZE == 1048
     assert cann_pb.decode_overflow(record) == fc.overflow_json()
+
+
+def test_every_field_of_an_overflow_record_at_its_documented_offset():
+    """formats.md 3.4, every uint64 distinct so a field read from a neighbour's offset shows:
+    DHA info at 0, L2 info at 128, AI Core info at 256 (model_id, stream_id, task_id, task_type,
+    pc_start, para_base), DHA status at 512, L2 status at 768, AI Core kernel_code, block_idx,
+    status at 1024. The record is built here with struct at those offsets."""
+    raw = bytearray(1048)
+    struct.pack_into("<6Q", raw, 0, 11, 12, 13, 14, 0x1500, 0x1600)
+    struct.pack_into("<6Q", raw, 128, 21, 22, 23, 24, 0x2500, 0x2600)
+    struct.pack_into("<6Q", raw, 256, 31, 32, 33, 34, 0x3500, 0x3600)
+    struct.pack_into("<Q", raw, 512, 41)
+    struct.pack_into("<Q", raw, 768, 51)
+    struct.pack_into("<3Q", raw, 1024, 0x6100, 62, 63)
+    # msprobe's json (AclDumpDataProcessor.cpp): ids as numbers, addresses as hex strings
+    assert cann_pb.decode_overflow(bytes(raw)) == {
+        "DHA Atomic Add": {"model_id": 11, "stream_id": 12, "task_id": 13, "task_type": 14,
+                           "pc_start": "0x1500", "para_base": "0x1600", "status": 41},
+        "L2 Atomic Add": {"model_id": 21, "stream_id": 22, "task_id": 23, "task_type": 24,
+                          "pc_start": "0x2500", "para_base": "0x2600", "status": 51},
+        "AI Core": {"model_id": 31, "stream_id": 32, "task_id": 33, "task_type": 34,
+                    "pc_start": "0x3500", "para_base": "0x3600", "kernel_code": "0x6100", "block_idx": 62,
+                    "status": 63},
+    }
+
+
+def test_container_file_names_follow_formats_md():
+    """formats.md 3.1: {op_type}.{op_name}.{task_id}.{stream_id}.{timestamp}; seed 000's r1.2 form
+    has no stream_id. Checked on the parser itself (the fixtures' world is built once per module)."""
+    ge = get_layout("ascend-async-pb")
+    assert ge._parse_bin_name(
+        "Conv2D.Default_network-WithLossCell__backbone-AlexNet_conv3-Conv2d_Conv2D-op12.2.7.161243956333802") == {
+        "op_type": "Conv2D", "op_name": "Default_network-WithLossCell__backbone-AlexNet_conv3-Conv2d_Conv2D-op12",
+        "task_id": 2, "stream_id": 7, "timestamp": 161243956333802}
+    for name in ("torchair-ge", "cann-tf-adapter"):
+        assert get_layout(name)._parse_bin_name("Cast.Default_Cast-op0.41.3.1795336641754916")["stream_id"] == 3
+    r12 = get_layout("mindspore-r1.2-async-pb")._parse_bin_name("Add.Default_Add-op1.9.1608983934774491")
+    assert r12 == {"op_type": "Add", "op_name": "Default_Add-op1", "task_id": 9, "stream_id": None,
+                   "timestamp": 1608983934774491}

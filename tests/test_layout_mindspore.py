@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import shutil
 
+import numpy as np
 import pytest
 from conftest import ms_case, npy_files
 
+import dumpdb
 from dumpdb.errors import LayoutError
 from dumpdb.layouts import detect, get_layout
 from dumpdb.layouts.mindspore_ir import link_scopes, parse_ir
@@ -137,3 +139,23 @@ def test_detect_errors_say_what_is_wrong(tmp_path):
         detect(tmp_path / "empty")
     with pytest.raises(LayoutError, match="unknown layout 'nope'.*mindspore-sync"):
         get_layout("nope")
+
+
+def test_task_id_and_stream_id_are_not_swapped(tmp_path):
+    """Seed 001's name pattern {op_type}.{op_name}.{task_id}.{stream_id}.{timestamp}.{io}.{slot}.{format}.npy
+    with non-zero, distinct ids (every real CPU case has 0/0): each lands in its own column."""
+    assert parse_tensor_name("Conv2D.Conv2D-op12.7.3.1623124369613540.output.1.NC1HWC0.npy") == {
+        "op_type": "Conv2D", "op_name": "Conv2D-op12", "task_id": 7, "stream_id": 3,
+        "timestamp": 1623124369613540, "io": "output", "slot": 1, "format": "NC1HWC0", "dtype_declared": None}
+    it = tmp_path / "dump/rank_0/Net/0/0"
+    it.mkdir(parents=True)
+    names = {"MatMul.Default_MatMul-op5.41.2.1623124369613541.input.0.DefaultFormat.npy": (41, 2),
+             "ReLU.Default_ReLU-op6.9.5.1623124369613542.output.0.DefaultFormat.Float32.npy": (9, 5)}
+    for i, name in enumerate(names):
+        np.save(it / name, np.full((2, 3), i, np.float32))
+    archive = tmp_path / "a.dumpdb"
+    assert dumpdb.ingest(tmp_path / "dump", archive=archive, run="ids").ok
+    rows = dumpdb.open(archive).sql("SELECT source_file, task_id, stream_id, timestamp FROM tensors").to_pylist()
+    got = {r["source_file"].rsplit("/", 1)[-1]: (r["task_id"], r["stream_id"]) for r in rows}
+    assert got == names
+    assert sorted(r["timestamp"] for r in rows) == [1623124369613541, 1623124369613542]

@@ -64,8 +64,74 @@ def test_stats_match_numpy(name):
 def test_empty_tensor():
     s = compute_stats(np.zeros((0, 3), np.float32))
     assert s.count == 0 and s.min is None and s.mean is None and s.zero_count == 0
+    assert s.as_dict() == {"min": None, "max": None, "mean": None, "l2norm": None, "count": 0, "nan_count": 0,
+                           "pos_inf_count": 0, "neg_inf_count": 0, "zero_count": 0}
+
+
+def test_no_runtime_warnings_for_inf_nan_and_overflow():
+    """inf - inf, NaN and float16 overflow are data here, not warnings a user should see."""
+    import warnings
+
+    cases = [np.array([np.inf, -np.inf, np.nan, 1.0], np.float32), np.array([60000, 60000], np.float16),
+             np.array([np.inf, -np.inf], np.float64), np.array([1e308, 1e308], np.float64)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for a in cases:
+            compute_stats(a)
+
+
+def test_sums_accumulate_over_chunks():
+    n = 2 * CHUNK + 7
+    s = compute_stats(np.full(n, 2.0, np.float32))
+    assert (s.mean, s.l2norm, s.zero_count) == (2.0, math.sqrt(4.0 * n), 0)
+    a = np.ones(2 * CHUNK + 4, np.float16)
+    a[[3, CHUNK + 3, 2 * CHUNK + 3]] = np.nan  # one NaN in each of three chunks
+    assert compute_stats(a).nan_count == 3
 
 
 def test_float64_accumulation_beats_float32():
     a = np.full(1 << 22, 0.1, np.float32)  # float32 accumulation drifts visibly here
     assert compute_stats(a).mean == pytest.approx(float(np.float32(0.1)), rel=1e-12)
+
+
+@pytest.mark.parametrize("array, want", [
+    # worked by hand from the module's definitions
+    (np.array([3 + 4j, 0j, -6 - 8j], np.complex64),  # |x| = 5, 0, 10
+     dict(min=0.0, max=10.0, mean=5.0, l2norm=math.sqrt(125), count=3, nan_count=0, pos_inf_count=0,
+          neg_inf_count=0, zero_count=1)),
+    (np.array([[True, False], [True, True]]),
+     dict(min=0.0, max=1.0, mean=0.75, l2norm=math.sqrt(3), count=4, nan_count=0, pos_inf_count=0,
+          neg_inf_count=0, zero_count=1)),
+    (np.array([-2, 0, 0, 4, 3], np.int8),
+     dict(min=-2.0, max=4.0, mean=1.0, l2norm=math.sqrt(29), count=5, nan_count=0, pos_inf_count=0,
+          neg_inf_count=0, zero_count=2)),
+    (np.array([-0.0, 0.5, np.inf, np.inf, -np.inf], np.float16),
+     dict(min=-math.inf, max=math.inf, mean=math.nan, l2norm=math.inf, count=5, nan_count=0, pos_inf_count=2,
+          neg_inf_count=1, zero_count=1)),
+    (np.array([1.5, np.nan, -np.inf, 0.0], BFLOAT16),
+     dict(min=math.nan, max=math.nan, mean=math.nan, l2norm=math.nan, count=4, nan_count=1, pos_inf_count=0,
+          neg_inf_count=1, zero_count=1)),
+    (np.array(250, np.uint8), dict(min=250.0, max=250.0, mean=250.0, l2norm=250.0, count=1, nan_count=0,
+                                  pos_inf_count=0, neg_inf_count=0, zero_count=0)),
+])
+def test_stats_by_hand(array, want):
+    got = compute_stats(array).as_dict()
+    assert list(got) == ["min", "max", "mean", "l2norm", "count", "nan_count", "pos_inf_count", "neg_inf_count",
+                         "zero_count"]
+    for key, value in want.items():
+        assert same(got[key], value), (key, got[key], value)
+        assert type(got[key]) is type(value), (key, type(got[key]))
+
+
+def test_counts_add_up_over_chunks():
+    """NaN/Inf spread over three chunks; min/max from the NaN-free chunks would be wrong."""
+    a = np.zeros(2 * CHUNK + 10, np.float32)
+    a[5], a[CHUNK + 1], a[CHUNK + 2], a[2 * CHUNK + 3] = np.inf, -np.inf, 7.0, np.nan
+    s = compute_stats(a)
+    assert (s.count, s.nan_count, s.pos_inf_count, s.neg_inf_count, s.zero_count) == (
+        2 * CHUNK + 10, 1, 1, 1, 2 * CHUNK + 10 - 4)
+    assert math.isnan(s.min) and math.isnan(s.max) and math.isnan(s.mean) and math.isnan(s.l2norm)
+    b = a.copy()
+    b[2 * CHUNK + 3] = -3.0
+    s = compute_stats(b)
+    assert (s.min, s.max, s.nan_count) == (-math.inf, math.inf, 0) and math.isnan(s.mean)

@@ -96,3 +96,51 @@ def test_missing_shard_file_is_damage_not_a_crash(archive):
     shutil.move(shard, shard.with_suffix(".moved"))
     report = dumpdb.open(archive).verify()
     assert not report.ok and report.damaged_tensors.num_rows > 0
+
+
+def test_large_arrays_and_empty_payloads_verify(tmp_path, monkeypatch):
+    """Payloads stored as their own (large) array, and zero-byte payloads, read back and hash."""
+    import numpy as np
+
+    monkeypatch.setattr("dumpdb.storage.store.LARGE_BYTES", 8 << 10)
+    it = tmp_path / "dump/rank_0/Net/0/0"
+    it.mkdir(parents=True)
+    np.save(it / "Add.Default_Add-op1.0.0.1623124369613541.output.0.DefaultFormat.npy",
+            np.arange(4096, dtype=np.float32).reshape(64, 64))  # 16 KiB: large here
+    np.save(it / "Add.Default_Add-op1.0.0.1623124369613541.input.0.DefaultFormat.npy", np.zeros(0, np.float32))
+    np.save(it / "Add.Default_Add-op1.0.0.1623124369613541.input.1.DefaultFormat.npy", np.ones(3, np.float32))
+    archive = tmp_path / "a.dumpdb"
+    assert dumpdb.ingest(tmp_path / "dump", archive=archive, run="r").ok
+    a = dumpdb.open(archive)
+    kinds = a.sql("SELECT b.nbytes, r.kind FROM blobs b LEFT JOIN arrays r USING (array_path) ORDER BY 1").to_pylist()
+    assert [(k["nbytes"], k["kind"]) for k in kinds] == [(0, None), (12, "pack"), (16384, "tensor")]
+    report = a.verify()
+    assert report.ok and report.blobs_checked == report.blobs_total == 3 and report.bytes_checked == 16396
+    # damage the large array's shard: verify names its tensor
+    shard = next(p for p in (archive / "tensors.zarr" / "large").rglob("*") if p.is_file() and p.name != "zarr.json")
+    raw = bytearray(shard.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    shard.write_bytes(bytes(raw))
+    bad = a.verify()
+    assert not bad.ok and bad.damaged_tensors["io"].to_pylist() == ["output"]
+
+
+def test_sample_fraction_bounds(archive):
+    a = dumpdb.open(archive)
+    for bad in (0, -0.5, 1.5):
+        with pytest.raises(dumpdb.DumpdbError, match="fraction in \\(0, 1\\]"):
+            a.verify(sample=bad)
+    whole = a.verify(sample=1)
+    assert whole.ok and whole.blobs_checked == whole.blobs_total
+
+
+def test_progress_and_repeatable_sample(archive):
+    a = dumpdb.open(archive)
+    calls = []
+    report = a.verify(progress=lambda done, total: calls.append((done, total)))
+    n = report.blobs_total
+    assert calls == [(i, n) for i in range(1, n + 1)]
+    one = a.verify(sample=1e-9, seed=5)  # at least one payload is always checked
+    assert one.blobs_checked == 1
+    picks = {a.verify(sample=0.3, seed=11).bytes_checked for _ in range(3)}
+    assert len(picks) == 1  # the same seed checks the same payloads

@@ -303,6 +303,7 @@ class _Pipeline:
             self.report.interrupted = True
             # Keep what is complete: write buffered packs and commit their rows.
             self._durable(self.writer.flush())
+            self._drop_committed()
             self._commit()
         except OSError as exc:
             # Writing the store failed (disk full, archive unwritable): keep what was
@@ -323,6 +324,19 @@ class _Pipeline:
         self._finish(interrupted)
         if interrupted:
             self.report.status = "interrupted"
+
+    def _drop_committed(self) -> None:
+        """A Ctrl-C that lands after a COMMIT but before the batch was cleared leaves rows
+        that are already in the catalog: drop them so the recovery commit cannot add them twice."""
+        if not (self.rows or self.error_rows):
+            return
+        with self.catalog.reader() as con:
+            keys = {k for (k,) in con.execute("SELECT tensor_key FROM tensors WHERE run = ?",
+                                               [self.run_name]).fetchall()}
+            failed = {f for (f,) in con.execute("SELECT source_file FROM ingest_errors WHERE run = ?",
+                                                 [self.run_name]).fetchall()}
+        self.rows = [r for r in self.rows if r["tensor_key"] not in keys]
+        self.error_rows = [r for r in self.error_rows if r["source_file"] not in failed]
 
     def _abandon(self) -> None:
         """After a store write failed: commit the rows whose payloads are durable (and

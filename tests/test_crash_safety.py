@@ -1,0 +1,238 @@
+"""Crash safety asserted, not assumed: every archive-writing command is SIGKILLed at I/O
+events chosen by a seeded random schedule (tests/crashkit.py counts files opened in the
+archive, renames, removals, fsyncs and catalog commits), then, BEFORE the same command
+runs again, the archive is opened and every committed row must read back bit for bit
+against the source dump and ``verify`` must pass; after the re-run the result is complete.
+
+``DUMPDB_CRASH_SEED`` changes the schedule (the failing seed and event are in the message);
+``DUMPDB_CRASH_POINTS`` multiplies the number of kill points (default: 12 ingest, 6 import,
+6 gc, 5 compare and every event of prune's single transaction: 32 in all).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import ms_case, npy_files, npy_payload
+
+import dumpdb
+
+REPO = Path(__file__).resolve().parents[1]
+CRASHKIT = Path(__file__).with_name("crashkit.py")
+SEED = int(os.environ.get("DUMPDB_CRASH_SEED", "20"))
+SCALE = float(os.environ.get("DUMPDB_CRASH_POINTS", "1"))
+# Tiny packs and a commit after every accepted batch: many shards, renames and commits
+# (hundreds of kill points) in a dump of a few MB.
+SETTINGS = "dumpdb.storage.store.PACK_BYTES=32768;dumpdb.ingestion.pipeline.COMMIT_SECONDS=0"
+SOURCES = {"d1": ms_case("d1_compare_fp32_iter0"), "d2": ms_case("d2_compare_fp16_bf16_iter0"),
+           "c1": ms_case("c1_inputs_kernels_iter"), "e1": ms_case("e1_nan_inf_overflow")}
+
+
+def _env(archive: Path, **extra) -> dict:
+    env = {**os.environ, "CRASHKIT_WATCH": str(archive), "CRASHKIT_SET": SETTINGS, **extra}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    return env
+
+
+def _cli(archive: Path, args: list[str], **extra) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(CRASHKIT), "-m", "dumpdb", *args], env=_env(archive, **extra),
+                          capture_output=True, text=True, timeout=240)
+
+
+def _schedule(archive: Path, args: list[str], points: int, salt: str, ok_codes=(0,)) -> list[int]:
+    """Run the command once on a copy, counting its events; pick ``points`` of them."""
+    probe = archive.with_name(archive.name + ".probe")
+    shutil.copytree(archive, probe) if archive.exists() else None
+    count_file = archive.with_name("events.txt")
+    probe_args = [str(probe) if a == str(archive) else a for a in args]
+    proc = _cli(probe, probe_args, CRASHKIT_COUNT_FILE=str(count_file))
+    assert proc.returncode in ok_codes, proc.stderr
+    total = int(count_file.read_text().split()[0])
+    shutil.rmtree(probe)
+    k = max(1, round(points * SCALE))
+    if total <= k:  # a short command (one transaction): every event is a kill point
+        return list(range(1, total + 1))
+    return sorted(random.Random(f"{SEED}:{salt}").sample(range(1, total + 1), k))
+
+
+def _killed(archive: Path, args: list[str], at: int) -> subprocess.CompletedProcess:
+    return _cli(archive, args, CRASHKIT_KILL_AT=str(at))
+
+
+def assert_committed_rows_exact(archive: Path, where: str) -> int:
+    """Open the archive as a user would after the crash: every committed payload reads back
+    bit-exact against its source file, verify passes, no tensor is there twice."""
+    a = dumpdb.open(archive)
+    rows = a.sql("SELECT tensor_id, run, source_file, tensor_key, content_hash, pruned_at FROM tensors").to_pylist()
+    keys = [(r["run"], r["tensor_key"]) for r in rows]
+    assert len(keys) == len(set(keys)), f"{where}: a tensor committed twice"
+    with a:
+        for r in rows:
+            if r["content_hash"] is None or r["pruned_at"] is not None:
+                continue
+            try:
+                got = a.tensor(r["tensor_id"])
+            except dumpdb.DumpdbError as exc:
+                raise AssertionError(f"{where}: committed row {r['run']}/{r['source_file']} unreadable: {exc}") from exc
+            expected = npy_payload(SOURCES[r["run"]] / r["source_file"])[2]
+            assert got.tobytes() == expected, f"{where}: {r['run']}/{r['source_file']} differs"
+    report = a.verify()
+    assert report.ok, f"{where}: verify failed: {report.damaged_tensors.to_pylist()[:3]}"
+    return len(rows)
+
+
+def _ingest(archive: Path, run: str) -> None:
+    proc = _cli(archive, ["ingest", str(SOURCES[run]), "--archive", str(archive), "--run", run, "-q"])
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_crashkit_counts_and_kills(tmp_path):
+    """The harness itself: a count pass sees commits, fsyncs and renames; a kill point kills."""
+    archive = tmp_path / "a.dumpdb"
+    count_file = tmp_path / "events.txt"
+    args = ["ingest", str(SOURCES["d2"]), "--archive", str(archive), "--run", "d2", "-q"]
+    proc = _cli(archive, args, CRASHKIT_COUNT_FILE=str(count_file))
+    assert proc.returncode == 0, proc.stderr
+    kinds = count_file.read_text().split()[1:]
+    assert {"commit-before", "commit-after", "fsync-before", "os.rename", "open-write"} <= set(kinds)
+    assert kinds.count("commit-after") > 5  # COMMIT_SECONDS=0 took effect: many commits to kill between
+    shutil.rmtree(archive)
+    assert _killed(archive, args, 3).returncode == -signal.SIGKILL
+
+
+def test_ingest_killed_anywhere_keeps_committed_rows_exact_and_reruns_complete(tmp_path):
+    archive = tmp_path / "a.dumpdb"
+    args = ["ingest", str(SOURCES["d2"]), "--archive", str(archive), "--run", "d2", "-q"]
+    n_files = len(npy_files(SOURCES["d2"]))
+    for at in _schedule(archive, args, 12, "ingest"):
+        if archive.exists():
+            shutil.rmtree(archive)
+        proc = _killed(archive, args, at)
+        where = f"ingest killed at event {at} (seed {SEED})"
+        assert proc.returncode == -signal.SIGKILL, f"{where}: {proc.returncode} {proc.stderr[-500:]}"
+        if archive.exists() and dumpdb.archive.is_archive(archive):
+            assert assert_committed_rows_exact(archive, where) <= n_files
+        rerun = _cli(archive, args)
+        assert rerun.returncode == 0, f"{where}: re-run failed: {rerun.stderr[-500:]}"
+        assert assert_committed_rows_exact(archive, where + ", after the re-run") == n_files
+        assert dumpdb.open(archive).show("d2")["status"] == "complete"
+
+
+def test_import_killed_anywhere_keeps_committed_rows_exact_and_reruns_complete(tmp_path):
+    src_archive, bundle = tmp_path / "src.dumpdb", tmp_path / "d2.bundle"
+    _ingest(src_archive, "d2")
+    dumpdb.open(src_archive).export(["d2"], bundle)
+    base = tmp_path / "base.dumpdb"
+    _ingest(base, "c1")
+    archive = tmp_path / "a.dumpdb"
+    shutil.copytree(base, archive)
+    args = ["import", str(bundle), "--archive", str(archive)]
+    n = len(npy_files(SOURCES["d2"])) + len(npy_files(SOURCES["c1"]))
+    for at in _schedule(archive, args, 6, "import"):
+        shutil.rmtree(archive)
+        shutil.copytree(base, archive)
+        where = f"import killed at event {at} (seed {SEED})"
+        proc = _killed(archive, args, at)
+        assert proc.returncode == -signal.SIGKILL, f"{where}: {proc.returncode} {proc.stderr[-500:]}"
+        assert assert_committed_rows_exact(archive, where) <= n
+        rerun = _cli(archive, args)
+        assert rerun.returncode == 0, f"{where}: re-run failed: {rerun.stderr[-500:]}"
+        assert assert_committed_rows_exact(archive, where + ", after the re-run") == n
+
+
+def _e1_c1_base(tmp_path) -> Path:
+    """e1 (several iterations, tiny packs) and c1."""
+    base = tmp_path / "base.dumpdb"
+    _ingest(base, "e1")
+    _ingest(base, "c1")
+    return base
+
+
+def test_prune_killed_anywhere_keeps_rows_and_statistics(tmp_path):
+    base = _e1_c1_base(tmp_path)
+    stats_q = "SELECT tensor_id, min, max, mean, l2norm, nan_count, pos_inf_count, neg_inf_count FROM tensors ORDER BY 1"
+    stats_before = _reprs(dumpdb.open(base).sql(stats_q).to_pylist())
+    archive = tmp_path / "a.dumpdb"
+    shutil.copytree(base, archive)
+    args = ["prune", "e1", "--keep-stats", "--iterations", "0-5", "--archive", str(archive)]
+    expected_pruned = dumpdb.open(base).sql(
+        "SELECT count(*) AS n FROM tensors WHERE run = 'e1' AND iteration BETWEEN 0 AND 5")["n"][0].as_py()
+    assert expected_pruned > 0
+    for at in _schedule(archive, args, 4, "prune"):
+        shutil.rmtree(archive)
+        shutil.copytree(base, archive)
+        where = f"prune killed at event {at} (seed {SEED})"
+        proc = _killed(archive, args, at)
+        assert proc.returncode == -signal.SIGKILL, f"{where}: {proc.returncode} {proc.stderr[-500:]}"
+        assert_committed_rows_exact(archive, where)
+        assert _reprs(dumpdb.open(archive).sql(stats_q).to_pylist()) == stats_before, f"{where}: statistics changed"
+        assert _cli(archive, args).returncode == 0
+        assert_committed_rows_exact(archive, where + ", after the re-run")
+        pruned = dumpdb.open(archive).sql("SELECT run, iteration FROM tensors WHERE pruned_at IS NOT NULL").to_pylist()
+        assert len(pruned) == expected_pruned and all(r["run"] == "e1" and r["iteration"] <= 5 for r in pruned)
+
+
+def test_gc_killed_anywhere_loses_no_live_payload(tmp_path):
+    base = _e1_c1_base(tmp_path)
+    dumpdb.open(base).prune("e1", "0-5")
+    archive = tmp_path / "a.dumpdb"
+    shutil.copytree(base, archive)
+    args = ["gc", "--archive", str(archive)]
+    live = assert_committed_rows_exact(base, "before gc")
+    size_before = sum(p.stat().st_size for p in (base / "tensors.zarr").rglob("*") if p.is_file())
+    for at in _schedule(archive, args, 6, "gc"):
+        shutil.rmtree(archive)
+        shutil.copytree(base, archive)
+        where = f"gc killed at event {at} (seed {SEED})"
+        proc = _killed(archive, args, at)
+        assert proc.returncode == -signal.SIGKILL, f"{where}: {proc.returncode} {proc.stderr[-500:]}"
+        assert assert_committed_rows_exact(archive, where) == live
+        assert _cli(archive, args).returncode == 0
+        assert assert_committed_rows_exact(archive, where + ", after the re-run") == live
+        size_after = sum(p.stat().st_size for p in (archive / "tensors.zarr").rglob("*") if p.is_file())
+        assert size_after < size_before, f"{where}: gc reclaimed nothing"
+
+
+def _compare_rows(archive: Path) -> list[tuple]:
+    rows = dumpdb.open(archive).sql(
+        "SELECT pair_index, target_tensor_id, bench_tensor_id, cosine, max_abs_err FROM compare_results "
+        "ORDER BY compare_id, pair_index").to_pylist()
+    return _reprs(rows)
+
+
+def _reprs(rows: list[dict]) -> list[tuple]:
+    return [tuple(repr(v) for v in r.values()) for r in rows]  # repr: NaN equals NaN
+
+
+def test_compare_killed_anywhere_stores_all_or_nothing(tmp_path):
+    base = tmp_path / "base.dumpdb"
+    _ingest(base, "d1")
+    _ingest(base, "d2")
+    reference = tmp_path / "ref.dumpdb"
+    shutil.copytree(base, reference)
+    args = ["compare", "d2", "d1", "--archive", str(reference), "--show", "0"]
+    assert _cli(reference, args).returncode in (0, 1)
+    expected = _compare_rows(reference)
+    assert len(expected) > 50
+    archive = tmp_path / "a.dumpdb"
+    shutil.copytree(base, archive)
+    args = ["compare", "d2", "d1", "--archive", str(archive), "--show", "0"]
+    for at in _schedule(archive, args, 5, "compare", ok_codes=(0, 1)):
+        shutil.rmtree(archive)
+        shutil.copytree(base, archive)
+        where = f"compare killed at event {at} (seed {SEED})"
+        proc = _killed(archive, args, at)
+        assert proc.returncode == -signal.SIGKILL, f"{where}: {proc.returncode} {proc.stderr[-500:]}"
+        assert_committed_rows_exact(archive, where)
+        a = dumpdb.open(archive)
+        for c in a.sql("SELECT compare_id, pairs FROM compares").to_pylist():  # a stored compare is whole
+            n = a.sql("SELECT count(*) AS n FROM compare_results WHERE compare_id = ?", [c["compare_id"]])["n"][0]
+            assert n.as_py() == c["pairs"], f"{where}: compare {c['compare_id']} stored in part"
+        assert _cli(archive, args).returncode in (0, 1)
+        assert _compare_rows(archive)[-len(expected):] == expected, where

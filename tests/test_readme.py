@@ -106,11 +106,16 @@ def work(tmp_path_factory) -> Path:
                       (ms_case("e1_nan_inf_overflow"), "nan")):
         assert dumpdb.ingest(src, archive=w / "lenet.dumpdb", run=name).ok
     dumpdb.open(default).export(["fp32-baseline"], w / "fp32.bundle")  # read by the bundle snippet
+    # "compare DIR DIR": two dump directories (the LeNet fp16/bf16 and fp32 steps)
+    (w / "fp16_dump").symlink_to(ms_case("d2_compare_fp16_bf16_iter0"))
+    (w / "fp32_dump").symlink_to(ms_case("d1_compare_fp32_iter0"))
     return w
 
 
 # Exit codes the README documents for commands that report a finding.
-EXPECTED_EXIT = {("first-divergence", "fp16", "fp32"): 1}
+# d2 (fp16/bf16) vs d1 (fp32) departs nowhere beyond float16 precision: first-divergence 0
+# under the default (precision) rules; scan exits 1 when it finds NaN/Inf.
+EXPECTED_EXIT = {("first-divergence", "fp16", "fp32"): 0, ("scan", "nan"): 1}
 
 
 def _expected_exit(argv: list[str]) -> int:
@@ -186,7 +191,7 @@ def test_comparing_commands_and_python(work):
     assert header[:4] == ["NPU Name", "Bench Name", "NPU Dtype", "Bench Dtype"]
     assert (work / "report.html").read_text().startswith("<!DOCTYPE html>")
     fd = next(p for cmd, p in results.items() if "first-divergence" in cmd)
-    assert "first divergence" in fd.stdout
+    assert "no departure beyond float16 precision" in fd.stdout
     proc = run_python("import dumpdb\n" + blocks(text, "python")[0] + "\nprint('ok', results.num_rows)", work)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert re.search(r"^ok \d{2,}$", proc.stdout, re.M), proc.stdout
@@ -267,7 +272,7 @@ def test_npy_payload_helper_is_independent():
 
 
 def test_readme_test_command_is_what_ci_runs():
-    block = blocks(section("Quick start"))[1]
+    block = next(b for b in blocks(section("Quick start")) if "pytest" in b)
     readme_pytest = next(a for a in commands(block) if "pytest" in a)
     ci = (REPO / ".ci" / "run").read_text()
     ci_pytest = [shlex.split(line) for line in ci.splitlines() if "-m pytest" in line and not line.startswith("#")]

@@ -85,18 +85,26 @@ def _row_counts(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
 SUMMARY = "catalog.summary.json"
 
 
-def write_summary(path: Path, counts: dict[str, int]) -> None:
+def write_summary(path: Path, counts: dict[str, int], pending: bool = False) -> None:
     """Record ``counts`` beside the catalog (``catalog.summary.json``), atomically.
 
     ``dumpdb verify`` compares the catalog's row counts with it: a catalog rolled back,
-    replaced or partly lost since the last commit shows. Best effort: if it cannot be
-    written (full disk), the old summary is removed rather than left stale.
+    replaced or partly lost since the last commit shows. Written twice per commit, so a
+    process killed between the two leaves a summary that still tells the truth: before
+    COMMIT with ``pending`` (the counts about to be committed, and under ``"before"`` the
+    last committed ones: the catalog holds one or the other), after COMMIT plain.
+    Best effort: if it cannot be written (full disk), the old summary is removed rather
+    than left stale.
     """
     target = path.parent / SUMMARY
     tmp = path.parent / f".{SUMMARY}.tmp-{os.getpid()}"
+    record: dict = {"committed": datetime.now().isoformat(timespec="seconds"), "dumpdb_version": __version__,
+                    "rows": counts}
+    if pending:
+        last = read_summary(path)
+        record["before"] = None if last is None or "before" in last else last["rows"]
     try:
-        tmp.write_text(json.dumps({"committed": datetime.now().isoformat(timespec="seconds"),
-                                   "dumpdb_version": __version__, "rows": counts}), encoding="utf-8")
+        tmp.write_text(json.dumps(record), encoding="utf-8")
         os.replace(tmp, target)
     except OSError:
         tmp.unlink(missing_ok=True)
@@ -211,8 +219,9 @@ class Catalog:
                     except duckdb.Error:
                         pass  # the transaction is gone already (e.g. failed on a full disk)
                     raise
-                con.execute("COMMIT")
                 # Still holding the only read-write connection: no other commit can come between.
+                write_summary(self.path, counts, pending=True)  # killed past COMMIT: still true
+                con.execute("COMMIT")
                 write_summary(self.path, counts)
         finally:
             con.close()

@@ -65,18 +65,9 @@ from pathlib import Path
 
 from dumpdb.dumpio import read_dump_text, reason
 from dumpdb.errors import DumpdbError, DumpFileError, LayoutError
-from dumpdb.layouts import cann_pb, register
+from dumpdb.layouts import DumpScan, Layout, LoadedTensor, TensorEntry, cann_pb, register
 from dumpdb.layouts import mindspore_kit as kit
-from dumpdb.layouts.base import (
-    DumpScan,
-    Layout,
-    LoadedTensor,
-    TensorEntry,
-    display_name,
-    file_sizes,
-    load_json,
-    read_metadata_dir,
-)
+from dumpdb.layouts.base import display_name, file_sizes, load_json, read_metadata_dir
 from dumpdb.layouts.mindspore_kit import parse_tensor_name, read_mapping_csv, read_stats_csv
 from dumpdb.npy import read_npy_declared
 

@@ -97,16 +97,8 @@ import numpy as np
 from dumpdb.dtypes import BFLOAT16, dtype_name, from_dump_name
 from dumpdb.dumpio import MAX_TEXT_BYTES, read_dump_text, reason
 from dumpdb.errors import DumpdbError, DumpdbWarning, DumpFileError, LayoutError
-from dumpdb.layouts.base import (
-    DumpScan,
-    Layout,
-    LoadedTensor,
-    TensorEntry,
-    display_name,
-    file_sizes,
-    load_json,
-    register,
-)
+from dumpdb.layouts import DumpScan, Layout, LoadedTensor, TensorEntry, register
+from dumpdb.layouts.base import display_name, file_sizes, load_json
 from dumpdb.npy import read_npy
 
 STEP_DIR_RE = re.compile(r"^step(\d+)$")

@@ -140,11 +140,14 @@ def _stat_cell(v: Any) -> Any:
     +-inf -> ' inf' / ' -inf' (its CSV writer's replacement, for Excel)."""
     if v is None:
         return NONE_STR
-    if isinstance(v, float) and math.isnan(v):
-        return NAN
-    if isinstance(v, float) and math.isinf(v):
-        return " inf" if v > 0 else " -inf"
-    return v
+    return _nonfinite(v) or v
+
+
+def _nonfinite(v: Any) -> str | None:
+    """msprobe's text for a NaN or infinite float ('Nan', ' inf', ' -inf'), else None."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return NAN if math.isnan(v) else (" inf" if v > 0 else " -inf")
+    return None
 
 
 def _classify(v: Any) -> str:
@@ -202,10 +205,8 @@ def _format_metric(name: str, v: Any) -> Any:
     """msprobe's rounding: ``float('{:.12f}'.format(v))`` (not EucDist); cosine > 0.9999 to 6 decimals."""
     if v is None:
         return UNSUPPORTED
-    if isinstance(v, float) and math.isnan(v):
-        return NAN
-    if isinstance(v, float) and math.isinf(v):
-        return " inf" if v > 0 else " -inf"
+    if _nonfinite(v) is not None:
+        return _nonfinite(v)
     if name == "euc_dist":  # msprobe writes the Euclidean distance unrounded
         return float(v)
     v = float(f"{v:.12f}")

@@ -451,11 +451,7 @@ ORDER BY 1
 
 
 @app.command()
-def tables(
-    archive: Optional[Path] = ArchiveOpt,
-    fmt: str = FormatOpt,
-    output: Optional[Path] = OutputOpt,
-) -> None:
+def tables(archive: Optional[Path] = ArchiveOpt, fmt: str = FormatOpt, output: Optional[Path] = OutputOpt) -> None:
     """List the catalog's tables with their row counts and what each holds."""
     _check_format(fmt, output)
     a = _open(archive)

@@ -511,7 +511,7 @@ function clearTimeout() {}
 def test_table_script_sorts_filters_and_draws_every_row(compare_report, tmp_path):
     node = shutil.which("node")
     if node is None:
-        pytest.skip("node is not installed")
+        pytest.skip("node is not installed (apt-get install nodejs; .ci/run installs it): runs the report's table script")
     path, results, _ = compare_report
     text, p = parse(path)
     main_js = p.scripts[None]

@@ -91,9 +91,10 @@ def export_runs(archive, runs: list[str], to: str | os.PathLike) -> Path:
                 "WHERE b.content_hash IN (SELECT content_hash FROM tensors WHERE run IN (SELECT unnest(?)) "
                 "AND pruned_at IS NULL) ORDER BY b.array_path, b.elem_offset", [runs]).fetchall()
         writer = StoreWriter(TensorStore(bundle / "tensors.zarr", read_only=False))
-        for content_hash, array_path, offset, count, nbytes in live:  # every payload re-hashed first
-            _check_archive_payload(archive, runs, content_hash, array_path, offset, count, nbytes)
-        locations = copy_payloads(archive.store, writer, [row[:4] for row in live])
+        nbytes_of = {row[0]: row[4] for row in live}
+        locations = copy_payloads(  # each payload read once, re-hashed before it is written
+            archive.store, writer, [row[:4] for row in live],
+            read=lambda ref: _checked_archive_payload(archive, runs, *ref, nbytes_of[ref[0]]))
         arrays = writer.take_arrays()
         writer.close()
         tables["blobs"] = blob_table(locations).drop_columns(["first_run"])
@@ -126,11 +127,12 @@ def export_runs(archive, runs: list[str], to: str | os.PathLike) -> Path:
     return to
 
 
-def _check_archive_payload(archive, runs: list[str], content_hash: str, array_path: str | None,
-                           offset: int | None, count: int | None, nbytes: int) -> None:
+def _checked_archive_payload(archive, runs: list[str], content_hash: str, array_path: str | None,
+                             offset: int | None, count: int | None, nbytes: int) -> np.ndarray:
     """One payload of the archive for export, read through the store (a missing object is
-    PayloadMissing, never zeros) and re-hashed. Raises PayloadMissing / PayloadCorrupt
-    naming the array and a tensor that uses it: no bundle is written then."""
+    PayloadMissing, never zeros) and re-hashed; returns its bytes (flat, storage dtype).
+    Raises PayloadMissing / PayloadCorrupt naming the array and a tensor that uses it: no
+    bundle is written then (export writes aside and renames only when done)."""
     from dumpdb.storage.store import payload_hash
 
     def who() -> str:
@@ -140,7 +142,7 @@ def _check_archive_payload(archive, runs: list[str], content_hash: str, array_pa
         return f"run {row[0]} op {row[1]} {row[2]} slot {row[3]}" if row else f"payload {content_hash}"
 
     if array_path is None:
-        return
+        return np.zeros(0, np.uint8)
     where = f"{archive.store.name}/{array_path}"
     try:
         data = archive.store.read_payload(array_path, offset, count or 0, content_hash)
@@ -153,6 +155,7 @@ def _check_archive_payload(archive, runs: list[str], content_hash: str, array_pa
     if raw.size != nbytes or payload_hash(raw) != content_hash:
         raise PayloadCorrupt(f"{where}: bytes of {who()} differ from the catalog's hash; no bundle written "
                              "(dumpdb verify lists every damaged tensor)")
+    return data
 
 
 # What reading a bundle can raise besides BundleError: all of it means "unreadable bundle".

@@ -12,9 +12,10 @@ returns a location only then), so the catalog never references a missing payload
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from dumpdb.catalog import schema
@@ -27,15 +28,19 @@ ARRAY_SCHEMA = schema.arrow_schema("arrays", exclude=("created_at",))
 BlobRef = tuple[str, str | None, int | None, int | None]  # content_hash, array_path, elem_offset, elem_count
 
 
-def copy_payloads(source: TensorStore, writer: StoreWriter, blobs: Iterable[BlobRef]) -> list[BlobLocation]:
+def copy_payloads(source: TensorStore, writer: StoreWriter, blobs: Iterable[BlobRef],
+                  read: Callable[[BlobRef], np.ndarray] | None = None) -> list[BlobLocation]:
     """Copy each stored payload ``(content_hash, array_path, elem_offset, elem_count)``
     of ``source`` into ``writer``'s store, bit for bit; flushes and returns the new
     locations (one per payload, in write order). The arrays written are in
-    ``writer.take_arrays()``. Raises PayloadMissing/PayloadCorrupt/ValueError for a
-    damaged source payload, OSError when writing fails."""
+    ``writer.take_arrays()``. ``read`` replaces the plain read of one payload (export
+    passes one that also re-hashes it and names the tensor on failure: each payload is
+    read once). Raises PayloadMissing/PayloadCorrupt/ValueError for a damaged source
+    payload, OSError when writing fails."""
     locations: list[BlobLocation] = []
-    for content_hash, array_path, offset, count in blobs:
-        data = source.read_payload(array_path, offset, count or 0, content_hash)
+    for ref in blobs:
+        content_hash, array_path, offset, count = ref
+        data = read(ref) if read is not None else source.read_payload(array_path, offset, count or 0, content_hash)
         locations.extend(writer.add(content_hash, data))
     locations.extend(writer.flush())
     return locations

@@ -8,6 +8,7 @@ import sys
 
 
 def main() -> None:
+    """Entry point of the ``dumpdb`` command (see :mod:`dumpdb.cli`; Ctrl-C during imports exits 130)."""
     try:
         from dumpdb.cli import main as cli_main
     except KeyboardInterrupt:

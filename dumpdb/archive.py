@@ -169,6 +169,7 @@ class Archive:
 
     @property
     def writable(self) -> bool:
+        """True if this process may write the archive (directory and catalog writable)."""
         return os.access(self.path, os.W_OK) and os.access(self.path / CATALOG, os.W_OK)
 
     # -- connections -------------------------------------------------------

@@ -52,6 +52,7 @@ RUN_TABLES = tuple(schema.run_tables())  # per-run tables (dumpdb.catalog.schema
 
 @dataclass
 class ImportReport:
+    """What :func:`import_bundle` did: runs imported/skipped, tensors, payloads stored/already present."""
     runs_imported: list[str] = field(default_factory=list)
     runs_skipped: list[str] = field(default_factory=list)
     tensors: int = 0

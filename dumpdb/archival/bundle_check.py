@@ -122,6 +122,7 @@ def read_manifest(text: bytes, source: Path, latest_schema: int, format_name: st
 
 
 def declared_bytes(manifest: dict) -> int:
+    """Bytes the manifest declares for all the bundle's files (its ``files`` sizes), checked before extraction."""
     return sum(meta["bytes"] for meta in manifest["files"].values())
 
 
@@ -252,6 +253,7 @@ def check_array_path(array_path: object, arrays: set[str], source: Path) -> str:
 
 
 def check_columns(table: str, names: list[str], allowed: set[str], source: Path) -> None:
+    """Raise BundleError naming the table and columns of a bundle table that the catalog does not have."""
     unknown = [n for n in names if n not in allowed]
     if unknown:
         raise BundleError(f"{source}: table {table} has column(s) {', '.join(unknown[:3])} the catalog does not")

@@ -113,6 +113,7 @@ class GcReport:
 
     @property
     def reclaimed(self) -> int:
+        """Bytes of store space freed (``bytes_before - bytes_after``)."""
         return self.bytes_before - self.bytes_after
 
 

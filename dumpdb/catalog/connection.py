@@ -49,6 +49,7 @@ STORAGE_COMPATIBILITY = "v1.4.0"
 
 
 def is_lock_error(exc: Exception) -> bool:
+    """True if a DuckDB error says another process holds the catalog's file lock (DuckDB 2.x wording)."""
     text = str(exc).lower()
     return "lock" in text and ("conflicting" in text or "could not set" in text)
 

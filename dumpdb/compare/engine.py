@@ -120,6 +120,7 @@ class Selection:
                    sel.rank if sel.rank is not None else rank)
 
     def where(self) -> tuple[str, list]:
+        """SQL condition and parameters selecting this run, iteration and rank (a rankless dump is rank 0)."""
         conds, params = ["t.run = ?"], [self.run]
         for column, value in (("iteration", self.iteration), ("rank", self.rank)):
             if value is not None:  # rank 0 includes a dump without ranks (msprobe proc<PID>)
@@ -128,6 +129,7 @@ class Selection:
         return " AND ".join(conds), params
 
     def describe(self) -> str:
+        """``run iteration N rank R`` as messages print the selection."""
         parts = [self.run]
         if self.iteration is not None:
             parts.append(f"iteration {self.iteration}")

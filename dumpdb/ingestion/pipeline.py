@@ -96,6 +96,7 @@ class IngestReport:
 
     @property
     def ok(self) -> bool:
+        """True if the ingest finished and no file failed (exit code 0)."""
         return not self.errors and not self.interrupted
 
 

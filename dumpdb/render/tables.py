@@ -49,14 +49,17 @@ class Rows:
 
     @classmethod
     def from_arrow(cls, table: pa.Table) -> Rows:
+        """Rows of a ``pyarrow.Table`` (column names and Python values)."""
         return cls(list(table.column_names), [tuple(r.values()) for r in table.to_pylist()])
 
     @classmethod
     def from_dicts(cls, records: Sequence[dict[str, Any]], names: Sequence[str] | None = None) -> Rows:
+        """Rows of a list of dicts with the same keys (empty list: no columns)."""
         names = list(names if names is not None else (records[0].keys() if records else []))
         return cls(names, [tuple(r.get(n) for n in names) for r in records])
 
     def to_dicts(self) -> list[dict[str, Any]]:
+        """The rows as dicts, column name -> value."""
         return [dict(zip(self.names, r)) for r in self.rows]
 
     def __len__(self) -> int:

@@ -96,6 +96,7 @@ class DurableLocalStore(LocalStore):
                  byte_range: ByteRequest | None = None) -> Buffer | None:
         # The hot path of a tensor read (one inner chunk of a pack): one pread, no
         # pathlib and no seek to the end, which LocalStore's get does for every range.
+        """A ranged read as one ``pread`` (zarr's sync Store API); None if the object does not exist."""
         if not isinstance(byte_range, RangeByteRequest):
             return super().get_sync(key, prototype=prototype, byte_range=byte_range)
         try:
@@ -117,6 +118,7 @@ class DurableLocalStore(LocalStore):
         return durable_put(self.root / key, parts, self.root, exclusive)
 
     def set_sync(self, key: str, value: Buffer) -> None:
+        """Write the whole object durably: temp file, fsync, rename, directory fsync."""
         self.set_parts_sync(key, [value.as_buffer_like()])
 
     async def _set(self, key: str, value: Buffer, exclusive: bool = False) -> None:
@@ -130,6 +132,7 @@ class DurableLocalStore(LocalStore):
         await asyncio.to_thread(durable_put, self.root / key, [value.as_buffer_like()], self.root, exclusive)
 
     def delete_sync(self, key: str) -> None:
+        """Delete the object (missing is fine) and fsync its directory."""
         super().delete_sync(key)
         parent = (self.root / key).parent
         if parent.is_dir():

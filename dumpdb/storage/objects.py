@@ -65,6 +65,7 @@ class ObjectStore:
 
     @property
     def read_only(self) -> bool:
+        """True if the underlying zarr store refuses writes."""
         return self.store.read_only
 
     def where(self, key: str) -> str:

@@ -434,6 +434,7 @@ class StoreWriter:
 
     @property
     def buffered_bytes(self) -> int:
+        """Payload bytes added but not yet written to a pack shard."""
         return sum(b.nbytes for b in self._buffers.values())
 
     def add(self, content_hash: str, payload: np.ndarray) -> list[BlobLocation]:
@@ -475,6 +476,7 @@ class StoreWriter:
         self._codec_pool.shutdown(wait=True)
 
     def take_arrays(self) -> list[ArrayInfo]:
+        """The arrays written since the last call (``arrays`` rows to record), and forget them."""
         taken, self._arrays = self._arrays, []
         return taken
 

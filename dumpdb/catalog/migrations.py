@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 from dumpdb.errors import ArchiveError
@@ -23,7 +24,13 @@ class Migration:
 
     @property
     def sql(self) -> str:
-        return self.path.read_text(encoding="utf-8")
+        """The migration's SQL text."""
+        return _read(self.path)
+
+
+@cache
+def _read(path: Path) -> str:
+    return path.read_text(encoding="utf-8")
 
 
 def migrations_dir() -> Path:
@@ -40,8 +47,16 @@ def migrations_dir() -> Path:
 
 
 def load_migrations(directory: Path | None = None) -> list[Migration]:
-    """All migrations, sorted by version. Raises ArchiveError on a gap or duplicate."""
-    directory = directory or migrations_dir()
+    """All migrations, sorted by version. Raises ArchiveError on a gap or duplicate.
+
+    Read once per directory and process: every catalog open asks (version checks,
+    expected tables), and the files do not change under a running dumpdb.
+    """
+    return list(_load(directory or migrations_dir()))
+
+
+@cache
+def _load(directory: Path) -> tuple[Migration, ...]:
     found = []
     for path in directory.iterdir():
         m = _MIGRATION_RE.match(path.name)
@@ -51,7 +66,7 @@ def load_migrations(directory: Path | None = None) -> list[Migration]:
     for expected, mig in enumerate(found, start=1):
         if mig.version != expected:
             raise ArchiveError(f"{mig.path}: migration numbers must run 1, 2, 3... (expected {expected})")
-    return found
+    return tuple(found)
 
 
 def latest_version() -> int:

@@ -7,17 +7,21 @@ DuckDB's own catalog (``duckdb_tables()``, ``duckdb_columns()``), so export/impo
 tables or columns. Comments come from migration 006 (``COMMENT ON``).
 
 Building it costs one in-memory DuckDB and the migrations (a few hundred ms), so it
-happens on first use, not on import.
+happens on first use, not on import, and its result is kept in the user's cache
+(:mod:`dumpdb.catalog.cache`, keyed by the migrations' content) for the next process.
 """
 
 from __future__ import annotations
 
+import base64
+import json
 from dataclasses import dataclass
 from functools import cache
 
 import duckdb
 import pyarrow as pa
 
+from dumpdb.catalog import cache as disk_cache
 from dumpdb.catalog.migrations import load_migrations
 
 __all__ = ["Column", "Table", "arrow_schema", "columns", "run_tables", "table", "tables"]
@@ -50,6 +54,36 @@ class Table:
 
 @cache
 def _tables() -> dict[str, Table]:
+    name = f"schema-{disk_cache.migrations_key()}.json"
+    cached = disk_cache.get(name)
+    if cached is not None:
+        try:
+            return _decode(cached)
+        except (ValueError, KeyError, TypeError, pa.ArrowInvalid):
+            pass  # an entry of another shape: derive again and overwrite it
+    found = _derive()
+    disk_cache.put(name, _encode(found))
+    return found
+
+
+def _encode(found: dict[str, Table]) -> bytes:
+    return json.dumps([
+        {"name": t.name, "comment": t.comment,
+         "columns": [[c.name, c.type, c.nullable, c.comment] for c in t.columns],
+         "arrow": base64.b64encode(t.arrow.serialize().to_pybytes()).decode("ascii")}
+        for t in found.values()]).encode("utf-8")
+
+
+def _decode(data: bytes) -> dict[str, Table]:
+    found: dict[str, Table] = {}
+    for t in json.loads(data):
+        arrow = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(t["arrow"])))
+        found[t["name"]] = Table(t["name"], t["comment"], tuple(Column(*c) for c in t["columns"]), arrow)
+    return found
+
+
+def _derive() -> dict[str, Table]:
+    """Apply the migrations to an in-memory DuckDB and read its catalog."""
     con = duckdb.connect()
     try:
         con.execute("BEGIN TRANSACTION")  # one commit for all migrations: several times faster

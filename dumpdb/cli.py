@@ -78,8 +78,11 @@ class _Commands(TyperGroup):
     """The one place exceptions become one-line messages and exit codes."""
 
     def invoke(self, ctx: Any) -> Any:
+        from dumpdb import sigint
+
         try:
-            return super().invoke(ctx)
+            with sigint.graceful():  # Ctrl-C raises KeyboardInterrupt: cleanup (finally) runs, then one line
+                return super().invoke(ctx)
         except DumpdbError as exc:
             _report(exc, str(exc), exc.exit_code)
         except KeyboardInterrupt as exc:
@@ -119,7 +122,10 @@ def _report(exc: BaseException, message: str, code: int) -> None:
 
         traceback.print_exception(exc, file=sys.stderr)
     if code == EXIT_INTERRUPTED:
-        _say(message, stderr=True, style="yellow")
+        from dumpdb import sigint
+
+        if sigint.say_interrupted():
+            _say(message, stderr=True, style="yellow")
     else:
         _error_line(message)
     raise typer.Exit(code)
@@ -1129,11 +1135,12 @@ def main() -> None:
     A Ctrl-C outside a command (while parsing, or in click itself) also ends as
     one line and exit 130, not click's "Aborted!".
     """
+    from dumpdb import sigint
+
     try:
         app(standalone_mode=True)
     except KeyboardInterrupt:
-        _say("interrupted", stderr=True, style="yellow")
-        sys.exit(EXIT_INTERRUPTED)
+        sigint.exit_interrupted()
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(EXIT_OK)

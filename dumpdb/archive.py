@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -273,12 +271,12 @@ class Archive:
 
     def _open_sandbox(self) -> duckdb.DuckDBPyConnection:
         from dumpdb.catalog.connection import is_lock_error
+        from dumpdb.catalog.waiting import Waiter, duckdb_holder
 
         con = duckdb.connect(":memory:")
         try:
             literal = "'" + str(self.catalog.path).replace("'", "''") + "'"
-            deadline = time.monotonic() + self.catalog.lock_timeout
-            delay, warned = 0.02, False
+            waiter = Waiter(self.catalog.lock_timeout, self.catalog.on_wait)
             while True:
                 try:
                     con.execute(f"ATTACH {literal} AS catalog (READ_ONLY)")
@@ -287,17 +285,11 @@ class Archive:
                     if not is_lock_error(exc):
                         raise ArchiveError(f"{self.catalog.path}: cannot open catalog: "
                                            f"{str(exc).splitlines()[0]}") from exc
-                    if time.monotonic() >= deadline:
-                        raise ArchiveError(
-                            f"{self.catalog.path}: catalog is locked by another process; gave up after "
-                            f"{self.catalog.lock_timeout:g} s ({str(exc).splitlines()[0]})") from exc
-                    if not warned and self.catalog.on_wait is not None:
-                        holder = re.search(r"\(PID (\d+)\)", str(exc))
-                        who = f"process {holder.group(1)}" if holder else "another process"
-                        self.catalog.on_wait(f"waiting for the catalog lock held by {who}...")
-                        warned = True
-                    time.sleep(delay)  # another process commits: wait as Catalog._connect does
-                    delay = min(delay * 2, 0.5)
+                    holder = duckdb_holder(exc, self.path)
+                    waiter.again(  # another process commits: wait as Catalog.connect does
+                        lambda: f"waiting for the catalog lock held by {holder} ({waiter.limit()})",  # noqa: B023
+                        lambda: f"{self.catalog.path}: catalog is locked by another process: {holder}; "  # noqa: B023
+                                f"gave up after {self.catalog.lock_timeout:g} s (--wait SECONDS waits longer)")
             con.execute("USE catalog")
             con.execute("SET enable_external_access = false")
             con.execute("SET lock_configuration = true")

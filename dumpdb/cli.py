@@ -77,6 +77,10 @@ def _error_line(message: str) -> None:
 class _Commands(TyperGroup):
     """The one place exceptions become one-line messages and exit codes."""
 
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        # --wait is global and may follow the command too (dumpdb sql --wait 5 ...): moved before it.
+        return super().parse_args(ctx, _hoist_wait(args))
+
     def invoke(self, ctx: Any) -> Any:
         from dumpdb import sigint
 
@@ -108,6 +112,37 @@ class _Commands(TyperGroup):
                 _report(exc, f"DuckDB: {first}", EXIT_ERROR)
             _report(exc, f"internal error: {type(exc).__name__}: {first} (run again with --debug for the traceback)",
                     INTERNAL_ERROR_EXIT)
+
+
+def _hoist_wait(args: list[str]) -> list[str]:
+    """``args`` with ``--wait SECONDS`` / ``--wait=SECONDS`` moved to the front (before the
+    command name), wherever it was given; nothing after ``--`` is touched."""
+    rest, front, i = [], [], 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            rest.extend(args[i:])
+            break
+        if arg == "--wait" and i + 1 < len(args):
+            front += args[i:i + 2]
+            i += 2
+            continue
+        (front if arg.startswith("--wait=") else rest).append(arg)
+        i += 1
+    return front + rest
+
+
+def _wait_line(message: str) -> None:
+    """A waiting process says why, once, on stderr (see dumpdb.catalog.waiting)."""
+    _say(message, stderr=True, style="yellow")
+
+
+def _lock_timeout() -> float:
+    """Seconds to wait for a lock: ``--wait``, else ``$DUMPDB_LOCK_TIMEOUT`` or 120."""
+    from dumpdb.catalog import DEFAULT_LOCK_TIMEOUT
+
+    wait = _state.get("wait")
+    return DEFAULT_LOCK_TIMEOUT if wait is None else float(wait)
 
 
 def _is_cli_control(exc: BaseException) -> bool:
@@ -159,7 +194,7 @@ def _archive_path(path: Optional[Path]) -> Path:
 def _open(path: Optional[Path], on_wait=None):
     from dumpdb.archive import Archive
 
-    return Archive(_archive_path(path), on_wait=on_wait)
+    return Archive(_archive_path(path), on_wait=on_wait or _wait_line, lock_timeout=_lock_timeout())
 
 
 def _a(archive: Optional[Path]) -> str:
@@ -215,6 +250,11 @@ def _root(
                                  help="Print the version and exit."),
     debug: bool = typer.Option(False, "--debug", envvar="DUMPDB_DEBUG",
                                help="On an error, print the Python traceback too."),
+    wait: Optional[float] = typer.Option(
+        None, "--wait", min=0, metavar="SECONDS", show_default="$DUMPDB_LOCK_TIMEOUT or 120",
+        help="How long to wait for a lock another process holds on the archive (its store lock or the "
+             "catalog file); after ~1 s one line on stderr names the holder; past it: exit 2 naming it. "
+             "May also follow the command (dumpdb sql --wait 5 ...)."),
 ) -> None:
     """dumpdb: ingest dumps once, then query ops, iterations and statistics with SQL.
 
@@ -222,6 +262,7 @@ def _root(
     divergence); 2 usage or input error; 130 interrupted.
     """
     _state["debug"] = debug
+    _state["wait"] = wait
     _install_warning_printer()
 
 
@@ -314,6 +355,21 @@ def _print_report(r) -> None:
          f"ratio {ratio}, {r.seconds:.1f} s", stderr=True)
 
 
+def _ensure_archive(path: Path, create: bool = True) -> None:
+    """Make the archive at ``path`` if there is none, saying ``created archive PATH`` (a
+    mistyped path shows at once); with ``create`` False refuse with exit 2 instead."""
+    from dumpdb.archive import create_archive, is_archive
+    from dumpdb.errors import ArchiveError
+
+    if is_archive(path):
+        return
+    if not create:
+        what = "is not a dumpdb archive" if path.exists() else "no such archive"
+        raise ArchiveError(f"{path}: {what}; --no-create refuses to make one (check the path, or drop --no-create)")
+    create_archive(path)
+    _say(f"created archive {path}", stderr=True)
+
+
 @app.command()
 def ingest(
     dump_dir: Path = typer.Argument(..., help="The dump 'path' directory, or any directory above rank_*."),
@@ -325,13 +381,17 @@ def ingest(
     follow_symlinks: bool = typer.Option(
         False, "--follow-symlinks", help="Read files that symlinks lead to outside DUMP_DIR (off by default)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    no_create: bool = typer.Option(False, "--no-create",
+                                   help="Refuse (exit 2) if the archive does not exist, instead of creating it."),
 ) -> None:
-    """Ingest a dump into an archive (created if missing). Re-running completes or skips."""
+    """Ingest a dump into an archive (created if missing: 'created archive PATH'). Re-running completes or skips."""
     from dumpdb.ingestion.pipeline import ingest as run_ingest
 
+    if no_create or dump_dir.is_dir():  # a missing DUMP_DIR is the pipeline's one-line error, no empty archive
+        _ensure_archive(_archive_path(archive), create=not no_create)
     report = run_ingest(dump_dir, archive=_archive_path(archive), run=run, layout=layout, workers=workers,
                         follow_symlinks=follow_symlinks, reporter=_reporter(quiet),
-                        on_wait=lambda msg: _say(msg, stderr=True, style="yellow"))
+                        on_wait=_wait_line, lock_timeout=_lock_timeout())
     _print_report(report)
     if report.interrupted:
         _say("interrupted: what was committed stays; run the same command again to finish",
@@ -767,7 +827,6 @@ def _ingest_pair(target: Path, bench: Path, archive: Optional[Path]) -> tuple[Pa
     import shutil
     import tempfile
 
-    from dumpdb.archive import Archive
     from dumpdb.ingestion.pipeline import ingest as run_ingest
 
     if archive is None:
@@ -778,11 +837,11 @@ def _ingest_pair(target: Path, bench: Path, archive: Optional[Path]) -> tuple[Pa
     if t_name == b_name:
         t_name, b_name = f"target-{t_name}", f"bench-{b_name}"
     for path, name in ((target, t_name), (bench, b_name)):
-        report = run_ingest(path, archive=archive, run=name)
+        report = run_ingest(path, archive=archive, run=name, on_wait=_wait_line, lock_timeout=_lock_timeout())
         for source_file, message in report.errors:
             _say(f"{source_file}: {message}", stderr=True)
         _say(f"ingested {path} as run {name!r}: {report.tensors_in_dump} tensors", stderr=True, style="dim")
-    a = Archive(archive)
+    a = _open(archive)
     its = [a.sql("SELECT DISTINCT iteration FROM tensors WHERE run = $run", {"run": n})["iteration"].to_pylist()
            for n in (t_name, b_name)]
     if all(len(i) == 1 and i[0] is not None for i in its):  # one step each (step1 vs step0): pair them, as msprobe
@@ -983,7 +1042,7 @@ def prune(
     (space comes back with 'dumpdb gc')."""
     if not keep_stats:
         raise DumpdbError("prune keeps rows and statistics and drops payloads: pass --keep-stats to confirm")
-    n = _open(archive, on_wait=lambda msg: _say(msg, stderr=True, style="yellow")).prune(run, iterations)
+    n = _open(archive).prune(run, iterations)
     _say(f"pruned the payloads of {n} tensors of run {run}; run 'dumpdb gc{_a(archive)}' to reclaim the space")
 
 
@@ -999,7 +1058,7 @@ def rm_cmd(
         if not typer.confirm(f"delete run {run!r} and its comparisons?", default=False):
             _say("nothing deleted", stderr=True)
             return
-    n = _open(archive, on_wait=lambda msg: _say(msg, stderr=True, style="yellow")).remove_run(run)
+    n = _open(archive).remove_run(run)
     _say(f"removed run {run} ({n} tensors); run 'dumpdb gc{_a(archive)}' to reclaim the space")
 
 
@@ -1010,7 +1069,7 @@ def gc(archive: Optional[Path] = ArchiveOpt,
        ) -> None:
     """Reclaim store space no tensor uses any more (payloads other runs use stay), and
     files crashed ingests left. Waits for running ingest/import/rm/prune."""
-    report = _open(archive, on_wait=lambda msg: _say(msg, stderr=True, style="yellow")).gc(grace=grace)
+    report = _open(archive).gc(grace=grace)
     _say(f"reclaimed {_human(report.reclaimed)} ({_human(report.bytes_before)} -> {_human(report.bytes_after)}): "
          f"{report.arrays_deleted} arrays deleted, {report.packs_compacted} packs compacted, "
          f"{report.blobs_dropped} payloads dropped, {report.orphans_deleted + report.temp_files_deleted} "
@@ -1054,8 +1113,6 @@ def import_cmd(
                                         help="Refuse bundles declaring more bytes than this (default 1 TiB)."),
 ) -> None:
     """Import a bundle's runs (every file checked against the manifest; importing twice adds nothing)."""
-    from dumpdb.archive import create_archive, is_archive
-
     mapping = {}
     for item in rename:
         old, sep, new = item.partition("=")
@@ -1063,9 +1120,8 @@ def import_cmd(
             raise DumpdbError(f"--rename {item!r}: write OLD=NEW")
         mapping[old] = new
     path = _archive_path(archive)
-    if not is_archive(path):
-        create_archive(path)
-    report = _open(path, on_wait=lambda msg: _say(msg, stderr=True, style="yellow")).import_bundle(bundle, mapping,
+    _ensure_archive(path)
+    report = _open(path).import_bundle(bundle, mapping,
                                                             max_bundle_size=max_bundle_size)
     if report.runs_imported:
         _say(f"imported {', '.join(report.runs_imported)}: {report.tensors} tensors, {report.payloads_added} "

@@ -226,6 +226,24 @@ class Archive:
         with self._query(query, params, allow_files) as rel:
             return rel.to_arrow_table() if rel is not None else pa.table({})
 
+    def frame(self, query: str, params: list | dict | None = None, *, library: str = "pandas",
+              allow_files: bool = False) -> Any:
+        """The result of :meth:`sql` as a data frame: ``library="pandas"`` (a
+        ``pandas.DataFrame``) or ``"polars"`` (a ``polars.DataFrame``), columns and types as
+        Arrow gives them. Both come with ``pip install 'dumpdb[frames]'``; without the library
+        raises :class:`DumpdbError` saying so. Errors of the query as :meth:`sql`."""
+        if library not in ("pandas", "polars"):
+            raise DumpdbError(f"frame(library={library!r}): use 'pandas' or 'polars'")
+        import importlib
+
+        try:
+            module = importlib.import_module(library)
+        except ImportError:
+            raise DumpdbError(f"frame(library={library!r}) needs {library}, which is not installed: "
+                              "pip install 'dumpdb[frames]'") from None
+        table = self.sql(query, params, allow_files=allow_files)
+        return table.to_pandas() if library == "pandas" else module.from_arrow(table)
+
     def sql_rows(self, query: str, params: list | dict | None = None, *,
                  allow_files: bool = False) -> tuple[list[str], list[tuple]]:
         """Like :meth:`sql`, as (column names, rows of Python values): no pyarrow or
@@ -364,7 +382,8 @@ class Archive:
         """The payload of one tensor as a numpy array, bit for bit as dumped.
 
         By id: ``tensor(17)``. By key: ``tensor(run="fp32", iteration=0,
-        op_name="Default/.../Conv2D-op0", io="output", slot=0)``; ``op_name``
+        op_name="Default/.../Conv2D-op0", io="output", slot=0)`` (``run`` only when the
+        archive holds more than one run, else a :class:`DumpdbError` lists them); ``op_name``
         may be the file-name form or the scope name (with ``/``); ``rank`` also
         matches tensors of layouts that record no rank (NULL); ``slot=None``
         matches tensors without a slot (msprobe kwargs and parameters). The dtype is
@@ -397,9 +416,15 @@ class Archive:
     def find_tensor_id(self, *, run: str | None, iteration: int | None, op_name: str | None,
                        io: str = "output", slot: int = 0, rank: int | None = 0,
                        graph_id: int | None = None) -> int:
-        """The ``tensor_id`` of the one tensor matching the key (see :meth:`tensor`)."""
-        if run is None or op_name is None:
-            raise TypeError("tensor() needs a tensor_id, or run= and op_name= (plus iteration=, io=, slot=)")
+        """The ``tensor_id`` of the one tensor matching the key (see :meth:`tensor`).
+
+        ``run`` may be left out when the archive holds exactly one run; with several, a
+        :class:`DumpdbError` lists them. Raises TypeError without ``op_name``."""
+        if op_name is None:
+            raise TypeError("tensor() needs a tensor_id, or op_name= (plus run= when the archive holds "
+                            "several runs, iteration=, io=, slot=)")
+        if run is None:
+            run = self.only_run()
         conds = ["run = ?", "(op_name = ? OR scope_name = ?)", "io = ?", "slot IS NOT DISTINCT FROM ?"]
         params: list[Any] = [run, op_name, op_name, io, slot]
         for column, value in (("iteration", iteration), ("graph_id", graph_id)):
@@ -425,6 +450,18 @@ class Archive:
             raise TensorNotFound(f"{len(rows) if len(rows) < 6 else 'several'} tensors match {key}: {where}; "
                                  "narrow it with iteration=, graph_id= or rank=")
         return rows[0][0]
+
+    def only_run(self) -> str:
+        """The name of the archive's one run (what ``run=`` defaults to). Raises
+        :class:`DumpdbError` naming the runs when there are several, or none."""
+        with self.reader() as con:
+            names = [r[0] for r in con.execute("SELECT run FROM runs ORDER BY run LIMIT 11").fetchall()]
+        if len(names) == 1:
+            return names[0]
+        if not names:
+            raise DumpdbError(f"{self.path}: no runs yet; nothing to read")
+        shown = ", ".join(repr(n) for n in names[:10]) + (", ..." if len(names) > 10 else "")
+        raise DumpdbError(f"{self.path} holds several runs ({shown}): say which with run=")
 
     def tensors(self, query: str, params: list | None = None, *,
                 host_format: bool = False, verify: bool = False) -> Iterator[tuple[dict[str, Any], np.ndarray | None]]:

@@ -157,8 +157,13 @@ def _report(exc: BaseException, message: str, code: int) -> None:
 
         traceback.print_exception(exc, file=sys.stderr)
     if code == EXIT_INTERRUPTED:
+        import warnings
+
         from dumpdb import sigint
 
+        # zarr's calls run as coroutines on its own thread: one cut short by Ctrl-C is never
+        # awaited, and Python would say so at exit, after the one line
+        warnings.filterwarnings("ignore", message="coroutine .* was never awaited", category=RuntimeWarning)
         if sigint.say_interrupted():
             _say(message, stderr=True, style="yellow")
     else:

@@ -82,10 +82,10 @@ def export_runs(archive, runs: list[str], to: str | os.PathLike) -> Path:
     as_zip = to.suffix.lower() == ".zip"
     parent = to.parent if to.parent.exists() else None
     _remove_dead_exports(parent)
-    writer = None
-    with _sigint_held():  # the directory and the name that removes it come together
-        work = Path(tempfile.mkdtemp(prefix=f"{EXPORT_PREFIX}{os.getpid()}-", dir=parent))
+    writer = work = None
     try:
+        with _sigint_held():  # the directory and the name that removes it come together
+            work = Path(tempfile.mkdtemp(prefix=f"{EXPORT_PREFIX}{os.getpid()}-", dir=parent))
         bundle = work / "bundle"
         (bundle / "catalog").mkdir(parents=True)
         with _sigint_held():  # zarr writes from its own thread: an interrupted call would go on writing
@@ -146,7 +146,8 @@ def export_runs(archive, runs: list[str], to: str | os.PathLike) -> Path:
         with _sigint_held():
             if writer is not None:
                 writer.close()
-            shutil.rmtree(work, ignore_errors=True)
+            if work is not None:
+                shutil.rmtree(work, ignore_errors=True)
     return to
 
 
@@ -155,16 +156,25 @@ EXPORT_PREFIX = ".dumpdb-export-"
 
 @contextmanager
 def _sigint_held() -> Iterator[None]:
-    """Hold SIGINT back for the block (delivered when it ends): for steps that must finish.
-    Only the main thread can; elsewhere the block runs as is."""
+    """Hold a Ctrl-C back for the block: steps that must finish (making or removing the work
+    directory, a zarr call whose coroutine runs on zarr's own thread) finish, then the
+    SIGINT handler that was in place runs (raising KeyboardInterrupt, as usual). A handler
+    swap, not a signal mask: the kernel may deliver SIGINT to any thread. Only the main
+    thread can; elsewhere the block runs as is."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    got: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: got.append(signum))
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        signal.signal(signal.SIGINT, previous)
+        if got:
+            if callable(previous):
+                previous(signal.SIGINT, None)
+            elif previous == signal.SIG_DFL:
+                raise KeyboardInterrupt
 
 
 def _remove_dead_exports(parent: Path | None) -> None:

@@ -50,12 +50,12 @@ def numpy_dtype(name):
 
 def read_tensors(path):
     """Yield (row, array) for every tensor row of the bundle; array is None when the
-    bundle has no payload for it (statistics-only, or pruned: no blobs entry)."""
+    row has no payload (statistics-only: content_hash NULL; pruned: pruned_at set)."""
     table, array = open_bundle(path)
     blobs = {b["content_hash"]: b for b in table("blobs").to_pylist()}
     for t in table("tensors").to_pylist():
         b = blobs.get(t["content_hash"])
-        if b is None:  # content_hash NULL: statistics only; pruned_at set: payload pruned
+        if b is None or t["pruned_at"] is not None:
             yield t, None
             continue
         if b["array_path"] is None:  # an empty tensor (0 elements)
@@ -107,12 +107,18 @@ def render(runs: Sequence[str], tables: Mapping[str, Any], *, dumpdb_version: st
         "`ml_dtypes.bfloat16`) and reshape to `shape`. A `.zip` bundle is read in place (stored",
         "uncompressed): `zarr.storage.ZipStore` for the payloads, `zipfile` for the Parquet files.",
         "",
+        "Saved as `read_bundle.py`, `python read_bundle.py BUNDLE` (the directory or the `.zip`)",
+        "lists every tensor; `from read_bundle import read_tensors` reads them in your own code.",
+        "",
         "```python",
         RECIPE.rstrip("\n"),
         "",
         "",
-        f"for row, x in read_tensors({'bundle.zip'!r}):  # or the bundle directory",
-        '    print(row["op_name"], row["io"], row["slot"], None if x is None else (x.dtype, x.shape))',
+        'if __name__ == "__main__":',
+        "    import sys",
+        "    for row, x in read_tensors(sys.argv[1]):",
+        '        print(row["run"], row["op_name"], row["io"], row["slot"],',
+        '              "no payload" if x is None else f"{x.dtype} {x.shape}")',
         "```",
         "",
         "With DuckDB: `SELECT * FROM 'catalog/tensors.parquet'` (from the bundle directory).",
@@ -123,7 +129,9 @@ def render(runs: Sequence[str], tables: Mapping[str, Any], *, dumpdb_version: st
         "  statistics columns (`min`, `max`, `mean`, ...) are all there is.",
         "* **pruned**: `pruned_at` is set (`dumpdb prune --keep-stats`): the row and its statistics",
         "  were kept, the payload was dropped, so its `content_hash` has **no `blobs` entry** and",
-        "  nothing in `tensors.zarr`.",
+        "  nothing in `tensors.zarr` - unless a kept tensor has the very same bytes (payloads are",
+        "  stored once per content): then the entry is there for that tensor. Either way the row",
+        "  counts as having no payload (the recipe checks `pruned_at`, as dumpdb does).",
         "",
         "## Tables",
         "",

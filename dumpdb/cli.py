@@ -123,8 +123,8 @@ def _hoist_wait(args: list[str]) -> list[str]:
         if arg == "--":
             rest.extend(args[i:])
             break
-        if arg == "--wait" and i + 1 < len(args):
-            front += args[i:i + 2]
+        if arg == "--wait":  # with its value; none given: '--wait=' (the option says it wants a number)
+            front += args[i:i + 2] if i + 1 < len(args) else ["--wait="]
             i += 2
             continue
         (front if arg.startswith("--wait=") else rest).append(arg)
@@ -1089,7 +1089,7 @@ def migrate(archive: Optional[Path] = ArchiveOpt) -> None:
 
     path = _archive_path(archive)
     dumpdb.archive.check_marker(path)
-    applied = Catalog(path / dumpdb.archive.CATALOG).migrate()
+    applied = Catalog(path / dumpdb.archive.CATALOG, lock_timeout=_lock_timeout(), on_wait=_wait_line).migrate()
     if applied:
         _say(f"applied migrations {', '.join(f'{m.version:03d}_{m.name}' for m in applied)}; "
              f"schema version {applied[-1].version}")

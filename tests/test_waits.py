@@ -141,3 +141,18 @@ def test_wait_given_after_the_command_or_before_it_is_the_same(archive, holder):
                for args in (["--wait", "0.5", "runs"], ["runs", "--wait=0.5"])]
     for done in results:
         assert done.returncode == 2 and "gave up after 0.5 s" in done.stderr
+
+
+def test_wait_option_anywhere_and_without_a_value(archive):
+    from typer.testing import CliRunner
+
+    from dumpdb.cli import app
+
+    runner = CliRunner()
+    for args in (["--wait", "5", "sql"], ["sql", "--wait", "5"], ["sql", "--wait=5"]):
+        done = runner.invoke(app, [*args, "-a", str(archive), "-f", "csv", "SELECT 42 AS n"])
+        assert done.exit_code == 0 and done.stdout.splitlines() == ["n", "42"], (args, done.output)
+    missing = runner.invoke(app, ["sql", "-a", str(archive), "SELECT 1", "--wait"])
+    assert missing.exit_code == 2 and "Invalid value for '--wait'" in missing.output
+    negative = runner.invoke(app, ["sql", "-a", str(archive), "SELECT 1", "--wait", "-1"])
+    assert negative.exit_code == 2 and "--wait" in negative.output

@@ -5,8 +5,8 @@ heavy, so a Ctrl-C while modules load (typer, rich, DuckDB, numpy: the first ~0.
 also ends as one line, never a ``KeyboardInterrupt`` traceback.
 
 Two modes. Outside a command (start-up, argument parsing, after the command) the
-handler writes the line and ends the process at once (``os._exit(130)``): there is
-nothing to clean up. Inside a command (:func:`graceful`, entered by the CLI around
+handler writes the line and ends the process at once (``SystemExit(130)``, which no
+``except Exception`` stops): there is nothing to clean up. Inside a command (:func:`graceful`, entered by the CLI around
 every command) it raises :exc:`KeyboardInterrupt` as Python does, so ``finally``
 blocks run (an export removes its partial bundle, an ingest commits what is complete)
 and the CLI prints the line. The line is printed once, whoever prints it.
@@ -41,7 +41,7 @@ def _handler(signum, frame) -> None:
             os.write(2, (MESSAGE + "\n").encode())
         except OSError:
             pass
-    os._exit(EXIT_INTERRUPTED)
+    raise SystemExit(EXIT_INTERRUPTED)  # unwinds imports or parsing; nothing catches it
 
 
 def install() -> None:

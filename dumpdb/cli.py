@@ -84,6 +84,7 @@ class _Commands(TyperGroup):
     def invoke(self, ctx: Any) -> Any:
         from dumpdb import sigint
 
+        sigint.reset()
         try:
             with sigint.graceful():  # Ctrl-C raises KeyboardInterrupt: cleanup (finally) runs, then one line
                 return super().invoke(ctx)
@@ -390,13 +391,20 @@ def ingest(
                                    help="Refuse (exit 2) if the archive does not exist, instead of creating it."),
 ) -> None:
     """Ingest a dump into an archive (created if missing: 'created archive PATH'). Re-running completes or skips."""
+    from dumpdb.archive import is_archive
     from dumpdb.ingestion.pipeline import ingest as run_ingest
 
-    if no_create or dump_dir.is_dir():  # a missing DUMP_DIR is the pipeline's one-line error, no empty archive
-        _ensure_archive(_archive_path(archive), create=not no_create)
-    report = run_ingest(dump_dir, archive=_archive_path(archive), run=run, layout=layout, workers=workers,
-                        follow_symlinks=follow_symlinks, reporter=_reporter(quiet),
-                        on_wait=_wait_line, lock_timeout=_lock_timeout())
+    path = _archive_path(archive)
+    existed = is_archive(path)
+    if no_create and not existed:
+        _ensure_archive(path, create=False)
+    try:  # the pipeline creates the archive once it has found the dump (a bad DUMP_DIR makes none)
+        report = run_ingest(dump_dir, archive=path, run=run, layout=layout, workers=workers,
+                            follow_symlinks=follow_symlinks, reporter=_reporter(quiet),
+                            on_wait=_wait_line, lock_timeout=_lock_timeout())
+    finally:
+        if not existed and is_archive(path):
+            _say(f"created archive {path}", stderr=True)
     _print_report(report)
     if report.interrupted:
         _say("interrupted: what was committed stays; run the same command again to finish",

@@ -25,6 +25,11 @@ MESSAGE = "interrupted"
 _state = {"graceful": 0, "said": False}
 
 
+def reset() -> None:
+    """Forget that the line was printed (a new command in the same process: tests, embedding)."""
+    _state["said"] = False
+
+
 def say_interrupted() -> bool:
     """Record that the one line is being printed; False if it was printed already."""
     if _state["said"]:

@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -228,6 +226,24 @@ class Archive:
         with self._query(query, params, allow_files) as rel:
             return rel.to_arrow_table() if rel is not None else pa.table({})
 
+    def frame(self, query: str, params: list | dict | None = None, *, library: str = "pandas",
+              allow_files: bool = False) -> Any:
+        """The result of :meth:`sql` as a data frame: ``library="pandas"`` (a
+        ``pandas.DataFrame``) or ``"polars"`` (a ``polars.DataFrame``), columns and types as
+        Arrow gives them. Both come with ``pip install 'dumpdb[frames]'``; without the library
+        raises :class:`DumpdbError` saying so. Errors of the query as :meth:`sql`."""
+        if library not in ("pandas", "polars"):
+            raise DumpdbError(f"frame(library={library!r}): use 'pandas' or 'polars'")
+        import importlib
+
+        try:
+            module = importlib.import_module(library)
+        except ImportError:
+            raise DumpdbError(f"frame(library={library!r}) needs {library}, which is not installed: "
+                              "pip install 'dumpdb[frames]'") from None
+        table = self.sql(query, params, allow_files=allow_files)
+        return table.to_pandas() if library == "pandas" else module.from_arrow(table)
+
     def sql_rows(self, query: str, params: list | dict | None = None, *,
                  allow_files: bool = False) -> tuple[list[str], list[tuple]]:
         """Like :meth:`sql`, as (column names, rows of Python values): no pyarrow or
@@ -273,12 +289,12 @@ class Archive:
 
     def _open_sandbox(self) -> duckdb.DuckDBPyConnection:
         from dumpdb.catalog.connection import is_lock_error
+        from dumpdb.catalog.waiting import Waiter, duckdb_holder
 
         con = duckdb.connect(":memory:")
         try:
             literal = "'" + str(self.catalog.path).replace("'", "''") + "'"
-            deadline = time.monotonic() + self.catalog.lock_timeout
-            delay, warned = 0.02, False
+            waiter = Waiter(self.catalog.lock_timeout, self.catalog.on_wait)
             while True:
                 try:
                     con.execute(f"ATTACH {literal} AS catalog (READ_ONLY)")
@@ -287,17 +303,11 @@ class Archive:
                     if not is_lock_error(exc):
                         raise ArchiveError(f"{self.catalog.path}: cannot open catalog: "
                                            f"{str(exc).splitlines()[0]}") from exc
-                    if time.monotonic() >= deadline:
-                        raise ArchiveError(
-                            f"{self.catalog.path}: catalog is locked by another process; gave up after "
-                            f"{self.catalog.lock_timeout:g} s ({str(exc).splitlines()[0]})") from exc
-                    if not warned and self.catalog.on_wait is not None:
-                        holder = re.search(r"\(PID (\d+)\)", str(exc))
-                        who = f"process {holder.group(1)}" if holder else "another process"
-                        self.catalog.on_wait(f"waiting for the catalog lock held by {who}...")
-                        warned = True
-                    time.sleep(delay)  # another process commits: wait as Catalog._connect does
-                    delay = min(delay * 2, 0.5)
+                    holder = duckdb_holder(exc, self.path)
+                    waiter.again(  # another process commits: wait as Catalog.connect does
+                        lambda: f"waiting for the catalog lock held by {holder} ({waiter.limit()})",  # noqa: B023
+                        lambda: f"{self.catalog.path}: catalog is locked by another process: {holder}; "  # noqa: B023
+                                f"gave up after {self.catalog.lock_timeout:g} s (--wait SECONDS waits longer)")
             con.execute("USE catalog")
             con.execute("SET enable_external_access = false")
             con.execute("SET lock_configuration = true")
@@ -372,7 +382,8 @@ class Archive:
         """The payload of one tensor as a numpy array, bit for bit as dumped.
 
         By id: ``tensor(17)``. By key: ``tensor(run="fp32", iteration=0,
-        op_name="Default/.../Conv2D-op0", io="output", slot=0)``; ``op_name``
+        op_name="Default/.../Conv2D-op0", io="output", slot=0)`` (``run`` only when the
+        archive holds more than one run, else a :class:`DumpdbError` lists them); ``op_name``
         may be the file-name form or the scope name (with ``/``); ``rank`` also
         matches tensors of layouts that record no rank (NULL); ``slot=None``
         matches tensors without a slot (msprobe kwargs and parameters). The dtype is
@@ -405,9 +416,15 @@ class Archive:
     def find_tensor_id(self, *, run: str | None, iteration: int | None, op_name: str | None,
                        io: str = "output", slot: int = 0, rank: int | None = 0,
                        graph_id: int | None = None) -> int:
-        """The ``tensor_id`` of the one tensor matching the key (see :meth:`tensor`)."""
-        if run is None or op_name is None:
-            raise TypeError("tensor() needs a tensor_id, or run= and op_name= (plus iteration=, io=, slot=)")
+        """The ``tensor_id`` of the one tensor matching the key (see :meth:`tensor`).
+
+        ``run`` may be left out when the archive holds exactly one run; with several, a
+        :class:`DumpdbError` lists them. Raises TypeError without ``op_name``."""
+        if op_name is None:
+            raise TypeError("tensor() needs a tensor_id, or op_name= (plus run= when the archive holds "
+                            "several runs, iteration=, io=, slot=)")
+        if run is None:
+            run = self.only_run()
         conds = ["run = ?", "(op_name = ? OR scope_name = ?)", "io = ?", "slot IS NOT DISTINCT FROM ?"]
         params: list[Any] = [run, op_name, op_name, io, slot]
         for column, value in (("iteration", iteration), ("graph_id", graph_id)):
@@ -433,6 +450,18 @@ class Archive:
             raise TensorNotFound(f"{len(rows) if len(rows) < 6 else 'several'} tensors match {key}: {where}; "
                                  "narrow it with iteration=, graph_id= or rank=")
         return rows[0][0]
+
+    def only_run(self) -> str:
+        """The name of the archive's one run (what ``run=`` defaults to). Raises
+        :class:`DumpdbError` naming the runs when there are several, or none."""
+        with self.reader() as con:
+            names = [r[0] for r in con.execute("SELECT run FROM runs ORDER BY run LIMIT 11").fetchall()]
+        if len(names) == 1:
+            return names[0]
+        if not names:
+            raise DumpdbError(f"{self.path}: no runs yet; nothing to read")
+        shown = ", ".join(repr(n) for n in names[:10]) + (", ..." if len(names) > 10 else "")
+        raise DumpdbError(f"{self.path} holds several runs ({shown}): say which with run=")
 
     def tensors(self, query: str, params: list | None = None, *,
                 host_format: bool = False, verify: bool = False) -> Iterator[tuple[dict[str, Any], np.ndarray | None]]:

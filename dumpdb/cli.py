@@ -77,9 +77,17 @@ def _error_line(message: str) -> None:
 class _Commands(TyperGroup):
     """The one place exceptions become one-line messages and exit codes."""
 
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        # --wait is global and may follow the command too (dumpdb sql --wait 5 ...): moved before it.
+        return super().parse_args(ctx, _hoist_wait(args))
+
     def invoke(self, ctx: Any) -> Any:
+        from dumpdb import sigint
+
+        sigint.reset()
         try:
-            return super().invoke(ctx)
+            with sigint.graceful():  # Ctrl-C raises KeyboardInterrupt: cleanup (finally) runs, then one line
+                return super().invoke(ctx)
         except DumpdbError as exc:
             _report(exc, str(exc), exc.exit_code)
         except KeyboardInterrupt as exc:
@@ -107,6 +115,37 @@ class _Commands(TyperGroup):
                     INTERNAL_ERROR_EXIT)
 
 
+def _hoist_wait(args: list[str]) -> list[str]:
+    """``args`` with ``--wait SECONDS`` / ``--wait=SECONDS`` moved to the front (before the
+    command name), wherever it was given; nothing after ``--`` is touched."""
+    rest, front, i = [], [], 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            rest.extend(args[i:])
+            break
+        if arg == "--wait":  # with its value; none given: '--wait=' (the option says it wants a number)
+            front += args[i:i + 2] if i + 1 < len(args) else ["--wait="]
+            i += 2
+            continue
+        (front if arg.startswith("--wait=") else rest).append(arg)
+        i += 1
+    return front + rest
+
+
+def _wait_line(message: str) -> None:
+    """A waiting process says why, once, on stderr (see dumpdb.catalog.waiting)."""
+    _say(message, stderr=True, style="yellow")
+
+
+def _lock_timeout() -> float:
+    """Seconds to wait for a lock: ``--wait``, else ``$DUMPDB_LOCK_TIMEOUT`` or 120."""
+    from dumpdb.catalog import DEFAULT_LOCK_TIMEOUT
+
+    wait = _state.get("wait")
+    return DEFAULT_LOCK_TIMEOUT if wait is None else float(wait)
+
+
 def _is_cli_control(exc: BaseException) -> bool:
     """typer.Exit, click's Exit/Abort/usage errors: exits and messages the CLI framework
     handles itself. Matched by module, as typer >= 0.20 vendors its own click."""
@@ -119,7 +158,15 @@ def _report(exc: BaseException, message: str, code: int) -> None:
 
         traceback.print_exception(exc, file=sys.stderr)
     if code == EXIT_INTERRUPTED:
-        _say(message, stderr=True, style="yellow")
+        import warnings
+
+        from dumpdb import sigint
+
+        # zarr's calls run as coroutines on its own thread: one cut short by Ctrl-C is never
+        # awaited, and Python would say so at exit, after the one line
+        warnings.filterwarnings("ignore", message="coroutine .* was never awaited", category=RuntimeWarning)
+        if sigint.say_interrupted():
+            _say(message, stderr=True, style="yellow")
     else:
         _error_line(message)
     raise typer.Exit(code)
@@ -153,7 +200,7 @@ def _archive_path(path: Optional[Path]) -> Path:
 def _open(path: Optional[Path], on_wait=None):
     from dumpdb.archive import Archive
 
-    return Archive(_archive_path(path), on_wait=on_wait)
+    return Archive(_archive_path(path), on_wait=on_wait or _wait_line, lock_timeout=_lock_timeout())
 
 
 def _a(archive: Optional[Path]) -> str:
@@ -209,6 +256,11 @@ def _root(
                                  help="Print the version and exit."),
     debug: bool = typer.Option(False, "--debug", envvar="DUMPDB_DEBUG",
                                help="On an error, print the Python traceback too."),
+    wait: Optional[float] = typer.Option(
+        None, "--wait", min=0, metavar="SECONDS", show_default="$DUMPDB_LOCK_TIMEOUT or 120",
+        help="How long to wait for a lock another process holds on the archive (its store lock or the "
+             "catalog file); after ~1 s one line on stderr names the holder; past it: exit 2 naming it. "
+             "May also follow the command (dumpdb sql --wait 5 ...)."),
 ) -> None:
     """dumpdb: ingest dumps once, then query ops, iterations and statistics with SQL.
 
@@ -216,6 +268,7 @@ def _root(
     divergence); 2 usage or input error; 130 interrupted.
     """
     _state["debug"] = debug
+    _state["wait"] = wait
     _install_warning_printer()
 
 
@@ -308,6 +361,21 @@ def _print_report(r) -> None:
          f"ratio {ratio}, {r.seconds:.1f} s", stderr=True)
 
 
+def _ensure_archive(path: Path, create: bool = True) -> None:
+    """Make the archive at ``path`` if there is none, saying ``created archive PATH`` (a
+    mistyped path shows at once); with ``create`` False refuse with exit 2 instead."""
+    from dumpdb.archive import create_archive, is_archive
+    from dumpdb.errors import ArchiveError
+
+    if is_archive(path):
+        return
+    if not create:
+        what = "is not a dumpdb archive" if path.exists() else "no such archive"
+        raise ArchiveError(f"{path}: {what}; --no-create refuses to make one (check the path, or drop --no-create)")
+    create_archive(path)
+    _say(f"created archive {path}", stderr=True)
+
+
 @app.command()
 def ingest(
     dump_dir: Path = typer.Argument(..., help="The dump 'path' directory, or any directory above rank_*."),
@@ -319,13 +387,24 @@ def ingest(
     follow_symlinks: bool = typer.Option(
         False, "--follow-symlinks", help="Read files that symlinks lead to outside DUMP_DIR (off by default)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    no_create: bool = typer.Option(False, "--no-create",
+                                   help="Refuse (exit 2) if the archive does not exist, instead of creating it."),
 ) -> None:
-    """Ingest a dump into an archive (created if missing). Re-running completes or skips."""
+    """Ingest a dump into an archive (created if missing: 'created archive PATH'). Re-running completes or skips."""
+    from dumpdb.archive import is_archive
     from dumpdb.ingestion.pipeline import ingest as run_ingest
 
-    report = run_ingest(dump_dir, archive=_archive_path(archive), run=run, layout=layout, workers=workers,
-                        follow_symlinks=follow_symlinks, reporter=_reporter(quiet),
-                        on_wait=lambda msg: _say(msg, stderr=True, style="yellow"))
+    path = _archive_path(archive)
+    existed = is_archive(path)
+    if no_create and not existed:
+        _ensure_archive(path, create=False)
+    try:  # the pipeline creates the archive once it has found the dump (a bad DUMP_DIR makes none)
+        report = run_ingest(dump_dir, archive=path, run=run, layout=layout, workers=workers,
+                            follow_symlinks=follow_symlinks, reporter=_reporter(quiet),
+                            on_wait=_wait_line, lock_timeout=_lock_timeout())
+    finally:
+        if not existed and is_archive(path):
+            _say(f"created archive {path}", stderr=True)
     _print_report(report)
     if report.interrupted:
         _say("interrupted: what was committed stays; run the same command again to finish",
@@ -761,7 +840,6 @@ def _ingest_pair(target: Path, bench: Path, archive: Optional[Path]) -> tuple[Pa
     import shutil
     import tempfile
 
-    from dumpdb.archive import Archive
     from dumpdb.ingestion.pipeline import ingest as run_ingest
 
     if archive is None:
@@ -772,11 +850,11 @@ def _ingest_pair(target: Path, bench: Path, archive: Optional[Path]) -> tuple[Pa
     if t_name == b_name:
         t_name, b_name = f"target-{t_name}", f"bench-{b_name}"
     for path, name in ((target, t_name), (bench, b_name)):
-        report = run_ingest(path, archive=archive, run=name)
+        report = run_ingest(path, archive=archive, run=name, on_wait=_wait_line, lock_timeout=_lock_timeout())
         for source_file, message in report.errors:
             _say(f"{source_file}: {message}", stderr=True)
         _say(f"ingested {path} as run {name!r}: {report.tensors_in_dump} tensors", stderr=True, style="dim")
-    a = Archive(archive)
+    a = _open(archive)
     its = [a.sql("SELECT DISTINCT iteration FROM tensors WHERE run = $run", {"run": n})["iteration"].to_pylist()
            for n in (t_name, b_name)]
     if all(len(i) == 1 and i[0] is not None for i in its):  # one step each (step1 vs step0): pair them, as msprobe
@@ -977,7 +1055,7 @@ def prune(
     (space comes back with 'dumpdb gc')."""
     if not keep_stats:
         raise DumpdbError("prune keeps rows and statistics and drops payloads: pass --keep-stats to confirm")
-    n = _open(archive, on_wait=lambda msg: _say(msg, stderr=True, style="yellow")).prune(run, iterations)
+    n = _open(archive).prune(run, iterations)
     _say(f"pruned the payloads of {n} tensors of run {run}; run 'dumpdb gc{_a(archive)}' to reclaim the space")
 
 
@@ -993,7 +1071,7 @@ def rm_cmd(
         if not typer.confirm(f"delete run {run!r} and its comparisons?", default=False):
             _say("nothing deleted", stderr=True)
             return
-    n = _open(archive, on_wait=lambda msg: _say(msg, stderr=True, style="yellow")).remove_run(run)
+    n = _open(archive).remove_run(run)
     _say(f"removed run {run} ({n} tensors); run 'dumpdb gc{_a(archive)}' to reclaim the space")
 
 
@@ -1004,7 +1082,7 @@ def gc(archive: Optional[Path] = ArchiveOpt,
        ) -> None:
     """Reclaim store space no tensor uses any more (payloads other runs use stay), and
     files crashed ingests left. Waits for running ingest/import/rm/prune."""
-    report = _open(archive, on_wait=lambda msg: _say(msg, stderr=True, style="yellow")).gc(grace=grace)
+    report = _open(archive).gc(grace=grace)
     _say(f"reclaimed {_human(report.reclaimed)} ({_human(report.bytes_before)} -> {_human(report.bytes_after)}): "
          f"{report.arrays_deleted} arrays deleted, {report.packs_compacted} packs compacted, "
          f"{report.blobs_dropped} payloads dropped, {report.orphans_deleted + report.temp_files_deleted} "
@@ -1019,7 +1097,7 @@ def migrate(archive: Optional[Path] = ArchiveOpt) -> None:
 
     path = _archive_path(archive)
     dumpdb.archive.check_marker(path)
-    applied = Catalog(path / dumpdb.archive.CATALOG).migrate()
+    applied = Catalog(path / dumpdb.archive.CATALOG, lock_timeout=_lock_timeout(), on_wait=_wait_line).migrate()
     if applied:
         _say(f"applied migrations {', '.join(f'{m.version:03d}_{m.name}' for m in applied)}; "
              f"schema version {applied[-1].version}")
@@ -1048,8 +1126,6 @@ def import_cmd(
                                         help="Refuse bundles declaring more bytes than this (default 1 TiB)."),
 ) -> None:
     """Import a bundle's runs (every file checked against the manifest; importing twice adds nothing)."""
-    from dumpdb.archive import create_archive, is_archive
-
     mapping = {}
     for item in rename:
         old, sep, new = item.partition("=")
@@ -1057,9 +1133,8 @@ def import_cmd(
             raise DumpdbError(f"--rename {item!r}: write OLD=NEW")
         mapping[old] = new
     path = _archive_path(archive)
-    if not is_archive(path):
-        create_archive(path)
-    report = _open(path, on_wait=lambda msg: _say(msg, stderr=True, style="yellow")).import_bundle(bundle, mapping,
+    _ensure_archive(path)
+    report = _open(path).import_bundle(bundle, mapping,
                                                             max_bundle_size=max_bundle_size)
     if report.runs_imported:
         _say(f"imported {', '.join(report.runs_imported)}: {report.tensors} tensors, {report.payloads_added} "
@@ -1129,11 +1204,12 @@ def main() -> None:
     A Ctrl-C outside a command (while parsing, or in click itself) also ends as
     one line and exit 130, not click's "Aborted!".
     """
+    from dumpdb import sigint
+
     try:
         app(standalone_mode=True)
     except KeyboardInterrupt:
-        _say("interrupted", stderr=True, style="yellow")
-        sys.exit(EXIT_INTERRUPTED)
+        sigint.exit_interrupted()
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(EXIT_OK)

@@ -26,9 +26,13 @@ import json
 import math
 import os
 import shutil
+import signal
 import tempfile
+import threading
 import zipfile
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -41,6 +45,7 @@ import xxhash
 
 from dumpdb import __version__
 from dumpdb.archival import bundle_check as chk
+from dumpdb.archival import bundle_readme
 from dumpdb.catalog import insert_arrow, latest_version, schema
 from dumpdb.catalog.locks import SHARED, archive_lock
 from dumpdb.errors import BundleError, DumpdbError, PayloadCorrupt, PayloadMissing
@@ -75,11 +80,16 @@ def export_runs(archive, runs: list[str], to: str | os.PathLike) -> Path:
     if not runs:
         raise DumpdbError("export: name at least one run")
     as_zip = to.suffix.lower() == ".zip"
-    work = Path(tempfile.mkdtemp(prefix=".dumpdb-export-", dir=to.parent if to.parent.exists() else None))
+    parent = to.parent if to.parent.exists() else None
+    _remove_dead_exports(parent)
+    writer = work = None
     try:
+        with _sigint_held():  # the directory and the name that removes it come together
+            work = Path(tempfile.mkdtemp(prefix=f"{EXPORT_PREFIX}{os.getpid()}-", dir=parent))
         bundle = work / "bundle"
         (bundle / "catalog").mkdir(parents=True)
-        TensorStore.create(bundle / "tensors.zarr")
+        with _sigint_held():  # zarr writes from its own thread: an interrupted call would go on writing
+            TensorStore.create(bundle / "tensors.zarr")
         with archive.reader() as con:
             known = {r[0] for r in con.execute("SELECT run FROM runs").fetchall()}
             missing = [r for r in runs if r not in known]
@@ -98,6 +108,7 @@ def export_runs(archive, runs: list[str], to: str | os.PathLike) -> Path:
             read=lambda ref: _checked_archive_payload(archive, runs, *ref, nbytes_of[ref[0]]))
         arrays = writer.take_arrays()
         writer.close()
+        writer = None
         tables["blobs"] = blob_table(locations).drop_columns(["first_run"])
         tables["arrays"] = array_table(arrays)
         for name, table in tables.items():
@@ -113,19 +124,73 @@ def export_runs(archive, runs: list[str], to: str | os.PathLike) -> Path:
             "tables": {n: {"file": f"catalog/{n}.parquet", "rows": t.num_rows} for n, t in tables.items()},
             "files": files,
         }
+        readme = bundle_readme.render(runs, tables, dumpdb_version=__version__,
+                                      schema_version=archive.schema_version, created=manifest["created"])
+        readme_path = bundle / "README.md"
+        readme_path.write_text(readme, encoding="utf-8")
+        files["README.md"] = {"bytes": readme_path.stat().st_size, "sha256": chk.sha256(readme_path)}
         (bundle / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
         if as_zip:
             tmp_zip = work / "bundle.zip"
             with zipfile.ZipFile(tmp_zip, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as z:
                 z.write(bundle / "manifest.json", "manifest.json")
-                for rel in files:
+                for rel in sorted(files, key=lambda r: (r != "README.md", r)):
                     z.write(bundle / rel, rel)
             os.replace(tmp_zip, to)
         else:
             os.rename(bundle, to)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        # Nothing partial stays, whatever stopped the export (an error, Ctrl-C at any phase):
+        # the writer's threads are stopped first (they would write into the directory being
+        # removed), and a second Ctrl-C waits until the removal is done.
+        with _sigint_held():
+            if writer is not None:
+                writer.close()
+            if work is not None:
+                shutil.rmtree(work, ignore_errors=True)
     return to
+
+
+EXPORT_PREFIX = ".dumpdb-export-"
+
+
+@contextmanager
+def _sigint_held() -> Iterator[None]:
+    """Hold a Ctrl-C back for the block: steps that must finish (making or removing the work
+    directory, a zarr call whose coroutine runs on zarr's own thread) finish, then the
+    SIGINT handler that was in place runs (raising KeyboardInterrupt, as usual). A handler
+    swap, not a signal mask: the kernel may deliver SIGINT to any thread. Only the main
+    thread can; elsewhere the block runs as is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: got.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if got:
+            if callable(previous):
+                previous(signal.SIGINT, None)
+            elif previous == signal.SIG_DFL:
+                raise KeyboardInterrupt
+
+
+def _remove_dead_exports(parent: Path | None) -> None:
+    """Remove the work directories of exports whose process is gone (killed with SIGKILL,
+    power cut): ``.dumpdb-export-<pid>-*`` beside the target whose pid is not running."""
+    for path in (parent or Path(tempfile.gettempdir())).glob(f"{EXPORT_PREFIX}*"):
+        pid = path.name[len(EXPORT_PREFIX):].split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue  # still running: another export's work
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except (PermissionError, OverflowError):
+            continue
 
 
 def _checked_archive_payload(archive, runs: list[str], content_hash: str, array_path: str | None,

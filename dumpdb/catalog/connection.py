@@ -23,7 +23,6 @@ import json
 import os
 import re
 import shutil
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -158,9 +157,9 @@ class Catalog:
         ``lock_timeout`` seconds for a lock another process holds (``on_wait`` is told
         once). Raises ArchiveError when it cannot be opened or the wait times out.
         Prefer :meth:`reader` / :meth:`writer`, which hold it for one block only."""
-        deadline = time.monotonic() + self.lock_timeout
-        delay = 0.02
-        warned = False
+        from dumpdb.catalog.waiting import Waiter, duckdb_holder
+
+        waiter = Waiter(self.lock_timeout, self.on_wait)
         while True:
             try:
                 config: dict[str, str | bool | int | float | list[str]] = (
@@ -169,18 +168,11 @@ class Catalog:
             except duckdb.Error as exc:
                 if not is_lock_error(exc):
                     raise _catalog_error(self.path, exc) from exc
-                if time.monotonic() >= deadline:
-                    raise ArchiveError(
-                        f"{self.path}: catalog is locked by another process; gave up after "
-                        f"{self.lock_timeout:g} s ({str(exc).splitlines()[0]})"
-                    ) from exc
-                if not warned and self.on_wait is not None:
-                    holder = re.search(r"\(PID (\d+)\)", str(exc))
-                    who = f"process {holder.group(1)}" if holder else "another process"
-                    self.on_wait(f"waiting for the catalog lock held by {who}...")
-                    warned = True
-                time.sleep(delay)
-                delay = min(delay * 2, 0.5)
+                holder = duckdb_holder(exc, self.path.parent)
+                waiter.again(
+                    lambda: f"waiting for the catalog lock held by {holder} ({waiter.limit()})",  # noqa: B023
+                    lambda: f"{self.path}: catalog is locked by another process: {holder}; gave up after "  # noqa: B023
+                            f"{self.lock_timeout:g} s (--wait SECONDS waits longer)")
 
     @contextmanager
     def reader(self) -> Iterator[duckdb.DuckDBPyConnection]:

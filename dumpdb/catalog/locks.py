@@ -125,22 +125,21 @@ def store_lock(archive: str | os.PathLike, mode: str, what: str, *, timeout: flo
 
 def _acquire(fd: int, flag: int, deadline: float, archive: Path, what: str,
              on_wait: Callable[[str], None] | None, timeout: float, warned: bool) -> bool:
-    """flock ``fd`` with ``flag``, polling until ``deadline``. Returns whether it said it waited."""
-    delay = 0.02
+    """flock ``fd`` with ``flag``, polling until ``deadline`` (:class:`~dumpdb.catalog.waiting.Waiter`:
+    one line after ~1 s, ArchiveError at the deadline). Returns whether it said it waited."""
+    from dumpdb.catalog.waiting import Waiter
+
+    waiter = Waiter(max(0.0, deadline - time.monotonic()), None if warned else on_wait)
+    waiter.timeout = timeout  # messages give the whole wait, not what is left of it
     while True:
         try:
             fcntl.flock(fd, flag | fcntl.LOCK_NB)
-            return warned
+            return warned or waiter.told
         except BlockingIOError:
-            if time.monotonic() >= deadline:
-                raise ArchiveError(
-                    f"{archive}: archive in use by {describe_holders(archive)}; {what} gave up after "
-                    f"{timeout:g} s (try again when it has finished)") from None
-            if not warned and on_wait is not None:
-                on_wait(f"{what}: waiting, archive in use by {describe_holders(archive)}...")
-                warned = True
-            time.sleep(delay)  # polling a lock another process holds (flock has no timeout)
-            delay = min(delay * 2, 0.5)
+            waiter.again(
+                lambda: f"{what}: waiting, archive in use by {describe_holders(archive)} ({waiter.limit()})",
+                lambda: f"{archive}: archive in use by {describe_holders(archive)}; {what} gave up after "
+                        f"{timeout:g} s (--wait SECONDS waits longer, or try again when it has finished)")
 
 
 def _drop_dead_records(folder: Path) -> None:

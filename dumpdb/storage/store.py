@@ -64,6 +64,23 @@ INNER_CHUNK_BYTES = 1 << 20
 LARGE_CHUNK_BYTES = 4 << 20
 ZSTD_LEVEL = 1
 
+# What each array says about itself (its zarr.json "attributes"), for a reader without dumpdb.
+CATALOG_POINTER = ("the catalog: catalog.duckdb beside this store (an archive) or catalog/*.parquet "
+                   "(a bundle; its README.md has a reading recipe)")
+DESCRIBE = {
+    "tensor-store": {"holds": "tensor payloads of dumpdb: packs/{dtype}/* (many small tensors each), "
+                              "large/{hh}/* (one large tensor each)", "catalog": CATALOG_POINTER},
+    "pack": {"holds": "payloads of many tensors back to back, flattened, in storage dtype (bfloat16 as "
+                      "uint16 bit patterns)",
+             "find": "blobs row (content_hash, array_path = this array, elem_offset, elem_count); "
+                     "tensors rows with that content_hash give dtype, shape, run, op_name, io, slot",
+             "catalog": CATALOG_POINTER},
+    "tensor": {"holds": "the payload of one tensor in its own shape, in storage dtype (bfloat16 as uint16 bit "
+                        "patterns)",
+               "find": "tensors rows whose content_hash is this array's content_hash (dtype, run, op_name, io, "
+                       "slot); blobs row array_path = this array", "catalog": CATALOG_POINTER},
+}
+
 
 @dataclass(frozen=True)
 class BlobLocation:
@@ -276,7 +293,8 @@ class TensorStore:
     def create(location: str | os.PathLike[str] | Store) -> None:
         """Create an empty store with its root group (``location`` as in the constructor)."""
         store = location if isinstance(location, Store) else DurableLocalStore(str(location), read_only=False)
-        zarr.create_group(store, attributes={"dumpdb": {"kind": "tensor-store", "layout": 1}})
+        zarr.create_group(store, attributes={"dumpdb": {"kind": "tensor-store", "layout": 1,
+                                                          **DESCRIBE["tensor-store"]}})
 
     def array(self, path: str) -> zarr.Array:
         """Open (and cache) the Zarr array at ``path`` inside the store.
@@ -498,7 +516,7 @@ class StoreWriter:
         arr = zarr.create_array(
             self.store.zstore, name=name, shape=data.shape, dtype=data.dtype, chunks=chunks,
             shards=shards, compressors=zarr.codecs.ZstdCodec(level=ZSTD_LEVEL), fill_value=0,
-            attributes={"dumpdb": {"kind": kind, **attrs}},
+            attributes={"dumpdb": {"kind": kind, **attrs, **DESCRIBE.get(kind, {})}},
             # Every chunk is written: no scan for fill-value chunks (measured: ~25 % of
             # write time) and nothing depends on how a fill value compares (-0.0, NaN).
             config={"write_empty_chunks": True},

@@ -1,0 +1,104 @@
+"""Waiting for another process: the one loop every lock wait of dumpdb goes through.
+
+Whatever blocks - the archive's store lock (:mod:`dumpdb.catalog.locks`) or DuckDB's
+file lock on ``catalog.duckdb`` (another process holds it read-write, or read-only while
+we want to write) - the waiting process polls with backoff, and:
+
+* after :data:`NOTICE_AFTER` seconds (1 s; half the timeout if that is shorter) calls
+  ``on_wait`` **once** with a line naming what holds it (the CLI prints it on stderr):
+  a dumpdb process (its pid, command and what it does) or another DuckDB connection
+  (pid and command when DuckDB's error names the pid);
+* gives up after ``timeout`` seconds (``--wait SECONDS`` in the CLI; default
+  ``$DUMPDB_LOCK_TIMEOUT`` or 120 s) with :class:`~dumpdb.errors.ArchiveError`
+  (exit 2) naming the holder.
+
+Commits take tens of milliseconds: a wait shorter than the notice delay says nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from dumpdb.errors import ArchiveError
+
+NOTICE_AFTER = 1.0
+_PID = re.compile(r"\(PID (\d+)\)")
+
+
+class Waiter:
+    """One wait of at most ``timeout`` seconds; :meth:`again` after each failed attempt."""
+
+    def __init__(self, timeout: float, on_wait: Callable[[str], None] | None = None):
+        self.timeout = timeout
+        self.on_wait = on_wait
+        self.started = time.monotonic()
+        self.notice_at = self.started + min(NOTICE_AFTER, timeout / 2)
+        self.deadline = self.started + timeout
+        self.delay = 0.02
+        self.told = False
+
+    def again(self, waiting: Callable[[], str], gave_up: Callable[[], str]) -> None:
+        """Sleep before the next attempt. ``waiting()`` is the line for ``on_wait`` (asked
+        once, after the notice delay); at the deadline raises ArchiveError(``gave_up()``)."""
+        now = time.monotonic()
+        if now >= self.deadline:
+            raise ArchiveError(gave_up())
+        if not self.told and now >= self.notice_at and self.on_wait is not None:
+            self.told = True
+            self.on_wait(waiting())
+        # Polling a lock held by another process (neither flock with a timeout nor DuckDB
+        # can wait for it); the backoff keeps it cheap.
+        time.sleep(max(0.0, min(self.delay, self.deadline - now)))
+        self.delay = min(self.delay * 2, 0.5)
+
+    def limit(self) -> str:
+        """How the wait is bounded, for messages: ``gives up after 120 s; --wait SECONDS changes it``."""
+        return f"gives up after {self.timeout:g} s; --wait SECONDS changes it"
+
+
+def command_of(pid: int) -> str | None:
+    """The command line of process ``pid`` (from ``/proc``), shortened; None if unreadable."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    args = [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+    if not args:
+        return None
+    args[0] = os.path.basename(args[0])
+    text = " ".join(args)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _dumpdb_record(archive: Path, pid: int) -> str | None:
+    """What a dumpdb process ``pid`` said it does in the archive's store-lock records."""
+    for path in (archive / "locks" / "holders").glob(f"{pid}-*.json"):
+        try:
+            return str(json.loads(path.read_text(encoding="utf-8"))["what"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return None
+
+
+def duckdb_holder(error: Exception | str, archive: Path) -> str:
+    """Who holds the catalog file, from DuckDB's lock error (which names the pid when it
+    can): ``dumpdb process (pid 812: dumpdb ingest ...; ingest of run 'a')``,
+    ``another DuckDB connection (pid 77: python3 hold.py)``, or ``another DuckDB
+    connection`` when no pid is named."""
+    found = _PID.search(str(error))
+    if not found:
+        return "another DuckDB connection"
+    pid = int(found.group(1))
+    if pid == os.getpid():
+        return f"another DuckDB connection of this process (pid {pid})"
+    command = command_of(pid)
+    what = _dumpdb_record(Path(archive), pid)
+    if what is not None or (command is not None and re.search(r"\bdumpdb\b", command)):
+        detail = "; ".join(x for x in (command, what) if x)
+        return f"dumpdb process (pid {pid}{': ' + detail if detail else ''})"
+    return f"another DuckDB connection (pid {pid}{': ' + command if command else ''})"

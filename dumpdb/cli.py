@@ -293,6 +293,12 @@ def _reporter(quiet: bool):
             elif self.errors == self.MAX_ERRORS_SHOWN + 1:
                 self.progress.console.print(Text("more errors: see ingest_errors in the catalog", style="red"))
 
+        def changed(self, source_file, detail):
+            from rich.text import Text
+
+            self.progress.console.print(Text.assemble(("changed: ", "yellow"), f"{source_file}: {detail}"),
+                                        soft_wrap=True)
+
         def finish(self):
             self.progress.stop()
 
@@ -301,8 +307,9 @@ def _reporter(quiet: bool):
 
 def _print_report(r) -> None:
     ratio = f"{r.ratio:.2f}x" if r.ratio else "-"
+    replaced = f"{r.tensors_replaced} replaced (changed files), " if r.tensors_replaced else ""
     _say(f"run {r.run} ({r.layout}) -> {r.archive}\n"
-         f"  tensors: {r.tensors_added} added, {r.tensors_skipped} already there, "
+         f"  tensors: {r.tensors_added} added, {replaced}{r.tensors_skipped} already there, "
          f"{r.deduplicated} deduplicated, {r.statistics_only} statistics-only, {len(r.errors)} failed\n"
          f"  bytes read {_human(r.bytes_read)}, payload {_human(r.bytes_in)}, stored {_human(r.bytes_stored)}, "
          f"ratio {ratio}, {r.seconds:.1f} s", stderr=True)
@@ -319,13 +326,27 @@ def ingest(
     follow_symlinks: bool = typer.Option(
         False, "--follow-symlinks", help="Read files that symlinks lead to outside DUMP_DIR (off by default)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    update: bool = typer.Option(
+        False, "--update", help="Store the new content of files that changed since the run ingested them "
+                                "(default: list them and refuse, exit 1). Replaced payloads stay until 'dumpdb gc'."),
+    moved: bool = typer.Option(
+        False, "--moved", help="Continue run --run from DUMP_DIR, its new location: the files the run holds must "
+                               "be there with the same names and sizes."),
+    verify_hash: bool = typer.Option(
+        False, "--verify-hash", help="With --moved: also read and hash every file the run holds (slow, certain)."),
 ) -> None:
-    """Ingest a dump into an archive (created if missing). Re-running completes or skips."""
+    """Ingest a dump into an archive (created if missing). Re-running completes or skips:
+    files already in the run are not read unless their size or mtime changed; a file
+    whose content changed is listed and the ingest refuses (exit 1) unless --update."""
     from dumpdb.ingestion.pipeline import ingest as run_ingest
 
+    if verify_hash and not moved:
+        raise DumpdbError("--verify-hash checks a moved dump: use it with --moved "
+                          "(changed files are always confirmed by hash)")
     report = run_ingest(dump_dir, archive=_archive_path(archive), run=run, layout=layout, workers=workers,
                         follow_symlinks=follow_symlinks, reporter=_reporter(quiet),
-                        on_wait=lambda msg: _say(msg, stderr=True, style="yellow"))
+                        on_wait=lambda msg: _say(msg, stderr=True, style="yellow"),
+                        update=update, moved=moved, verify_hash=verify_hash)
     _print_report(report)
     if report.interrupted:
         _say("interrupted: what was committed stays; run the same command again to finish",

@@ -527,15 +527,27 @@ def runs(
     if fmt != "table":
         _emit(table, fmt, output)
         return
-    rows = []
+    rows, hints = [], []
     for r in table.to_pylist():
         fw = " ".join(x for x in (r["framework"], r["framework_version"]) if x)
         started = r["ingest_started"]
-        rows.append((r["run"], r["status"], r["tensors"], _human(r["bytes_in"]),
-                     started.strftime("%Y-%m-%d %H:%M") if started else None, r["layout"], fw or None,
-                     r["source_path"]))
-    _emit(Rows(["run", "status", "tensors", "payload", "ingested", "layout", "framework", "source"], rows),
-          fmt, output, footer=False)
+        pruned = f"{r['pruned']} ({r['pruned_at']:%Y-%m-%d %H:%M})" if r["pruned"] else 0
+        rows.append((r["run"], r["state"], r["tensors"], r["stored"], r["statistics_only"], pruned, r["failed"],
+                     _human(r["bytes_in"]), started.strftime("%Y-%m-%d %H:%M") if started else None, r["layout"],
+                     fw or None, r["source_path"]))
+        if r["complete_command"]:
+            hints.append(f"run {r['run']} is {r['state']}; complete it with: {_complete(r, archive)}")
+    _emit(Rows(["run", "state", "tensors", "stored", "stats-only", "pruned", "failed", "payload", "ingested",
+                "layout", "framework", "source"], rows), fmt, output, footer=False)
+    for hint in hints:
+        _say(hint, stderr=True, style="yellow")
+
+
+def _complete(info: dict, archive: Optional[Path]) -> str:
+    """The ingest command that completes an interrupted run, with -a as the user gave it."""
+    from dumpdb.catalog.runstate import complete_command
+
+    return complete_command(info["run"], info["source_path"]) + _a(archive)
 
 
 @app.command()
@@ -561,17 +573,30 @@ def show(
 
     started = info.get("ingest_started")
     ratio = f"{info['ratio']:.2f}x" if info["ratio"] else "-"
+    state = info["state"] + (f"; complete it with: {_complete(info, archive)}" if info["complete_command"] else "")
+    pruned = ""
+    if info["pruned"]:
+        first, last = info["pruned_first"], info["pruned_last"]
+        when, until = f"{first:%Y-%m-%d %H:%M}", f"{last:%Y-%m-%d %H:%M}"
+        pruned = f" (pruned {when}" + (f" to {until})" if until != when else ")")
+    stored = (f"{info['stored']} = {info['payloads_stored']} payloads stored by this run + {info['deduplicated']} "
+              f"deduplicated ({info['distinct_payloads']} distinct payloads)")
+    reclaim = (f", {_human(info['bytes_reclaimable'])} of it unused until 'dumpdb gc'"
+               if info["bytes_reclaimable"] else "")
     framework = (info["framework"], info["framework_version"], info["device_target"])
     lines = [
-        ("run", info["run"]), ("status", info["status"]), ("source", info["source_path"]),
+        ("run", info["run"]), ("status", state), ("source", info["source_path"]),
         ("layout", info["layout"]),
         ("framework", " ".join(str(x) for x in framework if x) or "-"),
         ("ingested", f"{started:%Y-%m-%d %H:%M:%S} by dumpdb {info['dumpdb_version']}" if started else "-"),
         ("ranks", span(info["ranks"])), ("graphs", span(info["graphs"])), ("iterations", span(info["iterations"])),
-        ("tensors", f"{info['tensors']} ({info['statistics_only']} statistics-only, "
-                    f"{info['deduplicated']} deduplicated, {info['distinct_payloads']} distinct payloads)"),
-        ("bytes in", _human(info["bytes_in"])), ("bytes stored", _human(info["bytes_stored"])), ("ratio", ratio),
-        ("ingest errors", str(info["errors"])),
+        ("tensors", f"{info['tensors']} = {info['stored']} stored + {info['statistics_only']} statistics-only + "
+                    f"{info['pruned']} pruned{pruned}"),
+        ("stored", stored),
+        ("failed", f"{info['failed']} files (not ingested: see ingest_errors)"),
+        ("bytes in", _human(info["bytes_in"]) + " (payloads of the stored tensors)"
+         + (f", {_human(info['bytes_pruned'])} pruned" if info["pruned"] else "")),
+        ("bytes stored", _human(info["bytes_stored"]) + reclaim), ("ratio", ratio),
     ]
     if output is not None:
         _emit(Rows(["field", "value"], lines), fmt, output, footer=False)
@@ -993,12 +1018,13 @@ def prune(
     run: str = typer.Argument(..., help="Run name."), archive: Optional[Path] = ArchiveOpt,
     keep_stats: bool = typer.Option(False, "--keep-stats", help="Required: payloads go, rows and statistics stay."),
     iterations: Optional[str] = typer.Option(None, "--iterations", help='MindSpore syntax, e.g. "0|5-8|100-120".'),
+    ranks: Optional[str] = typer.Option(None, "--ranks", help='Only these ranks, same syntax, e.g. "0|2-3".'),
 ) -> None:
     """Drop a run's tensor payloads but keep its catalog rows and statistics
-    (space comes back with 'dumpdb gc')."""
+    (space comes back with 'dumpdb gc'). Iterations or ranks the run does not have: exit 2."""
     if not keep_stats:
         raise DumpdbError("prune keeps rows and statistics and drops payloads: pass --keep-stats to confirm")
-    n = _open(archive, on_wait=lambda msg: _say(msg, stderr=True, style="yellow")).prune(run, iterations)
+    n = _open(archive, on_wait=lambda msg: _say(msg, stderr=True, style="yellow")).prune(run, iterations, ranks)
     _say(f"pruned the payloads of {n} tensors of run {run}; run 'dumpdb gc{_a(archive)}' to reclaim the space")
 
 
@@ -1116,15 +1142,23 @@ def verify(
     scope = f"run {run}" if run else "archive"
     checked = (f"{report.blobs_checked} of {report.blobs_total} payloads ({_human(report.bytes_checked)}), "
                f"{report.shards_checked} shard checksums, {report.tensors_checked} tensor references, catalog")
+    unchecked = []
+    if report.tensors_pruned:
+        unchecked.append(f"{report.tensors_pruned} tensors pruned (payloads dropped, last on "
+                         f"{report.pruned_last:%Y-%m-%d %H:%M}: not checked)")
+    if report.tensors_statistics_only:
+        unchecked.append(f"{report.tensors_statistics_only} statistics-only (no payload dumped)")
     if report.ok:
-        _say(f"ok: {scope}: {checked}: all as recorded", style="green")
+        _say(f"ok: {scope}: {checked}: all as recorded" + (f"; {', '.join(unchecked)}" if unchecked else ""),
+             style="green")
         return
     for array_path, reason in report.damaged_shards.items():
         _say(f"damaged shard {array_path}: {reason}", style="red")
     _say(f"damaged: {scope}: {len(report.damaged)} payloads ({report.blobs_checked} checked, "
          f"of {report.blobs_total} in scope; {report.tensors_checked} tensor references), "
          f"{len(report.damaged_shards)} shards, {len(report.catalog_problems)} catalog problems; "
-         f"{report.damaged_tensors.num_rows} tensors affected", style="red")
+         f"{report.damaged_tensors.num_rows} tensors affected" + (f"; {', '.join(unchecked)}" if unchecked else ""),
+         style="red")
     if report.damaged_tensors.num_rows:
         _emit(report.damaged_tensors.select(["run", "tensor_id", "iteration", "op_name", "io", "slot", "reason"]),
               "table", None, max_rows=None)

@@ -337,7 +337,8 @@ class _Pipeline:
         if self.update:
             self.replacing = dict(found.replace)
         with self.catalog.writer() as con:
-            existing = con.execute("SELECT source_path, status FROM runs WHERE run = ?", [self.run_name]).fetchone()
+            existing = next(iter(con.execute("SELECT source_path, status FROM runs WHERE run = ?",
+                                             [self.run_name]).fetchall()), None)
             if existing and existing[0] != report.source_path:  # moved (checked by _identity)
                 con.execute("UPDATE runs SET source_path = ? WHERE run = ?", [report.source_path, self.run_name])
             if found.touched:  # same content, new size/mtime: record them, so they are not read again

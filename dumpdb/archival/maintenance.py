@@ -27,12 +27,13 @@ dumpdb) keeps what it has not committed yet.
 from __future__ import annotations
 
 import re
+import warnings
 from dataclasses import dataclass
 from datetime import datetime
 
 from dumpdb.catalog import schema
 from dumpdb.catalog.locks import EXCLUSIVE, SHARED, archive_lock
-from dumpdb.errors import DumpdbError
+from dumpdb.errors import DumpdbError, DumpdbWarning
 from dumpdb.storage.leftovers import Leftover, find_leftovers, reclaim_leftovers  # noqa: F401 (re-exported)
 
 _RANGE_RE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
@@ -75,17 +76,22 @@ def spans(values: list[int]) -> str:
 
 
 def _check_selection(con, run: str, column: str, ranges: list[tuple[int, int]] | None, spec: str | None) -> None:
-    """Each range of ``spec`` must select something the run has (exit 2 naming what it has)."""
+    """``spec`` must select something the run has: if none of its ranges does, DumpdbError
+    (exit 2) naming what the run has; ranges that select nothing beside others that do are
+    named in a :class:`DumpdbWarning` (the CLI prints it as one line)."""
     if not ranges or spec is None or spec.strip().lower() == "all":
         return
     have = [v for (v,) in con.execute(f"SELECT DISTINCT {column} FROM tensors WHERE run = ? AND {column} "
                                       "IS NOT NULL", [run]).fetchall()]
     absent = [f"{lo}-{hi}" if hi != lo else str(lo) for lo, hi in ranges
               if not any(lo <= v <= hi for v in have)]
-    if absent:
-        word = {"iteration": "iterations", "rank": "ranks"}[column]
-        raise DumpdbError(f"run {run!r} has no {column} {', '.join(absent)} (its {word}: "
-                          f"{spans(have) or 'none recorded'}); nothing pruned")
+    if not absent:
+        return
+    word = {"iteration": "iterations", "rank": "ranks"}[column]
+    what = f"run {run!r} has no {column} {', '.join(absent)} (its {word}: {spans(have) or 'none recorded'})"
+    if len(absent) == len(ranges):
+        raise DumpdbError(f"{what}; nothing pruned")
+    warnings.warn(f"{what}; pruning the {word} it has", DumpdbWarning, stacklevel=3)
 
 
 def _require_run(con, run: str) -> None:
@@ -99,7 +105,9 @@ def prune(archive, run: str, iterations: str | None = None, ranks: str | None = 
     pruned (0 if those were pruned already). Space comes back with :func:`gc`.
 
     Raises :class:`DumpdbError` (exit 2, nothing pruned) for an unknown run, a bad spec,
-    or a range that selects no iteration (rank) the run has, naming the ones it has."""
+    or a spec none of whose ranges selects an iteration (rank) the run has, naming the ones
+    it has; ranges selecting nothing beside ones that do are named in a
+    :class:`~dumpdb.errors.DumpdbWarning`."""
     ranges = parse_iterations(iterations) if iterations else None
     rank_ranges = parse_iterations(ranks) if ranks else None
     where, params = _iteration_sql(ranges)

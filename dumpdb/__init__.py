@@ -32,6 +32,7 @@ from dumpdb.errors import (  # noqa: E402
     PayloadCorrupt,
     PayloadMissing,
     RunNotFound,
+    SourceChanged,
     StorageError,
     TensorNotFound,
 )
@@ -71,6 +72,7 @@ __all__ = [
     "PayloadCorrupt",
     "PayloadMissing",
     "RunNotFound",
+    "SourceChanged",
     "StorageError",
     "TensorNotFound",
     "__version__",

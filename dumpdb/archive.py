@@ -120,6 +120,14 @@ def check_marker(path: Path) -> None:
         )
 
 
+# Per-run tensor counts (README "Run state"): stored + statistics_only + pruned = tensors.
+_STORED = "content_hash IS NOT NULL AND pruned_at IS NULL"
+_COUNTS_SQL = (f"count(tensor_id) FILTER ({_STORED}) AS stored, "
+               "count(tensor_id) FILTER (content_hash IS NULL) AS statistics_only, "
+               "count(tensor_id) FILTER (pruned_at IS NOT NULL) AS pruned, max(pruned_at) AS pruned_at, "
+               f"CAST(coalesce(sum(nbytes) FILTER ({_STORED}), 0) AS BIGINT) AS bytes_in, "
+               "CAST(coalesce(sum(nbytes) FILTER (pruned_at IS NOT NULL), 0) AS BIGINT) AS bytes_pruned")
+
 _TENSOR_LOCATION_SQL = """
 SELECT t.tensor_id, t.dtype, t.shape, t.nbytes, t.content_hash, t.source_file,
        b.array_path, b.elem_offset, b.elem_count, b.content_hash IS NOT NULL AS stored,
@@ -317,24 +325,55 @@ class Archive:
         return con
 
     def runs(self) -> pa.Table:
-        """One row per run with its tensor count and payload bytes."""
-        return self.sql(
-            """
+        """One row per run (in ingest order) with what happened to its tensors.
+
+        Columns: ``run``, ``status`` (as recorded), ``state`` (the status as it is now:
+        an ``ingesting`` run whose process is gone reads ``interrupted (pid N gone since
+        ...)``, see :func:`dumpdb.catalog.runstate.run_state`), ``complete_command`` (the
+        ingest command that completes an interrupted run, else null), ``layout``,
+        ``framework``, ``framework_version``; counts ``tensors`` = ``stored`` +
+        ``statistics_only`` + ``pruned`` (README "Run state"), ``failed`` (files in
+        ``ingest_errors``), ``pruned_at`` (the last prune); ``bytes_in`` (payload bytes of
+        the stored tensors), ``bytes_pruned`` (of the pruned ones); ``ingest_started``,
+        ``ingest_finished``, ``source_path``.
+        """
+        import pyarrow as pa
+
+        table = self.sql(f"""
             SELECT r.run, r.status, r.layout, r.framework, r.framework_version,
-                   count(t.tensor_id) AS tensors, coalesce(sum(t.nbytes), 0) AS bytes_in,
-                   r.ingest_started, r.source_path
+                   count(t.tensor_id) AS tensors, {_COUNTS_SQL},
+                   (SELECT count(*) FROM ingest_errors e WHERE e.run = r.run) AS failed,
+                   r.ingest_started, r.ingest_finished, r.source_path
             FROM runs r LEFT JOIN tensors t USING (run)
-            GROUP BY ALL ORDER BY r.ingest_started
-            """
-        )
+            GROUP BY ALL ORDER BY r.ingest_started""")
+        states = [self._state(r) for r in table.select(
+            ["run", "status", "source_path", "ingest_finished"]).to_pylist()]
+        table = table.add_column(2, "state", pa.array([s for s, _ in states], pa.string()))
+        return table.add_column(3, "complete_command", pa.array([c for _, c in states], pa.string()))
+
+    def _state(self, row: dict) -> tuple[str, str | None]:
+        from dumpdb.catalog.runstate import run_state
+
+        return run_state(self.path, row["run"], row["status"], row["source_path"], row["ingest_finished"])
 
     def show(self, run: str) -> dict[str, Any]:
         """Summary of one run: metadata, ranks, graphs, iterations, counts and bytes.
 
-        ``bytes_in`` is the payload bytes of its tensors, ``bytes_stored`` the
-        compressed bytes its ingest wrote (payloads already stored by an earlier
-        run cost it nothing), ``ratio`` = bytes_in / bytes_stored. Raises
-        TensorNotFound-style :class:`DumpdbError` for an unknown run.
+        Counts (README "Run state"; they add up): ``tensors`` = ``stored`` (payload
+        in the store) + ``statistics_only`` (the dump had no payload) + ``pruned``
+        (payload dropped by prune; ``pruned_first``/``pruned_last`` say when);
+        ``stored`` = ``payloads_stored`` (payloads this run stored first) +
+        ``deduplicated`` (tensors whose payload was already stored, by another tensor of
+        the run or another run); ``distinct_payloads`` the distinct payloads of the
+        stored tensors; ``errors`` (also ``failed``) the files that did not ingest
+        (``ingest_errors``: no tensor row). ``state`` / ``complete_command`` as in
+        :meth:`runs`.
+
+        Bytes: ``bytes_in`` payload bytes of the stored tensors, ``bytes_pruned`` of the
+        pruned ones; ``bytes_stored`` the compressed bytes of the payloads this run
+        stored first that are still in the store, ``bytes_reclaimable`` those of them no
+        tensor uses any more (``gc`` frees them); ``ratio`` = bytes_in / bytes_stored
+        (None when nothing is stored). Raises :class:`DumpdbError` for an unknown run.
         """
         with self.reader() as con:
             meta = con.sql("SELECT * FROM runs WHERE run = ?", params=[run]).to_arrow_table().to_pylist()
@@ -343,35 +382,48 @@ class Archive:
                 raise DumpdbError(f"no run {run!r} in {self.path} (runs: {', '.join(known) or 'none'})")
             info = meta[0]
             agg = con.execute(
-                """
-                SELECT count(*), count(content_hash), coalesce(sum(nbytes), 0),
-                       count(DISTINCT content_hash),
+                f"""
+                SELECT count(*), {_COUNTS_SQL}, min(pruned_at), count(DISTINCT content_hash) FILTER ({_STORED}),
                        list(DISTINCT rank ORDER BY rank), list(DISTINCT graph_id ORDER BY graph_id),
                        list(DISTINCT iteration ORDER BY iteration)
                 FROM tensors WHERE run = ?
                 """,
                 [run],
             ).fetchone()
-            stored = con.execute(
-                "SELECT count(*), coalesce(sum(stored_bytes), 0) FROM blobs WHERE first_run = ?", [run]
-            ).fetchone()
+            live = f"(SELECT content_hash FROM tensors WHERE run = ? AND {_STORED})"
+            first = con.execute(
+                f"SELECT count(*) FILTER (content_hash IN {live}), coalesce(sum(stored_bytes), 0), "
+                "coalesce(sum(stored_bytes) FILTER (content_hash NOT IN (SELECT content_hash FROM tensors "
+                "WHERE content_hash IS NOT NULL AND pruned_at IS NULL)), 0) FROM blobs WHERE first_run = ?",
+                [run, run]).fetchone()
             errors = one(con, "SELECT count(*) FROM ingest_errors WHERE run = ?", [run])[0]
-        assert agg is not None and stored is not None  # aggregates: always one row
-        tensors, with_payload, bytes_in, distinct, ranks, graphs, iterations = agg
+        assert agg is not None and first is not None  # aggregates: always one row
+        (tensors, stored, statistics_only, pruned, pruned_last, bytes_in, bytes_pruned, pruned_first, distinct,
+         ranks, graphs, iterations) = agg
+        state, command = self._state(info)
         info.update(
+            state=state,
+            complete_command=command,
             tensors=tensors,
-            statistics_only=tensors - with_payload,
+            stored=stored,
+            statistics_only=statistics_only,
+            pruned=pruned,
+            pruned_first=pruned_first,
+            pruned_last=pruned_last,
             distinct_payloads=distinct,
-            payloads_stored=stored[0],
-            deduplicated=with_payload - stored[0],
+            payloads_stored=first[0],
+            deduplicated=stored - first[0],
             bytes_in=bytes_in,
-            bytes_stored=stored[1],
-            ratio=(bytes_in / stored[1]) if stored[1] else None,
+            bytes_pruned=bytes_pruned,
+            bytes_stored=first[1],
+            bytes_reclaimable=first[2],
+            ratio=(bytes_in / first[1]) if first[1] else None,
             # list() over no rows is NULL: a run with 0 tensors has no ranks, graphs, iterations
             ranks=[r for r in ranks or () if r is not None],
             graphs=[g for g in graphs or () if g is not None],
             iterations=[i for i in iterations or () if i is not None],
             errors=errors,
+            failed=errors,
         )
         return info
 
@@ -526,12 +578,13 @@ class Archive:
         return scan(self, run, checks, **options)
 
     # -- maintenance -------------------------------------------------------------
-    def prune(self, run: str, iterations: str | None = None) -> int:
-        """Drop payloads of ``run`` (MindSpore iteration spec like ``"0|5-8"``), keep rows
-        and statistics; returns tensors pruned. See :mod:`dumpdb.archival.maintenance`."""
+    def prune(self, run: str, iterations: str | None = None, ranks: str | None = None) -> int:
+        """Drop payloads of ``run`` (MindSpore iteration / rank spec like ``"0|5-8"``), keep
+        rows and statistics; returns tensors pruned. A range the run has none of raises
+        DumpdbError naming what it has. See :func:`dumpdb.archival.maintenance.prune`."""
         from dumpdb.archival.maintenance import prune
 
-        return prune(self, run, iterations)
+        return prune(self, run, iterations, ranks)
 
     def remove_run(self, run: str) -> int:
         """Delete a run's rows; returns tensors removed (space: :meth:`gc`)."""

@@ -346,6 +346,12 @@ def _reporter(quiet: bool):
             elif self.errors == self.MAX_ERRORS_SHOWN + 1:
                 self.progress.console.print(Text("more errors: see ingest_errors in the catalog", style="red"))
 
+        def changed(self, source_file, detail):
+            from rich.text import Text
+
+            self.progress.console.print(Text.assemble(("changed: ", "yellow"), f"{source_file}: {detail}"),
+                                        soft_wrap=True)
+
         def finish(self):
             self.progress.stop()
 
@@ -354,8 +360,9 @@ def _reporter(quiet: bool):
 
 def _print_report(r) -> None:
     ratio = f"{r.ratio:.2f}x" if r.ratio else "-"
+    replaced = f"{r.tensors_replaced} replaced (changed files), " if r.tensors_replaced else ""
     _say(f"run {r.run} ({r.layout}) -> {r.archive}\n"
-         f"  tensors: {r.tensors_added} added, {r.tensors_skipped} already there, "
+         f"  tensors: {r.tensors_added} added, {replaced}{r.tensors_skipped} already there, "
          f"{r.deduplicated} deduplicated, {r.statistics_only} statistics-only, {len(r.errors)} failed\n"
          f"  bytes read {_human(r.bytes_read)}, payload {_human(r.bytes_in)}, stored {_human(r.bytes_stored)}, "
          f"ratio {ratio}, {r.seconds:.1f} s", stderr=True)
@@ -389,11 +396,24 @@ def ingest(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     no_create: bool = typer.Option(False, "--no-create",
                                    help="Refuse (exit 2) if the archive does not exist, instead of creating it."),
+    update: bool = typer.Option(
+        False, "--update", help="Store the new content of files that changed since the run ingested them "
+                                "(default: list them and refuse, exit 1). Replaced payloads stay until 'dumpdb gc'."),
+    moved: bool = typer.Option(
+        False, "--moved", help="Continue run --run from DUMP_DIR, its new location: the files the run holds must "
+                               "be there with the same names and sizes."),
+    verify_hash: bool = typer.Option(
+        False, "--verify-hash", help="With --moved: also read and hash every file the run holds (slow, certain)."),
 ) -> None:
-    """Ingest a dump into an archive (created if missing: 'created archive PATH'). Re-running completes or skips."""
+    """Ingest a dump into an archive (created if missing: 'created archive PATH'). Re-running completes or skips:
+    files already in the run are not read unless their size or mtime changed; a file
+    whose content changed is listed and the ingest refuses (exit 1) unless --update."""
     from dumpdb.archive import is_archive
     from dumpdb.ingestion.pipeline import ingest as run_ingest
 
+    if verify_hash and not moved:
+        raise DumpdbError("--verify-hash checks a moved dump: use it with --moved "
+                          "(changed files are always confirmed by hash)")
     path = _archive_path(archive)
     existed = is_archive(path)
     if no_create and not existed:
@@ -401,7 +421,8 @@ def ingest(
     try:  # the pipeline creates the archive once it has found the dump (a bad DUMP_DIR makes none)
         report = run_ingest(dump_dir, archive=path, run=run, layout=layout, workers=workers,
                             follow_symlinks=follow_symlinks, reporter=_reporter(quiet),
-                            on_wait=_wait_line, lock_timeout=_lock_timeout())
+                            on_wait=_wait_line, lock_timeout=_lock_timeout(),
+                            update=update, moved=moved, verify_hash=verify_hash)
     finally:
         if not existed and is_archive(path):
             _say(f"created archive {path}", stderr=True)
@@ -585,15 +606,27 @@ def runs(
     if fmt != "table":
         _emit(table, fmt, output)
         return
-    rows = []
+    rows, hints = [], []
     for r in table.to_pylist():
         fw = " ".join(x for x in (r["framework"], r["framework_version"]) if x)
         started = r["ingest_started"]
-        rows.append((r["run"], r["status"], r["tensors"], _human(r["bytes_in"]),
-                     started.strftime("%Y-%m-%d %H:%M") if started else None, r["layout"], fw or None,
-                     r["source_path"]))
-    _emit(Rows(["run", "status", "tensors", "payload", "ingested", "layout", "framework", "source"], rows),
-          fmt, output, footer=False)
+        pruned = f"{r['pruned']} ({r['pruned_at']:%Y-%m-%d %H:%M})" if r["pruned"] else 0
+        rows.append((r["run"], r["state"], r["tensors"], r["stored"], r["statistics_only"], pruned, r["failed"],
+                     _human(r["bytes_in"]), started.strftime("%Y-%m-%d %H:%M") if started else None, r["layout"],
+                     fw or None, r["source_path"]))
+        if r["complete_command"]:
+            hints.append(f"run {r['run']} is {r['state']}; complete it with: {_complete(r, archive)}")
+    _emit(Rows(["run", "state", "tensors", "stored", "stats-only", "pruned", "failed", "payload", "ingested",
+                "layout", "framework", "source"], rows), fmt, output, footer=False)
+    for hint in hints:
+        _say(hint, stderr=True, style="yellow")
+
+
+def _complete(info: dict, archive: Optional[Path]) -> str:
+    """The ingest command that completes an interrupted run, with -a as the user gave it."""
+    from dumpdb.catalog.runstate import complete_command
+
+    return complete_command(info["run"], info["source_path"]) + _a(archive)
 
 
 @app.command()
@@ -619,17 +652,30 @@ def show(
 
     started = info.get("ingest_started")
     ratio = f"{info['ratio']:.2f}x" if info["ratio"] else "-"
+    state = info["state"] + (f"; complete it with: {_complete(info, archive)}" if info["complete_command"] else "")
+    pruned = ""
+    if info["pruned"]:
+        first, last = info["pruned_first"], info["pruned_last"]
+        when, until = f"{first:%Y-%m-%d %H:%M}", f"{last:%Y-%m-%d %H:%M}"
+        pruned = f" (pruned {when}" + (f" to {until})" if until != when else ")")
+    stored = (f"{info['stored']} = {info['payloads_stored']} payloads stored by this run + {info['deduplicated']} "
+              f"deduplicated ({info['distinct_payloads']} distinct payloads)")
+    reclaim = (f", {_human(info['bytes_reclaimable'])} of it unused until 'dumpdb gc'"
+               if info["bytes_reclaimable"] else "")
     framework = (info["framework"], info["framework_version"], info["device_target"])
     lines = [
-        ("run", info["run"]), ("status", info["status"]), ("source", info["source_path"]),
+        ("run", info["run"]), ("status", state), ("source", info["source_path"]),
         ("layout", info["layout"]),
         ("framework", " ".join(str(x) for x in framework if x) or "-"),
         ("ingested", f"{started:%Y-%m-%d %H:%M:%S} by dumpdb {info['dumpdb_version']}" if started else "-"),
         ("ranks", span(info["ranks"])), ("graphs", span(info["graphs"])), ("iterations", span(info["iterations"])),
-        ("tensors", f"{info['tensors']} ({info['statistics_only']} statistics-only, "
-                    f"{info['deduplicated']} deduplicated, {info['distinct_payloads']} distinct payloads)"),
-        ("bytes in", _human(info["bytes_in"])), ("bytes stored", _human(info["bytes_stored"])), ("ratio", ratio),
-        ("ingest errors", str(info["errors"])),
+        ("tensors", f"{info['tensors']} = {info['stored']} stored + {info['statistics_only']} statistics-only + "
+                    f"{info['pruned']} pruned{pruned}"),
+        ("stored", stored),
+        ("failed", f"{info['failed']} files (not ingested: see ingest_errors)"),
+        ("bytes in", _human(info["bytes_in"]) + " (payloads of the stored tensors)"
+         + (f", {_human(info['bytes_pruned'])} pruned" if info["pruned"] else "")),
+        ("bytes stored", _human(info["bytes_stored"]) + reclaim), ("ratio", ratio),
     ]
     if output is not None:
         _emit(Rows(["field", "value"], lines), fmt, output, footer=False)
@@ -1050,12 +1096,13 @@ def prune(
     run: str = typer.Argument(..., help="Run name."), archive: Optional[Path] = ArchiveOpt,
     keep_stats: bool = typer.Option(False, "--keep-stats", help="Required: payloads go, rows and statistics stay."),
     iterations: Optional[str] = typer.Option(None, "--iterations", help='MindSpore syntax, e.g. "0|5-8|100-120".'),
+    ranks: Optional[str] = typer.Option(None, "--ranks", help='Only these ranks, same syntax, e.g. "0|2-3".'),
 ) -> None:
     """Drop a run's tensor payloads but keep its catalog rows and statistics
-    (space comes back with 'dumpdb gc')."""
+    (space comes back with 'dumpdb gc'). Iterations or ranks the run does not have: exit 2."""
     if not keep_stats:
         raise DumpdbError("prune keeps rows and statistics and drops payloads: pass --keep-stats to confirm")
-    n = _open(archive).prune(run, iterations)
+    n = _open(archive).prune(run, iterations, ranks)
     _say(f"pruned the payloads of {n} tensors of run {run}; run 'dumpdb gc{_a(archive)}' to reclaim the space")
 
 
@@ -1170,15 +1217,23 @@ def verify(
     scope = f"run {run}" if run else "archive"
     checked = (f"{report.blobs_checked} of {report.blobs_total} payloads ({_human(report.bytes_checked)}), "
                f"{report.shards_checked} shard checksums, {report.tensors_checked} tensor references, catalog")
+    unchecked = []
+    if report.tensors_pruned:
+        unchecked.append(f"{report.tensors_pruned} tensors pruned (payloads dropped, last on "
+                         f"{report.pruned_last:%Y-%m-%d %H:%M}: not checked)")
+    if report.tensors_statistics_only:
+        unchecked.append(f"{report.tensors_statistics_only} statistics-only (no payload dumped)")
     if report.ok:
-        _say(f"ok: {scope}: {checked}: all as recorded", style="green")
+        _say(f"ok: {scope}: {checked}: all as recorded" + (f"; {', '.join(unchecked)}" if unchecked else ""),
+             style="green")
         return
     for array_path, reason in report.damaged_shards.items():
         _say(f"damaged shard {array_path}: {reason}", style="red")
     _say(f"damaged: {scope}: {len(report.damaged)} payloads ({report.blobs_checked} checked, "
          f"of {report.blobs_total} in scope; {report.tensors_checked} tensor references), "
          f"{len(report.damaged_shards)} shards, {len(report.catalog_problems)} catalog problems; "
-         f"{report.damaged_tensors.num_rows} tensors affected", style="red")
+         f"{report.damaged_tensors.num_rows} tensors affected" + (f"; {', '.join(unchecked)}" if unchecked else ""),
+         style="red")
     if report.damaged_tensors.num_rows:
         _emit(report.damaged_tensors.select(["run", "tensor_id", "iteration", "op_name", "io", "slot", "reason"]),
               "table", None, max_rows=None)

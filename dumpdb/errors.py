@@ -20,7 +20,8 @@ Hierarchy::
     ├── LayoutError                  no recognised dump layout (also BadDump)
     ├── BadDump                      the input as a whole is unusable
     ├── DumpFileError                one file of a dump (recorded, ingest goes on)
-    └── BundleError                  an export bundle is damaged, hostile or unreadable
+    ├── BundleError                  an export bundle is damaged, hostile or unreadable
+    └── SourceChanged                exit 1: files of a dump differ from what the run holds
 
     DumpdbWarning (a UserWarning)    something left out on purpose (e.g. .pt payloads
                                      without PyTorch); the CLI prints it as one line
@@ -91,6 +92,18 @@ class BundleError(DumpdbError):
 
     Raised before anything of the bundle enters the archive.
     """
+
+
+class SourceChanged(DumpdbError):
+    """Files of a dump differ from what the run already holds (re-ingest without
+    ``update``, or ``moved`` onto a directory that is not the same dump). Nothing was
+    replaced. ``files`` lists ``(source_file, what differs)``, one per file. Exit 1."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, files: list[tuple[str, str]]):
+        super().__init__(message)
+        self.files = files
 
 
 class DumpdbWarning(UserWarning):

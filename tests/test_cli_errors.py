@@ -72,7 +72,10 @@ def test_show_a_run_with_no_tensors(tmp_path):
     con.close()
     r = invoke("show", "empty", "-a", a)
     assert r.exit_code == 0, r.output
-    assert "tensors        0 (" in r.stdout and "ranks          -" in r.stdout and "None" not in r.stdout
+    assert "tensors       0 = 0 stored + 0 statistics-only + 0 pruned\n" in r.stdout
+    assert "ranks         -" in r.stdout and "None" not in r.stdout
+    assert "status        interrupted (stopped " not in r.stdout  # no ingest_finished recorded: no time invented
+    assert f"status        interrupted; complete it with: dumpdb ingest /x --run empty -a {a}" in r.stdout
     r = invoke("show", "empty", "-a", a, "-f", "json")
     assert r.exit_code == 0 and '"ranks": []' in r.stdout and '"ratio": null' in r.stdout
     r = invoke("runs", "-a", a, "-f", "csv")

@@ -135,7 +135,7 @@ def test_runs_and_show_in_a_pipe(archive):
     assert row["run"] == "nan" and row["tensors"] == 390 and row["framework"] == "MindSpore"
     r = dumpdb_cli("show", "nan", "-a", archive)
     assert r.returncode == 0, r.stderr
-    assert source in r.stdout and "iterations     0, 1" in r.stdout
+    assert source in r.stdout and "iterations    0, 1" in r.stdout
     r = dumpdb_cli("show", "nan", "-a", archive, "-f", "json")
     (info,) = json.loads(r.stdout)
     assert info["iterations"] == [0, 1] and info["tensors"] == 390 and info["source_path"] == source

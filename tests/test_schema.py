@@ -60,8 +60,10 @@ def test_run_tables_are_the_tables_with_a_run_column_runs_last():
 
 
 def test_ingest_row_schemas_match_the_catalog():
-    """What the pipeline writes is the catalog's columns, less those filled by defaults."""
-    assert set(pipeline.TENSOR_SCHEMA.names) == set(schema.columns("tensors")) - {"tensor_id", "pruned_at"}
+    """What the pipeline writes is the catalog's columns, less those filled by defaults
+    (or later: prune's pruned_at, ingest --update's previous_hash and updated_at)."""
+    assert set(pipeline.TENSOR_SCHEMA.names) == set(schema.columns("tensors")) - {
+        "tensor_id", "pruned_at", "previous_hash", "updated_at"}
     assert set(pipeline.ERROR_SCHEMA.names) == set(schema.columns("ingest_errors")) - {"time"}
     assert str(pipeline.TENSOR_SCHEMA.field("shape").type.value_type) == "int64"
 

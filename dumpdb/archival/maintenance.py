@@ -27,12 +27,13 @@ dumpdb) keeps what it has not committed yet.
 from __future__ import annotations
 
 import re
+import warnings
 from dataclasses import dataclass
 from datetime import datetime
 
 from dumpdb.catalog import schema
 from dumpdb.catalog.locks import EXCLUSIVE, SHARED, archive_lock
-from dumpdb.errors import DumpdbError
+from dumpdb.errors import DumpdbError, DumpdbWarning
 from dumpdb.storage.leftovers import Leftover, find_leftovers, reclaim_leftovers  # noqa: F401 (re-exported)
 
 _RANGE_RE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
@@ -56,11 +57,41 @@ def parse_iterations(spec: str) -> list[tuple[int, int]]:
     return ranges
 
 
-def _iteration_sql(ranges: list[tuple[int, int]] | None) -> tuple[str, list]:
+def _iteration_sql(ranges: list[tuple[int, int]] | None, column: str = "iteration") -> tuple[str, list]:
     if not ranges:
         return "", []
-    conds = " OR ".join("iteration BETWEEN ? AND ?" for _ in ranges)
+    conds = " OR ".join(f"{column} BETWEEN ? AND ?" for _ in ranges)
     return f" AND ({conds})", [v for r in ranges for v in r]
+
+
+def spans(values: list[int]) -> str:
+    """Sorted integers as MindSpore-style spans: ``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
+    runs: list[list[int]] = []
+    for v in sorted(set(values)):
+        if runs and v == runs[-1][1] + 1:
+            runs[-1][1] = v
+        else:
+            runs.append([v, v])
+    return ", ".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in runs)
+
+
+def _check_selection(con, run: str, column: str, ranges: list[tuple[int, int]] | None, spec: str | None) -> None:
+    """``spec`` must select something the run has: if none of its ranges does, DumpdbError
+    (exit 2) naming what the run has; ranges that select nothing beside others that do are
+    named in a :class:`DumpdbWarning` (the CLI prints it as one line)."""
+    if not ranges or spec is None or spec.strip().lower() == "all":
+        return
+    have = [v for (v,) in con.execute(f"SELECT DISTINCT {column} FROM tensors WHERE run = ? AND {column} "
+                                      "IS NOT NULL", [run]).fetchall()]
+    absent = [f"{lo}-{hi}" if hi != lo else str(lo) for lo, hi in ranges
+              if not any(lo <= v <= hi for v in have)]
+    if not absent:
+        return
+    word = {"iteration": "iterations", "rank": "ranks"}[column]
+    what = f"run {run!r} has no {column} {', '.join(absent)} (its {word}: {spans(have) or 'none recorded'})"
+    if len(absent) == len(ranges):
+        raise DumpdbError(f"{what}; nothing pruned")
+    warnings.warn(f"{what}; pruning the {word} it has", DumpdbWarning, stacklevel=3)
 
 
 def _require_run(con, run: str) -> None:
@@ -68,14 +99,24 @@ def _require_run(con, run: str) -> None:
         raise DumpdbError(f"no run {run!r} in the archive")
 
 
-def prune(archive, run: str, iterations: str | None = None) -> int:
-    """Drop the payloads of ``run`` (or of its ``iterations``, MindSpore syntax), keeping
-    rows and statistics. Returns the number of tensors pruned. Space comes back with
-    :func:`gc`."""
+def prune(archive, run: str, iterations: str | None = None, ranks: str | None = None) -> int:
+    """Drop the payloads of ``run`` (or of its ``iterations`` and/or ``ranks``, MindSpore
+    syntax ``"0|5-8"``), keeping rows and statistics. Returns the number of tensors
+    pruned (0 if those were pruned already). Space comes back with :func:`gc`.
+
+    Raises :class:`DumpdbError` (exit 2, nothing pruned) for an unknown run, a bad spec,
+    or a spec none of whose ranges selects an iteration (rank) the run has, naming the ones
+    it has; ranges selecting nothing beside ones that do are named in a
+    :class:`~dumpdb.errors.DumpdbWarning`."""
     ranges = parse_iterations(iterations) if iterations else None
+    rank_ranges = parse_iterations(ranks) if ranks else None
     where, params = _iteration_sql(ranges)
+    rank_where, rank_params = _iteration_sql(rank_ranges, "rank")
+    where, params = where + rank_where, params + rank_params
     with archive_lock(archive, SHARED, f"prune of run {run!r}"), archive.catalog.writer() as con:
         _require_run(con, run)
+        _check_selection(con, run, "iteration", ranges, iterations)
+        _check_selection(con, run, "rank", rank_ranges, ranks)
         n = con.execute(f"SELECT count(*) FROM tensors WHERE run = ? AND pruned_at IS NULL "
                         f"AND content_hash IS NOT NULL{where}", [run, *params]).fetchone()[0]
         con.execute(f"UPDATE tensors SET pruned_at = ? WHERE run = ? AND pruned_at IS NULL "

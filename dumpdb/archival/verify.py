@@ -29,6 +29,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import duckdb
 import numpy as np
@@ -50,7 +51,10 @@ class VerifyReport:
     damaged_shards: dict[str, str] = field(default_factory=dict)  # array path -> reason
     damaged_tensors: pa.Table | None = None
     catalog_problems: list[str] = field(default_factory=list)  # one line each
-    tensors_checked: int = 0  # tensor -> payload references checked
+    tensors_checked: int = 0  # tensor -> payload references checked (stored tensors: payload kept)
+    tensors_pruned: int = 0  # payload dropped by prune: nothing to check (not counted as checked)
+    tensors_statistics_only: int = 0  # no payload was dumped
+    pruned_last: Any = None  # datetime of the last prune in scope (None: nothing pruned)
     orphans: list = field(default_factory=list)  # maintenance.Leftover: unreferenced store files
     repaired: int = 0  # orphans and temp files removed by repair
 
@@ -71,6 +75,11 @@ def verify(archive, run: str | None = None, *, sample: float | None = None, seed
            grace: float | None = None) -> VerifyReport:
     """Check the catalog, every tensor -> payload reference, and re-read and re-hash the
     stored payloads of ``run`` (all runs if None); list orphans (whole archive only).
+
+    With ``run``, the payloads checked are those of its stored tensors; its pruned
+    tensors are counted in ``tensors_pruned`` (their payloads are gone or going: not
+    checked, not counted as checked) and its statistics-only ones in
+    ``tensors_statistics_only``.
 
     ``sample`` in (0, 1] checks that fraction of the payloads, chosen at random
     (``seed`` makes the choice repeatable). ``repair`` deletes orphans and temp files
@@ -99,13 +108,18 @@ def _verify(archive, run, sample, seed, progress, repair: bool, grace: float | N
         if run is not None:
             if not con.execute("SELECT count(*) FROM runs WHERE run = ?", [run]).fetchone()[0]:
                 raise DumpdbError(f"no run {run!r} in {archive.path}")
-            where = "WHERE content_hash IN (SELECT content_hash FROM tensors WHERE run = ?)"
+            # the payloads of its stored tensors; pruned tensors' payloads are not the run's any more
+            where = "WHERE content_hash IN (SELECT content_hash FROM tensors WHERE run = ? AND pruned_at IS NULL)"
             params = [run]
+        report_counts = con.execute(
+            "SELECT count(*) FILTER (pruned_at IS NOT NULL), count(*) FILTER (content_hash IS NULL), max(pruned_at) "
+            "FROM tensors" + (" WHERE run = ?" if run is not None else ""), params).fetchone()
         blobs = con.execute(
             f"SELECT content_hash, nbytes, array_path, elem_offset, elem_count FROM blobs {where} "
             "ORDER BY array_path, elem_offset", params).fetchall()
     rows = [dict(zip(("content_hash", "nbytes", "array_path", "elem_offset", "elem_count"), b)) for b in blobs]
-    report = VerifyReport(blobs_total=len(rows))
+    report = VerifyReport(blobs_total=len(rows), tensors_pruned=report_counts[0],
+                          tensors_statistics_only=report_counts[1], pruned_last=report_counts[2])
     if sample is not None and rows:
         rng = random.Random(seed)
         keep = max(1, round(len(rows) * sample))

@@ -9,6 +9,10 @@ Guarantees (issue 2, "Safety"):
 
 * **Idempotent**: a tensor's identity in a run is ``(source_file, io, slot)``;
   a second ingest of the same dump into the same run adds nothing.
+* **Changes noticed** (:mod:`dumpdb.ingestion.identity`): each row records its file's
+  size and mtime; a file whose size or mtime differs is read and hashed, and one whose
+  content changed refuses the ingest (:class:`~dumpdb.errors.SourceChanged`, nothing
+  replaced) unless ``update``. Unchanged files are not read.
 * **Resumable**: rows are committed only once their payload is written, in
   batches (one DuckDB transaction each). A kill at any point leaves the catalog
   consistent; re-running the same command ingests only what is missing. A
@@ -22,7 +26,6 @@ from __future__ import annotations
 
 import contextvars
 import fcntl
-import hashlib
 import json
 import os
 import time
@@ -42,9 +45,11 @@ from dumpdb import __version__
 from dumpdb.archive import CATALOG, STORE, check_marker, create_archive, default_archive_path, is_archive
 from dumpdb.catalog import DEFAULT_LOCK_TIMEOUT, Catalog, insert_arrow, schema
 from dumpdb.catalog.locks import SHARED, store_lock
+from dumpdb.catalog.runstate import run_lock_path, touch
 from dumpdb.dtypes import dtype_name, from_dump_name
 from dumpdb.dumpio import check_dump_file, confine
-from dumpdb.errors import ArchiveError, DumpdbError
+from dumpdb.errors import ArchiveError, DumpdbError, SourceChanged
+from dumpdb.ingestion import identity
 from dumpdb.ingestion.ranges import check_ranges
 from dumpdb.layouts import DumpScan, Layout, TensorEntry, locate
 from dumpdb.layouts.base import display_name
@@ -64,7 +69,9 @@ INFLIGHT_COUNT = 64
 # Arrow schemas of the rows this pipeline writes, from the catalog schema (the
 # migrations); columns filled by a default (ids, timestamps) are left out. blobs/arrays
 # rows are written by dumpdb.storage.payloads.
-TENSOR_SCHEMA = schema.arrow_schema("tensors", exclude=("tensor_id", "pruned_at"))
+TENSOR_SCHEMA = schema.arrow_schema("tensors", exclude=("tensor_id", "pruned_at", "previous_hash", "updated_at"))
+# The columns an 'ingest --update' replaces in a row whose source file changed (tensor_id stays).
+_REPLACED_COLUMNS = tuple(c for c in TENSOR_SCHEMA.names if c not in ("run", "tensor_key"))
 ERROR_SCHEMA = schema.arrow_schema("ingest_errors", exclude=("time",))
 
 
@@ -78,7 +85,9 @@ class IngestReport:
     source_path: str
     tensors_in_dump: int = 0
     tensors_added: int = 0
-    tensors_skipped: int = 0  # already in the run
+    tensors_skipped: int = 0  # already in the run (files not read unless their size or mtime changed)
+    tensors_replaced: int = 0  # in the run, file changed, new content stored (update=True)
+    files_changed: list[tuple[str, str]] = field(default_factory=list)  # (source_file, what differs)
     deduplicated: int = 0  # added, payload already stored
     statistics_only: int = 0
     bytes_read: int = 0  # file bytes read from the dump
@@ -118,6 +127,7 @@ class _Loaded:
     stats: dict[str, Any] | None = None
     file_bytes: int = 0
     error: str | None = None
+    source: tuple[int, int] | None = None  # (st_size, st_mtime_ns) of the file, taken before reading
 
 
 def content_hash(array: np.ndarray) -> str:
@@ -132,7 +142,7 @@ class _RunLock:
     def __init__(self, archive: Path, run: str):
         locks = archive / "locks"
         locks.mkdir(exist_ok=True)
-        self.path = locks / f"run-{hashlib.sha1(run.encode()).hexdigest()[:16]}.lock"
+        self.path = run_lock_path(archive, run)
         self.run = run
         self.fd: int | None = None
 
@@ -175,6 +185,9 @@ def ingest(
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
     on_wait: Callable[[str], None] | None = None,
     follow_symlinks: bool = False,
+    update: bool = False,
+    moved: bool = False,
+    verify_hash: bool = False,
 ) -> IngestReport:
     """Ingest the dump at ``dump_dir`` into ``archive`` as run ``run``.
 
@@ -188,6 +201,21 @@ def ingest(
     cannot be written or a run name already used by another dump.
     KeyboardInterrupt stops reading, commits what is complete, and returns a
     report with ``interrupted=True``.
+
+    A re-ingest into an existing run skips the files the run holds whose size and mtime
+    are unchanged, without reading them; a file whose size or mtime changed is read and
+    hashed, and if its content changed the ingest raises
+    :class:`~dumpdb.errors.SourceChanged` (exit 1) naming every such file, having
+    replaced nothing. ``update=True`` stores the new content instead: the row keeps its
+    ``tensor_id`` and gets the new payload, statistics and file identity;
+    ``previous_hash`` names the payload it replaced, which stays in the store (readable
+    by hash) only until :meth:`~dumpdb.archive.Archive.gc` (unless another tensor uses it).
+
+    ``moved=True`` continues run ``run`` from ``dump_dir`` although the run was ingested
+    from another path: every file the run holds must be there with the same name and
+    size (``verify_hash=True``: and the same content hash, which reads them all);
+    otherwise :class:`~dumpdb.errors.SourceChanged` names them and nothing changes.
+    The run's ``source_path`` becomes the new location.
 
     Dump files are read only if they are regular files (a FIFO, socket or device
     is refused before it is opened) and, unless ``follow_symlinks``, only if they
@@ -218,6 +246,8 @@ def ingest(
                               source_path=str(found.path.resolve()), tensors_in_dump=len(scan.entries))
         pipeline = _Pipeline(catalog, TensorStore(archive / STORE, read_only=False), lay, scan,
                              report, reporter, workers or min(4, (os.cpu_count() or 2) + 1))
+        pipeline.update, pipeline.moved, pipeline.verify_hash = update, moved, verify_hash
+        pipeline.heartbeat = run_lock_path(archive, run)
         try:
             pipeline.run()
         finally:
@@ -245,19 +275,84 @@ class _Pipeline:
         self.error_rows: list[dict] = []
         self.last_commit = time.monotonic()
         self.arrays: list = []  # arrays written, not yet in the catalog
+        self.update = self.moved = self.verify_hash = False
+        self.replacing: dict[str, str] = {}  # tensor_key -> content hash being replaced (update)
+        self.heartbeat: Path | None = None  # run lock file, touched after each commit (runstate)
 
     # -- setup ---------------------------------------------------------------
+    def _identity(self) -> identity.IdentityPlan:
+        """Check the files the run already holds (:mod:`dumpdb.ingestion.identity`) before
+        anything is written; raise :class:`SourceChanged` for changed (or, moved, missing
+        or different) files unless ``update`` takes the changes."""
+        report = self.report
+        with self.catalog.reader() as con:
+            existing = con.execute("SELECT source_path FROM runs WHERE run = ?", [self.run_name]).fetchone()
+            if existing is None:
+                if self.moved:
+                    raise DumpdbError(f"--moved: no run {self.run_name!r} in {report.archive} to continue; "
+                                      "drop --moved to ingest a new run")
+                return identity.IdentityPlan()
+            if existing[0] != report.source_path and not self.moved:
+                raise ArchiveError(
+                    f"run {self.run_name!r} already holds the dump at {existing[0]}; choose another --run for "
+                    f"{report.source_path}, or pass --moved if that dump moved here")
+            held = [identity.Held(*r) for r in con.execute(
+                "SELECT tensor_key, source_file, source_size, source_mtime_ns, content_hash FROM tensors "
+                "WHERE run = ?", [self.run_name]).fetchall()]
+        found = identity.plan(held, self.scan.entries, moved=self.moved and existing[0] != report.source_path,
+                              verify_hash=self.verify_hash, hash_of=self._hashes)
+        for source_file in found.missing:
+            self.reporter.changed(source_file, f"missing at {report.source_path}")
+        for source_file, detail in found.changed:
+            self.reporter.changed(source_file, detail)
+        report.files_changed = list(found.changed)
+        if found.missing:
+            raise SourceChanged(
+                f"{report.source_path}: not the dump run {self.run_name!r} was ingested from "
+                f"({existing[0]}): {_count(len(found.missing), 'file')} it holds missing"
+                + (f", {len(found.changed)} different" if found.changed else "") + "; nothing changed",
+                [(f, "missing") for f in found.missing] + found.changed)
+        if found.changed and not self.update:
+            how = "different at the new location" if self.moved else "changed since run " \
+                f"{self.run_name!r} ingested {'it' if len(found.changed) == 1 else 'them'}"
+            raise SourceChanged(
+                f"{report.source_path}: {_count(len(found.changed), 'file')} {how} (listed above); nothing "
+                "replaced: pass --update to store the new content (the old payloads stay until 'dumpdb gc')",
+                found.changed)
+        return found
+
+    def _hashes(self, entries: list[TensorEntry]) -> dict[str, tuple[str | None, str | None]]:
+        """tensor_key -> (content hash, error) of ``entries``, read in worker threads (arrays dropped)."""
+        def one(entry: TensorEntry) -> tuple[str, str | None, str | None]:
+            item = self._load(entry, 0, stats=False)
+            return entry.key, item.content_hash, item.error
+
+        with ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="dumpdb-hash") as pool:
+            futures = [pool.submit(contextvars.copy_context().run, one, e) for e in entries]
+            return {key: (h, err) for key, h, err in (f.result() for f in futures)}
+
     def _begin(self) -> list[TensorEntry]:
         scan, report = self.scan, self.report
+        found = self._identity()
+        if self.update:
+            self.replacing = dict(found.replace)
         with self.catalog.writer() as con:
-            existing = con.execute("SELECT source_path, status FROM runs WHERE run = ?", [self.run_name]).fetchone()
-            if existing and existing[0] != report.source_path:
-                raise ArchiveError(
-                    f"run {self.run_name!r} already holds the dump at {existing[0]}; "
-                    f"choose another --run for {report.source_path}")
+            existing = next(iter(con.execute("SELECT source_path, status FROM runs WHERE run = ?",
+                                             [self.run_name]).fetchall()), None)
+            if existing and existing[0] != report.source_path:  # moved (checked by _identity)
+                con.execute("UPDATE runs SET source_path = ? WHERE run = ?", [report.source_path, self.run_name])
+            if found.touched:  # same content, new size/mtime: record them, so they are not read again
+                con.register("_touched", pa.Table.from_pylist(found.touched, pa.schema(
+                    [("tensor_key", pa.string()), ("source_size", pa.int64()), ("source_mtime_ns", pa.int64())])))
+                try:
+                    con.execute("UPDATE tensors SET source_size = t.source_size, source_mtime_ns = t.source_mtime_ns "
+                                "FROM _touched t WHERE tensors.run = ? AND tensors.tensor_key = t.tensor_key",
+                                [self.run_name])
+                finally:
+                    con.unregister("_touched")
             done = {k for (k,) in con.execute(
                 "SELECT tensor_key FROM tensors WHERE run = ?", [self.run_name]).fetchall()}
-            pending = [e for e in scan.entries if e.key not in done]
+            pending = [e for e in scan.entries if e.key not in done or e.key in self.replacing]
             report.tensors_skipped = len(scan.entries) - len(pending)
             if existing and not pending and not scan.errors:
                 if existing[1] in ("ingesting", "interrupted"):
@@ -380,11 +475,12 @@ class _Pipeline:
                     future.cancel()
                 raise
 
-    def _load(self, entry: TensorEntry, size: int) -> _Loaded:
-        """Worker: read, hash, statistics. Never raises for a bad file."""
+    def _load(self, entry: TensorEntry, size: int, stats: bool = True) -> _Loaded:
+        """Worker: read, hash, statistics (unless not ``stats``). Never raises for a bad file."""
         item = _Loaded(entry, file_bytes=size)
         if entry.path is None:
             return item
+        item.source = identity.file_identity(entry.path)
         try:
             # every layout's payload: a regular file inside the dump, before any open
             check_dump_file(entry.path, entry.source_file)
@@ -397,6 +493,9 @@ class _Pipeline:
             return item
         item.array, item.note = loaded.array, loaded.note
         item.content_hash = content_hash(loaded.array)
+        if not stats:
+            item.array = None  # only the hash was asked for
+            return item
         have = set(entry.stats or ())
         if not set(STAT_COLUMNS) <= have:
             key = (item.content_hash, loaded.array.dtype.str)
@@ -464,6 +563,8 @@ class _Pipeline:
             "run": self.run_name, "dtype": dtype, "shape": shape, "nbytes": nbytes,
             "content_hash": item.content_hash, **{k: stats.get(k) for k in STAT_COLUMNS},
             "stats_source": source, "note": notes, "tensor_key": e.key,
+            "source_size": item.source[0] if item.source else None,
+            "source_mtime_ns": item.source[1] if item.source else None,
             "original_shape": list(e.original_shape) if e.original_shape is not None else None,
         })
         return row
@@ -484,14 +585,23 @@ class _Pipeline:
         if not (self.rows or self.error_rows or arrays or self.blob_rows):
             return
         # Rows whose payload is still in a pack buffer stay behind (self.waiting).
+        new = [r for r in self.rows if r["tensor_key"] not in self.replacing]
+        replaced = [r for r in self.rows if r["tensor_key"] in self.replacing]
         with self.catalog.writer() as con:
             record_payloads(con, self.blob_rows, arrays, self.run_name)
-            insert_arrow(con, "tensors", pa.Table.from_pylist(self.rows, TENSOR_SCHEMA),
+            insert_arrow(con, "tensors", pa.Table.from_pylist(new, TENSOR_SCHEMA),
                          prefix="nextval('tensor_id_seq') AS tensor_id,")
+            if replaced:
+                _replace_rows(con, self.run_name, pa.Table.from_pylist(replaced, TENSOR_SCHEMA))
             insert_arrow(con, "ingest_errors", pa.Table.from_pylist(self.error_rows, ERROR_SCHEMA))
-        self.report.tensors_added += len(self.rows)
+        self.report.tensors_added += len(new)
+        self.report.tensors_replaced += len(replaced)
+        for r in replaced:
+            del self.replacing[r["tensor_key"]]
         self.rows, self.blob_rows, self.error_rows = [], [], []
         self.last_commit = time.monotonic()
+        if self.heartbeat is not None:
+            touch(self.heartbeat)  # the last sign of life (dumpdb.catalog.runstate)
 
     def _finish(self, interrupted: bool) -> None:
         report = self.report
@@ -504,6 +614,24 @@ class _Pipeline:
             elif row:
                 status = row[0]
         report.status = status
+
+
+def _replace_rows(con, run: str, rows: pa.Table) -> None:
+    """Give existing rows of ``run`` (matched by tensor_key) the content of ``rows``: new
+    payload, statistics and file identity; ``previous_hash`` keeps the replaced content
+    hash, ``updated_at`` says when; a pruned row is live again. ``tensor_id`` stays."""
+    sets = ", ".join(f'"{c}" = u."{c}"' for c in _REPLACED_COLUMNS)
+    con.register("_updated", rows)
+    try:
+        con.execute(f"UPDATE tensors SET previous_hash = tensors.content_hash, updated_at = ?, pruned_at = NULL, "
+                    f"{sets} FROM _updated u WHERE tensors.run = ? AND tensors.tensor_key = u.tensor_key",
+                    [datetime.now(), run])
+    finally:
+        con.unregister("_updated")
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 # tensors columns a TensorEntry carries under the same name (the rest are computed in _row).

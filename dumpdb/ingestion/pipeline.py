@@ -304,7 +304,9 @@ class _Pipeline:
                 "WHERE run = ?", [self.run_name]).fetchall()]
         self.settled = existing[1] not in ("ingesting", "interrupted") and existing[0] == report.source_path
         self.held_keys = {h.tensor_key for h in held}
-        found = identity.plan(held, self.scan.entries, moved=self.moved and existing[0] != report.source_path,
+        # --moved --verify-hash at the run's own path still checks every file it holds
+        moved = self.moved and (existing[0] != report.source_path or self.verify_hash)
+        found = identity.plan(held, self.scan.entries, moved=moved,
                               verify_hash=self.verify_hash, hash_of=self._hashes)
         for source_file in found.missing:
             self.reporter.changed(source_file, f"missing at {report.source_path}")
@@ -318,7 +320,7 @@ class _Pipeline:
                 + (f", {len(found.changed)} different" if found.changed else "") + "; nothing changed",
                 [(f, "missing") for f in found.missing] + found.changed)
         if found.changed and not self.update:
-            how = "different at the new location" if self.moved else "changed since run " \
+            how = "different at the new location" if existing[0] != report.source_path else "changed since run " \
                 f"{self.run_name!r} ingested {'it' if len(found.changed) == 1 else 'them'}"
             raise SourceChanged(
                 f"{report.source_path}: {_count(len(found.changed), 'file')} {how} (listed above); nothing "

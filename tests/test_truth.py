@@ -308,3 +308,15 @@ def test_moved_onto_another_dump_refuses_naming_the_files(tmp_path):
     assert r.exit_code == 2 and "--verify-hash checks a moved dump" in r.output
     r = invoke("ingest", third, "-a", archive, "--run", "nope", "--moved", "-q")
     assert r.exit_code == 2 and "--moved: no run 'nope'" in r.output
+
+    # at the run's own path a same-size rewrite whose mtime was set back escapes size + mtime
+    # (the file is not read); --moved --verify-hash reads every file the run holds and finds it
+    target = old / same_size.relative_to(old)
+    st = target.stat()
+    _rewrite_payload(target)
+    os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
+    r = invoke("ingest", old, "-a", archive, "--run", "c1", "-q")
+    assert r.exit_code == 0 and "14 added, 28 already there" in r.output
+    r = invoke("ingest", old, "-a", archive, "--run", "c1", "--moved", "--verify-hash", "-q")
+    assert r.exit_code == 1 and "1 file changed since run 'c1' ingested it" in r.output
+    assert f"changed: {same_size.relative_to(old).as_posix()}: content differs" in r.output

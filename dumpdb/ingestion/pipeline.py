@@ -278,6 +278,8 @@ class _Pipeline:
         self.update = self.moved = self.verify_hash = False
         self.replacing: dict[str, str] = {}  # tensor_key -> content hash being replaced (update)
         self.heartbeat: Path | None = None  # run lock file, touched after each commit (runstate)
+        self.settled = False  # the run exists, complete (or with errors), at this path (set by _identity)
+        self.held_keys: set[str] = set()  # tensor keys the run held when the ingest began
 
     # -- setup ---------------------------------------------------------------
     def _identity(self) -> identity.IdentityPlan:
@@ -286,7 +288,8 @@ class _Pipeline:
         or different) files unless ``update`` takes the changes."""
         report = self.report
         with self.catalog.reader() as con:
-            existing = con.execute("SELECT source_path FROM runs WHERE run = ?", [self.run_name]).fetchone()
+            existing = con.execute("SELECT source_path, status FROM runs WHERE run = ?",
+                                   [self.run_name]).fetchone()
             if existing is None:
                 if self.moved:
                     raise DumpdbError(f"--moved: no run {self.run_name!r} in {report.archive} to continue; "
@@ -299,7 +302,11 @@ class _Pipeline:
             held = [identity.Held(*r) for r in con.execute(
                 "SELECT tensor_key, source_file, source_size, source_mtime_ns, content_hash FROM tensors "
                 "WHERE run = ?", [self.run_name]).fetchall()]
-        found = identity.plan(held, self.scan.entries, moved=self.moved and existing[0] != report.source_path,
+        self.settled = existing[1] not in ("ingesting", "interrupted") and existing[0] == report.source_path
+        self.held_keys = {h.tensor_key for h in held}
+        # --moved --verify-hash at the run's own path still checks every file it holds
+        moved = self.moved and (existing[0] != report.source_path or self.verify_hash)
+        found = identity.plan(held, self.scan.entries, moved=moved,
                               verify_hash=self.verify_hash, hash_of=self._hashes)
         for source_file in found.missing:
             self.reporter.changed(source_file, f"missing at {report.source_path}")
@@ -313,7 +320,7 @@ class _Pipeline:
                 + (f", {len(found.changed)} different" if found.changed else "") + "; nothing changed",
                 [(f, "missing") for f in found.missing] + found.changed)
         if found.changed and not self.update:
-            how = "different at the new location" if self.moved else "changed since run " \
+            how = "different at the new location" if existing[0] != report.source_path else "changed since run " \
                 f"{self.run_name!r} ingested {'it' if len(found.changed) == 1 else 'them'}"
             raise SourceChanged(
                 f"{report.source_path}: {_count(len(found.changed), 'file')} {how} (listed above); nothing "
@@ -336,6 +343,10 @@ class _Pipeline:
         found = self._identity()
         if self.update:
             self.replacing = dict(found.replace)
+        if (self.settled and not found.touched and not self.replacing and not scan.errors
+                and all(e.key in self.held_keys for e in scan.entries)):
+            report.tensors_skipped = len(scan.entries)
+            return []  # a complete run, every file unchanged: nothing to write (the catalog is not locked)
         with self.catalog.writer() as con:
             existing = next(iter(con.execute("SELECT source_path, status FROM runs WHERE run = ?",
                                              [self.run_name]).fetchall()), None)

@@ -19,6 +19,7 @@ below that.
 from __future__ import annotations
 
 import json
+import math
 import multiprocessing
 import os
 from collections import defaultdict, deque
@@ -35,13 +36,25 @@ from dumpdb import __version__
 from dumpdb.catalog import insert_arrow
 from dumpdb.compare import registry
 from dumpdb.compare.align import STRATEGIES, align, load_mapping
-from dumpdb.compare.metrics import STAT_METRICS, TENSOR_METRICS, stats_metrics, tensor_metrics
+from dumpdb.compare.metrics import (
+    STAT_METRICS,
+    TENSOR_METRICS,
+    identical_metrics,
+    stats_metrics,
+    tensor_metrics,
+    tensor_metrics_batch,
+)
 from dumpdb.compare.precision import PrecisionRules, first_departure, judge_precision
 from dumpdb.compare.verdict import Thresholds, op_results
 from dumpdb.dtypes import from_catalog_name
 from dumpdb.errors import DumpdbError
 
 INFLIGHT_BYTES = 256 << 20
+# Pairs of at most SMALL_ELEMENTS elements a side are read in storage order and computed
+# BATCH_ELEMENTS at a time by metrics.tensor_metrics_batch (segment reductions: ~10 us a
+# pair instead of ~0.3 ms for tensor_metrics' ~60 numpy calls).
+SMALL_ELEMENTS = 1 << 16
+BATCH_ELEMENTS = 1 << 19
 
 # Columns of compare_results (migrations/003_compare.sql), in table order.
 RESULT_COLUMNS = (
@@ -389,24 +402,43 @@ def _compute(archive, pairs, mode, workers, progress) -> list[dict]:
     rows: list[dict] = [None] * len(pairs)  # type: ignore[list-item]
     done = 0
     workers = workers or os.cpu_count() or 2
-    pool, submit = _pool(archive, pairs, mode, workers)
+    fast = not registry.metrics("tensor", builtin=False)  # plug-ins need both arrays of every pair
+    small: list[int] = []
+    large = []
+    for i, (t, b, strategy) in enumerate(pairs):
+        row = _base_row(i, t, b, strategy)
+        rows[i] = row
+        tensor_mode = mode != "statistics" and t["content_hash"] is not None and b["content_hash"] is not None
+        if mode == "tensor" and not tensor_mode:
+            row["err_message"] = "no payload on one side: statistics compared instead"
+        if not tensor_mode:
+            row["mode"] = "statistics"
+            metrics, message = stats_metrics(_stats(t), _stats(b))
+            row.update(metrics)
+            row["err_message"] = _join(row["err_message"], message)
+            done += 1
+            continue
+        row["mode"] = "tensor"
+        same = _identical(t, b) if fast else None
+        if same is not None:
+            row.update(same[0])
+            row["err_message"] = _join(row["err_message"], same[1])
+            done += 1
+        elif fast and _is_small(t, b):
+            small.append(i)
+        else:
+            large.append(i)
+    if progress and done:
+        progress(done, len(pairs))
+    done = _compute_small(archive.store, pairs, rows, small, done, progress)
+    if not large:
+        return rows
+    pool, submit = _pool(archive, [pairs[i] for i in large], mode, workers)
     with pool, threadpool_limits(1, user_api="blas"):
         inflight: deque = deque()
         inflight_bytes = 0
-        for i, (t, b, strategy) in enumerate(pairs):
-            row = _base_row(i, t, b, strategy)
-            rows[i] = row
-            tensor_mode = mode != "statistics" and t["content_hash"] is not None and b["content_hash"] is not None
-            if mode == "tensor" and not tensor_mode:
-                row["err_message"] = "no payload on one side: statistics compared instead"
-            if not tensor_mode:
-                row["mode"] = "statistics"
-                metrics, message = stats_metrics(_stats(t), _stats(b))
-                row.update(metrics)
-                row["err_message"] = _join(row["err_message"], message)
-                done += 1
-                continue
-            row["mode"] = "tensor"
+        for i in large:
+            t, b, _ = pairs[i]
             size = (t["nbytes"] or 0) + (b["nbytes"] or 0)
             while inflight and inflight_bytes + size > INFLIGHT_BYTES:
                 inflight_bytes -= _finish(inflight.popleft(), rows)
@@ -421,6 +453,54 @@ def _compute(archive, pairs, mode, workers, progress) -> list[dict]:
             if progress:
                 progress(done, len(pairs))
     return rows
+
+
+def _identical(t: dict, b: dict) -> tuple[dict, str | None] | None:
+    """Metrics of a pair whose payloads are the same bytes (content hash, dtype and shape
+    equal), from the definitions (metrics.identical_metrics), when the catalog's NaN/Inf
+    counts are dumpdb's own; None otherwise (then the payload is read once)."""
+    if t["content_hash"] != b["content_hash"] or t["dtype"] != b["dtype"] or t["shape"] != b["shape"]:
+        return None
+    if t["stats_source"] != "computed" or t["shape"] is None:
+        return None
+    counts = (t["nan_count"], t["pos_inf_count"], t["neg_inf_count"])
+    if any(c is None for c in counts):
+        return None
+    return identical_metrics(tuple(t["shape"]), from_catalog_name(t["dtype"]), sum(counts))
+
+
+def _elements(row: dict) -> int | None:
+    shape = row["shape"]
+    return None if shape is None else math.prod(shape)
+
+
+def _is_small(t: dict, b: dict) -> bool:
+    n = _elements(t)
+    return n is not None and t["shape"] == b["shape"] and n <= SMALL_ELEMENTS and t["array_path"] is not None \
+        and b["array_path"] is not None
+
+
+def _compute_small(store, pairs, rows: list[dict], small: list[int], done: int, progress) -> int:
+    """Small pairs in batches: payloads read in storage order (pack, offset: the chunk
+    cache serves neighbours), metrics by tensor_metrics_batch. Returns ``done``."""
+    small.sort(key=lambda i: (pairs[i][0]["array_path"], pairs[i][0]["elem_offset"] or 0))
+    start = 0
+    while start < len(small):
+        end, elements = start, 0
+        while end < len(small) and (end == start or elements < BATCH_ELEMENTS):
+            elements += 2 * (_elements(pairs[small[end]][0]) or 0)
+            end += 1
+        batch = small[start:end]
+        targets = [_read(store, _loc(pairs[i][0])) for i in batch]
+        benches = [_read(store, _loc(pairs[i][1])) for i in batch]
+        for i, (metrics, message) in zip(batch, tensor_metrics_batch(targets, benches)):
+            rows[i].update(metrics)
+            rows[i]["err_message"] = _join(rows[i]["err_message"], message)
+        done += len(batch)
+        if progress:
+            progress(done, len(pairs))
+        start = end
+    return done
 
 
 def _finish(item, rows) -> int:

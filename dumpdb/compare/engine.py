@@ -340,7 +340,8 @@ def compare(archive, target: str | Selection, bench: str | Selection, *, iterati
                           strategies=strategies)
     except ValueError as exc:
         raise DumpdbError(f"compare: {exc}") from exc
-    tby = {r["tensor_id"]: r for r in trows.to_pylist()}
+    target_rows = trows.to_pylist()
+    tby = {r["tensor_id"]: r for r in target_rows}
     bby = {r["tensor_id"]: r for r in brows.to_pylist()}
     pairs = [(tby[p["target_tensor_id"]], bby[p["bench_tensor_id"]], p["match_strategy"])
              for p in alignment.pairs.to_pylist()]
@@ -348,7 +349,7 @@ def compare(archive, target: str | Selection, bench: str | Selection, *, iterati
     pairs.sort(key=lambda p: order[p[0]["tensor_id"]])
     rows = _compute(archive, pairs, mode, workers, progress)
     _judge(rows, thresholds)
-    departure = _judge_precision(rows, trows.to_pylist(), precision or PrecisionRules())
+    departure = _judge_precision(rows, target_rows, precision or PrecisionRules())
     column = "result" if rules == "msprobe" else "precision_result"
     unmatched = pa.concat_tables([
         alignment.unmatched_target.append_column("side", pa.array(["target"] * alignment.unmatched_target.num_rows)),
@@ -368,11 +369,12 @@ def compare(archive, target: str | Selection, bench: str | Selection, *, iterati
         "thresholds": thresholds.__dict__ if hasattr(thresholds, "__dict__") else str(thresholds),
         "dumpdb_version": __version__,
     }
-    compare_id = _store(archive, tsel, bsel, rows, unmatched, summary, mapping) if store_results else None
-    summary["compare_id"] = compare_id
-    for r in rows:
-        r["compare_id"] = compare_id
     results = pa.Table.from_pylist(rows, schema=_result_schema())
+    del rows, pairs, target_rows, tby, bby  # the Arrow table is the result from here on
+    compare_id = _store(archive, tsel, bsel, results, unmatched, summary, mapping) if store_results else None
+    summary["compare_id"] = compare_id
+    results = results.set_column(results.column_names.index("compare_id"), "compare_id",
+                                 pa.array([compare_id] * results.num_rows, pa.int64()))
     outcome = CompareOutcome(compare_id, results, unmatched, summary)
     outcome.first_divergence = first_divergence_of(results) if rules == "msprobe" else \
         _departure_report(results, departure)
@@ -430,7 +432,8 @@ def _compute(archive, pairs, mode, workers, progress) -> list[dict]:
             large.append(i)
     if progress and done:
         progress(done, len(pairs))
-    done = _compute_small(archive.store, pairs, rows, small, done, progress)
+    with threadpool_limits(1, user_api="blas"):  # as the per-pair paths: the same BLAS sums, bit for bit
+        done = _compute_small(archive.store, pairs, rows, small, done, progress)
     if not large:
         return rows
     pool, submit = _pool(archive, [pairs[i] for i in large], mode, workers)
@@ -578,7 +581,7 @@ def _result_schema() -> pa.Schema:
     return pa.schema(fields)
 
 
-def _store(archive, tsel: Selection, bsel: Selection, rows: list[dict], unmatched: pa.Table,
+def _store(archive, tsel: Selection, bsel: Selection, rows: pa.Table, unmatched: pa.Table,
            summary: dict, mapping) -> int:
     options = {"strategies": summary["strategies"], "thresholds": summary["thresholds"],
                "mapping": str(mapping) if isinstance(mapping, (str, os.PathLike)) else bool(mapping)}
@@ -599,10 +602,10 @@ def _insert(archive, tsel, bsel, rows, unmatched, summary, options) -> int:
             "INSERT INTO compares (compare_id, target_run, bench_run, target_selection, bench_selection, mode, "
             "options, pairs, unmatched_target, unmatched_bench, dumpdb_version) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
             [compare_id, tsel.run, bsel.run, tsel.describe(), bsel.describe(), summary["mode"],
-             json.dumps(options, default=str), len(rows), summary["unmatched_target"],
+             json.dumps(options, default=str), rows.num_rows, summary["unmatched_target"],
              summary["unmatched_bench"], __version__])
-        stored = pa.Table.from_pylist([{**{c: r[c] for c in RESULT_COLUMNS}, "compare_id": compare_id} for r in rows],
-                                      schema=pa.schema([f for f in _result_schema() if f.name in RESULT_COLUMNS]))
+        stored = rows.select(list(RESULT_COLUMNS))
+        stored = stored.set_column(0, "compare_id", pa.array([compare_id] * stored.num_rows, pa.int64()))
         insert_arrow(con, "compare_results", stored)
         if unmatched.num_rows:
             um = unmatched.select(["side", "tensor_id", "name", "io", "slot"])
@@ -626,11 +629,14 @@ def first_difference_of(results: pa.Table) -> dict[str, Any] | None:
     (values, dtype or shape; statistics in statistics mode), whatever the verdict;
     None when every pair is identical. Keys: pair_index, target_name, scope_name,
     io, slot, iteration, position, max_abs_err, cosine, result."""
-    for r in results.to_pylist():
-        if _differs(r):
-            return {k: r[k] for k in ("pair_index", "target_name", "scope_name", "op_type", "io", "slot",
-                                      "iteration", "position", "max_abs_err", "cosine", "result",
-                                      "target_dtype", "bench_dtype", "code_line", "code_text")}
+    keys = ("pair_index", "target_name", "scope_name", "op_type", "io", "slot", "iteration", "position",
+            "max_abs_err", "cosine", "result", "target_dtype", "bench_dtype", "code_line", "code_text")
+    needed = (*keys, "target_shape", "bench_shape", "target_content_hash", "bench_content_hash", "mode",
+              "max_diff", "min_diff", "mean_diff", "l2norm_diff")
+    for batch in results.select(list(dict.fromkeys(needed))).to_batches(max_chunksize=4096):
+        for r in batch.to_pylist():  # a few columns, batch by batch: stops at the first difference
+            if _differs(r):
+                return {k: r[k] for k in keys}
     return None
 
 
@@ -639,13 +645,15 @@ def first_divergence_of(results: pa.Table, context: int = 10) -> dict[str, Any] 
     'error', preferring outputs (an op's output failing the rule); with the
     ``context`` compared ops before it in the same iteration and rank as ``path``.
     None when every pair passes (or warns)."""
-    rows = results.to_pylist()
-    failing = [r for r in rows if r["result"] == "error" and r["io"] == "output"] or \
-              [r for r in rows if r["result"] == "error"]
+    light = results.select(["pair_index", "result", "io"]).to_pylist()
+    failing = [i for i, r in enumerate(light) if r["result"] == "error" and r["io"] == "output"] or \
+              [i for i, r in enumerate(light) if r["result"] == "error"]
     if not failing:
         return None
-    first = min(failing, key=lambda r: r["pair_index"])
-    before = [r for r in rows if r["pair_index"] < first["pair_index"] and r["iteration"] == first["iteration"]
+    at = min(failing, key=lambda i: light[i]["pair_index"])
+    first = results.slice(at, 1).to_pylist()[0]
+    before = [r for r in results.select(["pair_index", "iteration", "rank", "target_name"]).to_pylist()
+              if r["pair_index"] < first["pair_index"] and r["iteration"] == first["iteration"]
               and r["rank"] == first["rank"]]
     ops = _ops_path(before)
     return {
@@ -695,10 +703,9 @@ def _departure_report(results: pa.Table, departure: dict | None, context: int = 
     if departure is None:
         return None
     row = departure["row"]
-    rows = results.to_pylist()
-    first = rows[row["pair_index"]]
-    before = [r for r in rows[: first["pair_index"]] if r["iteration"] == first["iteration"]
-              and r["rank"] == first["rank"]]
+    first = results.slice(row["pair_index"], 1).to_pylist()[0]
+    before = [r for r in results.slice(0, first["pair_index"]).select(["iteration", "rank", "target_name"]).to_pylist()
+              if r["iteration"] == first["iteration"] and r["rank"] == first["rank"]]
     ops = _ops_path(before)
     return {
         **{k: first[k] for k in ("pair_index", "target_name", "bench_name", "scope_name", "op_type", "io", "slot",

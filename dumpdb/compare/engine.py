@@ -38,13 +38,14 @@ from dumpdb.compare import registry
 from dumpdb.compare.align import STRATEGIES, align, load_mapping
 from dumpdb.compare.metrics import (
     STAT_METRICS,
+    STATS,
     TENSOR_METRICS,
     identical_metrics,
-    stats_metrics,
     tensor_metrics,
     tensor_metrics_batch,
 )
 from dumpdb.compare.precision import PrecisionRules, first_departure, judge_precision
+from dumpdb.compare.stats_sql import statistics_metrics
 from dumpdb.compare.verdict import Thresholds, op_results
 from dumpdb.dtypes import from_catalog_name
 from dumpdb.errors import DumpdbError
@@ -287,10 +288,6 @@ def _pair_metrics_in_worker(t: tuple, b: tuple, ranges=None) -> tuple[dict, str 
 PROCESS_MIN_BYTES = 64 << 20  # below this, starting worker processes costs more than it saves
 
 
-def _stats(row: dict) -> dict:
-    return {k: row[k] for k in ("max", "min", "mean", "l2norm")}
-
-
 def compare(archive, target: str | Selection, bench: str | Selection, *, iteration: int | None = None,
             rank: int | None = None, mapping: str | os.PathLike | Mapping[str, str] | None = None,
             strategies: Sequence[str] = STRATEGIES, thresholds: Thresholds | None = None,
@@ -407,6 +404,7 @@ def _compute(archive, pairs, mode, workers, progress) -> list[dict]:
     fast = not registry.metrics("tensor", builtin=False)  # plug-ins need both arrays of every pair
     small: list[int] = []
     large = []
+    statistics: list[int] = []
     for i, (t, b, strategy) in enumerate(pairs):
         row = _base_row(i, t, b, strategy)
         rows[i] = row
@@ -415,10 +413,7 @@ def _compute(archive, pairs, mode, workers, progress) -> list[dict]:
             row["err_message"] = "no payload on one side: statistics compared instead"
         if not tensor_mode:
             row["mode"] = "statistics"
-            metrics, message = stats_metrics(_stats(t), _stats(b))
-            row.update(metrics)
-            row["err_message"] = _join(row["err_message"], message)
-            done += 1
+            statistics.append(i)
             continue
         row["mode"] = "tensor"
         same = _identical(t, b) if fast else None
@@ -430,6 +425,7 @@ def _compute(archive, pairs, mode, workers, progress) -> list[dict]:
             small.append(i)
         else:
             large.append(i)
+    done += _compute_statistics(pairs, rows, statistics)
     if progress and done:
         progress(done, len(pairs))
     with threadpool_limits(1, user_api="blas"):  # as the per-pair paths: the same BLAS sums, bit for bit
@@ -456,6 +452,30 @@ def _compute(archive, pairs, mode, workers, progress) -> list[dict]:
             if progress:
                 progress(done, len(pairs))
     return rows
+
+
+def _compute_statistics(pairs, rows: list[dict], statistics: list[int]) -> int:
+    """Statistics-mode metrics of the pairs ``statistics`` in one DuckDB query
+    (stats_sql.statistics_metrics). Returns how many."""
+    if not statistics:
+        return 0
+    sides = []
+    for side in (0, 1):
+        cols = {"tensor_id": pa.array([pairs[i][side]["tensor_id"] for i in statistics], pa.int64())}
+        for k in STATS:
+            cols[k] = pa.array([pairs[i][side][k] for i in statistics], pa.float64())
+        sides.append(pa.table(cols))
+    index = pa.table({"pair_index": pa.array(statistics, pa.int64()),
+                      "target_tensor_id": sides[0].column("tensor_id"),
+                      "bench_tensor_id": sides[1].column("tensor_id")})
+    out = statistics_metrics(index, sides[0], sides[1])
+    names = list(STAT_METRICS)
+    columns = [out.column(c).to_pylist() for c in ("pair_index", *names, "err_message")]
+    for i, *values, message in zip(*columns):
+        row = rows[i]
+        row.update(zip(names, values))
+        row["err_message"] = _join(row["err_message"], message)
+    return len(statistics)
 
 
 def _identical(t: dict, b: dict) -> tuple[dict, str | None] | None:

@@ -36,6 +36,7 @@ from dumpdb import __version__
 from dumpdb.catalog import insert_arrow
 from dumpdb.compare import registry
 from dumpdb.compare.align import STRATEGIES, align, load_mapping
+from dumpdb.compare.align_sql import align_exact
 from dumpdb.compare.metrics import (
     STAT_METRICS,
     STATS,
@@ -164,7 +165,10 @@ class CompareOutcome:
     first_divergence: dict[str, Any] | None = field(default=None)
 
 
-def _select(con, sel: Selection) -> pa.Table:
+def select_rows(con, sel: Selection) -> pa.Table:
+    """The ``tensors`` rows of a selection with what compare needs beside them (blob
+    location, execution-order position, code line), as Arrow. Raises DumpdbError for an
+    unknown run or an empty selection."""
     where, params = sel.where()
     table = con.sql(_SELECT_SQL.format(where=where), params=params).to_arrow_table()
     if table.num_rows == 0:
@@ -330,11 +334,15 @@ def compare(archive, target: str | Selection, bench: str | Selection, *, iterati
         if bench_rank is not None and tsel.rank is None and not con.execute(
                 "SELECT count(*) FROM tensors WHERE run = ? AND rank IS NOT NULL", [tsel.run]).fetchall()[0][0]:
             tsel = Selection(tsel.run, tsel.iteration, 0)  # a rankless target is rank 0 vs the bench's rank
-        trows, brows = _select(con, tsel), _select(con, bsel)
+        trows, brows = select_rows(con, tsel), select_rows(con, bsel)
     trows, brows = _proc_as_rank0(trows, brows), _proc_as_rank0(brows, trows)
     try:
-        alignment = align(trows, brows, group_by=_group_by(tsel, bsel), mapping=mapping_dict,
-                          strategies=strategies)
+        # the exact strategy in SQL when it settles the alignment (align_sql), else align()
+        alignment = None if mapping_dict else align_exact(trows, brows, group_by=_group_by(tsel, bsel),
+                                                          strategies=strategies)
+        if alignment is None:
+            alignment = align(trows, brows, group_by=_group_by(tsel, bsel), mapping=mapping_dict,
+                              strategies=strategies)
     except ValueError as exc:
         raise DumpdbError(f"compare: {exc}") from exc
     target_rows = trows.to_pylist()

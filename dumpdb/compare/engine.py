@@ -413,8 +413,9 @@ def _compute(archive, pairs, mode, workers, progress) -> list[dict]:
     small: list[int] = []
     large = []
     statistics: list[int] = []
+    template = _row_template()
     for i, (t, b, strategy) in enumerate(pairs):
-        row = _base_row(i, t, b, strategy)
+        row = _base_row(i, t, b, strategy, template)
         rows[i] = row
         tensor_mode = mode != "statistics" and t["content_hash"] is not None and b["content_hash"] is not None
         if mode == "tensor" and not tensor_mode:
@@ -547,24 +548,36 @@ def _join(a: str | None, b: str | None) -> str | None:
     return "; ".join(x for x in (a, b) if x) or None
 
 
-def _base_row(i: int, t: dict, b: dict, strategy: str) -> dict:
-    row = {c: None for c in (*RESULT_COLUMNS, *CONTEXT_COLUMNS, *_plugin_metrics())}
-    row.update(
-        pair_index=i, target_tensor_id=t["tensor_id"], bench_tensor_id=b["tensor_id"],
-        target_name=t["op_name"], bench_name=b["op_name"], io=t["io"], slot=t["slot"],
-        match_strategy=strategy, iteration=t["iteration"], rank=t["rank"], graph_id=t["graph_id"],
-        call_index=t["call_index"], timestamp=t["timestamp"], target_content_hash=t["content_hash"],
-        bench_content_hash=b["content_hash"], op_type=t["op_type"],
-        scope_name=t["scope_name"], position=t["position"], target_dtype=t["dtype"], bench_dtype=b["dtype"],
-        target_shape=t["shape"], bench_shape=b["shape"], target_dtype_declared=t["dtype_declared"],
-        bench_dtype_declared=b["dtype_declared"],
-        target_requires_grad=t["requires_grad"], bench_requires_grad=b["requires_grad"],
-        code_file=t["code_file"], code_line=t["code_line"], code_text=t["code_text"],
-        target_source_file=t["source_file"],
-        **{f"target_{k}": t[k] for k in ("max", "min", "mean", "l2norm")},
-        **{f"bench_{k}": b[k] for k in ("max", "min", "mean", "l2norm")},
-    )
+# (row key, pair side 0 target / 1 bench, tensors column) copied into every result row
+_ROW_FIELDS = (
+    ("target_tensor_id", 0, "tensor_id"), ("bench_tensor_id", 1, "tensor_id"), ("target_name", 0, "op_name"),
+    ("bench_name", 1, "op_name"), ("io", 0, "io"), ("slot", 0, "slot"), ("iteration", 0, "iteration"),
+    ("rank", 0, "rank"), ("graph_id", 0, "graph_id"), ("call_index", 0, "call_index"),
+    ("timestamp", 0, "timestamp"), ("target_content_hash", 0, "content_hash"),
+    ("bench_content_hash", 1, "content_hash"), ("op_type", 0, "op_type"), ("scope_name", 0, "scope_name"),
+    ("position", 0, "position"), ("target_dtype", 0, "dtype"), ("bench_dtype", 1, "dtype"),
+    ("target_shape", 0, "shape"), ("bench_shape", 1, "shape"), ("target_dtype_declared", 0, "dtype_declared"),
+    ("bench_dtype_declared", 1, "dtype_declared"), ("target_requires_grad", 0, "requires_grad"),
+    ("bench_requires_grad", 1, "requires_grad"), ("code_file", 0, "code_file"), ("code_line", 0, "code_line"),
+    ("code_text", 0, "code_text"), ("target_source_file", 0, "source_file"),
+    *((f"{side}_{k}", n, k) for n, side in enumerate(("target", "bench")) for k in ("max", "min", "mean", "l2norm")),
+)
+
+
+def _base_row(i: int, t: dict, b: dict, strategy: str, template: dict | None = None) -> dict:
+    """A result row of pair ``i``: every column None, then the pair's context.
+    ``template``: :func:`_row_template` (given by callers building many rows)."""
+    row = (template or _row_template()).copy()
+    sides = (t, b)
+    for key, side, column in _ROW_FIELDS:
+        row[key] = sides[side][column]
+    row["pair_index"] = i
+    row["match_strategy"] = strategy
     return row
+
+
+def _row_template() -> dict:
+    return dict.fromkeys((*RESULT_COLUMNS, *CONTEXT_COLUMNS, *_plugin_metrics()))
 
 
 def _judge(rows: list[dict], thresholds: Thresholds) -> None:

@@ -14,6 +14,20 @@ activations) is read once. Metrics run on a thread pool with one worker per
 core: worker processes for comparisons of 64 MB or more (the metrics make thousands
 of short numpy calls per tensor, so threads would serialise on the GIL), one thread
 below that.
+
+Fast paths (issue 13), each giving what the pair-by-pair path gives (tests/test_compare_fast.py,
+tests/test_compare_stats_sql.py, tests/test_compare_align_sql.py):
+
+* a pair whose payloads have the same content hash, dtype and shape, with dumpdb's own
+  NaN/Inf counts in the catalog, is not read: :func:`~dumpdb.compare.metrics.identical_metrics`;
+* pairs of at most ``SMALL_ELEMENTS`` elements a side (without plug-in metrics) are read in
+  storage order and computed ``BATCH_ELEMENTS`` at a time by
+  :func:`~dumpdb.compare.metrics.tensor_metrics_batch` (bit for bit the per-pair values);
+* statistics-mode metrics of all pairs are one DuckDB query
+  (:func:`~dumpdb.compare.stats_sql.statistics_metrics`);
+* without a mapping, the ``exact`` strategy runs as one DuckDB query
+  (:func:`~dumpdb.compare.align_sql.align_exact`) and align() only when later strategies
+  have tensors left to pair.
 """
 
 from __future__ import annotations

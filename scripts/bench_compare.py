@@ -1,21 +1,32 @@
 #!/usr/bin/env python3
-"""Benchmark `dumpdb compare`: throughput (GB/s of tensor data compared) and peak memory.
+"""Benchmark `dumpdb compare`: tensor throughput, tiny-pair fixed cost, statistics compare.
 
-Generates two MindSpore-layout runs with the ingest benchmark's realistic generator
-(scripts/bench_ingest.py): run "bench" as generated, run "target" the same dump with
-every floating-point tensor perturbed (x * (1 + 1e-3 * noise), so no pair can take
-the identical-payload shortcut and every pair reads both tensors), ingests both into
-one archive, then times `dumpdb compare target bench` in its own process and reads its
-peak RSS. Baseline in the same run: `cat` of both dumps (read speed of the machine
-now), so the ratio compare-time / cat-time is comparable across noisy runs.
+Three scenarios, each timed as a whole `dumpdb compare` process (wall time and peak RSS of
+the process tree, workers included) against a baseline measured in the same run:
 
-    python scripts/bench_compare.py --size-gb 2.0       # issue 4: two 2 GB runs
-    python scripts/bench_compare.py --size-gb 0.1 --keep --out /tmp/bc
+* ``tensor``: two tensor dumps compared pair by pair. By default two runs of the ingest
+  benchmark's generator (scripts/bench_ingest.py), the target with every floating tensor
+  perturbed so no pair takes the identical-payload shortcut; ``--dump-a``/``--dump-b``
+  compare two real dumps instead (e.g. two ``make_big_dump.sh`` runs with different
+  ``--seed``). Baseline: ``cat`` of both dumps' ``.npy`` files. Figure: GB/s per run
+  (one run's tensor bytes / compare time).
+* ``tiny``: ``--tiny-pairs`` (default 131,000) pairs of tiny float32 tensors (4-64
+  elements) in two MindSpore-layout dumps. Baseline: ``cat`` of the same files. Figures:
+  compare time, per-pair cost, peak RSS.
+* ``stats``: ``--stat-pairs`` (default 500,000) pairs of statistics-only tensors in two
+  msprobe statistics dumps (``dump.json``). Baseline: one DuckDB query joining the two
+  runs' statistics in the same archive and computing the four differences and relative
+  differences (its own process, read-only). Figures: compare time / join time, peak RSS.
+
+    python scripts/bench_compare.py                          # all three, defaults
+    python scripts/bench_compare.py --only tiny --tiny-pairs 20000
+    python scripts/bench_compare.py --only tensor --dump-a /tmp/big/run1 --dump-b /tmp/big/run2
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -29,18 +40,35 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_ingest  # noqa: E402  (the shared dump generator)
 
 GB = 1e9
-TARGET_GBPS = 0.3
+TARGET_GBPS = 1.0          # issue 13: tensor compare per run
+TARGET_TINY_S = 15.0       # issue 13: 131,000 tiny pairs
 TARGET_PEAK_MB = 1000
+TARGET_STATS_RATIO = 5.0   # issue 13: statistics compare vs one DuckDB join
 
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--size-gb", type=float, default=2.0, help="payload of EACH run (default 2.0)")
-    p.add_argument("--iterations", type=int, default=2, help="iterations per run (default 2)")
+    p.add_argument("--only", choices=("tensor", "tiny", "stats"), action="append",
+                   help="run only these scenarios (repeatable; default all)")
+    p.add_argument("--size-gb", type=float, default=2.0, help="generated tensor dump: payload of EACH run")
+    p.add_argument("--iterations", type=int, default=2, help="generated tensor dump: iterations per run")
+    p.add_argument("--dump-a", type=Path, help="tensor scenario: a real dump (the bench side)")
+    p.add_argument("--dump-b", type=Path, help="tensor scenario: a real dump (the target side)")
+    p.add_argument("--tiny-pairs", type=int, default=131_000)
+    p.add_argument("--stat-pairs", type=int, default=500_000)
     p.add_argument("--out", type=Path, default=Path("bench-out-compare"), help="work directory")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=int, default=None, help="passed to dumpdb compare -j")
-    p.add_argument("--keep", action="store_true", help="keep the generated dumps and archive")
+    p.add_argument("--keep", action="store_true", help="keep the generated dumps and archives")
+    p.add_argument("--reuse", action="store_true",
+                   help="reuse the dumps and archives a --keep run left in --out (skip generating and ingesting)")
+    p.add_argument("--tensor-archive", type=Path,
+                   help="tensor scenario: an archive that already holds both runs (see --runs); with --dump-a/-b "
+                        "for the cat baseline and the byte count")
+    p.add_argument("--runs", default="target,bench", help="tensor scenario: TARGET,BENCH run names")
+    p.add_argument("--before", type=Path,
+                   help="a checkout of dumpdb before the change: each compare also runs with PYTHONPATH=BEFORE "
+                        "on the same archive (before/after in one session)")
     return p.parse_args()
 
 
@@ -62,6 +90,55 @@ def perturb(src: Path, dst: Path, seed: int) -> None:
             with np.errstate(invalid="ignore", over="ignore"):
                 a = (a * (1 + 1e-3 * noise)).astype(a.dtype)
         np.save(out, a)
+
+
+def tiny_dump(out: Path, pairs: int, seed: int, perturbed: bool) -> int:
+    """A MindSpore e2e dump (one iteration) of ``pairs`` tiny float32 tensors (4-64
+    elements, one output per op). Returns the payload bytes."""
+    rank = out / "rank_0"
+    (rank / ".dump_metadata").mkdir(parents=True)
+    (rank / ".dump_metadata" / "config.json").write_text('{"device_target":"CPU","ms_version":"2.10.0"}')
+    folder = rank / "Net" / "0" / "0"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(seed)
+    noise = np.random.default_rng(seed + 1)
+    sizes = rng.integers(4, 65, pairs)
+    payload = 0
+    stamp = 1_795_336_652_543_735
+    for k in range(pairs):
+        x = rng.standard_normal(int(sizes[k]), dtype=np.float32)
+        if perturbed:
+            x = (x * (1 + 1e-3 * noise.standard_normal(x.size, dtype=np.float32))).astype(np.float32)
+        stamp += 17
+        name = f"Default_network-WithLossCell__backbone-Net_layer{k % 7}-Dense_MatMul-op{k}"
+        np.save(folder / f"MatMul.{name}.0.0.{stamp}.output.0.DefaultFormat.Float32.npy", x)
+        payload += x.nbytes
+    return payload
+
+
+def stats_dump(out: Path, pairs: int, seed: int, perturbed: bool) -> None:
+    """An msprobe PyTorch statistics dump (L1, one step, one process) of ``pairs``
+    statistics-only tensors: ``pairs // 2`` API calls with one input and one output."""
+    proc = out / "step0" / "proc1000"
+    proc.mkdir(parents=True)
+    rng = np.random.default_rng(seed)
+    calls = pairs // 2
+    stats = rng.standard_normal((calls, 2, 4))
+    stats[..., 3] = np.abs(stats[..., 3]) * 10
+    if perturbed:
+        stats *= 1 + 1e-3 * np.random.default_rng(seed + 1).standard_normal(stats.shape)
+    apis = ("relu", "linear", "gelu", "softmax", "layer_norm", "dropout", "add", "matmul")
+    data = {}
+    for k in range(calls):
+        def t(s):
+            return {"type": "torch.Tensor", "dtype": "torch.float32", "shape": [4, 16], "Max": float(s[0]),
+                    "Min": float(s[1]), "Mean": float(s[2]), "Norm": float(s[3]), "requires_grad": False}
+        data[f"Functional.{apis[k % len(apis)]}.{k // len(apis)}.forward"] = {
+            "input_args": [t(stats[k, 0])], "input_kwargs": {}, "output": [t(stats[k, 1])]}
+    doc = {"task": "statistics", "level": "L1", "framework": "pytorch", "dump_data_dir": None, "data": data}
+    (proc / "dump.json").write_text(json.dumps(doc, separators=(",", ":")))
+    (proc / "stack.json").write_text("{}")
+    (proc / "construct.json").write_text("{}")
 
 
 def _tree_rss_kib(root: int) -> int:
@@ -87,12 +164,12 @@ def _tree_rss_kib(root: int) -> int:
     return total
 
 
-def timed(cmd: list[str], log: Path) -> tuple[float, int]:
+def timed(cmd: list[str], log: Path, env: dict | None = None) -> tuple[float, int]:
     """(wall seconds, peak RSS KiB of the whole process tree, sampled every 50 ms) of
     ``cmd``; exits if it fails."""
     with open(log, "w") as f:
         start = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
         peak = 0
         while proc.poll() is None:
             peak = max(peak, _tree_rss_kib(proc.pid))
@@ -103,42 +180,147 @@ def timed(cmd: list[str], log: Path) -> tuple[float, int]:
     return wall, peak
 
 
+def cat_seconds(dirs: list[Path], log: Path) -> float:
+    """Wall time of ``cat`` of every ``.npy`` (and ``.json``) file below ``dirs`` (page cache as it is)."""
+    os.sync()
+    roots = " ".join(f"'{d}'" for d in dirs)
+    cmd = ["sh", "-c", f"find {roots} \\( -name '*.npy' -o -name '*.json' \\) -print0 | xargs -0 cat > /dev/null"]
+    return timed(cmd, log)[0]
+
+
+def ingest(dumpdb: str, dump: Path, archive: Path, run: str, out: Path) -> float:
+    wall, _ = timed([dumpdb, "ingest", str(dump), "-a", str(archive), "--run", run, "-q"], out / f"ingest-{run}.log")
+    print(f"  ingest {run}: {wall:.1f} s")
+    return wall
+
+
+def compare(args, dumpdb: str, archive: Path, out: Path, name: str, *extra: str,
+            runs: tuple[str, str] = ("target", "bench")) -> list[tuple[str, float, float]]:
+    """[(label, wall s, peak MB)] of ``dumpdb compare`` (before, if --before, then now)."""
+    cmd = [dumpdb, "compare", *runs, "-a", str(archive), "--show", "0", *extra]
+    if args.workers:
+        cmd += ["-j", str(args.workers)]
+    found = []
+    versions = ([("before", str(args.before.resolve()))] if args.before else []) + \
+        [("after", os.environ.get("PYTHONPATH", ""))]
+    for label, path in versions:
+        env = {**os.environ, "PYTHONPATH": path}
+        wall, rss_kib = timed(cmd, out / f"compare-{name}-{label}.log", env)
+        lines = (out / f"compare-{name}-{label}.log").read_text().strip().splitlines()
+        print(f"  {label}: {wall:.2f} s, {rss_kib / 1024:.0f} MB: {lines[0] if lines else ''}")
+        found.append((label, wall, rss_kib / 1024))
+    return found
+
+
+def mark(ok: bool) -> str:
+    return "PASS" if ok else "MISS"
+
+
+def tensor_scenario(args, dumpdb: str, out: Path) -> list[str]:
+    print("== tensor compare ==")
+    runs = tuple(args.runs.split(","))
+    if args.dump_a and args.dump_b:
+        bench_dir, target_dir = args.dump_a.resolve(), args.dump_b.resolve()
+        _, payload = bench_ingest.npy_payload(target_dir)
+    else:
+        bench_dir, target_dir = out / "bench" / "dump", out / "target" / "dump"
+        if not args.reuse:
+            files, _ = bench_ingest.generate(out / "bench", args.size_gb, args.iterations, args.seed)
+            perturb(out / "bench" / "dump", out / "target" / "dump", args.seed + 1)
+            print(f"  generated 2 runs x {files} files")
+        _, payload = bench_ingest.npy_payload(target_dir)
+    archive = args.tensor_archive.resolve() if args.tensor_archive else out / "tensor.dumpdb"
+    if not args.tensor_archive and not args.reuse:
+        ingest(dumpdb, bench_dir, archive, runs[1], out)
+        ingest(dumpdb, target_dir, archive, runs[0], out)
+    cat_s = cat_seconds([bench_dir, target_dir], out / "cat-tensor.log")
+    lines = [f"tensor: {payload / GB:.2f} GB per run; cat of both dumps {cat_s:.2f} s (baseline: "
+             f"{payload / GB / cat_s:.2f} GB/s per run)"]
+    for label, wall, peak in compare(args, dumpdb, archive, out, "tensor", runs=runs):  # type: ignore[arg-type]
+        per_run = payload / GB / wall
+        lines.append(
+            f"tensor {label}: {wall:.2f} s = {wall / cat_s:.1f}x cat; {per_run:.3f} GB/s per run   "
+            f"target >= {TARGET_GBPS}: {mark(per_run >= TARGET_GBPS)}; peak RSS {peak:.0f} MB "
+            f"(target <= {TARGET_PEAK_MB}: {mark(peak <= TARGET_PEAK_MB)})")
+    return lines
+
+
+def tiny_scenario(args, dumpdb: str, out: Path) -> list[str]:
+    print(f"== {args.tiny_pairs} tiny pairs ==")
+    archive = out / "tiny.dumpdb"
+    if not args.reuse:
+        t0 = time.perf_counter()
+        tiny_dump(out / "tiny-bench", args.tiny_pairs, args.seed, perturbed=False)
+        tiny_dump(out / "tiny-target", args.tiny_pairs, args.seed, perturbed=True)
+        print(f"  generated in {time.perf_counter() - t0:.1f} s")
+        ingest(dumpdb, out / "tiny-bench", archive, "bench", out)
+        ingest(dumpdb, out / "tiny-target", archive, "target", out)
+    cat_s = cat_seconds([out / "tiny-bench", out / "tiny-target"], out / "cat-tiny.log")
+    lines = [f"tiny: {args.tiny_pairs} pairs; cat of the files {cat_s:.2f} s (baseline)"]
+    for label, wall, peak in compare(args, dumpdb, archive, out, "tiny"):
+        scaled = wall * 131_000 / args.tiny_pairs
+        lines.append(
+            f"tiny {label}: {wall:.2f} s = {wall / cat_s:.1f}x cat ({1e3 * wall / args.tiny_pairs:.3f} ms/pair; "
+            f"{scaled:.1f} s scaled to 131,000)   target <= {TARGET_TINY_S} s: {mark(scaled <= TARGET_TINY_S)}; "
+            f"peak RSS {peak:.0f} MB (target <= {TARGET_PEAK_MB}: {mark(peak <= TARGET_PEAK_MB)})")
+    return lines
+
+
+JOIN_SQL = """
+COPY (
+WITH t AS (SELECT * FROM tensors WHERE run = 'target'), b AS (SELECT * FROM tensors WHERE run = 'bench')
+SELECT t.tensor_id, b.tensor_id,
+       t.max - b.max, abs((t.max - b.max) / nullif(b.max, 0)),
+       t.min - b.min, abs((t.min - b.min) / nullif(b.min, 0)),
+       t.mean - b.mean, abs((t.mean - b.mean) / nullif(b.mean, 0)),
+       t.l2norm - b.l2norm, abs((t.l2norm - b.l2norm) / nullif(b.l2norm, 0))
+FROM t JOIN b ON t.op_name = b.op_name AND t.io = b.io AND t.slot IS NOT DISTINCT FROM b.slot
+    AND t.iteration IS NOT DISTINCT FROM b.iteration AND t.rank IS NOT DISTINCT FROM b.rank
+) TO '{out}' (FORMAT parquet)
+"""
+
+
+def stats_scenario(args, dumpdb: str, out: Path) -> list[str]:
+    print(f"== {args.stat_pairs} statistics pairs ==")
+    archive = out / "stats.dumpdb"
+    if not args.reuse:
+        t0 = time.perf_counter()
+        stats_dump(out / "stats-bench", args.stat_pairs, args.seed, perturbed=False)
+        stats_dump(out / "stats-target", args.stat_pairs, args.seed, perturbed=True)
+        print(f"  generated in {time.perf_counter() - t0:.1f} s")
+        ingest(dumpdb, out / "stats-bench", archive, "bench", out)
+        ingest(dumpdb, out / "stats-target", archive, "target", out)
+    catalog = archive / "catalog.duckdb"
+    join = [sys.executable, "-c",
+            "import duckdb, sys; con = duckdb.connect(sys.argv[1], read_only=True); con.execute(sys.argv[2])",
+            str(catalog), JOIN_SQL.format(out=out / "join.parquet")]
+    join_s, join_peak = timed(join, out / "join.log")
+    lines = [f"stats: {args.stat_pairs} pairs; one DuckDB join {join_s:.2f} s, peak {join_peak / 1024:.0f} MB "
+             "(baseline)"]
+    for label, wall, peak in compare(args, dumpdb, archive, out, "stats", "--mode", "statistics"):
+        ratio = wall / join_s
+        lines.append(
+            f"stats {label}: {wall:.2f} s = {ratio:.1f}x the join   target <= {TARGET_STATS_RATIO}x: "
+            f"{mark(ratio <= TARGET_STATS_RATIO)}; peak RSS {peak:.0f} MB "
+            f"(target <= {TARGET_PEAK_MB}: {mark(peak <= TARGET_PEAK_MB)})")
+    return lines
+
+
 def main() -> None:
     args = parse_args()
     out = args.out.resolve()
-    bench_ingest.remove(out)
-    out.mkdir(parents=True)
+    if not args.reuse:
+        bench_ingest.remove(out)
+    out.mkdir(parents=True, exist_ok=True)
     dumpdb = bench_ingest.find_dumpdb()
-    t0 = time.perf_counter()
-    files, payload = bench_ingest.generate(out / "bench", args.size_gb, args.iterations, args.seed)
-    perturb(out / "bench" / "dump", out / "target" / "dump", args.seed + 1)
-    print(f"generated 2 runs x {files} files, {payload / GB:.3f} GB each, in {time.perf_counter() - t0:.1f} s")
-    archive = out / "archive.dumpdb"
-    for run in ("bench", "target"):
-        wall, _ = timed([dumpdb, "ingest", str(out / run / "dump"), "-a", str(archive), "--run", run, "-q"],
-                        out / f"ingest-{run}.log")
-        print(f"ingest {run}: {wall:.1f} s")
-    os.sync()
-    cat = ["sh", "-c", f"find '{out / 'bench'}' '{out / 'target'}' -name '*.npy' -print0 | xargs -0 cat > /dev/null"]
-    cat_s, _ = timed(cat, out / "cat.log")
-    cmd = [dumpdb, "compare", "target", "bench", "-a", str(archive), "--show", "0",
-           "--csv", str(out / "compare.csv")]
-    if args.workers:
-        cmd += ["-j", str(args.workers)]
-    wall, rss_kib = timed(cmd, out / "compare.log")
-    both = 2 * payload / GB / wall  # tensor bytes of both runs that went through the comparison
-    per_run = payload / GB / wall
-    peak_mb = rss_kib / 1024
-    print((out / "compare.log").read_text().strip().splitlines()[0])
-    print(f"\n== dumpdb compare benchmark: 2 runs x {payload / GB:.3f} GB, {files} tensor pairs ==")
-    print(f"cat of both dumps       {cat_s:.2f} s (baseline read, same run)")
-    print(f"compare                 {wall:.2f} s  ({wall / cat_s:.1f}x cat)")
-    print(f"throughput              {both:.3f} GB/s of tensor data compared (both runs' bytes / time); "
-          f"{per_run:.3f} GB/s per run   target >= {TARGET_GBPS}: {'PASS' if both >= TARGET_GBPS else 'MISS'}"
-          f" (per run: {'PASS' if per_run >= TARGET_GBPS else 'MISS'})")
-    print(f"peak compare RSS        {peak_mb:.0f} MB (all processes together)   target < {TARGET_PEAK_MB} MB: "
-          f"{'PASS' if peak_mb < TARGET_PEAK_MB else 'MISS'}")
-    if not args.keep:
+    only = args.only or ["tensor", "tiny", "stats"]
+    lines: list[str] = []
+    for name, fn in (("tensor", tensor_scenario), ("tiny", tiny_scenario), ("stats", stats_scenario)):
+        if name in only:
+            lines += fn(args, dumpdb, out)
+    print("\n== dumpdb compare benchmark ==")
+    print("\n".join(lines))
+    if not args.keep and not args.reuse:
         bench_ingest.remove(out)
 
 

@@ -198,6 +198,7 @@ def test_process_pool_path_gives_the_thread_path_results(pair_archive, monkeypat
     threshold) compute exactly what the in-process thread computes."""
     import dumpdb.compare.engine as engine
 
+    monkeypatch.setattr(engine, "SMALL_ELEMENTS", 0)  # every pair one by one (no batched path)
     a = dumpdb.open(pair_archive)
     one = compare(a, "fp16", "fp32", workers=1, store_results=False).results
     started = []

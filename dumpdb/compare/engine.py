@@ -14,11 +14,26 @@ activations) is read once. Metrics run on a thread pool with one worker per
 core: worker processes for comparisons of 64 MB or more (the metrics make thousands
 of short numpy calls per tensor, so threads would serialise on the GIL), one thread
 below that.
+
+Fast paths (issue 13), each giving what the pair-by-pair path gives (tests/test_compare_fast.py,
+tests/test_compare_stats_sql.py, tests/test_compare_align_sql.py):
+
+* a pair whose payloads have the same content hash, dtype and shape, with dumpdb's own
+  NaN/Inf counts in the catalog, is not read: :func:`~dumpdb.compare.metrics.identical_metrics`;
+* pairs of at most ``SMALL_ELEMENTS`` elements a side (without plug-in metrics) are read in
+  storage order and computed ``BATCH_ELEMENTS`` at a time by
+  :func:`~dumpdb.compare.metrics.tensor_metrics_batch` (bit for bit the per-pair values);
+* statistics-mode metrics of all pairs are one DuckDB query
+  (:func:`~dumpdb.compare.stats_sql.statistics_metrics`);
+* without a mapping, the ``exact`` strategy runs as one DuckDB query
+  (:func:`~dumpdb.compare.align_sql.align_exact`) and align() only when later strategies
+  have tensors left to pair.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import multiprocessing
 import os
 from collections import defaultdict, deque
@@ -35,13 +50,27 @@ from dumpdb import __version__
 from dumpdb.catalog import insert_arrow
 from dumpdb.compare import registry
 from dumpdb.compare.align import STRATEGIES, align, load_mapping
-from dumpdb.compare.metrics import STAT_METRICS, TENSOR_METRICS, stats_metrics, tensor_metrics
+from dumpdb.compare.align_sql import align_exact
+from dumpdb.compare.metrics import (
+    STAT_METRICS,
+    STATS,
+    TENSOR_METRICS,
+    identical_metrics,
+    tensor_metrics,
+    tensor_metrics_batch,
+)
 from dumpdb.compare.precision import PrecisionRules, first_departure, judge_precision
+from dumpdb.compare.stats_sql import statistics_metrics
 from dumpdb.compare.verdict import Thresholds, op_results
 from dumpdb.dtypes import from_catalog_name
 from dumpdb.errors import DumpdbError
 
 INFLIGHT_BYTES = 256 << 20
+# Pairs of at most SMALL_ELEMENTS elements a side are read in storage order and computed
+# BATCH_ELEMENTS at a time by metrics.tensor_metrics_batch (segment reductions: ~10 us a
+# pair instead of ~0.3 ms for tensor_metrics' ~60 numpy calls).
+SMALL_ELEMENTS = 1 << 16
+BATCH_ELEMENTS = 1 << 19
 
 # Columns of compare_results (migrations/003_compare.sql), in table order.
 RESULT_COLUMNS = (
@@ -150,7 +179,10 @@ class CompareOutcome:
     first_divergence: dict[str, Any] | None = field(default=None)
 
 
-def _select(con, sel: Selection) -> pa.Table:
+def select_rows(con, sel: Selection) -> pa.Table:
+    """The ``tensors`` rows of a selection with what compare needs beside them (blob
+    location, execution-order position, code line), as Arrow. Raises DumpdbError for an
+    unknown run or an empty selection."""
     where, params = sel.where()
     table = con.sql(_SELECT_SQL.format(where=where), params=params).to_arrow_table()
     if table.num_rows == 0:
@@ -274,10 +306,6 @@ def _pair_metrics_in_worker(t: tuple, b: tuple, ranges=None) -> tuple[dict, str 
 PROCESS_MIN_BYTES = 64 << 20  # below this, starting worker processes costs more than it saves
 
 
-def _stats(row: dict) -> dict:
-    return {k: row[k] for k in ("max", "min", "mean", "l2norm")}
-
-
 def compare(archive, target: str | Selection, bench: str | Selection, *, iteration: int | None = None,
             rank: int | None = None, mapping: str | os.PathLike | Mapping[str, str] | None = None,
             strategies: Sequence[str] = STRATEGIES, thresholds: Thresholds | None = None,
@@ -320,14 +348,19 @@ def compare(archive, target: str | Selection, bench: str | Selection, *, iterati
         if bench_rank is not None and tsel.rank is None and not con.execute(
                 "SELECT count(*) FROM tensors WHERE run = ? AND rank IS NOT NULL", [tsel.run]).fetchall()[0][0]:
             tsel = Selection(tsel.run, tsel.iteration, 0)  # a rankless target is rank 0 vs the bench's rank
-        trows, brows = _select(con, tsel), _select(con, bsel)
+        trows, brows = select_rows(con, tsel), select_rows(con, bsel)
     trows, brows = _proc_as_rank0(trows, brows), _proc_as_rank0(brows, trows)
     try:
-        alignment = align(trows, brows, group_by=_group_by(tsel, bsel), mapping=mapping_dict,
-                          strategies=strategies)
+        # the exact strategy in SQL when it settles the alignment (align_sql), else align()
+        alignment = None if mapping_dict else align_exact(trows, brows, group_by=_group_by(tsel, bsel),
+                                                          strategies=strategies)
+        if alignment is None:
+            alignment = align(trows, brows, group_by=_group_by(tsel, bsel), mapping=mapping_dict,
+                              strategies=strategies)
     except ValueError as exc:
         raise DumpdbError(f"compare: {exc}") from exc
-    tby = {r["tensor_id"]: r for r in trows.to_pylist()}
+    target_rows = trows.to_pylist()
+    tby = {r["tensor_id"]: r for r in target_rows}
     bby = {r["tensor_id"]: r for r in brows.to_pylist()}
     pairs = [(tby[p["target_tensor_id"]], bby[p["bench_tensor_id"]], p["match_strategy"])
              for p in alignment.pairs.to_pylist()]
@@ -335,7 +368,7 @@ def compare(archive, target: str | Selection, bench: str | Selection, *, iterati
     pairs.sort(key=lambda p: order[p[0]["tensor_id"]])
     rows = _compute(archive, pairs, mode, workers, progress)
     _judge(rows, thresholds)
-    departure = _judge_precision(rows, trows.to_pylist(), precision or PrecisionRules())
+    departure = _judge_precision(rows, target_rows, precision or PrecisionRules())
     column = "result" if rules == "msprobe" else "precision_result"
     unmatched = pa.concat_tables([
         alignment.unmatched_target.append_column("side", pa.array(["target"] * alignment.unmatched_target.num_rows)),
@@ -355,11 +388,12 @@ def compare(archive, target: str | Selection, bench: str | Selection, *, iterati
         "thresholds": thresholds.__dict__ if hasattr(thresholds, "__dict__") else str(thresholds),
         "dumpdb_version": __version__,
     }
-    compare_id = _store(archive, tsel, bsel, rows, unmatched, summary, mapping) if store_results else None
-    summary["compare_id"] = compare_id
-    for r in rows:
-        r["compare_id"] = compare_id
     results = pa.Table.from_pylist(rows, schema=_result_schema())
+    del rows, pairs, target_rows, tby, bby  # the Arrow table is the result from here on
+    compare_id = _store(archive, tsel, bsel, results, unmatched, summary, mapping) if store_results else None
+    summary["compare_id"] = compare_id
+    results = results.set_column(results.column_names.index("compare_id"), "compare_id",
+                                 pa.array([compare_id] * results.num_rows, pa.int64()))
     outcome = CompareOutcome(compare_id, results, unmatched, summary)
     outcome.first_divergence = first_divergence_of(results) if rules == "msprobe" else \
         _departure_report(results, departure)
@@ -389,24 +423,44 @@ def _compute(archive, pairs, mode, workers, progress) -> list[dict]:
     rows: list[dict] = [None] * len(pairs)  # type: ignore[list-item]
     done = 0
     workers = workers or os.cpu_count() or 2
-    pool, submit = _pool(archive, pairs, mode, workers)
+    fast = not registry.metrics("tensor", builtin=False)  # plug-ins need both arrays of every pair
+    small: list[int] = []
+    large = []
+    statistics: list[int] = []
+    template = _row_template()
+    for i, (t, b, strategy) in enumerate(pairs):
+        row = _base_row(i, t, b, strategy, template)
+        rows[i] = row
+        tensor_mode = mode != "statistics" and t["content_hash"] is not None and b["content_hash"] is not None
+        if mode == "tensor" and not tensor_mode:
+            row["err_message"] = "no payload on one side: statistics compared instead"
+        if not tensor_mode:
+            row["mode"] = "statistics"
+            statistics.append(i)
+            continue
+        row["mode"] = "tensor"
+        same = _identical(t, b) if fast else None
+        if same is not None:
+            row.update(same[0])
+            row["err_message"] = _join(row["err_message"], same[1])
+            done += 1
+        elif fast and _is_small(t, b):
+            small.append(i)
+        else:
+            large.append(i)
+    done += _compute_statistics(pairs, rows, statistics)
+    if progress and done:
+        progress(done, len(pairs))
+    with threadpool_limits(1, user_api="blas"):  # as the per-pair paths: the same BLAS sums, bit for bit
+        done = _compute_small(archive.store, pairs, rows, small, done, progress)
+    if not large:
+        return rows
+    pool, submit = _pool(archive, [pairs[i] for i in large], mode, workers)
     with pool, threadpool_limits(1, user_api="blas"):
         inflight: deque = deque()
         inflight_bytes = 0
-        for i, (t, b, strategy) in enumerate(pairs):
-            row = _base_row(i, t, b, strategy)
-            rows[i] = row
-            tensor_mode = mode != "statistics" and t["content_hash"] is not None and b["content_hash"] is not None
-            if mode == "tensor" and not tensor_mode:
-                row["err_message"] = "no payload on one side: statistics compared instead"
-            if not tensor_mode:
-                row["mode"] = "statistics"
-                metrics, message = stats_metrics(_stats(t), _stats(b))
-                row.update(metrics)
-                row["err_message"] = _join(row["err_message"], message)
-                done += 1
-                continue
-            row["mode"] = "tensor"
+        for i in large:
+            t, b, _ = pairs[i]
             size = (t["nbytes"] or 0) + (b["nbytes"] or 0)
             while inflight and inflight_bytes + size > INFLIGHT_BYTES:
                 inflight_bytes -= _finish(inflight.popleft(), rows)
@@ -423,6 +477,80 @@ def _compute(archive, pairs, mode, workers, progress) -> list[dict]:
     return rows
 
 
+def _compute_statistics(pairs, rows: list[dict], statistics: list[int]) -> int:
+    """Statistics-mode metrics of the pairs ``statistics`` in one DuckDB query
+    (stats_sql.statistics_metrics). Returns how many."""
+    if not statistics:
+        return 0
+    sides = []
+    for side in (0, 1):
+        cols = {"tensor_id": pa.array([pairs[i][side]["tensor_id"] for i in statistics], pa.int64())}
+        for k in STATS:
+            cols[k] = pa.array([pairs[i][side][k] for i in statistics], pa.float64())
+        sides.append(pa.table(cols))
+    index = pa.table({"pair_index": pa.array(statistics, pa.int64()),
+                      "target_tensor_id": sides[0].column("tensor_id"),
+                      "bench_tensor_id": sides[1].column("tensor_id")})
+    out = statistics_metrics(index, sides[0], sides[1])
+    names = list(STAT_METRICS)
+    columns = [out.column(c).to_pylist() for c in ("pair_index", *names, "err_message")]
+    for i, *values, message in zip(*columns):
+        row = rows[i]
+        row.update(zip(names, values))
+        row["err_message"] = _join(row["err_message"], message)
+    return len(statistics)
+
+
+def _identical(t: dict, b: dict) -> tuple[dict, str | None] | None:
+    """Metrics of a pair whose payloads are the same bytes (content hash, dtype and shape
+    equal), from the definitions (metrics.identical_metrics), when the catalog's NaN/Inf
+    counts are dumpdb's own; None otherwise (then the payload is read once)."""
+    if t["content_hash"] != b["content_hash"] or t["dtype"] != b["dtype"] or t["shape"] != b["shape"]:
+        return None
+    if t["stats_source"] != "computed" or t["shape"] is None:
+        return None
+    counts = (t["nan_count"], t["pos_inf_count"], t["neg_inf_count"])
+    if any(c is None for c in counts):
+        return None
+    return identical_metrics(tuple(t["shape"]), from_catalog_name(t["dtype"]), sum(counts))
+
+
+def _elements(row: dict) -> int | None:
+    shape = row["shape"]
+    return None if shape is None else math.prod(shape)
+
+
+def _is_small(t: dict, b: dict) -> bool:
+    n = _elements(t)
+    return n is not None and t["shape"] == b["shape"] and n <= SMALL_ELEMENTS and t["array_path"] is not None \
+        and b["array_path"] is not None
+
+
+def _compute_small(store, pairs, rows: list[dict], small: list[int], done: int, progress) -> int:
+    """Small pairs in batches: payloads read in storage order (pack, offset: the chunk
+    cache serves neighbours), metrics by tensor_metrics_batch. Returns ``done``."""
+    small.sort(key=lambda i: (pairs[i][0]["array_path"], pairs[i][0]["elem_offset"] or 0))
+    start = 0
+    while start < len(small):
+        end, elements = start, 0
+        while end < len(small) and (end == start or elements < BATCH_ELEMENTS):
+            elements += 2 * (_elements(pairs[small[end]][0]) or 0)
+            end += 1
+        batch = small[start:end]
+        targets = [_read(store, _loc(pairs[i][0])) for i in batch]
+        # a payload both sides share (same hash, dtype, shape) is read once
+        benches = [a if _loc(pairs[i][0]) == _loc(pairs[i][1]) else _read(store, _loc(pairs[i][1]))
+                   for a, i in zip(targets, batch)]
+        for i, (metrics, message) in zip(batch, tensor_metrics_batch(targets, benches)):
+            rows[i].update(metrics)
+            rows[i]["err_message"] = _join(rows[i]["err_message"], message)
+        done += len(batch)
+        if progress:
+            progress(done, len(pairs))
+        start = end
+    return done
+
+
 def _finish(item, rows) -> int:
     i, size, future = item
     metrics, message = future.result()
@@ -436,24 +564,36 @@ def _join(a: str | None, b: str | None) -> str | None:
     return "; ".join(x for x in (a, b) if x) or None
 
 
-def _base_row(i: int, t: dict, b: dict, strategy: str) -> dict:
-    row = {c: None for c in (*RESULT_COLUMNS, *CONTEXT_COLUMNS, *_plugin_metrics())}
-    row.update(
-        pair_index=i, target_tensor_id=t["tensor_id"], bench_tensor_id=b["tensor_id"],
-        target_name=t["op_name"], bench_name=b["op_name"], io=t["io"], slot=t["slot"],
-        match_strategy=strategy, iteration=t["iteration"], rank=t["rank"], graph_id=t["graph_id"],
-        call_index=t["call_index"], timestamp=t["timestamp"], target_content_hash=t["content_hash"],
-        bench_content_hash=b["content_hash"], op_type=t["op_type"],
-        scope_name=t["scope_name"], position=t["position"], target_dtype=t["dtype"], bench_dtype=b["dtype"],
-        target_shape=t["shape"], bench_shape=b["shape"], target_dtype_declared=t["dtype_declared"],
-        bench_dtype_declared=b["dtype_declared"],
-        target_requires_grad=t["requires_grad"], bench_requires_grad=b["requires_grad"],
-        code_file=t["code_file"], code_line=t["code_line"], code_text=t["code_text"],
-        target_source_file=t["source_file"],
-        **{f"target_{k}": t[k] for k in ("max", "min", "mean", "l2norm")},
-        **{f"bench_{k}": b[k] for k in ("max", "min", "mean", "l2norm")},
-    )
+# (row key, pair side 0 target / 1 bench, tensors column) copied into every result row
+_ROW_FIELDS = (
+    ("target_tensor_id", 0, "tensor_id"), ("bench_tensor_id", 1, "tensor_id"), ("target_name", 0, "op_name"),
+    ("bench_name", 1, "op_name"), ("io", 0, "io"), ("slot", 0, "slot"), ("iteration", 0, "iteration"),
+    ("rank", 0, "rank"), ("graph_id", 0, "graph_id"), ("call_index", 0, "call_index"),
+    ("timestamp", 0, "timestamp"), ("target_content_hash", 0, "content_hash"),
+    ("bench_content_hash", 1, "content_hash"), ("op_type", 0, "op_type"), ("scope_name", 0, "scope_name"),
+    ("position", 0, "position"), ("target_dtype", 0, "dtype"), ("bench_dtype", 1, "dtype"),
+    ("target_shape", 0, "shape"), ("bench_shape", 1, "shape"), ("target_dtype_declared", 0, "dtype_declared"),
+    ("bench_dtype_declared", 1, "dtype_declared"), ("target_requires_grad", 0, "requires_grad"),
+    ("bench_requires_grad", 1, "requires_grad"), ("code_file", 0, "code_file"), ("code_line", 0, "code_line"),
+    ("code_text", 0, "code_text"), ("target_source_file", 0, "source_file"),
+    *((f"{side}_{k}", n, k) for n, side in enumerate(("target", "bench")) for k in ("max", "min", "mean", "l2norm")),
+)
+
+
+def _base_row(i: int, t: dict, b: dict, strategy: str, template: dict | None = None) -> dict:
+    """A result row of pair ``i``: every column None, then the pair's context.
+    ``template``: :func:`_row_template` (given by callers building many rows)."""
+    row = (template or _row_template()).copy()
+    sides = (t, b)
+    for key, side, column in _ROW_FIELDS:
+        row[key] = sides[side][column]
+    row["pair_index"] = i
+    row["match_strategy"] = strategy
     return row
+
+
+def _row_template() -> dict:
+    return dict.fromkeys((*RESULT_COLUMNS, *CONTEXT_COLUMNS, *_plugin_metrics()))
 
 
 def _judge(rows: list[dict], thresholds: Thresholds) -> None:
@@ -498,7 +638,7 @@ def _result_schema() -> pa.Schema:
     return pa.schema(fields)
 
 
-def _store(archive, tsel: Selection, bsel: Selection, rows: list[dict], unmatched: pa.Table,
+def _store(archive, tsel: Selection, bsel: Selection, rows: pa.Table, unmatched: pa.Table,
            summary: dict, mapping) -> int:
     options = {"strategies": summary["strategies"], "thresholds": summary["thresholds"],
                "mapping": str(mapping) if isinstance(mapping, (str, os.PathLike)) else bool(mapping)}
@@ -519,10 +659,10 @@ def _insert(archive, tsel, bsel, rows, unmatched, summary, options) -> int:
             "INSERT INTO compares (compare_id, target_run, bench_run, target_selection, bench_selection, mode, "
             "options, pairs, unmatched_target, unmatched_bench, dumpdb_version) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
             [compare_id, tsel.run, bsel.run, tsel.describe(), bsel.describe(), summary["mode"],
-             json.dumps(options, default=str), len(rows), summary["unmatched_target"],
+             json.dumps(options, default=str), rows.num_rows, summary["unmatched_target"],
              summary["unmatched_bench"], __version__])
-        stored = pa.Table.from_pylist([{**{c: r[c] for c in RESULT_COLUMNS}, "compare_id": compare_id} for r in rows],
-                                      schema=pa.schema([f for f in _result_schema() if f.name in RESULT_COLUMNS]))
+        stored = rows.select(list(RESULT_COLUMNS))
+        stored = stored.set_column(0, "compare_id", pa.array([compare_id] * stored.num_rows, pa.int64()))
         insert_arrow(con, "compare_results", stored)
         if unmatched.num_rows:
             um = unmatched.select(["side", "tensor_id", "name", "io", "slot"])
@@ -546,11 +686,14 @@ def first_difference_of(results: pa.Table) -> dict[str, Any] | None:
     (values, dtype or shape; statistics in statistics mode), whatever the verdict;
     None when every pair is identical. Keys: pair_index, target_name, scope_name,
     io, slot, iteration, position, max_abs_err, cosine, result."""
-    for r in results.to_pylist():
-        if _differs(r):
-            return {k: r[k] for k in ("pair_index", "target_name", "scope_name", "op_type", "io", "slot",
-                                      "iteration", "position", "max_abs_err", "cosine", "result",
-                                      "target_dtype", "bench_dtype", "code_line", "code_text")}
+    keys = ("pair_index", "target_name", "scope_name", "op_type", "io", "slot", "iteration", "position",
+            "max_abs_err", "cosine", "result", "target_dtype", "bench_dtype", "code_line", "code_text")
+    needed = (*keys, "target_shape", "bench_shape", "target_content_hash", "bench_content_hash", "mode",
+              "max_diff", "min_diff", "mean_diff", "l2norm_diff")
+    for batch in results.select(list(dict.fromkeys(needed))).to_batches(max_chunksize=4096):
+        for r in batch.to_pylist():  # a few columns, batch by batch: stops at the first difference
+            if _differs(r):
+                return {k: r[k] for k in keys}
     return None
 
 
@@ -559,13 +702,15 @@ def first_divergence_of(results: pa.Table, context: int = 10) -> dict[str, Any] 
     'error', preferring outputs (an op's output failing the rule); with the
     ``context`` compared ops before it in the same iteration and rank as ``path``.
     None when every pair passes (or warns)."""
-    rows = results.to_pylist()
-    failing = [r for r in rows if r["result"] == "error" and r["io"] == "output"] or \
-              [r for r in rows if r["result"] == "error"]
+    light = results.select(["pair_index", "result", "io"]).to_pylist()
+    failing = [i for i, r in enumerate(light) if r["result"] == "error" and r["io"] == "output"] or \
+              [i for i, r in enumerate(light) if r["result"] == "error"]
     if not failing:
         return None
-    first = min(failing, key=lambda r: r["pair_index"])
-    before = [r for r in rows if r["pair_index"] < first["pair_index"] and r["iteration"] == first["iteration"]
+    at = min(failing, key=lambda i: light[i]["pair_index"])
+    first = results.slice(at, 1).to_pylist()[0]
+    before = [r for r in results.select(["pair_index", "iteration", "rank", "target_name"]).to_pylist()
+              if r["pair_index"] < first["pair_index"] and r["iteration"] == first["iteration"]
               and r["rank"] == first["rank"]]
     ops = _ops_path(before)
     return {
@@ -615,10 +760,9 @@ def _departure_report(results: pa.Table, departure: dict | None, context: int = 
     if departure is None:
         return None
     row = departure["row"]
-    rows = results.to_pylist()
-    first = rows[row["pair_index"]]
-    before = [r for r in rows[: first["pair_index"]] if r["iteration"] == first["iteration"]
-              and r["rank"] == first["rank"]]
+    first = results.slice(row["pair_index"], 1).to_pylist()[0]
+    before = [r for r in results.slice(0, first["pair_index"]).select(["iteration", "rank", "target_name"]).to_pylist()
+              if r["iteration"] == first["iteration"] and r["rank"] == first["rank"]]
     ops = _ops_path(before)
     return {
         **{k: first[k] for k in ("pair_index", "target_name", "bench_name", "scope_name", "op_type", "io", "slot",

@@ -1,0 +1,109 @@
+"""The ``exact`` alignment strategy as one DuckDB query (issue 13: statistics-only runs
+of 500,000 tensors align without a Python loop per tensor).
+
+:func:`align_exact` gives what :func:`dumpdb.compare.align.align` gives when ``exact`` is
+the first strategy and no mapping is given, **whenever exact pairing leaves nothing for a
+later strategy** (no tensor is left unpaired on both sides, or ``exact`` is the only
+strategy); otherwise it returns None and the caller runs :func:`~dumpdb.compare.align.align`,
+whose later strategies (normalized, sequence, order) are Python. Training dumps compared
+run to run (same model, same dump settings) pair entirely by ``exact``.
+
+The rule is align.py's ``exact``: same ``(group_by columns, op_name, io, slot, slot_path,
+arg_name)`` with NULL equal to NULL, plus the element count for a name ending in a
+MindSpore ``-opN`` counter (regular expression ``-op[0-9]+$`` in DuckDB's RE2, which is
+Python's ``-op\\d+$`` for ASCII digits; ``\\n?`` before the end as Python's ``$`` allows);
+within one key, the k-th target tensor in execution order pairs with the k-th bench
+tensor, only if both sides hold the same number. Execution order is align.py's: iteration,
+rank, graph_id, position, timestamp, tensor_id, NULLs last. Pairs come in target
+execution order, unmatched tensors in their side's execution order, as ``align`` returns
+them. ``tests/test_compare_align_sql.py`` checks it against ``align`` on the corpus and on
+synthetic runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import duckdb
+import pyarrow as pa
+
+from dumpdb.compare.align import PAIRS_SCHEMA, UNMATCHED_SCHEMA, Alignment
+
+__all__ = ["align_exact"]
+
+_KEY = ("op_name", "size", "io", "slot", "slot_path", "arg_name")
+_ORDER = ("iteration", "rank", "graph_id", "position", "timestamp", "tensor_id")
+_NEEDED = ("tensor_id", "op_name", "scope_name", "shape", "io", "slot", "slot_path", "arg_name", *_ORDER)
+
+
+def _side_sql(name: str, group_by: Sequence[str]) -> str:
+    keys = [*group_by, *_KEY]
+    part = ", ".join(f'"{k}"' for k in keys)
+    order = ", ".join(f'"{c}" ASC NULLS LAST' for c in _ORDER)
+    return f"""
+    {name}_o AS (
+      SELECT *, CASE WHEN op_name IS NOT NULL AND shape IS NOT NULL
+                          AND regexp_matches(op_name, '-op[0-9]+\\n?$')
+                     THEN coalesce(list_aggregate(shape, 'product'), 1)::BIGINT END AS size,
+             row_number() OVER (ORDER BY {order}) AS okey
+      FROM {name}),
+    {name}_k AS (
+      SELECT *, row_number() OVER (PARTITION BY {part} ORDER BY okey) AS k,
+             count(*) OVER (PARTITION BY {part}) AS n
+      FROM {name}_o)"""
+
+
+def _sql(group_by: Sequence[str]) -> str:
+    on = " AND ".join(f't."{k}" IS NOT DISTINCT FROM b."{k}"' for k in (*group_by, *_KEY))
+    return f"""
+    CREATE TEMP TABLE paired AS
+    WITH {_side_sql("target", group_by)}, {_side_sql("bench", group_by)}
+    SELECT t.tensor_id AS target_tensor_id, b.tensor_id AS bench_tensor_id, t.okey
+    FROM target_k t JOIN bench_k b ON {on} AND t.k = b.k AND t.n = b.n
+    """
+
+
+def _unmatched_sql(side: str, column: str) -> str:
+    order = ", ".join(f'"{c}" ASC NULLS LAST' for c in _ORDER)
+    return f"""
+    SELECT tensor_id, coalesce(op_name, scope_name) AS name, io, slot::INTEGER AS slot
+    FROM {side} WHERE tensor_id NOT IN (SELECT {column} FROM paired)
+    ORDER BY {order}
+    """
+
+
+def align_exact(target: pa.Table, bench: pa.Table, *, group_by: Sequence[str] = (),
+                strategies: Sequence[str] = ("exact",)) -> Alignment | None:
+    """:func:`dumpdb.compare.align.align` of ``target``/``bench`` (catalog ``tensors`` rows
+    with the columns align reads, ``shape`` a list of int64) when ``strategies`` (without
+    ``mapping``: the caller has no mapping) start with ``exact`` and exact pairing settles
+    every tensor it can (module docstring); None otherwise, and also when a column is
+    missing (align treats a missing column as NULL; the caller then runs align).
+
+    Returns an :class:`~dumpdb.compare.align.Alignment` whose ``pairs`` all have strategy
+    ``exact``. Raises ValueError for a ``group_by`` column missing from a side (as align).
+    """
+    run = [s for s in dict.fromkeys(strategies) if s != "mapping"]
+    if not run or run[0] != "exact":
+        return None
+    for label, table in (("target", target), ("bench", bench)):
+        missing = [c for c in group_by if c not in table.column_names]
+        if missing:
+            raise ValueError(f"group_by column(s) {', '.join(missing)} not in {label}")
+        if any(c not in table.column_names for c in _NEEDED):
+            return None
+    cols = list(dict.fromkeys((*_NEEDED, *group_by)))
+    con = duckdb.connect()
+    try:
+        con.register("target", target.select(cols))
+        con.register("bench", bench.select(cols))
+        con.execute(_sql(group_by))
+        left_t = con.sql(_unmatched_sql("target", "target_tensor_id")).to_arrow_table()
+        left_b = con.sql(_unmatched_sql("bench", "bench_tensor_id")).to_arrow_table()
+        if left_t.num_rows and left_b.num_rows and len(run) > 1:
+            return None  # a later strategy may pair some of them: align() decides
+        pairs = con.sql("SELECT target_tensor_id, bench_tensor_id, 'exact' AS match_strategy "
+                        "FROM paired ORDER BY okey").to_arrow_table()
+    finally:
+        con.close()
+    return Alignment(pairs.cast(PAIRS_SCHEMA), left_t.cast(UNMATCHED_SCHEMA), left_b.cast(UNMATCHED_SCHEMA))

@@ -1,0 +1,97 @@
+"""Statistics-mode compare metrics as one DuckDB query over the catalog's statistics.
+
+:func:`statistics_metrics` computes :data:`~dumpdb.compare.metrics.STAT_METRICS` and the
+magnitude message for every statistics-mode pair at once: the pairs (an Arrow table of
+``pair_index``, ``target_tensor_id``, ``bench_tensor_id``) joined to the two sides'
+``tensors`` rows (``max``, ``min``, ``mean``, ``l2norm``: the columns the engine selected
+from the catalog), each difference a column expression. No Python per pair.
+
+The rules are :func:`dumpdb.compare.metrics.stats_metrics`' (msprobe's
+``calc_summary_diff`` / ``get_rela_diff_summary_mode``; see that module's docstring),
+written for DuckDB's floating-point semantics, which differ from Python's in two places
+handled explicitly: NaN = NaN is true and NaN sorts above every number (so NaN > 0.5 is
+true), and ``greatest`` returns NaN when one argument is NaN. DuckDB 1.x+ doubles follow
+IEEE 754 otherwise (``1e308 * 10`` is ``inf``, not an error). ``tests/test_compare_stats_sql.py``
+checks the query against ``stats_metrics`` pair by pair on the corpus statistics dumps and
+on synthetic statistics with NaN, +-Inf, zeros, -0.0 and missing values.
+"""
+
+from __future__ import annotations
+
+import duckdb
+import pyarrow as pa
+
+from dumpdb.compare.metrics import MAGNITUDE, MAGNITUDE_EPSILON, MSG_STATS_MAGNITUDE, STAT_METRICS, STATS
+
+__all__ = ["statistics_metrics", "STATISTICS_SQL"]
+
+
+def _stat_sql(name: str) -> str:
+    """Columns ``{name}_diff``, ``{name}_rel_diff`` and flag ``{name}_flag`` of one statistic."""
+    t, b = f"t.{name}", f"b.{name}"
+    equal = f"({t} = {b})"  # DuckDB: NaN = NaN is true (Python: both NaN count as equal too)
+    one_nan = f"(isnan({t}) OR isnan({b}))"
+    diff = f"({t} - {b})"
+    magnitude = f"(abs({diff}) / (greatest(abs({t}), abs({b})) + {MAGNITUDE_EPSILON!r}))"
+    return f"""
+    CASE WHEN {t} IS NULL OR {b} IS NULL THEN NULL
+         WHEN {equal} THEN 0.0
+         WHEN {one_nan} THEN NULL
+         ELSE {diff} END AS {name}_diff,
+    CASE WHEN {t} IS NULL OR {b} IS NULL THEN NULL
+         WHEN {equal} THEN CASE WHEN {b} = 0 THEN NULL ELSE 0.0 END
+         WHEN {one_nan} THEN NULL
+         WHEN {b} = 0 THEN NULL
+         WHEN isinf({diff}) THEN 'inf'::DOUBLE
+         ELSE abs({diff} / {b}) END AS {name}_rel_diff,
+    coalesce(NOT {equal} AND NOT {one_nan} AND NOT isnan({magnitude}) AND {magnitude} > {MAGNITUDE!r},
+             false) AS {name}_flag"""
+
+
+_PREFIX, _SUFFIX = MSG_STATS_MAGNITUDE.split("{names}")
+
+# Over relations ``pairs`` (pair_index, target_tensor_id, bench_tensor_id), ``target`` and
+# ``bench`` (tensor_id plus the four statistics).
+STATISTICS_SQL = f"""
+WITH d AS (
+  SELECT p.pair_index, {", ".join(_stat_sql(s) for s in STATS)}
+  FROM pairs p
+  JOIN target t ON t.tensor_id = p.target_tensor_id
+  JOIN bench b ON b.tensor_id = p.bench_tensor_id
+)
+SELECT pair_index, {", ".join(STAT_METRICS)},
+       CASE WHEN {" OR ".join(f"{s}_flag" for s in STATS)}
+            THEN '{_PREFIX}' || concat_ws(', ', {", ".join(f"CASE WHEN {s}_flag THEN '{s}' END" for s in STATS)})
+                 || '{_SUFFIX}'
+       END AS err_message
+FROM d ORDER BY pair_index
+"""
+
+
+def statistics_metrics(pairs: pa.Table, target: pa.Table, bench: pa.Table) -> pa.Table:
+    """Statistics-mode metrics of many pairs in one DuckDB query (module docstring).
+
+    ``pairs``: ``pair_index`` (int64, unique), ``target_tensor_id``, ``bench_tensor_id``;
+    ``target``/``bench``: catalog ``tensors`` rows with ``tensor_id`` and ``max``, ``min``,
+    ``mean``, ``l2norm`` (float64, NULL where the dump gave none). Every pair's ids must be
+    in ``target``/``bench``.
+
+    Returns an Arrow table ordered by ``pair_index``: ``pair_index``, the eight
+    :data:`STAT_METRICS` columns (float64, NULL where ``stats_metrics`` gives None) and
+    ``err_message`` (string, NULL or msprobe's "double-check" note), equal value for value
+    to :func:`dumpdb.compare.metrics.stats_metrics` on each pair. Raises ValueError when a
+    pair names a tensor that is not in ``target``/``bench``.
+    """
+    cols = ["tensor_id", *STATS]
+    con = duckdb.connect()
+    try:
+        con.register("pairs", pairs.select(["pair_index", "target_tensor_id", "bench_tensor_id"]))
+        con.register("target", target.select(cols))
+        con.register("bench", bench.select(cols))
+        out = con.sql(STATISTICS_SQL).to_arrow_table()
+    finally:
+        con.close()
+    if out.num_rows != pairs.num_rows:
+        raise ValueError(f"statistics_metrics: {pairs.num_rows - out.num_rows} pair(s) name a tensor_id "
+                         "missing from target/bench")
+    return out

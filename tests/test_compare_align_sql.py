@@ -1,0 +1,97 @@
+"""The exact alignment in SQL (dumpdb.compare.align_sql, issue 13) gives align()'s answer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from conftest import ms_case
+
+import dumpdb
+import dumpdb.compare.engine as engine
+from dumpdb.compare.align import STRATEGIES, align
+from dumpdb.compare.align_sql import align_exact
+from dumpdb.compare.engine import Selection
+
+ORACLE = Path(__file__).parent / "data" / "msprobe_oracle"
+
+
+def _tables(archive, t: str, b: str):
+    a = dumpdb.open(archive)
+    with a.reader() as con:
+        return engine.select_rows(con, Selection(t)), engine.select_rows(con, Selection(b))
+
+
+def _same(x, y) -> None:
+    assert x.pairs.equals(y.pairs)
+    assert x.unmatched_target.equals(y.unmatched_target)
+    assert x.unmatched_bench.equals(y.unmatched_bench)
+
+
+CASES = {
+    "statistics_L1": (ORACLE / "statistics_L1" / "bf16" / "dump", ORACLE / "statistics_L1" / "fp32" / "dump"),
+    "statistics_mix_vs_L1": (ORACLE / "statistics_mix" / "bf16" / "dump", ORACLE / "statistics_L1" / "fp32" / "dump"),
+    "tensor_L1": (ORACLE / "tensor_L1" / "bf16" / "dump", ORACLE / "tensor_L1" / "fp32" / "dump"),
+    "mindspore_fp16_vs_fp32": (ms_case("d2_compare_fp16_bf16_iter0"), ms_case("d1_compare_fp32_iter0")),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("group_by", [(), ("iteration", "rank")])
+def test_equals_align_on_the_corpus(case, group_by, tmp_path):
+    target, bench = CASES[case]
+    archive = tmp_path / "a.dumpdb"
+    assert dumpdb.ingest(target, archive=archive, run="t").ok
+    assert dumpdb.ingest(bench, archive=archive, run="b").ok
+    trows, brows = _tables(archive, "t", "b")
+    only_exact = align_exact(trows, brows, group_by=group_by, strategies=("exact",))
+    assert only_exact is not None
+    _same(only_exact, align(trows, brows, group_by=group_by, strategies=("exact",)))
+    full = align_exact(trows, brows, group_by=group_by, strategies=STRATEGIES)
+    if full is not None:  # exact left nothing to a later strategy
+        _same(full, align(trows, brows, group_by=group_by))
+    else:
+        assert only_exact.unmatched_target.num_rows and only_exact.unmatched_bench.num_rows
+    if case == "statistics_L1":  # same model, same settings: exact pairs everything
+        assert full is not None and full.pairs.num_rows > 10
+
+
+def _rows(names: list[tuple], start: int) -> pa.Table:
+    cols = ("op_name", "io", "slot", "shape", "iteration", "timestamp")
+    data = {c: [r[i] for r in names] for i, c in enumerate(cols)}
+    n = len(names)
+    return pa.table({
+        "tensor_id": pa.array(range(start, start + n), pa.int64()), "op_name": data["op_name"],
+        "scope_name": [None] * n, "io": data["io"], "slot": pa.array(data["slot"], pa.int32()),
+        "slot_path": pa.array([None] * n, pa.string()), "arg_name": pa.array([None] * n, pa.string()),
+        "shape": pa.array(data["shape"], pa.list_(pa.int64())), "iteration": pa.array(data["iteration"], pa.int64()),
+        "rank": pa.array([None] * n, pa.int32()), "graph_id": pa.array([0] * n, pa.int32()),
+        "position": pa.array([None] * n, pa.int64()), "timestamp": pa.array(data["timestamp"], pa.int64()),
+    })
+
+
+def test_synthetic_counter_names_repeats_nulls_and_unequal_counts():
+    """-opN names need equal element counts; repeated keys pair k-th with k-th in execution
+    order (timestamps reversed against tensor_id); NULL op names and slots pair; a key
+    with unequal counts stays unpaired."""
+    target = _rows([("Net/Add-op1", "output", 0, [2, 3], 0, 50), ("Net/Add-op1", "output", 0, [6], 0, 40),
+                    ("relu", "input", 0, [4], 0, 30), ("relu", "input", 0, [4], 0, 20),
+                    (None, "output", None, [1], 0, 10), ("dup", "output", 0, [1], 0, 5),
+                    ("dup", "output", 0, [1], 0, 6), ("solo", "output", 0, [], 1, 7)], 100)
+    bench = _rows([("Net/Add-op1", "output", 0, [7], 0, 1), ("relu", "input", 0, [4], 0, 2),
+                   ("relu", "input", 0, [4], 0, 3), (None, "output", None, [2], 0, 4),
+                   ("dup", "output", 0, [1], 0, 5), ("solo", "output", 0, [], 1, 9)], 500)
+    for group_by in ((), ("iteration",)):
+        got = align_exact(target, bench, group_by=group_by)
+        assert got is not None
+        _same(got, align(target, bench, group_by=group_by, strategies=("exact",)))
+        assert got.pairs.num_rows == 4 and got.unmatched_target.num_rows == 4
+
+
+def test_declines_when_a_later_strategy_has_work():
+    target = _rows([("a", "output", 0, [1], 0, 1), ("x", "output", 0, [1], 0, 2)], 1)
+    bench = _rows([("a", "output", 0, [1], 0, 1), ("y", "output", 0, [1], 0, 2)], 10)
+    assert align_exact(target, bench, strategies=STRATEGIES) is None
+    assert align_exact(target, bench, strategies=("order", "exact")) is None
+    assert align_exact(target, bench, strategies=("exact",)).pairs.num_rows == 1

@@ -1,0 +1,102 @@
+"""Statistics-mode metrics in SQL (dumpdb.compare.stats_sql, issue 13) against the
+per-pair rules of dumpdb.compare.metrics.stats_metrics: value for value, message for message."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import dumpdb
+from dumpdb.compare.engine import compare
+from dumpdb.compare.metrics import STAT_METRICS, STATS, stats_metrics
+from dumpdb.compare.stats_sql import statistics_metrics
+
+DATA = Path(__file__).parent / "data"
+ORACLE = DATA / "msprobe_oracle"
+
+VALUES = [None, math.nan, math.inf, -math.inf, 0.0, -0.0, 1.0, -2.5, 2.5, 1e308, -1e308, 5e-324, 3.0, 1e-12]
+
+
+def _same(a, b) -> bool:
+    if a is None or b is None:
+        return a is b
+    return a == b or (math.isnan(a) and math.isnan(b))
+
+
+def _check(pairs: list[tuple[dict, dict]]) -> None:
+    sides = [pa.table({"tensor_id": pa.array(range(len(pairs)), pa.int64()),
+                       **{k: pa.array([p[s].get(k) for p in pairs], pa.float64()) for k in STATS}})
+             for s in (0, 1)]
+    index = pa.table({"pair_index": pa.array(range(len(pairs)), pa.int64()),
+                      "target_tensor_id": sides[0].column("tensor_id"),
+                      "bench_tensor_id": sides[1].column("tensor_id")})
+    got = statistics_metrics(index, *sides).to_pylist()
+    assert [r["pair_index"] for r in got] == list(range(len(pairs)))
+    for (t, b), row in zip(pairs, got):
+        want, message = stats_metrics(t, b)
+        assert row["err_message"] == message, (t, b)
+        bad = {k: (row[k], want[k]) for k in STAT_METRICS if not _same(row[k], want[k])}
+        assert not bad, (t, b, bad)
+
+
+def test_every_pair_of_special_values():
+    """Each statistic: every (target, bench) combination of missing, NaN, +-Inf, +-0,
+    overflow-sized, subnormal and ordinary values, on its own and all four at once."""
+    combos = list(itertools.product(VALUES, VALUES))
+    pairs = []
+    for stat in STATS:
+        pairs += [({stat: tv}, {stat: bv}) for tv, bv in combos]
+    rot = combos[1:] + combos[:1]
+    pairs += [({s: combos[(i + j) % len(combos)][0] for j, s in enumerate(STATS)},
+               {s: rot[(i + 3 * j) % len(rot)][1] for j, s in enumerate(STATS)}) for i in range(len(combos))]
+    _check(pairs)
+
+
+def test_random_statistics():
+    rng = np.random.default_rng(0)
+    v = rng.standard_normal((3000, 2, 4)) * 10 ** rng.uniform(-6, 6, (3000, 2, 4))
+    v[::7, 1] = v[::7, 0]                      # equal values
+    v[::11, 0] *= 3                            # beyond half the magnitude
+    _check([({s: float(v[i, 0, j]) for j, s in enumerate(STATS)}, {s: float(v[i, 1, j]) for j, s in enumerate(STATS)})
+            for i in range(len(v))])
+
+
+def test_missing_tensor_is_an_error():
+    one = pa.table({"tensor_id": pa.array([1], pa.int64()), **{k: pa.array([1.0]) for k in STATS}})
+    index = pa.table({"pair_index": pa.array([0], pa.int64()), "target_tensor_id": pa.array([1], pa.int64()),
+                      "bench_tensor_id": pa.array([2], pa.int64())})
+    with pytest.raises(ValueError, match="missing"):
+        statistics_metrics(index, one, one)
+
+
+CASES = {  # statistics-only corpus dumps: (target dump, bench dump)
+    "statistics_L1": (ORACLE / "statistics_L1" / "bf16" / "dump", ORACLE / "statistics_L1" / "fp32" / "dump"),
+    "statistics_mix": (ORACLE / "statistics_mix" / "bf16" / "dump", ORACLE / "statistics_mix" / "fp32" / "dump"),
+    "statistics_L0": (ORACLE / "statistics_L0" / "bf16" / "dump", ORACLE / "statistics_L0" / "fp32" / "dump"),
+    "naninf_vs_L1": (ORACLE / "naninf_L1" / "dump", ORACLE / "statistics_L1" / "fp32" / "dump"),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_engine_statistics_equal_per_pair_rules_on_the_corpus(case, tmp_path):
+    """The engine's SQL path against stats_metrics on each pair's catalog statistics."""
+    target, bench = CASES[case]
+    archive = tmp_path / "a.dumpdb"
+    assert dumpdb.ingest(target, archive=archive, run="t").ok
+    assert dumpdb.ingest(bench, archive=archive, run="b").ok
+    rows = compare(dumpdb.open(archive), "t", "b", mode="statistics", store_results=False).results.to_pylist()
+    assert len(rows) > 10 and {r["mode"] for r in rows} == {"statistics"}
+    flagged = 0
+    for r in rows:
+        want, message = stats_metrics({k: r[f"target_{k}"] for k in STATS}, {k: r[f"bench_{k}"] for k in STATS})
+        bad = {k: (r[k], want[k]) for k in STAT_METRICS if not _same(r[k], want[k])}
+        assert not bad, (r["target_name"], bad)
+        if message:
+            flagged += 1
+            assert message in (r["err_message"] or "")
+    assert any(r["max_diff"] not in (None, 0.0) for r in rows)

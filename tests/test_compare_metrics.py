@@ -598,3 +598,40 @@ def test_bool_metrics_by_hand():
     m, _ = tensor_metrics(n, b)
     _assert_metrics(m, {"cosine": 2 / 3, "euc_dist": math.sqrt(2), "max_abs_err": 1.0, "mean_abs_err": 2 / 6,
                         "rmse": math.sqrt(2 / 6), "rel_euc_dist": math.sqrt(2 / 3)})
+
+
+# ----------------------------------------------------------------------- mutation survivors
+
+def test_stats_magnitude_rule_at_its_edges():
+    """msprobe's rule is a strict ``|diff| / (max(|t|, |b|) + 1e-10) > 0.5``; several
+    flagged statistics are named comma-separated. Worked by hand: max 1e-10 vs 0 gives
+    1e-10 / 2e-10 = 0.5 exactly (not flagged); min 3 vs 1 gives 2 / 3 (flagged);
+    l2norm 5 vs 1 gives 4 / 5 (flagged)."""
+    m, msg = stats_metrics({"max": 1e-10, "min": 3.0, "mean": 1.0, "l2norm": 5.0},
+                           {"max": 0.0, "min": 1.0, "mean": 1.0, "l2norm": 1.0})
+    assert m["max_diff"] == 1e-10 and m["max_rel_diff"] is None  # bench 0: N/A
+    assert msg == ("statistics differ by more than half their magnitude (min, l2norm); "
+                   "double-check accuracy")
+
+
+def test_stats_bool_values_count_as_missing():
+    """A bool statistic is not a number (``_stat_value``): that statistic is not compared."""
+    m, msg = stats_metrics({"max": True, "min": np.bool_(False), "mean": 2.0},
+                           {"max": 1.0, "min": 0.0, "mean": 2.0})
+    assert m["max_diff"] is None and m["max_rel_diff"] is None
+    assert m["min_diff"] is None and m["min_rel_diff"] is None
+    assert m["mean_diff"] == 0.0 and msg is None
+
+
+def test_non_contiguous_input_with_one_element_chunks():
+    """Strided views are cut into blocks of at most ``chunk`` elements, down to one."""
+    t = np.arange(1.0, 13.0).reshape(3, 4)[:, ::2]  # [[1, 3], [5, 7], [9, 11]], not contiguous
+    b = t + np.array([[0.0, 1.0], [0.0, 0.0], [-1.0, 0.0]])
+    assert not t.flags.c_contiguous
+    m, msg = tensor_metrics(t, b, chunk=1)
+    assert msg is None
+    # by hand: x - y = [0, -1, 0, 0, 1, 0]
+    assert m["max_abs_err"] == 1.0 and m["mean_abs_err"] == 2 / 6
+    assert m["euc_dist"] == pytest.approx(math.sqrt(2), rel=1e-15)
+    m1, _ = tensor_metrics(t[:, 0], b[:, 0], chunk=1)  # 1-D strided: [1, 5, 9] vs [1, 5, 8]
+    assert m1["max_abs_err"] == 1.0 and m1["max_rel_err"] == pytest.approx(1 / 8, rel=1e-6)

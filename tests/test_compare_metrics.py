@@ -635,3 +635,16 @@ def test_non_contiguous_input_with_one_element_chunks():
     assert m["euc_dist"] == pytest.approx(math.sqrt(2), rel=1e-15)
     m1, _ = tensor_metrics(t[:, 0], b[:, 0], chunk=1)  # 1-D strided: [1, 5, 9] vs [1, 5, 8]
     assert m1["max_abs_err"] == 1.0 and m1["max_rel_err"] == pytest.approx(1 / 8, rel=1e-6)
+
+
+def test_nan_on_one_side_only_with_an_integer_bench():
+    """The NaN/Inf check runs when either side is floating (msprobe's rule compares the
+    NaN and Inf positions of both sides): a float NaN against an integer bench is a
+    position mismatch, every metric None, not a NaN metric."""
+    t = np.array([1.0, np.nan, 3.0], np.float32)
+    b = np.array([1, 2, 3], np.int32)
+    m, msg = tensor_metrics(t, b)
+    assert all(v is None for v in m.values())
+    assert msg == "nan/inf positions differ between target and bench; metrics not computed"
+    m, msg = tensor_metrics(b, t)  # and the other way round
+    assert all(v is None for v in m.values()) and msg.startswith("nan/inf positions differ")

@@ -648,3 +648,28 @@ def test_nan_on_one_side_only_with_an_integer_bench():
     assert msg == "nan/inf positions differ between target and bench; metrics not computed"
     m, msg = tensor_metrics(b, t)  # and the other way round
     assert all(v is None for v in m.values()) and msg.startswith("nan/inf positions differ")
+
+
+def test_cosine_nan_from_overflowing_sums_is_none():
+    """1e200 squared overflows float64: sum(x*y) and both norms are inf, inf / inf is NaN,
+    and a NaN cosine is None (msprobe's rule), never clamped into [-1, 1]."""
+    t = np.array([1e200, 1e200])
+    m, msg = tensor_metrics(t, t.copy())
+    assert m["cosine"] is None
+    assert "cosine is NaN" in msg
+    assert m["max_abs_err"] == 0.0 and m["euc_dist"] == 0.0
+
+
+@pytest.mark.skipif(np.dtype(np.longdouble) == np.dtype(np.float64),
+                    reason="longdouble is float64 on this platform: no separate longdouble path")
+def test_longdouble_inputs_by_hand():
+    """longdouble keeps its precision in msprobe's relative error (FLOAT_TYPE): computed
+    from the source values, not through float64. Same hand values as float64."""
+    n = np.array([1, 2, 3, 4], np.longdouble)
+    b = np.array([1, 2, 2, 5], np.longdouble)
+    m, msg = tensor_metrics(n, b)
+    assert msg is None
+    _assert_metrics(m, HAND, 1e-6)
+    # a bench zero: eps(longdouble) added to both sides, |(0 + e) - (0 + e)| / e = 0 there
+    m, _ = tensor_metrics(np.array([0, 1], np.longdouble), np.array([0, 2], np.longdouble))
+    assert m["max_rel_err"] == 0.5 and m["one_thousandth_err_ratio"] == 0.5

@@ -673,3 +673,15 @@ def test_longdouble_inputs_by_hand():
     # a bench zero: eps(longdouble) added to both sides, |(0 + e) - (0 + e)| / e = 0 there
     m, _ = tensor_metrics(np.array([0, 1], np.longdouble), np.array([0, 2], np.longdouble))
     assert m["max_rel_err"] == 0.5 and m["one_thousandth_err_ratio"] == 0.5
+
+
+@pytest.mark.skipif(np.finfo(np.longdouble).nmant < 60,
+                    reason="longdouble has no more mantissa bits than float64 on this platform")
+def test_longdouble_relative_error_keeps_bits_float64_drops():
+    """bench 1 + 2**-60 is exact in longdouble (63+ mantissa bits) and rounds to 1 in
+    float64: msprobe's relative error in longdouble sees 2**-60 / (1 + 2**-60)."""
+    one = np.longdouble(1)
+    b = np.array([one + np.longdouble(2) ** -60, one], np.longdouble)
+    t = np.array([one, one], np.longdouble)
+    m, _ = tensor_metrics(t, b)
+    assert m["max_rel_err"] == pytest.approx(2.0 ** -60, rel=1e-9, abs=0)

@@ -15,8 +15,8 @@
 # A sample picks N names (without replacement) from the sorted names of the mutants matching
 # the globs with Python's random.Random(SEED): the same N, SEED and code give the same mutants.
 # Its score is over the sample, with the 95 % (Wilson) interval of the module's score.
-# With --sample or --quick, mutants judged already (by an earlier run) keep their result;
-# name them as globs without --sample/--quick to judge them again (after adding a test).
+# With --sample or --quick, mutants judged already (by an earlier run) keep their result,
+# except those named exactly (no wildcard): those are judged again (after adding a test).
 #
 # --quick TESTS (repeatable): scripts/mutation_prefilter.py runs those test files against
 # each mutant first (seconds each) and records the ones they kill; mutmut then judges the
@@ -88,7 +88,25 @@ if [ "${#PATTERNS[@]}" -eq 0 ]; then PATTERNS=("${CORE[@]}"); fi
 
 # Every generated mutant's name and status ("name: status" lines, mutmut's own result list).
 results() { "$MUTMUT" results --all true 2>/dev/null; }
+# The selection: "name status" lines of the mutants matching the globs, or of the sample.
+SELECT='
+import fnmatch, random, sys
+n, seed, patterns = int(sys.argv[1] or 0), int(sys.argv[2]), sys.argv[3:]
+status = dict(line.strip().rsplit(": ", 1) for line in sys.stdin if ": " in line)
+names = sorted(m for m in status if any(fnmatch.fnmatch(m, p) for p in patterns))
+if n:
+    names = random.Random(seed).sample(names, min(n, len(names)))
+    print(f"sample: {len(names)} of the matching mutants (seed {seed})", file=sys.stderr)
+exact = {p for p in patterns if not any(c in p for c in "*?[")}
+for m in names:
+    print(m, "not checked" if m in exact else status[m])
+'
 
+if [ "$SCORE_ONLY" -eq 1 ] && [ -n "$SAMPLE" ]; then
+  # The score of an earlier sample: the same names (same N, SEED and globs).
+  mapfile -t SELECTED < <(results | "$PY" -c "$SELECT" "$SAMPLE" "$SEED" "${PATTERNS[@]}")
+  PATTERNS=("${SELECTED[@]%% *}")
+fi
 if [ "$SCORE_ONLY" -eq 0 ]; then
   RUN=("${PATTERNS[@]}")
   if [ -n "$SAMPLE" ] || [ "${#QUICK[@]}" -gt 0 ]; then
@@ -102,17 +120,7 @@ copy_src_dir(); copy_also_copy_files(); setup_source_paths()
 create_mutants(1)
 ' >/dev/null
     # The selection (the sample, or every match), then only those not judged yet.
-    mapfile -t SELECTED < <(results | "$PY" -c '
-import fnmatch, random, sys
-n, seed, patterns = int(sys.argv[1] or 0), int(sys.argv[2]), sys.argv[3:]
-status = dict(line.strip().rsplit(": ", 1) for line in sys.stdin if ": " in line)
-names = sorted(m for m in status if any(fnmatch.fnmatch(m, p) for p in patterns))
-if n:
-    names = random.Random(seed).sample(names, min(n, len(names)))
-    print(f"sample: {len(names)} of the matching mutants (seed {seed})", file=sys.stderr)
-for m in names:
-    print(m, status[m])
-' "$SAMPLE" "$SEED" "${PATTERNS[@]}")
+    mapfile -t SELECTED < <(results | "$PY" -c "$SELECT" "$SAMPLE" "$SEED" "${PATTERNS[@]}")
     if [ "${#SELECTED[@]}" -eq 0 ]; then echo "mutation.sh: no mutant matches ${PATTERNS[*]}" >&2; exit 2; fi
     if [ -n "$SAMPLE" ]; then PATTERNS=("${SELECTED[@]%% *}"); fi
     RUN=()

@@ -598,3 +598,90 @@ def test_bool_metrics_by_hand():
     m, _ = tensor_metrics(n, b)
     _assert_metrics(m, {"cosine": 2 / 3, "euc_dist": math.sqrt(2), "max_abs_err": 1.0, "mean_abs_err": 2 / 6,
                         "rmse": math.sqrt(2 / 6), "rel_euc_dist": math.sqrt(2 / 3)})
+
+
+# ----------------------------------------------------------------------- mutation survivors
+
+def test_stats_magnitude_rule_at_its_edges():
+    """msprobe's rule is a strict ``|diff| / (max(|t|, |b|) + 1e-10) > 0.5``; several
+    flagged statistics are named comma-separated. Worked by hand: max 1e-10 vs 0 gives
+    1e-10 / 2e-10 = 0.5 exactly (not flagged); min 3 vs 1 gives 2 / 3 (flagged);
+    l2norm 5 vs 1 gives 4 / 5 (flagged)."""
+    m, msg = stats_metrics({"max": 1e-10, "min": 3.0, "mean": 1.0, "l2norm": 5.0},
+                           {"max": 0.0, "min": 1.0, "mean": 1.0, "l2norm": 1.0})
+    assert m["max_diff"] == 1e-10 and m["max_rel_diff"] is None  # bench 0: N/A
+    assert msg == ("statistics differ by more than half their magnitude (min, l2norm); "
+                   "double-check accuracy")
+
+
+def test_stats_bool_values_count_as_missing():
+    """A bool statistic is not a number (``_stat_value``): that statistic is not compared."""
+    m, msg = stats_metrics({"max": True, "min": np.bool_(False), "mean": 2.0},
+                           {"max": 1.0, "min": 0.0, "mean": 2.0})
+    assert m["max_diff"] is None and m["max_rel_diff"] is None
+    assert m["min_diff"] is None and m["min_rel_diff"] is None
+    assert m["mean_diff"] == 0.0 and msg is None
+
+
+def test_non_contiguous_input_with_one_element_chunks():
+    """Strided views are cut into blocks of at most ``chunk`` elements, down to one."""
+    t = np.arange(1.0, 13.0).reshape(3, 4)[:, ::2]  # [[1, 3], [5, 7], [9, 11]], not contiguous
+    b = t + np.array([[0.0, 1.0], [0.0, 0.0], [-1.0, 0.0]])
+    assert not t.flags.c_contiguous
+    m, msg = tensor_metrics(t, b, chunk=1)
+    assert msg is None
+    # by hand: x - y = [0, -1, 0, 0, 1, 0]
+    assert m["max_abs_err"] == 1.0 and m["mean_abs_err"] == 2 / 6
+    assert m["euc_dist"] == pytest.approx(math.sqrt(2), rel=1e-15)
+    m1, _ = tensor_metrics(t[:, 0], b[:, 0], chunk=1)  # 1-D strided: [1, 5, 9] vs [1, 5, 8]
+    assert m1["max_abs_err"] == 1.0 and m1["max_rel_err"] == pytest.approx(1 / 8, rel=1e-6)
+
+
+def test_nan_on_one_side_only_with_an_integer_bench():
+    """The NaN/Inf check runs when either side is floating (msprobe's rule compares the
+    NaN and Inf positions of both sides): a float NaN against an integer bench is a
+    position mismatch, every metric None, not a NaN metric."""
+    t = np.array([1.0, np.nan, 3.0], np.float32)
+    b = np.array([1, 2, 3], np.int32)
+    m, msg = tensor_metrics(t, b)
+    assert all(v is None for v in m.values())
+    assert msg == "nan/inf positions differ between target and bench; metrics not computed"
+    m, msg = tensor_metrics(b, t)  # and the other way round
+    assert all(v is None for v in m.values()) and msg.startswith("nan/inf positions differ")
+
+
+def test_cosine_nan_from_overflowing_sums_is_none():
+    """1e200 squared overflows float64: sum(x*y) and both norms are inf, inf / inf is NaN,
+    and a NaN cosine is None (msprobe's rule), never clamped into [-1, 1]."""
+    t = np.array([1e200, 1e200])
+    m, msg = tensor_metrics(t, t.copy())
+    assert m["cosine"] is None
+    assert "cosine is NaN" in msg
+    assert m["max_abs_err"] == 0.0 and m["euc_dist"] == 0.0
+
+
+@pytest.mark.skipif(np.dtype(np.longdouble) == np.dtype(np.float64),
+                    reason="longdouble is float64 on this platform: no separate longdouble path")
+def test_longdouble_inputs_by_hand():
+    """longdouble keeps its precision in msprobe's relative error (FLOAT_TYPE): computed
+    from the source values, not through float64. Same hand values as float64."""
+    n = np.array([1, 2, 3, 4], np.longdouble)
+    b = np.array([1, 2, 2, 5], np.longdouble)
+    m, msg = tensor_metrics(n, b)
+    assert msg is None
+    _assert_metrics(m, HAND, 1e-6)
+    # a bench zero: eps(longdouble) added to both sides, |(0 + e) - (0 + e)| / e = 0 there
+    m, _ = tensor_metrics(np.array([0, 1], np.longdouble), np.array([0, 2], np.longdouble))
+    assert m["max_rel_err"] == 0.5 and m["one_thousandth_err_ratio"] == 0.5
+
+
+@pytest.mark.skipif(np.finfo(np.longdouble).nmant < 60,
+                    reason="longdouble has no more mantissa bits than float64 on this platform")
+def test_longdouble_relative_error_keeps_bits_float64_drops():
+    """bench 1 + 2**-60 is exact in longdouble (63+ mantissa bits) and rounds to 1 in
+    float64: msprobe's relative error in longdouble sees 2**-60 / (1 + 2**-60)."""
+    one = np.longdouble(1)
+    b = np.array([one + np.longdouble(2) ** -60, one], np.longdouble)
+    t = np.array([one, one], np.longdouble)
+    m, _ = tensor_metrics(t, b)
+    assert m["max_rel_err"] == pytest.approx(2.0 ** -60, rel=1e-9, abs=0)

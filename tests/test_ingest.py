@@ -384,3 +384,18 @@ def test_rerun_settles_a_run_left_interrupted_after_its_last_commit(tmp_path):
     again = dumpdb.ingest(src, archive=archive, run="c1")
     assert again.tensors_added == 0
     assert dumpdb.open(archive).show("c1")["status"] == "complete"
+
+
+def test_report_counts_the_files_payloads_and_duplicates_of_the_dump(tmp_path):
+    """IngestReport's counts, from the dump's files parsed without dumpdb: bytes_read is the
+    size of every payload file read, bytes_in the payload bytes of the tensors added,
+    deduplicated the tensors whose payload was already stored (in this run or before)."""
+    src = ms_case("a_tensor_all_eval")  # Parameter x is also the Conv2D input: duplicates
+    files = npy_files(src)
+    payloads = [npy_payload(p)[2] for p in files]
+    distinct = {hashlib.sha256(p).hexdigest() for p in payloads}
+    report = dumpdb.ingest(src, archive=tmp_path / "a.dumpdb", run="a")
+    assert report.ok and report.tensors_added == len(files)
+    assert report.bytes_read == sum(os.path.getsize(p) for p in files)
+    assert report.bytes_in == sum(len(p) for p in payloads)
+    assert report.deduplicated == len(files) - len(distinct) > 0

@@ -1,0 +1,87 @@
+"""The tensor store's smaller promises, pinned where mutation testing found them untested:
+the bounded chunk cache, the zarr v3 sharding defaults a pack may leave out, the store's
+root marker. Values are written from the module docstring and the zarr v3 sharding spec."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import zarr.storage
+
+import dumpdb.storage.store as store_mod
+from dumpdb.storage.objects import ObjectStore
+from dumpdb.storage.store import StoreWriter, TensorStore, shard_key
+
+CHUNK_ELEMS = 64  # float32 elements in a 256-byte inner chunk
+
+
+@pytest.fixture
+def pack(monkeypatch):
+    """One float32 pack of 1024 elements in 256-byte inner chunks (16 chunks), in memory."""
+    monkeypatch.setattr(store_mod, "INNER_CHUNK_BYTES", 256)
+    zstore = zarr.storage.MemoryStore()
+    TensorStore.create(zstore)
+    data = np.arange(1024, dtype=np.float32)
+    writer = StoreWriter(TensorStore(zstore, read_only=False), pack_bytes=4096, large_bytes=1 << 20)
+    (loc,) = writer.add("h", data) + writer.flush()
+    writer.close()
+    return zstore, loc, data
+
+
+def _counting_gets(monkeypatch) -> list:
+    calls: list = []
+    real = ObjectStore._get
+
+    def counting(self, key, byte_range):
+        calls.append(key)
+        return real(self, key, byte_range)
+
+    monkeypatch.setattr(ObjectStore, "_get", counting)
+    return calls
+
+
+def _read(reader: TensorStore, loc, chunk: int) -> np.ndarray:
+    """The four elements at the start of inner chunk ``chunk``."""
+    return reader.read(loc.array_path, chunk * CHUNK_ELEMS, 4, np.dtype(np.float32), (4,))
+
+
+def test_chunk_cache_keeps_recent_chunks_within_its_byte_bound(pack, monkeypatch):
+    zstore, loc, data = pack
+    shard = shard_key(loc.array_path, 1)
+    # a cache of one chunk (256 bytes): reading chunk 0, 1, 0 decodes chunk 0 twice
+    small = TensorStore(zstore, chunk_cache_bytes=256)
+    _read(small, loc, 15)  # pack metadata and index read, chunk 15 cached
+    calls = _counting_gets(monkeypatch)
+    for chunk in (0, 1, 0):
+        assert _read(small, loc, chunk).tolist() == data[chunk * 64: chunk * 64 + 4].tolist()
+    assert calls == [shard] * 3
+    # the default cache (64 MiB) keeps both: chunk 0 is read once
+    calls.clear()
+    big = TensorStore(zstore)
+    _read(big, loc, 15)
+    calls.clear()
+    for chunk in (0, 1, 0, 1):
+        _read(big, loc, chunk)
+    assert calls == [shard] * 2
+
+
+def test_pack_metadata_without_index_location_means_end(pack):
+    """zarr v3 sharding codec: ``index_location`` is optional, default ``"end"``."""
+    zstore, loc, data = pack
+    objects = ObjectStore(zstore)
+    key = f"{loc.array_path}/zarr.json"
+    meta = json.loads(bytes(objects.get(key)))
+    del meta["codecs"][0]["configuration"]["index_location"]
+    objects.set(key, json.dumps(meta).encode())
+    got = TensorStore(zstore).read(loc.array_path, 100, 300, np.dtype(np.float32), (300,))
+    assert got.tobytes() == data[100:400].tobytes()
+
+
+def test_a_new_store_is_marked_as_a_dumpdb_tensor_store():
+    zstore = zarr.storage.MemoryStore()
+    TensorStore.create(zstore)
+    root = json.loads(bytes(ObjectStore(zstore).get("zarr.json")))
+    assert root["node_type"] == "group"
+    assert root["attributes"] == {"dumpdb": {"kind": "tensor-store", "layout": 1}}

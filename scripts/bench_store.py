@@ -1,0 +1,175 @@
+"""Tensor stores side by side: local disk vs S3 (moto, or SeaweedFS), and the two S3 clients.
+
+Usage::
+
+    python scripts/bench_store.py --clients            # obstore vs s3fs on one moto server
+    python scripts/bench_store.py --ingest DUMP_DIR    # ingest + reads: local disk vs S3 (SeaweedFS)
+    python scripts/bench_store.py --ingest DUMP_DIR --server moto
+
+Every figure is measured in this run; ratios are against the baseline measured beside it
+(``--clients``: s3fs; ``--ingest``: local disk). Servers listen on 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from dumpdb.storage.objects import ObjectStore  # noqa: E402
+from dumpdb.storage.remote import open_store  # noqa: E402
+from dumpdb.storage.testing import moto_server, seaweedfs_server  # noqa: E402
+
+
+def pct(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q))
+
+
+def bench_client(client: str, url: str, small_n: int, large_mb: int, conc: int) -> dict[str, float]:
+    """Put/get figures of one client on ``url`` (the same server for both clients)."""
+    objects = ObjectStore(open_store(url, client=client), url)
+    rng = np.random.default_rng(0)
+    big = rng.integers(0, 255, large_mb << 20, dtype=np.uint8).tobytes()
+    out: dict[str, float] = {}
+    t = time.perf_counter()
+    for i in range(3):
+        objects.set(f"big/{i}", [big])
+    out["put MB/s"] = 3 * len(big) / (1 << 20) / (time.perf_counter() - t)
+    t = time.perf_counter()
+    for i in range(3):
+        assert len(objects.get(f"big/{i}")) == len(big)
+    out["get MB/s"] = 3 * len(big) / (1 << 20) / (time.perf_counter() - t)
+    lat = []
+    for i in range(small_n):
+        lo = (i * 7919 * 4096) % (len(big) - 65536)
+        t = time.perf_counter()
+        objects.get("big/0", lo, lo + 16384)
+        lat.append(time.perf_counter() - t)
+    out["ranged 16KiB p50 ms"] = pct(lat, 50) * 1e3
+    out["ranged 16KiB p99 ms"] = pct(lat, 99) * 1e3
+    t = time.perf_counter()
+    with ThreadPoolExecutor(conc) as pool:
+        list(pool.map(lambda i: objects.get("big/1", (i * 65536) % (len(big) - 16384),
+                                            (i * 65536) % (len(big) - 16384) + 16384), range(small_n)))
+    out[f"ranged x{conc} threads req/s"] = small_n / (time.perf_counter() - t)
+    t = time.perf_counter()
+    for i in range(small_n // 4):
+        objects.set(f"small/{i}", [b"x" * 4096])
+    out["small put req/s"] = (small_n // 4) / (time.perf_counter() - t)
+    t = time.perf_counter()
+    n = sum(1 for _ in objects.iter_prefix("small"))
+    out["list keys/s"] = n / (time.perf_counter() - t)
+    return out
+
+
+def run_clients(args) -> None:
+    with tempfile.TemporaryDirectory(prefix="bench-store-") as tmp, \
+            (moto_server() if args.server == "moto" else seaweedfs_server(Path(tmp) / "weed")) as server:
+        os.environ.update(server.env())
+        bucket = server.bucket()
+        results = {c: bench_client(c, f"s3://{bucket}/{c}", args.small, args.large_mb, args.concurrency)
+                   for c in ("s3fs", "obstore")}
+    print(f"clients on {args.server} (127.0.0.1); {args.large_mb} MiB objects, {args.small} small requests")
+    print(f"{'figure':28s} {'s3fs':>10s} {'obstore':>10s} {'obstore/s3fs':>13s}")
+    for key in results["s3fs"]:
+        a, b = results["s3fs"][key], results["obstore"][key]
+        print(f"{key:28s} {a:10.2f} {b:10.2f} {b / a:12.2f}x")
+
+
+def dir_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def ingest_once(dump: Path, archive: Path, store: str | None) -> tuple[float, int]:
+    import dumpdb
+
+    t = time.perf_counter()
+    summary = dumpdb.ingest(dump, archive=archive, run="r", store=store)
+    return time.perf_counter() - t, summary.tensors if hasattr(summary, "tensors") else 0
+
+
+def read_figures(archive: Path, n: int) -> dict[str, float]:
+    import dumpdb
+
+    a = dumpdb.open(archive)
+    rows = a.sql("SELECT tensor_id, nbytes FROM tensors WHERE nbytes > 0 ORDER BY nbytes").to_pylist()
+    small = [r["tensor_id"] for r in rows if r["nbytes"] <= 64 << 10][:n]
+    large = sorted(rows, key=lambda r: -r["nbytes"])[:5]
+    lat = []
+    for tid in small:
+        a.store._chunks.clear() if hasattr(a.store, "_chunks") else None  # noqa: SLF001 (cold reads)
+        t = time.perf_counter()
+        a.tensor(tid)
+        lat.append(time.perf_counter() - t)
+    t = time.perf_counter()
+    total = sum(a.tensor(r["tensor_id"]).nbytes for r in large)
+    gbs = total / (time.perf_counter() - t) / 1e9
+    return {"small p50 ms": pct(lat, 50) * 1e3 if lat else float("nan"),
+            "small p99 ms": pct(lat, 99) * 1e3 if lat else float("nan"),
+            "large GB/s": gbs, "large MB": total / 1e6}
+
+
+def run_ingest(args) -> None:
+    dump = Path(args.ingest)
+    with tempfile.TemporaryDirectory(prefix="bench-store-") as tmp, ExitStack() as stack:
+        tmp_path = Path(tmp)
+        server = stack.enter_context(moto_server() if args.server == "moto"
+                                     else seaweedfs_server(tmp_path / "weed"))
+        os.environ.update(server.env())
+        bucket = server.bucket()
+        figures = {}
+        for label, store in (("local", None), (args.server, f"s3://{bucket}/bench")):
+            archive = tmp_path / f"archive-{label}"
+            secs, _ = ingest_once(dump, archive, store)
+            import dumpdb
+
+            st = dumpdb.open(archive).stats("r")
+            figures[label] = {"ingest s": secs, "ingest MB/s": st.bytes_in / secs / 1e6,
+                              "payload MB": st.bytes_in / 1e6,
+                              "local dir MB": dir_bytes(archive) / 1e6,
+                              "local dir w/o catalog MB": (dir_bytes(archive)
+                                                           - (archive / "catalog.duckdb").stat().st_size) / 1e6,
+                              **read_figures(archive, args.small)}
+    base, other = figures["local"], figures[args.server]
+    print(f"{'figure':26s} {'local':>10s} {args.server:>10s} {'ratio':>8s}")
+    for key in base:
+        ratio = other[key] / base[key] if base[key] else float("nan")
+        print(f"{key:26s} {base[key]:10.3f} {other[key]:10.3f} {ratio:7.2f}x")
+    print(f"ingest throughput {args.server}/local: {other['ingest MB/s'] / base['ingest MB/s']:.2f}x (goal >= 0.5x)")
+    print(f"local dir besides the catalog / payload bytes ({args.server}): "
+          f"{other['local dir w/o catalog MB'] / other['payload MB'] * 100:.2f} % (goal <= 10 %)")
+
+
+def main() -> None:
+    import logging
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's per-request log lines
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--clients", action="store_true", help="obstore vs s3fs on a moto server")
+    ap.add_argument("--ingest", metavar="DUMP_DIR", help="ingest + reads: local disk vs S3")
+    ap.add_argument("--server", choices=("seaweedfs", "moto"), default="seaweedfs")
+    ap.add_argument("--small", type=int, default=200, help="small reads/puts per figure")
+    ap.add_argument("--large-mb", type=int, default=32, help="large object size (MiB)")
+    ap.add_argument("--concurrency", type=int, default=16)
+    args = ap.parse_args()
+    if args.clients:
+        run_clients(args)
+    if args.ingest:
+        run_ingest(args)
+    if not (args.clients or args.ingest):
+        ap.error("give --clients and/or --ingest DUMP_DIR")
+    _ = statistics
+
+
+if __name__ == "__main__":
+    main()

@@ -319,11 +319,21 @@ def ingest(
     follow_symlinks: bool = typer.Option(
         False, "--follow-symlinks", help="Read files that symlinks lead to outside DUMP_DIR (off by default)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    store: Optional[str] = typer.Option(
+        None, "--store", metavar="s3://BUCKET/PREFIX",
+        help="Keep a new archive's tensors on object storage (S3 or compatible); the catalog stays in --archive, "
+             "which remembers the URL. Endpoint and credentials: AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, "
+             "AWS_SECRET_ACCESS_KEY, AWS_REGION."),
+    storage_option: Optional[list[str]] = typer.Option(
+        None, "--storage-option", metavar="KEY=VALUE",
+        help="Object-storage setting (endpoint, region, retries, ...); repeatable; secrets are never stored."),
 ) -> None:
     """Ingest a dump into an archive (created if missing). Re-running completes or skips."""
     from dumpdb.ingestion.pipeline import ingest as run_ingest
+    from dumpdb.storage.remote import parse_options
 
     report = run_ingest(dump_dir, archive=_archive_path(archive), run=run, layout=layout, workers=workers,
+                        store=store, storage_options=parse_options(storage_option),
                         follow_symlinks=follow_symlinks, reporter=_reporter(quiet),
                         on_wait=lambda msg: _say(msg, stderr=True, style="yellow"))
     _print_report(report)

@@ -39,7 +39,15 @@ import numpy as np
 import pyarrow as pa
 
 from dumpdb import __version__
-from dumpdb.archive import CATALOG, STORE, check_marker, create_archive, default_archive_path, is_archive
+from dumpdb.archive import (
+    CATALOG,
+    check_marker,
+    check_store_url,
+    create_archive,
+    default_archive_path,
+    is_archive,
+    open_tensor_store,
+)
 from dumpdb.catalog import DEFAULT_LOCK_TIMEOUT, Catalog, insert_arrow, schema
 from dumpdb.catalog.locks import SHARED, store_lock
 from dumpdb.dtypes import dtype_name, from_dump_name
@@ -156,10 +164,11 @@ class _RunLock:
             os.close(self.fd)
 
 
-def _open_for_write(archive: Path) -> None:
+def _open_for_write(archive: Path, store: str | None, storage_options: dict | None) -> None:
     if not is_archive(archive):
-        create_archive(archive)  # refuses a non-empty directory that is not an archive
+        create_archive(archive, store, storage_options)  # refuses a non-empty directory that is not an archive
     check_marker(archive)
+    check_store_url(archive, store)
     if not (os.access(archive, os.W_OK) and os.access(archive / CATALOG, os.W_OK)):
         raise ArchiveError(f"{archive}: archive is read-only; cannot ingest into it")
 
@@ -175,6 +184,8 @@ def ingest(
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
     on_wait: Callable[[str], None] | None = None,
     follow_symlinks: bool = False,
+    store: str | None = None,
+    storage_options: dict | None = None,
 ) -> IngestReport:
     """Ingest the dump at ``dump_dir`` into ``archive`` as run ``run``.
 
@@ -193,6 +204,12 @@ def ingest(
     is refused before it is opened) and, unless ``follow_symlinks``, only if they
     lie inside ``dump_dir`` once symlinks are resolved (:mod:`dumpdb.dumpio`);
     each refused file is one line in ``report.errors``.
+
+    ``store``: an ``s3://BUCKET/PREFIX`` URL for a new archive's tensor store (the catalog
+    stays in ``archive``; later calls find the URL in the archive); given for an existing
+    archive it must be the one remembered (ArchiveError otherwise). ``storage_options``:
+    endpoint, credentials... over the ``AWS_*`` environment (:mod:`dumpdb.storage.remote`).
+    StorageError when the store cannot be reached or written.
     """
     started = time.monotonic()
     reporter = reporter or Reporter()
@@ -204,7 +221,7 @@ def ingest(
     run = run or dump_dir.resolve().name
     if not run.strip():
         raise DumpdbError("run name must not be empty")
-    _open_for_write(archive)
+    _open_for_write(archive, store, storage_options)
     catalog = Catalog(archive / CATALOG, lock_timeout=lock_timeout, on_wait=on_wait)
     catalog.check(writable=True)
     # store_lock (shared): gc must not delete payloads this ingest deduplicates against
@@ -216,7 +233,7 @@ def ingest(
         check_ranges(scan, TENSOR_SCHEMA, _RELATION_SCHEMAS)
         report = IngestReport(run=run, archive=archive, layout=lay.name,
                               source_path=str(found.path.resolve()), tensors_in_dump=len(scan.entries))
-        pipeline = _Pipeline(catalog, TensorStore(archive / STORE, read_only=False), lay, scan,
+        pipeline = _Pipeline(catalog, open_tensor_store(archive, False, storage_options), lay, scan,
                              report, reporter, workers or min(4, (os.cpu_count() or 2) + 1))
         try:
             pipeline.run()

@@ -31,14 +31,10 @@ Secrets (keys, tokens) are never written to the archive nor printed:
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import timedelta
-from typing import Any, Literal
+from typing import Any
 
-import obstore
-import obstore.store
-import zarr.storage
 from zarr.abc.store import Store
 
 from dumpdb.errors import StorageError
@@ -158,24 +154,14 @@ def open_store(url: str, options: Mapping[str, Any] | None = None, read_only: bo
         return _open_s3fs(loc, conf, read_only)
     if client != "obstore":
         raise StorageError(f"{url}: unknown object-storage client {client!r} (obstore, s3fs)")
-    s3conf = {k: str(v) for k, v in conf.items() if k not in TUNING}
-    client_options: dict[str, Any] = {
-        "allow_http": str(s3conf.get("endpoint", "")).startswith("http://"),
-        "connect_timeout": timedelta(seconds=conf["connect_timeout"]),
-        "timeout": timedelta(seconds=conf["timeout"]),
-    }
-    retry = {"max_retries": conf["retries"], "retry_timeout": timedelta(seconds=conf["retry_timeout"]),
-             "backoff": {"init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(seconds=15),
-                         "base": 2}}
+    from dumpdb.storage.s3 import open_obstore  # obstore is the optional 'dumpdb[s3]' dependency
+
     try:
-        s3 = obstore.store.S3Store(loc.bucket, prefix=loc.prefix or None, config=s3conf,  # type: ignore[arg-type]
-                                   client_options=client_options, retry_config=retry)  # type: ignore[arg-type]
+        return open_obstore(loc, conf, read_only)
+    except StorageError:
+        raise
     except Exception as exc:  # obstore's configuration errors (unknown key, bad value)
         raise StorageError(f"{describe(url, options)}: bad storage configuration: {_first_line(exc)}") from exc
-    store = RemoteObjectStore(s3, read_only=read_only)
-    store.multipart = (int(conf["multipart_bytes"]), int(conf["part_bytes"]), int(conf["part_concurrency"]))
-    store.url = loc.url
-    return store
 
 
 def _first_line(exc: BaseException) -> str:
@@ -196,63 +182,3 @@ def _open_s3fs(loc: S3Location, conf: dict[str, Any], read_only: bool) -> Store:
                                           "connect_timeout": conf["connect_timeout"],
                                           "read_timeout": conf["timeout"]})
     return FsspecStore(fs, read_only=read_only, path=f"{loc.bucket}/{loc.prefix}".rstrip("/"))
-
-
-class RemoteObjectStore(zarr.storage.ObjectStore):
-    """zarr's ObjectStore with what dumpdb adds for S3: whole-object writes of several
-    buffers as one parallel multipart upload when large, and a streamed listing with
-    sizes and modification times (one page of keys at a time)."""
-
-    url: str = ""
-    multipart: tuple[int, int, int] = (16 << 20, 8 << 20, 8)  # threshold, part size, parallel parts
-
-    def __str__(self) -> str:
-        return self.url or super().__str__()
-
-    def with_read_only(self, read_only: bool = False) -> RemoteObjectStore:
-        other = RemoteObjectStore(self.store, read_only=read_only)
-        other.url, other.multipart = self.url, self.multipart
-        return other
-
-    def set_parts_sync(self, key: str, parts: list[bytes | bytearray | memoryview],
-                       exclusive: bool = False) -> int:
-        """Write object ``key`` whole from ``parts``; a single PUT when small, a parallel
-        multipart upload (completed only when every part is up: the object appears
-        whole or not at all) when at least ``multipart_bytes``."""
-
-
-        self._check_writable()
-        total = sum(memoryview(p).nbytes for p in parts)
-        threshold, part, concurrency = self.multipart
-        mode: Literal["create", "overwrite"] = "create" if exclusive else "overwrite"
-        if total >= threshold:
-            obstore.put(self.store, key, _rechunk(parts, part), use_multipart=True, chunk_size=part,
-                        max_concurrency=concurrency, mode=mode)
-        else:
-            obstore.put(self.store, key, b"".join(parts), use_multipart=False, mode=mode)
-        return total
-
-    def list_meta(self, prefix: str) -> Iterator[tuple[str, int, float]]:
-        """``(key, size, mtime)`` of every object under ``prefix``, streamed page by page
-        (S3 ListObjectsV2 pages of 1000 keys; never the whole listing in memory)."""
-        for batch in obstore.list(self.store, prefix or None, chunk_size=1000):
-            for meta in batch:
-                yield meta["path"], int(meta["size"]), meta["last_modified"].timestamp()
-
-
-def _rechunk(parts: list[bytes | bytearray | memoryview], size: int) -> Iterator[bytes]:
-    """The bytes of ``parts`` regrouped into pieces of ``size`` (the multipart part size)."""
-    pending: list[memoryview] = []
-    have = 0
-    for part in parts:
-        view = memoryview(part).cast("B")
-        while view.nbytes:
-            take = min(size - have, view.nbytes)
-            pending.append(view[:take])
-            have += take
-            view = view[take:]
-            if have == size:
-                yield b"".join(pending)
-                pending, have = [], 0
-    if pending:
-        yield b"".join(pending)

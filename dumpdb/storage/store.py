@@ -46,7 +46,8 @@ import zarr.codecs
 from zarr.abc.store import Store
 
 from dumpdb.dtypes import storage_dtype
-from dumpdb.errors import PayloadCorrupt, PayloadMissing
+from dumpdb.errors import PayloadCorrupt, PayloadMissing, StorageError
+from dumpdb.storage import remote
 from dumpdb.storage.local import DurableLocalStore
 from dumpdb.storage.objects import ObjectStore
 from dumpdb.storage.shard import (
@@ -179,17 +180,22 @@ class TensorStore:
     """
 
     def __init__(self, location: str | os.PathLike[str] | Store, read_only: bool = True, cache_size: int = 64,
-                 chunk_cache_bytes: int = 64 << 20):
+                 chunk_cache_bytes: int = 64 << 20, storage_options: dict[str, Any] | None = None):
+        endpoint = None
         if isinstance(location, Store):
             zstore: Store = location if location.read_only == read_only or not read_only \
                 else location.with_read_only(True)
             self.root: Path | None = getattr(location, "root", None)
             name = str(location)
+        elif remote.is_url(location):  # s3://BUCKET/PREFIX (dumpdb.storage.remote)
+            zstore = remote.open_store(str(location), storage_options, read_only=read_only)
+            self.root, name = None, str(location)
+            endpoint = remote.endpoint(storage_options)
         else:
             self.root = Path(location)
             zstore = DurableLocalStore(str(self.root), read_only=read_only)
             name = str(self.root)
-        self.objects = ObjectStore(zstore, name)
+        self.objects = ObjectStore(zstore, name, endpoint)
         self._arrays: OrderedDict[str, zarr.Array] = OrderedDict()
         self._cache_size = cache_size
         self._packs: OrderedDict[str, _PackMeta] = OrderedDict()
@@ -273,9 +279,20 @@ class TensorStore:
         return out
 
     @staticmethod
-    def create(location: str | os.PathLike[str] | Store) -> None:
-        """Create an empty store with its root group (``location`` as in the constructor)."""
-        store = location if isinstance(location, Store) else DurableLocalStore(str(location), read_only=False)
+    def create(location: str | os.PathLike[str] | Store, storage_options: dict[str, Any] | None = None) -> None:
+        """Create an empty store with its root group (``location`` as in the constructor).
+
+        A remote location must not hold a tensor store already (two archives sharing one
+        store would take each other's arrays for crash leftovers): StorageError naming it.
+        """
+        if remote.is_url(location):
+            target = TensorStore(location, read_only=False, storage_options=storage_options)
+            if target.objects.exists("zarr.json"):
+                raise StorageError(f"{location}: already holds a tensor store (of another archive?); "
+                                   "give each archive its own prefix")
+            store: Store = target.zstore
+        else:
+            store = location if isinstance(location, Store) else DurableLocalStore(str(location), read_only=False)
         zarr.create_group(store, attributes={"dumpdb": {"kind": "tensor-store", "layout": 1}})
 
     def array(self, path: str) -> zarr.Array:

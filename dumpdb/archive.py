@@ -573,15 +573,30 @@ class Archive:
 
         return gc(self, compact_below, **options)
 
-    def export(self, runs: list[str] | str, to: str | os.PathLike) -> Path:
-        """Write runs as a self-describing bundle (directory, or ``.zip``); see :mod:`dumpdb.archival.bundle`."""
+    def export(self, runs: list[str] | str, to: str | os.PathLike) -> Path | str:
+        """Write runs as a self-describing bundle (directory, or ``.zip``, or ``s3://BUCKET/PREFIX``:
+        :mod:`dumpdb.archival.remote_bundle`); see :mod:`dumpdb.archival.bundle`. Returns where."""
+        from dumpdb.storage.remote import is_url
+
+        runs = [runs] if isinstance(runs, str) else list(runs)
+        if is_url(to):
+            from dumpdb.archival.remote_bundle import export_to_url
+
+            return export_to_url(self, runs, str(to), self.storage_options)
         from dumpdb.archival.bundle import export_runs
 
-        return export_runs(self, [runs] if isinstance(runs, str) else list(runs), to)
+        return export_runs(self, runs, to)
 
     def import_bundle(self, path: str | os.PathLike, rename: dict[str, str] | None = None, **options):
         """Bring a bundle's runs in (checked whole before the archive changes, idempotent;
-        ``max_bundle_size`` bytes); see :mod:`dumpdb.archival.bundle`."""
+        ``max_bundle_size`` bytes); ``path`` may be ``s3://BUCKET/PREFIX``. See
+        :mod:`dumpdb.archival.bundle` and :mod:`dumpdb.archival.remote_bundle`."""
+        from dumpdb.storage.remote import is_url
+
+        if is_url(path):
+            from dumpdb.archival.remote_bundle import import_from_url
+
+            return import_from_url(self, str(path), rename, storage_options=self.storage_options, **options)
         from dumpdb.archival.bundle import import_bundle
 
         return import_bundle(self, path, rename, **options)
@@ -628,6 +643,12 @@ def open(path: str | os.PathLike | None = None, **kwargs) -> Archive:  # noqa: A
     """Open the archive at ``path`` (default ``$DUMPDB_ARCHIVE`` or ``./dumpdb.archive``).
 
     Keyword arguments go to :class:`Archive` (``lock_timeout`` seconds,
-    ``on_wait`` callback). Raises :class:`ArchiveError` if it is not an archive.
+    ``on_wait`` callback, ``storage_options`` for an object-storage store). Raises
+    :class:`ArchiveError` if it is not an archive. ``path`` ``s3://BUCKET/PREFIX`` opens the
+    bundle there read-only in place (:class:`dumpdb.archival.remote_bundle.BundleArchive`).
     """
+    if isinstance(path, str) and path.startswith("s3://"):
+        from dumpdb.archival.remote_bundle import open_bundle
+
+        return open_bundle(path, **kwargs)
     return Archive(path if path is not None else default_archive_path(), **kwargs)

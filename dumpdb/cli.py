@@ -150,9 +150,22 @@ def _archive_path(path: Optional[Path]) -> Path:
     return path if path is not None else default_archive_path()
 
 
+def _url(path: Any) -> Optional[str]:
+    """``s3://...`` if ``path`` is an object-storage URL (typer's Path turned ``//`` into ``/``)."""
+    text = str(path) if path is not None else ""
+    if text.startswith("s3:/"):
+        return "s3://" + text[len("s3:/"):].lstrip("/")
+    return None
+
+
 def _open(path: Optional[Path], on_wait=None):
     from dumpdb.archive import Archive
 
+    url = _url(path)
+    if url is not None:  # a bundle on object storage, read-only in place
+        import dumpdb
+
+        return dumpdb.open(url)
     return Archive(_archive_path(path), on_wait=on_wait)
 
 
@@ -1040,18 +1053,23 @@ def migrate(archive: Optional[Path] = ArchiveOpt) -> None:
 @app.command()
 def export(
     runs: list[str] = typer.Argument(..., help="Run names."), archive: Optional[Path] = ArchiveOpt,
-    to: Path = typer.Option(..., "--to", help="Bundle to write: a new directory, or a file ending in .zip."),
+    to: Path = typer.Option(..., "--to", help="Bundle to write: a new directory, a file ending in .zip, "
+                                              "or s3://BUCKET/PREFIX (object storage)."),
 ) -> None:
     """Export runs as a self-describing bundle (Parquet catalog rows + Zarr payloads + manifest),
     readable without dumpdb."""
-    path = _open(archive).export(runs, to)
+    url = _url(to)
+    path = _open(archive).export(runs, url or to)
+    if url is not None:
+        _say(f"exported {', '.join(runs)} to {path}")
+        return
     size = _human(path.stat().st_size) if path.is_file() else "directory"
     _say(f"exported {', '.join(runs)} to {path} ({size})")
 
 
 @app.command("import")
 def import_cmd(
-    bundle: Path = typer.Argument(..., help="Bundle directory or .zip written by 'dumpdb export'."),
+    bundle: Path = typer.Argument(..., help="Bundle directory, .zip or s3://BUCKET/PREFIX written by 'dumpdb export'."),
     archive: Optional[Path] = ArchiveOpt,
     rename: list[str] = typer.Option([], "--rename", help="OLD=NEW: import run OLD under the name NEW (repeatable)."),
     max_bundle_size: int = typer.Option(1 << 40, "--max-bundle-size", min=0,
@@ -1069,7 +1087,8 @@ def import_cmd(
     path = _archive_path(archive)
     if not is_archive(path):
         create_archive(path)
-    report = _open(path, on_wait=lambda msg: _say(msg, stderr=True, style="yellow")).import_bundle(bundle, mapping,
+    report = _open(path, on_wait=lambda msg: _say(msg, stderr=True, style="yellow")).import_bundle(
+                                                            _url(bundle) or bundle, mapping,
                                                             max_bundle_size=max_bundle_size)
     if report.runs_imported:
         _say(f"imported {', '.join(report.runs_imported)}: {report.tensors} tensors, {report.payloads_added} "

@@ -19,7 +19,7 @@ options win):
 * ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` / ``AWS_SESSION_TOKEN``;
 * ``AWS_REGION`` or ``AWS_DEFAULT_REGION`` (``region``, default ``us-east-1``);
 * any other obstore ``S3Config`` key (``virtual_hosted_style_request``...), and the
-  dumpdb keys ``retries`` (max retries, default 10), ``retry_timeout`` (seconds, 120),
+  dumpdb keys ``retries`` (max retries, default 5), ``retry_timeout`` (seconds, 60),
   ``connect_timeout`` (seconds, 5), ``timeout`` (seconds per request, 300),
   ``multipart_bytes`` (objects at least this big go up as a parallel multipart upload,
   default 16 MiB), ``part_bytes`` (8 MiB), ``part_concurrency`` (8).
@@ -46,7 +46,7 @@ DEFAULT_REGION = "us-east-1"
 SECRET_KEYS = frozenset({"access_key_id", "secret_access_key", "session_token", "token", "aws_access_key_id",
                          "aws_secret_access_key", "aws_session_token", "key", "secret"})
 # dumpdb's own keys (transport tuning), the rest go to obstore's S3Config
-TUNING: dict[str, int | float] = {"retries": 10, "retry_timeout": 120.0, "connect_timeout": 5.0, "timeout": 300.0,
+TUNING: dict[str, int | float] = {"retries": 5, "retry_timeout": 60.0, "connect_timeout": 5.0, "timeout": 300.0,
           "multipart_bytes": 16 << 20, "part_bytes": 8 << 20, "part_concurrency": 8}
 _ENV = {"endpoint": ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"), "region": ("AWS_REGION", "AWS_DEFAULT_REGION")}
 

@@ -21,7 +21,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ class LocalS3:
     access_key: str
     secret_key: str
     region: str = "us-east-1"
+    server: Any = field(default=None, compare=False, repr=False)  # moto's server object (tests stop it)
 
     def env(self) -> dict[str, str]:
         """The ``AWS_*`` variables that point dumpdb (and boto3) at this server."""
@@ -71,7 +72,7 @@ def moto_server() -> Iterator[LocalS3]:
     server.start()
     host, port = server.get_host_and_port()
     try:
-        yield LocalS3(f"http://{host}:{port}", "testing", "testing")
+        yield LocalS3(f"http://{host}:{port}", "testing", "testing", server=server)
     finally:
         server.stop()
 

@@ -102,8 +102,9 @@ def seaweedfs_server(workdir: Path, ready_timeout: float = 60.0) -> Iterator[Loc
     cmd = [weed_binary(), "server", "-ip", "127.0.0.1", "-ip.bind", "127.0.0.1", "-dir", str(workdir / "data"),
            "-master.port", str(ports["master"]), "-volume.port", str(ports["volume"]),
            "-filer.port", str(ports["filer"]), "-s3", "-s3.port", str(ports["s3"]), "-s3.config", str(config),
-           "-master.volumeSizeLimitMB=64", "-volume.max=0", "-filer"]
-    for name in ("master", "volume", "filer"):  # gRPC ports default to port + 10000: keep them free too
+           "-master.volumeSizeLimitMB=64", "-volume.max=0", "-filer",
+           "-s3.port.iceberg=0", "-s3.port.lance=0", "-metricsPort", str(free_port())]  # no fixed ports
+    for name in ("master", "volume", "filer", "s3"):  # gRPC ports default to port + 10000: keep them free too
         cmd += [f"-{name}.port.grpc", str(free_port())]
     (workdir / "data").mkdir(exist_ok=True)
     log = open(workdir / "weed.log", "wb")

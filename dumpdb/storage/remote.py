@@ -154,7 +154,10 @@ def open_store(url: str, options: Mapping[str, Any] | None = None, read_only: bo
         return _open_s3fs(loc, conf, read_only)
     if client != "obstore":
         raise StorageError(f"{url}: unknown object-storage client {client!r} (obstore, s3fs)")
-    from dumpdb.storage.s3 import open_obstore  # obstore is the optional 'dumpdb[s3]' dependency
+    try:
+        from dumpdb.storage.s3 import open_obstore  # obstore is the optional 'dumpdb[s3]' dependency
+    except ImportError as exc:
+        raise StorageError(f"{url}: object storage needs obstore: pip install 'dumpdb[s3]' ({exc})") from exc
 
     try:
         return open_obstore(loc, conf, read_only)

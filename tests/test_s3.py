@@ -383,3 +383,28 @@ def test_listing_is_paginated_past_one_page(s3_url):
     for key in keys:
         objects.set(key, b"{}")
     assert set(objects.iter_prefix("large")) == keys
+
+
+def test_a_large_tensor_shard_goes_up_as_a_multipart_upload_and_reads_back(s3_url, monkeypatch):
+    import obstore
+
+    from dumpdb.storage.store import StoreWriter, TensorStore
+
+    calls = []
+    real = obstore.put_async
+
+    async def recording_put(store, key, data, **kwargs):
+        calls.append((key, kwargs.get("use_multipart")))
+        return await real(store, key, data, **kwargs)
+
+    monkeypatch.setattr(obstore, "put_async", recording_put)
+    opts = {"multipart_bytes": str(5 << 20), "part_bytes": str(5 << 20)}
+    TensorStore.create(s3_url, opts)
+    writer = StoreWriter(TensorStore(s3_url, read_only=False, storage_options=opts), large_bytes=1 << 20)
+    x = np.random.default_rng(2).standard_normal((3, 1 << 19)).astype(np.float32)  # 6 MiB, incompressible
+    writer.add("h" * 32, x)
+    (loc,) = writer.flush()
+    writer.close()
+    assert any(k.startswith(loc.array_path) and k.endswith("/c/0/0") and mp for k, mp in calls), calls
+    got = TensorStore(s3_url, storage_options=opts).read(loc.array_path, None, x.size, x.dtype, x.shape)
+    assert got.tobytes() == x.tobytes()

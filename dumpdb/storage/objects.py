@@ -169,8 +169,9 @@ class ObjectStore:
             raise PayloadMissing(f"{self.where(key)}: object missing from the tensor store") from exc
 
     def size_prefix(self, prefix: str) -> int:
-        """Total bytes of the objects under ``prefix`` (``""``: the whole store)."""
-        return sum(self.size(k) for k in self.list_prefix(prefix))
+        """Total bytes of the objects under ``prefix`` (``""``: the whole store); sizes come with
+        the streamed listing where the store gives them (S3: no request per object)."""
+        return sum(size if size is not None else self.size(key) for key, size, _ in self.iter_meta(prefix))
 
     def checksum(self, key: str) -> str:
         """``crc32c:<hex>`` of object ``key``, read in blocks (bounded memory)."""

@@ -79,6 +79,18 @@ class RemoteObjectStore(zarr.storage.ObjectStore):
             obstore.put(self.store, key, b"".join(parts), use_multipart=False, mode=mode)
         return total
 
+    async def set(self, key: str, value: Any) -> None:
+        """zarr's writes (``zarr.json``, a large tensor's shards): as zarr's ObjectStore, but an
+        object of at least ``multipart_bytes`` goes up as a parallel multipart upload."""
+        self._check_writable()
+        data = value.as_buffer_like()
+        threshold, part, concurrency = self.multipart
+        if memoryview(data).nbytes < threshold:
+            await super().set(key, value)
+            return
+        await obstore.put_async(self.store, key, data, use_multipart=True, chunk_size=part,
+                                max_concurrency=concurrency)
+
     def list_meta(self, prefix: str) -> Iterator[tuple[str, int, float]]:
         """``(key, size, mtime)`` of every object under ``prefix``, streamed page by page
         (S3 ListObjectsV2 pages of 1000 keys; never the whole listing in memory)."""

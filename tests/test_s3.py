@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 
+import google_crc32c
 import numpy as np
 import pytest
 from conftest import ms_case, npy_files, npy_payload
@@ -404,7 +405,11 @@ def test_a_large_tensor_shard_goes_up_as_a_multipart_upload_and_reads_back(s3_ur
     x = np.random.default_rng(2).standard_normal((3, 1 << 19)).astype(np.float32)  # 6 MiB, incompressible
     writer.add("h" * 32, x)
     (loc,) = writer.flush()
+    (info,) = writer.take_arrays()
     writer.close()
     assert any(k.startswith(loc.array_path) and k.endswith("/c/0/0") and mp for k, mp in calls), calls
+    # the checksum recorded without downloading the shard again is the object's own
+    shard = bytes(_objects(s3_url).get(f"{loc.array_path}/c/0/0"))
+    assert info.checksum == f"crc32c:{google_crc32c.value(shard):08x}"
     got = TensorStore(s3_url, storage_options=opts).read(loc.array_path, None, x.size, x.dtype, x.shape)
     assert got.tobytes() == x.tobytes()

@@ -15,10 +15,12 @@ exponential backoff and jitter (``retries``, ``retry_timeout``).
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any, Literal
 
+import google_crc32c
 import obstore
 import obstore.store
 import zarr.storage
@@ -52,6 +54,8 @@ class RemoteObjectStore(zarr.storage.ObjectStore):
 
     url: str = ""
     multipart: tuple[int, int, int] = (16 << 20, 8 << 20, 8)  # threshold, part size, parallel parts
+    parallel_writes = 4  # StoreWriter's writer threads on this store (PUTs are round trips, not fsyncs)
+    pack_bytes = 16 << 20  # StoreWriter's packs: smaller than on disk, so PUTs overlap with reading the dump
 
     def __str__(self) -> str:
         return self.url or super().__str__()
@@ -87,9 +91,22 @@ class RemoteObjectStore(zarr.storage.ObjectStore):
         threshold, part, concurrency = self.multipart
         if memoryview(data).nbytes < threshold:
             await super().set(key, value)
-            return
-        await obstore.put_async(self.store, key, data, use_multipart=True, chunk_size=part,
-                                max_concurrency=concurrency)
+        else:
+            await obstore.put_async(self.store, key, data, use_multipart=True, chunk_size=part,
+                                    max_concurrency=concurrency)
+        self._remember(key, google_crc32c.value(bytes(memoryview(data).cast("B"))))
+
+    def _remember(self, key: str, crc: int) -> None:
+        written = self.__dict__.setdefault("_written", OrderedDict())
+        written[key] = crc
+        while len(written) > 4096:
+            written.popitem(last=False)
+
+    def written_checksum(self, key: str) -> str | None:
+        """``crc32c:<hex>`` of the bytes this store object wrote as ``key`` (recently), else None:
+        the writer records a large array's checksum without downloading the object again."""
+        crc = self.__dict__.get("_written", {}).get(key)
+        return None if crc is None else f"crc32c:{crc:08x}"
 
     def list_meta(self, prefix: str) -> Iterator[tuple[str, int, float]]:
         """``(key, size, mtime)`` of every object under ``prefix``, streamed page by page

@@ -435,15 +435,19 @@ class StoreWriter:
     """
 
     def __init__(self, store: TensorStore, pack_bytes: int | None = None, large_bytes: int | None = None,
-                 max_inflight: int = 2):
+                 max_inflight: int | None = None):
         self.store = store
         # Module constants are read here, not bound as defaults, so tests and
         # benchmarks can change them.
-        self.pack_bytes = pack_bytes or PACK_BYTES
+        # a remote store may ask for smaller packs (``pack_bytes`` attribute): more writes in flight
+        self.pack_bytes = pack_bytes or min(PACK_BYTES, int(getattr(store.zstore, "pack_bytes", PACK_BYTES)))
         self.large_bytes = large_bytes or LARGE_BYTES
-        self.max_inflight = max(1, max_inflight)
+        # An object store's PUT is a network round trip: remote stores (``parallel_writes`` > 1)
+        # get that many writer threads and queued writes; local disk keeps one (fsync-bound).
+        parallel = max(1, int(getattr(store.zstore, "parallel_writes", 1)))
+        self.max_inflight = max(1, max_inflight if max_inflight is not None else max(2, parallel))
         self._buffers: dict[str, _PackBuffer] = {}
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dumpdb-write")
+        self._pool = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="dumpdb-write")
         self._codec_pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix="dumpdb-zstd")
         self._inflight: deque[Future[_Written]] = deque()
         self._arrays: list[ArrayInfo] = []

@@ -109,6 +109,10 @@ def create_archive(path: Path, store: str | None = None, storage_options: dict[s
     archive, or cannot be created; StorageError if the store cannot be reached or
     already holds a tensor store.
     """
+    if str(path).startswith("s3:/"):  # (a Path has folded the URL's '//')
+        raise ArchiveError(f"{path}: an archive's catalog lives in a local directory; give --archive DIR "
+                           "with --store s3://BUCKET/PREFIX for the tensors (an s3:// --archive is a bundle, "
+                           "opened read-only)")
     path = Path(path)
     if is_archive(path):
         return  # made meanwhile by a concurrent ingest

@@ -413,3 +413,10 @@ def test_a_large_tensor_shard_goes_up_as_a_multipart_upload_and_reads_back(s3_ur
     assert info.checksum == f"crc32c:{google_crc32c.value(shard):08x}"
     got = TensorStore(s3_url, storage_options=opts).read(loc.array_path, None, x.size, x.dtype, x.shape)
     assert got.tobytes() == x.tobytes()
+
+
+def test_an_s3_url_as_the_archive_of_an_ingest_is_refused_with_the_way_to_do_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = invoke("ingest", ms_case(CASES["c1"]), "-a", "s3://bucket/archive", "--run", "c1", "-q")
+    assert r.exit_code == 2 and "--store s3://BUCKET/PREFIX" in r.output
+    assert list(tmp_path.iterdir()) == []  # no local directory named like the URL

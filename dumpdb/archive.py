@@ -4,7 +4,9 @@ An archive is a directory::
 
     dumpdb.json      marker: format name and version, who created it
     catalog.duckdb   the catalog (see migrations/ and README "Catalog schema")
-    tensors.zarr/    the tensor store (see dumpdb.storage.store)
+    tensors.zarr/    the tensor store (see dumpdb.storage.store), unless the marker's
+                     ``store`` names an object-storage URL (``s3://BUCKET/PREFIX``,
+                     see dumpdb.storage.remote): then the tensors live there
     locks/           per-run ingest locks
     backups/         catalog copies made before migrations
 
@@ -56,18 +58,70 @@ def is_archive(path: Path) -> bool:
     return (Path(path) / MARKER).is_file()
 
 
-def create_archive(path: Path) -> None:
+def store_config(path: Path) -> tuple[str | None, dict[str, str]]:
+    """``(url, options)`` of the archive at ``path``'s tensor store as its marker records it:
+    ``(None, {})`` for the local ``tensors.zarr``, else the ``s3://`` URL and the non-secret
+    ``--storage-option`` values given at creation (credentials come from the environment)."""
+    try:
+        marker = json.loads((Path(path) / MARKER).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None, {}
+    store = marker.get("store") or {}
+    return store.get("url"), dict(store.get("options") or {})
+
+
+def open_tensor_store(path: Path, read_only: bool = True,
+                      storage_options: dict[str, Any] | None = None) -> TensorStore:
+    """The :class:`~dumpdb.storage.store.TensorStore` of the archive at ``path``: its local
+    ``tensors.zarr`` or the object store its marker names (options: the remembered ones,
+    overlaid by ``storage_options``). Nothing is contacted until the first read."""
+    from dumpdb.storage.store import TensorStore
+
+    url, options = store_config(path)
+    if url is None:
+        return TensorStore(Path(path) / STORE, read_only=read_only)
+    return TensorStore(url, read_only=read_only, storage_options={**options, **(storage_options or {})})
+
+
+def check_store_url(path: Path, store: str | None) -> None:
+    """Refuse ``store`` (a ``--store`` URL given for the existing archive at ``path``) unless
+    it is the store the archive already has. Raises ArchiveError naming both."""
+    if store is None:
+        return
+    from dumpdb.storage import remote
+
+    url = store_config(path)[0]
+    if url != remote.parse_url(store).url:
+        raise ArchiveError(f"{path}: its tensor store is {url or 'the local ' + STORE}, not {store}; "
+                           "an archive keeps the store it was created with (omit --store)")
+
+
+def create_archive(path: Path, store: str | None = None, storage_options: dict[str, Any] | None = None) -> None:
     """Create an empty archive at ``path`` (a new or empty directory).
 
+    ``store``: an object-storage URL (``s3://BUCKET/PREFIX``) for the tensor store; the
+    catalog stays in ``path`` (DuckDB writes its database file locally) and the marker
+    remembers the URL and the non-secret ``storage_options``. None: ``path/tensors.zarr``.
+
     Raises ArchiveError if ``path`` is a non-empty directory that is not an
-    archive, or cannot be created.
+    archive, or cannot be created; StorageError if the store cannot be reached or
+    already holds a tensor store.
     """
+    if str(path).startswith("s3:/"):  # (a Path has folded the URL's '//')
+        raise ArchiveError(f"{path}: an archive's catalog lives in a local directory; give --archive DIR "
+                           "with --store s3://BUCKET/PREFIX for the tensors (an s3:// --archive is a bundle, "
+                           "opened read-only)")
     path = Path(path)
     if is_archive(path):
         return  # made meanwhile by a concurrent ingest
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise ArchiveError(f"{path}: exists and is not a dumpdb archive (no {MARKER}); refusing to write into it")
+    from dumpdb.storage import remote
     from dumpdb.storage.store import TensorStore
+
+    if store is not None:
+        store = remote.parse_url(store).url  # StorageError for a malformed URL
+        TensorStore.create(store, storage_options)  # first contact: an unreachable endpoint fails here
 
     # Built aside and renamed into place, so two ingests creating the same new archive
     # never see a half-made one: the loser of the rename finds a complete archive.
@@ -77,14 +131,17 @@ def create_archive(path: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         Catalog(tmp / CATALOG).create()
-        TensorStore.create(tmp / STORE)
+        if store is None:
+            TensorStore.create(tmp / STORE)
         (tmp / "locks").mkdir()
-        marker = {
+        marker: dict[str, Any] = {
             "format": FORMAT_NAME,
             "format_version": FORMAT_VERSION,
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "created_by": f"dumpdb {__version__}",
         }
+        if store is not None:
+            marker["store"] = {"url": store, "options": remote.public_options(storage_options)}
         (tmp / MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
         try:
             os.rename(tmp, path)  # replaces an empty directory; fails if another process won
@@ -144,8 +201,10 @@ class Archive:
     this dumpdb (an older one is upgraded when the archive is writable).
     """
 
-    def __init__(self, path: str | os.PathLike, *, lock_timeout: float = DEFAULT_LOCK_TIMEOUT, on_wait=None):
+    def __init__(self, path: str | os.PathLike, *, lock_timeout: float = DEFAULT_LOCK_TIMEOUT, on_wait=None,
+                 storage_options: dict[str, Any] | None = None):
         self.path = Path(path)
+        self.storage_options = dict(storage_options or {})  # secrets allowed: never stored or printed
         check_marker(self.path)
         self.catalog = Catalog(self.path / CATALOG, lock_timeout=lock_timeout, on_wait=on_wait)
         self.schema_version = self.catalog.check(writable=self.writable)
@@ -160,18 +219,19 @@ class Archive:
     def store(self) -> TensorStore:
         """The :class:`~dumpdb.storage.store.TensorStore` (read-only), opened on first use."""
         if self._store is None:
-            from dumpdb.storage.store import TensorStore
-
-            self._store = TensorStore(self.path / STORE, read_only=True)
+            self._store = open_tensor_store(self.path, True, self.storage_options)
         return self._store
+
+    @property
+    def store_url(self) -> str | None:
+        """The ``s3://`` URL of the tensor store, or None for the local ``tensors.zarr``."""
+        return store_config(self.path)[0]
 
     def writable_store(self) -> TensorStore:
         """A :class:`~dumpdb.storage.store.TensorStore` open for writing (for a
         :class:`~dumpdb.storage.store.StoreWriter`; gc, import). Its writes are
-        durable when they return (:mod:`dumpdb.storage.local`)."""
-        from dumpdb.storage.store import TensorStore
-
-        return TensorStore(self.path / STORE, read_only=False)
+        durable when they return (:mod:`dumpdb.storage.local`; an object store's PUT)."""
+        return open_tensor_store(self.path, False, self.storage_options)
 
     @property
     def writable(self) -> bool:
@@ -599,15 +659,30 @@ class Archive:
 
         return gc(self, compact_below, **options)
 
-    def export(self, runs: list[str] | str, to: str | os.PathLike) -> Path:
-        """Write runs as a self-describing bundle (directory, or ``.zip``); see :mod:`dumpdb.archival.bundle`."""
+    def export(self, runs: list[str] | str, to: str | os.PathLike) -> Path | str:
+        """Write runs as a self-describing bundle (directory, or ``.zip``, or ``s3://BUCKET/PREFIX``:
+        :mod:`dumpdb.archival.remote_bundle`); see :mod:`dumpdb.archival.bundle`. Returns where."""
+        from dumpdb.storage.remote import is_url
+
+        runs = [runs] if isinstance(runs, str) else list(runs)
+        if is_url(to):
+            from dumpdb.archival.remote_bundle import export_to_url
+
+            return export_to_url(self, runs, str(to), self.storage_options)
         from dumpdb.archival.bundle import export_runs
 
-        return export_runs(self, [runs] if isinstance(runs, str) else list(runs), to)
+        return export_runs(self, runs, to)
 
     def import_bundle(self, path: str | os.PathLike, rename: dict[str, str] | None = None, **options):
         """Bring a bundle's runs in (checked whole before the archive changes, idempotent;
-        ``max_bundle_size`` bytes); see :mod:`dumpdb.archival.bundle`."""
+        ``max_bundle_size`` bytes); ``path`` may be ``s3://BUCKET/PREFIX``. See
+        :mod:`dumpdb.archival.bundle` and :mod:`dumpdb.archival.remote_bundle`."""
+        from dumpdb.storage.remote import is_url
+
+        if is_url(path):
+            from dumpdb.archival.remote_bundle import import_from_url
+
+            return import_from_url(self, str(path), rename, storage_options=self.storage_options, **options)
         from dumpdb.archival.bundle import import_bundle
 
         return import_bundle(self, path, rename, **options)
@@ -654,6 +729,12 @@ def open(path: str | os.PathLike | None = None, **kwargs) -> Archive:  # noqa: A
     """Open the archive at ``path`` (default ``$DUMPDB_ARCHIVE`` or ``./dumpdb.archive``).
 
     Keyword arguments go to :class:`Archive` (``lock_timeout`` seconds,
-    ``on_wait`` callback). Raises :class:`ArchiveError` if it is not an archive.
+    ``on_wait`` callback, ``storage_options`` for an object-storage store). Raises
+    :class:`ArchiveError` if it is not an archive. ``path`` ``s3://BUCKET/PREFIX`` opens the
+    bundle there read-only in place (:class:`dumpdb.archival.remote_bundle.BundleArchive`).
     """
+    if isinstance(path, str) and path.startswith("s3://"):
+        from dumpdb.archival.remote_bundle import open_bundle
+
+        return open_bundle(path, **kwargs)
     return Archive(path if path is not None else default_archive_path(), **kwargs)

@@ -197,9 +197,22 @@ def _archive_path(path: Optional[Path]) -> Path:
     return path if path is not None else default_archive_path()
 
 
+def _url(path: Any) -> Optional[str]:
+    """``s3://...`` if ``path`` is an object-storage URL (typer's Path turned ``//`` into ``/``)."""
+    text = str(path) if path is not None else ""
+    if text.startswith("s3:/"):
+        return "s3://" + text[len("s3:/"):].lstrip("/")
+    return None
+
+
 def _open(path: Optional[Path], on_wait=None):
     from dumpdb.archive import Archive
 
+    url = _url(path)
+    if url is not None:  # a bundle on object storage, read-only in place
+        import dumpdb
+
+        return dumpdb.open(url)
     return Archive(_archive_path(path), on_wait=on_wait or _wait_line, lock_timeout=_lock_timeout())
 
 
@@ -404,12 +417,21 @@ def ingest(
                                "be there with the same names and sizes."),
     verify_hash: bool = typer.Option(
         False, "--verify-hash", help="With --moved: also read and hash every file the run holds (slow, certain)."),
+    store: Optional[str] = typer.Option(
+        None, "--store", metavar="s3://BUCKET/PREFIX",
+        help="Keep a new archive's tensors on object storage (S3 or compatible); the catalog stays in --archive, "
+             "which remembers the URL. Endpoint and credentials: AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, "
+             "AWS_SECRET_ACCESS_KEY, AWS_REGION."),
+    storage_option: Optional[list[str]] = typer.Option(
+        None, "--storage-option", metavar="KEY=VALUE",
+        help="Object-storage setting (endpoint, region, retries, ...); repeatable; secrets are never stored."),
 ) -> None:
     """Ingest a dump into an archive (created if missing: 'created archive PATH'). Re-running completes or skips:
     files already in the run are not read unless their size or mtime changed; a file
     whose content changed is listed and the ingest refuses (exit 1) unless --update."""
     from dumpdb.archive import is_archive
     from dumpdb.ingestion.pipeline import ingest as run_ingest
+    from dumpdb.storage.remote import parse_options
 
     if verify_hash and not moved:
         raise DumpdbError("--verify-hash checks a moved dump: use it with --moved "
@@ -422,6 +444,7 @@ def ingest(
         report = run_ingest(dump_dir, archive=path, run=run, layout=layout, workers=workers,
                             follow_symlinks=follow_symlinks, reporter=_reporter(quiet),
                             on_wait=_wait_line, lock_timeout=_lock_timeout(),
+                            store=store, storage_options=parse_options(storage_option),
                             update=update, moved=moved, verify_hash=verify_hash)
     finally:
         if not existed and is_archive(path):
@@ -1155,18 +1178,23 @@ def migrate(archive: Optional[Path] = ArchiveOpt) -> None:
 @app.command()
 def export(
     runs: list[str] = typer.Argument(..., help="Run names."), archive: Optional[Path] = ArchiveOpt,
-    to: Path = typer.Option(..., "--to", help="Bundle to write: a new directory, or a file ending in .zip."),
+    to: Path = typer.Option(..., "--to", help="Bundle to write: a new directory, a file ending in .zip, "
+                                              "or s3://BUCKET/PREFIX (object storage)."),
 ) -> None:
     """Export runs as a self-describing bundle (Parquet catalog rows + Zarr payloads + manifest),
     readable without dumpdb."""
-    path = _open(archive).export(runs, to)
+    url = _url(to)
+    path = _open(archive).export(runs, url or to)
+    if url is not None:
+        _say(f"exported {', '.join(runs)} to {path}")
+        return
     size = _human(path.stat().st_size) if path.is_file() else "directory"
     _say(f"exported {', '.join(runs)} to {path} ({size})")
 
 
 @app.command("import")
 def import_cmd(
-    bundle: Path = typer.Argument(..., help="Bundle directory or .zip written by 'dumpdb export'."),
+    bundle: Path = typer.Argument(..., help="Bundle directory, .zip or s3://BUCKET/PREFIX written by 'dumpdb export'."),
     archive: Optional[Path] = ArchiveOpt,
     rename: list[str] = typer.Option([], "--rename", help="OLD=NEW: import run OLD under the name NEW (repeatable)."),
     max_bundle_size: int = typer.Option(1 << 40, "--max-bundle-size", min=0,
@@ -1181,7 +1209,7 @@ def import_cmd(
         mapping[old] = new
     path = _archive_path(archive)
     _ensure_archive(path)
-    report = _open(path).import_bundle(bundle, mapping,
+    report = _open(path).import_bundle(_url(bundle) or bundle, mapping,
                                                             max_bundle_size=max_bundle_size)
     if report.runs_imported:
         _say(f"imported {', '.join(report.runs_imported)}: {report.tensors} tensors, {report.payloads_added} "

@@ -64,3 +64,24 @@ def file_count(path: Path) -> int:
 
 def assert_bit_exact(array: np.ndarray, payload: bytes) -> None:
     assert np.ascontiguousarray(array).tobytes() == payload
+
+
+# -- object storage: moto's S3 server on 127.0.0.1, started once, each test its own bucket --
+@pytest.fixture(scope="session")
+def moto_s3():
+    """moto's ThreadedMotoServer on a free 127.0.0.1 port for the session (stopped at its end)."""
+    import logging
+
+    from dumpdb.storage.testing import moto_server
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    with moto_server() as server:
+        yield server
+
+
+@pytest.fixture
+def s3_url(moto_s3, monkeypatch) -> str:
+    """``s3://<fresh bucket>/archive`` on the moto server, with the AWS_* environment set to it."""
+    for key, value in moto_s3.env().items():
+        monkeypatch.setenv(key, value)
+    return f"s3://{moto_s3.bucket()}/archive"

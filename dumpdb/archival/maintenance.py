@@ -194,8 +194,8 @@ def _gc(archive, compact_below: float, grace: float) -> GcReport:
     sparse = [u["array_path"] for u in usage
               if u["kind"] == "pack" and 0 < u["live"] < compact_below * u["total"]]
     # 0. crash leftovers: listed before this gc writes anything of its own
-    root = store.root  # crash leftovers are files of a local store (temp names, unfinished arrays)
-    leftovers = find_leftovers(root, {u["array_path"] for u in usage}) if root is not None else []
+    # (local: temp names, unfinished arrays; object storage: arrays from its streamed listing)
+    leftovers = find_leftovers(store, {u["array_path"] for u in usage})
     # 1. rewrite sparse packs: new pack written and committed before the old one goes
     if sparse:
         writer = StoreWriter(store)
@@ -223,6 +223,6 @@ def _gc(archive, compact_below: float, grace: float) -> GcReport:
     report.arrays_deleted = len(dead)
     # 3. crash leftovers older than the grace period
     report.orphans_deleted, report.temp_files_deleted, report.kept_recent = reclaim_leftovers(
-        root, leftovers, grace)
+        store, leftovers, grace)
     report.bytes_after = store.stored_bytes()
     return report

@@ -152,15 +152,14 @@ def _verify(archive, run, sample, seed, progress, repair: bool, grace: float | N
         report.damaged_tensors = pa.concat_tables([report.damaged_tensors, sizes.cast(report.damaged_tensors.schema)])
         report.damaged.update({r["content_hash"]: r["reason"] for r in sizes.to_pylist()
                                if r["content_hash"] not in report.damaged})
-    root = archive.store.root  # crash leftovers are files of a local store
-    if run is None and root is not None:
+    if run is None:  # crash leftovers: a local store's files, or an object store's streamed listing
         with archive.reader() as con:
             known = {r[0] for r in con.execute("SELECT array_path FROM arrays").fetchall()}
         wait = GRACE_SECONDS if grace is None else grace
         # younger files may belong to a writer that has not committed yet: neither listed nor removed
-        report.orphans = [o for o in find_leftovers(root, known) if o.age >= wait]
+        report.orphans = [o for o in find_leftovers(archive.store, known) if o.age >= wait]
         if repair:
-            removed = reclaim_leftovers(root, report.orphans, wait)
+            removed = reclaim_leftovers(archive.writable_store(), report.orphans, wait)
             report.repaired = removed[0] + removed[1]
             report.orphans = []
     return report

@@ -42,7 +42,15 @@ import numpy as np
 import pyarrow as pa
 
 from dumpdb import __version__
-from dumpdb.archive import CATALOG, STORE, check_marker, create_archive, default_archive_path, is_archive
+from dumpdb.archive import (
+    CATALOG,
+    check_marker,
+    check_store_url,
+    create_archive,
+    default_archive_path,
+    is_archive,
+    open_tensor_store,
+)
 from dumpdb.catalog import DEFAULT_LOCK_TIMEOUT, Catalog, insert_arrow, schema
 from dumpdb.catalog.locks import SHARED, store_lock
 from dumpdb.catalog.runstate import run_lock_path, touch
@@ -166,10 +174,11 @@ class _RunLock:
             os.close(self.fd)
 
 
-def _open_for_write(archive: Path) -> None:
+def _open_for_write(archive: Path, store: str | None, storage_options: dict | None) -> None:
     if not is_archive(archive):
-        create_archive(archive)  # refuses a non-empty directory that is not an archive
+        create_archive(archive, store, storage_options)  # refuses a non-empty directory that is not an archive
     check_marker(archive)
+    check_store_url(archive, store)
     if not (os.access(archive, os.W_OK) and os.access(archive / CATALOG, os.W_OK)):
         raise ArchiveError(f"{archive}: archive is read-only; cannot ingest into it")
 
@@ -188,6 +197,8 @@ def ingest(
     update: bool = False,
     moved: bool = False,
     verify_hash: bool = False,
+    store: str | None = None,
+    storage_options: dict | None = None,
 ) -> IngestReport:
     """Ingest the dump at ``dump_dir`` into ``archive`` as run ``run``.
 
@@ -221,6 +232,12 @@ def ingest(
     is refused before it is opened) and, unless ``follow_symlinks``, only if they
     lie inside ``dump_dir`` once symlinks are resolved (:mod:`dumpdb.dumpio`);
     each refused file is one line in ``report.errors``.
+
+    ``store``: an ``s3://BUCKET/PREFIX`` URL for a new archive's tensor store (the catalog
+    stays in ``archive``; later calls find the URL in the archive); given for an existing
+    archive it must be the one remembered (ArchiveError otherwise). ``storage_options``:
+    endpoint, credentials... over the ``AWS_*`` environment (:mod:`dumpdb.storage.remote`).
+    StorageError when the store cannot be reached or written.
     """
     started = time.monotonic()
     reporter = reporter or Reporter()
@@ -232,7 +249,7 @@ def ingest(
     run = run or dump_dir.resolve().name
     if not run.strip():
         raise DumpdbError("run name must not be empty")
-    _open_for_write(archive)
+    _open_for_write(archive, store, storage_options)
     catalog = Catalog(archive / CATALOG, lock_timeout=lock_timeout, on_wait=on_wait)
     catalog.check(writable=True)
     # store_lock (shared): gc must not delete payloads this ingest deduplicates against
@@ -244,7 +261,7 @@ def ingest(
         check_ranges(scan, TENSOR_SCHEMA, _RELATION_SCHEMAS)
         report = IngestReport(run=run, archive=archive, layout=lay.name,
                               source_path=str(found.path.resolve()), tensors_in_dump=len(scan.entries))
-        pipeline = _Pipeline(catalog, TensorStore(archive / STORE, read_only=False), lay, scan,
+        pipeline = _Pipeline(catalog, open_tensor_store(archive, False, storage_options), lay, scan,
                              report, reporter, workers or min(4, (os.cpu_count() or 2) + 1))
         pipeline.update, pipeline.moved, pipeline.verify_hash = update, moved, verify_hash
         pipeline.heartbeat = run_lock_path(archive, run)

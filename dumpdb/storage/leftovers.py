@@ -1,4 +1,4 @@
-"""Files a crashed writer leaves in a local tensor store, found and reclaimed.
+"""Files a crashed writer leaves in a tensor store (local or object storage), found and reclaimed.
 
 An ingest killed before its catalog commit leaves arrays no ``arrays`` row names and
 ``*.tmp-*`` shards (:class:`~dumpdb.storage.local.DurableLocalStore` writes through
@@ -14,6 +14,10 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dumpdb.storage.store import TensorStore
 
 
 @dataclass(frozen=True)
@@ -70,10 +74,38 @@ def _remove(root: Path, rel: str) -> None:
         path.unlink(missing_ok=True)
 
 
-def find_leftovers(root: Path, known_arrays: set[str]) -> list[Leftover]:
+def _stream_array_leftovers(store: TensorStore, known_arrays: set[str], now: float) -> list[Leftover]:
+    """Arrays of a store without a directory tree (object storage) that ``known_arrays`` does
+    not name, from its listing streamed page by page (10^6 objects: only the unknown arrays
+    are held, never the listing). Object keys ``packs/{dtype}/{id}/...``, ``large/{hh}/{name}/...``."""
+    found: dict[str, list[float]] = {}
+    for top in ("packs", "large"):
+        for key, size, mtime in store.objects.iter_meta(top):
+            parts = key.split("/")
+            if len(parts) < 4:
+                continue  # the implicit groups' zarr.json
+            rel = "/".join(parts[:3])
+            if rel in known_arrays:
+                continue
+            entry = found.setdefault(rel, [0.0, 0.0])
+            entry[0] += size or 0
+            # no modification time from the store: as old as can be (gc holds the store lock, no writer runs)
+            entry[1] = max(entry[1], mtime if mtime is not None else 0.0)
+    return [Leftover(rel, "array", int(nbytes), max(0.0, now - newest)) for rel, (nbytes, newest) in found.items()]
+
+
+def find_leftovers(root: Path | TensorStore, known_arrays: set[str]) -> list[Leftover]:
     """Arrays in the store at ``root`` that are not in ``known_arrays`` (the catalog's
-    ``arrays``), and leftover temporary shards, with their size and age."""
+    ``arrays``), and leftover temporary shards, with their size and age.
+
+    ``root``: a local store's directory, or a :class:`~dumpdb.storage.store.TensorStore`
+    (an object store's listing is streamed; it has no temporary names: a PUT or a
+    multipart upload is visible whole or not at all)."""
     now = time.time()
+    if not isinstance(root, Path):
+        if root.root is None:
+            return _stream_array_leftovers(root, known_arrays, now)
+        root = root.root
     found = []
     for rel in _array_dirs(root):
         if rel not in known_arrays:
@@ -88,15 +120,20 @@ def find_leftovers(root: Path, known_arrays: set[str]) -> list[Leftover]:
     return found
 
 
-def reclaim_leftovers(root: Path, leftovers: list[Leftover], grace: float) -> tuple[int, int, int]:
-    """Delete the leftovers older than ``grace`` seconds. Returns (arrays, temp files
-    deleted, kept because recent)."""
+def reclaim_leftovers(root: Path | TensorStore, leftovers: list[Leftover], grace: float) -> tuple[int, int, int]:
+    """Delete the leftovers older than ``grace`` seconds (``root`` as in :func:`find_leftovers`;
+    a TensorStore must be writable). Returns (arrays, temp files deleted, kept because recent)."""
     arrays = temps = kept = 0
     for item in leftovers:
         if item.age < grace:
             kept += 1
             continue
-        _remove(root, item.path)
+        if isinstance(root, Path):
+            _remove(root, item.path)
+        elif root.root is not None:
+            _remove(root.root, item.path)
+        else:
+            root.delete_array(item.path)
         if item.kind == "array":
             arrays += 1
         else:

@@ -21,7 +21,7 @@ the object. Write failures (ENOSPC...) propagate as OSError.
 
 from __future__ import annotations
 
-from collections.abc import Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable, Iterator
 from typing import Any, TypeVar
 
 import google_crc32c
@@ -29,7 +29,7 @@ from zarr.abc.store import RangeByteRequest, Store, SuffixByteRequest, SupportsS
 from zarr.core.buffer import Buffer, default_buffer_prototype
 from zarr.core.sync import sync
 
-from dumpdb.errors import PayloadCorrupt, PayloadMissing
+from dumpdb.errors import DumpdbError, PayloadCorrupt, PayloadMissing, StorageError
 
 T = TypeVar("T")
 
@@ -44,19 +44,50 @@ def _view(buf: Buffer) -> memoryview:
     return buf.as_numpy_array().data.cast("B")
 
 
-async def _collect(it: Any) -> list[str]:
-    return [key async for key in it]
+async def _collect_dir(store: Store, prefix: str) -> list[str]:
+    # the listing is started inside the loop: zarr's ObjectStore starts its request on the call
+    return [key async for key in store.list_dir(prefix)]
+
+
+_PAGE = 1000  # keys per step of a streamed listing (an S3 ListObjectsV2 page)
+
+
+async def _take(it: Any, n: int) -> list[str]:
+    out: list[str] = []
+    async for key in it:
+        out.append(key)
+        if len(out) >= n:
+            break
+    return out
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    return (lines[0] if lines else type(exc).__name__)[:300]
+
+
+def _transport_error(exc: BaseException) -> bool:
+    """True for a failure to reach or use a remote store (not a missing object, not a bug)."""
+    if isinstance(exc, (DumpdbError, FileNotFoundError, KeyError, ValueError, TypeError, AssertionError)):
+        return False
+    module = type(exc).__module__ or ""
+    return isinstance(exc, (OSError, TimeoutError)) or module.split(".")[0] in {
+        "obstore", "botocore", "aiobotocore", "aiohttp", "s3fs"}
 
 
 class ObjectStore:
     """Synchronous access to the objects of one zarr ``store`` (see module docstring).
 
-    ``name`` is what error messages call the store (e.g. the ``tensors.zarr`` path).
+    ``name`` is what error messages call the store (e.g. the ``tensors.zarr`` path, the
+    ``s3://`` URL); ``endpoint`` (remote stores) is named too when the store cannot be
+    reached. A transport failure (connection refused, timeouts after the client's retries,
+    access denied) raises :class:`~dumpdb.errors.StorageError`, one line naming both.
     """
 
-    def __init__(self, store: Store, name: str | None = None):
+    def __init__(self, store: Store, name: str | None = None, endpoint: str | None = None):
         self.store = store
         self.name = name or str(store)
+        self.endpoint = endpoint
         self._sync = isinstance(store, SupportsSyncStore)
         self._proto = default_buffer_prototype()
 
@@ -72,11 +103,25 @@ class ObjectStore:
         """``<store>/<key>``: how messages name an object."""
         return f"{self.name.rstrip('/')}/{key}"
 
+    def call(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``fn(*args, **kwargs)`` with transport failures turned into one-line StorageErrors
+        (``what``: the operation and object, for the message)."""
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            if not _transport_error(exc):
+                raise
+            at = f" at {self.endpoint}" if self.endpoint else ""
+            raise StorageError(f"{self.name}{at}: cannot {what}: {_first_line(exc)}") from exc
+
+    def _async(self, what: str, coro: Coroutine[Any, Any, T]) -> T:
+        return self.call(what, _run, coro)
+
     # -- reading ---------------------------------------------------------------
     def _get(self, key: str, byte_range: RangeByteRequest | SuffixByteRequest | None) -> Buffer | None:
         if self._sync:
             return self.store.get_sync(key, prototype=self._proto, byte_range=byte_range)  # type: ignore[attr-defined]
-        return _run(self.store.get(key, self._proto, byte_range))
+        return self._async(f"read {key}", self.store.get(key, self._proto, byte_range))
 
     def get(self, key: str, start: int | None = None, end: int | None = None) -> memoryview:
         """The bytes ``[start, end)`` of object ``key`` (the whole object when both are None),
@@ -114,21 +159,26 @@ class ObjectStore:
 
     def exists(self, key: str) -> bool:
         """True if object ``key`` exists (a prefix with objects under it is not one)."""
-        return bool(_run(self.store.exists(key)))
+        return bool(self._async(f"look up {key}", self.store.exists(key)))
 
     def size(self, key: str) -> int:
         """Size of object ``key`` in bytes; PayloadMissing if it does not exist."""
         try:
-            return int(_run(self.store.getsize(key)))
+            return int(self._async(f"look up {key}", self.store.getsize(key)))
         except FileNotFoundError as exc:
             raise PayloadMissing(f"{self.where(key)}: object missing from the tensor store") from exc
 
     def size_prefix(self, prefix: str) -> int:
-        """Total bytes of the objects under ``prefix`` (``""``: the whole store)."""
-        return sum(self.size(k) for k in self.list_prefix(prefix))
+        """Total bytes of the objects under ``prefix`` (``""``: the whole store); sizes come with
+        the streamed listing where the store gives them (S3: no request per object)."""
+        return sum(size if size is not None else self.size(key) for key, size, _ in self.iter_meta(prefix))
 
     def checksum(self, key: str) -> str:
-        """``crc32c:<hex>`` of object ``key``, read in blocks (bounded memory)."""
+        """``crc32c:<hex>`` of object ``key``, read in blocks (bounded memory); an object store
+        that has just written ``key`` answers from the bytes it sent (no download)."""
+        known = getattr(self.store, "written_checksum", None)
+        if known is not None and (crc := known(key)) is not None:
+            return str(crc)
         total = self.size(key)
         crc = 0
         for lo in range(0, total, _BLOCK):
@@ -139,11 +189,37 @@ class ObjectStore:
         """Every object key under ``prefix`` (recursively), sorted."""
         if prefix and not prefix.endswith("/"):
             prefix += "/"
-        return sorted(_run(_collect(self.store.list_prefix(prefix))))
+        return sorted(self.iter_prefix(prefix))
+
+    def iter_prefix(self, prefix: str) -> Iterator[str]:
+        """Every object key under ``prefix``, streamed (pages of 1000 keys; unsorted): an
+        archive of 10^6 objects is listed without holding the listing in memory."""
+        for key, _size, _mtime in self.iter_meta(prefix):
+            yield key
+
+    def iter_meta(self, prefix: str) -> Iterator[tuple[str, int | None, float | None]]:
+        """``(key, size, mtime)`` of every object under ``prefix``, streamed as :meth:`iter_prefix`.
+
+        Size and mtime (seconds since the epoch) come with the listing where the store gives
+        them (S3: ListObjectsV2; local: stat); otherwise None.
+        """
+        if prefix and not prefix.endswith("/"):
+            prefix += "/"
+        lister = getattr(self.store, "list_meta", None)
+        if lister is not None:
+            yield from _guarded(self, prefix, lister(prefix))
+            return
+        it = self.store.list_prefix(prefix).__aiter__()
+        while True:
+            batch = self._async(f"list {prefix or '/'}", _take(it, _PAGE))
+            for key in batch:
+                yield key, None, None
+            if len(batch) < _PAGE:
+                return
 
     def list_dir(self, prefix: str) -> list[str]:
         """The names directly under ``prefix`` (objects and sub-prefixes), sorted."""
-        return sorted(_run(_collect(self.store.list_dir(prefix))))
+        return sorted(self._async(f"list {prefix or '/'}", _collect_dir(self.store, prefix)))
 
     # -- writing ---------------------------------------------------------------
     def set(self, key: str, parts: bytes | Iterable[bytes | bytearray | memoryview]) -> int:
@@ -152,29 +228,39 @@ class ObjectStore:
         chunks = [parts] if isinstance(parts, (bytes, bytearray, memoryview)) else list(parts)
         put_parts = getattr(self.store, "set_parts_sync", None)
         if put_parts is not None:
-            return int(put_parts(key, chunks))
+            return int(self.call(f"write {key}", put_parts, key, chunks))
         data = b"".join(chunks)
         buf = self._proto.buffer.from_bytes(data)
         if self._sync:
             self.store.set_sync(key, buf)  # type: ignore[attr-defined]
         else:
-            _run(self.store.set(key, buf))
+            self._async(f"write {key}", self.store.set(key, buf))
         return len(data)
 
     def set_if_not_exists(self, key: str, data: bytes) -> None:
         """Write object ``key`` unless it exists (then nothing changes)."""
-        _run(self.store.set_if_not_exists(key, self._proto.buffer.from_bytes(data)))
+        self._async(f"write {key}", self.store.set_if_not_exists(key, self._proto.buffer.from_bytes(data)))
 
     def delete(self, key: str) -> None:
         """Delete object ``key`` (no error if it is gone already)."""
         if self._sync:
             self.store.delete_sync(key)  # type: ignore[attr-defined]
         else:
-            _run(self.store.delete(key))
+            self._async(f"delete {key}", self.store.delete(key))
 
     def delete_prefix(self, prefix: str) -> int:
         """Delete every object under ``prefix``; returns how many there were."""
         keys = self.list_prefix(prefix)
-        if keys:
-            _run(self.store.delete_dir(prefix.rstrip("/")))  # LocalStore: its directories too
+        if keys:  # LocalStore: its directories too
+            self._async(f"delete {prefix}", self.store.delete_dir(prefix.rstrip("/")))
         return len(keys)
+
+
+def _guarded(objects: ObjectStore, prefix: str, it: Iterator[T]) -> Iterator[T]:
+    """``it`` with transport failures of each page turned into StorageError (see ObjectStore.call)."""
+    while True:
+        try:
+            item = objects.call(f"list {prefix or '/'}", next, it)
+        except StopIteration:
+            return
+        yield item

@@ -46,7 +46,8 @@ import zarr.codecs
 from zarr.abc.store import Store
 
 from dumpdb.dtypes import storage_dtype
-from dumpdb.errors import PayloadCorrupt, PayloadMissing
+from dumpdb.errors import PayloadCorrupt, PayloadMissing, StorageError
+from dumpdb.storage import remote
 from dumpdb.storage.local import DurableLocalStore
 from dumpdb.storage.objects import ObjectStore
 from dumpdb.storage.shard import (
@@ -196,17 +197,22 @@ class TensorStore:
     """
 
     def __init__(self, location: str | os.PathLike[str] | Store, read_only: bool = True, cache_size: int = 64,
-                 chunk_cache_bytes: int = 64 << 20):
+                 chunk_cache_bytes: int = 64 << 20, storage_options: dict[str, Any] | None = None):
+        endpoint = None
         if isinstance(location, Store):
             zstore: Store = location if location.read_only == read_only or not read_only \
                 else location.with_read_only(True)
             self.root: Path | None = getattr(location, "root", None)
             name = str(location)
+        elif remote.is_url(location):  # s3://BUCKET/PREFIX (dumpdb.storage.remote)
+            zstore = remote.open_store(str(location), storage_options, read_only=read_only)
+            self.root, name = None, str(location)
+            endpoint = remote.endpoint(storage_options)
         else:
             self.root = Path(location)
             zstore = DurableLocalStore(str(self.root), read_only=read_only)
             name = str(self.root)
-        self.objects = ObjectStore(zstore, name)
+        self.objects = ObjectStore(zstore, name, endpoint)
         self._arrays: OrderedDict[str, zarr.Array] = OrderedDict()
         self._cache_size = cache_size
         self._packs: OrderedDict[str, _PackMeta] = OrderedDict()
@@ -290,9 +296,20 @@ class TensorStore:
         return out
 
     @staticmethod
-    def create(location: str | os.PathLike[str] | Store) -> None:
-        """Create an empty store with its root group (``location`` as in the constructor)."""
-        store = location if isinstance(location, Store) else DurableLocalStore(str(location), read_only=False)
+    def create(location: str | os.PathLike[str] | Store, storage_options: dict[str, Any] | None = None) -> None:
+        """Create an empty store with its root group (``location`` as in the constructor).
+
+        A remote location must not hold a tensor store already (two archives sharing one
+        store would take each other's arrays for crash leftovers): StorageError naming it.
+        """
+        if remote.is_url(location):
+            target = TensorStore(location, read_only=False, storage_options=storage_options)
+            if target.objects.exists("zarr.json"):
+                raise StorageError(f"{location}: already holds a tensor store (of another archive?); "
+                                   "give each archive its own prefix")
+            store: Store = target.zstore
+        else:
+            store = location if isinstance(location, Store) else DurableLocalStore(str(location), read_only=False)
         zarr.create_group(store, attributes={"dumpdb": {"kind": "tensor-store", "layout": 1,
                                                           **DESCRIBE["tensor-store"]}})
 
@@ -436,15 +453,19 @@ class StoreWriter:
     """
 
     def __init__(self, store: TensorStore, pack_bytes: int | None = None, large_bytes: int | None = None,
-                 max_inflight: int = 2):
+                 max_inflight: int | None = None):
         self.store = store
         # Module constants are read here, not bound as defaults, so tests and
         # benchmarks can change them.
-        self.pack_bytes = pack_bytes or PACK_BYTES
+        # a remote store may ask for smaller packs (``pack_bytes`` attribute): more writes in flight
+        self.pack_bytes = pack_bytes or min(PACK_BYTES, int(getattr(store.zstore, "pack_bytes", PACK_BYTES)))
         self.large_bytes = large_bytes or LARGE_BYTES
-        self.max_inflight = max(1, max_inflight)
+        # An object store's PUT is a network round trip: remote stores (``parallel_writes`` > 1)
+        # get that many writer threads and queued writes; local disk keeps one (fsync-bound).
+        parallel = max(1, int(getattr(store.zstore, "parallel_writes", 1)))
+        self.max_inflight = max(1, max_inflight if max_inflight is not None else max(2, parallel))
         self._buffers: dict[str, _PackBuffer] = {}
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dumpdb-write")
+        self._pool = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="dumpdb-write")
         self._codec_pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix="dumpdb-zstd")
         self._inflight: deque[Future[_Written]] = deque()
         self._arrays: list[ArrayInfo] = []

@@ -44,12 +44,23 @@ def _async_only(tmp_path: Path) -> Store:
     return WrapperStore(zarr.storage.MemoryStore())
 
 
+def _s3(tmp_path: Path) -> Store:
+    """An S3 store (zarr's ObjectStore over obstore) on moto's server, a fresh bucket."""
+    from dumpdb.storage.remote import open_store
+
+    return open_store(_S3_URL[0])
+
+
+_S3_URL: list[str] = []  # set by the zstore fixture from the s3_url fixture (moto on 127.0.0.1)
+
 STORES: list[tuple[str, Callable[[Path], Store]]] = [
-    ("local", _local), ("memory", _memory), ("async-only", _async_only)]
+    ("local", _local), ("memory", _memory), ("async-only", _async_only), ("s3", _s3)]
 
 
 @pytest.fixture(params=[f for _, f in STORES], ids=[n for n, _ in STORES])
 def zstore(request, tmp_path) -> Store:
+    if request.param is _s3:
+        _S3_URL[:] = [request.getfixturevalue("s3_url")]
     store = request.param(tmp_path)
     TensorStore.create(store)
     return store

@@ -84,4 +84,6 @@ def test_a_new_store_is_marked_as_a_dumpdb_tensor_store():
     TensorStore.create(zstore)
     root = json.loads(bytes(ObjectStore(zstore).get("zarr.json")))
     assert root["node_type"] == "group"
-    assert root["attributes"] == {"dumpdb": {"kind": "tensor-store", "layout": 1}}
+    marker = root["attributes"]["dumpdb"]
+    assert (marker["kind"], marker["layout"]) == ("tensor-store", 1)
+    assert "catalog" in marker["catalog"]  # says where the catalog describing it is (issue 19)

@@ -691,7 +691,7 @@ class StoreWriter:
 
     def _write_large(self, content_hash: str, payload: np.ndarray) -> _Written:
         name = f"large/{content_hash[:2]}/{content_hash}-{_unique_id()}"
-        chunks = large_chunks(payload.shape, payload.dtype.itemsize)
+        chunks = large_chunks(payload.shape, payload.dtype.itemsize, LARGE_CHUNK_BYTES)
         shards = tuple(math.ceil(s / c) * c for s, c in zip(payload.shape, chunks)) if chunks else None
         codec = codec_for(payload.dtype, math.prod(chunks or payload.shape) * payload.dtype.itemsize)
         if not chunks:  # a 0-d array (never this large in practice): zarr writes it

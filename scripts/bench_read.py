@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import resource
 import statistics
 import subprocess
 import sys
@@ -108,19 +109,27 @@ def bench_large(archive: Path, ids: list[int], files: dict[int, Path], repeats: 
             theirs.append(t2 - t1)
             del x, y
         r = statistics.median(ours) / statistics.median(theirs)
-        ratios.append(r)
+        best = min(ours) / min(theirs)
+        ratios.append((r, best))
         rows.append((f"large {tid}", f"{files[tid].stat().st_size / 2**20:7.1f} MiB  dumpdb {ms(statistics.median(ours))}"
-                                     f"  np.load {ms(statistics.median(theirs))}  ratio {r:.2f}"))
-    worst = max(ratios)
-    rows.append(("large: worst ratio", f"{worst:.2f}x np.load   median {statistics.median(ratios):.2f}x   "
+                                     f"  np.load {ms(statistics.median(theirs))}  ratio {r:.2f} (best of each: {best:.2f})"))
+    worst = max(r for r, _ in ratios)
+    rows.append(("large: worst ratio", f"{worst:.2f}x np.load   median {statistics.median(r for r, _ in ratios):.2f}x   "
+                                       f"best-of ratios: worst {max(b for _, b in ratios):.2f}x   "
                                        f"target <= 2: {'PASS' if worst <= 2 else 'MISS'}"))
     return rows
 
 
-def _elapsed(cmd: list[str], env: dict[str, str]) -> float:
-    t0 = time.perf_counter()
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _elapsed(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of one process."""
+    t0, c0 = time.perf_counter(), _cpu()
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env, cwd=ROOT)
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, _cpu() - c0
 
 
 def bench_cli(archive: Path, runs: int) -> list[tuple[str, str]]:
@@ -134,9 +143,11 @@ def bench_cli(archive: Path, runs: int) -> list[tuple[str, str]]:
     for _ in range(runs):
         cli_s.append(_elapsed(cli, env))
         plain_s.append(_elapsed(plain, env))
-    c, p = statistics.median(cli_s), statistics.median(plain_s)
-    return [("cli sql SELECT 1", f"{ms(c)} median of {runs}"), ("python + duckdb", f"{ms(p)}"),
-            ("cli / duckdb", f"{c / p:.2f}x   target <= 2.5: {'PASS' if c / p <= 2.5 else 'MISS'}")]
+    c, p = statistics.median(w for w, _ in cli_s), statistics.median(w for w, _ in plain_s)
+    cc, pc = statistics.median(u for _, u in cli_s), statistics.median(u for _, u in plain_s)
+    return [("cli sql SELECT 1", f"{ms(c)} wall, {ms(cc)} CPU (median of {runs})"),
+            ("python + duckdb", f"{ms(p)} wall, {ms(pc)} CPU"),
+            ("cli / duckdb", f"{c / p:.2f}x wall, {cc / pc:.2f}x CPU   target <= 2.5: {'PASS' if c / p <= 2.5 else 'MISS'}")]
 
 
 def main() -> None:
@@ -147,9 +158,9 @@ def main() -> None:
     p.add_argument("--archive", type=Path, help="an archive already made from --dump (skips the ingest)")
     p.add_argument("--samples", type=int, default=400, help="small tensors to read (default 400)")
     p.add_argument("--large", type=int, default=5, help="how many of the largest tensors (default 5)")
-    p.add_argument("--repeats", type=int, default=7, help="reads of each large tensor per side (default 7)")
+    p.add_argument("--repeats", type=int, default=15, help="reads of each large tensor per side (default 15)")
     p.add_argument("--runs", type=int, default=11, help="CLI processes per side (default 11)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     args = p.parse_args()
     import dumpdb
 

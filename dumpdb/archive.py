@@ -480,7 +480,7 @@ class Archive:
         ids = table.column("tensor_id").cast(pa.int64()).to_pylist()
         locations = list(self.locations.many([int(t) if t is not None else -1 for t in ids]))
         rows = (row for batch in table.to_batches() for row in batch.to_pylist())
-        yield from _read_ahead(self, ids, locations, rows, host_format, verify)
+        yield from _read_ahead(self._read_located, self.path, ids, locations, rows, host_format, verify)
 
     # -- comparison ------------------------------------------------------------
     def compare(self, target: str, bench: str, **options) -> pa.Table:
@@ -590,10 +590,12 @@ READ_BATCH_ROWS = 256
 READ_BATCH_BYTES = 64 << 20
 
 
-def _read_ahead(archive: Archive, ids: list, locations: list[TensorLocation | None], rows: Iterator[dict],
-                host_format: bool, verify: bool) -> Iterator[tuple[dict[str, Any], np.ndarray | None]]:
+def _read_ahead(read_located: Any, path: Path, ids: list, locations: list[TensorLocation | None],
+                rows: Iterator[dict], host_format: bool,
+                verify: bool) -> Iterator[tuple[dict[str, Any], np.ndarray | None]]:
     """``(row, array)`` in query order, payloads read batch by batch in storage order,
-    one batch ahead on a background thread (see :meth:`Archive.tensors`)."""
+    one batch ahead on a background thread (see :meth:`Archive.tensors`);
+    ``read_located`` is :meth:`Archive._read_located` of the archive at ``path``."""
     from concurrent.futures import ThreadPoolExecutor
 
     batches: list[list[int]] = []  # positions in the query's order
@@ -615,12 +617,12 @@ def _read_ahead(archive: Archive, ids: list, locations: list[TensorLocation | No
         for pos in order:
             loc = locations[pos]
             if ids[pos] is None:
-                out[pos] = TensorNotFound(f"no tensor with tensor_id None in {archive.path}")
+                out[pos] = TensorNotFound(f"no tensor with tensor_id None in {path}")
             elif loc is not None and not (loc.content_hash is not None and loc.pruned_at is None):
                 out[pos] = None  # statistics only or pruned: no payload
             else:
                 try:
-                    out[pos] = archive._read_located(int(ids[pos]), loc, host_format, verify)
+                    out[pos] = read_located(int(ids[pos]), loc, host_format, verify)
                 except DumpdbError as exc:
                     out[pos] = exc
         return out

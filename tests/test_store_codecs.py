@@ -56,8 +56,10 @@ def test_every_dtype_round_trips_bit_exact_in_packs_of_mixed_sizes_and_large_arr
     # 1 element, a few, a pack-spanning small one, medium ones, and large N-D arrays whose
     # leading dimension does not divide into chunks (edge chunks padded)
     shapes = [(1,), (3,), (2, 5), (300 // item + 7,), (2048 // item + 3,), (4096 // item,),
-              (3, 7, 8192 // item // 21 + 5), (9000 // item + 1,)]
+              (3, 7, 8192 // item // 21 + 5), (9000 // item + 1,), (5, 3, 8192 // item // 15 + 3)]
     arrays = [_payload(rng, dtype, s) for s in shapes]
+    for a in arrays[7:]:  # these large ones compress (half zeros); the random one before is stored raw
+        a.reshape(-1)[a.size // 2 :] = 0
     hashes = [payload_hash(a) for a in arrays]
     locations = {}
     for h, a in zip(hashes, arrays):
@@ -86,11 +88,16 @@ def test_every_dtype_round_trips_bit_exact_in_packs_of_mixed_sizes_and_large_arr
         assert reader.read_payload(loc.array_path, loc.elem_offset, loc.elem_count).tobytes() == a.tobytes()
     # zarr itself decodes every array dumpdb encoded (the bytes are what zarr.json says)
     multi_byte = np.dtype(dtype).itemsize > 1
+    kinds_seen = set()
     for info in infos:
         meta = json.loads((tmp_path / "t.zarr" / info.array_path / "zarr.json").read_text())
         inner = [c["name"] for c in meta["codecs"][0]["configuration"]["codecs"]]
-        assert inner == ["bytes", "blosc" if multi_byte else "zstd"]
-        if multi_byte:
+        kinds_seen.add((info.kind, len(inner)))
+        if inner == ["bytes"]:
+            assert info.kind == "tensor"  # a large array that barely compresses: stored as it is
+        else:
+            assert inner == ["bytes", "blosc" if multi_byte else "zstd"]
+        if multi_byte and len(inner) == 2:
             blosc = meta["codecs"][0]["configuration"]["codecs"][1]["configuration"]
             assert blosc["shuffle"] == "shuffle" and blosc["cname"] == "zstd"
             assert blosc["typesize"] == (np.dtype(dtype).itemsize // 2 if np.dtype(dtype).kind == "c"
@@ -105,6 +112,8 @@ def test_every_dtype_round_trips_bit_exact_in_packs_of_mixed_sizes_and_large_arr
                 if loc.array_path == info.array_path:
                     part = whole[loc.elem_offset : loc.elem_offset + loc.elem_count]
                     assert part.tobytes() == np.ascontiguousarray(a).tobytes()
+    expected = {("pack", 2), ("tensor", 2)} | ({("tensor", 1)} if np.dtype(dtype) != np.bool_ else set())
+    assert kinds_seen == expected  # bool: 0/1 bytes always compress
 
 
 def test_a_damaged_blosc_frame_is_an_error_naming_the_object_not_zeros(tmp_path, small_store):
@@ -169,3 +178,32 @@ def test_an_archive_written_before_the_codec_change_reads_unchanged(tmp_path):
     report = dumpdb.ingest(ms_case("c1_inputs_kernels_iter"), archive=archive, run="c1")
     assert report.ok and report.tensors_added == 42
     assert dumpdb.open(archive).verify().ok
+
+
+def test_a_large_array_that_barely_compresses_is_stored_uncompressed_and_reads_back(tmp_path, small_store):
+    TensorStore.create(tmp_path / "t.zarr")
+    store = TensorStore(tmp_path / "t.zarr", read_only=False)
+    writer = StoreWriter(store)
+    rng = np.random.default_rng(7)
+    noisy = rng.standard_normal((37, 61)).astype(np.float32)  # near-random mantissas: ~12 % saved at best
+    masked = np.zeros((37, 61), dtype=np.float32)
+    masked[::5] = -np.inf  # a mask: compresses many times over
+    locations = {}
+    for a in (noisy, masked):
+        for loc in writer.add(payload_hash(a), a) + writer.flush():
+            locations[loc.content_hash] = loc
+    writer.close()
+    reader = TensorStore(tmp_path / "t.zarr")
+    inner = {}
+    for a in (noisy, masked):
+        loc = locations[payload_hash(a)]
+        assert loc.elem_offset is None  # its own (large) array
+        meta = json.loads((tmp_path / "t.zarr" / loc.array_path / "zarr.json").read_text())
+        inner[a is noisy] = [c["name"] for c in meta["codecs"][0]["configuration"]["codecs"]]
+        got = reader.read(loc.array_path, None, loc.elem_count, a.dtype, a.shape, content_hash=payload_hash(a),
+                          verify=True)
+        assert got.tobytes() == a.tobytes()
+        assert np.asarray(zarr.open_array(store.zstore, path=loc.array_path, mode="r")[...]).tobytes() == a.tobytes()
+    assert inner == {True: ["bytes"], False: ["bytes", "blosc"]}
+    assert locations[payload_hash(noisy)].stored_bytes >= noisy.nbytes  # stored as it is
+    assert locations[payload_hash(masked)].stored_bytes < masked.nbytes / 4

@@ -50,7 +50,7 @@ from zarr.abc.store import Store
 
 from dumpdb.dtypes import storage_dtype
 from dumpdb.errors import PayloadCorrupt, PayloadMissing
-from dumpdb.storage.codecs import Codec, codec_for, frame_decoder
+from dumpdb.storage.codecs import LARGE_MIN_SAVING, Codec, codec_for, frame_decoder
 from dumpdb.storage.local import DurableLocalStore
 from dumpdb.storage.objects import ObjectStore
 from dumpdb.storage.shard import (
@@ -73,6 +73,9 @@ INNER_CHUNK_BYTES = 256 << 10
 MEDIUM_BYTES = 256 << 10
 MEDIUM_CHUNK_BYTES = 4 << 20
 LARGE_CHUNK_BYTES = 4 << 20
+# A large array's chunks are decoded on a thread pool when its shard holds at least this
+# many compressed bytes (decoding then costs more than handing chunks to threads).
+PARALLEL_DECODE_BYTES = 4 << 20
 
 
 @dataclass(frozen=True)
@@ -142,9 +145,19 @@ def large_chunks(shape: tuple[int, ...], itemsize: int, target: int = LARGE_CHUN
     return (1,) * len(shape)  # unreachable: the last block is one item
 
 
-def decode_frame(decoder: numcodecs.abc.Codec, frame: Any, where: str, i: int, out: np.ndarray | None = None) -> Any:
-    """``decoder.decode(frame, out)``; a frame that does not decode (damaged bytes: zstd and
-    Blosc raise RuntimeError) becomes ValueError naming ``where`` and chunk ``i``."""
+def decode_frame(decoder: numcodecs.abc.Codec | None, frame: Any, where: str, i: int,
+                 out: np.ndarray | None = None) -> Any:
+    """``decoder.decode(frame, out)`` (``decoder`` None: the frame is the chunk's bytes); a
+    frame that does not decode (damaged bytes: zstd and Blosc raise RuntimeError) becomes
+    ValueError naming ``where`` and chunk ``i``."""
+    if decoder is None:
+        if out is None:
+            return frame
+        dest = out.reshape(-1).view(np.uint8)
+        if len(frame) != dest.size:
+            raise ValueError(f"{where}: chunk {i} has {len(frame)} bytes, not {dest.size}")
+        dest[...] = np.frombuffer(frame, dtype=np.uint8)
+        return out
     try:
         return decoder.decode(frame, out=out)
     except (RuntimeError, ValueError) as exc:
@@ -198,7 +211,7 @@ class _LargeMeta:
     ``None`` from :meth:`parse` for anything else (then zarr reads it)."""
 
     def __init__(self, array_path: str, dtype: np.dtype, shape: tuple[int, ...], chunks: tuple[int, ...],
-                 decoder: numcodecs.abc.Codec):
+                 decoder: numcodecs.abc.Codec | None):
         self.key = shard_key(array_path, len(shape))
         self.dtype, self.shape, self.chunks, self.decoder = dtype, shape, chunks, decoder
         self.grid = tuple(math.ceil(s / c) for s, c in zip(shape, chunks))
@@ -436,8 +449,9 @@ class TensorStore:
                     raise ValueError(f"{where}: chunk {i} decodes to {whole.size} elements, not {meta.chunk_elems}")
                 flat[start : start + count] = whole[:count]
 
-        if meta.n_chunks == 1:
-            decode(0)
+        if meta.n_chunks == 1 or body < PARALLEL_DECODE_BYTES:
+            for i in range(meta.n_chunks):  # little to decode: thread hand-offs would cost more
+                decode(i)
         else:
             if self._decode_pool is None:
                 self._decode_pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 2,
@@ -702,8 +716,12 @@ class StoreWriter:
         else:
             # zarr writes the metadata; the one shard is encoded here, each chunk one contiguous
             # run of the C-order payload (chunk_runs), edge chunks zero-padded as zarr pads them.
+            flat = payload.reshape(-1)
+            frames = self._large_frames(flat, payload.shape, chunks, codec)
+            if sum(map(len, frames)) > (1 - LARGE_MIN_SAVING) * math.prod(shards or ()) * payload.dtype.itemsize:
+                codec = codec.uncompressed()  # little saved: fast reads matter more (codecs.py)
+                frames = self._large_frames(flat, payload.shape, chunks, codec)
             self._create(name, payload, chunks, shards, "tensor", codec, write=False, content_hash=content_hash)
-            frames = self._large_frames(payload.reshape(-1), payload.shape, chunks, codec)
             objects = self.store.objects
             written, checksum = write_shard(ShardTarget(objects, shard_key(name, payload.ndim)), frames)
             stored = objects.size(f"{name}/zarr.json") + written
@@ -715,7 +733,7 @@ class StoreWriter:
         """The compressed inner chunks of a large array, in shard order."""
         starts, counts = chunk_runs(shape, chunks)
         size = math.prod(chunks)
-        encoder = codec.frame_codec()
+        encoder = None if codec.raw else codec.frame_codec()
 
         def encode(i: int) -> bytes:
             start, count = int(starts[i]), int(counts[i])
@@ -724,7 +742,7 @@ class StoreWriter:
                 padded = np.zeros(size, dtype=flat.dtype)
                 padded[:count] = piece
                 piece = padded
-            return bytes(encoder.encode(piece))
+            return piece.tobytes() if encoder is None else bytes(encoder.encode(piece))
 
         return list(self._codec_pool.map(encode, range(len(starts))))
 

@@ -186,24 +186,35 @@ def test_a_large_array_that_barely_compresses_is_stored_uncompressed_and_reads_b
     writer = StoreWriter(store)
     rng = np.random.default_rng(7)
     noisy = rng.standard_normal((37, 61)).astype(np.float32)  # near-random mantissas: ~12 % saved at best
+    # 40 rows cut into whole chunks of 4 rows: no edge padding, read straight from the shard file
+    unpadded = rng.standard_normal((40, 61)).astype(np.float32)
     masked = np.zeros((37, 61), dtype=np.float32)
     masked[::5] = -np.inf  # a mask: compresses many times over
     locations = {}
-    for a in (noisy, masked):
+    for a in (noisy, unpadded, masked):
         for loc in writer.add(payload_hash(a), a) + writer.flush():
             locations[loc.content_hash] = loc
     writer.close()
     reader = TensorStore(tmp_path / "t.zarr")
     inner = {}
-    for a in (noisy, masked):
+    for a in (noisy, unpadded, masked):
         loc = locations[payload_hash(a)]
         assert loc.elem_offset is None  # its own (large) array
         meta = json.loads((tmp_path / "t.zarr" / loc.array_path / "zarr.json").read_text())
-        inner[a is noisy] = [c["name"] for c in meta["codecs"][0]["configuration"]["codecs"]]
+        inner[a is not masked] = [c["name"] for c in meta["codecs"][0]["configuration"]["codecs"]]
         got = reader.read(loc.array_path, None, loc.elem_count, a.dtype, a.shape, content_hash=payload_hash(a),
                           verify=True)
         assert got.tobytes() == a.tobytes()
         assert np.asarray(zarr.open_array(store.zstore, path=loc.array_path, mode="r")[...]).tobytes() == a.tobytes()
     assert inner == {True: ["bytes"], False: ["bytes", "blosc"]}
     assert locations[payload_hash(noisy)].stored_bytes >= noisy.nbytes  # stored as it is
+    # the unpadded one: exactly its bytes in the shard, so a damaged index is caught, not read past
+    loc = locations[payload_hash(unpadded)]
+    shard = tmp_path / "t.zarr" / shard_key(loc.array_path, 2)
+    assert shard.stat().st_size == unpadded.nbytes + 16 * 10 + 4
+    raw = bytearray(shard.read_bytes())
+    raw[-10] ^= 0xFF
+    shard.write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match="checksum"):
+        TensorStore(tmp_path / "t.zarr").read(loc.array_path, None, loc.elem_count, unpadded.dtype, unpadded.shape)
     assert locations[payload_hash(masked)].stored_bytes < masked.nbytes / 4

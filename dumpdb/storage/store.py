@@ -416,6 +416,10 @@ class TensorStore:
         meta = self._large_meta(array_path)
         if meta is None:
             return None
+        if meta.decoder is None:
+            direct = self._large_uncompressed(meta)
+            if direct is not None:
+                return direct
         try:
             raw = self.objects.get(meta.key)
         except PayloadMissing:
@@ -458,6 +462,26 @@ class TensorStore:
                                                        thread_name_prefix="dumpdb-decode")
             for _ in self._decode_pool.map(decode, range(meta.n_chunks)):
                 pass
+        return out
+
+    def _large_uncompressed(self, meta: _LargeMeta) -> np.ndarray | None:
+        """An uncompressed large array whose shard holds exactly its bytes in order (no edge
+        padding): read from the shard straight into the result, one copy as ``np.load``
+        does. None for any other layout (then :meth:`_large_direct` decodes chunk by chunk)."""
+        nbytes = math.prod(meta.shape) * meta.dtype.itemsize
+        chunk_bytes = meta.chunk_elems * meta.dtype.itemsize
+        if nbytes != meta.n_chunks * chunk_bytes:
+            return None  # edge chunks are padded
+        try:
+            tail = self.objects.get_suffix(meta.key, shard_index_bytes(meta.n_chunks))
+        except (PayloadMissing, PayloadCorrupt):
+            return None
+        index = parse_shard_index(tail, meta.n_chunks, self.objects.where(meta.key))
+        expected = np.arange(meta.n_chunks, dtype=np.uint64) * np.uint64(chunk_bytes)
+        if not (np.array_equal(index[:, 0], expected) and bool((index[:, 1] == chunk_bytes).all())):
+            return None  # chunks not back to back in order
+        out = np.empty(meta.shape, dtype=meta.dtype)
+        self.objects.get_into(meta.key, 0, out.reshape(-1).view(np.uint8).data)
         return out
 
     def _large(self, array_path: str, content_hash: str | None) -> np.ndarray:

@@ -32,6 +32,7 @@ import duckdb
 
 from dumpdb import __version__
 from dumpdb.catalog import DEFAULT_LOCK_TIMEOUT, Catalog, one
+from dumpdb.catalog.locations import LocationIndex, TensorLocation
 from dumpdb.errors import ArchiveError, DumpdbError, PayloadCorrupt, PayloadMissing, TensorNotFound
 
 if TYPE_CHECKING:  # numpy and pyarrow are imported where used: a query CLI starts without them
@@ -211,6 +212,7 @@ class Archive:
         self._store: TensorStore | None = None  # opened on first tensor read: zarr costs ~0.2 s to import
         self._held: duckdb.DuckDBPyConnection | None = None
         self._held_sandbox: duckdb.DuckDBPyConnection | None = None  # sql()'s, while held
+        self._locations: LocationIndex | None = None  # tensor_id -> payload location, loaded on first read
 
     def __repr__(self) -> str:
         return f"<dumpdb.Archive {str(self.path)!r}>"
@@ -519,8 +521,32 @@ class Archive:
         if tensor_id is None:
             tensor_id = self.find_tensor_id(run=run, iteration=iteration, op_name=op_name, io=io,
                                             slot=slot, rank=rank, graph_id=graph_id)
+        return self._read_located(int(tensor_id), self.locations.get(int(tensor_id)), host_format, verify)
+
+    @property
+    def locations(self) -> LocationIndex:
+        """The in-memory index of every tensor's payload location
+        (:class:`~dumpdb.catalog.locations.LocationIndex`): reads by ``tensor_id`` need no
+        catalog query, and it reloads itself after any commit to the catalog."""
+        if self._locations is None:
+            self._locations = LocationIndex(self.catalog.path, self.reader)
+        return self._locations
+
+    def _read_located(self, tensor_id: int, loc: TensorLocation | None, host_format: bool,
+                      verify: bool) -> np.ndarray:
+        """Read a tensor from its indexed location. Anything but a readable payload read
+        cleanly (unknown id, statistics only, pruned, missing or damaged bytes) goes the
+        full way: the catalog row with the file and key that messages name."""
+        if loc is not None and loc.readable:
+            try:
+                return self._read((tensor_id, loc.dtype, loc.shape, loc.nbytes, loc.content_hash, None,
+                                   loc.array_path, loc.elem_offset, loc.elem_count, loc.stored, loc.format,
+                                   loc.original_shape, loc.original_format, loc.pruned_at, None, None, None, None),
+                                  host_format, verify)
+            except DumpdbError:
+                pass  # raised again below, with the names of the tensor
         with self.reader() as con:
-            rows = con.execute(_TENSOR_LOCATION_SQL + " WHERE t.tensor_id = ?", [int(tensor_id)]).fetchall()
+            rows = con.execute(_TENSOR_LOCATION_SQL + " WHERE t.tensor_id = ?", [tensor_id]).fetchall()
         if not rows:
             raise TensorNotFound(f"no tensor with tensor_id {tensor_id} in {self.path}")
         return self._read(rows[0], host_format, verify)
@@ -580,30 +606,22 @@ class Archive:
         """Yield ``(row, array)`` for each row of ``query`` (which must return ``tensor_id``).
 
         Rows come in the query's order as dicts of its columns; ``array`` is
-        None for statistics-only and pruned tensors. Payloads are read one at a time, so
-        memory stays bounded by the largest tensor. ``host_format`` and ``verify``
-        as in :meth:`tensor`.
+        None for statistics-only and pruned tensors. Payloads are read in batches of
+        up to ``READ_BATCH_ROWS`` rows / ``READ_BATCH_BYTES`` bytes, each batch in storage
+        order (pack, offset: every chunk decoded once) and the next batch read ahead on
+        a background thread while this one is consumed; memory stays bounded by about
+        two batches (or the largest tensor). ``host_format`` and ``verify`` as in
+        :meth:`tensor`; an error reading a tensor is raised when its row is reached.
         """
         import pyarrow as pa
 
         table = self.sql(query, params)
         if "tensor_id" not in table.column_names:
             raise DumpdbError("tensors(query): the query must return a tensor_id column")
-        ids = pa.table({"tensor_id": table.column("tensor_id").cast(pa.int64())})
-        with self.reader() as con:
-            con.register("_ids", ids)
-            try:
-                locs = {r[0]: r for r in con.execute(
-                    _TENSOR_LOCATION_SQL + " WHERE t.tensor_id IN (SELECT tensor_id FROM _ids)").fetchall()}
-            finally:
-                con.unregister("_ids")
-        for batch in table.to_batches():
-            for row in batch.to_pylist():
-                loc = locs.get(row["tensor_id"])
-                if loc is None:
-                    raise TensorNotFound(f"no tensor with tensor_id {row['tensor_id']} in {self.path}")
-                has_payload = loc[4] is not None and loc[13] is None
-                yield row, (self._read(loc, host_format, verify) if has_payload else None)
+        ids = table.column("tensor_id").cast(pa.int64()).to_pylist()
+        locations = list(self.locations.many([int(t) if t is not None else -1 for t in ids]))
+        rows = (row for batch in table.to_batches() for row in batch.to_pylist())
+        yield from _read_ahead(self._read_located, self.path, ids, locations, rows, host_format, verify)
 
     # -- comparison ------------------------------------------------------------
     def compare(self, target: str, bench: str, **options) -> pa.Table:
@@ -723,6 +741,70 @@ class Archive:
             except ValueError as exc:
                 raise DumpdbError(f"tensor {tensor_id} ({source_file}): {exc}") from exc
         return array
+
+
+READ_BATCH_ROWS = 256
+READ_BATCH_BYTES = 64 << 20
+
+
+def _read_ahead(read_located: Any, path: Path, ids: list, locations: list[TensorLocation | None],
+                rows: Iterator[dict], host_format: bool,
+                verify: bool) -> Iterator[tuple[dict[str, Any], np.ndarray | None]]:
+    """``(row, array)`` in query order, payloads read batch by batch in storage order,
+    one batch ahead on a background thread (see :meth:`Archive.tensors`);
+    ``read_located`` is :meth:`Archive._read_located` of the archive at ``path``."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    batches: list[list[int]] = []  # positions in the query's order
+    current: list[int] = []
+    size = 0
+    for pos, loc in enumerate(locations):
+        current.append(pos)
+        size += (loc.nbytes or 0) if loc is not None else 0
+        if len(current) >= READ_BATCH_ROWS or size >= READ_BATCH_BYTES:
+            batches.append(current)
+            current, size = [], 0
+    if current:
+        batches.append(current)
+
+    def read(batch: list[int]) -> dict[int, Any]:
+        """Payloads (or the exception reading one raised) of a batch, by position."""
+        out: dict[int, Any] = {}
+        order = sorted(batch, key=lambda p: _storage_key(locations[p]))
+        for pos in order:
+            loc = locations[pos]
+            if ids[pos] is None:
+                out[pos] = TensorNotFound(f"no tensor with tensor_id None in {path}")
+            elif loc is not None and not (loc.content_hash is not None and loc.pruned_at is None):
+                out[pos] = None  # statistics only or pruned: no payload
+            else:
+                try:
+                    out[pos] = read_located(int(ids[pos]), loc, host_format, verify)
+                except DumpdbError as exc:
+                    out[pos] = exc
+        return out
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="dumpdb-readahead") as pool:
+        pending = pool.submit(read, batches[0]) if batches else None
+        for i, batch in enumerate(batches):
+            assert pending is not None
+            payloads = pending.result()
+            pending = pool.submit(read, batches[i + 1]) if i + 1 < len(batches) else None
+            for pos in batch:
+                row = next(rows)
+                value = payloads.pop(pos)
+                if isinstance(value, BaseException):
+                    if pending is not None:
+                        pending.cancel()
+                    raise value
+                yield row, value
+
+
+def _storage_key(loc: TensorLocation | None) -> tuple[str, int]:
+    """Sort key putting reads in storage order: by array, then offset in it."""
+    if loc is None or loc.array_path is None:
+        return ("", 0)
+    return (loc.array_path, loc.elem_offset or 0)
 
 
 def open(path: str | os.PathLike | None = None, **kwargs) -> Archive:  # noqa: A001

@@ -298,6 +298,7 @@ def _alter_one_payload(bundle: Path, target: Path) -> str:
     """Re-encode a float32 pack with one element changed of a payload ``target`` does not
     hold (one it would store); re-sign the manifest. Returns the altered content hash."""
     import dumpdb.storage.store
+    from dumpdb.storage.codecs import codec_for
     from dumpdb.storage.local import DurableLocalStore
     from dumpdb.storage.objects import ObjectStore
     from dumpdb.storage.shard import ShardTarget, encode_chunks, write_shard
@@ -312,7 +313,7 @@ def _alter_one_payload(bundle: Path, target: Path) -> str:
         blob["array_path"], 0, meta["shape"][0]).copy()
     arr[blob["elem_offset"]] = np.float32(arr[blob["elem_offset"]]) + np.float32(1.0)
     objects = ObjectStore(DurableLocalStore(str(bundle / "tensors.zarr")))
-    write_shard(ShardTarget(objects, f"{blob['array_path']}/c/0"), encode_chunks(arr, inner, 1))
+    write_shard(ShardTarget(objects, f"{blob['array_path']}/c/0"), encode_chunks(arr, inner, codec_for(arr.dtype, inner * arr.dtype.itemsize).frame_codec()))
     resign(bundle)
     return blob["content_hash"]
 

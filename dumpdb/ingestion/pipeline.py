@@ -59,6 +59,7 @@ from dumpdb.dumpio import check_dump_file, confine
 from dumpdb.errors import ArchiveError, DumpdbError, SourceChanged
 from dumpdb.ingestion import identity
 from dumpdb.ingestion.ranges import check_ranges
+from dumpdb.ingestion.stored_stats import StoredStats
 from dumpdb.layouts import DumpScan, Layout, TensorEntry, locate
 from dumpdb.layouts.base import display_name
 from dumpdb.progress import Reporter
@@ -287,6 +288,7 @@ class _Pipeline:
         self.known: set[str] = set()  # payload hashes durable in the store
         self.waiting: dict[str, list[dict]] = {}  # hash buffered in a pack -> rows waiting on it
         self.stats_cache: dict[tuple[str, str], dict] = {}
+        self.stored_stats: StoredStats | None = None  # computed statistics of payloads stored before
         self.rows: list[dict] = []  # rows ready to commit
         self.blob_rows: list[BlobLocation] = []  # durable payloads, not yet in the catalog
         self.error_rows: list[dict] = []
@@ -391,6 +393,7 @@ class _Pipeline:
                                 ["complete_with_errors" if failed else "complete", datetime.now(), self.run_name])
                 return []  # nothing to do
             self.known = {h for (h,) in con.execute("SELECT content_hash FROM blobs").fetchall()}
+            self.stored_stats = StoredStats.load(con)  # stored payloads: statistics not computed again
             now = datetime.now()
             if existing:
                 con.execute("UPDATE runs SET status = 'ingesting', ingest_finished = NULL, dumpdb_version = ? "
@@ -528,6 +531,8 @@ class _Pipeline:
         if not set(STAT_COLUMNS) <= have:
             key = (item.content_hash, loaded.array.dtype.str)
             stats = self.stats_cache.get(key)
+            if stats is None and self.stored_stats is not None:
+                stats = self.stored_stats.get(item.content_hash, dtype_name(loaded.array.dtype))
             if stats is None:
                 stats = compute_stats(loaded.array).as_dict()
                 self.stats_cache[key] = stats

@@ -21,6 +21,7 @@ the object. Write failures (ENOSPC...) propagate as OSError.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Coroutine, Iterable, Iterator
 from typing import Any, TypeVar
 
@@ -28,6 +29,7 @@ import google_crc32c
 from zarr.abc.store import RangeByteRequest, Store, SuffixByteRequest, SupportsSyncStore
 from zarr.core.buffer import Buffer, default_buffer_prototype
 from zarr.core.sync import sync
+from zarr.storage import LocalStore
 
 from dumpdb.errors import DumpdbError, PayloadCorrupt, PayloadMissing, StorageError
 
@@ -156,6 +158,30 @@ class ObjectStore:
         if len(data) != n:
             raise PayloadCorrupt(f"{self.where(key)}: object has {len(data)} bytes, fewer than the {n} expected")
         return data
+
+    def get_into(self, key: str, start: int, out: memoryview) -> None:
+        """Fill ``out`` (a writable byte view) with the bytes ``[start, start + len(out))`` of
+        object ``key``: straight from the file into ``out`` for a store on local disk (one
+        copy, as ``np.load`` does), else through :meth:`get`. Raises as :meth:`get`."""
+        root = getattr(self.store, "root", None)
+        if isinstance(self.store, LocalStore) and root is not None:
+            path = os.path.join(root, key)
+            try:
+                with open(path, "rb", buffering=0) as f:
+                    f.seek(start)
+                    got = f.readinto(out)
+                    while got is not None and got < len(out):
+                        more = f.readinto(out[got:])
+                        if not more:
+                            break
+                        got += more
+            except FileNotFoundError as exc:
+                raise PayloadMissing(f"{self.where(key)}: object missing from the tensor store") from exc
+            if got != len(out):
+                raise PayloadCorrupt(f"{self.where(key)}: object too short for bytes [{start}, {start + len(out)}) "
+                                     f"(got {got or 0} of {len(out)})")
+            return
+        out[:] = self.get(key, start, start + len(out))
 
     def exists(self, key: str) -> bool:
         """True if object ``key`` exists (a prefix with objects under it is not one)."""

@@ -7,7 +7,8 @@ of a known layout, so it encodes them itself and lets zarr write the metadata an
 do all reading. The bytes are exactly what the codec chain in the array's
 ``zarr.json`` describes (zarr-specs, sharding-indexed codec v1.0):
 
-* inner chunks: the ``bytes`` codec (little-endian, C order) then ``zstd``; the
+* inner chunks: the ``bytes`` codec (little-endian, C order) then ``zstd`` or
+  ``blosc`` (:mod:`dumpdb.storage.codecs` chooses per dtype); the
   last chunk is padded with the fill value (0) to the full chunk shape;
 * the chunks back to back from offset 0, in chunk order;
 * at the end (``index_location: end``) the index: ``(chunks, 2)`` little-endian
@@ -32,20 +33,23 @@ if TYPE_CHECKING:
     from dumpdb.storage.objects import ObjectStore
 
 
-def encode_chunks(data: np.ndarray, chunk: int, level: int, pool: ThreadPoolExecutor | None = None) -> list[bytes]:
-    """zstd frames of ``data`` (1-D, little-endian) cut into ``chunk``-element pieces.
+def encode_chunks(data: np.ndarray, chunk: int, codec: int | numcodecs.abc.Codec,
+                  pool: ThreadPoolExecutor | None = None) -> list[bytes]:
+    """Compressed frames of ``data`` (1-D, little-endian) cut into ``chunk``-element pieces.
 
-    The last piece is zero-padded to ``chunk`` elements. Compression runs on
-    ``pool`` when given (numcodecs releases the GIL while compressing).
+    ``codec``: the numcodecs codec of the array's inner chain (an int: zstd at that level,
+    what packs used before :mod:`dumpdb.storage.codecs`). The last piece is zero-padded to
+    ``chunk`` elements. Compression runs on ``pool`` when given (numcodecs releases the
+    GIL while compressing).
     """
-    codec = numcodecs.Zstd(level=level)
+    enc = numcodecs.Zstd(level=codec) if isinstance(codec, int) else codec
     n = data.size
     pieces = [data[i : i + chunk] for i in range(0, n, chunk)]
     if pieces and pieces[-1].size < chunk:
         last = np.zeros(chunk, dtype=data.dtype)
         last[: pieces[-1].size] = pieces[-1]
         pieces[-1] = last
-    encode = lambda piece: codec.encode(np.ascontiguousarray(piece))  # noqa: E731
+    encode = lambda piece: enc.encode(np.ascontiguousarray(piece))  # noqa: E731
     if pool is None or len(pieces) < 2:
         return [bytes(encode(p)) for p in pieces]
     return [bytes(b) for b in pool.map(encode, pieces)]

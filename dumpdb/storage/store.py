@@ -5,7 +5,10 @@ array per tensor costs ~2.7 ms + ~3 ms per chunk, so tensors are packed):
 
 ``packs/{dtype}/{pack_id}``
     1-D arrays holding many tensors' payloads back to back (one per dtype per
-    flush, about ``pack_bytes`` each), zstd level 1, inner chunks of 1 MiB,
+    flush, about ``pack_bytes`` each), inner chunks of 256 KiB (4 MiB in packs of
+    tensors of 256 KiB or more) compressed with the
+    dtype's codec (:mod:`dumpdb.storage.codecs`: byte shuffle + zstd-1 for multi-byte
+    dtypes, zstd-1 for one-byte ones; older archives: zstd-1 throughout),
     one shard per pack: one ``zarr.json`` + one shard object per pack.
 ``large/{hh}/{content_hash}-{id}``
     one array per tensor of at least ``large_bytes``, in its own shape and
@@ -48,6 +51,7 @@ from zarr.abc.store import Store
 from dumpdb.dtypes import storage_dtype
 from dumpdb.errors import PayloadCorrupt, PayloadMissing, StorageError
 from dumpdb.storage import remote
+from dumpdb.storage.codecs import LARGE_MIN_SAVING, Codec, codec_for, frame_decoder
 from dumpdb.storage.local import DurableLocalStore
 from dumpdb.storage.objects import ObjectStore
 from dumpdb.storage.shard import (
@@ -61,9 +65,18 @@ from dumpdb.storage.shard import (
 
 PACK_BYTES = 64 << 20
 LARGE_BYTES = 16 << 20
-INNER_CHUNK_BYTES = 1 << 20
+# Inner chunks: a pack read decodes whole chunks, so small tensors (read one by one,
+# target p99 <= 2 ms) sit in packs of small chunks; tensors of MEDIUM_BYTES or more
+# sit in packs of 4 MiB chunks, which compress far better (zstd finds repeats across
+# a whole chunk; scripts/bench_codecs.py on the Transformer dump: 4 MiB chunks store
+# 0.67x the bytes of 1 MiB ones, 256 KiB ones 1.9x).
+INNER_CHUNK_BYTES = 256 << 10
+MEDIUM_BYTES = 256 << 10
+MEDIUM_CHUNK_BYTES = 4 << 20
 LARGE_CHUNK_BYTES = 4 << 20
-ZSTD_LEVEL = 1
+# A large array's chunks are decoded on a thread pool when its shard holds at least this
+# many compressed bytes (decoding then costs more than handing chunks to threads).
+PARALLEL_DECODE_BYTES = 4 << 20
 
 # What each array says about itself (its zarr.json "attributes"), for a reader without dumpdb.
 CATALOG_POINTER = ("the catalog: catalog.duckdb beside this store (an archive) or catalog/*.parquet "
@@ -150,8 +163,43 @@ def large_chunks(shape: tuple[int, ...], itemsize: int, target: int = LARGE_CHUN
     return (1,) * len(shape)  # unreachable: the last block is one item
 
 
+def decode_frame(decoder: numcodecs.abc.Codec | None, frame: Any, where: str, i: int,
+                 out: np.ndarray | None = None) -> Any:
+    """``decoder.decode(frame, out)`` (``decoder`` None: the frame is the chunk's bytes); a
+    frame that does not decode (damaged bytes: zstd and Blosc raise RuntimeError) becomes
+    ValueError naming ``where`` and chunk ``i``."""
+    if decoder is None:
+        if out is None:
+            return frame
+        dest = out.reshape(-1).view(np.uint8)
+        if len(frame) != dest.size:
+            raise ValueError(f"{where}: chunk {i} has {len(frame)} bytes, not {dest.size}")
+        dest[...] = np.frombuffer(frame, dtype=np.uint8)
+        return out
+    try:
+        return decoder.decode(frame, out=out)
+    except (RuntimeError, ValueError) as exc:
+        raise ValueError(f"{where}: chunk {i} does not decode ({exc})") from exc
+
+
+def chunk_runs(shape: tuple[int, ...], chunks: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """For an array whose chunks are contiguous in C order (``chunks`` = ones, then one cut
+    dimension, then whole trailing dimensions, as :func:`large_chunks` makes them):
+    ``(start, count)`` in flat elements of every chunk, in the shard's (C) chunk order.
+    ``count`` is less than the chunk's size only for edge chunks (zarr pads them)."""
+    nd = len(shape)
+    lead = min(next((i for i, c in enumerate(chunks) if c != 1), nd), nd - 1)
+    block = math.prod(shape[lead + 1 :])
+    rows, n_lead = chunks[lead], math.ceil(shape[lead] / chunks[lead])
+    g = np.arange(math.prod(math.ceil(s / c) for s, c in zip(shape, chunks)), dtype=np.int64)
+    prefix, b = np.divmod(g, n_lead)
+    start = (prefix * shape[lead] + b * rows) * block
+    count = np.minimum(rows, shape[lead] - b * rows) * block
+    return start, count
+
+
 class _PackMeta:
-    """What reading a pack needs from its ``zarr.json``: dtype, inner chunk, shard index."""
+    """What reading a pack needs from its ``zarr.json``: dtype, inner chunk, decoder, shard index."""
 
     def __init__(self, objects: ObjectStore, array_path: str):
         meta = json.loads(bytes(objects.get(f"{array_path}/zarr.json")))
@@ -159,13 +207,10 @@ class _PackMeta:
         if sharding["name"] != "sharding_indexed" or len(meta["shape"]) != 1:
             raise ValueError(f"{array_path}: not a 1-D sharded pack")
         inner = sharding["configuration"]
-        codecs = [c["name"] for c in inner["codecs"]]
-        if codecs != ["bytes", "zstd"] or inner.get("index_location", "end") != "end" or \
+        if inner.get("index_location", "end") != "end" or \
                 [c["name"] for c in inner["index_codecs"]] != ["bytes", "crc32c"]:
-            raise ValueError(f"{array_path}: pack codecs {codecs} not the ones dumpdb writes")
-        endian = (inner["codecs"][0].get("configuration") or {}).get("endian", "little")
-        if endian != "little":  # dumpdb writes and decodes little-endian only: never read byte-swapped
-            raise ValueError(f"{array_path}: pack bytes codec is {endian}-endian, not little-endian")
+            raise ValueError(f"{array_path}: pack shard index not the one dumpdb writes")
+        self.decoder = frame_decoder(inner["codecs"], f"{array_path}: pack")
         data_type = meta["data_type"]
         self.dtype = np.dtype(np.bool_) if data_type == "bool" else np.dtype(data_type).newbyteorder("<")
         self.chunk = int(inner["chunk_shape"][0])
@@ -177,6 +222,50 @@ class _PackMeta:
         self.index = parse_shard_index(raw, n_chunks, objects.where(self.key))
 
 
+class _LargeMeta:
+    """A large array whose chunks can be decoded straight into the result: one shard
+    covering the whole array, inner chunks contiguous in C order (whole trailing
+    dimensions, as :func:`large_chunks` cuts them), ``bytes`` + ``zstd``/``blosc``.
+    ``None`` from :meth:`parse` for anything else (then zarr reads it)."""
+
+    def __init__(self, array_path: str, dtype: np.dtype, shape: tuple[int, ...], chunks: tuple[int, ...],
+                 decoder: numcodecs.abc.Codec | None):
+        self.key = shard_key(array_path, len(shape))
+        self.dtype, self.shape, self.chunks, self.decoder = dtype, shape, chunks, decoder
+        self.grid = tuple(math.ceil(s / c) for s, c in zip(shape, chunks))
+        self.n_chunks = math.prod(self.grid)
+        self.chunk_elems = math.prod(chunks)
+
+    @staticmethod
+    def parse(array_path: str, meta: dict[str, Any]) -> _LargeMeta | None:
+        try:
+            shape = tuple(int(s) for s in meta["shape"])
+            sharding = meta["codecs"][0]
+            if meta.get("zarr_format") != 3 or sharding["name"] != "sharding_indexed" or not shape:
+                return None
+            shard = tuple(int(s) for s in meta["chunk_grid"]["configuration"]["chunk_shape"])
+            inner = sharding["configuration"]
+            chunks = tuple(int(c) for c in inner["chunk_shape"])
+            if len(shard) != len(shape) or len(chunks) != len(shape) or any(s < n for s, n in zip(shard, shape)) \
+                    or any(s % c for s, c in zip(shard, chunks)) or any(s > n + c - 1 for s, n, c in
+                                                                     zip(shard, shape, chunks)):
+                return None  # more than one shard, or a shard that is not a whole grid of chunks
+            if inner.get("index_location", "end") != "end" or \
+                    [c["name"] for c in inner["index_codecs"]] != ["bytes", "crc32c"] or meta.get("fill_value") != 0:
+                return None
+            data_type = meta["data_type"]
+            if not isinstance(data_type, str):
+                return None
+            dtype = np.dtype(np.bool_) if data_type == "bool" else np.dtype(data_type).newbyteorder("<")
+            decoder = frame_decoder(inner["codecs"], array_path)
+        except (KeyError, TypeError, ValueError, IndexError):
+            return None
+        lead = next((i for i, c in enumerate(chunks) if c != 1), len(chunks))
+        if chunks[lead + 1 :] != shape[lead + 1 :]:
+            return None  # a chunk is not one contiguous run of the C-order array
+        return _LargeMeta(array_path, dtype, shape, chunks, decoder)
+
+
 class TensorStore:
     """Read access to ``tensors.zarr`` (and the store a :class:`StoreWriter` writes to).
 
@@ -185,7 +274,7 @@ class TensorStore:
     :class:`zarr.abc.store.Store`; every byte goes through :attr:`objects`
     (:class:`~dumpdb.storage.objects.ObjectStore`).
 
-    Pack reads decode only the 1 MiB inner chunks a tensor spans, each one ranged
+    Pack reads decode only the inner chunks a tensor spans, each one ranged
     ``get`` of the shard (dumpdb writes the shards itself, see
     :mod:`dumpdb.storage.shard`), and keep recently decoded chunks in a bounded
     cache (``chunk_cache_bytes``), so a stream of neighbouring small tensors
@@ -219,8 +308,9 @@ class TensorStore:
         self._chunks: OrderedDict[tuple[str, int], np.ndarray] = OrderedDict()
         self._chunk_bytes = 0
         self._chunk_cache_limit = chunk_cache_bytes
+        self._large_metas: OrderedDict[str, _LargeMeta | None] = OrderedDict()
         self._lock = threading.Lock()
-        self._zstd = numcodecs.Zstd()
+        self._decode_pool: ThreadPoolExecutor | None = None
         zarr.config.set({"threading.max_workers": os.cpu_count() or 2})
 
     def __repr__(self) -> str:
@@ -261,7 +351,7 @@ class TensorStore:
             data = np.zeros(meta.chunk, dtype=meta.dtype)
         else:
             frame = self.objects.get(meta.key, offset, offset + nbytes)  # one ranged read
-            data = np.frombuffer(self._zstd.decode(frame), dtype=meta.dtype)
+            data = np.frombuffer(decode_frame(meta.decoder, frame, self.objects.where(meta.key), i), dtype=meta.dtype)
             if data.size != meta.chunk:
                 raise ValueError(f"{self.objects.where(meta.key)}: chunk {i} decodes to {data.size} elements, "
                                  f"not {meta.chunk}")
@@ -276,15 +366,19 @@ class TensorStore:
     def read_pack_range(self, array_path: str, start: int, count: int) -> np.ndarray:
         """Elements ``[start, start + count)`` of a pack, in the pack's dtype (may be a
         read-only view of the chunk cache: copy before writing to it)."""
+        return self._pack_range(array_path, start, count)[0]
+
+    def _pack_range(self, array_path: str, start: int, count: int) -> tuple[np.ndarray, bool]:
+        """(elements, True if they are a new array rather than a view of the chunk cache)."""
         meta = self._pack(array_path)
         if start < 0 or start + count > meta.size:
             raise ValueError(f"{array_path}: range {start}+{count} outside the pack ({meta.size} elements)")
         if count == 0:
-            return np.empty(0, dtype=meta.dtype)
+            return np.empty(0, dtype=meta.dtype), True
         first, last = start // meta.chunk, (start + count - 1) // meta.chunk
         if first == last:
             lo = start - first * meta.chunk
-            return self._chunk(array_path, meta, first)[lo : lo + count]
+            return self._chunk(array_path, meta, first)[lo : lo + count], False
         out = np.empty(count, dtype=meta.dtype)
         pos = 0
         for i in range(first, last + 1):
@@ -293,7 +387,7 @@ class TensorStore:
             hi = min(start + count - i * meta.chunk, meta.chunk)
             out[pos : pos + hi - lo] = chunk[lo:hi]
             pos += hi - lo
-        return out
+        return out, True
 
     @staticmethod
     def create(location: str | os.PathLike[str] | Store, storage_options: dict[str, Any] | None = None) -> None:
@@ -335,6 +429,96 @@ class TensorStore:
                 raise PayloadMissing(f"{self.objects.where(path + '/' + key)}: shard missing from the tensor store")
         return arr
 
+    def _large_meta(self, array_path: str) -> _LargeMeta | None:
+        with self._lock:
+            if array_path in self._large_metas:
+                self._large_metas.move_to_end(array_path)
+                return self._large_metas[array_path]
+        try:
+            meta = _LargeMeta.parse(array_path, json.loads(bytes(self.objects.get(f"{array_path}/zarr.json"))))
+        except (PayloadMissing, ValueError):
+            meta = None  # zarr's path says what is wrong
+        with self._lock:
+            self._large_metas[array_path] = meta
+            if len(self._large_metas) > self._cache_size:
+                self._large_metas.popitem(last=False)
+        return meta
+
+    def _large_direct(self, array_path: str) -> np.ndarray | None:
+        """A large array read whole with one ``get`` of its shard and every chunk decoded
+        straight into the result (in parallel); None when the array is not one dumpdb
+        lays out that way, or its shard is missing (then :meth:`_large` answers)."""
+        meta = self._large_meta(array_path)
+        if meta is None:
+            return None
+        if meta.decoder is None:
+            direct = self._large_uncompressed(meta)
+            if direct is not None:
+                return direct
+        try:
+            raw = self.objects.get(meta.key)
+        except PayloadMissing:
+            return None
+        where = self.objects.where(meta.key)
+        tail = shard_index_bytes(meta.n_chunks)
+        if len(raw) < tail:
+            raise PayloadCorrupt(f"{where}: shard has {len(raw)} bytes, fewer than its index needs")
+        index = parse_shard_index(raw[-tail:], meta.n_chunks, where)
+        out = np.empty(meta.shape, dtype=meta.dtype)
+        flat = out.reshape(-1)
+        starts, counts = chunk_runs(meta.shape, meta.chunks)
+        body = len(raw) - tail
+
+        def decode(i: int) -> None:
+            offset, nbytes = (int(v) for v in index[i])
+            start, count = int(starts[i]), int(counts[i])
+            if offset == EMPTY_CHUNK:
+                flat[start : start + count] = 0
+                return
+            if offset + nbytes > body:
+                raise ValueError(f"{where}: chunk {i} lies outside the shard (damaged index)")
+            frame = raw[offset : offset + nbytes]
+            if count == meta.chunk_elems:
+                got = decode_frame(meta.decoder, frame, where, i, out=flat[start : start + count])
+                if np.asarray(got).nbytes != count * meta.dtype.itemsize:
+                    raise ValueError(f"{where}: chunk {i} decodes to the wrong size")
+            else:  # an edge chunk: padded to the full chunk shape
+                whole = np.frombuffer(decode_frame(meta.decoder, frame, where, i), dtype=meta.dtype)
+                if whole.size != meta.chunk_elems:
+                    raise ValueError(f"{where}: chunk {i} decodes to {whole.size} elements, not {meta.chunk_elems}")
+                flat[start : start + count] = whole[:count]
+
+        if meta.n_chunks == 1 or body < PARALLEL_DECODE_BYTES:
+            for i in range(meta.n_chunks):  # little to decode: thread hand-offs would cost more
+                decode(i)
+        else:
+            if self._decode_pool is None:
+                self._decode_pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 2,
+                                                       thread_name_prefix="dumpdb-decode")
+            for _ in self._decode_pool.map(decode, range(meta.n_chunks)):
+                pass
+        return out
+
+    def _large_uncompressed(self, meta: _LargeMeta) -> np.ndarray | None:
+        """An uncompressed large array whose shard holds exactly its bytes in order (no edge
+        padding): read from the shard straight into the result, one copy as ``np.load``
+        does. None for any other layout (then :meth:`_large_direct` decodes chunk by chunk)."""
+        nbytes = math.prod(meta.shape) * meta.dtype.itemsize
+        chunk_bytes = meta.chunk_elems * meta.dtype.itemsize
+        if nbytes != meta.n_chunks * chunk_bytes:
+            return None  # edge chunks are padded
+        try:
+            tail = self.objects.get_suffix(meta.key, shard_index_bytes(meta.n_chunks))
+        except (PayloadMissing, PayloadCorrupt):
+            return None
+        index = parse_shard_index(tail, meta.n_chunks, self.objects.where(meta.key))
+        expected = np.arange(meta.n_chunks, dtype=np.uint64) * np.uint64(chunk_bytes)
+        if not (np.array_equal(index[:, 0], expected) and bool((index[:, 1] == chunk_bytes).all())):
+            return None  # chunks not back to back in order
+        out = np.empty(meta.shape, dtype=meta.dtype)
+        self.objects.get_into(meta.key, 0, out.reshape(-1).view(np.uint8).data)
+        return out
+
     def _large(self, array_path: str, content_hash: str | None) -> np.ndarray:
         """A large array's data; PayloadMissing for a missing shard, with one exception:
         older archives (large arrays written without ``write_empty_chunks``) have no
@@ -360,7 +544,8 @@ class TensorStore:
         if array_path is None:
             return np.empty(0, np.uint8)
         if elem_offset is None:
-            return self._large(array_path, content_hash).reshape(-1)
+            data = self._large_direct(array_path)
+            return (data if data is not None else self._large(array_path, content_hash)).reshape(-1)
         return self.read_pack_range(array_path, elem_offset, elem_count).copy()
 
     def read(self, array_path: str | None, elem_offset: int | None, elem_count: int,
@@ -377,10 +562,13 @@ class TensorStore:
         dtype = np.dtype(dtype)
         if array_path is None:
             return np.zeros(shape, dtype=dtype)
+        fresh = True  # data is a new array (not a view of the chunk cache or of zarr's)
         if elem_offset is None:
-            data = self._large(array_path, content_hash)
+            data = self._large_direct(array_path)
+            if data is None:
+                data, fresh = self._large(array_path, content_hash), False
         else:
-            data = self.read_pack_range(array_path, elem_offset, elem_count)
+            data, fresh = self._pack_range(array_path, elem_offset, elem_count)
         want = storage_dtype(dtype)
         expected = math.prod(shape) * want.itemsize
         if data.nbytes != expected:
@@ -393,8 +581,10 @@ class TensorStore:
         if verify and content_hash is not None and payload_hash(data) != content_hash:
             raise PayloadCorrupt(f"{self.objects.where(array_path)}: content hash mismatch: "
                                  "the stored bytes changed")
-        # a new, writable array: never a view into the chunk cache
-        return np.array(data.reshape(shape), copy=True)
+        # a new, writable array: never a view into the chunk cache (decoded straight into
+        # a new array already: no copy)
+        data = data.reshape(shape)
+        return data if fresh else np.array(data, copy=True)
 
     def stored_bytes(self, prefix: str = "") -> int:
         """Bytes of every object under ``prefix`` (the whole store by default)."""
@@ -417,6 +607,7 @@ class TensorStore:
         with self._lock:
             self._packs.pop(array_path, None)
             self._arrays.pop(array_path, None)
+            self._large_metas.pop(array_path, None)
 
 
 def _shard_keys(arr: zarr.Array) -> list[str]:
@@ -429,6 +620,7 @@ def _shard_keys(arr: zarr.Array) -> list[str]:
 @dataclass
 class _PackBuffer:
     dtype: np.dtype
+    chunk_bytes: int
     parts: list[tuple[str, np.ndarray]] = field(default_factory=list)
     nbytes: int = 0
 
@@ -437,8 +629,10 @@ _Written = tuple[list[BlobLocation], ArrayInfo]
 
 
 class StoreWriter:
-    """Writes payloads into the store: buffers small ones into packs per dtype,
-    gives large ones their own array.
+    """Writes payloads into the store: buffers small ones into packs per dtype (and per
+    size class: tensors of ``MEDIUM_BYTES`` or more in packs of bigger chunks), gives
+    large ones their own array. Each array's chunks are compressed with its dtype's
+    codec (:mod:`dumpdb.storage.codecs`).
 
     Writing (compression + files) happens on a background thread so reading
     the dump goes on meanwhile; at most ``max_inflight`` writes are queued
@@ -460,11 +654,12 @@ class StoreWriter:
         # a remote store may ask for smaller packs (``pack_bytes`` attribute): more writes in flight
         self.pack_bytes = pack_bytes or min(PACK_BYTES, int(getattr(store.zstore, "pack_bytes", PACK_BYTES)))
         self.large_bytes = large_bytes or LARGE_BYTES
+        self.medium_bytes = MEDIUM_BYTES
         # An object store's PUT is a network round trip: remote stores (``parallel_writes`` > 1)
         # get that many writer threads and queued writes; local disk keeps one (fsync-bound).
         parallel = max(1, int(getattr(store.zstore, "parallel_writes", 1)))
         self.max_inflight = max(1, max_inflight if max_inflight is not None else max(2, parallel))
-        self._buffers: dict[str, _PackBuffer] = {}
+        self._buffers: dict[tuple[str, bool], _PackBuffer] = {}
         self._pool = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="dumpdb-write")
         self._codec_pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix="dumpdb-zstd")
         self._inflight: deque[Future[_Written]] = deque()
@@ -485,8 +680,11 @@ class StoreWriter:
         flat = np.ascontiguousarray(payload).reshape(-1).view(sdtype)
         if nbytes >= self.large_bytes:
             return self._submit(self._write_large, content_hash, flat.reshape(payload.shape))
-        key = sdtype.str
-        buf = self._buffers.setdefault(key, _PackBuffer(sdtype))
+        medium = nbytes >= self.medium_bytes  # packs of small tensors keep small chunks (fast reads)
+        key = (sdtype.str, medium)
+        buf = self._buffers.get(key)
+        if buf is None:
+            buf = self._buffers[key] = _PackBuffer(sdtype, MEDIUM_CHUNK_BYTES if medium else INNER_CHUNK_BYTES)
         buf.parts.append((content_hash, flat))
         buf.nbytes += nbytes
         if buf.nbytes >= self.pack_bytes:
@@ -532,11 +730,11 @@ class StoreWriter:
         self.bytes_written += info.stored_bytes
         return locations
 
-    def _create(self, name: str, data: np.ndarray, chunks, shards, kind: str, write: bool = True,
+    def _create(self, name: str, data: np.ndarray, chunks, shards, kind: str, codec: Codec, write: bool = True,
                 **attrs) -> zarr.Array:
         arr = zarr.create_array(
             self.store.zstore, name=name, shape=data.shape, dtype=data.dtype, chunks=chunks,
-            shards=shards, compressors=zarr.codecs.ZstdCodec(level=ZSTD_LEVEL), fill_value=0,
+            shards=shards, compressors=codec.zarr_codec(), fill_value=0,
             attributes={"dumpdb": {"kind": kind, **attrs, **DESCRIBE.get(kind, {})}},
             # Every chunk is written: no scan for fill-value chunks (measured: ~25 % of
             # write time) and nothing depends on how a fill value compares (-0.0, NaN).
@@ -549,11 +747,12 @@ class StoreWriter:
     def _write_pack(self, buf: _PackBuffer) -> _Written:
         data = np.concatenate([p for _, p in buf.parts]) if len(buf.parts) > 1 else buf.parts[0][1]
         n = data.size
-        chunk = min(n, max(1, INNER_CHUNK_BYTES // buf.dtype.itemsize))
+        chunk = min(n, max(1, buf.chunk_bytes // buf.dtype.itemsize))
         name = f"packs/{_dtype_dir(buf.dtype)}/{_unique_id()}"
+        codec = codec_for(buf.dtype, chunk * buf.dtype.itemsize)
         # zarr writes the metadata; the one shard is encoded here (see dumpdb.storage.shard).
-        self._create(name, data, (chunk,), (math.ceil(n / chunk) * chunk,), "pack", write=False)
-        frames = encode_chunks(data, chunk, ZSTD_LEVEL, self._codec_pool)
+        self._create(name, data, (chunk,), (math.ceil(n / chunk) * chunk,), "pack", codec, write=False)
+        frames = encode_chunks(data, chunk, codec.frame_codec(), self._codec_pool)
         objects = self.store.objects
         written, checksum = write_shard(ShardTarget(objects, shard_key(name, 1)), frames)
         # zarr.json was written (durably, by the store) before the shard: the pack is complete
@@ -569,14 +768,46 @@ class StoreWriter:
 
     def _write_large(self, content_hash: str, payload: np.ndarray) -> _Written:
         name = f"large/{content_hash[:2]}/{content_hash}-{_unique_id()}"
-        chunks = large_chunks(payload.shape, payload.dtype.itemsize)
+        chunks = large_chunks(payload.shape, payload.dtype.itemsize, LARGE_CHUNK_BYTES)
         shards = tuple(math.ceil(s / c) * c for s, c in zip(payload.shape, chunks)) if chunks else None
-        self._create(name, payload, chunks or None, shards, "tensor", content_hash=content_hash)
-        stored = self.store.stored_bytes(name)  # every object durable already (the store's set)
+        codec = codec_for(payload.dtype, math.prod(chunks or payload.shape) * payload.dtype.itemsize)
+        if not chunks:  # a 0-d array (never this large in practice): zarr writes it
+            self._create(name, payload, None, None, "tensor", codec, content_hash=content_hash)
+            stored = self.store.stored_bytes(name)  # every object durable already (the store's set)
+            key = shard_key(name, payload.ndim)
+            checksum = self.store.objects.checksum(key) if self.store.objects.exists(key) else None
+        else:
+            # zarr writes the metadata; the one shard is encoded here, each chunk one contiguous
+            # run of the C-order payload (chunk_runs), edge chunks zero-padded as zarr pads them.
+            flat = payload.reshape(-1)
+            frames = self._large_frames(flat, payload.shape, chunks, codec)
+            if sum(map(len, frames)) > (1 - LARGE_MIN_SAVING) * math.prod(shards or ()) * payload.dtype.itemsize:
+                codec = codec.uncompressed()  # little saved: fast reads matter more (codecs.py)
+                frames = self._large_frames(flat, payload.shape, chunks, codec)
+            self._create(name, payload, chunks, shards, "tensor", codec, write=False, content_hash=content_hash)
+            objects = self.store.objects
+            written, checksum = write_shard(ShardTarget(objects, shard_key(name, payload.ndim)), frames)
+            stored = objects.size(f"{name}/zarr.json") + written
         location = BlobLocation(content_hash, payload.nbytes, name, None, payload.size, stored)
-        key = shard_key(name, payload.ndim)
-        checksum = self.store.objects.checksum(key) if self.store.objects.exists(key) else None
         return [location], ArrayInfo(name, "tensor", payload.dtype.name, payload.shape, stored, checksum)
+
+    def _large_frames(self, flat: np.ndarray, shape: tuple[int, ...], chunks: tuple[int, ...],
+                      codec: Codec) -> list[bytes]:
+        """The compressed inner chunks of a large array, in shard order."""
+        starts, counts = chunk_runs(shape, chunks)
+        size = math.prod(chunks)
+        encoder = None if codec.raw else codec.frame_codec()
+
+        def encode(i: int) -> bytes:
+            start, count = int(starts[i]), int(counts[i])
+            piece = flat[start : start + count]
+            if count < size:
+                padded = np.zeros(size, dtype=flat.dtype)
+                padded[:count] = piece
+                piece = padded
+            return piece.tobytes() if encoder is None else bytes(encoder.encode(piece))
+
+        return list(self._codec_pool.map(encode, range(len(starts))))
 
 
 def _dtype_dir(dtype: np.dtype) -> str:

@@ -10,6 +10,7 @@ from conftest import ms_case
 
 import dumpdb
 from dumpdb.errors import PayloadCorrupt, PayloadMissing
+from dumpdb.storage.codecs import codec_for
 from dumpdb.storage.shard import ShardTarget, encode_chunks, write_shard
 from dumpdb.storage.store import shard_key
 
@@ -48,7 +49,7 @@ def test_verify_on_read_catches_bytes_that_decode_but_changed(archive):
     whole = store.read_pack_range(path, 0, n).copy()
     whole[row["elem_offset"]] += 1  # a valid pack whose bytes differ from what was hashed
     chunk = _inner_chunk(store, path)
-    write_shard(ShardTarget(store.objects, shard_key(path, 1)), encode_chunks(whole, chunk, 1))
+    write_shard(ShardTarget(store.objects, shard_key(path, 1)), encode_chunks(whole, chunk, codec_for(whole.dtype, chunk * whole.dtype.itemsize).frame_codec()))
     fresh = dumpdb.open(archive.path)
     fresh.tensor(row["tensor_id"])  # no check: the altered bytes come back
     with pytest.raises(PayloadCorrupt, match=r"run='c1'.*content hash mismatch"):

@@ -1,0 +1,121 @@
+"""Which compression codec the tensor store uses, per dtype, and decoding any of them.
+
+Chosen by measurement (``scripts/bench_codecs.py`` on the real MindSpore corpus: LeNet
+cases in ``shared/corpus/mindspore-cpu`` and a 6.6 GB Transformer dump made with
+``corpus/tools/make_big_dump.sh``; distinct payloads, 1 MiB chunks as the store cuts them):
+
+* multi-byte dtypes (float16/32/64, bfloat16 stored as uint16, complex, int16..int64,
+  uint16..uint64): **byte shuffle, then zstd level 1** (Blosc, one block per chunk). Byte
+  shuffle groups the exponent bytes of floats and the high bytes of integers, which zstd
+  then finds: float32 stored 6-9 % smaller than plain zstd-1, int32 18 % smaller; zstd
+  levels 3, 5 and 9 after shuffling gained under 1 % more at 2-7x the encode time, so
+  level 1 stays. Blosc's default block size (a few hundred KiB per block) lost 3-20 %
+  against plain zstd on the same data; one block per chunk (``blocksize`` = the chunk's
+  bytes) is what gives shuffle+zstd its gain;
+* one-byte dtypes (bool, int8, uint8): **zstd level 1** (a shuffle of one-byte items is
+  the identity).
+
+* large arrays (one tensor of 16 MiB or more) whose chunks the codec above shrinks by less
+  than ``LARGE_MIN_SAVING`` (20 %) are stored **uncompressed** (the ``bytes`` codec alone):
+  decoding 32 MiB of near-random float32 (weights, gradients: shuffle+zstd saves 12-16 %)
+  took 5-10x ``np.load`` of the source file on this 2-core machine kind, a plain copy about
+  as long as ``np.load``; the issue's read target (largest tensors <= 2x ``np.load``) is
+  worth those few percent of their bytes. Large arrays that compress well (masks, broadcasts:
+  19x on the Transformer dump) stay compressed.
+
+Every codec is lossless: a payload reads back bit for bit. The codec is recorded in each
+array's ``zarr.json`` (the ``sharding_indexed`` codec's inner ``codecs``), so archives
+written before this choice (``bytes`` + ``zstd``) read unchanged and any zarr v3 reader
+decodes both (``blosc`` and ``zstd`` are standard zarr v3 codecs).
+
+Blosc is used without its internal threads (``numcodecs.blosc.use_threads = False``, set
+on import): dumpdb encodes and decodes chunks on its own thread pools, and Blosc's shared
+global context would serialise them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numcodecs
+import numcodecs.blosc
+import numpy as np
+import zarr.codecs
+
+ZSTD_LEVEL = 1  # zstd level of every codec (see the module docstring for the measurement)
+LARGE_MIN_SAVING = 0.20  # a large array compressing by less is stored uncompressed
+
+numcodecs.blosc.use_threads = False
+
+
+@dataclass(frozen=True)
+class Codec:
+    """The compression of one array's chunks.
+
+    ``shuffle``: byte-shuffle items of ``typesize`` bytes before zstd (Blosc); else plain
+    zstd. ``chunk_bytes``: bytes of one (uncompressed) chunk, Blosc's block size.
+    """
+
+    shuffle: bool
+    typesize: int
+    chunk_bytes: int
+    level: int = ZSTD_LEVEL
+    raw: bool = False  # no compression at all (the ``bytes`` codec alone)
+
+    @property
+    def name(self) -> str:
+        """``shuffle-zstd-1``, ``zstd-1`` or ``raw`` (for reports)."""
+        return "raw" if self.raw else f"{'shuffle-' if self.shuffle else ''}zstd-{self.level}"
+
+    def uncompressed(self) -> Codec:
+        """This codec without compression (chunks stored as their bytes)."""
+        return Codec(shuffle=False, typesize=self.typesize, chunk_bytes=self.chunk_bytes, level=self.level, raw=True)
+
+    def zarr_codec(self) -> Any:
+        """The zarr v3 bytes-to-bytes codec that ``zarr.json`` records (None: uncompressed)."""
+        if self.raw:
+            return None
+        if self.shuffle:
+            return zarr.codecs.BloscCodec(typesize=self.typesize, cname="zstd", clevel=self.level,
+                                          shuffle="shuffle", blocksize=self.chunk_bytes)
+        return zarr.codecs.ZstdCodec(level=self.level)
+
+    def frame_codec(self) -> numcodecs.abc.Codec:
+        """The numcodecs codec that encodes one chunk (any buffer of its bytes) exactly as
+        :meth:`zarr_codec` describes."""
+        if self.shuffle:
+            # c-blosc maps clevel c of zstd to zstd level 2c - 1: clevel 1 is zstd level 1.
+            return numcodecs.Blosc(cname="zstd", clevel=(self.level + 1) // 2, shuffle=numcodecs.Blosc.SHUFFLE,
+                                   blocksize=self.chunk_bytes, typesize=self.typesize)
+        return numcodecs.Zstd(level=self.level)
+
+
+def codec_for(dtype: np.dtype, chunk_bytes: int) -> Codec:
+    """The codec for chunks of ``chunk_bytes`` bytes of storage dtype ``dtype`` (see the
+    module docstring). Complex items shuffle as their two float components."""
+    dtype = np.dtype(dtype)
+    typesize = dtype.itemsize // 2 if dtype.kind == "c" else dtype.itemsize
+    return Codec(shuffle=typesize > 1, typesize=typesize, chunk_bytes=chunk_bytes)
+
+
+def frame_decoder(codecs: list[dict[str, Any]], where: str) -> numcodecs.abc.Codec | None:
+    """A decoder for chunks whose ``sharding_indexed`` inner codec chain is ``codecs``
+    (from ``zarr.json``): ``bytes`` (little-endian) then ``zstd`` or ``blosc``, or ``bytes``
+    alone (None: the frames are the chunks' bytes).
+
+    Raises ValueError naming ``where`` for any other chain (dumpdb never wrote one: a
+    foreign or damaged array) or a big-endian ``bytes`` codec.
+    """
+    names = [c.get("name") for c in codecs]
+    if names == ["bytes"]:
+        pass
+    elif len(names) != 2 or names[0] != "bytes" or names[1] not in ("zstd", "blosc"):
+        raise ValueError(f"{where}: codecs {names} not the ones dumpdb writes")
+    endian = (codecs[0].get("configuration") or {}).get("endian", "little")
+    if endian != "little":  # dumpdb writes and decodes little-endian only: never read byte-swapped
+        raise ValueError(f"{where}: bytes codec is {endian}-endian, not little-endian")
+    if len(names) == 1:
+        return None
+    # Both decoders read what they need (level, shuffle, item size) from the frame itself.
+    return numcodecs.Zstd() if names[1] == "zstd" else numcodecs.Blosc()

@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""Which codec per dtype: size and speed of candidate pack codecs on a real dump.
+
+Loads every ``.npy`` of ``DUMP`` (distinct payloads only, as the store keeps them), groups
+them by dtype, concatenates each group as a pack would (up to ``--max-mb`` per dtype),
+cuts it into the store's 1 MiB inner chunks and encodes every chunk with each candidate:
+plain zstd (what packs used before) and Blosc-zstd with byte shuffle or bit shuffle at
+several levels. Prints, per dtype and candidate, the stored size as a fraction of plain
+zstd level 1 (the baseline measured in the same run) and the encode/decode speed.
+``dumpdb.storage.codecs`` records the choice this produced.
+
+    python scripts/bench_codecs.py DUMP [--max-mb 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numcodecs
+import numpy as np
+import xxhash
+from numcodecs import blosc
+
+CHUNK = 1 << 20
+
+
+def candidates() -> dict[str, numcodecs.abc.Codec]:
+    """Codecs to try, by label."""
+    out: dict[str, numcodecs.abc.Codec] = {f"zstd-{lv}": numcodecs.Zstd(level=lv) for lv in (1, 3)}
+    for shuffle, name in ((blosc.SHUFFLE, "shuffle"), (blosc.BITSHUFFLE, "bitshuffle")):
+        for clevel in (1, 2, 3):  # c-blosc maps clevel c to zstd level 2c - 1: 1, 3, 5
+            out[f"blosc-zstd{2 * clevel - 1}-{name}"] = numcodecs.Blosc(cname="zstd", clevel=clevel, shuffle=shuffle)
+    out["blosc-lz4-shuffle"] = numcodecs.Blosc(cname="lz4", clevel=5, shuffle=blosc.SHUFFLE)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("dump", type=Path)
+    p.add_argument("--max-mb", type=float, default=256)
+    args = p.parse_args()
+    limit = int(args.max_mb * 2**20)
+    groups: dict[str, list[np.ndarray]] = defaultdict(list)
+    sizes: dict[str, int] = defaultdict(int)
+    seen: set[str] = set()
+    for path in sorted(args.dump.rglob("*.npy")):
+        try:
+            arr = np.load(path)
+        except (ValueError, OSError):
+            continue
+        key = arr.dtype.str if arr.dtype.kind != "V" else "bfloat16"
+        digest = xxhash.xxh3_128_hexdigest(np.ascontiguousarray(arr).view(np.uint8).data)
+        if digest in seen or sizes[key] >= limit or arr.nbytes == 0:
+            continue
+        seen.add(digest)
+        groups[key].append(np.ascontiguousarray(arr).reshape(-1))
+        sizes[key] += arr.nbytes
+    if not groups:
+        sys.exit(f"{args.dump}: no .npy payloads")
+    blosc.set_nthreads(1)  # one thread per chunk: the store encodes chunks on a pool
+    print(f"{'dtype':<10}{'MB':>8}  {'codec':<26}{'size/zstd-1':>12}{'raw/size':>9}{'enc MB/s':>10}{'dec MB/s':>10}")
+    for key, parts in sorted(groups.items()):
+        data = np.concatenate(parts)
+        raw = data.view(np.uint8)
+        chunks = [raw[i : i + CHUNK] for i in range(0, raw.size, CHUNK)]
+        itemsize = data.dtype.itemsize
+        base = None
+        for label, codec in candidates().items():
+            if isinstance(codec, numcodecs.Blosc):
+                # typesize comes from the buffer's dtype: hand it items, not bytes
+                pieces = [c.view(data.dtype) if c.size % itemsize == 0 else c for c in chunks]
+            else:
+                pieces = chunks
+            t0 = time.perf_counter()
+            frames = [codec.encode(c) for c in pieces]
+            t1 = time.perf_counter()
+            for f in frames:
+                codec.decode(f)
+            t2 = time.perf_counter()
+            size = sum(len(f) for f in frames)
+            base = base or size
+            mb = raw.size / 2**20
+            print(f"{key:<10}{mb:8.1f}  {label:<26}{size / base:12.3f}{raw.size / size:9.2f}{mb / (t1 - t0):10.0f}{mb / (t2 - t1):10.0f}",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()

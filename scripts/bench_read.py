@@ -1,0 +1,203 @@
+#!/usr/bin/env python3
+"""Read speed of an archive against the file system, all measured in one run.
+
+Three figures, each a ratio against a baseline timed in the same process, alternately
+(A B A B ...), so a busy machine slows both sides alike:
+
+1. small tensors (1 B - 64 KiB) read by ``tensor_id`` in random order: p50/p99 of
+   ``a.tensor(id)`` with ``a = dumpdb.open(A)`` (no ``with``) and inside
+   ``with dumpdb.open(A) as a``, against ``np.load`` of the tensor's source ``.npy``
+   (target: p99 <= 2 ms either way);
+2. the largest tensors: median of ``a.tensor(id)`` against ``np.load`` of the source file
+   (target <= 2x);
+3. CLI start: ``dumpdb sql -a A "SELECT 1"`` as a whole process against
+   ``python -c "import duckdb; duckdb.connect(catalog, read_only=True).sql('SELECT 1')"``
+   (target <= 2.5x).
+
+    python scripts/bench_read.py --dump DIR [--archive A] [--samples 400] [--large 5] [--runs 11]
+
+``--dump`` is ingested into a temporary archive (or ``--archive`` names one already made
+from that dump). The dump's files must still be where the run's ``source_path`` says:
+they are the ``np.load`` baseline. Page cache warm on both sides (every file read once).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+SMALL_MAX = 64 << 10
+
+
+def pct(values: list[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of ``values``, nearest rank."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def ms(x: float) -> str:
+    """Seconds as milliseconds, 3 decimals."""
+    return f"{x * 1e3:.3f} ms"
+
+
+def bench_small(archive: Path, ids: list[int], files: dict[int, Path]) -> list[tuple[str, str]]:
+    """Small-tensor reads: open-once, with-block, np.load; interleaved per sample."""
+    import dumpdb
+
+    plain = dumpdb.open(archive)
+    t_open: list[float] = []
+    t_with: list[float] = []
+    t_npy: list[float] = []
+    # CPU time of this thread per read: on a shared machine the wall-clock tail is mostly
+    # the scheduler (np.load's p99 shows how much); the CPU time is the code's own cost.
+    cpu: dict[str, list[float]] = {"open, no with": [], "with dumpdb.open()": [], "np.load(source)": []}
+    with dumpdb.open(archive) as held:
+        for tid in ids[:20]:  # warm: imports, caches of both sides
+            plain.tensor(tid), held.tensor(tid), np.load(files[tid])
+        for tid in ids:
+            t0, u0 = time.perf_counter(), time.thread_time()
+            a = plain.tensor(tid)
+            t1, u1 = time.perf_counter(), time.thread_time()
+            b = held.tensor(tid)
+            t2, u2 = time.perf_counter(), time.thread_time()
+            c = np.load(files[tid])
+            t3, u3 = time.perf_counter(), time.thread_time()
+            t_open.append(t1 - t0)
+            t_with.append(t2 - t1)
+            t_npy.append(t3 - t2)
+            cpu["open, no with"].append(u1 - u0)
+            cpu["with dumpdb.open()"].append(u2 - u1)
+            cpu["np.load(source)"].append(u3 - u2)
+            if a.tobytes() != c.tobytes() or b.tobytes() != c.tobytes():
+                sys.exit(f"tensor {tid}: bytes differ from {files[tid]}")
+    rows = []
+    for label, values in (("open, no with", t_open), ("with dumpdb.open()", t_with), ("np.load(source)", t_npy)):
+        rows.append((f"small {label}", f"p50 {ms(pct(values, 0.5))}   p99 {ms(pct(values, 0.99))}   "
+                                       f"(CPU p50 {ms(pct(cpu[label], 0.5))}, p99 {ms(pct(cpu[label], 0.99))})"))
+    base = pct(t_npy, 0.99)
+    for label, values in (("open, no with", t_open), ("with", t_with)):
+        p99 = pct(values, 0.99)
+        rows.append((f"small p99 {label}", f"{p99 / base:.1f}x np.load   target <= 2 ms: "
+                                            f"{'PASS' if p99 <= 2e-3 else 'MISS'}"))
+    return rows
+
+
+def bench_large(archive: Path, ids: list[int], files: dict[int, Path], repeats: int) -> list[tuple[str, str]]:
+    """Largest tensors: a.tensor(id) vs np.load, median of ``repeats`` alternated reads each."""
+    import dumpdb
+
+    rows = []
+    ratios = []
+    a = dumpdb.open(archive)
+    for tid in ids:
+        ours, theirs = [], []
+        ref = np.load(files[tid])
+        if a.tensor(tid).tobytes() != ref.tobytes():
+            sys.exit(f"tensor {tid}: bytes differ from {files[tid]}")
+        del ref
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            x = a.tensor(tid)
+            t1 = time.perf_counter()
+            y = np.load(files[tid])
+            t2 = time.perf_counter()
+            ours.append(t1 - t0)
+            theirs.append(t2 - t1)
+            del x, y
+        r = statistics.median(ours) / statistics.median(theirs)
+        best = min(ours) / min(theirs)
+        ratios.append((r, best))
+        rows.append((f"large {tid}", f"{files[tid].stat().st_size / 2**20:7.1f} MiB  dumpdb {ms(statistics.median(ours))}"
+                                     f"  np.load {ms(statistics.median(theirs))}  ratio {r:.2f} (best of each: {best:.2f})"))
+    worst = max(r for r, _ in ratios)
+    rows.append(("large: worst ratio", f"{worst:.2f}x np.load   median {statistics.median(r for r, _ in ratios):.2f}x   "
+                                       f"best-of ratios: worst {max(b for _, b in ratios):.2f}x   "
+                                       f"target <= 2: {'PASS' if worst <= 2 else 'MISS'}"))
+    return rows
+
+
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _elapsed(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of one process."""
+    t0, c0 = time.perf_counter(), _cpu()
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env, cwd=ROOT)
+    return time.perf_counter() - t0, _cpu() - c0
+
+
+def bench_cli(archive: Path, runs: int) -> list[tuple[str, str]]:
+    """Whole-process `dumpdb sql -a A "SELECT 1"` vs python + duckdb doing the same."""
+    env = dict(os.environ)
+    cli = [sys.executable, "-m", "dumpdb", "sql", "-a", str(archive), "SELECT 1"]
+    plain = [sys.executable, "-c", "import duckdb; duckdb.connect("
+             f"{str(archive / 'catalog.duckdb')!r}, read_only=True).sql('SELECT 1').fetchall()"]
+    _elapsed(cli, env), _elapsed(plain, env)
+    cli_s, plain_s = [], []
+    for _ in range(runs):
+        cli_s.append(_elapsed(cli, env))
+        plain_s.append(_elapsed(plain, env))
+    c, p = statistics.median(w for w, _ in cli_s), statistics.median(w for w, _ in plain_s)
+    cc, pc = statistics.median(u for _, u in cli_s), statistics.median(u for _, u in plain_s)
+    return [("cli sql SELECT 1", f"{ms(c)} wall, {ms(cc)} CPU (median of {runs})"),
+            ("python + duckdb", f"{ms(p)} wall, {ms(pc)} CPU"),
+            ("cli / duckdb", f"{c / p:.2f}x wall, {cc / pc:.2f}x CPU   target <= 2.5: {'PASS' if c / p <= 2.5 else 'MISS'}")]
+
+
+def main() -> None:
+    """Make (or take) the archive, pick the tensors, run the three benchmarks, print the table."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dump", type=Path, default=ROOT / "tests/data/mindspore/c1_inputs_kernels_iter",
+                   help="dump to ingest (default: a small MindSpore case in tests/data)")
+    p.add_argument("--archive", type=Path, help="an archive already made from --dump (skips the ingest)")
+    p.add_argument("--samples", type=int, default=400, help="small tensors to read (default 400)")
+    p.add_argument("--large", type=int, default=5, help="how many of the largest tensors (default 5)")
+    p.add_argument("--repeats", type=int, default=15, help="reads of each large tensor per side (default 15)")
+    p.add_argument("--runs", type=int, default=11, help="CLI processes per side (default 11)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    args = p.parse_args()
+    import dumpdb
+
+    with tempfile.TemporaryDirectory(prefix="bench_read-") as tmp:
+        archive = args.archive
+        if archive is None:
+            archive = Path(tmp) / "bench.dumpdb"
+            t0 = time.perf_counter()
+            dumpdb.ingest(str(args.dump), archive=str(archive), run="bench")
+            print(f"ingested {args.dump} in {time.perf_counter() - t0:.1f} s")
+        a = dumpdb.open(archive)
+        rows = a.sql("SELECT t.tensor_id, t.nbytes, r.source_path || '/' || t.source_file AS path "
+                     "FROM tensors t JOIN runs r USING (run) WHERE t.content_hash IS NOT NULL "
+                     "AND t.pruned_at IS NULL AND t.source_file LIKE '%.npy' ORDER BY t.tensor_id").to_pylist()
+        files = {r["tensor_id"]: Path(r["path"]) for r in rows}
+        for path in set(files.values()):  # warm the page cache for the np.load side
+            path.read_bytes()
+        small = [r["tensor_id"] for r in rows if 1 <= r["nbytes"] <= SMALL_MAX]
+        rng = random.Random(args.seed)
+        sample = [rng.choice(small) for _ in range(args.samples)] if small else []
+        large = [r["tensor_id"] for r in sorted(rows, key=lambda r: -r["nbytes"])[: args.large]]
+        table: list[tuple[str, str]] = [("dump", f"{args.dump}: {len(rows)} tensors, {len(small)} small")]
+        if sample:
+            table += bench_small(archive, sample, files)
+        if large:
+            table += bench_large(archive, large, files, args.repeats)
+        table += bench_cli(archive, args.runs)
+    print(f"\n== dumpdb read benchmark (dumpdb from {Path(dumpdb.__file__).parent}) ==")
+    print("\n".join(f"{k:<26}{v}" for k, v in table))
+
+
+if __name__ == "__main__":
+    main()

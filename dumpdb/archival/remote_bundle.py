@@ -33,6 +33,7 @@ import duckdb
 
 from dumpdb.archival import bundle_check as chk
 from dumpdb.archive import Archive
+from dumpdb.catalog.locations import LocationIndex
 from dumpdb.errors import ArchiveError, BundleError, DumpdbError, PayloadMissing, StorageError
 from dumpdb.storage import remote
 
@@ -150,9 +151,17 @@ class BundleArchive(Archive):
         self._held = None
         self._held_sandbox = None
         self._fs = None
+        self._locations = None
 
     def __repr__(self) -> str:
         return f"<dumpdb.BundleArchive {self.url!r}>"
+
+    @property
+    def locations(self) -> LocationIndex:
+        """The payload locations of the bundle's tensors, loaded once (a bundle never changes)."""
+        if self._locations is None:
+            self._locations = LocationIndex(None, self.reader)
+        return self._locations
 
     @property
     def store(self):

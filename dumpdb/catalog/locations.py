@@ -82,11 +82,13 @@ class LocationIndex:
     catalog changed (see the module docstring).
 
     ``reader`` gives a read-only catalog connection for one block (``Archive.reader``).
+    ``catalog_path`` None: a catalog that never changes (a bundle read in place), loaded once.
     Thread-safe. Raises what ``reader`` raises (ArchiveError when the catalog stays locked).
     """
 
-    def __init__(self, catalog_path: Path, reader: Callable[[], AbstractContextManager[duckdb.DuckDBPyConnection]]):
-        self.catalog_path = Path(catalog_path)
+    def __init__(self, catalog_path: Path | None,
+                 reader: Callable[[], AbstractContextManager[duckdb.DuckDBPyConnection]]):
+        self.catalog_path = None if catalog_path is None else Path(catalog_path)
         self._reader = reader
         self._lock = threading.Lock()
         self._stamp: tuple | None = None
@@ -96,7 +98,7 @@ class LocationIndex:
         self.loads = 0  # how many times the index was (re)loaded
 
     def _current(self) -> tuple[np.ndarray, list[Any]]:
-        stamp = catalog_stamp(self.catalog_path)
+        stamp = () if self.catalog_path is None else catalog_stamp(self.catalog_path)
         with self._lock:
             if stamp != self._stamp or self._ids is None:
                 self._load()

@@ -11,8 +11,9 @@ import pytest
 import zarr.storage
 
 import dumpdb.storage.store as store_mod
+from dumpdb.errors import PayloadCorrupt
 from dumpdb.storage.objects import ObjectStore
-from dumpdb.storage.store import StoreWriter, TensorStore, shard_key
+from dumpdb.storage.store import StoreWriter, TensorStore, payload_hash, shard_key
 
 CHUNK_ELEMS = 64  # float32 elements in a 256-byte inner chunk
 
@@ -85,3 +86,17 @@ def test_a_new_store_is_marked_as_a_dumpdb_tensor_store():
     root = json.loads(bytes(ObjectStore(zstore).get("zarr.json")))
     assert root["node_type"] == "group"
     assert root["attributes"] == {"dumpdb": {"kind": "tensor-store", "layout": 1}}
+
+
+def test_verify_names_a_changed_payload(pack):
+    """``read(verify=True)`` re-hashes the bytes read: a content hash they do not match is
+    PayloadCorrupt naming the array and saying the stored bytes changed."""
+    zstore, loc, data = pack
+    reader = TensorStore(zstore)
+    part = data[10:20]
+    got = reader.read(loc.array_path, 10, 10, np.dtype(np.float32), (10,),
+                      content_hash=payload_hash(part), verify=True)
+    assert got.tobytes() == part.tobytes()
+    with pytest.raises(PayloadCorrupt) as err:
+        reader.read(loc.array_path, 10, 10, np.dtype(np.float32), (10,), content_hash="0" * 32, verify=True)
+    assert str(err.value).endswith(f"{loc.array_path}: content hash mismatch: the stored bytes changed")

@@ -553,3 +553,30 @@ def test_100k_rows_per_side_align_completely():
     counts = al.counts()
     assert counts["exact"] + counts["mapping"] == n and counts["unmatched_bench"] == 40
     assert counts["mapping"] > 0 and counts["unmatched_target"] == 0
+
+
+# --------------------------------------------------------------------------- mutation survivors
+
+def test_order_follows_position_before_tensor_id():
+    """Execution order is iteration, rank, graph, position, timestamp, then tensor_id: two
+    MatMul outputs whose ids run against their positions pair by position."""
+    target = table([{"tensor_id": i, "op_type": "MatMul", "io": "output", "slot": 0, "position": 3 - i}
+                    for i in (1, 2)])  # id 2 runs first
+    bench = table([{"tensor_id": 10 + i, "op_type": "MatMul", "io": "output", "slot": 0, "position": i}
+                   for i in (1, 2)])  # id 11 runs first
+    al = align(target, bench, strategies=("order",))
+    assert pair_list(al) == [(2, 11, "order"), (1, 12, "order")]
+
+
+def test_sequence_repairs_ops_of_one_token_by_their_statistics():
+    """Two reshapes of one token run in the other order on the bench side: the sequence
+    diff pairs them by order, the statistics distance (sum of |x - y| / |bench l2norm|
+    over l2norm, mean, min, max) re-pairs them: 0 for the right pairs, ~4 for the crossed."""
+    def op(tid, counter, position, scale):
+        return {"tensor_id": tid, "op_type": "Reshape", "op_name": f"Default/Reshape-op{counter}", "io": "output",
+                "slot": 0, "shape": [4], "position": position, "l2norm": 2.0 * scale, "mean": 0.5 * scale,
+                "min": 0.0, "max": 1.0 * scale}
+    target = table([op(1, 1, 1, 1.0), op(2, 2, 2, 100.0)])
+    bench = table([op(11, 7, 1, 100.0), op(12, 8, 2, 1.0)])  # every -opN counter differs
+    al = align(target, bench, strategies=("sequence",))
+    assert sorted(pair_list(al)) == [(1, 12, "sequence"), (2, 11, "sequence")]

@@ -580,3 +580,28 @@ def test_sequence_repairs_ops_of_one_token_by_their_statistics():
     bench = table([op(11, 7, 1, 100.0), op(12, 8, 2, 1.0)])  # every -opN counter differs
     al = align(target, bench, strategies=("sequence",))
     assert sorted(pair_list(al)) == [(1, 12, "sequence"), (2, 11, "sequence")]
+
+
+@pytest.mark.parametrize("text,line,message", [
+    ("- {target: [a, b], bench: x}\n", 1, "target must be a name (a string)"),
+    ("- {target: a, bench: x}\n- just-a-name\n", 2,
+     "a list item must be a {target: .., bench: ..} pair or [target, bench]"),
+])
+def test_mapping_list_errors_name_the_line_and_the_problem(tmp_path, text, line, message):
+    (tmp_path / "m.yaml").write_text(text)
+    with pytest.raises(ValueError) as err:
+        load_mapping(tmp_path / "m.yaml")
+    assert str(err.value) == f"{tmp_path / 'm.yaml'}:{line}: {message}"
+
+
+def test_sequence_tokens_count_output_elements_not_inputs():
+    """An op's sequence token carries its outputs' element counts (invariant under the
+    reshapes AMP adds), not its inputs': a broadcast Add whose input differs (1 vs 4
+    elements) but whose output does not (4) still pairs."""
+    def add(tid, io, slot, shape):
+        return {"tensor_id": tid, "op_type": "Add", "op_name": "Default/Add-op3", "io": io, "slot": slot,
+                "shape": shape, "position": 1}
+    target = table([add(1, "input", 0, [4]), add(2, "input", 1, [1]), add(3, "output", 0, [4])])
+    bench = table([add(11, "input", 0, [4]), add(12, "input", 1, [4]), add(13, "output", 0, [4])])
+    al = align(target, bench, strategies=("sequence",))
+    assert sorted(pair_list(al)) == [(1, 11, "sequence"), (2, 12, "sequence"), (3, 13, "sequence")]

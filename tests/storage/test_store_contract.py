@@ -100,3 +100,13 @@ def test_verify_names_a_changed_payload(pack):
     with pytest.raises(PayloadCorrupt) as err:
         reader.read(loc.array_path, 10, 10, np.dtype(np.float32), (10,), content_hash="0" * 32, verify=True)
     assert str(err.value).endswith(f"{loc.array_path}: content hash mismatch: the stored bytes changed")
+
+
+def test_a_local_store_given_as_a_store_keeps_its_directory(tmp_path):
+    """``TensorStore(DurableLocalStore(dir))`` knows its directory as ``root``, as when
+    given the path: verify and gc look for crash leftovers there."""
+    from dumpdb.storage.local import DurableLocalStore
+
+    assert TensorStore(DurableLocalStore(str(tmp_path))).root == tmp_path
+    assert TensorStore(tmp_path).root == tmp_path
+    assert TensorStore(zarr.storage.MemoryStore()).root is None

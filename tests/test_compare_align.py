@@ -605,3 +605,24 @@ def test_sequence_tokens_count_output_elements_not_inputs():
     bench = table([add(11, "input", 0, [4]), add(12, "input", 1, [4]), add(13, "output", 0, [4])])
     al = align(target, bench, strategies=("sequence",))
     assert sorted(pair_list(al)) == [(1, 11, "sequence"), (2, 12, "sequence"), (3, 13, "sequence")]
+
+
+def test_mapping_file_syntax_errors_are_one_line_value_errors(tmp_path):
+    """A character YAML refuses (no line mark) and a CSV field over csv's limit (131072
+    characters) are ValueErrors naming the file and the parser's reason."""
+    (tmp_path / "m.yaml").write_text("a: b\x07\n")
+    with pytest.raises(ValueError) as err:
+        load_mapping(tmp_path / "m.yaml")
+    assert str(err.value) == (f"{tmp_path / 'm.yaml'}: invalid YAML: "
+                              "unacceptable character #x0007: special characters are not allowed")
+    (tmp_path / "m.csv").write_text("a," + "x" * 200_000 + "\n")
+    with pytest.raises(ValueError) as err:
+        load_mapping(tmp_path / "m.csv")
+    assert str(err.value) == f"{tmp_path / 'm.csv'}:1: invalid CSV: field larger than field limit (131072)"
+
+
+def test_unmatched_rows_keep_their_column_types_without_an_io_column():
+    al = align(table([{"tensor_id": 1, "op_name": "a"}]), table([{"tensor_id": 2, "op_name": "b"}]),
+               strategies=("exact",))
+    for side in (al.unmatched_target, al.unmatched_bench):
+        assert side.column("io").type == pa.string() and side.column("io").to_pylist() == [None]

@@ -626,3 +626,16 @@ def test_unmatched_rows_keep_their_column_types_without_an_io_column():
                strategies=("exact",))
     for side in (al.unmatched_target, al.unmatched_bench):
         assert side.column("io").type == pa.string() and side.column("io").to_pylist() == [None]
+
+
+@pytest.mark.parametrize("tname,bname,mapping", [
+    ("Cell.fc1.Dense.forward.0", "Module.fc1.Linear.forward.0", {"Dense": "Linear"}),  # MindSpore vs PyTorch
+    ("Module.fc1.Linear.forward.0", "Cell.fc1.Dense.forward.0", {"Linear": "Dense"}),  # and the other way
+])
+def test_mapping_crosses_the_cell_module_prefix_both_ways(tname, bname, mapping):
+    """msprobe's cell mapping names a layer class only; the frameworks' prefixes differ
+    (MindSpore ``Cell.``, PyTorch ``Module.``): a mapped name matches with either prefix."""
+    target = table([{"tensor_id": 1, "op_name": tname, "io": "output", "slot": 0}])
+    bench = table([{"tensor_id": 2, "op_name": bname, "io": "output", "slot": 0}])
+    al = align(target, bench, mapping=mapping, strategies=("mapping",))
+    assert pair_list(al) == [(1, 2, "mapping")]

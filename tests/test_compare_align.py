@@ -553,3 +553,89 @@ def test_100k_rows_per_side_align_completely():
     counts = al.counts()
     assert counts["exact"] + counts["mapping"] == n and counts["unmatched_bench"] == 40
     assert counts["mapping"] > 0 and counts["unmatched_target"] == 0
+
+
+# --------------------------------------------------------------------------- mutation survivors
+
+def test_order_follows_position_before_tensor_id():
+    """Execution order is iteration, rank, graph, position, timestamp, then tensor_id: two
+    MatMul outputs whose ids run against their positions pair by position."""
+    target = table([{"tensor_id": i, "op_type": "MatMul", "io": "output", "slot": 0, "position": 3 - i}
+                    for i in (1, 2)])  # id 2 runs first
+    bench = table([{"tensor_id": 10 + i, "op_type": "MatMul", "io": "output", "slot": 0, "position": i}
+                   for i in (1, 2)])  # id 11 runs first
+    al = align(target, bench, strategies=("order",))
+    assert pair_list(al) == [(2, 11, "order"), (1, 12, "order")]
+
+
+def test_sequence_repairs_ops_of_one_token_by_their_statistics():
+    """Two reshapes of one token run in the other order on the bench side: the sequence
+    diff pairs them by order, the statistics distance (sum of |x - y| / |bench l2norm|
+    over l2norm, mean, min, max) re-pairs them: 0 for the right pairs, ~4 for the crossed."""
+    def op(tid, counter, position, scale):
+        return {"tensor_id": tid, "op_type": "Reshape", "op_name": f"Default/Reshape-op{counter}", "io": "output",
+                "slot": 0, "shape": [4], "position": position, "l2norm": 2.0 * scale, "mean": 0.5 * scale,
+                "min": 0.0, "max": 1.0 * scale}
+    target = table([op(1, 1, 1, 1.0), op(2, 2, 2, 100.0)])
+    bench = table([op(11, 7, 1, 100.0), op(12, 8, 2, 1.0)])  # every -opN counter differs
+    al = align(target, bench, strategies=("sequence",))
+    assert sorted(pair_list(al)) == [(1, 12, "sequence"), (2, 11, "sequence")]
+
+
+@pytest.mark.parametrize("text,line,message", [
+    ("- {target: [a, b], bench: x}\n", 1, "target must be a name (a string)"),
+    ("- {target: a, bench: x}\n- just-a-name\n", 2,
+     "a list item must be a {target: .., bench: ..} pair or [target, bench]"),
+])
+def test_mapping_list_errors_name_the_line_and_the_problem(tmp_path, text, line, message):
+    (tmp_path / "m.yaml").write_text(text)
+    with pytest.raises(ValueError) as err:
+        load_mapping(tmp_path / "m.yaml")
+    assert str(err.value) == f"{tmp_path / 'm.yaml'}:{line}: {message}"
+
+
+def test_sequence_tokens_count_output_elements_not_inputs():
+    """An op's sequence token carries its outputs' element counts (invariant under the
+    reshapes AMP adds), not its inputs': a broadcast Add whose input differs (1 vs 4
+    elements) but whose output does not (4) still pairs."""
+    def add(tid, io, slot, shape):
+        return {"tensor_id": tid, "op_type": "Add", "op_name": "Default/Add-op3", "io": io, "slot": slot,
+                "shape": shape, "position": 1}
+    target = table([add(1, "input", 0, [4]), add(2, "input", 1, [1]), add(3, "output", 0, [4])])
+    bench = table([add(11, "input", 0, [4]), add(12, "input", 1, [4]), add(13, "output", 0, [4])])
+    al = align(target, bench, strategies=("sequence",))
+    assert sorted(pair_list(al)) == [(1, 11, "sequence"), (2, 12, "sequence"), (3, 13, "sequence")]
+
+
+def test_mapping_file_syntax_errors_are_one_line_value_errors(tmp_path):
+    """A character YAML refuses (no line mark) and a CSV field over csv's limit (131072
+    characters) are ValueErrors naming the file and the parser's reason."""
+    (tmp_path / "m.yaml").write_text("a: b\x07\n")
+    with pytest.raises(ValueError) as err:
+        load_mapping(tmp_path / "m.yaml")
+    assert str(err.value) == (f"{tmp_path / 'm.yaml'}: invalid YAML: "
+                              "unacceptable character #x0007: special characters are not allowed")
+    (tmp_path / "m.csv").write_text("a," + "x" * 200_000 + "\n")
+    with pytest.raises(ValueError) as err:
+        load_mapping(tmp_path / "m.csv")
+    assert str(err.value) == f"{tmp_path / 'm.csv'}:1: invalid CSV: field larger than field limit (131072)"
+
+
+def test_unmatched_rows_keep_their_column_types_without_an_io_column():
+    al = align(table([{"tensor_id": 1, "op_name": "a"}]), table([{"tensor_id": 2, "op_name": "b"}]),
+               strategies=("exact",))
+    for side in (al.unmatched_target, al.unmatched_bench):
+        assert side.column("io").type == pa.string() and side.column("io").to_pylist() == [None]
+
+
+@pytest.mark.parametrize("tname,bname,mapping", [
+    ("Cell.fc1.Dense.forward.0", "Module.fc1.Linear.forward.0", {"Dense": "Linear"}),  # MindSpore vs PyTorch
+    ("Module.fc1.Linear.forward.0", "Cell.fc1.Dense.forward.0", {"Linear": "Dense"}),  # and the other way
+])
+def test_mapping_crosses_the_cell_module_prefix_both_ways(tname, bname, mapping):
+    """msprobe's cell mapping names a layer class only; the frameworks' prefixes differ
+    (MindSpore ``Cell.``, PyTorch ``Module.``): a mapped name matches with either prefix."""
+    target = table([{"tensor_id": 1, "op_name": tname, "io": "output", "slot": 0}])
+    bench = table([{"tensor_id": 2, "op_name": bname, "io": "output", "slot": 0}])
+    al = align(target, bench, mapping=mapping, strategies=("mapping",))
+    assert pair_list(al) == [(1, 2, "mapping")]

@@ -399,3 +399,6 @@ def test_report_counts_the_files_payloads_and_duplicates_of_the_dump(tmp_path):
     assert report.bytes_read == sum(os.path.getsize(p) for p in files)
     assert report.bytes_in == sum(len(p) for p in payloads)
     assert report.deduplicated == len(files) - len(distinct) > 0
+    # every payload was first stored by this run (blobs.first_run)
+    blobs = dumpdb.open(tmp_path / "a.dumpdb").sql("SELECT first_run, count(*) AS n FROM blobs GROUP BY 1")
+    assert blobs.to_pylist() == [{"first_run": "a", "n": len(distinct)}]

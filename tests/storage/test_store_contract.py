@@ -11,8 +11,9 @@ import pytest
 import zarr.storage
 
 import dumpdb.storage.store as store_mod
+from dumpdb.errors import PayloadCorrupt
 from dumpdb.storage.objects import ObjectStore
-from dumpdb.storage.store import StoreWriter, TensorStore, shard_key
+from dumpdb.storage.store import StoreWriter, TensorStore, payload_hash, shard_key
 
 CHUNK_ELEMS = 64  # float32 elements in a 256-byte inner chunk
 
@@ -87,3 +88,27 @@ def test_a_new_store_is_marked_as_a_dumpdb_tensor_store():
     marker = root["attributes"]["dumpdb"]
     assert (marker["kind"], marker["layout"]) == ("tensor-store", 1)
     assert "catalog" in marker["catalog"]  # says where the catalog describing it is (issue 19)
+
+
+def test_verify_names_a_changed_payload(pack):
+    """``read(verify=True)`` re-hashes the bytes read: a content hash they do not match is
+    PayloadCorrupt naming the array and saying the stored bytes changed."""
+    zstore, loc, data = pack
+    reader = TensorStore(zstore)
+    part = data[10:20]
+    got = reader.read(loc.array_path, 10, 10, np.dtype(np.float32), (10,),
+                      content_hash=payload_hash(part), verify=True)
+    assert got.tobytes() == part.tobytes()
+    with pytest.raises(PayloadCorrupt) as err:
+        reader.read(loc.array_path, 10, 10, np.dtype(np.float32), (10,), content_hash="0" * 32, verify=True)
+    assert str(err.value).endswith(f"{loc.array_path}: content hash mismatch: the stored bytes changed")
+
+
+def test_a_local_store_given_as_a_store_keeps_its_directory(tmp_path):
+    """``TensorStore(DurableLocalStore(dir))`` knows its directory as ``root``, as when
+    given the path: verify and gc look for crash leftovers there."""
+    from dumpdb.storage.local import DurableLocalStore
+
+    assert TensorStore(DurableLocalStore(str(tmp_path))).root == tmp_path
+    assert TensorStore(tmp_path).root == tmp_path
+    assert TensorStore(zarr.storage.MemoryStore()).root is None

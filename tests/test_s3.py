@@ -253,6 +253,11 @@ def test_export_to_s3_sql_in_place_and_import(pair, moto_s3, tmp_path):
     assert got == want
     with pytest.raises(dumpdb.ArchiveError, match="read-only"):
         view.gc()
+    r = invoke("compare", "fp16", "fp32", "-a", bundle, "-f", "csv", "--no-store")
+    assert r.exit_code == invoke("compare", "fp16", "fp32", "-a", s3, "-f", "csv", "--no-store").exit_code
+    assert r.stdout.count("\n") > 10, r.output
+    r = invoke("compare", "fp16", "fp32", "-a", bundle)
+    assert r.exit_code == 2 and r.output.count("\n") == 1 and "--no-store" in r.output
     r = invoke("export", "fp16", "-a", s3, "--to", bundle)
     assert r.exit_code == 2 and "already holds a bundle" in r.output
     target = tmp_path / "imported.dumpdb"

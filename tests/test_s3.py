@@ -463,7 +463,8 @@ class _FlakyProxy:
                     self.send_response(503)
                     self.send_header("Content-Length", str(len(msg)))
                     self.end_headers()
-                    self.wfile.write(msg)
+                    if self.command != "HEAD":  # a HEAD answer has no body
+                        self.wfile.write(msg)
                     return
                 req = urllib.request.Request(upstream + self.path, data=body if body or self.command in ("PUT", "POST")
                                              else None, method=self.command,

@@ -179,6 +179,13 @@ class BundleArchive(Archive):
         return f"{self.url}/tensors.zarr"
 
     @property
+    def catalog(self):  # type: ignore[override]
+        """Refused: a bundle opened in place has no catalog to write (``compare --no-store``
+        compares without storing; import the bundle to keep results). ArchiveError."""
+        raise ArchiveError(f"{self.url}: a bundle opened in place is read-only (compare --no-store, or import "
+                           "it to store results)")
+
+    @property
     def writable(self) -> bool:
         """Always False: a bundle is opened read-only."""
         return False

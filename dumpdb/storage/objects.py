@@ -68,7 +68,7 @@ def _first_line(exc: BaseException) -> str:
     return (lines[0] if lines else type(exc).__name__)[:300]
 
 
-def _transport_error(exc: BaseException) -> bool:
+def is_transport_error(exc: BaseException) -> bool:
     """True for a failure to reach or use a remote store (not a missing object, not a bug)."""
     if isinstance(exc, (DumpdbError, FileNotFoundError, KeyError, ValueError, TypeError, AssertionError)):
         return False
@@ -111,10 +111,15 @@ class ObjectStore:
         try:
             return fn(*args, **kwargs)
         except Exception as exc:
-            if not _transport_error(exc):
+            if not is_transport_error(exc):
                 raise
-            at = f" at {self.endpoint}" if self.endpoint else ""
-            raise StorageError(f"{self.name}{at}: cannot {what}: {_first_line(exc)}") from exc
+            raise self.storage_error(what, exc) from exc
+
+    def storage_error(self, what: str, exc: BaseException) -> StorageError:
+        """The one-line StorageError for a transport failure ``exc`` while doing ``what``
+        (names the store and its endpoint; for failures inside zarr's own calls)."""
+        at = f" at {self.endpoint}" if self.endpoint else ""
+        return StorageError(f"{self.name}{at}: cannot {what}: {_first_line(exc)}")
 
     def _async(self, what: str, coro: Coroutine[Any, Any, T]) -> T:
         return self.call(what, _run, coro)

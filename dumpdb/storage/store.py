@@ -53,7 +53,7 @@ from dumpdb.errors import PayloadCorrupt, PayloadMissing, StorageError
 from dumpdb.storage import remote
 from dumpdb.storage.codecs import LARGE_MIN_SAVING, Codec, codec_for, frame_decoder
 from dumpdb.storage.local import DurableLocalStore
-from dumpdb.storage.objects import ObjectStore
+from dumpdb.storage.objects import ObjectStore, is_transport_error
 from dumpdb.storage.shard import (
     EMPTY_CHUNK,
     ShardTarget,
@@ -524,7 +524,12 @@ class TensorStore:
         older archives (large arrays written without ``write_empty_chunks``) have no
         shard for an all-zero tensor, and zeros are right when they hash to its key."""
         try:
-            return np.asarray(self.array(array_path)[...])
+            try:
+                return np.asarray(self.array(array_path)[...])
+            except Exception as exc:  # zarr reads the shards itself: its transport errors, one line
+                if not is_transport_error(exc):
+                    raise
+                raise self.objects.storage_error(f"read {array_path}", exc) from exc
         except PayloadMissing:
             arr = self._arrays.get(array_path)  # None: zarr.json itself is gone
             if arr is None or content_hash is None:
@@ -725,7 +730,12 @@ class StoreWriter:
         return done + self.poll()
 
     def _collect(self, future: Future[_Written]) -> list[BlobLocation]:
-        locations, info = future.result()
+        try:
+            locations, info = future.result()
+        except Exception as exc:  # zarr's own writes (zarr.json, large shards) bypass ObjectStore.call
+            if not is_transport_error(exc):
+                raise
+            raise self.store.objects.storage_error("write an array", exc) from exc
         self._arrays.append(info)
         self.bytes_written += info.stored_bytes
         return locations

@@ -19,9 +19,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import ms_case, npy_files, npy_payload
 
 import dumpdb
+import dumpdb.archive  # is_archive: a submodule, not imported by "import dumpdb" alone
 
 REPO = Path(__file__).resolve().parents[1]
 CRASHKIT = Path(__file__).with_name("crashkit.py")
@@ -106,6 +108,7 @@ def test_crashkit_counts_and_kills(tmp_path):
     assert _killed(archive, args, 3).returncode == -signal.SIGKILL
 
 
+@pytest.mark.timeout(900)  # 30+ kills and re-runs: about 4 minutes on a busy 2-core machine
 def test_ingest_killed_anywhere_keeps_committed_rows_exact_and_reruns_complete(tmp_path):
     archive = tmp_path / "a.dumpdb"
     args = ["ingest", str(SOURCES["d2"]), "--archive", str(archive), "--run", "d2", "-q"]

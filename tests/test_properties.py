@@ -291,3 +291,14 @@ def test_check_ranges_leaves_only_storable_values(ints, stats, shape):
     check_ranges(scan)
     catalog_rows(scan)
     assert len(scan.entries) == 1 or scan.errors
+
+
+def test_check_ranges_keeps_an_integer_statistic_beyond_float_precision():
+    """Found by the property above: a statistic.csv max of 2**53 + 1 (an int64 tensor) is kept
+    as the nearest double instead of failing the commit (pyarrow refuses the inexact int)."""
+    entry = TensorEntry(source_file="f", path=None, stats={"max": 2**53 + 1, "min": -3}, shape_declared=(2,))
+    scan = DumpScan(layout="t", root=Path("."), entries=[entry])
+    check_ranges(scan)
+    catalog_rows(scan)
+    assert not scan.errors
+    assert scan.entries[0].stats == {"max": float(2**53), "min": -3.0}

@@ -75,6 +75,9 @@ def check_ranges(scan: DumpScan, tensor_schema: pa.Schema, relation_schemas: dic
                 if not ok:
                     wrong.append(f"{k}={v!r:.40}")
                     del e.stats[k]
+                elif not k.endswith("count") and isinstance(v, (int, np.integer)):
+                    # a DOUBLE column: pyarrow refuses an int it cannot hold exactly (2**53 + 1)
+                    e.stats[k] = float(v)
             if wrong:
                 scan.errors.append((e.source_file, f"statistic {', '.join(wrong)} is not a valid value "
                                     f"for {e.key}; ignored (computed from the payload if there is one)"))

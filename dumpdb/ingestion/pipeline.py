@@ -43,11 +43,12 @@ from dumpdb.archive import CATALOG, STORE, check_marker, create_archive, default
 from dumpdb.catalog import DEFAULT_LOCK_TIMEOUT, Catalog, insert_arrow, schema
 from dumpdb.catalog.locks import SHARED, store_lock
 from dumpdb.dtypes import dtype_name, from_dump_name
-from dumpdb.dumpio import check_dump_file, confine
+from dumpdb.dumpio import check_dump_file, confine, reason
 from dumpdb.errors import ArchiveError, DumpdbError
 from dumpdb.ingestion.ranges import check_ranges
+from dumpdb.ingestion.statistics import estimate_rows, statistics_parts
 from dumpdb.layouts import DumpScan, Layout, TensorEntry, locate
-from dumpdb.layouts.base import display_name
+from dumpdb.layouts.base import StatisticsFile, display_name
 from dumpdb.progress import Reporter
 from dumpdb.stats import STAT_COLUMNS, compute_stats
 from dumpdb.storage.payloads import record_payloads
@@ -56,9 +57,11 @@ from dumpdb.storage.store import BlobLocation, StoreWriter, TensorStore, payload
 # Catalog commits: each opens the catalog read-write (~20 ms alone, far more while
 # reader threads hold the GIL), so commit by volume and time, not per pack. A
 # kill loses at most this much work; the re-run redoes it.
-COMMIT_ROWS = 20_000
-COMMIT_SECONDS = 10.0
+COMMIT_ROWS = 5_000
+COMMIT_SECONDS = 3.0
 INFLIGHT_BYTES = 256 << 20
+# csv text per streamed statistics batch (one commit each): ~60,000 rows of statistic.csv
+STATISTIC_BATCH_BYTES = 8 << 20
 INFLIGHT_COUNT = 64
 
 # Arrow schemas of the rows this pipeline writes, from the catalog schema (the
@@ -245,6 +248,8 @@ class _Pipeline:
         self.error_rows: list[dict] = []
         self.last_commit = time.monotonic()
         self.arrays: list = []  # arrays written, not yet in the catalog
+        self.tables: list[pa.Table] = []  # statistics-only rows (Arrow), not yet in the catalog
+        self.done: set[str] = set()  # tensor keys the run held when this ingest began
 
     # -- setup ---------------------------------------------------------------
     def _begin(self) -> list[TensorEntry]:
@@ -259,7 +264,9 @@ class _Pipeline:
                 "SELECT tensor_key FROM tensors WHERE run = ?", [self.run_name]).fetchall()}
             pending = [e for e in scan.entries if e.key not in done]
             report.tensors_skipped = len(scan.entries) - len(pending)
-            if existing and not pending and not scan.errors:
+            if scan.statistics_files:
+                self.done = done  # streamed files: skip what an earlier ingest committed
+            if existing and not pending and not scan.errors and not scan.statistics_files:
                 if existing[1] in ("ingesting", "interrupted"):
                     # everything was committed before the stop: settle the status
                     failed = con.execute("SELECT count(*) FROM ingest_errors WHERE run = ?",
@@ -292,13 +299,16 @@ class _Pipeline:
     # -- main loop -----------------------------------------------------------
     def run(self) -> None:
         pending = self._begin()
-        self.reporter.start(len(pending), self.report.tensors_skipped)
+        streamed = sum(estimate_rows(f) for f in self.scan.statistics_files)
+        self.reporter.start(len(pending) + streamed, self.report.tensors_skipped)
         interrupted = False
         try:
             if pending:
                 self._process(pending)
             self._durable(self.writer.flush())
             self._commit()
+            for sf in self.scan.statistics_files:
+                self._statistics(sf)
         except KeyboardInterrupt:
             interrupted = True
             self.report.interrupted = True
@@ -325,6 +335,64 @@ class _Pipeline:
         self._finish(interrupted)
         if interrupted:
             self.report.status = "interrupted"
+
+    def _statistics(self, sf: StatisticsFile) -> None:
+        """Stream one statistics-only csv: each batch of rows is committed as one Arrow
+        table (bounded memory, rows visible while the ingest goes on)."""
+        seen: list[np.ndarray] = []  # sorted hashes of the keys of this file already taken
+        try:
+            for part in statistics_parts(sf, self.run_name, TENSOR_SCHEMA, self.layout.stats_label,
+                                         STATISTIC_BATCH_BYTES):
+                self.report.tensors_in_dump += part.table.num_rows + len(part.entries)
+                table = self._new_rows(part.table, seen)
+                rows = []
+                if part.entries:
+                    mini = DumpScan(layout=self.layout.name, root=Path(sf.path), entries=part.entries)
+                    check_ranges(mini, TENSOR_SCHEMA, {})
+                    for source_file, message in mini.errors:
+                        self._error(source_file, message)
+                    fresh = self._new_rows(pa.table({"tensor_key": [e.key for e in mini.entries]}), seen)
+                    keep = set(fresh["tensor_key"].to_pylist())
+                    rows = [self._row(_Loaded(e)) for e in mini.entries if e.key in keep]
+                added = table.num_rows + len(rows)
+                self.report.tensors_skipped += part.table.num_rows + len(part.entries) - added
+                self.report.statistics_only += added
+                self.tables.append(table)
+                self.rows.extend(rows)
+                self._commit()
+                self.reporter.advance(part.records, 0)
+        except (OSError, DumpdbError) as exc:
+            self._error(sf.source_file, reason(exc, sf.path))
+
+    def _new_rows(self, table: pa.Table, seen: list[np.ndarray]) -> pa.Table:
+        """``table`` without rows whose ``tensor_key`` the run already has (an earlier
+        ingest, an earlier batch, or an earlier row of this batch: the first one wins).
+        ``seen`` holds sorted 64-bit hashes of the keys taken so far (8 bytes a row); a
+        hash hit is checked against the catalog, so a collision never drops a row."""
+        keys = table["tensor_key"].to_pylist()
+        hashes = np.fromiter((hash(k) for k in keys), dtype=np.int64, count=len(keys))
+        hit = np.zeros(len(keys), dtype=bool)
+        for chunk in seen:
+            pos = np.searchsorted(chunk, hashes).clip(0, len(chunk) - 1)
+            hit |= chunk[pos] == hashes
+        committed: set[str] = set()
+        if hit.any():
+            candidates = [k for k, h in zip(keys, hit) if h]
+            self._commit()  # earlier batches of this file are in the catalog: ask it
+            with self.catalog.reader() as con:
+                committed = {k for (k,) in con.execute(
+                    "SELECT tensor_key FROM tensors WHERE run = ? AND tensor_key IN (SELECT unnest(?))",
+                    [self.run_name, candidates]).fetchall()}
+        taken: set[str] = set()
+        keep = np.ones(len(keys), dtype=bool)
+        for i, k in enumerate(keys):
+            if k in taken or (hit[i] and k in committed) or (self.done and k in self.done):
+                keep[i] = False
+            else:
+                taken.add(k)
+        if keep.any():
+            seen.append(np.sort(hashes[keep]))
+        return table if keep.all() else table.filter(pa.array(keep))
 
     def _drop_committed(self) -> None:
         """A Ctrl-C that lands after a COMMIT but before the batch was cleared leaves rows
@@ -374,6 +442,9 @@ class _Pipeline:
                     inflight_bytes -= size
                     self._accept(future.result())
                     if self._should_commit():
+                        # rows wait for their pack: write the partial packs now, so what was
+                        # read is committed every few seconds / thousand files (issue 12)
+                        self._durable(self.writer.flush())
                         self._commit()
             except BaseException:
                 for future, _ in inflight:
@@ -475,21 +546,25 @@ class _Pipeline:
 
     # -- commits -------------------------------------------------------------
     def _should_commit(self) -> bool:
-        if not (self.rows or self.error_rows):
+        if not (self.rows or self.error_rows or self.tables or self.waiting):
             return False
-        return len(self.rows) >= COMMIT_ROWS or time.monotonic() - self.last_commit >= COMMIT_SECONDS
+        return (len(self.rows) + len(self.waiting) >= COMMIT_ROWS
+                or time.monotonic() - self.last_commit >= COMMIT_SECONDS)
 
     def _commit(self) -> None:
         arrays, self.arrays = self.arrays, []
-        if not (self.rows or self.error_rows or arrays or self.blob_rows):
+        tables, self.tables = self.tables, []
+        if not (self.rows or self.error_rows or arrays or self.blob_rows or tables):
             return
         # Rows whose payload is still in a pack buffer stay behind (self.waiting).
         with self.catalog.writer() as con:
             record_payloads(con, self.blob_rows, arrays, self.run_name)
             insert_arrow(con, "tensors", pa.Table.from_pylist(self.rows, TENSOR_SCHEMA),
                          prefix="nextval('tensor_id_seq') AS tensor_id,")
+            for table in tables:
+                insert_arrow(con, "tensors", table, prefix="nextval('tensor_id_seq') AS tensor_id,")
             insert_arrow(con, "ingest_errors", pa.Table.from_pylist(self.error_rows, ERROR_SCHEMA))
-        self.report.tensors_added += len(self.rows)
+        self.report.tensors_added += len(self.rows) + sum(t.num_rows for t in tables)
         self.rows, self.blob_rows, self.error_rows = [], [], []
         self.last_commit = time.monotonic()
 

@@ -1,0 +1,163 @@
+"""Issue 12 (scale-out): statistics csv streamed as Arrow batches, progressive commits.
+
+Every test compares two code paths of dumpdb (or the catalog against the csv we wrote),
+never a figure computed by the code under test.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import duckdb
+import pytest
+
+import dumpdb
+from dumpdb.ingestion import pipeline
+from dumpdb.progress import Reporter
+
+from conftest import ms_case
+
+IT = Path("rank_0") / "LeNet5" / "1" / "3"
+NAME_RE = re.compile(r"^(?P<op_type>[^.]+)\.(?P<op_name>.+)\.(?P<task>\d+)\.(?P<stream>\d+)\.(?P<ts>\d+)"
+                     r"\.(?P<io>input|output)\.(?P<slot>\d+)\.")
+HEADER = ("Op Type,Op Name,Task ID,Stream ID,Timestamp,IO,Slot,Data Size,Data Type,Shape,Max Value,Min Value,"
+          "Avg Value,Count,Negative Zero Count,Positive Zero Count,NaN Count,Negative Inf Count,"
+          "Positive Inf Count,MD5\n")
+
+
+def _stat_csv(it_dir: Path) -> tuple[str, int]:
+    """A statistic.csv naming every tensor of ``it_dir`` one microsecond later (so no file
+    claims its row) plus odd records: blank, short, long, a count that is not a count,
+    a non-ASCII digit, an empty shape, a duplicate identity. Returns (text, records)."""
+    lines = []
+    for i, p in enumerate(sorted(it_dir.glob("*.npy"))):
+        m = NAME_RE.match(p.name)
+        assert m, p.name
+        lines.append(f"{m['op_type']},{m['op_name']},{m['task']},{m['stream']},{int(m['ts']) + 1},"
+                     f"{m['io'].capitalize() if i % 2 else m['io']},{m['slot']},16,float32,\"({i + 1},2)\","
+                     f"{i * 1.5},-{i}.25,1e-3,{2 * (i + 1)},0,{i % 3},0,0,0,{'%032x' % i if i % 4 else ''}\n")
+    lines += [
+        ",,,,,,,,,,,,,,,,,,,\n",
+        "Add,Short-op1,1,2\n",
+        "Add,Long-op2,1,2,3,output,0,16,float32,\"(2,2)\",1,0,0.5,4,0,0,0,0,0,,extra,cells\n",
+        "Add,NanCount-op3,1,2,4,output,0,16,float32,\"(2,2)\",1,0,0.5,nan,0,0,0,0,0,\n",
+        "Add,Digit-op4,\u0663,2,5,output,0,16,float32,\"(2,2)\",1,0,0.5,4,0,0,0,0,0,\n",
+        "Add,EmptyShape-op5,1,2,6,output,0,16,float32,,1,0,0.5,4,0,0,0,0,0,\n",
+        "Parameter,conv1_weight,0,0,7,output,0,16,float32,\"(6,1,5,5)\",0.3,-0.3,0,150,0,0,0,0,0,\n",
+        "Add,Dup-op6,1,2,8,output,0,16,float32,\"(2,2)\",1,0,0.5,4,0,0,0,0,0,\n",
+        "Add,Dup-op6,1,2,8,output,0,16,float32,\"(2,2)\",1,0,0.5,4,0,0,0,0,0,\n",
+    ]
+    return HEADER + "".join(lines), len(lines)
+
+
+def _rows(archive: Path, where: str = "content_hash IS NULL") -> list[dict]:
+    con = duckdb.connect(str(archive / "catalog.duckdb"), read_only=True)
+    try:
+        cols = [r[0] for r in con.execute(
+            "SELECT column_name FROM duckdb_columns() WHERE table_name = 'tensors' "
+            "AND column_name NOT IN ('tensor_id') ORDER BY column_index").fetchall()]
+        sel = ", ".join(f'"{c}"' for c in cols)
+        rows = con.execute(f"SELECT {sel} FROM tensors WHERE {where}").fetchall()
+        return sorted((dict(zip(cols, r)) for r in rows), key=repr)
+    finally:
+        con.close()
+
+
+def _errors(archive: Path) -> list[tuple]:
+    con = duckdb.connect(str(archive / "catalog.duckdb"), read_only=True)
+    try:
+        return sorted(con.execute("SELECT source_file, error FROM ingest_errors").fetchall())
+    finally:
+        con.close()
+
+
+def test_streamed_statistics_equal_the_per_entry_path(tmp_path):
+    """The same statistic.csv read beside tensor files (one TensorEntry per row) and alone
+    (streamed in Arrow batches): identical statistics-only rows and error lines."""
+    joined = tmp_path / "joined"
+    shutil.copytree(ms_case("a_tensor_all_eval"), joined)
+    text, records = _stat_csv(joined / IT)
+    (joined / IT / "statistic.csv").write_text(text, encoding="utf-8")
+    alone = tmp_path / "alone"
+    shutil.copytree(joined, alone)
+    for p in (alone / IT).glob("*.npy"):
+        p.unlink()
+    a = dumpdb.ingest(joined, tmp_path / "a", run="r")
+    b = dumpdb.ingest(alone, tmp_path / "b", run="r")
+    assert b.layout == "statistic-only" and a.layout == "mindspore-sync"
+    rows_a, rows_b = _rows(tmp_path / "a"), _rows(tmp_path / "b")
+    # every record but the blank one, the second duplicate and the empty shape (an error); the
+    # 'nan' count is an error line and its row stays without that statistic
+    assert len(rows_b) == records - 3 and b.statistics_only == len(rows_b)
+    assert rows_a == rows_b
+    assert _errors(tmp_path / "a") == _errors(tmp_path / "b") and len(_errors(tmp_path / "b")) == 2
+    # a value the csv spelled: the Parameter row, linked to the graph's parameter
+    param = [r for r in rows_b if r["op_name"] == "conv1_weight" and r["timestamp"] == 7]
+    assert len(param) == 1 and param[0]["max"] == 0.3 and param[0]["shape"] == [6, 1, 5, 5]
+
+
+def test_streamed_statistics_resume_adds_nothing_twice(tmp_path, monkeypatch):
+    dump = tmp_path / "d"
+    shutil.copytree(ms_case("a_tensor_all_eval"), dump)
+    text, _ = _stat_csv(dump / IT)
+    (dump / IT / "statistic.csv").write_text(text, encoding="utf-8")
+    for p in (dump / IT).glob("*.npy"):
+        p.unlink()
+    monkeypatch.setattr(pipeline, "STATISTIC_BATCH_BYTES", 512)  # many batches
+
+    class Stop(Reporter):
+        def __init__(self):
+            self.n = 0
+
+        def advance(self, tensors, bytes_read):
+            self.n += 1
+            if self.n == 3:
+                raise KeyboardInterrupt
+
+    first = dumpdb.ingest(dump, tmp_path / "a", run="r", reporter=Stop())
+    assert first.interrupted and 0 < first.tensors_added
+    again = dumpdb.ingest(dump, tmp_path / "a", run="r")
+    clean = dumpdb.ingest(dump, tmp_path / "c", run="r")
+    assert again.status == clean.status == "complete_with_errors"  # the odd records
+    assert first.tensors_added + again.tensors_added == clean.tensors_added
+    assert _errors(tmp_path / "a") == _errors(tmp_path / "c")
+    assert _rows(tmp_path / "a") == _rows(tmp_path / "c")
+    keys = [r["tensor_key"] for r in _rows(tmp_path / "a")]
+    assert len(keys) == len(set(keys))
+
+
+class _Watcher(Reporter):
+    """Counts the run's committed tensors from a separate read-only connection each time
+    the ingest reports progress (the ingest holds no connection between commits)."""
+
+    def __init__(self, archive: Path):
+        self.archive = archive
+        self.seen: list[int] = []
+
+    def advance(self, tensors, bytes_read):
+        if not (self.archive / "catalog.duckdb").exists():
+            return
+        with dumpdb.open(self.archive) as arch:
+            self.seen.append(arch.sql("SELECT count(*) AS n FROM tensors")["n"][0].as_py())
+
+
+@pytest.mark.parametrize("statistics_only", [True, False])
+def test_rows_are_visible_while_the_ingest_runs(tmp_path, monkeypatch, statistics_only):
+    dump = tmp_path / "d"
+    shutil.copytree(ms_case("a_tensor_all_eval"), dump)
+    if statistics_only:
+        text, _ = _stat_csv(dump / IT)
+        (dump / IT / "statistic.csv").write_text(text, encoding="utf-8")
+        for p in (dump / IT).glob("*.npy"):
+            p.unlink()
+        monkeypatch.setattr(pipeline, "STATISTIC_BATCH_BYTES", 512)
+    else:
+        monkeypatch.setattr(pipeline, "COMMIT_ROWS", 8)
+    watcher = _Watcher(tmp_path / "a")
+    report = dumpdb.ingest(dump, tmp_path / "a", run="r", reporter=watcher)
+    assert report.status in ("complete", "complete_with_errors") and not report.interrupted
+    partial = [n for n in watcher.seen if 0 < n < report.tensors_added]
+    assert len(set(partial)) >= 2, watcher.seen  # the committed part grew while it ran
+    assert watcher.seen == sorted(watcher.seen)

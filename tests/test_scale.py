@@ -12,12 +12,11 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from conftest import ms_case
 
 import dumpdb
 from dumpdb.ingestion import pipeline
 from dumpdb.progress import Reporter
-
-from conftest import ms_case
 
 IT = Path("rank_0") / "LeNet5" / "1" / "3"
 NAME_RE = re.compile(r"^(?P<op_type>[^.]+)\.(?P<op_name>.+)\.(?P<task>\d+)\.(?P<stream>\d+)\.(?P<ts>\d+)"
@@ -37,7 +36,7 @@ def _stat_csv(it_dir: Path) -> tuple[str, int]:
         assert m, p.name
         lines.append(f"{m['op_type']},{m['op_name']},{m['task']},{m['stream']},{int(m['ts']) + 1},"
                      f"{m['io'].capitalize() if i % 2 else m['io']},{m['slot']},16,float32,\"({i + 1},2)\","
-                     f"{i * 1.5},-{i}.25,1e-3,{2 * (i + 1)},0,{i % 3},0,0,0,{'%032x' % i if i % 4 else ''}\n")
+                     f"{i * 1.5},-{i}.25,1e-3,{2 * (i + 1)},0,{i % 3},0,0,0,{format(i, '032x') if i % 4 else ''}\n")
     lines += [
         ",,,,,,,,,,,,,,,,,,,\n",
         "Add,Short-op1,1,2\n",

@@ -314,8 +314,15 @@ def ingest(
     archive: Optional[Path] = ArchiveOpt,
     run: Optional[str] = typer.Option(None, "--run", "-r", help="Run name (default: the dump directory's name)."),
     layout: Optional[str] = typer.Option(None, "--layout", help="Skip auto-detection; see 'dumpdb layouts'."),
-    workers: Optional[int] = typer.Option(None, "--workers", "-j", min=1,
-                                          help="Reader threads (default: cores + 1, max 4)."),
+    workers: Optional[int] = typer.Option(
+        None, "--workers", "-j", min=1,
+        help="Worker processes that read, hash and compute statistics (default: cores; a dump under 256 "
+             "files and 256 MB is read in-process; 1: in-process). The catalog does not depend on it."),
+    scheduler: Optional[str] = typer.Option(
+        None, "--scheduler", metavar="ADDRESS|local",
+        help="Run the workers as tasks of the dask.distributed cluster at ADDRESS (tcp://host:8786; its "
+             "workers must see DUMP_DIR at the same path), or 'local' for a LocalCluster of --workers "
+             "processes. Needs dumpdb[dask]."),
     follow_symlinks: bool = typer.Option(
         False, "--follow-symlinks", help="Read files that symlinks lead to outside DUMP_DIR (off by default)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
@@ -324,7 +331,7 @@ def ingest(
     from dumpdb.ingestion.pipeline import ingest as run_ingest
 
     report = run_ingest(dump_dir, archive=_archive_path(archive), run=run, layout=layout, workers=workers,
-                        follow_symlinks=follow_symlinks, reporter=_reporter(quiet),
+                        scheduler=scheduler, follow_symlinks=follow_symlinks, reporter=_reporter(quiet),
                         on_wait=lambda msg: _say(msg, stderr=True, style="yellow"))
     _print_report(report)
     if report.interrupted:

@@ -160,3 +160,54 @@ def test_rows_are_visible_while_the_ingest_runs(tmp_path, monkeypatch, statistic
     partial = [n for n in watcher.seen if 0 < n < report.tensors_added]
     assert len(set(partial)) >= 2, watcher.seen  # the committed part grew while it ran
     assert watcher.seen == sorted(watcher.seen)
+
+
+# -- the same catalog whatever runs the workers -------------------------------------------------
+_VOLATILE = {"tensor_id", "ingest_started", "ingest_finished", "time", "array_path", "created_at", "applied_at"}
+
+
+def _catalog(archive: Path) -> dict[str, list]:
+    """Every table of the catalog, rows sorted, without ingestion ids/times and without where a
+    payload sits in the store (pack names are random); payload hashes are kept."""
+    con = duckdb.connect(str(archive / "catalog.duckdb"), read_only=True)
+    try:
+        out = {}
+        tables = [t for (t,) in con.execute(
+            "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main' ORDER BY 1").fetchall()]
+        for t in tables:
+            cols = [c for (c,) in con.execute(
+                "SELECT column_name FROM duckdb_columns() WHERE table_name = ? AND schema_name = 'main' "
+                "ORDER BY column_index", [t]).fetchall() if c not in _VOLATILE]
+            sel = ", ".join(f'"{c}"' for c in cols)
+            out[t] = sorted((repr(r) for r in con.execute(f"SELECT {sel} FROM {t}").fetchall()))
+        return out
+    finally:
+        con.close()
+
+
+def _payloads(archive: Path) -> dict[str, bytes]:
+    """content hash -> the bytes read back through the archive, for every stored payload."""
+    with dumpdb.open(archive) as arch:
+        ids = arch.sql("SELECT min(tensor_id) AS id, content_hash FROM tensors "
+                       "WHERE content_hash IS NOT NULL GROUP BY content_hash").to_pylist()
+        return {r["content_hash"]: arch.tensor(r["id"]).tobytes() for r in ids}
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("dump", [
+    ms_case("a_tensor_all_eval"),
+    Path(__file__).parent / "data" / "msprobe" / "statistics_mix_2rank_gloo",
+    Path(__file__).parent / "data" / "msprobe" / "tensor_mix",
+], ids=["mindspore", "msprobe-statistics", "msprobe-tensors"])
+def test_same_catalog_for_any_workers_and_dask(tmp_path, monkeypatch, dump):
+    from dumpdb.ingestion import workers
+    monkeypatch.setattr(workers, "BATCH_FILES", 3)  # many batches, interleaved on the workers
+    one = dumpdb.ingest(dump, tmp_path / "w1", run="r", workers=1)
+    two = dumpdb.ingest(dump, tmp_path / "w2", run="r", workers=2)
+    local = dumpdb.ingest(dump, tmp_path / "dask", run="r", workers=2, scheduler="local")
+    assert one.tensors_added > 0 and one.status == two.status == local.status
+    reference = _catalog(tmp_path / "w1")
+    assert _catalog(tmp_path / "w2") == reference
+    assert _catalog(tmp_path / "dask") == reference
+    payloads = _payloads(tmp_path / "w1")
+    assert _payloads(tmp_path / "w2") == payloads == _payloads(tmp_path / "dask")

@@ -20,6 +20,7 @@ Guarantees (issue 2, "Safety"):
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import fcntl
 import hashlib
@@ -27,8 +28,8 @@ import json
 import os
 import time
 from collections import deque
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
+from concurrent.futures import BrokenExecutor, Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from dataclasses import fields as dataclass_fields
 from datetime import datetime
@@ -43,14 +44,27 @@ from dumpdb.archive import CATALOG, STORE, check_marker, create_archive, default
 from dumpdb.catalog import DEFAULT_LOCK_TIMEOUT, Catalog, insert_arrow, schema
 from dumpdb.catalog.locks import SHARED, store_lock
 from dumpdb.dtypes import dtype_name, from_dump_name
-from dumpdb.dumpio import check_dump_file, confine, reason
+from dumpdb.dumpio import confine, reason
 from dumpdb.errors import ArchiveError, DumpdbError
 from dumpdb.ingestion.ranges import check_ranges
 from dumpdb.ingestion.statistics import estimate_rows, statistics_parts
+from dumpdb.ingestion.workers import (
+    PROCESS_MIN_BYTES,
+    PROCESS_MIN_FILES,
+    Loaded,
+    LoadTask,
+    batches,
+    dask_executor,
+    default_workers,
+    load_batch,
+    load_entry,
+    one_line,
+    process_pool,
+)
 from dumpdb.layouts import DumpScan, Layout, TensorEntry, locate
 from dumpdb.layouts.base import StatisticsFile, display_name
 from dumpdb.progress import Reporter
-from dumpdb.stats import STAT_COLUMNS, compute_stats
+from dumpdb.stats import STAT_COLUMNS
 from dumpdb.storage.payloads import record_payloads
 from dumpdb.storage.store import BlobLocation, StoreWriter, TensorStore, payload_hash
 
@@ -112,15 +126,7 @@ _RELATION_SCHEMAS = {
 }
 
 
-@dataclass
-class _Loaded:
-    entry: TensorEntry
-    array: np.ndarray | None = None
-    note: str | None = None
-    content_hash: str | None = None
-    stats: dict[str, Any] | None = None
-    file_bytes: int = 0
-    error: str | None = None
+_Loaded = Loaded  # one entry read, hashed, with statistics (dumpdb.ingestion.workers)
 
 
 def content_hash(array: np.ndarray) -> str:
@@ -178,6 +184,7 @@ def ingest(
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
     on_wait: Callable[[str], None] | None = None,
     follow_symlinks: bool = False,
+    scheduler: str | None = None,
 ) -> IngestReport:
     """Ingest the dump at ``dump_dir`` into ``archive`` as run ``run``.
 
@@ -196,6 +203,15 @@ def ingest(
     is refused before it is opened) and, unless ``follow_symlinks``, only if they
     lie inside ``dump_dir`` once symlinks are resolved (:mod:`dumpdb.dumpio`);
     each refused file is one line in ``report.errors``.
+
+    ``workers``: worker processes that read, hash and compute statistics (default: the
+    cores; a dump under 256 files and 256 MB is then read in-process, on threads;
+    ``workers=1``: in-process). ``scheduler``: run the same worker function as tasks
+    of the ``dask.distributed`` cluster at that address, or ``"local"`` for a
+    ``LocalCluster`` of ``workers`` processes (needs ``dumpdb[dask]``). Either way this
+    process alone stores payloads and commits rows, in dump order, so the catalog and
+    the stored bytes do not depend on ``workers`` or ``scheduler``
+    (:mod:`dumpdb.ingestion.workers`).
     """
     started = time.monotonic()
     reporter = reporter or Reporter()
@@ -220,7 +236,8 @@ def ingest(
         report = IngestReport(run=run, archive=archive, layout=lay.name,
                               source_path=str(found.path.resolve()), tensors_in_dump=len(scan.entries))
         pipeline = _Pipeline(catalog, TensorStore(archive / STORE, read_only=False), lay, scan,
-                             report, reporter, workers or min(4, (os.cpu_count() or 2) + 1))
+                             report, reporter, min(4, (os.cpu_count() or 2) + 1))
+        pipeline.executor = _Executors(str(dump_dir), follow_symlinks, workers, scheduler, on_wait)
         try:
             pipeline.run()
         finally:
@@ -250,6 +267,8 @@ class _Pipeline:
         self.arrays: list = []  # arrays written, not yet in the catalog
         self.tables: list[pa.Table] = []  # statistics-only rows (Arrow), not yet in the catalog
         self.done: set[str] = set()  # tensor keys the run held when this ingest began
+        self.executor: _Executors | None = None  # worker processes / Dask; None: threads here
+        self.accepted = 0  # entries taken since the packs were last cut
 
     # -- setup ---------------------------------------------------------------
     def _begin(self) -> list[TensorEntry]:
@@ -304,7 +323,11 @@ class _Pipeline:
         interrupted = False
         try:
             if pending:
-                self._process(pending)
+                with (self.executor.open(pending) if self.executor else contextlib.nullcontext()) as pool:
+                    if pool is None:
+                        self._process(pending)
+                    else:
+                        self._process_batches(pending, pool)
             self._durable(self.writer.flush())
             self._commit()
             for sf in self.scan.statistics_files:
@@ -441,42 +464,54 @@ class _Pipeline:
                     future, size = inflight.popleft()
                     inflight_bytes -= size
                     self._accept(future.result())
-                    if self._should_commit():
-                        # rows wait for their pack: write the partial packs now, so what was
-                        # read is committed every few seconds / thousand files (issue 12)
-                        self._durable(self.writer.flush())
-                        self._commit()
+                    self._progress()
             except BaseException:
                 for future, _ in inflight:
                     future.cancel()
                 raise
 
     def _load(self, entry: TensorEntry, size: int) -> _Loaded:
-        """Worker: read, hash, statistics. Never raises for a bad file."""
-        item = _Loaded(entry, file_bytes=size)
-        if entry.path is None:
-            return item
+        """Reader thread: read, hash, statistics. Never raises for a bad file."""
+        return load_entry(self.layout, entry, size, self.stats_cache)
+
+    def _process_batches(self, pending: list[TensorEntry], pool: Executor) -> None:
+        """``pending`` in batches on worker processes or Dask tasks; results taken in
+        submission order (so stored bytes and rows do not depend on the workers)."""
+        assert self.executor is not None
+        sizes = [e.size if e.size is not None else _file_size(e.path) for e in pending]
+        tasks = batches(pending, sizes)
+        inflight: deque = deque()
+        inflight_bytes = 0
+        limit = 2 * max(1, self.executor.count) + 2
+        exhausted = False
         try:
-            # every layout's payload: a regular file inside the dump, before any open
-            check_dump_file(entry.path, entry.source_file)
-            loaded = self.layout.load(entry)
-        except DumpdbError as exc:
-            item.error = str(exc)
-            return item
-        except Exception as exc:  # noqa: BLE001 - a hostile file must not stop the ingest
-            item.error = f"{entry.source_file}: {type(exc).__name__}: {_one_line(exc)}"
-            return item
-        item.array, item.note = loaded.array, loaded.note
-        item.content_hash = content_hash(loaded.array)
-        have = set(entry.stats or ())
-        if not set(STAT_COLUMNS) <= have:
-            key = (item.content_hash, loaded.array.dtype.str)
-            stats = self.stats_cache.get(key)
-            if stats is None:
-                stats = compute_stats(loaded.array).as_dict()
-                self.stats_cache[key] = stats
-            item.stats = stats
-        return item
+            while True:
+                while not exhausted and (not inflight or (
+                        len(inflight) < limit and inflight_bytes < INFLIGHT_BYTES)):
+                    batch = next(tasks, None)
+                    if batch is None:
+                        exhausted = True
+                        break
+                    task = LoadTask(self.layout.name, self.executor.root, self.executor.follow_symlinks, *batch)
+                    nbytes = sum(batch[1])
+                    inflight.append((pool.submit(load_batch, task), nbytes))
+                    inflight_bytes += nbytes
+                if not inflight:
+                    break
+                future, nbytes = inflight.popleft()
+                inflight_bytes -= nbytes
+                try:
+                    items = future.result()
+                except BrokenExecutor as exc:
+                    raise DumpdbError(f"an ingest worker process died ({_one_line(exc)}); what was committed "
+                                      "stays: run the same command again") from None
+                for item in items:
+                    self._accept(item)
+                    self._progress()
+        except BaseException:
+            for future, _ in inflight:
+                future.cancel()
+            raise
 
     def _accept(self, item: _Loaded) -> None:
         entry = item.entry
@@ -545,11 +580,23 @@ class _Pipeline:
         self.reporter.error(source_file, message)
 
     # -- commits -------------------------------------------------------------
+    def _progress(self) -> None:
+        """After each entry: every COMMIT_ROWS entries write the partial packs (rows wait
+        for their pack) and commit, so a query sees the run grow (issue 12); the cut
+        depends only on the dump order, so packs are the same for any worker count. In
+        between, rows whose packs became durable are committed every COMMIT_SECONDS."""
+        self.accepted += 1
+        if self.accepted >= COMMIT_ROWS:
+            self.accepted = 0
+            self._durable(self.writer.flush())
+            self._commit()
+        elif self._should_commit():
+            self._commit()
+
     def _should_commit(self) -> bool:
-        if not (self.rows or self.error_rows or self.tables or self.waiting):
+        if not (self.rows or self.error_rows or self.tables):
             return False
-        return (len(self.rows) + len(self.waiting) >= COMMIT_ROWS
-                or time.monotonic() - self.last_commit >= COMMIT_SECONDS)
+        return len(self.rows) >= COMMIT_ROWS or time.monotonic() - self.last_commit >= COMMIT_SECONDS
 
     def _commit(self) -> None:
         arrays, self.arrays = self.arrays, []
@@ -588,9 +635,35 @@ _TEXT_FIELDS = ("source_file", "tensor_key", "op_type", "op_name", "scope_name",
                 "format", "dtype_declared", "arg_name", "note")
 
 
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return text[:300] + ("..." if len(text) > 300 else "")
+_one_line = one_line
+
+
+class _Executors:
+    """Where an ingest's worker function runs (see :func:`ingest`)."""
+
+    def __init__(self, root: str, follow_symlinks: bool, workers: int | None, scheduler: str | None,
+                 on_wait: Callable[[str], None] | None):
+        self.root = root
+        self.follow_symlinks = follow_symlinks
+        self.workers = workers
+        self.scheduler = scheduler
+        self.on_wait = on_wait
+        self.count = workers or default_workers()
+
+    @contextlib.contextmanager
+    def open(self, pending: list[TensorEntry]) -> Iterator[Executor | None]:
+        """The executor for ``pending`` entries, or None to read on threads here."""
+        if self.scheduler:
+            with dask_executor(self.scheduler, self.count, self.on_wait) as pool:
+                yield pool
+            return
+        files = [e for e in pending if e.path is not None]
+        small = len(files) < PROCESS_MIN_FILES and sum(e.size or 0 for e in files) < PROCESS_MIN_BYTES
+        if self.count <= 1 or not files or (self.workers is None and small):
+            yield None
+            return
+        with process_pool(min(self.count, len(files))) as pool:
+            yield pool
 
 
 def _file_size(path: str | None) -> int:

@@ -179,7 +179,7 @@ def _catalog(archive: Path) -> dict[str, list]:
                 "SELECT column_name FROM duckdb_columns() WHERE table_name = ? AND schema_name = 'main' "
                 "ORDER BY column_index", [t]).fetchall() if c not in _VOLATILE]
             sel = ", ".join(f'"{c}"' for c in cols)
-            out[t] = sorted((repr(r) for r in con.execute(f"SELECT {sel} FROM {t}").fetchall()))
+            out[t] = sorted(repr(r) for r in con.execute(f"SELECT {sel} FROM {t}").fetchall())
         return out
     finally:
         con.close()

@@ -17,6 +17,7 @@ A worker never writes the archive.
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import os
 import signal
@@ -150,10 +151,20 @@ def default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def _worker_start() -> None:
+def _worker_start(parent: int) -> None:
     # Ctrl-C goes to the whole process group: the ingesting process handles it (commits
     # what is complete, then stops the pool); a worker just finishes its batch.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # A worker dies with the ingesting process (kill -9 included): it holds the pool's
+    # pipes, so an orphan would keep them open - and whoever waits on them - forever.
+    # Linux prctl(PR_SET_PDEATHSIG, SIGKILL); elsewhere the pool's own shutdown applies.
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the ingesting process died before prctl took effect
+        os._exit(1)
 
 
 @contextmanager
@@ -161,7 +172,7 @@ def process_pool(workers: int) -> Iterator[Executor]:
     """``workers`` fresh worker processes (``spawn``: no copy of the ingesting process's
     threads, locks or DuckDB connection)."""
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=_worker_start)
+                               initializer=_worker_start, initargs=(os.getpid(),))
     try:
         yield pool
     finally:

@@ -345,6 +345,64 @@ def ingest(
         raise typer.Exit(EXIT_FOUND)
 
 
+@app.command("ingest-worker")
+def ingest_worker_cmd(
+    dump_dir: Path = typer.Argument(..., help="This node's share of the dump (its rank_* directories)."),
+    archive: Optional[Path] = ArchiveOpt,
+    part: str = typer.Option(..., "--part", help="Name of this part of the run, unique per node (e.g. node3)."),
+    run: Optional[str] = typer.Option(None, "--run", "-r", help="Run name, the same on every node "
+                                      "(default: the dump directory's name)."),
+    layout: Optional[str] = typer.Option(None, "--layout", help="Skip auto-detection; see 'dumpdb layouts'."),
+    workers: Optional[int] = typer.Option(None, "--workers", "-j", min=1, help="Worker processes (as ingest)."),
+    scheduler: Optional[str] = typer.Option(None, "--scheduler", metavar="ADDRESS|local",
+                                            help="Run the workers on a dask.distributed cluster (as ingest)."),
+    follow_symlinks: bool = typer.Option(
+        False, "--follow-symlinks", help="Read files that symlinks lead to outside DUMP_DIR (off by default)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+) -> None:
+    """Ingest one node's part of a run into a shared archive without writing its catalog:
+    payloads into the store, rows as Parquet fragments and a manifest; then 'dumpdb commit'."""
+    from dumpdb.ingestion.parts import ingest_worker
+
+    report = ingest_worker(dump_dir, _archive_path(archive), part, run, layout=layout, workers=workers,
+                           scheduler=scheduler, follow_symlinks=follow_symlinks, reporter=_reporter(quiet),
+                           on_wait=lambda msg: _say(msg, stderr=True, style="yellow"))
+    if report.status == "already written":
+        _say(f"part {part!r} of run {report.run!r} is written and waits for 'dumpdb commit{_a(archive)}'",
+             stderr=True)
+        return
+    _print_report(report)
+    if report.interrupted:
+        _say("interrupted: run the same command again to write the part", stderr=True, style="yellow")
+        raise typer.Exit(EXIT_INTERRUPTED)
+    _say(f"part {part!r} written; commit it with: dumpdb commit{_a(archive)}", stderr=True)
+    if report.errors:
+        raise typer.Exit(EXIT_FOUND)
+
+
+@app.command("commit")
+def commit_cmd(
+    archive: Optional[Path] = ArchiveOpt,
+    run: Optional[str] = typer.Option(None, "--run", "-r", help="Commit only this run's parts."),
+) -> None:
+    """Commit the parts 'dumpdb ingest-worker' wrote: each manifest validated, each part in
+    one transaction (creates an empty archive if there is none)."""
+    from dumpdb.ingestion.parts import commit_parts
+
+    report = commit_parts(_archive_path(archive), run, on_wait=lambda msg: _say(msg, stderr=True, style="yellow"))
+    for run_name, part, added in report.committed:
+        _say(f"committed run {run_name!r} part {part!r}: {added} tensors added", stderr=True)
+    for directory in report.unfinished:
+        _say(f"{directory}: no manifest yet (being written, or its worker died: run it again); left as is",
+             stderr=True, style="yellow")
+    for _manifest, reason in report.refused:
+        _error_line(f"{reason}; part not committed")
+    if not report.committed and not report.refused:
+        _say("nothing to commit", stderr=True)
+    if not report.ok:
+        raise typer.Exit(EXIT_FOUND)
+
+
 # -- sql, tables, schema ------------------------------------------------------------------------
 def _read_query(query: Optional[str], file: Optional[Path]) -> str | None:
     if file is not None:

@@ -6,8 +6,11 @@ never a figure computed by the code under test.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import duckdb
@@ -18,6 +21,7 @@ import dumpdb
 from dumpdb.ingestion import pipeline
 from dumpdb.progress import Reporter
 
+REPO = Path(__file__).resolve().parents[1]
 IT = Path("rank_0") / "LeNet5" / "1" / "3"
 NAME_RE = re.compile(r"^(?P<op_type>[^.]+)\.(?P<op_name>.+)\.(?P<task>\d+)\.(?P<stream>\d+)\.(?P<ts>\d+)"
                      r"\.(?P<io>input|output)\.(?P<slot>\d+)\.")
@@ -211,3 +215,81 @@ def test_same_catalog_for_any_workers_and_dask(tmp_path, monkeypatch, dump):
     assert _catalog(tmp_path / "dask") == reference
     payloads = _payloads(tmp_path / "w1")
     assert _payloads(tmp_path / "w2") == payloads == _payloads(tmp_path / "dask")
+
+
+# -- many nodes, one archive ----------------------------------------------------------------------
+def _cli(*args: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    return subprocess.Popen([sys.executable, "-m", "dumpdb", *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _two_rank_dump(tmp_path: Path) -> Path:
+    """a_tensor_all_eval with its rank_0 copied as rank_1: equal payloads on two ranks, which
+    two workers store at the same time (the dedup a commit resolves)."""
+    dump = tmp_path / "two_ranks"
+    shutil.copytree(ms_case("a_tensor_all_eval"), dump)
+    shutil.copytree(dump / "rank_0", dump / "rank_1")
+    return dump
+
+
+@pytest.mark.timeout(600)
+def test_two_ingest_workers_and_one_commit_equal_one_ingest(tmp_path):
+    dump = _two_rank_dump(tmp_path)
+    single = tmp_path / "single"
+    assert dumpdb.ingest(dump, single, run="r", workers=1).ok
+    nodes = []
+    for rank in (0, 1):  # each node sees only its own rank
+        node = tmp_path / f"node{rank}" / "two_ranks"
+        shutil.copytree(dump, node)
+        shutil.rmtree(node / f"rank_{1 - rank}")
+        nodes.append(node)
+    shared = tmp_path / "shared"
+    created = _cli("commit", "--archive", str(shared))  # an empty archive to start from
+    assert created.wait(timeout=120) == 0, created.stderr.read()
+    workers = [_cli("ingest-worker", str(node), "--archive", str(shared), "--part", f"node{i}", "--run", "r",
+                    "--workers", "2", "-q") for i, node in enumerate(nodes)]
+    for w in workers:
+        assert w.wait(timeout=300) == 0, w.stderr.read()
+    with dumpdb.open(shared) as arch:  # nothing in the catalog until the commit
+        assert arch.sql("SELECT count(*) AS n FROM tensors")["n"][0].as_py() == 0
+    commit = _cli("commit", "--archive", str(shared))
+    assert commit.wait(timeout=300) == 0, commit.stderr.read()
+    assert "part 'node0'" in commit.stderr.read()
+    got, want = _catalog(shared), _catalog(single)
+    for name in ("arrays",):  # both workers stored the shared payloads: extra packs, left for gc
+        got.pop(name), want.pop(name)
+    got["blobs"] = sorted(_blob_identity(shared))
+    want["blobs"] = sorted(_blob_identity(single))
+    got["runs"] = [r.replace(str(nodes[0]), str(dump)).replace(str(nodes[1]), str(dump)) for r in got["runs"]]
+    assert got == want
+    assert _payloads(shared) == _payloads(single)
+    again = _cli("commit", "--archive", str(shared))
+    assert again.wait(timeout=120) == 0 and "nothing to commit" in again.stderr.read()
+    assert dumpdb.open(shared).verify().ok
+    gc = _cli("gc", "--archive", str(shared), "--grace", "0")
+    assert gc.wait(timeout=300) == 0, gc.stderr.read()
+    assert _payloads(shared) == _payloads(single) and dumpdb.open(shared).verify().ok
+
+
+def _blob_identity(archive: Path) -> list[tuple]:
+    con = duckdb.connect(str(archive / "catalog.duckdb"), read_only=True)
+    try:
+        return con.execute("SELECT content_hash, nbytes, elem_count, first_run FROM blobs").fetchall()
+    finally:
+        con.close()
+
+
+def test_commit_refuses_a_damaged_part_and_names_it(tmp_path):
+    dump = ms_case("a_tensor_all_eval")
+    shared = tmp_path / "shared"
+    from dumpdb.ingestion.parts import commit_parts, ingest_worker, part_dir
+    commit_parts(shared)
+    assert ingest_worker(dump, shared, "n0", "r").status == "written"
+    assert ingest_worker(dump, shared, "n0", "r").status == "already written"
+    frag = sorted(part_dir(shared, "r", "n0").glob("tensors-*.parquet"))[0]
+    frag.write_bytes(frag.read_bytes()[:-1] + b"\0")
+    report = commit_parts(shared)
+    assert not report.ok and "sha256 differs" in report.refused[0][1] and str(frag) in report.refused[0][1]
+    with dumpdb.open(shared) as arch:
+        assert arch.sql("SELECT count(*) AS n FROM tensors")["n"][0].as_py() == 0

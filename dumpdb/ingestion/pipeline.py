@@ -400,12 +400,7 @@ class _Pipeline:
             hit |= chunk[pos] == hashes
         committed: set[str] = set()
         if hit.any():
-            candidates = [k for k, h in zip(keys, hit) if h]
-            self._commit()  # earlier batches of this file are in the catalog: ask it
-            with self.catalog.reader() as con:
-                committed = {k for (k,) in con.execute(
-                    "SELECT tensor_key FROM tensors WHERE run = ? AND tensor_key IN (SELECT unnest(?))",
-                    [self.run_name, candidates]).fetchall()}
+            committed = self._committed_keys([k for k, h in zip(keys, hit) if h])
         taken: set[str] = set()
         keep = np.ones(len(keys), dtype=bool)
         for i, k in enumerate(keys):
@@ -416,6 +411,14 @@ class _Pipeline:
         if keep.any():
             seen.append(np.sort(hashes[keep]))
         return table if keep.all() else table.filter(pa.array(keep))
+
+    def _committed_keys(self, candidates: list[str]) -> set[str]:
+        """Which of ``candidates`` the run holds (earlier batches committed first)."""
+        self._commit()
+        with self.catalog.reader() as con:
+            return {k for (k,) in con.execute(
+                "SELECT tensor_key FROM tensors WHERE run = ? AND tensor_key IN (SELECT unnest(?))",
+                [self.run_name, candidates]).fetchall()}
 
     def _drop_committed(self) -> None:
         """A Ctrl-C that lands after a COMMIT but before the batch was cleared leaves rows
@@ -683,3 +686,13 @@ def _json_or_none(text: str | None) -> str | None:
         return text
     except json.JSONDecodeError:
         return json.dumps(text)
+
+
+# Public names for dumpdb.ingestion.parts (ingest-worker: the same pipeline, its catalog
+# writes replaced by Parquet fragments).
+Pipeline = _Pipeline
+Executors = _Executors
+RELATION_SCHEMAS = _RELATION_SCHEMAS
+RELATION_TABLES = tuple(_RELATION_SCHEMAS)
+json_or_none = _json_or_none
+open_for_write = _open_for_write

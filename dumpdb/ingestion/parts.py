@@ -243,6 +243,10 @@ def ingest_worker(
     return report
 
 
+class StalePart(ArchiveError):
+    """A part refers to payloads the store no longer holds: it must be written again."""
+
+
 @dataclass
 class CommitReport:
     """What :func:`commit_parts` did: parts committed (``(run, part, tensors added)``),
@@ -324,6 +328,14 @@ def _commit_part(con, directory: Path, manifest: dict) -> int:
                             f"EXCEPT ALL SELECT {cols} FROM {table} WHERE run = ?", [run])
         finally:
             con.unregister(name)
+    # A payload the worker deduplicated against (its snapshot) must still be stored: gc may
+    # have removed a dead run's payloads between the worker's end and this commit.
+    missing = con.execute("SELECT count(DISTINCT t.content_hash) FROM tensors t LEFT JOIN blobs b "
+                          "USING (content_hash) WHERE t.run = ? AND t.content_hash IS NOT NULL "
+                          "AND b.content_hash IS NULL", [run]).fetchall()[0][0]
+    if missing:
+        raise StalePart(f"{directory / MANIFEST}: {missing} payload(s) the part deduplicated against were "
+                        "removed (gc) before this commit; run its ingest-worker again")
     after = con.execute("SELECT count(*) FROM tensors WHERE run = ?", [run]).fetchall()[0][0]
     failed = con.execute("SELECT count(*) FROM ingest_errors WHERE run = ?", [run]).fetchall()[0][0]
     con.execute("UPDATE runs SET status = ?, ingest_finished = ? WHERE run = ?",
@@ -361,8 +373,14 @@ def commit_parts(archive: str | os.PathLike, run: str | None = None, *,
                 except ArchiveError as exc:
                     report.refused.append((str(directory / MANIFEST), str(exc)))
                     continue
-                with catalog.writer() as con:
-                    added = _commit_part(con, directory, manifest)
+                try:
+                    with catalog.writer() as con:  # rolled back if the part is stale
+                        added = _commit_part(con, directory, manifest)
+                except StalePart as exc:
+                    # the same ingest-worker command writes the part again (no manifest: unfinished)
+                    (directory / MANIFEST).unlink()
+                    report.refused.append((str(directory / MANIFEST), str(exc)))
+                    continue
                 report.committed.append((manifest["run"], manifest["part"], added))
                 shutil.rmtree(directory)  # committed: a crash before this, and the next commit adds nothing
             if run_dir.is_dir() and not any(run_dir.iterdir()):

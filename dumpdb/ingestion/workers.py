@@ -164,7 +164,7 @@ def _worker_start(parent: int) -> None:
     except (OSError, AttributeError):
         return
     if os.getppid() != parent:  # the ingesting process died before prctl took effect
-        os._exit(1)
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 @contextmanager

@@ -322,7 +322,7 @@ def ingest(
         None, "--scheduler", metavar="ADDRESS|local",
         help="Run the workers as tasks of the dask.distributed cluster at ADDRESS (tcp://host:8786; its "
              "workers must see DUMP_DIR at the same path), or 'local' for a LocalCluster of --workers "
-             "processes. Needs dumpdb[dask]."),
+             "processes. Needs dumpdb[dask] (and dumpdb on the cluster's workers)."),
     follow_symlinks: bool = typer.Option(
         False, "--follow-symlinks", help="Read files that symlinks lead to outside DUMP_DIR (off by default)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),

@@ -656,11 +656,11 @@ class _Executors:
     @contextlib.contextmanager
     def open(self, pending: list[TensorEntry]) -> Iterator[Executor | None]:
         """The executor for ``pending`` entries, or None to read on threads here."""
-        if self.scheduler:
+        files = [e for e in pending if e.path is not None]
+        if self.scheduler and files:
             with dask_executor(self.scheduler, self.count, self.on_wait) as pool:
                 yield pool
             return
-        files = [e for e in pending if e.path is not None]
         small = len(files) < PROCESS_MIN_FILES and sum(e.size or 0 for e in files) < PROCESS_MIN_BYTES
         if self.count <= 1 or not files or (self.workers is None and small):
             yield None

@@ -197,6 +197,22 @@ def _payloads(archive: Path) -> dict[str, bytes]:
         return {r["content_hash"]: arch.tensor(r["id"]).tobytes() for r in ids}
 
 
+class _Counting(Reporter):
+    def __init__(self):
+        self.advanced: list[int] = []
+
+    @property
+    def files(self) -> int:
+        return len(self.advanced)
+
+    @property
+    def bytes(self) -> int:
+        return sum(self.advanced)
+
+    def advance(self, tensors, bytes_read):
+        self.advanced.append(bytes_read)
+
+
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("dump", [
     ms_case("a_tensor_all_eval"),
@@ -208,8 +224,11 @@ def test_same_catalog_for_any_workers_and_dask(tmp_path, monkeypatch, dump):
     monkeypatch.setattr(workers, "BATCH_FILES", 3)  # many batches, interleaved on the workers
     one = dumpdb.ingest(dump, tmp_path / "w1", run="r", workers=1)
     two = dumpdb.ingest(dump, tmp_path / "w2", run="r", workers=2)
-    local = dumpdb.ingest(dump, tmp_path / "dask", run="r", workers=2, scheduler="local")
+    progress = _Counting()
+    local = dumpdb.ingest(dump, tmp_path / "dask", run="r", workers=2, scheduler="local", reporter=progress)
     assert one.tensors_added > 0 and one.status == two.status == local.status
+    # progress of the Dask tasks reached the reporter (the CLI's bar), one advance per tensor file
+    assert progress.files == local.tensors_in_dump and progress.bytes == local.bytes_read
     reference = _catalog(tmp_path / "w1")
     assert _catalog(tmp_path / "w2") == reference
     assert _catalog(tmp_path / "dask") == reference

@@ -410,6 +410,8 @@ class _Pipeline:
                 taken.add(k)
         if keep.any():
             seen.append(np.sort(hashes[keep]))
+            if len(seen) >= 8:  # few sorted runs: a lookup stays ~8 binary searches, not one per batch
+                seen[:] = [np.sort(np.concatenate(seen))]
         return table if keep.all() else table.filter(pa.array(keep))
 
     def _committed_keys(self, candidates: list[str]) -> set[str]:

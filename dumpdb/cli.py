@@ -402,8 +402,15 @@ def ingest(
     archive: Optional[Path] = ArchiveOpt,
     run: Optional[str] = typer.Option(None, "--run", "-r", help="Run name (default: the dump directory's name)."),
     layout: Optional[str] = typer.Option(None, "--layout", help="Skip auto-detection; see 'dumpdb layouts'."),
-    workers: Optional[int] = typer.Option(None, "--workers", "-j", min=1,
-                                          help="Reader threads (default: cores + 1, max 4)."),
+    workers: Optional[int] = typer.Option(
+        None, "--workers", "-j", min=1,
+        help="Worker processes that read, hash and compute statistics (default: cores; a dump under 256 "
+             "files and 256 MB is read in-process; 1: in-process). The catalog does not depend on it."),
+    scheduler: Optional[str] = typer.Option(
+        None, "--scheduler", metavar="ADDRESS|local",
+        help="Run the workers as tasks of the dask.distributed cluster at ADDRESS (tcp://host:8786; its "
+             "workers must see DUMP_DIR at the same path), or 'local' for a LocalCluster of --workers "
+             "processes. Needs dumpdb[dask] (and dumpdb on the cluster's workers)."),
     follow_symlinks: bool = typer.Option(
         False, "--follow-symlinks", help="Read files that symlinks lead to outside DUMP_DIR (off by default)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
@@ -442,6 +449,7 @@ def ingest(
         _ensure_archive(path, create=False)
     try:  # the pipeline creates the archive once it has found the dump (a bad DUMP_DIR makes none)
         report = run_ingest(dump_dir, archive=path, run=run, layout=layout, workers=workers,
+                            scheduler=scheduler,
                             follow_symlinks=follow_symlinks, reporter=_reporter(quiet),
                             on_wait=_wait_line, lock_timeout=_lock_timeout(),
                             store=store, storage_options=parse_options(storage_option),
@@ -458,6 +466,64 @@ def ingest(
         query = shlex.quote(f"SELECT * FROM ingest_errors WHERE run = '{report.run}'")
         _say(f"{len(report.errors)} file(s) failed; they are listed in ingest_errors "
              f"(dumpdb sql{_a(archive)} {query})", stderr=True, style="red")
+        raise typer.Exit(EXIT_FOUND)
+
+
+@app.command("ingest-worker")
+def ingest_worker_cmd(
+    dump_dir: Path = typer.Argument(..., help="This node's share of the dump (its rank_* directories)."),
+    archive: Optional[Path] = ArchiveOpt,
+    part: str = typer.Option(..., "--part", help="Name of this part of the run, unique per node (e.g. node3)."),
+    run: Optional[str] = typer.Option(None, "--run", "-r", help="Run name, the same on every node "
+                                      "(default: the dump directory's name)."),
+    layout: Optional[str] = typer.Option(None, "--layout", help="Skip auto-detection; see 'dumpdb layouts'."),
+    workers: Optional[int] = typer.Option(None, "--workers", "-j", min=1, help="Worker processes (as ingest)."),
+    scheduler: Optional[str] = typer.Option(None, "--scheduler", metavar="ADDRESS|local",
+                                            help="Run the workers on a dask.distributed cluster (as ingest)."),
+    follow_symlinks: bool = typer.Option(
+        False, "--follow-symlinks", help="Read files that symlinks lead to outside DUMP_DIR (off by default)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+) -> None:
+    """Ingest one node's part of a run into a shared archive without writing its catalog:
+    payloads into the store, rows as Parquet fragments and a manifest; then 'dumpdb commit'."""
+    from dumpdb.ingestion.parts import ingest_worker
+
+    report = ingest_worker(dump_dir, _archive_path(archive), part, run, layout=layout, workers=workers,
+                           scheduler=scheduler, follow_symlinks=follow_symlinks, reporter=_reporter(quiet),
+                           on_wait=_wait_line)
+    if report.status == "already written":
+        _say(f"part {part!r} of run {report.run!r} is written and waits for 'dumpdb commit{_a(archive)}'",
+             stderr=True)
+        return
+    _print_report(report)
+    if report.interrupted:
+        _say("interrupted: run the same command again to write the part", stderr=True, style="yellow")
+        raise typer.Exit(EXIT_INTERRUPTED)
+    _say(f"part {part!r} written; commit it with: dumpdb commit{_a(archive)}", stderr=True)
+    if report.errors:
+        raise typer.Exit(EXIT_FOUND)
+
+
+@app.command("commit")
+def commit_cmd(
+    archive: Optional[Path] = ArchiveOpt,
+    run: Optional[str] = typer.Option(None, "--run", "-r", help="Commit only this run's parts."),
+) -> None:
+    """Commit the parts 'dumpdb ingest-worker' wrote: each manifest validated, each part in
+    one transaction (creates an empty archive if there is none)."""
+    from dumpdb.ingestion.parts import commit_parts
+
+    report = commit_parts(_archive_path(archive), run, on_wait=_wait_line)
+    for run_name, part, added in report.committed:
+        _say(f"committed run {run_name!r} part {part!r}: {added} tensors added", stderr=True)
+    for directory in report.unfinished:
+        _say(f"{directory}: no manifest yet (being written, or its worker died: run it again); left as is",
+             stderr=True, style="yellow")
+    for _manifest, reason in report.refused:
+        _error_line(f"{reason}; part not committed")
+    if not report.committed and not report.refused:
+        _say("nothing to commit", stderr=True)
+    if not report.ok:
         raise typer.Exit(EXIT_FOUND)
 
 

@@ -126,6 +126,11 @@ def _header_dict(text: str, where: str) -> dict:
     return header
 
 
+# Parsed header dicts by header text: a dump repeats a few headers (dtype, shape) over
+# thousands of files, and the strict parser costs about a third of reading a tiny file.
+_HEADERS: dict[str, dict] = {}
+
+
 def _parse_header(raw: bytes | memoryview, where: str) -> tuple[dict, int]:
     if len(raw) < 10 or bytes(raw[:6]) != MAGIC:
         raise DumpFileError(f"{where}: not an .npy file (missing \\x93NUMPY magic)")
@@ -145,7 +150,13 @@ def _parse_header(raw: bytes | memoryview, where: str) -> tuple[dict, int]:
             f"{where}: truncated .npy header ({len(raw)} bytes, header needs {start + hlen})"
         )
     text = bytes(raw[start : start + hlen]).decode("utf-8" if major == 3 else "latin1", errors="replace")
-    header = _header_dict(text, where)
+    cached = _HEADERS.get(text)
+    if cached is None:
+        cached = _header_dict(text, where)  # raises for a bad header (never cached)
+        if len(_HEADERS) >= 4096:
+            _HEADERS.clear()
+        _HEADERS[text] = cached
+    header = dict(cached)
     if not {"descr", "shape"} <= header.keys():
         raise DumpFileError(f"{where}: .npy header lacks descr/shape: {text.strip()[:80]!r}")
     shape = header["shape"]

@@ -127,6 +127,33 @@ def test_ingest_killed_anywhere_keeps_committed_rows_exact_and_reruns_complete(t
         assert dumpdb.open(archive).show("d2")["status"] == "complete"
 
 
+def test_ingest_with_two_workers_killed_at_three_points_reruns_to_a_clean_ingest(tmp_path):
+    """Issue 12: the ingesting process killed (SIGKILL) while 2 worker processes read for it;
+    the same command again completes: counts equal a clean ingest, no tensor twice, verify
+    passes, and gc finds the packs the dead ingest wrote but never committed."""
+    clean = tmp_path / "clean.dumpdb"
+    _ingest(clean, "d2")
+    expected = assert_committed_rows_exact(clean, "clean ingest")
+    archive = tmp_path / "a.dumpdb"
+    args = ["ingest", str(SOURCES["d2"]), "--archive", str(archive), "--run", "d2", "-q", "--workers", "2"]
+    for at in _schedule(archive, args, 3, "ingest-workers"):
+        if archive.exists():
+            shutil.rmtree(archive)
+        proc = _killed(archive, args, at)
+        where = f"ingest --workers 2 killed at event {at} (seed {SEED})"
+        assert proc.returncode == -signal.SIGKILL, f"{where}: {proc.returncode} {proc.stderr[-500:]}"
+        rerun = _cli(archive, args)
+        assert rerun.returncode == 0, f"{where}: re-run failed: {rerun.stderr[-500:]}"
+        assert assert_committed_rows_exact(archive, where + ", after the re-run") == expected
+        a = dumpdb.open(archive)
+        assert a.show("d2")["status"] == "complete"
+        assert a.sql("SELECT count(DISTINCT content_hash) AS n FROM tensors")["n"][0].as_py() == \
+            dumpdb.open(clean).sql("SELECT count(DISTINCT content_hash) AS n FROM tensors")["n"][0].as_py()
+        gc = _cli(archive, ["gc", "--archive", str(archive), "--grace", "0"])
+        assert gc.returncode == 0, f"{where}: gc failed: {gc.stderr[-500:]}"
+        assert assert_committed_rows_exact(archive, where + ", after gc") == expected
+
+
 def test_import_killed_anywhere_keeps_committed_rows_exact_and_reruns_complete(tmp_path):
     src_archive, bundle = tmp_path / "src.dumpdb", tmp_path / "d2.bundle"
     _ingest(src_archive, "d2")

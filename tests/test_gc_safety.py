@@ -199,3 +199,69 @@ def test_rm_prune_import_ingest_wait_for_gc_and_say_so(tmp_path):
             dumpdb.ingest(ms_case("f_long_names"), archive=archive, run="f", lock_timeout=0.2)
     assert any("rm of run 'c1': waiting" in w for w in waits)
     assert a.sql("SELECT count(*) AS n FROM tensors")["n"][0].as_py() > 0  # nothing happened
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_gc_loop_during_ingest_with_workers_loses_nothing(tmp_path, workers):
+    """The race above with the reading done by worker processes (issue 12)."""
+    src = ms_case("e1_nan_inf_overflow")
+    archive = tmp_path / "a.dumpdb"
+    dumpdb.ingest(src, archive=archive, run="old")
+    dumpdb.open(archive).remove_run("old")
+    stop, started = tmp_path / "stop", tmp_path / "started"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-c", GC_LOOP, str(archive), str(stop), str(started)],
+                            stdout=subprocess.PIPE, text=True, env=env)
+    q: queue.Queue = queue.Queue()
+    threading.Thread(target=_lines, args=(proc, q), daemon=True).start()
+    seen = []
+
+    class DuringIngest(Reporter):
+        def start(self, total, skipped):
+            started.touch()
+            while True:
+                line = q.get(timeout=120)
+                assert line is not None, seen
+                seen.append(line)
+                if line == "GC after-start" or (line.startswith("WAIT") and "in use by" in line):
+                    return
+
+    try:
+        report = dumpdb.ingest(src, archive=archive, run="new", reporter=DuringIngest(), workers=workers)
+    finally:
+        stop.touch()
+        proc.wait(timeout=300)
+    assert report.ok and report.deduplicated > 0
+    a = dumpdb.open(archive)
+    a.gc()
+    with a:
+        rows = 0
+        for row, array in a.tensors("SELECT tensor_id, source_file FROM tensors WHERE run = 'new'"):
+            assert array is not None and array.tobytes() == npy_payload(src / row["source_file"])[2]
+            rows += 1
+    assert rows == len(npy_files(src)) and a.verify().ok
+
+
+def test_gc_between_ingest_worker_and_commit_loses_nothing(tmp_path):
+    """ingest-worker deduplicates against a removed run's payloads (its snapshot); gc then
+    deletes them before the commit: the commit refuses the part instead of committing rows
+    without payloads, and the same worker command + commit then completes."""
+    from dumpdb.ingestion.parts import commit_parts, ingest_worker
+    src = ms_case("e1_nan_inf_overflow")
+    archive = tmp_path / "a.dumpdb"
+    dumpdb.ingest(src, archive=archive, run="old")
+    dumpdb.open(archive).remove_run("old")
+    written = ingest_worker(src, archive, "n0", "new")
+    assert written.status == "written" and written.deduplicated > 0
+    dumpdb.open(archive).gc(grace=0)  # the dead payloads go: the part refers to them
+    refused = commit_parts(archive)
+    assert not refused.committed and "ingest-worker again" in refused.refused[0][1]
+    assert dumpdb.open(archive).sql("SELECT count(*) AS n FROM tensors")["n"][0].as_py() == 0
+    assert ingest_worker(src, archive, "n0", "new").status == "written"
+    done = commit_parts(archive)
+    assert done.ok and done.committed[0][2] == len(npy_files(src))
+    a = dumpdb.open(archive)
+    with a:
+        for row, array in a.tensors("SELECT tensor_id, source_file FROM tensors WHERE run = 'new'"):
+            assert array.tobytes() == npy_payload(src / row["source_file"])[2]
+    assert a.verify().ok

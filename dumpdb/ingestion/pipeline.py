@@ -24,14 +24,15 @@ Guarantees (issue 2, "Safety"):
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import fcntl
 import json
 import os
 import time
 from collections import deque
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
+from concurrent.futures import BrokenExecutor, Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from dataclasses import fields as dataclass_fields
 from datetime import datetime
@@ -55,24 +56,40 @@ from dumpdb.catalog import DEFAULT_LOCK_TIMEOUT, Catalog, insert_arrow, schema
 from dumpdb.catalog.locks import SHARED, store_lock
 from dumpdb.catalog.runstate import run_lock_path, touch
 from dumpdb.dtypes import dtype_name, from_dump_name
-from dumpdb.dumpio import check_dump_file, confine
+from dumpdb.dumpio import confine, reason
 from dumpdb.errors import ArchiveError, DumpdbError, SourceChanged
 from dumpdb.ingestion import identity
 from dumpdb.ingestion.ranges import check_ranges
+from dumpdb.ingestion.statistics import estimate_rows, statistics_parts
 from dumpdb.ingestion.stored_stats import StoredStats
+from dumpdb.ingestion.workers import (
+    PROCESS_MIN_BYTES,
+    PROCESS_MIN_FILES,
+    Loaded,
+    LoadTask,
+    batches,
+    dask_executor,
+    default_workers,
+    load_batch,
+    load_entry,
+    one_line,
+    process_pool,
+)
 from dumpdb.layouts import DumpScan, Layout, TensorEntry, locate
-from dumpdb.layouts.base import display_name
+from dumpdb.layouts.base import StatisticsFile, display_name
 from dumpdb.progress import Reporter
-from dumpdb.stats import STAT_COLUMNS, compute_stats
+from dumpdb.stats import STAT_COLUMNS
 from dumpdb.storage.payloads import record_payloads
 from dumpdb.storage.store import BlobLocation, StoreWriter, TensorStore, payload_hash
 
 # Catalog commits: each opens the catalog read-write (~20 ms alone, far more while
 # reader threads hold the GIL), so commit by volume and time, not per pack. A
 # kill loses at most this much work; the re-run redoes it.
-COMMIT_ROWS = 20_000
-COMMIT_SECONDS = 10.0
+COMMIT_ROWS = 5_000
+COMMIT_SECONDS = 3.0
 INFLIGHT_BYTES = 256 << 20
+# csv text per streamed statistics batch (one commit each): ~60,000 rows of statistic.csv
+STATISTIC_BATCH_BYTES = 8 << 20
 INFLIGHT_COUNT = 64
 
 # Arrow schemas of the rows this pipeline writes, from the catalog schema (the
@@ -127,16 +144,7 @@ _RELATION_SCHEMAS = {
 }
 
 
-@dataclass
-class _Loaded:
-    entry: TensorEntry
-    array: np.ndarray | None = None
-    note: str | None = None
-    content_hash: str | None = None
-    stats: dict[str, Any] | None = None
-    file_bytes: int = 0
-    error: str | None = None
-    source: tuple[int, int] | None = None  # (st_size, st_mtime_ns) of the file, taken before reading
+_Loaded = Loaded  # one entry read, hashed, with statistics (dumpdb.ingestion.workers)
 
 
 def content_hash(array: np.ndarray) -> str:
@@ -200,6 +208,7 @@ def ingest(
     verify_hash: bool = False,
     store: str | None = None,
     storage_options: dict | None = None,
+    scheduler: str | None = None,
 ) -> IngestReport:
     """Ingest the dump at ``dump_dir`` into ``archive`` as run ``run``.
 
@@ -239,6 +248,14 @@ def ingest(
     archive it must be the one remembered (ArchiveError otherwise). ``storage_options``:
     endpoint, credentials... over the ``AWS_*`` environment (:mod:`dumpdb.storage.remote`).
     StorageError when the store cannot be reached or written.
+    ``workers``: worker processes that read, hash and compute statistics (default: the
+    cores; a dump under 256 files and 256 MB is then read in-process, on threads;
+    ``workers=1``: in-process). ``scheduler``: run the same worker function as tasks
+    of the ``dask.distributed`` cluster at that address, or ``"local"`` for a
+    ``LocalCluster`` of ``workers`` processes (needs ``dumpdb[dask]``). Either way this
+    process alone stores payloads and commits rows, in dump order, so the catalog and
+    the stored bytes do not depend on ``workers`` or ``scheduler``
+    (:mod:`dumpdb.ingestion.workers`).
     """
     started = time.monotonic()
     reporter = reporter or Reporter()
@@ -263,9 +280,10 @@ def ingest(
         report = IngestReport(run=run, archive=archive, layout=lay.name,
                               source_path=str(found.path.resolve()), tensors_in_dump=len(scan.entries))
         pipeline = _Pipeline(catalog, open_tensor_store(archive, False, storage_options), lay, scan,
-                             report, reporter, workers or min(4, (os.cpu_count() or 2) + 1))
+                             report, reporter, min(4, (os.cpu_count() or 2) + 1))
         pipeline.update, pipeline.moved, pipeline.verify_hash = update, moved, verify_hash
         pipeline.heartbeat = run_lock_path(archive, run)
+        pipeline.executor = _Executors(str(dump_dir), follow_symlinks, workers, scheduler, on_wait)
         try:
             pipeline.run()
         finally:
@@ -299,6 +317,10 @@ class _Pipeline:
         self.heartbeat: Path | None = None  # run lock file, touched after each commit (runstate)
         self.settled = False  # the run exists, complete (or with errors), at this path (set by _identity)
         self.held_keys: set[str] = set()  # tensor keys the run held when the ingest began
+        self.tables: list[pa.Table] = []  # statistics-only rows (Arrow), not yet in the catalog
+        self.done: set[str] = set()  # tensor keys the run held when this ingest began
+        self.executor: _Executors | None = None  # worker processes / Dask; None: threads here
+        self.accepted = 0  # entries taken since the packs were last cut
 
     # -- setup ---------------------------------------------------------------
     def _identity(self) -> identity.IdentityPlan:
@@ -384,7 +406,9 @@ class _Pipeline:
                 "SELECT tensor_key FROM tensors WHERE run = ?", [self.run_name]).fetchall()}
             pending = [e for e in scan.entries if e.key not in done or e.key in self.replacing]
             report.tensors_skipped = len(scan.entries) - len(pending)
-            if existing and not pending and not scan.errors:
+            if scan.statistics_files:
+                self.done = done  # streamed files: skip what an earlier ingest committed
+            if existing and not pending and not scan.errors and not scan.statistics_files:
                 if existing[1] in ("ingesting", "interrupted"):
                     # everything was committed before the stop: settle the status
                     failed = con.execute("SELECT count(*) FROM ingest_errors WHERE run = ?",
@@ -418,13 +442,20 @@ class _Pipeline:
     # -- main loop -----------------------------------------------------------
     def run(self) -> None:
         pending = self._begin()
-        self.reporter.start(len(pending), self.report.tensors_skipped)
+        streamed = sum(estimate_rows(f) for f in self.scan.statistics_files)
+        self.reporter.start(len(pending) + streamed, self.report.tensors_skipped)
         interrupted = False
         try:
             if pending:
-                self._process(pending)
+                with (self.executor.open(pending) if self.executor else contextlib.nullcontext()) as pool:
+                    if pool is None:
+                        self._process(pending)
+                    else:
+                        self._process_batches(pending, pool)
             self._durable(self.writer.flush())
             self._commit()
+            for sf in self.scan.statistics_files:
+                self._statistics(sf)
         except KeyboardInterrupt:
             interrupted = True
             self.report.interrupted = True
@@ -451,6 +482,69 @@ class _Pipeline:
         self._finish(interrupted)
         if interrupted:
             self.report.status = "interrupted"
+
+    def _statistics(self, sf: StatisticsFile) -> None:
+        """Stream one statistics-only csv: each batch of rows is committed as one Arrow
+        table (bounded memory, rows visible while the ingest goes on)."""
+        seen: list[np.ndarray] = []  # sorted hashes of the keys of this file already taken
+        try:
+            for part in statistics_parts(sf, self.run_name, TENSOR_SCHEMA, self.layout.stats_label,
+                                         STATISTIC_BATCH_BYTES):
+                self.report.tensors_in_dump += part.table.num_rows + len(part.entries)
+                table = self._new_rows(part.table, seen)
+                rows = []
+                if part.entries:
+                    mini = DumpScan(layout=self.layout.name, root=Path(sf.path), entries=part.entries)
+                    check_ranges(mini, TENSOR_SCHEMA, {})
+                    for source_file, message in mini.errors:
+                        self._error(source_file, message)
+                    fresh = self._new_rows(pa.table({"tensor_key": [e.key for e in mini.entries]}), seen)
+                    keep = set(fresh["tensor_key"].to_pylist())
+                    rows = [self._row(_Loaded(e)) for e in mini.entries if e.key in keep]
+                added = table.num_rows + len(rows)
+                self.report.tensors_skipped += part.table.num_rows + len(part.entries) - added
+                self.report.statistics_only += added
+                self.tables.append(table)
+                self.rows.extend(rows)
+                self._commit()
+                self.reporter.advance(part.records, 0)
+        except (OSError, DumpdbError) as exc:
+            self._error(sf.source_file, reason(exc, sf.path))
+
+    def _new_rows(self, table: pa.Table, seen: list[np.ndarray]) -> pa.Table:
+        """``table`` without rows whose ``tensor_key`` the run already has (an earlier
+        ingest, an earlier batch, or an earlier row of this batch: the first one wins).
+        ``seen`` holds sorted 64-bit hashes of the keys taken so far (8 bytes a row); a
+        hash hit is checked against the catalog, so a collision never drops a row."""
+        keys = table["tensor_key"].to_pylist()
+        hashes = np.fromiter((hash(k) for k in keys), dtype=np.int64, count=len(keys))
+        hit = np.zeros(len(keys), dtype=bool)
+        for chunk in seen:
+            pos = np.searchsorted(chunk, hashes).clip(0, len(chunk) - 1)
+            hit |= chunk[pos] == hashes
+        committed: set[str] = set()
+        if hit.any():
+            committed = self._committed_keys([k for k, h in zip(keys, hit) if h])
+        taken: set[str] = set()
+        keep = np.ones(len(keys), dtype=bool)
+        for i, k in enumerate(keys):
+            if k in taken or (hit[i] and k in committed) or (self.done and k in self.done):
+                keep[i] = False
+            else:
+                taken.add(k)
+        if keep.any():
+            seen.append(np.sort(hashes[keep]))
+            if len(seen) >= 8:  # few sorted runs: a lookup stays ~8 binary searches, not one per batch
+                seen[:] = [np.sort(np.concatenate(seen))]
+        return table if keep.all() else table.filter(pa.array(keep))
+
+    def _committed_keys(self, candidates: list[str]) -> set[str]:
+        """Which of ``candidates`` the run holds (earlier batches committed first)."""
+        self._commit()
+        with self.catalog.reader() as con:
+            return {k for (k,) in con.execute(
+                "SELECT tensor_key FROM tensors WHERE run = ? AND tensor_key IN (SELECT unnest(?))",
+                [self.run_name, candidates]).fetchall()}
 
     def _drop_committed(self) -> None:
         """A Ctrl-C that lands after a COMMIT but before the batch was cleared leaves rows
@@ -499,45 +593,56 @@ class _Pipeline:
                     future, size = inflight.popleft()
                     inflight_bytes -= size
                     self._accept(future.result())
-                    if self._should_commit():
-                        self._commit()
+                    self._progress()
             except BaseException:
                 for future, _ in inflight:
                     future.cancel()
                 raise
 
     def _load(self, entry: TensorEntry, size: int, stats: bool = True) -> _Loaded:
-        """Worker: read, hash, statistics (unless not ``stats``). Never raises for a bad file."""
-        item = _Loaded(entry, file_bytes=size)
-        if entry.path is None:
-            return item
-        item.source = identity.file_identity(entry.path)
+        """Reader thread: read, hash, statistics (unless not ``stats``; statistics of a
+        payload stored before come from the catalog). Never raises for a bad file."""
+        known = self.stored_stats.get if self.stored_stats is not None else None
+        return load_entry(self.layout, entry, size, self.stats_cache, stats=stats, known_stats=known)
+
+    def _process_batches(self, pending: list[TensorEntry], pool: Executor) -> None:
+        """``pending`` in batches on worker processes or Dask tasks; results taken in
+        submission order (so stored bytes and rows do not depend on the workers)."""
+        assert self.executor is not None
+        sizes = [e.size if e.size is not None else _file_size(e.path) for e in pending]
+        tasks = batches(pending, sizes)
+        inflight: deque = deque()
+        inflight_bytes = 0
+        limit = 2 * max(1, self.executor.count) + 2
+        exhausted = False
         try:
-            # every layout's payload: a regular file inside the dump, before any open
-            check_dump_file(entry.path, entry.source_file)
-            loaded = self.layout.load(entry)
-        except DumpdbError as exc:
-            item.error = str(exc)
-            return item
-        except Exception as exc:  # noqa: BLE001 - a hostile file must not stop the ingest
-            item.error = f"{entry.source_file}: {type(exc).__name__}: {_one_line(exc)}"
-            return item
-        item.array, item.note = loaded.array, loaded.note
-        item.content_hash = content_hash(loaded.array)
-        if not stats:
-            item.array = None  # only the hash was asked for
-            return item
-        have = set(entry.stats or ())
-        if not set(STAT_COLUMNS) <= have:
-            key = (item.content_hash, loaded.array.dtype.str)
-            stats = self.stats_cache.get(key)
-            if stats is None and self.stored_stats is not None:
-                stats = self.stored_stats.get(item.content_hash, dtype_name(loaded.array.dtype))
-            if stats is None:
-                stats = compute_stats(loaded.array).as_dict()
-                self.stats_cache[key] = stats
-            item.stats = stats
-        return item
+            while True:
+                while not exhausted and (not inflight or (
+                        len(inflight) < limit and inflight_bytes < INFLIGHT_BYTES)):
+                    batch = next(tasks, None)
+                    if batch is None:
+                        exhausted = True
+                        break
+                    task = LoadTask(self.layout.name, self.executor.root, self.executor.follow_symlinks, *batch)
+                    nbytes = sum(batch[1])
+                    inflight.append((pool.submit(load_batch, task), nbytes))
+                    inflight_bytes += nbytes
+                if not inflight:
+                    break
+                future, nbytes = inflight.popleft()
+                inflight_bytes -= nbytes
+                try:
+                    items = future.result()
+                except BrokenExecutor as exc:
+                    raise DumpdbError(f"an ingest worker process died ({_one_line(exc)}); what was committed "
+                                      "stays: run the same command again") from None
+                for item in items:
+                    self._accept(item)
+                    self._progress()
+        except BaseException:
+            for future, _ in inflight:
+                future.cancel()
+            raise
 
     def _accept(self, item: _Loaded) -> None:
         entry = item.entry
@@ -608,14 +713,28 @@ class _Pipeline:
         self.reporter.error(source_file, message)
 
     # -- commits -------------------------------------------------------------
+    def _progress(self) -> None:
+        """After each entry: every COMMIT_ROWS entries write the partial packs (rows wait
+        for their pack) and commit, so a query sees the run grow (issue 12); the cut
+        depends only on the dump order, so packs are the same for any worker count. In
+        between, rows whose packs became durable are committed every COMMIT_SECONDS."""
+        self.accepted += 1
+        if self.accepted >= COMMIT_ROWS:
+            self.accepted = 0
+            self._durable(self.writer.flush())
+            self._commit()
+        elif self._should_commit():
+            self._commit()
+
     def _should_commit(self) -> bool:
-        if not (self.rows or self.error_rows):
+        if not (self.rows or self.error_rows or self.tables):
             return False
         return len(self.rows) >= COMMIT_ROWS or time.monotonic() - self.last_commit >= COMMIT_SECONDS
 
     def _commit(self) -> None:
         arrays, self.arrays = self.arrays, []
-        if not (self.rows or self.error_rows or arrays or self.blob_rows):
+        tables, self.tables = self.tables, []
+        if not (self.rows or self.error_rows or arrays or self.blob_rows or tables):
             return
         # Rows whose payload is still in a pack buffer stay behind (self.waiting).
         new = [r for r in self.rows if r["tensor_key"] not in self.replacing]
@@ -626,8 +745,10 @@ class _Pipeline:
                          prefix="nextval('tensor_id_seq') AS tensor_id,")
             if replaced:
                 _replace_rows(con, self.run_name, pa.Table.from_pylist(replaced, TENSOR_SCHEMA))
+            for table in tables:
+                insert_arrow(con, "tensors", table, prefix="nextval('tensor_id_seq') AS tensor_id,")
             insert_arrow(con, "ingest_errors", pa.Table.from_pylist(self.error_rows, ERROR_SCHEMA))
-        self.report.tensors_added += len(new)
+        self.report.tensors_added += len(new) + sum(t.num_rows for t in tables)
         self.report.tensors_replaced += len(replaced)
         for r in replaced:
             del self.replacing[r["tensor_key"]]
@@ -674,9 +795,35 @@ _TEXT_FIELDS = ("source_file", "tensor_key", "op_type", "op_name", "scope_name",
                 "format", "dtype_declared", "arg_name", "note")
 
 
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return text[:300] + ("..." if len(text) > 300 else "")
+_one_line = one_line
+
+
+class _Executors:
+    """Where an ingest's worker function runs (see :func:`ingest`)."""
+
+    def __init__(self, root: str, follow_symlinks: bool, workers: int | None, scheduler: str | None,
+                 on_wait: Callable[[str], None] | None):
+        self.root = root
+        self.follow_symlinks = follow_symlinks
+        self.workers = workers
+        self.scheduler = scheduler
+        self.on_wait = on_wait
+        self.count = workers or default_workers()
+
+    @contextlib.contextmanager
+    def open(self, pending: list[TensorEntry]) -> Iterator[Executor | None]:
+        """The executor for ``pending`` entries, or None to read on threads here."""
+        files = [e for e in pending if e.path is not None]
+        if self.scheduler and files:
+            with dask_executor(self.scheduler, self.count, self.on_wait) as pool:
+                yield pool
+            return
+        small = len(files) < PROCESS_MIN_FILES and sum(e.size or 0 for e in files) < PROCESS_MIN_BYTES
+        if self.count <= 1 or not files or (self.workers is None and small):
+            yield None
+            return
+        with process_pool(min(self.count, len(files))) as pool:
+            yield pool
 
 
 def _file_size(path: str | None) -> int:
@@ -696,3 +843,13 @@ def _json_or_none(text: str | None) -> str | None:
         return text
     except json.JSONDecodeError:
         return json.dumps(text)
+
+
+# Public names for dumpdb.ingestion.parts (ingest-worker: the same pipeline, its catalog
+# writes replaced by Parquet fragments).
+Pipeline = _Pipeline
+Executors = _Executors
+RELATION_SCHEMAS = _RELATION_SCHEMAS
+RELATION_TABLES = tuple(_RELATION_SCHEMAS)
+json_or_none = _json_or_none
+open_for_write = _open_for_write

@@ -8,12 +8,13 @@ error line naming the file, before anything is written.
 
 from __future__ import annotations
 
+from dataclasses import fields as dataclass_fields
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from dumpdb.layouts.base import DumpScan
+from dumpdb.layouts.base import DumpScan, TensorEntry
 
 _INT_RANGES = {pa.int32(): (-(1 << 31), (1 << 31) - 1), pa.int64(): (-(1 << 63), (1 << 63) - 1)}
 
@@ -38,6 +39,7 @@ def _float_ok(value: Any) -> bool:
         return False
 
 
+_ENTRY_FIELDS = frozenset(f.name for f in dataclass_fields(TensorEntry))
 _DECLARED = {"shape_declared": pa.list_(pa.int64()), "original_shape": pa.list_(pa.int64())}
 
 
@@ -53,10 +55,13 @@ def check_ranges(scan: DumpScan, tensor_schema: pa.Schema, relation_schemas: dic
     (``tensors``; ``{scan attribute: schema}`` for ops, execution_order, ...).
     """
     fields = {f.name: f.type for f in tensor_schema} | _DECLARED
+    # only integer and list columns can hold a value out of range (_bad_value)
+    checked = [(name, typ) for name, typ in fields.items()
+               if (typ in _INT_RANGES or pa.types.is_list(typ)) and name in _ENTRY_FIELDS]
     kept = []
     for e in scan.entries:
-        bad = [f"{name}={getattr(e, name)!r:.40}" for name, typ in fields.items()
-               if hasattr(e, name) and _bad_value(getattr(e, name), typ)]
+        bad = [f"{name}={getattr(e, name)!r:.40}" for name, typ in checked
+               if getattr(e, name) is not None and _bad_value(getattr(e, name), typ)]
         if bad:
             scan.errors.append((e.source_file, f"{', '.join(bad)} out of range for the catalog "
                                 "(int32/int64); tensor skipped"))

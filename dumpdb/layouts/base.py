@@ -86,6 +86,26 @@ class LoadedTensor:
 
 
 @dataclass
+class StatisticsFile:
+    """A statistics csv whose rows are all statistics-only tensors (no tensor file
+    beside it), left for the ingest to stream in Arrow batches instead of one
+    :class:`TensorEntry` per row (issue 12: a 10^7-row statistic.csv in bounded memory).
+
+    ``source_file``: the csv relative to the ingested directory; ``fields``: the
+    directory's catalog fields (rank, net_name, graph_id, iteration); ``scopes``:
+    ``{op_name: scope_name}`` for non-Parameter rows and ``params``: ``{op_name:
+    scope_name}`` for Parameter rows (what linking to the graph found); ``size``: bytes.
+    """
+
+    path: str
+    source_file: str
+    fields: dict[str, Any] = field(default_factory=dict)
+    scopes: dict[str, str] = field(default_factory=dict)
+    params: dict[str, str] = field(default_factory=dict)
+    size: int = 0
+
+
+@dataclass
 class DumpScan:
     """Everything a reader found in a dump, ready for the catalog."""
 
@@ -106,6 +126,8 @@ class DumpScan:
     module_tree: list[dict[str, Any]] = field(default_factory=list)
     msprobe_records: list[dict[str, Any]] = field(default_factory=list)  # dump.json records, in order
     errors: list[tuple[str, str]] = field(default_factory=list)  # (source_file, message)
+    # statistics-only csv files streamed by the ingest (StatisticsFile); rows not in entries
+    statistics_files: list[StatisticsFile] = field(default_factory=list)
 
 
 class Layout:

@@ -17,13 +17,18 @@ import io
 import math
 import os
 import re
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dumpdb.dumpio import MAX_TEXT_BYTES, read_dump_bytes, read_dump_text, reason
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+
+from dumpdb.dumpio import MAX_TEXT_BYTES, open_dump_file, read_dump_bytes, read_dump_text, reason
 from dumpdb.errors import DumpdbError, DumpFileError
 from dumpdb.layouts import mindspore_ir as ir
-from dumpdb.layouts.base import DumpScan, TensorEntry, display_name
+from dumpdb.layouts.base import DumpScan, StatisticsFile, TensorEntry, display_name
 
 TENSOR_NAME_RE = re.compile(
     r"^(?P<op_type>[^.]+)\.(?P<op_name>.+)\.(?P<task_id>\d+)\.(?P<stream_id>\d+)\.(?P<timestamp>\d+)"
@@ -121,44 +126,57 @@ def read_statistic_csv(path: Path) -> list[dict]:
         header = next(reader, None)
         if not header:
             return rows
-        cols = [h.strip().lower() for h in header]
+        cols = statistic_columns(header)
         for rec in reader:
-            if not rec or all(not c.strip() for c in rec):
-                continue
-            values = dict(zip(cols, (c.strip() for c in rec)))
-            row: dict = {field: values.get(col) for col, field in _CSV_KEYS.items() if col in values}
-            for num in ("task_id", "stream_id", "timestamp", "slot"):
-                row[num] = _int(row.get(num))
-            io_ = (row.get("io") or "").lower()
-            row["io"] = io_ if io_ in ("input", "output") else None
-            stats: dict = {}
-            for col, field in _CSV_STATS.items():
-                if col in values and values[col] != "":
-                    v = _float(values[col])
-                    if field.endswith("count"):
-                        # a count is a non-negative integer; anything else stays text (reported)
-                        if v is not None and math.isfinite(v) and v == int(v) and v >= 0:
-                            stats[field] = int(v)
-                        else:
-                            stats[field] = values[col]
-                    else:
-                        stats[field] = v if v is not None else values[col]
-            if "zero_count" not in stats and {"negative zero count", "positive zero count"} <= values.keys():
-                neg, pos = _int(values["negative zero count"]), _int(values["positive zero count"])
-                if neg is not None and pos is not None:
-                    stats["zero_count"] = neg + pos
-            row["stats"] = stats
-            row["checksum"] = row["checksum_algo"] = None
-            for col, algo in _CSV_CHECKSUMS.items():
-                if values.get(col):
-                    row["checksum"], row["checksum_algo"] = values[col], algo
-                    break
-            if row.get("shape"):
-                row["shape"] = tuple(int(d) for d in re.findall(r"\d{1,19}", row["shape"]))
-            rows.append(row)
+            row = statistic_row(cols, rec)
+            if row is not None:
+                rows.append(row)
     except csv.Error as exc:
         raise DumpFileError(f"{path}: not a readable csv: {exc}") from None
     return rows
+
+
+def statistic_columns(header: list[str]) -> list[str]:
+    """A statistic.csv header as the lower-case names :func:`statistic_row` matches."""
+    return [h.strip().lower() for h in header]
+
+
+def statistic_row(cols: list[str], rec: list[str]) -> dict | None:
+    """One statistic.csv record (cells under ``cols``) as :func:`read_statistic_csv` returns
+    it; None for a blank record. Cells beyond the header are ignored, missing ones absent."""
+    if not rec or all(not c.strip() for c in rec):
+        return None
+    values = dict(zip(cols, (c.strip() for c in rec)))
+    row: dict = {field: values.get(col) for col, field in _CSV_KEYS.items() if col in values}
+    for num in ("task_id", "stream_id", "timestamp", "slot"):
+        row[num] = _int(row.get(num))
+    io_ = (row.get("io") or "").lower()
+    row["io"] = io_ if io_ in ("input", "output") else None
+    stats: dict = {}
+    for col, stat in _CSV_STATS.items():
+        if col in values and values[col] != "":
+            v = _float(values[col])
+            if stat.endswith("count"):
+                # a count is a non-negative integer; anything else stays text (reported)
+                if v is not None and math.isfinite(v) and v == int(v) and v >= 0:
+                    stats[stat] = int(v)
+                else:
+                    stats[stat] = values[col]
+            else:
+                stats[stat] = v if v is not None else values[col]
+    if "zero_count" not in stats and {"negative zero count", "positive zero count"} <= values.keys():
+        neg, pos = _int(values["negative zero count"]), _int(values["positive zero count"])
+        if neg is not None and pos is not None:
+            stats["zero_count"] = neg + pos
+    row["stats"] = stats
+    row["checksum"] = row["checksum_algo"] = None
+    for col, algo in _CSV_CHECKSUMS.items():
+        if values.get(col):
+            row["checksum"], row["checksum_algo"] = values[col], algo
+            break
+    if row.get("shape"):
+        row["shape"] = tuple(int(d) for d in re.findall(r"\d{1,19}", row["shape"]))
+    return row
 
 
 def statistic_key(csv_file: str, row: dict) -> str:
@@ -354,15 +372,26 @@ def read_graphs(root: Path, directory: Path, scan: DumpScan, *, rank: int | None
     return graphs
 
 
-def link_entries(entries: list[TensorEntry], graphs: Graphs) -> None:
+def link_entries(entries: list[TensorEntry], graphs: Graphs, files: Sequence[StatisticsFile] = ()) -> None:
     """Set ``scope_name`` of 2.x-style entries (op names with ``/`` -> ``_``) by matching
     their op names to the graph's scopes (:func:`mindspore_ir.link_scopes`); Parameter
-    files are named ``Parameter.{name with '.' -> '_'}`` (corpus README)."""
+    files are named ``Parameter.{name with '.' -> '_'}`` (corpus README). The op names of
+    streamed statistics ``files`` of the same directory tree take part in the matching
+    (it pairs names by group) and each file gets its ``scopes`` / ``params`` maps."""
     by_graph: dict[int | None, list[TensorEntry]] = {}
     for e in entries:
         by_graph.setdefault(e.graph_id, []).append(e)
+    files_by_graph: dict[int | None, list[tuple[StatisticsFile, set[str], set[str]]]] = {}
+    for f in files:
+        g = f.fields.get("graph_id")
+        if not graphs.scopes(g) and not (graphs.params.get(g) if g is not None else None):
+            continue  # nothing to link to: no need to read the csv's names now
+        by_graph.setdefault(g, [])
+        files_by_graph.setdefault(g, []).append((f, *statistic_op_names(Path(f.path), f.source_file)))
     for g, group in by_graph.items():
         ops = [e.op_name for e in group if e.op_type != "Parameter" and e.op_name]
+        for _f, names, _p in files_by_graph.get(g, []):
+            ops.extend(n for n in names if n)
         links = ir.link_scopes(ops, graphs.scopes(g))
         params: dict[str, str] = {}
         for p in graphs.params.get(g, []) if g is not None else []:
@@ -372,3 +401,249 @@ def link_entries(entries: list[TensorEntry], graphs: Graphs) -> None:
                 e.scope_name = params.get(e.op_name or "")
             else:
                 e.scope_name = links.get(e.op_name or "")
+        for f, names, param_names in files_by_graph.get(g, []):
+            f.scopes = {n: links[n] for n in names if n in links}
+            f.params = {n: params[n] for n in param_names if n in params}
+
+
+def statistic_op_names(path: Path, where: str) -> tuple[set[str], set[str]]:
+    """(op names of non-Parameter rows, op names of Parameter rows) of a statistic.csv,
+    read in batches (:func:`statistic_batches`); an unreadable file gives two empty sets
+    (the ingest reports it when it streams the file)."""
+    names: set[str] = set()
+    params: set[str] = set()
+    try:
+        for b in statistic_batches(path, where):
+            is_param = pc.fill_null(pc.equal(b.table["op_type"], "Parameter"), False)
+            params.update(x for x in pc.unique(b.table["op_name"].filter(is_param)).to_pylist() if x)
+            names.update(x for x in pc.unique(b.table["op_name"].filter(pc.invert(is_param))).to_pylist() if x)
+            for r in b.rows:
+                (params if r.get("op_type") == "Parameter" else names).add(r.get("op_name") or "")
+    except (OSError, DumpdbError):
+        pass
+    return names - {""}, params - {""}
+
+
+# -- statistic.csv as Arrow batches (statistics-only directories, issue 12) ------------
+_INT_RE = r"^[+-]?[0-9]{1,18}$"
+_COUNT_RE = r"^\+?[0-9]{1,15}(\.0*)?$"
+_FLOAT_RE = r"^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]{1,2})?$"
+_INT32 = 1 << 31
+STATISTIC_BATCH_BYTES = 8 << 20
+
+
+@dataclass
+class StatisticBatch:
+    """Part of a statistic.csv read column-wise (:func:`statistic_batches`).
+
+    ``table``: one row per record, columns ``op_type, op_name, task_id, stream_id,
+    timestamp, io, slot, format, dtype_declared, shape_declared`` (list<int64>), the
+    catalog statistic columns (double / int64), ``checksum, checksum_algo`` and
+    ``has_stats`` (bool: the record had at least one statistic), with exactly the values
+    :func:`statistic_row` gives. ``rows``: records the columnar path does not decide
+    (unusual spellings, out-of-range values, undecodable bytes, short or long records),
+    as :func:`statistic_row` dicts, so every rule stays in one place.
+    """
+
+    table: pa.Table
+    rows: list[dict]
+    records: int  # csv records this batch covers (blank ones included)
+
+
+def _col(batch: pa.RecordBatch, index: dict[str, int], name: str) -> pa.Array | None:
+    i = index.get(name)
+    return None if i is None else batch.column(i)
+
+
+def _empty_to_null(arr: pa.Array) -> pa.Array:
+    return pc.if_else(pc.equal(arr, ""), pa.scalar(None, arr.type), arr)
+
+
+def _parse(arr: pa.Array, pattern: str, to: pa.DataType, strip: str | None = None) -> tuple[pa.Array, pa.Array]:
+    """(values, bad): ``arr`` (trimmed text, '' = absent) cast to ``to`` where it matches
+    ``pattern``; ``bad`` marks non-empty cells that do not match."""
+    value = _empty_to_null(arr)
+    ok = pc.match_substring_regex(value, pattern)
+    bad = pc.fill_null(pc.invert(ok), False)
+    text = pc.if_else(ok, value, pa.scalar(None, pa.string()))
+    if strip is not None:
+        text = pc.replace_substring_regex(text, strip, "")
+    return pc.cast(text, to), bad
+
+
+def _python_rows(batch: pa.RecordBatch, cols: list[str], mask: list[bool] | None) -> list[dict]:
+    cells = [c.to_pylist() for c in batch.columns]
+    out = []
+    for i in range(batch.num_rows):
+        if mask is not None and not mask[i]:
+            continue
+        rec = [(c[i] or b"").decode("utf-8", errors="replace").replace("\x00", "") for c in cells]
+        row = statistic_row(cols, rec)
+        if row is not None:
+            out.append(row)
+    return out
+
+
+def statistic_batches(path: Path, where: str, block_bytes: int = STATISTIC_BATCH_BYTES) -> Iterator[StatisticBatch]:
+    """A statistic.csv read by Arrow's streaming CSV reader, about ``block_bytes`` of text
+    per batch, so memory does not grow with the file (issue 12). Values as
+    :func:`read_statistic_csv` gives them (see :class:`StatisticBatch`).
+
+    Raises :class:`~dumpdb.errors.DumpFileError` for a FIFO/device, a file outside the
+    dump, an unreadable file or one that is not a csv (no header).
+    """
+    fd = open_dump_file(path, where)
+    with os.fdopen(fd, "rb") as f:
+        head = f.readline(1 << 20)
+        try:
+            header = next(csv.reader([head.decode("utf-8", errors="replace").replace("\x00", "")]), None)
+        except csv.Error as exc:
+            raise DumpFileError(f"{where}: not a readable csv: {exc}") from None
+        if not header:
+            return
+        cols = statistic_columns(header)
+        index = {name: i for i, name in enumerate(cols)}  # the last of equal names, as dict(zip())
+        names = [f"c{i}" for i in range(len(cols))]
+        odd: list[bytes] = []
+
+        def invalid(row) -> str:  # a record with more or fewer cells than the header
+            odd.append(row.text.encode("utf-8", errors="surrogateescape") if isinstance(row.text, str) else row.text)
+            return "skip"
+
+        try:
+            reader = pacsv.open_csv(
+                f, read_options=pacsv.ReadOptions(column_names=names, block_size=block_bytes),
+                parse_options=pacsv.ParseOptions(newlines_in_values=True, invalid_row_handler=invalid),
+                convert_options=pacsv.ConvertOptions(column_types={n: pa.binary() for n in names},
+                                                     strings_can_be_null=False, quoted_strings_can_be_null=False))
+        except pa.ArrowInvalid as exc:
+            if "Empty CSV file" in str(exc):
+                return
+            raise DumpFileError(f"{where}: not a readable csv: {' '.join(str(exc).split())[:200]}") from None
+        while True:
+            try:
+                batch = reader.read_next_batch()
+            except StopIteration:
+                break
+            except pa.ArrowInvalid as exc:
+                raise DumpFileError(f"{where}: not a readable csv: {' '.join(str(exc).split())[:200]}") from None
+            rows = []
+            if odd:
+                text = b"\n".join(odd).decode("utf-8", errors="replace").replace("\x00", "")
+                odd.clear()
+                rows = [r for rec in csv.reader(io.StringIO(text, newline=""))
+                        if (r := statistic_row(cols, rec)) is not None]
+            yield _convert(batch, cols, index, rows)
+        if odd:
+            text = b"\n".join(odd).decode("utf-8", errors="replace").replace("\x00", "")
+            rows = [r for rec in csv.reader(io.StringIO(text, newline=""))
+                    if (r := statistic_row(cols, rec)) is not None]
+            yield StatisticBatch(_convert(batch_empty(len(cols)), cols, index, []).table, rows, len(odd))
+
+
+def batch_empty(ncols: int) -> pa.RecordBatch:
+    """A record batch of ``ncols`` binary columns and no rows."""
+    return pa.RecordBatch.from_arrays([pa.array([], pa.binary())] * ncols, names=[f"c{i}" for i in range(ncols)])
+
+
+_STAT_FLOATS = ("max value", "min value", "avg value", "l2norm value")
+_STAT_TEXT = ("op type", "op name", "format", "data type")
+
+
+def _convert(batch: pa.RecordBatch, cols: list[str], index: dict[str, int], rows: list[dict]) -> StatisticBatch:
+    n = batch.num_rows
+    try:
+        text = [pc.utf8_trim_whitespace(pc.cast(c, pa.string())) for c in batch.columns]
+        if any(pc.any(pc.match_substring(t, "\x00")).as_py() for t in text):
+            raise ValueError("NUL byte")
+    except (pa.ArrowInvalid, ValueError):  # undecodable bytes or NULs: the per-record rules
+        return StatisticBatch(_empty_table(), rows + _python_rows(batch, cols, None), n)
+    tb = pa.RecordBatch.from_arrays(text, names=[f"c{i}" for i in range(len(text))])
+    blank = pa.array([True] * n) if n else pa.array([], pa.bool_())
+    for t in text:
+        blank = pc.and_(blank, pc.equal(t, ""))
+    bad = pa.array([False] * n, pa.bool_())
+    out: dict[str, pa.Array] = {}
+    null_str = pa.nulls(n, pa.string())
+    for col, field_ in _CSV_KEYS.items():  # as statistic_row: the last header spelling present wins
+        if col in index and field_ not in ("io", "task_id", "stream_id", "timestamp", "slot"):
+            out[field_] = tb.column(index[col])
+    for col in ("op_type", "op_name", "format", "dtype", "shape"):
+        out.setdefault(col, null_str)
+    for col, field_ in (("task id", "task_id"), ("stream id", "stream_id"), ("timestamp", "timestamp"),
+                        ("slot", "slot")):
+        arr = _col(tb, index, col)
+        if arr is None:
+            out[field_] = pa.nulls(n, pa.int64())
+            continue
+        value, b = _parse(arr, _INT_RE, pa.int64())
+        bad = pc.or_(bad, b)
+        if field_ == "slot":
+            bad = pc.or_(bad, pc.fill_null(pc.greater_equal(pc.abs(value), _INT32), False))
+        out[field_] = value
+    io_col = "input/output" if "input/output" in index and index["input/output"] > index.get("io", -1) else "io"
+    arr = _col(tb, index, io_col)
+    if arr is None:
+        out["io"] = null_str
+    else:
+        low = pc.utf8_lower(arr)
+        out["io"] = pc.if_else(pc.is_in(low, pa.array(["input", "output"])), low, null_str)
+        bad = pc.or_(bad, pc.invert(pc.string_is_ascii(arr)))
+    has_stats = pa.array([False] * n, pa.bool_())
+    for col, field_ in _CSV_STATS.items():
+        arr = _col(tb, index, col)
+        if arr is None:
+            out[field_] = pa.nulls(n, pa.int64() if field_.endswith("count") else pa.float64())
+            continue
+        if field_.endswith("count"):
+            value, b = _parse(arr, _COUNT_RE, pa.int64(), strip=r"\.0*$")
+        else:
+            value, b = _parse(arr, _FLOAT_RE, pa.float64())
+        bad = pc.or_(bad, b)
+        has_stats = pc.or_(has_stats, pc.is_valid(value))
+        out[field_] = value
+    if "zero count" not in index and "negative zero count" in index and "positive zero count" in index:
+        neg, b1 = _parse(tb.column(index["negative zero count"]), _INT_RE, pa.int64())
+        pos, b2 = _parse(tb.column(index["positive zero count"]), _INT_RE, pa.int64())
+        total = pc.add(neg, pos)
+        bad = pc.or_(pc.or_(bad, b1), pc.or_(b2, pc.fill_null(pc.less(total, 0), False)))
+        has_stats = pc.or_(has_stats, pc.is_valid(total))
+        out["zero_count"] = total
+    checksum, algo = null_str, null_str
+    for col, name in reversed(list(_CSV_CHECKSUMS.items())):  # the first non-empty one wins
+        arr = _col(tb, index, col)
+        if arr is not None:
+            hit = pc.not_equal(arr, "")
+            checksum = pc.if_else(hit, arr, checksum)
+            algo = pc.if_else(hit, pa.scalar(name), algo)
+    shape = out.pop("shape")
+    if "shape" in index:
+        # '' is kept as text by statistic_row (reported); non-ASCII digits and runs of 19+
+        # digits follow the per-record rules
+        # shapes repeat: parsed once per distinct text, by statistic_row's rule; '' is kept
+        # as text there (reported), a dimension beyond int64 too: those records go per-record
+        distinct = pc.unique(shape).to_pylist()
+        parsed = [tuple(int(d) for d in re.findall(r"\d{1,19}", t)) if t else None for t in distinct]
+        odd_shape = [p is None or any(d >= 1 << 63 for d in p) for p in parsed]
+        pos = pc.index_in(shape, pa.array(distinct, pa.string()))
+        bad = pc.or_(bad, pc.take(pa.array(odd_shape, pa.bool_()), pos))
+        shape = pc.take(pa.array([None if o or p is None else list(p) for p, o in zip(parsed, odd_shape)],
+                                 pa.list_(pa.int64())), pos)
+    else:
+        shape = pa.nulls(n, pa.list_(pa.int64()))
+    keep_rows = pc.invert(pc.or_(blank, bad))
+    table = pa.table({
+        "op_type": out["op_type"], "op_name": out["op_name"], "task_id": out["task_id"],
+        "stream_id": out["stream_id"], "timestamp": out["timestamp"], "io": out["io"], "slot": out["slot"],
+        "format": out["format"], "dtype_declared": out["dtype"], "shape_declared": shape,
+        **{f: out[f] for f in _CSV_STATS.values()}, "checksum": checksum, "checksum_algo": algo,
+        "has_stats": has_stats,
+    }).filter(keep_rows)
+    odd_mask = pc.and_(bad, pc.invert(blank)).to_pylist()
+    if any(odd_mask):
+        rows = rows + _python_rows(batch, cols, odd_mask)
+    return StatisticBatch(table, rows, n)
+
+
+def _empty_table() -> pa.Table:
+    return _convert(batch_empty(0), [], {}, []).table

@@ -29,6 +29,7 @@ from dumpdb.layouts.base import (
     DumpScan,
     Layout,
     LoadedTensor,
+    StatisticsFile,
     TensorEntry,
     display_name,
     file_sizes,
@@ -177,7 +178,8 @@ class MindSporeSync(Layout):
                         continue
                     rank_entries.extend(self._scan_tensor_dir(
                         it_dir, rel_dir, rank, net_name, graph_id, iteration, scan))
-        kit.link_entries(rank_entries, graphs)
+        deferred = [f for f in scan.statistics_files if f.fields.get("rank") == rank and not f.scopes]
+        kit.link_entries(rank_entries, graphs, deferred)
         scan.entries.extend(rank_entries)
 
     def _read_metadata(self, root: Path, rank_dir: Path, scan: DumpScan) -> None:
@@ -207,6 +209,12 @@ class MindSporeSync(Layout):
                                     reason(exc, it_dir / "mapping.csv")))
         stats = kit.StatisticJoin()
         csv_file = display_name(os.path.join(rel_dir, "statistic.csv"))
+        if "statistic.csv" in names and not mapping and not any(n.endswith(".npy") for n in names):
+            # statistics only: every row is a statistics-only tensor; the ingest streams the csv
+            scan.statistics_files.append(StatisticsFile(
+                path=str(it_dir / "statistic.csv"), source_file=csv_file, size=sizes["statistic.csv"],
+                fields={"rank": rank, "net_name": net_name, "graph_id": graph_id, "iteration": iteration}))
+            return entries
         if "statistic.csv" in names:
             try:
                 stats.add(csv_file, read_statistic_csv(it_dir / "statistic.csv"))

@@ -1,0 +1,388 @@
+"""Many nodes, one archive: ``ingest-worker`` writes parts, ``commit`` adds them (issue 12).
+
+Protocol (also in ARCHITECTURE.md):
+
+1. A node that sees only its own ranks runs :func:`ingest_worker` (``dumpdb ingest-worker
+   DUMP --archive A --part NAME --run R``). It reads the catalog once, read-only: the run's
+   tensor keys already committed and a snapshot of the content hashes the store holds
+   (cross-worker dedup starts from it). It never writes the DuckDB file.
+2. It stores payloads in the archive's store exactly as an ingest does (packs written
+   whole, temp + fsync + rename) and writes its catalog rows as Parquet fragments
+   ``A/parts/<run key>/<part>/<table>-NNNNN.parquet`` (``tensors``, ``blobs``, ``arrays``,
+   ``ingest_errors`` every commit interval; the run's relations at the end), each made
+   durable before it is named.
+3. Last, ``manifest.json``: every fragment with its table, rows and sha256, and the
+   ``runs`` row. A part without a manifest is unfinished: the same command again starts
+   it over (its packs are unreferenced, ``gc`` reclaims them).
+4. :func:`commit_parts` (``dumpdb commit --archive A``; the only writer of the DuckDB file)
+   validates each manifest (fragments present, sizes, sha256, row counts, columns the
+   catalog has) and commits each part in one DuckDB transaction, idempotently: tensors
+   whose key the run has, blobs whose hash is known, arrays known, relation and error
+   rows already there are skipped. A payload two workers stored at once thus keeps the
+   first ``blobs`` row committed; the other copy is in a pack no blob refers to, which
+   ``gc`` compacts or deletes. Then the part directory is removed (a crash before that:
+   the next commit finds nothing new in it and removes it).
+5. Workers hold the store lock shared, like an ingest, so ``gc`` (exclusive) never runs
+   while a worker may reference payloads it has not committed. On a file system whose
+   ``flock`` does not reach other nodes, run ``gc`` only when no worker runs: its grace
+   period (young files are kept) is the remaining safety net.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from dumpdb import __version__
+from dumpdb.archive import CATALOG, STORE, check_marker, is_archive
+from dumpdb.catalog import DEFAULT_LOCK_TIMEOUT, Catalog, insert_arrow, schema
+from dumpdb.catalog.locks import SHARED, store_lock
+from dumpdb.dumpio import confine
+from dumpdb.errors import ArchiveError, DumpdbError
+from dumpdb.ingestion import pipeline as pl
+from dumpdb.ingestion.ranges import check_ranges
+from dumpdb.layouts import Layout, TensorEntry, locate
+from dumpdb.progress import Reporter
+from dumpdb.storage.payloads import array_table, blob_table
+from dumpdb.storage.store import TensorStore
+
+PARTS = "parts"
+MANIFEST = "manifest.json"
+FORMAT = "dumpdb-part/1"
+_PART_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+_FRAGMENT_RE = re.compile(r"^[a-z_]+-[0-9]{5}\.parquet$")
+_TABLES = ("tensors", "blobs", "arrays", "ingest_errors", *pl.RELATION_TABLES)
+
+
+def run_key(run: str) -> str:
+    """The directory name of ``run`` under ``parts/`` (any run name is safe as a path)."""
+    return hashlib.sha1(run.encode()).hexdigest()[:16]
+
+
+def part_dir(archive: Path, run: str, part: str) -> Path:
+    """Where ingest-worker writes part ``part`` of ``run``."""
+    return Path(archive) / PARTS / run_key(run) / part
+
+
+def _durable_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class PartPipeline(pl.Pipeline):
+    """The ingest pipeline with its catalog writes replaced by Parquet fragments of one part."""
+
+    def __init__(self, *args, directory: Path, part: str, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.directory = directory
+        self.part = part
+        self.fragments: list[dict[str, Any]] = []
+        self.seq = 0
+
+    def _begin(self) -> list[TensorEntry]:
+        scan, report = self.scan, self.report
+        with self.catalog.reader() as con:  # read-only: the snapshot this worker starts from
+            done = {k for (k,) in con.execute(
+                "SELECT tensor_key FROM tensors WHERE run = ?", [self.run_name]).fetchall()}
+            self.known = {h for (h,) in con.execute("SELECT content_hash FROM blobs").fetchall()}
+        pending = [e for e in scan.entries if e.key not in done]
+        report.tensors_skipped = len(scan.entries) - len(pending)
+        self.done = done
+        for source_file, message in scan.errors:
+            self._error(source_file, message)
+        return pending
+
+    def _fragment(self, table: str, rows: pa.Table) -> None:
+        if rows.num_rows == 0:
+            return
+        self.seq += 1
+        path = self.directory / f"{table}-{self.seq:05d}.parquet"
+        sink = pa.BufferOutputStream()
+        pq.write_table(rows, sink)
+        data = sink.getvalue().to_pybytes()
+        _durable_write(path, data)
+        self.fragments.append({"file": path.name, "table": table, "rows": rows.num_rows, "bytes": len(data),
+                               "sha256": hashlib.sha256(data).hexdigest()})
+
+    def _commit(self) -> None:
+        arrays, self.arrays = self.arrays, []
+        tables, self.tables = self.tables, []
+        self._fragment("arrays", array_table(arrays))
+        self._fragment("blobs", blob_table(self.blob_rows, self.run_name))
+        for t in [pa.Table.from_pylist(self.rows, pl.TENSOR_SCHEMA), *tables]:
+            self._fragment("tensors", t)
+        self._fragment("ingest_errors", pa.Table.from_pylist(self.error_rows, pl.ERROR_SCHEMA))
+        self.report.tensors_added += len(self.rows) + sum(t.num_rows for t in tables)
+        self.rows, self.blob_rows, self.error_rows = [], [], []
+        self.last_commit = time.monotonic()
+
+    def _committed_keys(self, candidates: list[str]) -> set[str]:
+        wanted = set(candidates)
+        found: set[str] = set()
+        for f in self.fragments:
+            if f["table"] == "tensors":
+                keys = pq.read_table(self.directory / f["file"], columns=["tensor_key"])["tensor_key"]
+                found.update(k for k in keys.to_pylist() if k in wanted)
+        return found | (wanted & self.done)
+
+    def _drop_committed(self) -> None:
+        return  # a fragment, once written, is final; its rows were cleared with it
+
+    def _finish(self, interrupted: bool) -> None:
+        report = self.report
+        if interrupted:
+            report.status = "interrupted"
+            return
+        for table, arrow in pl.RELATION_SCHEMAS.items():
+            rows = [{"run": self.run_name, **r} for r in getattr(self.scan, table)]
+            self._fragment(table, pa.Table.from_pylist(rows, arrow))
+        scan = self.scan
+        manifest = {
+            "format": FORMAT, "run": self.run_name, "part": self.part, "dumpdb_version": __version__,
+            "written": datetime.now().isoformat(timespec="seconds"),
+            "runs_row": {"run": self.run_name, "source_path": report.source_path, "layout": self.layout.name,
+                         "framework": scan.framework, "framework_version": scan.framework_version,
+                         "device_target": scan.device_target, "dump_config": pl.json_or_none(scan.dump_config),
+                         "metadata": json.dumps(scan.metadata, default=str) if scan.metadata else None},
+            "tensors": report.tensors_added, "errors": len(report.errors), "fragments": self.fragments,
+        }
+        _durable_write(self.directory / MANIFEST, json.dumps(manifest, indent=1).encode())
+        report.status = "written"
+
+
+def ingest_worker(
+    dump_dir: str | os.PathLike,
+    archive: str | os.PathLike,
+    part: str,
+    run: str | None = None,
+    *,
+    layout: str | None = None,
+    workers: int | None = None,
+    scheduler: str | None = None,
+    reporter: Reporter | None = None,
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+    on_wait: Callable[[str], None] | None = None,
+    follow_symlinks: bool = False,
+) -> pl.IngestReport:
+    """Ingest the dump at ``dump_dir`` (a node's own ranks) as part ``part`` of run ``run``
+    into ``archive`` without writing its catalog (see the module docstring's protocol).
+
+    ``archive`` must exist (``dumpdb commit`` or any ingest creates it); ``part``: letters,
+    digits, ``._-`` (e.g. ``node3``); ``run`` defaults to the dump directory's name. The
+    other options are :func:`dumpdb.ingestion.pipeline.ingest`'s. Returns an
+    :class:`~dumpdb.ingestion.pipeline.IngestReport` with status ``written`` (or
+    ``already written``). Raises :class:`~dumpdb.errors.ArchiveError` for a missing
+    archive or a bad part name, :class:`~dumpdb.errors.LayoutError` for no dump.
+    """
+    started = time.monotonic()
+    reporter = reporter or Reporter()
+    if not _PART_RE.match(part):
+        raise ArchiveError(f"--part {part!r}: use 1-100 letters, digits, '.', '_' or '-' (e.g. node3)")
+    dump_dir, archive = Path(dump_dir), Path(archive)
+    if not is_archive(archive):
+        raise ArchiveError(f"{archive}: no archive there; create it first (dumpdb commit --archive {archive} "
+                           "creates an empty one)")
+    check_marker(archive)
+    found = locate(dump_dir, layout)
+    lay: Layout = found.layout
+    run = run or dump_dir.resolve().name
+    if not run.strip():
+        raise DumpdbError("run name must not be empty")
+    directory = part_dir(archive, run, part)
+    report = pl.IngestReport(run=run, archive=archive, layout=lay.name, source_path=str(found.path.resolve()))
+    if (directory / MANIFEST).is_file():
+        report.status = "already written"  # waiting for `dumpdb commit`
+        return report
+    catalog = Catalog(archive / CATALOG, lock_timeout=lock_timeout, on_wait=on_wait)
+    with store_lock(archive, SHARED, f"ingest-worker of run {run!r} part {part!r}",
+                    timeout=lock_timeout, on_wait=on_wait), confine(dump_dir, follow_symlinks):
+        if directory.exists():  # an unfinished attempt: its fragments go, its packs are left for gc
+            shutil.rmtree(directory)
+        directory.mkdir(parents=True)
+        reporter.scanning(found.path)
+        scan = lay.scan(found.path)
+        check_ranges(scan, pl.TENSOR_SCHEMA, pl.RELATION_SCHEMAS)
+        report.tensors_in_dump = len(scan.entries)
+        pipe = PartPipeline(catalog, TensorStore(archive / STORE, read_only=False), lay, scan, report, reporter,
+                            min(4, (os.cpu_count() or 2) + 1), directory=directory, part=part)
+        pipe.executor = pl.Executors(str(dump_dir), follow_symlinks, workers, scheduler, on_wait)
+        try:
+            pipe.run()
+        finally:
+            report.seconds = time.monotonic() - started
+            reporter.finish()
+    return report
+
+
+class StalePart(ArchiveError):
+    """A part refers to payloads the store no longer holds: it must be written again."""
+
+
+@dataclass
+class CommitReport:
+    """What :func:`commit_parts` did: parts committed (``(run, part, tensors added)``),
+    parts refused (``(manifest path, reason)``) and unfinished part directories seen."""
+
+    committed: list[tuple[str, str, int]] = field(default_factory=list)
+    refused: list[tuple[str, str]] = field(default_factory=list)
+    unfinished: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True if no manifest was refused."""
+        return not self.refused
+
+
+def _validate(directory: Path, columns: dict[str, set[str]]) -> dict:
+    """The manifest of ``directory`` if every fragment is there, whole and of a known table;
+    raises ArchiveError naming the file and what is wrong."""
+    path = directory / MANIFEST
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ArchiveError(f"{path}: unreadable manifest: {exc}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise ArchiveError(f"{path}: not a {FORMAT} manifest")
+    for key in ("run", "part", "runs_row", "fragments"):
+        if key not in manifest:
+            raise ArchiveError(f"{path}: manifest lacks {key!r}")
+    if run_key(str(manifest["run"])) != directory.parent.name or manifest["part"] != directory.name:
+        raise ArchiveError(f"{path}: names run {manifest['run']!r} part {manifest['part']!r}, not this directory")
+    for f in manifest["fragments"]:
+        name, table = str(f.get("file", "")), f.get("table")
+        if not _FRAGMENT_RE.match(name) or table not in _TABLES:
+            raise ArchiveError(f"{path}: fragment {name!r} of table {table!r} is not one dumpdb writes")
+        frag = directory / name
+        if not frag.is_file() or frag.stat().st_size != f.get("bytes"):
+            raise ArchiveError(f"{frag}: missing or not {f.get('bytes')} bytes as the manifest says")
+        if _sha256(frag) != f.get("sha256"):
+            raise ArchiveError(f"{frag}: sha256 differs from the manifest (damaged or replaced)")
+        meta = pq.read_metadata(frag)
+        if meta.num_rows != f.get("rows"):
+            raise ArchiveError(f"{frag}: {meta.num_rows} rows, the manifest says {f.get('rows')}")
+        extra = set(meta.schema.to_arrow_schema().names) - columns[table]
+        if extra:
+            raise ArchiveError(f"{frag}: columns {sorted(extra)} are not in the catalog's {table}")
+    return manifest
+
+
+def _commit_part(con, directory: Path, manifest: dict) -> int:
+    run = manifest["run"]
+    row = manifest["runs_row"]
+    if con.execute("SELECT count(*) FROM runs WHERE run = ?", [run]).fetchall()[0][0] == 0:
+        cols = ["run", "source_path", "layout", "framework", "framework_version", "device_target",
+                "dump_config", "metadata"]
+        con.execute(f"INSERT INTO runs ({', '.join(cols)}, status, ingest_started, dumpdb_version) "
+                    f"VALUES ({', '.join('?' * len(cols))}, 'ingesting', ?, ?)",
+                    [row.get(c) for c in cols] + [datetime.now(), __version__])
+    elif row.get("metadata"):  # each node read its own ranks' metadata files: the run has them all
+        (old,) = con.execute("SELECT metadata FROM runs WHERE run = ?", [run]).fetchall()[0]
+        merged = {**(json.loads(old) if old else {}), **json.loads(row["metadata"])}
+        con.execute("UPDATE runs SET metadata = ? WHERE run = ?", [json.dumps(merged, default=str), run])
+    before = con.execute("SELECT count(*) FROM tensors WHERE run = ?", [run]).fetchall()[0][0]
+    order = {t: i for i, t in enumerate(("arrays", "blobs", "tensors", "ingest_errors"))}
+    for f in sorted(manifest["fragments"], key=lambda f: (order.get(f["table"], 9), f["file"])):
+        table, rows = f["table"], pq.read_table(directory / f["file"])
+        if table in ("arrays", "blobs"):  # a payload stored twice: the first row committed stays
+            insert_arrow(con, table, rows, ignore_conflicts=True)
+            continue
+        name = "_dumpdb_part"
+        con.register(name, rows)
+        try:
+            cols = ", ".join(f'"{c}"' for c in rows.column_names)
+            if table == "tensors":
+                con.execute(f"INSERT INTO tensors BY NAME SELECT nextval('tensor_id_seq') AS tensor_id, * "
+                            f"FROM {name} WHERE tensor_key NOT IN (SELECT tensor_key FROM tensors WHERE run = ?)",
+                            [run])
+            else:  # relations and errors: rows already there (a commit that died after COMMIT) are skipped
+                con.execute(f"INSERT INTO {table} ({cols}) SELECT {cols} FROM {name} "
+                            f"EXCEPT ALL SELECT {cols} FROM {table} WHERE run = ?", [run])
+        finally:
+            con.unregister(name)
+    # A payload the worker deduplicated against (its snapshot) must still be stored: gc may
+    # have removed a dead run's payloads between the worker's end and this commit.
+    missing = con.execute("SELECT count(DISTINCT t.content_hash) FROM tensors t LEFT JOIN blobs b "
+                          "USING (content_hash) WHERE t.run = ? AND t.content_hash IS NOT NULL "
+                          "AND b.content_hash IS NULL", [run]).fetchall()[0][0]
+    if missing:
+        raise StalePart(f"{directory / MANIFEST}: {missing} payload(s) the part deduplicated against were "
+                        "removed (gc) before this commit; run its ingest-worker again")
+    after = con.execute("SELECT count(*) FROM tensors WHERE run = ?", [run]).fetchall()[0][0]
+    failed = con.execute("SELECT count(*) FROM ingest_errors WHERE run = ?", [run]).fetchall()[0][0]
+    con.execute("UPDATE runs SET status = ?, ingest_finished = ? WHERE run = ?",
+                ["complete_with_errors" if failed else "complete", datetime.now(), run])
+    return after - before
+
+
+def commit_parts(archive: str | os.PathLike, run: str | None = None, *,
+                 lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+                 on_wait: Callable[[str], None] | None = None) -> CommitReport:
+    """Commit every finished part under ``archive/parts`` (only run ``run``'s if given), one
+    DuckDB transaction per part, then remove its directory (protocol: module docstring).
+
+    Creates an empty archive at ``archive`` if there is none (so workers can start). A part
+    whose manifest does not validate is refused (named in ``CommitReport.refused``) and
+    left in place; the others are committed. Raises
+    :class:`~dumpdb.errors.ArchiveError` if the archive cannot be written.
+    """
+    archive = Path(archive)
+    pl.open_for_write(archive)
+    catalog = Catalog(archive / CATALOG, lock_timeout=lock_timeout, on_wait=on_wait)
+    catalog.check(writable=True)
+    report = CommitReport()
+    root = archive / PARTS
+    columns = {t: set(schema.arrow_schema(t).names) for t in _TABLES}
+    runs = [root / run_key(run)] if run is not None else sorted(p for p in root.glob("*") if p.is_dir())
+    with store_lock(archive, SHARED, "commit of ingest parts", timeout=lock_timeout, on_wait=on_wait):
+        for run_dir in runs:
+            for directory in sorted(p for p in run_dir.glob("*") if p.is_dir()):
+                if not (directory / MANIFEST).is_file():
+                    report.unfinished.append(str(directory))
+                    continue
+                try:
+                    manifest = _validate(directory, columns)
+                except ArchiveError as exc:
+                    report.refused.append((str(directory / MANIFEST), str(exc)))
+                    continue
+                try:
+                    with catalog.writer() as con:  # rolled back if the part is stale
+                        added = _commit_part(con, directory, manifest)
+                except StalePart as exc:
+                    # the same ingest-worker command writes the part again (no manifest: unfinished)
+                    (directory / MANIFEST).unlink()
+                    report.refused.append((str(directory / MANIFEST), str(exc)))
+                    continue
+                report.committed.append((manifest["run"], manifest["part"], added))
+                shutil.rmtree(directory)  # committed: a crash before this, and the next commit adds nothing
+            if run_dir.is_dir() and not any(run_dir.iterdir()):
+                run_dir.rmdir()
+    return report

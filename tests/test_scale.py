@@ -1,0 +1,314 @@
+"""Issue 12 (scale-out): statistics csv streamed as Arrow batches, progressive commits.
+
+Every test compares two code paths of dumpdb (or the catalog against the csv we wrote),
+never a figure computed by the code under test.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import pytest
+from conftest import ms_case
+
+import dumpdb
+from dumpdb.ingestion import pipeline
+from dumpdb.progress import Reporter
+
+REPO = Path(__file__).resolve().parents[1]
+IT = Path("rank_0") / "LeNet5" / "1" / "3"
+NAME_RE = re.compile(r"^(?P<op_type>[^.]+)\.(?P<op_name>.+)\.(?P<task>\d+)\.(?P<stream>\d+)\.(?P<ts>\d+)"
+                     r"\.(?P<io>input|output)\.(?P<slot>\d+)\.")
+HEADER = ("Op Type,Op Name,Task ID,Stream ID,Timestamp,IO,Slot,Data Size,Data Type,Shape,Max Value,Min Value,"
+          "Avg Value,Count,Negative Zero Count,Positive Zero Count,NaN Count,Negative Inf Count,"
+          "Positive Inf Count,MD5\n")
+
+
+def _stat_csv(it_dir: Path) -> tuple[str, int]:
+    """A statistic.csv naming every tensor of ``it_dir`` one microsecond later (so no file
+    claims its row) plus odd records: blank, short, long, a count that is not a count,
+    a non-ASCII digit, an empty shape, a duplicate identity. Returns (text, records)."""
+    lines = []
+    for i, p in enumerate(sorted(it_dir.glob("*.npy"))):
+        m = NAME_RE.match(p.name)
+        assert m, p.name
+        lines.append(f"{m['op_type']},{m['op_name']},{m['task']},{m['stream']},{int(m['ts']) + 1},"
+                     f"{m['io'].capitalize() if i % 2 else m['io']},{m['slot']},16,float32,\"({i + 1},2)\","
+                     f"{i * 1.5},-{i}.25,1e-3,{2 * (i + 1)},0,{i % 3},0,0,0,{format(i, '032x') if i % 4 else ''}\n")
+    lines += [
+        ",,,,,,,,,,,,,,,,,,,\n",
+        "Add,Short-op1,1,2\n",
+        "Add,Long-op2,1,2,3,output,0,16,float32,\"(2,2)\",1,0,0.5,4,0,0,0,0,0,,extra,cells\n",
+        "Add,NanCount-op3,1,2,4,output,0,16,float32,\"(2,2)\",1,0,0.5,nan,0,0,0,0,0,\n",
+        "Add,Digit-op4,\u0663,2,5,output,0,16,float32,\"(2,2)\",1,0,0.5,4,0,0,0,0,0,\n",
+        "Add,EmptyShape-op5,1,2,6,output,0,16,float32,,1,0,0.5,4,0,0,0,0,0,\n",
+        "Parameter,conv1_weight,0,0,7,output,0,16,float32,\"(6,1,5,5)\",0.3,-0.3,0,150,0,0,0,0,0,\n",
+        "Add,Dup-op6,1,2,8,output,0,16,float32,\"(2,2)\",1,0,0.5,4,0,0,0,0,0,\n",
+        "Add,Dup-op6,1,2,8,output,0,16,float32,\"(2,2)\",1,0,0.5,4,0,0,0,0,0,\n",
+    ]
+    return HEADER + "".join(lines), len(lines)
+
+
+def _rows(archive: Path, where: str = "content_hash IS NULL") -> list[dict]:
+    con = duckdb.connect(str(archive / "catalog.duckdb"), read_only=True)
+    try:
+        cols = [r[0] for r in con.execute(
+            "SELECT column_name FROM duckdb_columns() WHERE table_name = 'tensors' "
+            "AND column_name NOT IN ('tensor_id') ORDER BY column_index").fetchall()]
+        sel = ", ".join(f'"{c}"' for c in cols)
+        rows = con.execute(f"SELECT {sel} FROM tensors WHERE {where}").fetchall()
+        return sorted((dict(zip(cols, r)) for r in rows), key=repr)
+    finally:
+        con.close()
+
+
+def _errors(archive: Path) -> list[tuple]:
+    con = duckdb.connect(str(archive / "catalog.duckdb"), read_only=True)
+    try:
+        return sorted(con.execute("SELECT source_file, error FROM ingest_errors").fetchall())
+    finally:
+        con.close()
+
+
+def test_streamed_statistics_equal_the_per_entry_path(tmp_path):
+    """The same statistic.csv read beside tensor files (one TensorEntry per row) and alone
+    (streamed in Arrow batches): identical statistics-only rows and error lines."""
+    joined = tmp_path / "joined"
+    shutil.copytree(ms_case("a_tensor_all_eval"), joined)
+    text, records = _stat_csv(joined / IT)
+    (joined / IT / "statistic.csv").write_text(text, encoding="utf-8")
+    alone = tmp_path / "alone"
+    shutil.copytree(joined, alone)
+    for p in (alone / IT).glob("*.npy"):
+        p.unlink()
+    a = dumpdb.ingest(joined, tmp_path / "a", run="r")
+    b = dumpdb.ingest(alone, tmp_path / "b", run="r")
+    assert b.layout == "statistic-only" and a.layout == "mindspore-sync"
+    rows_a, rows_b = _rows(tmp_path / "a"), _rows(tmp_path / "b")
+    # every record but the blank one, the second duplicate and the empty shape (an error); the
+    # 'nan' count is an error line and its row stays without that statistic
+    assert len(rows_b) == records - 3 and b.statistics_only == len(rows_b)
+    assert rows_a == rows_b
+    assert _errors(tmp_path / "a") == _errors(tmp_path / "b") and len(_errors(tmp_path / "b")) == 2
+    # a value the csv spelled: the Parameter row, linked to the graph's parameter
+    param = [r for r in rows_b if r["op_name"] == "conv1_weight" and r["timestamp"] == 7]
+    assert len(param) == 1 and param[0]["max"] == 0.3 and param[0]["shape"] == [6, 1, 5, 5]
+
+
+def test_streamed_statistics_resume_adds_nothing_twice(tmp_path, monkeypatch):
+    dump = tmp_path / "d"
+    shutil.copytree(ms_case("a_tensor_all_eval"), dump)
+    text, _ = _stat_csv(dump / IT)
+    (dump / IT / "statistic.csv").write_text(text, encoding="utf-8")
+    for p in (dump / IT).glob("*.npy"):
+        p.unlink()
+    monkeypatch.setattr(pipeline, "STATISTIC_BATCH_BYTES", 512)  # many batches
+
+    class Stop(Reporter):
+        def __init__(self):
+            self.n = 0
+
+        def advance(self, tensors, bytes_read):
+            self.n += 1
+            if self.n == 3:
+                raise KeyboardInterrupt
+
+    first = dumpdb.ingest(dump, tmp_path / "a", run="r", reporter=Stop())
+    assert first.interrupted and 0 < first.tensors_added
+    again = dumpdb.ingest(dump, tmp_path / "a", run="r")
+    clean = dumpdb.ingest(dump, tmp_path / "c", run="r")
+    assert again.status == clean.status == "complete_with_errors"  # the odd records
+    assert first.tensors_added + again.tensors_added == clean.tensors_added
+    assert _errors(tmp_path / "a") == _errors(tmp_path / "c")
+    assert _rows(tmp_path / "a") == _rows(tmp_path / "c")
+    keys = [r["tensor_key"] for r in _rows(tmp_path / "a")]
+    assert len(keys) == len(set(keys))
+
+
+class _Watcher(Reporter):
+    """Counts the run's committed tensors from a separate read-only connection each time
+    the ingest reports progress (the ingest holds no connection between commits)."""
+
+    def __init__(self, archive: Path):
+        self.archive = archive
+        self.seen: list[int] = []
+
+    def advance(self, tensors, bytes_read):
+        if not (self.archive / "catalog.duckdb").exists():
+            return
+        with dumpdb.open(self.archive) as arch:
+            self.seen.append(arch.sql("SELECT count(*) AS n FROM tensors")["n"][0].as_py())
+
+
+@pytest.mark.parametrize("statistics_only", [True, False])
+def test_rows_are_visible_while_the_ingest_runs(tmp_path, monkeypatch, statistics_only):
+    dump = tmp_path / "d"
+    shutil.copytree(ms_case("a_tensor_all_eval"), dump)
+    if statistics_only:
+        text, _ = _stat_csv(dump / IT)
+        (dump / IT / "statistic.csv").write_text(text, encoding="utf-8")
+        for p in (dump / IT).glob("*.npy"):
+            p.unlink()
+        monkeypatch.setattr(pipeline, "STATISTIC_BATCH_BYTES", 512)
+    else:
+        monkeypatch.setattr(pipeline, "COMMIT_ROWS", 8)
+    watcher = _Watcher(tmp_path / "a")
+    report = dumpdb.ingest(dump, tmp_path / "a", run="r", reporter=watcher)
+    assert report.status in ("complete", "complete_with_errors") and not report.interrupted
+    partial = [n for n in watcher.seen if 0 < n < report.tensors_added]
+    assert len(set(partial)) >= 2, watcher.seen  # the committed part grew while it ran
+    assert watcher.seen == sorted(watcher.seen)
+
+
+# -- the same catalog whatever runs the workers -------------------------------------------------
+_VOLATILE = {"tensor_id", "ingest_started", "ingest_finished", "time", "array_path", "created_at", "applied_at"}
+
+
+def _catalog(archive: Path) -> dict[str, list]:
+    """Every table of the catalog, rows sorted, without ingestion ids/times and without where a
+    payload sits in the store (pack names are random); payload hashes are kept."""
+    con = duckdb.connect(str(archive / "catalog.duckdb"), read_only=True)
+    try:
+        out = {}
+        tables = [t for (t,) in con.execute(
+            "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main' ORDER BY 1").fetchall()]
+        for t in tables:
+            cols = [c for (c,) in con.execute(
+                "SELECT column_name FROM duckdb_columns() WHERE table_name = ? AND schema_name = 'main' "
+                "ORDER BY column_index", [t]).fetchall() if c not in _VOLATILE]
+            sel = ", ".join(f'"{c}"' for c in cols)
+            out[t] = sorted(repr(r) for r in con.execute(f"SELECT {sel} FROM {t}").fetchall())
+        return out
+    finally:
+        con.close()
+
+
+def _payloads(archive: Path) -> dict[str, bytes]:
+    """content hash -> the bytes read back through the archive, for every stored payload."""
+    with dumpdb.open(archive) as arch:
+        ids = arch.sql("SELECT min(tensor_id) AS id, content_hash FROM tensors "
+                       "WHERE content_hash IS NOT NULL GROUP BY content_hash").to_pylist()
+        return {r["content_hash"]: arch.tensor(r["id"]).tobytes() for r in ids}
+
+
+class _Counting(Reporter):
+    def __init__(self):
+        self.advanced: list[int] = []
+
+    @property
+    def files(self) -> int:
+        return len(self.advanced)
+
+    @property
+    def bytes(self) -> int:
+        return sum(self.advanced)
+
+    def advance(self, tensors, bytes_read):
+        self.advanced.append(bytes_read)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("dump", [
+    ms_case("a_tensor_all_eval"),
+    Path(__file__).parent / "data" / "msprobe" / "statistics_mix_2rank_gloo",
+    Path(__file__).parent / "data" / "msprobe" / "tensor_mix",
+], ids=["mindspore", "msprobe-statistics", "msprobe-tensors"])
+def test_same_catalog_for_any_workers_and_dask(tmp_path, monkeypatch, dump):
+    from dumpdb.ingestion import workers
+    monkeypatch.setattr(workers, "BATCH_FILES", 3)  # many batches, interleaved on the workers
+    one = dumpdb.ingest(dump, tmp_path / "w1", run="r", workers=1)
+    two = dumpdb.ingest(dump, tmp_path / "w2", run="r", workers=2)
+    progress = _Counting()
+    local = dumpdb.ingest(dump, tmp_path / "dask", run="r", workers=2, scheduler="local", reporter=progress)
+    assert one.tensors_added > 0 and one.status == two.status == local.status
+    # progress of the Dask tasks reached the reporter (the CLI's bar), one advance per tensor file
+    assert progress.files == local.tensors_in_dump and progress.bytes == local.bytes_read
+    reference = _catalog(tmp_path / "w1")
+    assert _catalog(tmp_path / "w2") == reference
+    assert _catalog(tmp_path / "dask") == reference
+    payloads = _payloads(tmp_path / "w1")
+    assert _payloads(tmp_path / "w2") == payloads == _payloads(tmp_path / "dask")
+
+
+# -- many nodes, one archive ----------------------------------------------------------------------
+def _cli(*args: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    return subprocess.Popen([sys.executable, "-m", "dumpdb", *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _two_rank_dump(tmp_path: Path) -> Path:
+    """a_tensor_all_eval with its rank_0 copied as rank_1: equal payloads on two ranks, which
+    two workers store at the same time (the dedup a commit resolves)."""
+    dump = tmp_path / "two_ranks"
+    shutil.copytree(ms_case("a_tensor_all_eval"), dump)
+    shutil.copytree(dump / "rank_0", dump / "rank_1")
+    return dump
+
+
+@pytest.mark.timeout(600)
+def test_two_ingest_workers_and_one_commit_equal_one_ingest(tmp_path):
+    dump = _two_rank_dump(tmp_path)
+    single = tmp_path / "single"
+    assert dumpdb.ingest(dump, single, run="r", workers=1).ok
+    nodes = []
+    for rank in (0, 1):  # each node sees only its own rank
+        node = tmp_path / f"node{rank}" / "two_ranks"
+        shutil.copytree(dump, node)
+        shutil.rmtree(node / f"rank_{1 - rank}")
+        nodes.append(node)
+    shared = tmp_path / "shared"
+    created = _cli("commit", "--archive", str(shared))  # an empty archive to start from
+    assert created.wait(timeout=120) == 0, created.stderr.read()
+    workers = [_cli("ingest-worker", str(node), "--archive", str(shared), "--part", f"node{i}", "--run", "r",
+                    "--workers", "2", "-q") for i, node in enumerate(nodes)]
+    for w in workers:
+        assert w.wait(timeout=300) == 0, w.stderr.read()
+    with dumpdb.open(shared) as arch:  # nothing in the catalog until the commit
+        assert arch.sql("SELECT count(*) AS n FROM tensors")["n"][0].as_py() == 0
+    commit = _cli("commit", "--archive", str(shared))
+    assert commit.wait(timeout=300) == 0, commit.stderr.read()
+    assert "part 'node0'" in commit.stderr.read()
+    got, want = _catalog(shared), _catalog(single)
+    for name in ("arrays",):  # both workers stored the shared payloads: extra packs, left for gc
+        got.pop(name), want.pop(name)
+    got["blobs"] = sorted(_blob_identity(shared))
+    want["blobs"] = sorted(_blob_identity(single))
+    got["runs"] = [r.replace(str(nodes[0]), str(dump)).replace(str(nodes[1]), str(dump)) for r in got["runs"]]
+    assert got == want
+    assert _payloads(shared) == _payloads(single)
+    again = _cli("commit", "--archive", str(shared))
+    assert again.wait(timeout=120) == 0 and "nothing to commit" in again.stderr.read()
+    assert dumpdb.open(shared).verify().ok
+    gc = _cli("gc", "--archive", str(shared), "--grace", "0")
+    assert gc.wait(timeout=300) == 0, gc.stderr.read()
+    assert _payloads(shared) == _payloads(single) and dumpdb.open(shared).verify().ok
+
+
+def _blob_identity(archive: Path) -> list[tuple]:
+    con = duckdb.connect(str(archive / "catalog.duckdb"), read_only=True)
+    try:
+        return con.execute("SELECT content_hash, nbytes, elem_count, first_run FROM blobs").fetchall()
+    finally:
+        con.close()
+
+
+def test_commit_refuses_a_damaged_part_and_names_it(tmp_path):
+    dump = ms_case("a_tensor_all_eval")
+    shared = tmp_path / "shared"
+    from dumpdb.ingestion.parts import commit_parts, ingest_worker, part_dir
+    commit_parts(shared)
+    assert ingest_worker(dump, shared, "n0", "r").status == "written"
+    assert ingest_worker(dump, shared, "n0", "r").status == "already written"
+    frag = sorted(part_dir(shared, "r", "n0").glob("tensors-*.parquet"))[0]
+    frag.write_bytes(frag.read_bytes()[:-1] + b"\0")
+    report = commit_parts(shared)
+    assert not report.ok and "sha256 differs" in report.refused[0][1] and str(frag) in report.refused[0][1]
+    with dumpdb.open(shared) as arch:
+        assert arch.sql("SELECT count(*) AS n FROM tensors")["n"][0].as_py() == 0

@@ -8,7 +8,7 @@ import math
 from conftest import ms_case
 
 import dumpdb
-import dumpdb.ingestion.pipeline as pipeline
+import dumpdb.ingestion.workers as workers  # statistics are computed in the worker function (load_entry)
 from dumpdb.stats import STAT_COLUMNS
 
 
@@ -27,8 +27,8 @@ def test_a_second_run_of_stored_payloads_computes_no_statistics_and_gets_the_sam
     case = ms_case("e1_nan_inf_overflow")  # NaN and inf statistics too
     assert dumpdb.ingest(case, archive=archive, run="first").ok
     calls = []
-    real = pipeline.compute_stats
-    monkeypatch.setattr(pipeline, "compute_stats", lambda array: calls.append(array.dtype) or real(array))
+    real = workers.compute_stats
+    monkeypatch.setattr(workers, "compute_stats", lambda array: calls.append(array.dtype) or real(array))
     report = dumpdb.ingest(case, archive=archive, run="second")
     assert report.ok and report.tensors_added > 0
     assert calls == []  # every payload was stored already: nothing computed
@@ -46,8 +46,8 @@ def test_new_payloads_still_get_their_statistics_computed(tmp_path, monkeypatch)
     archive = tmp_path / "a.dumpdb"
     assert dumpdb.ingest(ms_case("c1_inputs_kernels_iter"), archive=archive, run="c1").ok
     calls = []
-    real = pipeline.compute_stats
-    monkeypatch.setattr(pipeline, "compute_stats", lambda array: calls.append(1) or real(array))
+    real = workers.compute_stats
+    monkeypatch.setattr(workers, "compute_stats", lambda array: calls.append(1) or real(array))
     assert dumpdb.ingest(ms_case("f_long_names"), archive=archive, run="f").ok
     a = dumpdb.open(archive)
     fresh = a.sql("""SELECT count(DISTINCT (content_hash, dtype)) AS n FROM tensors WHERE run = 'f'

@@ -46,7 +46,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dumpdb import __version__
-from dumpdb.archive import CATALOG, STORE, check_marker, is_archive
+from dumpdb.archive import CATALOG, check_marker, is_archive, open_tensor_store
 from dumpdb.catalog import DEFAULT_LOCK_TIMEOUT, Catalog, insert_arrow, schema
 from dumpdb.catalog.locks import SHARED, store_lock
 from dumpdb.dumpio import confine
@@ -56,7 +56,6 @@ from dumpdb.ingestion.ranges import check_ranges
 from dumpdb.layouts import Layout, TensorEntry, locate
 from dumpdb.progress import Reporter
 from dumpdb.storage.payloads import array_table, blob_table
-from dumpdb.storage.store import TensorStore
 
 PARTS = "parts"
 MANIFEST = "manifest.json"
@@ -232,7 +231,7 @@ def ingest_worker(
         scan = lay.scan(found.path)
         check_ranges(scan, pl.TENSOR_SCHEMA, pl.RELATION_SCHEMAS)
         report.tensors_in_dump = len(scan.entries)
-        pipe = PartPipeline(catalog, TensorStore(archive / STORE, read_only=False), lay, scan, report, reporter,
+        pipe = PartPipeline(catalog, open_tensor_store(archive, False), lay, scan, report, reporter,
                             min(4, (os.cpu_count() or 2) + 1), directory=directory, part=part)
         pipe.executor = pl.Executors(str(dump_dir), follow_symlinks, workers, scheduler, on_wait)
         try:
@@ -355,7 +354,7 @@ def commit_parts(archive: str | os.PathLike, run: str | None = None, *,
     :class:`~dumpdb.errors.ArchiveError` if the archive cannot be written.
     """
     archive = Path(archive)
-    pl.open_for_write(archive)
+    pl.open_for_write(archive, None, None)  # a new archive: local store (ingest --store makes an S3 one)
     catalog = Catalog(archive / CATALOG, lock_timeout=lock_timeout, on_wait=on_wait)
     catalog.check(writable=True)
     report = CommitReport()

@@ -733,7 +733,9 @@ class StoreWriter:
         try:
             locations, info = future.result()
         except Exception as exc:  # zarr's own writes (zarr.json, large shards) bypass ObjectStore.call
-            if not is_transport_error(exc):
+            # a local disk's OSError (ENOSPC, EACCES) goes up as it is: ingest names the file
+            # and says what was kept; only a remote store's failure is a StorageError here
+            if not is_transport_error(exc) or self.store.root is not None:
                 raise
             raise self.store.objects.storage_error("write an array", exc) from exc
         self._arrays.append(info)

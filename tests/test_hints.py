@@ -26,6 +26,7 @@ OPTION = re.compile(r"(?<![\w(-])--([a-z][a-z0-9]*(?:-[a-z0-9]+)*)(?![\w:-])")
 NAMED = re.compile(r"\bdumpdb ([a-z][a-z-]*)")
 FOREIGN: dict[str, str] = {
     "patience": "git diff --patience (compare/sequence.py cites the algorithm)",
+    "clients": "scripts/bench_store.py --clients (storage/remote.py and s3.py cite the measurement)",
 }
 
 

@@ -404,8 +404,9 @@ def ingest(
     layout: Optional[str] = typer.Option(None, "--layout", help="Skip auto-detection; see 'dumpdb layouts'."),
     workers: Optional[int] = typer.Option(
         None, "--workers", "-j", min=1,
-        help="Worker processes that read, hash and compute statistics (default: cores; a dump under 256 "
-             "files and 256 MB is read in-process; 1: in-process). The catalog does not depend on it."),
+        help="Worker processes that read, hash and compute statistics (default: the cores if 4 or more, else "
+             "in-process; a dump under 256 files and 256 MB is read in-process; 1: in-process). The catalog "
+             "does not depend on it."),
     scheduler: Optional[str] = typer.Option(
         None, "--scheduler", metavar="ADDRESS|local",
         help="Run the workers as tasks of the dask.distributed cluster at ADDRESS (tcp://host:8786; its "

@@ -64,6 +64,7 @@ from dumpdb.ingestion.statistics import estimate_rows, statistics_parts
 from dumpdb.ingestion.stored_stats import StoredStats
 from dumpdb.ingestion.workers import (
     PROCESS_MIN_BYTES,
+    PROCESS_MIN_CORES,
     PROCESS_MIN_FILES,
     Loaded,
     LoadTask,
@@ -249,8 +250,8 @@ def ingest(
     endpoint, credentials... over the ``AWS_*`` environment (:mod:`dumpdb.storage.remote`).
     StorageError when the store cannot be reached or written.
     ``workers``: worker processes that read, hash and compute statistics (default: the
-    cores; a dump under 256 files and 256 MB is then read in-process, on threads;
-    ``workers=1``: in-process). ``scheduler``: run the same worker function as tasks
+    cores when there are at least 4, else in-process threads; a dump under 256 files and
+    256 MB is read in-process; ``workers=1``: in-process). ``scheduler``: run the same worker function as tasks
     of the ``dask.distributed`` cluster at that address, or ``"local"`` for a
     ``LocalCluster`` of ``workers`` processes (needs ``dumpdb[dask]``). Either way this
     process alone stores payloads and commits rows, in dump order, so the catalog and
@@ -819,7 +820,11 @@ class _Executors:
                 yield pool
             return
         small = len(files) < PROCESS_MIN_FILES and sum(e.size or 0 for e in files) < PROCESS_MIN_BYTES
-        if self.count <= 1 or not files or (self.workers is None and small):
+        # By default processes only where cores are left beside the ingesting process, which
+        # alone compresses and commits: on 2 cores 2 worker processes ingested at 0.71x the
+        # throughput of threads here (scripts/bench_scale.py) and 1.6x the time on a 0.5 GB dump.
+        few_cores = self.count < PROCESS_MIN_CORES
+        if self.count <= 1 or not files or (self.workers is None and (small or few_cores)):
             yield None
             return
         with process_pool(min(self.count, len(files))) as pool:

@@ -39,6 +39,22 @@ def _elapsed(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
     return time.perf_counter() - t0, _cpu() - c0
 
 
+def measure(archive: Path, runs: int, env: dict[str, str]) -> tuple[float, float, float, float]:
+    """Medians over ``runs`` alternated processes, after one warm-up each: wall and CPU
+    seconds of ``dumpdb sql -a ARCHIVE "SELECT 1"`` and of python + duckdb doing the same,
+    as (cli wall, plain wall, cli CPU, plain CPU)."""
+    cli = [sys.executable, "-m", "dumpdb", "sql", "-a", str(archive), "SELECT 1"]
+    plain = [sys.executable, "-c", "import duckdb; duckdb.connect("
+             f"{str(archive / 'catalog.duckdb')!r}, read_only=True).sql('SELECT 1').fetchall()"]
+    _elapsed(cli, env), _elapsed(plain, env)  # warm the page cache
+    cli_s, plain_s = [], []
+    for _ in range(runs):
+        cli_s.append(_elapsed(cli, env))
+        plain_s.append(_elapsed(plain, env))
+    return (statistics.median(t for t, _ in cli_s), statistics.median(t for t, _ in plain_s),
+            statistics.median(u for _, u in cli_s), statistics.median(u for _, u in plain_s))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=15, help="processes of each kind (default 15)")
@@ -52,20 +68,10 @@ def main() -> None:
             subprocess.run([sys.executable, "-m", "dumpdb", "ingest", "-q", "-a", str(archive),
                             str(ROOT / "tests/data/mindspore/c1_inputs_kernels_iter")],
                            check=True, env=env, cwd=ROOT, stderr=subprocess.DEVNULL)
-        cli = [sys.executable, "-m", "dumpdb", "sql", "-a", str(archive), "SELECT 1"]
-        plain = [sys.executable, "-c", "import duckdb; duckdb.connect("
-                 f"{str(archive / 'catalog.duckdb')!r}, read_only=True).sql('SELECT 1').fetchall()"]
-        _elapsed(cli, env), _elapsed(plain, env)  # warm the page cache
-        cli_s, plain_s = [], []
-        for _ in range(args.runs):
-            cli_s.append(_elapsed(cli, env))
-            plain_s.append(_elapsed(plain, env))
-    c, p = (statistics.median(t for t, _ in cli_s), statistics.median(t for t, _ in plain_s))
-    cc, pc = (statistics.median(u for _, u in cli_s), statistics.median(u for _, u in plain_s))
+        c, p, cc, pc = measure(archive, args.runs, env)
     print(f"dumpdb sql SELECT 1: median {c * 1000:.0f} ms wall, {cc * 1000:.0f} ms CPU over {args.runs} runs")
     print(f"python + duckdb    : median {p * 1000:.0f} ms wall, {pc * 1000:.0f} ms CPU")
     print(f"ratio {c / p:.2f} wall, {cc / pc:.2f} CPU (target <= 2.5)")
-
 
 if __name__ == "__main__":
     main()

@@ -26,15 +26,14 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+from bench_cli import measure  # the CLI start-up figure, as scripts/bench_cli.py measures it
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL_MAX = 64 << 10
@@ -127,31 +126,9 @@ def bench_large(archive: Path, ids: list[int], files: dict[int, Path], repeats: 
     return rows
 
 
-def _cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
-def _elapsed(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
-    """(wall seconds, CPU seconds) of one process."""
-    t0, c0 = time.perf_counter(), _cpu()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env, cwd=ROOT)
-    return time.perf_counter() - t0, _cpu() - c0
-
-
 def bench_cli(archive: Path, runs: int) -> list[tuple[str, str]]:
     """Whole-process `dumpdb sql -a A "SELECT 1"` vs python + duckdb doing the same."""
-    env = dict(os.environ)
-    cli = [sys.executable, "-m", "dumpdb", "sql", "-a", str(archive), "SELECT 1"]
-    plain = [sys.executable, "-c", "import duckdb; duckdb.connect("
-             f"{str(archive / 'catalog.duckdb')!r}, read_only=True).sql('SELECT 1').fetchall()"]
-    _elapsed(cli, env), _elapsed(plain, env)
-    cli_s, plain_s = [], []
-    for _ in range(runs):
-        cli_s.append(_elapsed(cli, env))
-        plain_s.append(_elapsed(plain, env))
-    c, p = statistics.median(w for w, _ in cli_s), statistics.median(w for w, _ in plain_s)
-    cc, pc = statistics.median(u for _, u in cli_s), statistics.median(u for _, u in plain_s)
+    c, p, cc, pc = measure(archive, runs, dict(os.environ))
     return [("cli sql SELECT 1", f"{ms(c)} wall, {ms(cc)} CPU (median of {runs})"),
             ("python + duckdb", f"{ms(p)} wall, {ms(pc)} CPU"),
             ("cli / duckdb", f"{c / p:.2f}x wall, {cc / pc:.2f}x CPU   target <= 2.5: {'PASS' if c / p <= 2.5 else 'MISS'}")]

@@ -47,7 +47,7 @@ from dumpdb import __version__
 from dumpdb.archival import bundle_check as chk
 from dumpdb.archival import bundle_readme
 from dumpdb.catalog import insert_arrow, latest_version, schema
-from dumpdb.catalog.locks import SHARED, archive_lock
+from dumpdb.catalog.locks import SHARED, archive_lock, pid_alive
 from dumpdb.errors import BundleError, DumpdbError, PayloadCorrupt, PayloadMissing
 
 FORMAT = "dumpdb-bundle"
@@ -182,15 +182,9 @@ def _remove_dead_exports(parent: Path | None) -> None:
     power cut): ``.dumpdb-export-<pid>-*`` beside the target whose pid is not running."""
     for path in (parent or Path(tempfile.gettempdir())).glob(f"{EXPORT_PREFIX}*"):
         pid = path.name[len(EXPORT_PREFIX):].split("-", 1)[0]
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            os.kill(int(pid), 0)
-            continue  # still running: another export's work
-        except ProcessLookupError:
-            shutil.rmtree(path, ignore_errors=True)
-        except (PermissionError, OverflowError):
-            continue
+        if not pid.isdigit() or int(pid) == os.getpid() or pid_alive(int(pid)):
+            continue  # ours, or another running export's work
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _checked_archive_payload(archive, runs: list[str], content_hash: str, array_path: str | None,

@@ -33,10 +33,12 @@ SHARED = "shared"
 EXCLUSIVE = "exclusive"
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """True if a process ``pid`` exists on this machine (one of another user counts;
+    a pid beyond the kernel's range does not)."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):
         return False
     except PermissionError:
         return True
@@ -55,7 +57,7 @@ def holders(archive: Path) -> list[dict]:
             since = datetime.fromisoformat(record["since"])
         except (OSError, ValueError, KeyError, TypeError):
             continue  # being written or removed right now
-        if not _pid_alive(pid):
+        if not pid_alive(pid):
             continue  # left by a killed process; its flock is gone with it
         found.append({**record, "age": max(0.0, (now - since).total_seconds())})
     return found
@@ -149,7 +151,7 @@ def _drop_dead_records(folder: Path) -> None:
             pid = int(path.name.split("-", 1)[0])
         except ValueError:
             continue
-        if pid != os.getpid() and not _pid_alive(pid):
+        if pid != os.getpid() and not pid_alive(pid):
             path.unlink(missing_ok=True)
 
 

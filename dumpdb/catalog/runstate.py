@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from dumpdb.catalog.locks import pid_alive
+
 
 def run_lock_path(archive: str | os.PathLike, run: str) -> Path:
     """The per-run ingest lock file of ``run``: ``ARCHIVE/locks/run-<sha1(run)[:16]>.lock``."""
@@ -63,7 +65,7 @@ def ingest_process(archive: str | os.PathLike, run: str) -> IngestProcess | None
         raw = os.pread(fd, 32, 0).decode(errors="replace").strip()
         pid = int(raw) if raw.isdigit() else None
         last_seen = datetime.fromtimestamp(os.fstat(fd).st_mtime)
-        if pid is not None and not _pid_alive(pid):
+        if pid is not None and not pid_alive(pid):
             return IngestProcess(pid, False, last_seen)  # certain, and no probe that could race a new ingest
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
@@ -73,16 +75,6 @@ def ingest_process(archive: str | os.PathLike, run: str) -> IngestProcess | None
         return IngestProcess(pid, False, last_seen)
     finally:
         os.close(fd)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def complete_command(run: str, source_path: str, archive: str | os.PathLike | None = None) -> str:

@@ -46,6 +46,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dumpdb import __version__
+from dumpdb.archival.bundle_check import sha256
 from dumpdb.archive import CATALOG, check_marker, is_archive, open_tensor_store
 from dumpdb.catalog import DEFAULT_LOCK_TIMEOUT, Catalog, insert_arrow, schema
 from dumpdb.catalog.locks import SHARED, store_lock
@@ -55,6 +56,7 @@ from dumpdb.ingestion import pipeline as pl
 from dumpdb.ingestion.ranges import check_ranges
 from dumpdb.layouts import Layout, TensorEntry, locate
 from dumpdb.progress import Reporter
+from dumpdb.storage.local import durable_put
 from dumpdb.storage.payloads import array_table, blob_table
 
 PARTS = "parts"
@@ -73,28 +75,6 @@ def run_key(run: str) -> str:
 def part_dir(archive: Path, run: str, part: str) -> Path:
     """Where ingest-worker writes part ``part`` of ``run``."""
     return Path(archive) / PARTS / run_key(run) / part
-
-
-def _durable_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 class PartPipeline(pl.Pipeline):
@@ -128,7 +108,7 @@ class PartPipeline(pl.Pipeline):
         sink = pa.BufferOutputStream()
         pq.write_table(rows, sink)
         data = sink.getvalue().to_pybytes()
-        _durable_write(path, data)
+        durable_put(path, [data], path.parent)  # fsynced, renamed into place
         self.fragments.append({"file": path.name, "table": table, "rows": rows.num_rows, "bytes": len(data),
                                "sha256": hashlib.sha256(data).hexdigest()})
 
@@ -174,7 +154,7 @@ class PartPipeline(pl.Pipeline):
                          "metadata": json.dumps(scan.metadata, default=str) if scan.metadata else None},
             "tensors": report.tensors_added, "errors": len(report.errors), "fragments": self.fragments,
         }
-        _durable_write(self.directory / MANIFEST, json.dumps(manifest, indent=1).encode())
+        durable_put(self.directory / MANIFEST, [json.dumps(manifest, indent=1).encode()], self.directory)
         report.status = "written"
 
 
@@ -283,7 +263,7 @@ def _validate(directory: Path, columns: dict[str, set[str]]) -> dict:
         frag = directory / name
         if not frag.is_file() or frag.stat().st_size != f.get("bytes"):
             raise ArchiveError(f"{frag}: missing or not {f.get('bytes')} bytes as the manifest says")
-        if _sha256(frag) != f.get("sha256"):
+        if sha256(frag) != f.get("sha256"):
             raise ArchiveError(f"{frag}: sha256 differs from the manifest (damaged or replaced)")
         meta = pq.read_metadata(frag)
         if meta.num_rows != f.get("rows"):

@@ -194,6 +194,13 @@ FROM tensors t LEFT JOIN blobs b ON b.content_hash = t.content_hash
 """
 
 
+def lock_down(con: duckdb.DuckDBPyConnection) -> None:
+    """Sandbox a query connection (README "Safety"): no file or network access from SQL
+    (``COPY ... TO``, ``read_csv``, ``ATTACH`` refused) and no ``SET`` to undo it."""
+    con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")
+
+
 class Archive:
     """An open archive. Create with :func:`dumpdb.open`.
 
@@ -379,8 +386,7 @@ class Archive:
                         lambda: f"{self.catalog.path}: catalog is locked by another process: {holder}; "  # noqa: B023
                                 f"gave up after {self.catalog.lock_timeout:g} s (--wait SECONDS waits longer)")
             con.execute("USE catalog")
-            con.execute("SET enable_external_access = false")
-            con.execute("SET lock_configuration = true")
+            lock_down(con)
         except BaseException:
             con.close()
             raise

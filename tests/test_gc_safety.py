@@ -49,18 +49,20 @@ def _lines(proc, q):
     q.put(None)
 
 
-def test_gc_loop_during_deduplicating_ingest_loses_nothing(tmp_path):
+def _ingest_under_gc_loop(tmp_path, **ingest_options):
+    """Ingest a dump that deduplicates against a removed run's (dead) payloads while gc runs
+    in a loop in another process; returns (dump, archive, report, lines gc printed)."""
     src = ms_case("e1_nan_inf_overflow")
     archive = tmp_path / "a.dumpdb"
     dumpdb.ingest(src, archive=archive, run="old")
     dumpdb.open(archive).remove_run("old")  # its payloads are dead now, until the twin references them
     stop, started = tmp_path / "stop", tmp_path / "started"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-c", GC_LOOP, str(archive), str(stop), str(started)], stdout=subprocess.PIPE,
-                            text=True, env=env)
+    proc = subprocess.Popen([sys.executable, "-c", GC_LOOP, str(archive), str(stop), str(started)],
+                            stdout=subprocess.PIPE, text=True, env=env)
     q: queue.Queue = queue.Queue()
     threading.Thread(target=_lines, args=(proc, q), daemon=True).start()
-    seen = []
+    seen: list[str] = []
 
     class DuringIngest(Reporter):
         def start(self, total, skipped):
@@ -76,11 +78,15 @@ def test_gc_loop_during_deduplicating_ingest_loses_nothing(tmp_path):
                     return
 
     try:
-        report = dumpdb.ingest(src, archive=archive, run="new", reporter=DuringIngest())
+        report = dumpdb.ingest(src, archive=archive, run="new", reporter=DuringIngest(), **ingest_options)
     finally:
         stop.touch()
         proc.wait(timeout=300)
-    assert report.ok and report.deduplicated > 0
+    return src, archive, report, seen
+
+
+def _new_run_reads_back_whole(src, archive) -> None:
+    """After a final gc every tensor of run 'new' reads back bit-exact and verify passes."""
     a = dumpdb.open(archive)
     a.gc()
     with a:
@@ -90,6 +96,12 @@ def test_gc_loop_during_deduplicating_ingest_loses_nothing(tmp_path):
             rows += 1
     assert rows == len(npy_files(src))
     assert a.verify().ok
+
+
+def test_gc_loop_during_deduplicating_ingest_loses_nothing(tmp_path):
+    src, archive, report, seen = _ingest_under_gc_loop(tmp_path)
+    assert report.ok and report.deduplicated > 0
+    _new_run_reads_back_whole(src, archive)
     # and it was the store lock that did it: gc said it waited (for this ingest, or for whoever
     # was queued for the lock when it asked)
     assert any("in use by" in line for line in seen if line.startswith("WAIT")), seen
@@ -204,42 +216,9 @@ def test_rm_prune_import_ingest_wait_for_gc_and_say_so(tmp_path):
 @pytest.mark.parametrize("workers", [1, 2])
 def test_gc_loop_during_ingest_with_workers_loses_nothing(tmp_path, workers):
     """The race above with the reading done by worker processes (issue 12)."""
-    src = ms_case("e1_nan_inf_overflow")
-    archive = tmp_path / "a.dumpdb"
-    dumpdb.ingest(src, archive=archive, run="old")
-    dumpdb.open(archive).remove_run("old")
-    stop, started = tmp_path / "stop", tmp_path / "started"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-c", GC_LOOP, str(archive), str(stop), str(started)],
-                            stdout=subprocess.PIPE, text=True, env=env)
-    q: queue.Queue = queue.Queue()
-    threading.Thread(target=_lines, args=(proc, q), daemon=True).start()
-    seen = []
-
-    class DuringIngest(Reporter):
-        def start(self, total, skipped):
-            started.touch()
-            while True:
-                line = q.get(timeout=120)
-                assert line is not None, seen
-                seen.append(line)
-                if line == "GC after-start" or (line.startswith("WAIT") and "in use by" in line):
-                    return
-
-    try:
-        report = dumpdb.ingest(src, archive=archive, run="new", reporter=DuringIngest(), workers=workers)
-    finally:
-        stop.touch()
-        proc.wait(timeout=300)
+    src, archive, report, _ = _ingest_under_gc_loop(tmp_path, workers=workers)
     assert report.ok and report.deduplicated > 0
-    a = dumpdb.open(archive)
-    a.gc()
-    with a:
-        rows = 0
-        for row, array in a.tensors("SELECT tensor_id, source_file FROM tensors WHERE run = 'new'"):
-            assert array is not None and array.tobytes() == npy_payload(src / row["source_file"])[2]
-            rows += 1
-    assert rows == len(npy_files(src)) and a.verify().ok
+    _new_run_reads_back_whole(src, archive)
 
 
 def test_gc_between_ingest_worker_and_commit_loses_nothing(tmp_path):

@@ -32,7 +32,7 @@ from typing import Any
 import duckdb
 
 from dumpdb.archival import bundle_check as chk
-from dumpdb.archive import Archive
+from dumpdb.archive import Archive, lock_down
 from dumpdb.catalog.locations import LocationIndex
 from dumpdb.errors import ArchiveError, BundleError, DumpdbError, PayloadMissing, StorageError
 from dumpdb.storage import remote
@@ -230,8 +230,7 @@ class BundleArchive(Archive):
                 con.register(f"_{name}_arrow", dataset)
                 con.execute(f'CREATE VIEW "{name}" AS SELECT * FROM "_{name}_arrow"')
             if sandbox:
-                con.execute("SET enable_external_access = false")
-                con.execute("SET lock_configuration = true")
+                lock_down(con)
         except BaseException:
             con.close()
             raise

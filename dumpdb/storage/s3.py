@@ -61,6 +61,8 @@ class RemoteObjectStore(zarr.storage.ObjectStore):
         return self.url or super().__str__()
 
     def with_read_only(self, read_only: bool = False) -> RemoteObjectStore:
+        """This store (same client, URL and multipart settings) opened ``read_only`` or not
+        (zarr's ``Store.with_read_only``)."""
         other = RemoteObjectStore(self.store, read_only=read_only)
         other.url, other.multipart = self.url, self.multipart
         return other

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -194,6 +195,28 @@ FROM tensors t LEFT JOIN blobs b ON b.content_hash = t.content_hash
 """
 
 
+def _sql_literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+_ATTACH_TYPES = ("ATTACH", "DETACH")
+
+
+def _refuse_attach(query: str) -> None:
+    """Refuse ATTACH/DETACH in a sandboxed query (README "Safety"): the sandbox may open
+    the catalog file itself (``allowed_paths``), so a query must not detach it and attach
+    it again writable. Unparsable SQL goes on to DuckDB, which reports the syntax error."""
+    try:
+        statements = duckdb.extract_statements(query)
+    except duckdb.Error:
+        return
+    for statement in statements:
+        kind = statement.type.name
+        if kind in _ATTACH_TYPES:
+            raise DumpdbError(f"SQL refused: {kind} is disabled: dumpdb sql reads the archive's catalog "
+                              "only (--allow-files / allow_files=True permits file access)")
+
+
 def lock_down(con: duckdb.DuckDBPyConnection) -> None:
     """Sandbox a query connection (README "Safety"): no file or network access from SQL
     (``COPY ... TO``, ``read_csv``, ``ATTACH`` refused) and no ``SET`` to undo it."""
@@ -219,6 +242,8 @@ class Archive:
         self._store: TensorStore | None = None  # opened on first tensor read: zarr costs ~0.2 s to import
         self._held: duckdb.DuckDBPyConnection | None = None
         self._held_sandbox: duckdb.DuckDBPyConnection | None = None  # sql()'s, while held
+        self._query_db: duckdb.DuckDBPyConnection | None = None  # sql()'s DuckDB instance, kept (see _sandbox)
+        self._query_lock = threading.Lock()
         self._locations: LocationIndex | None = None  # tensor_id -> payload location, loaded on first read
 
     def __repr__(self) -> str:
@@ -257,13 +282,17 @@ class Archive:
         self.close()
 
     def close(self) -> None:
-        """Release a connection held by ``with archive:`` (no-op otherwise)."""
+        """Release the connections this object keeps: the one ``with archive:`` holds and
+        the query instance :meth:`sql` keeps between calls (it holds no catalog lock)."""
         if self._held is not None:
             self._held.close()
             self._held = None
         if self._held_sandbox is not None:
             self._held_sandbox.close()
             self._held_sandbox = None
+        if self._query_db is not None:
+            self._query_db.close()
+            self._query_db = None
 
     @property
     def holding(self) -> bool:
@@ -332,6 +361,8 @@ class Archive:
     def _query(self, query: str, params: list | dict | None, allow_files: bool) -> Iterator[Any]:
         """The relation of ``query`` on a sandboxed (or, with ``allow_files``, a plain
         read-only) connection; DuckDB errors become one-line :class:`DumpdbError`."""
+        if not allow_files:
+            _refuse_attach(query)
         with (self.reader() if allow_files else self._sandbox()) as con:
             try:
                 yield con.sql(query, params=params)
@@ -348,49 +379,87 @@ class Archive:
     @contextmanager
     def _sandbox(self) -> Iterator[duckdb.DuckDBPyConnection]:
         """A private in-memory DuckDB with the catalog attached READ_ONLY as the default
-        database, then file access disabled and the configuration locked (in that
-        order: ATTACH itself is file access). Its own instance, so the settings never
-        reach other connections of this process. Waits for a catalog lock like
-        :meth:`Catalog.reader`. Kept for the whole ``with archive:`` block (a new
-        DuckDB instance costs tens of milliseconds)."""
+        database, file access disabled and the configuration locked: its own instance, so
+        the settings never reach other connections of this process.
+
+        Inside ``with archive:`` one such connection is kept for the block. Outside, the
+        instance is kept between calls (creating one costs tens of milliseconds; attaching
+        the catalog to a live one about a millisecond) and the catalog is attached for the
+        one query, then detached: no lock is held between calls, so other processes can
+        commit, and every query sees the last commit. The instance may attach only the
+        catalog and its WAL (``allowed_paths``); ``ATTACH``/``DETACH`` in a query are
+        refused before it runs (:func:`_refuse_attach`), and while the catalog is attached
+        DuckDB refuses a ``COPY ... TO`` either file. Waits for a catalog lock like
+        :meth:`Catalog.reader`."""
         if self._held is not None:
             if self._held_sandbox is None:
                 self._held_sandbox = self._open_sandbox()
             yield self._held_sandbox
             return
-        con = self._open_sandbox()
-        try:
+        with self._query_instance() as con:
             yield con
-        finally:
-            con.close()
+
+    @contextmanager
+    def _query_instance(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """The kept query instance with the catalog attached for one query (see :meth:`_sandbox`)."""
+        with self._query_lock:
+            if self._query_db is None:
+                self._query_db = self._locked_instance()
+            con = self._query_db
+            self._attach_catalog(con)
+            try:
+                yield con
+            finally:
+                try:
+                    con.execute("USE memory")
+                    con.execute("DETACH catalog")
+                except duckdb.Error:  # a broken instance: start a new one next time
+                    self._query_db = None
+                    con.close()
 
     def _open_sandbox(self) -> duckdb.DuckDBPyConnection:
-        from dumpdb.catalog.connection import is_lock_error
-        from dumpdb.catalog.waiting import Waiter, duckdb_holder
+        con = self._locked_instance()
+        try:
+            self._attach_catalog(con)
+        except BaseException:
+            con.close()
+            raise
+        return con
 
+    def _locked_instance(self) -> duckdb.DuckDBPyConnection:
+        """A new in-memory DuckDB that may open only the catalog and its WAL, with its
+        configuration locked (README "Safety")."""
         con = duckdb.connect(":memory:")
         try:
-            literal = "'" + str(self.catalog.path).replace("'", "''") + "'"
-            waiter = Waiter(self.catalog.lock_timeout, self.catalog.on_wait)
-            while True:
-                try:
-                    con.execute(f"ATTACH {literal} AS catalog (READ_ONLY)")
-                    break
-                except duckdb.Error as exc:
-                    if not is_lock_error(exc):
-                        raise ArchiveError(f"{self.catalog.path}: cannot open catalog: "
-                                           f"{str(exc).splitlines()[0]}") from exc
-                    holder = duckdb_holder(exc, self.path)
-                    waiter.again(  # another process commits: wait as Catalog.connect does
-                        lambda: f"waiting for the catalog lock held by {holder} ({waiter.limit()})",  # noqa: B023
-                        lambda: f"{self.catalog.path}: catalog is locked by another process: {holder}; "  # noqa: B023
-                                f"gave up after {self.catalog.lock_timeout:g} s (--wait SECONDS waits longer)")
-            con.execute("USE catalog")
+            paths = ", ".join(_sql_literal(f"{self.catalog.path}{suffix}") for suffix in ("", ".wal"))
+            con.execute(f"SET allowed_paths = [{paths}]")
             lock_down(con)
         except BaseException:
             con.close()
             raise
         return con
+
+    def _attach_catalog(self, con: duckdb.DuckDBPyConnection) -> None:
+        """ATTACH the catalog READ_ONLY as ``catalog`` and make it the default database,
+        waiting (``lock_timeout``) while another process holds it for writing."""
+        from dumpdb.catalog.connection import is_lock_error
+        from dumpdb.catalog.waiting import Waiter, duckdb_holder
+
+        waiter = Waiter(self.catalog.lock_timeout, self.catalog.on_wait)
+        while True:
+            try:
+                con.execute(f"ATTACH {_sql_literal(str(self.catalog.path))} AS catalog (READ_ONLY)")
+                break
+            except duckdb.Error as exc:
+                if not is_lock_error(exc):
+                    raise ArchiveError(f"{self.catalog.path}: cannot open catalog: "
+                                       f"{str(exc).splitlines()[0]}") from exc
+                holder = duckdb_holder(exc, self.path)
+                waiter.again(  # another process commits: wait as Catalog.connect does
+                    lambda: f"waiting for the catalog lock held by {holder} ({waiter.limit()})",  # noqa: B023
+                    lambda: f"{self.catalog.path}: catalog is locked by another process: {holder}; "  # noqa: B023
+                            f"gave up after {self.catalog.lock_timeout:g} s (--wait SECONDS waits longer)")
+        con.execute("USE catalog")
 
     def runs(self) -> pa.Table:
         """One row per run (in ingest order) with what happened to its tensors.

@@ -12,7 +12,10 @@ Three figures, each a ratio against a baseline timed in the same process, altern
    (target <= 2x);
 3. CLI start: ``dumpdb sql -a A "SELECT 1"`` as a whole process against
    ``python -c "import duckdb; duckdb.connect(catalog, read_only=True).sql('SELECT 1')"``
-   (target <= 2.5x).
+   (target <= 2.5x);
+4. repeated queries: p50/p99 of ``a.sql(q)`` (``q`` counts the tensors of a run) with ``a``
+   opened once (no ``with``) and inside ``with``, against the same query on a DuckDB
+   connection kept open (which, unlike ``a``, locks writers out while it is open).
 
     python scripts/bench_read.py --dump DIR [--archive A] [--samples 400] [--large 5] [--runs 11]
 
@@ -126,6 +129,30 @@ def bench_large(archive: Path, ids: list[int], files: dict[int, Path], repeats: 
     return rows
 
 
+def bench_sql(archive: Path, samples: int) -> list[tuple[str, str]]:
+    """Repeated ``a.sql()``: open-once, with-block, a kept DuckDB connection; interleaved."""
+    import duckdb
+
+    import dumpdb
+
+    query = "SELECT count(*) FROM tensors WHERE run = (SELECT min(run) FROM runs)"
+    plain, held = dumpdb.open(archive), dumpdb.open(archive)
+    kept = duckdb.connect(str(archive / "catalog.duckdb"), read_only=True)
+    sides: dict[str, list[float]] = {"open once": [], "with": [], "duckdb": []}
+    with held:
+        for _ in range(samples):
+            for name, run in (("open once", lambda: plain.sql(query)), ("with", lambda: held.sql(query)),
+                              ("duckdb", lambda: kept.sql(query).to_arrow_table())):
+                t0 = time.perf_counter()
+                run()
+                sides[name].append(time.perf_counter() - t0)
+    plain.close()
+    kept.close()
+    base = pct(sides["duckdb"], 0.99)
+    return [(f"a.sql() {name}", f"p50 {ms(pct(v, 0.5))}  p99 {ms(pct(v, 0.99))}  "
+             f"(p99 {pct(v, 0.99) / base:.1f}x the kept connection)") for name, v in sides.items()]
+
+
 def bench_cli(archive: Path, runs: int) -> list[tuple[str, str]]:
     """Whole-process `dumpdb sql -a A "SELECT 1"` vs python + duckdb doing the same."""
     c, p, cc, pc = measure(archive, runs, dict(os.environ))
@@ -135,7 +162,7 @@ def bench_cli(archive: Path, runs: int) -> list[tuple[str, str]]:
 
 
 def main() -> None:
-    """Make (or take) the archive, pick the tensors, run the three benchmarks, print the table."""
+    """Make (or take) the archive, pick the tensors, run the four benchmarks, print the table."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dump", type=Path, default=ROOT / "tests/data/mindspore/c1_inputs_kernels_iter",
                    help="dump to ingest (default: a small MindSpore case in tests/data)")
@@ -172,6 +199,7 @@ def main() -> None:
         if large:
             table += bench_large(archive, large, files, args.repeats)
         table += bench_cli(archive, args.runs)
+        table += bench_sql(archive, args.samples // 4 or 1)
     print(f"\n== dumpdb read benchmark (dumpdb from {Path(dumpdb.__file__).parent}) ==")
     print("\n".join(f"{k:<26}{v}" for k, v in table))
 

@@ -424,7 +424,9 @@ def archive(tmp_path_factory) -> Path:
     ("SELECT * FROM read_text('{secret}')", "Cannot access file"),
     ("SELECT * FROM read_csv('{secret}')", "Cannot access file"),
     ("SELECT * FROM read_parquet('{secret}')", "Cannot access file"),
-    ("ATTACH '{out}' AS other", "Cannot access file"),
+    ("ATTACH '{out}' AS other", "ATTACH is disabled"),
+    ("SELECT 1; DETACH catalog", "DETACH is disabled"),
+    ("ATTACH OR REPLACE '{catalog}' AS catalog", "ATTACH is disabled"),
     ("INSTALL httpfs", "disabled by configuration"),
     ("LOAD httpfs", "disabled through configuration"),
     ("SET enable_external_access = true", "configuration has been locked"),
@@ -434,7 +436,7 @@ def test_sql_is_sandboxed(archive, tmp_path, query, what):
     secret = tmp_path / "secret.csv"
     secret.write_text("a,b\n1,2\n")
     out = tmp_path / "out.csv"
-    q = query.format(out=out, secret=secret)
+    q = query.format(out=out, secret=secret, catalog=archive / "catalog.duckdb")
     r = invoke("sql", "--archive", archive, q)
     assert r.exit_code == 2 and "Traceback" not in r.output
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
@@ -469,6 +471,39 @@ def test_sql_sandbox_keeps_parquet_output_and_stays_read_only(archive, tmp_path)
             a.sql(f"COPY tensors TO '{tmp_path / 'held.csv'}'")
         assert a.sql("SELECT 1 AS x")["x"][0].as_py() == 1
     assert not (tmp_path / "held.csv").exists()
+
+
+def test_sql_outside_with_keeps_one_instance_holds_no_lock_and_sees_new_commits(archive, tmp_path):
+    """Between a.sql() calls the kept query instance holds no catalog lock (a writer opens
+    the catalog at once) and the next call sees what that writer committed."""
+    import shutil
+
+    import duckdb
+
+    copy = tmp_path / "a.dumpdb"
+    shutil.copytree(archive, copy)
+    a = dumpdb.open(copy)
+    try:
+        assert a.sql("SELECT count(*) AS n FROM tensors")["n"][0].as_py() == C1_TENSORS
+        instance = a._query_db
+        assert instance is not None
+        # no lock held: a writable connection opens now (DuckDB refuses one while a reader is attached)
+        con = duckdb.connect(str(copy / "catalog.duckdb"))
+        con.execute("CREATE TABLE later AS SELECT 42 AS x")
+        con.close()
+        assert a.sql("SELECT x FROM later")["x"].to_pylist() == [42]
+        assert a._query_db is instance  # the same DuckDB instance, re-attached
+        wal = copy / "catalog.duckdb.wal"
+        before = wal.read_bytes() if wal.exists() else None
+        with pytest.raises(DumpdbError, match="belongs to an attached database"):
+            a.sql(f"COPY tensors TO '{wal}'")  # the one writable path the instance may open
+        assert (wal.read_bytes() if wal.exists() else None) == before
+        with pytest.raises(DumpdbError, match="read-only"):
+            a.sql("DELETE FROM tensors")
+        assert a.sql("SELECT count(*) AS n FROM tensors")["n"][0].as_py() == C1_TENSORS
+    finally:
+        a.close()
+    assert a._query_db is None
 
 
 # -- CANN protobuf containers (ascend-async-pb) --------------------------------------------------

@@ -150,6 +150,7 @@ class BundleArchive(Archive):
         self._store = None
         self._held = None
         self._held_sandbox = None
+        self._query_db = None  # not used: each query opens the bundle's views (_query_instance)
         self._fs = None
         self._locations = None
 
@@ -255,6 +256,15 @@ class BundleArchive(Archive):
 
     def _open_sandbox(self) -> duckdb.DuckDBPyConnection:
         return self._connection(sandbox=True)
+
+    @contextmanager
+    def _query_instance(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A sandboxed connection over the bundle's views for one query (no catalog file to attach)."""
+        con = self._open_sandbox()
+        try:
+            yield con
+        finally:
+            con.close()
 
     def _refuse(self, *_args: Any, **_kwargs: Any) -> Any:
         raise ArchiveError(f"{self.url}: a bundle opened in place is read-only; import it to change it")

@@ -118,10 +118,18 @@ def test_a_short_wait_says_nothing(archive):
 
 
 def test_holder_names_dumpdb_processes_other_connections_and_unknown_pids(archive, tmp_path):
-    waiting = [sys.executable, "-c", "import sys; sys.stdin.readline()"]
-    other = subprocess.Popen(waiting, stdin=subprocess.PIPE)
-    ours = subprocess.Popen([*waiting, "dumpdb", "sql"], stdin=subprocess.PIPE)
+    (tmp_path / "w.py").write_text("import sys\nprint('ready', flush=True)\nsys.stdin.readline()\n")
+    waiting = [sys.executable, "w.py"]  # relative: the command line stays short enough to show whole
+    other = subprocess.Popen(waiting, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=tmp_path)
+    ours = subprocess.Popen([*waiting, "dumpdb", "sql"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            cwd=tmp_path)
+    long = subprocess.Popen([*waiting, "x" * 80, "dumpdb", "ingest"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, cwd=tmp_path)
     try:
+        # until a child runs its own program, /proc/PID/cmdline is still this process's
+        # (between fork and exec): wait for each to say it runs
+        for proc in (other, ours, long):
+            assert proc.stdout.readline() == "ready\n"
         def error(pid: int) -> str:
             return f'IO Error: Could not set lock on file "x": Conflicting lock is held in /usr/bin/python3 (PID {pid}).'
 
@@ -129,10 +137,14 @@ def test_holder_names_dumpdb_processes_other_connections_and_unknown_pids(archiv
         assert duckdb_holder(error(ours.pid), archive).startswith(f"dumpdb process (pid {ours.pid}: ")
         assert "dumpdb sql" in duckdb_holder(error(ours.pid), archive)
         assert duckdb_holder("IO Error: Could not set lock on file", archive) == "another DuckDB connection"
+        # "dumpdb" past the shortened command line still tells a dumpdb process
+        assert duckdb_holder(error(long.pid), archive).startswith(f"dumpdb process (pid {long.pid}: ")
+        assert "dumpdb ingest" not in duckdb_holder(error(long.pid), archive)  # shown shortened
     finally:
-        for proc in (other, ours):
+        for proc in (other, ours, long):
             proc.stdin.close()
             proc.wait(timeout=BOUND)
+            proc.stdout.close()
 
 
 def test_wait_given_after_the_command_or_before_it_is_the_same(archive, holder):

@@ -61,18 +61,30 @@ class Waiter:
         return f"gives up after {self.timeout:g} s; --wait SECONDS changes it"
 
 
-def command_of(pid: int) -> str | None:
-    """The command line of process ``pid`` (from ``/proc``), shortened; None if unreadable."""
+def _args_of(pid: int) -> list[str] | None:
+    """The arguments of process ``pid`` (from ``/proc``); None if unreadable or empty."""
     try:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return None
-    args = [a.decode(errors="replace") for a in raw.split(b"\0") if a]
-    if not args:
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a] or None
+
+
+def command_of(pid: int) -> str | None:
+    """The command line of process ``pid`` (from ``/proc``), shortened to 60 characters;
+    None if unreadable."""
+    args = _args_of(pid)
+    if args is None:
         return None
-    args[0] = os.path.basename(args[0])
-    text = " ".join(args)
+    text = " ".join([os.path.basename(args[0]), *args[1:]])
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _runs_dumpdb(args: list[str] | None) -> bool:
+    """True for ``dumpdb ...`` (the console script) and ``python -m dumpdb ...``: an
+    argument that is the program itself, not one that merely names an archive
+    (``a.dumpdb``), and wherever it stands in a long command line."""
+    return args is not None and any(os.path.basename(a) == "dumpdb" for a in args)
 
 
 def _dumpdb_record(archive: Path, pid: int) -> str | None:
@@ -98,7 +110,7 @@ def duckdb_holder(error: Exception | str, archive: Path) -> str:
         return f"another DuckDB connection of this process (pid {pid})"
     command = command_of(pid)
     what = _dumpdb_record(Path(archive), pid)
-    if what is not None or (command is not None and re.search(r"\bdumpdb\b", command)):
+    if what is not None or _runs_dumpdb(_args_of(pid)):
         detail = "; ".join(x for x in (command, what) if x)
         return f"dumpdb process (pid {pid}{': ' + detail if detail else ''})"
     return f"another DuckDB connection (pid {pid}{': ' + command if command else ''})"

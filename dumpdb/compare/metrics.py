@@ -619,7 +619,8 @@ def batchable(dtype: np.dtype, shape: tuple[int, ...] | list[int]) -> bool:
 
 
 class MetricColumns:
-    """Tensor metrics of ``n`` pairs as columns (what :func:`tensor_metrics_columns` fills).
+    """Tensor metrics of ``n`` pairs as columns (what :func:`tensor_metrics_batch` returns);
+    also a sequence of ``(metrics, err_message)`` per pair, as :func:`tensor_metrics` gives.
 
     ``values[name]``: float64 array of length ``n`` per :data:`TENSOR_METRICS` name, NaN
     where :func:`tensor_metrics` gives None (a NaN metric is None there: every NaN becomes a
@@ -637,15 +638,16 @@ class MetricColumns:
             self.values[name][i] = np.nan if v is None else v
         self.message[i] = message
 
-    def rows(self) -> list[tuple[dict[str, float | None], str | None]]:
-        """One ``(metrics, err_message)`` per pair, None for NaN (as :func:`tensor_metrics`)."""
-        columns = [[None if math.isnan(v) else v for v in self.values[name].tolist()] for name in TENSOR_METRICS]
-        return [(dict(zip(TENSOR_METRICS, values)), message)
-                for values, message in zip(zip(*columns), self.message.tolist())]
+    def __len__(self) -> int:
+        return len(self.message)
+
+    def __getitem__(self, i: int) -> tuple[dict[str, float | None], str | None]:
+        """Pair ``i`` as :func:`tensor_metrics` returns it (None for NaN)."""
+        return ({name: None if math.isnan(v := float(self.values[name][i])) else v for name in TENSOR_METRICS},
+                self.message[i])
 
 
-def tensor_metrics_batch(targets: list[np.ndarray], benches: list[np.ndarray],
-                         ) -> list[tuple[dict[str, float | None], str | None]]:
+def tensor_metrics_batch(targets: list[np.ndarray], benches: list[np.ndarray]) -> MetricColumns:
     """:func:`tensor_metrics` of many (small) pairs at once: ``targets[i]`` vs ``benches[i]``.
 
     The same results as :func:`tensor_metrics` on each pair, bit for bit for pairs of at
@@ -659,17 +661,10 @@ def tensor_metrics_batch(targets: list[np.ndarray], benches: list[np.ndarray],
     :func:`batchable` (0-d, one element, complex, shapes that differ) or hold a NaN/Inf on
     either side go through :func:`tensor_metrics` one by one (its messages, its rules).
 
-    Returns one ``(metrics, err_message)`` per pair, in order (:func:`tensor_metrics_columns`
-    gives the same as columns). Raises TypeError for a non-numeric dtype (as
-    :func:`tensor_metrics`).
+    Returns a :class:`MetricColumns` (one entry per pair, in order; ``result[i]`` is pair
+    ``i``'s ``(metrics, err_message)``): no dict per pair but for the pairs computed one by
+    one. Raises TypeError for a non-numeric dtype (as :func:`tensor_metrics`).
     """
-    return tensor_metrics_columns(targets, benches).rows()
-
-
-def tensor_metrics_columns(targets: list[np.ndarray], benches: list[np.ndarray]) -> MetricColumns:
-    """:func:`tensor_metrics_batch` as columns (:class:`MetricColumns`, one entry per pair,
-    in order): no dict per pair but for the pairs computed one by one. Raises as
-    :func:`tensor_metrics_batch`."""
     if len(targets) != len(benches):
         raise ValueError("tensor_metrics_batch: targets and benches differ in length")
     out = MetricColumns(len(targets))

@@ -95,7 +95,7 @@ class Shapes:
 
     def shape(self, i: int) -> tuple[int, ...] | None:
         """Row ``i`` as a tuple (None where NULL)."""
-        return tuple(int(d) for d in self.dims[i, : self.ndim[i]]) if self.valid[i] else None
+        return tuple(self.dims[i, : self.ndim[i]].tolist()) if self.valid[i] else None
 
     def text(self, i: int) -> str:
         """Row ``i`` as the Python list prints (``[2, 3]``; ``None``), as messages show shapes."""
@@ -105,12 +105,21 @@ class Shapes:
 
 def group_codes(keys: Iterable[np.ndarray]) -> np.ndarray:
     """One int64 code per row, equal for rows equal in every key column (int64 arrays,
-    NULL already mapped to a value of its own)."""
-    stacked = np.column_stack(list(keys))
-    if stacked.shape[0] == 0:
+    NULL already mapped to a value of its own); codes number the distinct keys in sorted
+    order, 0 upwards."""
+    cols = list(keys)
+    n = len(cols[0]) if cols else 0
+    if n == 0:
         return np.zeros(0, np.int64)
-    _, inverse = np.unique(stacked, axis=0, return_inverse=True)
-    return inverse.reshape(-1).astype(np.int64)
+    order = np.lexsort(cols[::-1])
+    change = np.zeros(n, bool)
+    change[0] = True
+    for c in cols:
+        v = c[order]
+        change[1:] |= v[1:] != v[:-1]
+    codes = np.empty(n, np.int64)
+    codes[order] = np.cumsum(change) - 1
+    return codes
 
 
 def string_codes(col) -> np.ndarray:

@@ -402,10 +402,11 @@ def _pair_sides(trows: pa.Table, brows: pa.Table, pairs: pa.Table) -> tuple[pa.T
         sorter = np.argsort(have, kind="stable")
         return sorter[np.searchsorted(have, ints(wanted, -1), sorter=sorter)]
 
-    t = trows.take(positions(trows.column("tensor_id"), pairs.column("target_tensor_id")))
-    b = brows.take(positions(brows.column("tensor_id"), pairs.column("bench_tensor_id")))
-    order = execution_order(t)
-    return t.take(order), b.take(order), pairs.column("match_strategy").combine_chunks().take(order)
+    tpos = positions(trows.column("tensor_id"), pairs.column("target_tensor_id"))
+    bpos = positions(brows.column("tensor_id"), pairs.column("bench_tensor_id"))
+    keys = ["iteration", "rank", "graph_id", "position", "timestamp", "call_index", "io", "slot", "tensor_id"]
+    order = execution_order(trows.select(keys).take(tpos))
+    return trows.take(tpos[order]), brows.take(bpos[order]), pairs.column("match_strategy").combine_chunks().take(order)
 
 
 def _pool(archive, tensor_bytes: int, mode, workers: int):
@@ -631,6 +632,7 @@ class _View:
         self.err_message = res.message
         self.precision: dict[str, np.ndarray] = {}
         self._shapes: dict[str, Shapes] = {}
+        self._ops: np.ndarray | None = None
 
     def shapes(self, name: str) -> Shapes:
         if name not in self._shapes:
@@ -649,8 +651,10 @@ class _View:
 
     def op_codes(self) -> np.ndarray:
         """One code per op call: iteration, rank, graph_id, call_index, target name (NULL equal to NULL)."""
-        keys = [ints(self.context[k], _NULL_KEY) for k in ("iteration", "rank", "graph_id", "call_index")]
-        return group_codes([*keys, string_codes(self.context["target_name"])])
+        if self._ops is None:
+            keys = [ints(self.context[k], _NULL_KEY) for k in ("iteration", "rank", "graph_id", "call_index")]
+            self._ops = group_codes([*keys, string_codes(self.context["target_name"])])
+        return self._ops
 
 
 _NULL_KEY = np.iinfo(np.int64).min

@@ -527,9 +527,40 @@ def judge_precision_columns(c: Columns, rules: PrecisionRules = PrecisionRules()
     worst = np.zeros(groups)
     np.maximum.at(worst, g[inputs], np.where(err_ok, err, 0.0)[inputs])
     worst_in = np.where(has_in, worst, upstream)
-    nan_in = np.unique(g[inputs & err_ok & np.isnan(err)])
-    nan_groups = set(nan_in.tolist())
-    judged = set(g[departs].tolist()) | nan_groups
+    for k in np.unique(g[inputs & err_ok & np.isnan(err)]).tolist():  # Python's max, NaN and all
+        idx = np.flatnonzero((g == k) & inputs)
+        idx = idx[np.argsort(c.run_rank[idx], kind="stable")]
+        worst_in[k] = max((float(err[i]) if err_ok[i] else 0.0 for i in idx.tolist()), default=0.0)
+    # departing outputs: _judge_output's branches as masks (the cancellation test, which
+    # needs the op's inputs, one by one)
+    wi, before = worst_in[g], inf_before[g]
+    none = np.equal(reason, None).astype(bool)
+    dep_out = departs & c.output
+    with np.errstate(invalid="ignore"):
+        bound = rules.growth * wi + rules.margin * np.where(floor_ok, floor, 0.0)
+        b1 = dep_out & none & err_ok & (err <= bound)
+        b2 = dep_out & ~b1 & none & floor_ok & (floor == 0) & (wi > 0)
+        b3 = dep_out & ~b1 & ~b2 & err_ok & np.isinf(err) & ((wi == np.inf) | before)
+    rest = dep_out & ~b1 & ~b2 & ~b3
+    one_by_one = rest & none & has_in[g]
+    fails = rest & ~one_by_one
+    for i in np.flatnonzero(b1).tolist():
+        reason[i] = (f"error {float(err[i]):.3g} propagated: within {rules.growth:g} x the inputs' "
+                     f"{float(wi[i]):.3g} + {rules.margin:g} x floor")
+    for i in np.flatnonzero(b2).tolist():
+        reason[i] = f"exact-dtype result of inputs with error {float(wi[i]):.3g}: rounding decides its ties"
+    for i in np.flatnonzero(b3).tolist():
+        reason[i] = f"{reason[i]}: propagated from earlier nan/inf"
+    result[b1 | b2 | b3] = WARNING
+    result[fails] = ERROR
+    for i in np.flatnonzero(fails & none).tolist():
+        e1 = float(err[i]) if err_ok[i] else None
+        r1 = float(ratio[i]) if ratio_ok[i] else None
+        reason[i] = (f"departs: error {_fmt(e1)} = {_fmt(r1)} x the {low[i]} floor, "
+                     f"inputs' error {float(wi[i]):.3g}")
+    # departing inputs (producers, earlier errors) and cancellation candidates: one by one
+    one = (departs & inputs) | one_by_one
+    judged = set(g[one].tolist())
     if judged:
         order = np.argsort(c.run_rank, kind="stable")
         order = order[np.isin(g[order], np.fromiter(judged, np.int64, len(judged)))]
@@ -552,10 +583,8 @@ def judge_precision_columns(c: Columns, rules: PrecisionRules = PrecisionRules()
         producers = c.producers(needed) if needed else {}
         for k, idx in members.items():
             ins = [row(i) for i in idx if inputs[i]]
-            if k in nan_groups:  # Python's max over the inputs, NaN and all
-                worst_in[k] = max((x["scaled_err"] or 0.0 for x in ins), default=0.0)
             for i in idx:
-                if not departs[i]:
+                if not one[i]:
                     continue
                 d = row(i)
                 if inputs[i]:

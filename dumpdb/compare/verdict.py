@@ -405,6 +405,16 @@ def op_results_columns(c: Columns, thresholds: Thresholds = Thresholds()) -> tup
         acc = np.full(groups, 1.0 if smallest else 0.0)
         sel = rows & ok
         (np.minimum if smallest else np.maximum).at(acc, g[sel], v[sel])
+        # Python's min/max keep the first of equal values: the sign of a zero result is the
+        # first zero's (min) or the start value's +0.0 (max)
+        zero = np.flatnonzero(acc == 0)
+        if zero.size:
+            if smallest:
+                rows_ = np.flatnonzero(sel & (v == 0) & (acc[g] == 0))
+                ug, first = np.unique(g[rows_], return_index=True)
+                acc[ug] = v[rows_[first]]
+            else:
+                acc[zero] = 0.0
         return acc
 
     def bad(name: str) -> np.ndarray:
@@ -449,8 +459,10 @@ def op_results_columns(c: Columns, thresholds: Thresholds = Thresholds()) -> tup
     # CosineWarnChecker (tensor) / RelativeWarnChecker (statistics)
     cos_in = extreme("cosine", ~out, True)
     cos_out = extreme("cosine", out, True)
+    with np.errstate(invalid="ignore"):
+        drop = cos_in - cos_out
     hit = np.flatnonzero(tensor_group & whole & has_out & (cos_in > th.cosine_warn_input)
-                         & (cos_in - cos_out > th.cosine_warn_drop))
+                         & (drop > th.cosine_warn_drop))
     flag(first_out[hit], 1, [f"cosine drops from {float(cos_in[k]):.6g} (inputs) to {float(cos_out[k]):.6g} "
                              f"(outputs), more than {th.cosine_warn_drop:g}" for k in hit.tolist()])
     _accuracy_columns(c, np.flatnonzero(out & (tensor_group & ~has_in)[g]), th, flag)

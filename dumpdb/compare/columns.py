@@ -49,8 +49,15 @@ def floats(col) -> tuple[np.ndarray, np.ndarray]:
 
 
 def strings(col) -> np.ndarray:
-    """A string Arrow column as a numpy object array (None for NULL)."""
-    return np.array(_array(col).to_pylist(), dtype=object)
+    """A string (or other) Arrow column as a numpy object array (None for NULL); equal
+    values share one Python object (decoded once through a dictionary)."""
+    arr = _array(col)
+    if pa.types.is_null(arr.type):
+        return np.full(len(arr), None, dtype=object)
+    enc = pc.dictionary_encode(arr)
+    values = np.empty(len(enc.dictionary) + 1, dtype=object)
+    values[:-1] = enc.dictionary.to_pylist()
+    return values[pc.fill_null(enc.indices, len(enc.dictionary)).to_numpy(zero_copy_only=False)]
 
 
 def truthy(values: np.ndarray) -> np.ndarray:

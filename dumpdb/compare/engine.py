@@ -28,6 +28,18 @@ tests/test_compare_stats_sql.py, tests/test_compare_align_sql.py):
 * without a mapping, the ``exact`` strategy runs as one DuckDB query
   (:func:`~dumpdb.compare.align_sql.align_exact`) and align() only when later strategies
   have tensors left to pair.
+
+Results as columns (issue 13): the pairs stay Arrow tables from selection to stored result
+(:func:`_pair_sides`: both sides' rows in target execution order,
+:func:`~dumpdb.compare.columns.execution_order`); computed metrics land in a
+:class:`~dumpdb.compare.columns.ResultColumns` (one float64 array and validity mask per
+metric, one message array); msprobe's verdicts
+(:func:`~dumpdb.compare.verdict.op_results_columns`) and the precision rules
+(:func:`~dumpdb.compare.precision.judge_precision_columns`) run over those columns; the
+summary counts them. A dict per pair remains only where it is inherent: large pairs
+computed one at a time in the pool (and every tensor pair when a plug-in metric needs both
+arrays), and the precision rules' departing inputs and cancellation candidates
+(tests/test_compare_columns.py: the same tables as the pair-by-pair code).
 """
 
 from __future__ import annotations
@@ -353,6 +365,11 @@ def compare(archive, target: str | Selection, bench: str | Selection, *, iterati
     except ValueError as exc:
         raise DumpdbError(f"compare: {exc}") from exc
     t, b, strategy = _pair_sides(trows, brows, alignment.pairs)
+    # what the precision rules' producers need of the whole target selection; the rest goes
+    trows = trows.select(["tensor_id", "io", "content_hash", "op_name", "iteration", "rank", "graph_id", "position",
+                          "timestamp", "call_index", "slot"])
+    del brows
+    pa.default_memory_pool().release_unused()
     res = _compute(archive, t, b, mode, workers, progress)
     view = _view(t, b, strategy, res)
     view.result, view.err_message = _judge(view, thresholds)
@@ -406,7 +423,17 @@ def _pair_sides(trows: pa.Table, brows: pa.Table, pairs: pa.Table) -> tuple[pa.T
     bpos = positions(brows.column("tensor_id"), pairs.column("bench_tensor_id"))
     keys = ["iteration", "rank", "graph_id", "position", "timestamp", "call_index", "io", "slot", "tensor_id"]
     order = execution_order(trows.select(keys).take(tpos))
-    return trows.take(tpos[order]), brows.take(bpos[order]), pairs.column("match_strategy").combine_chunks().take(order)
+
+    def rows(table: pa.Table, at: np.ndarray, side: int) -> pa.Table:
+        # only the columns results and metrics read (a bench side needs few)
+        table = table.select([c for c in table.column_names if c in _SIDE_COLUMNS[side]])
+        # pairs that already come in the side's own row order (run against run): no copy
+        if at.size == table.num_rows and np.array_equal(at, np.arange(at.size)):
+            return table
+        return table.take(at)
+
+    return rows(trows, tpos[order], 0), rows(brows, bpos[order], 1), \
+        pairs.column("match_strategy").combine_chunks().take(order)
 
 
 def _pool(archive, tensor_bytes: int, mode, workers: int):
@@ -443,7 +470,8 @@ def _compute(archive, t: pa.Table, b: pa.Table, mode: str, workers, progress) ->
     pending = np.flatnonzero(tensor)
     settled = np.zeros(pending.size, bool)
     if fast and pending.size:
-        same = _identical(t.take(pending), b.take(pending))
+        cols = ["content_hash", "dtype", "shape", "stats_source", "nan_count", "pos_inf_count", "neg_inf_count"]
+        same = _identical(t.select(cols).take(pending), b.select(cols).take(pending))
         if same is not None:
             settled, metrics = same
             rows = pending[settled]
@@ -616,6 +644,13 @@ _ROW_FIELDS = (
 )
 
 
+# Columns of each side's rows the metrics and the result table read.
+_COMPUTE_COLUMNS = (*_LOC_KEYS, "tensor_id", "nbytes", "stats_source", "nan_count", "pos_inf_count", "neg_inf_count",
+                    *STATS)
+_SIDE_COLUMNS = tuple(frozenset((*_COMPUTE_COLUMNS, *(column for _, s, column in _ROW_FIELDS if s == side)))
+                      for side in (0, 1))
+
+
 class _View:
     """The pairs as result columns: ``context[name]`` (Arrow, the _ROW_FIELDS), ``strategy``,
     ``res`` (computed metrics, messages and modes), then ``result``/``err_message`` (msprobe
@@ -624,7 +659,7 @@ class _View:
     def __init__(self, t: pa.Table, b: pa.Table, strategy: pa.Array, res: ResultColumns) -> None:
         self.n = t.num_rows
         sides = (t, b)
-        self.context = {key: sides[side].column(column).combine_chunks() for key, side, column in _ROW_FIELDS}
+        self.context = {key: _one_chunk(sides[side].column(column)) for key, side, column in _ROW_FIELDS}
         self.strategy = strategy
         self.res = res
         self.mode = res.mode
@@ -658,6 +693,11 @@ class _View:
 
 
 _NULL_KEY = np.iinfo(np.int64).min
+
+
+def _one_chunk(col: pa.ChunkedArray) -> pa.Array:
+    """The column as one array (no copy when it is one chunk already)."""
+    return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
 
 
 def _view(t: pa.Table, b: pa.Table, strategy: pa.Array, res: ResultColumns) -> _View:
@@ -704,6 +744,7 @@ def _judge_precision(view: _View, trows: pa.Table, rules: PrecisionRules) -> dic
     compared = pa.array(np.unique(pair_tids))
 
     def producers(hashes: set) -> dict[str, list]:
+        hashes = hashes - {None}
         outputs = trows.filter(pc.and_(pc.fill_null(pc.equal(trows.column("io"), "output"), False),
                                        pc.is_in(trows.column("content_hash"), pa.array(sorted(hashes), pa.string()))))
         rows = ints(outputs.column("tensor_id"), -1)

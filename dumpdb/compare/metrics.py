@@ -669,8 +669,17 @@ def tensor_metrics_batch(targets: list[np.ndarray], benches: list[np.ndarray]) -
         raise ValueError("tensor_metrics_batch: targets and benches differ in length")
     out = MetricColumns(len(targets))
     groups: dict[tuple[np.dtype, np.dtype], list[int]] = {}
+    fits: dict[tuple, bool] = {}  # batchable() per (target dtype, bench dtype, shape)
+
+    def both(t: np.ndarray, b: np.ndarray) -> bool:
+        key = (t.dtype, b.dtype, t.shape)
+        found = fits.get(key)
+        if found is None:
+            found = fits[key] = batchable(t.dtype, t.shape) and batchable(b.dtype, b.shape)
+        return found
+
     for i, (t, b) in enumerate(zip(targets, benches)):
-        if t.shape == b.shape and batchable(t.dtype, t.shape) and batchable(b.dtype, b.shape):
+        if t.shape == b.shape and both(t, b):
             groups.setdefault((t.dtype, b.dtype), []).append(i)
         else:
             out.put(i, *tensor_metrics(t, b))

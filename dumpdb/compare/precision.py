@@ -51,6 +51,7 @@ they ran (dump timestamps, else execution order); ``first_departure`` is the fir
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import defaultdict
 from dataclasses import dataclass
@@ -558,8 +559,10 @@ def judge_precision_columns(c: Columns, rules: PrecisionRules = PrecisionRules()
         r1 = float(ratio[i]) if ratio_ok[i] else None
         reason[i] = (f"departs: error {_fmt(e1)} = {_fmt(r1)} x the {low[i]} floor, "
                      f"inputs' error {float(wi[i]):.3g}")
-    # departing inputs (producers, earlier errors) and cancellation candidates: one by one
-    one = (departs & inputs) | one_by_one
+    _judge_inputs_columns(c, departs & inputs, g, err, err_ok, floor_ok, floor, ratio, ratio_ok, upstream,
+                          inf_before, result, reason, origin, rules)
+    # cancellation candidates: one by one (they need their op's inputs)
+    one = one_by_one
     judged = set(g[one].tolist())
     if judged:
         order = np.argsort(c.run_rank, kind="stable")
@@ -579,20 +582,69 @@ def judge_precision_columns(c: Columns, rules: PrecisionRules = PrecisionRules()
                 rows[i] = d
             return rows[i]
 
-        needed = {c.target_content_hash[i] for i in np.flatnonzero(departs & inputs).tolist()}
-        producers = c.producers(needed) if needed else {}
         for k, idx in members.items():
             ins = [row(i) for i in idx if inputs[i]]
             for i in idx:
-                if not one[i]:
-                    continue
-                d = row(i)
-                if inputs[i]:
-                    _judge_input(d, producers, rules, float(upstream[k]), bool(inf_before[k]))
-                else:
+                if one[i]:
+                    d = row(i)
                     _judge_output(d, ins, float(worst_in[k]), bool(inf_before[k]), rules)
-                result[i], reason[i], origin[i] = d["precision_result"], d["precision_reason"], d.get("origin_op")
+                    result[i], reason[i] = d["precision_result"], d["precision_reason"]
     return out, _first_departure_columns(c, out, err_ok)
+
+
+def _judge_inputs_columns(c: Columns, rows_mask, g, err, err_ok, floor_ok, floor, ratio, ratio_ok, upstream,
+                          inf_before, result, reason, origin, rules: PrecisionRules) -> None:
+    """:func:`_judge_input` of the departing input rows ``rows_mask``, over columns: the
+    producer of each (the last target output with its content hash before it) looked up
+    per row, the branches as masks."""
+    rows = np.flatnonzero(rows_mask)
+    if not rows.size:
+        return
+    hashes = {c.target_content_hash[i] for i in rows.tolist()} - {None}
+    producers = c.producers(hashes) if hashes else {}
+    name = np.full(len(g), None, dtype=object)
+    has, compared = np.zeros(len(g), bool), np.zeros(len(g), bool)
+    if producers:
+        keys = {h: [p[0] for p in v] for h, v in producers.items()}
+        for i in rows.tolist():
+            h = c.target_content_hash[i]
+            if h in producers:
+                k = bisect.bisect_left(keys[h], int(c.order[i]))  # producers strictly before the input
+                if k:
+                    _, name[i], compared[i] = producers[h][k - 1]
+                    has[i] = True
+    up, before = upstream[g], inf_before[g]
+    none = ~truthy_mask(reason)
+    a1 = rows_mask & has & compared
+    with np.errstate(invalid="ignore"):
+        a2 = rows_mask & ~a1 & err_ok & np.isinf(err) & before
+        a3 = rows_mask & ~a1 & ~a2 & np.equal(reason, None).astype(bool) & err_ok & \
+            (err <= rules.growth * up + rules.margin * np.where(floor_ok, floor, 0.0))
+    a4 = rows_mask & ~a1 & ~a2 & ~a3
+    for i in np.flatnonzero(a1 & none).tolist():
+        reason[i] = f"input error propagated from {name[i]}"
+    for i in np.flatnonzero(a2).tolist():
+        reason[i] = f"{reason[i] or 'nan/inf'}: propagated from earlier nan/inf"
+    for i in np.flatnonzero(a3).tolist():
+        reason[i] = (f"input error {float(err[i]):.3g} within {rules.growth:g} x the largest earlier error "
+                     f"{float(up[i]):.3g}" + (f" (produced by {name[i]})" if has[i] else ""))
+    for i in np.flatnonzero(a4).tolist():
+        what = reason[i] or (f"input departs: error {_fmt(float(err[i]) if err_ok[i] else None)} = "
+                             f"{_fmt(float(ratio[i]) if ratio_ok[i] else None)} x floor")
+        if has[i]:
+            reason[i] = f"{what}; produced by {name[i]}, an op only the target has"
+            origin[i] = name[i]
+        else:
+            reason[i] = f"{what}; no compared op produced it (parameter or data input)"
+    result[a1 | a2 | a3] = WARNING
+    result[a4] = ERROR
+
+
+def truthy_mask(values: np.ndarray) -> np.ndarray:
+    """bool(v) per element of an object array."""
+    if values.size == 0:
+        return np.zeros(0, bool)
+    return np.frompyfunc(bool, 1, 1)(values).astype(bool)
 
 
 def _runs(values: np.ndarray) -> tuple[list[int], list[int]]:

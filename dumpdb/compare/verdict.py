@@ -380,8 +380,10 @@ def op_results_columns(c: Columns, thresholds: Thresholds = Thresholds()) -> tup
     first_out[ug] = out_rows[at]
     # msprobe's ignore lists by the op's name (the first input's; one name per op here)
     cache: dict = {}
-    name_class = np.fromiter((cache.setdefault(x, _name_class(x)) if isinstance(x, str) else 0
-                              for x in c.target_name), np.int8, n)
+    for x in c.target_name:
+        if x not in cache:
+            cache[x] = _name_class(x)
+    name_class = np.fromiter(map(cache.__getitem__, c.target_name), np.int8, n)
     ignore = np.zeros(groups, np.int8)
     ignore[g[~out]] = name_class[~out]
     ignore[~has_in] = 0

@@ -783,7 +783,8 @@ def _lowest_dtype(dtypes: np.ndarray) -> str | None:
 
 
 def _result_table(view: _View) -> pa.Table:
-    """The result table (_result_schema) from the view's columns."""
+    """The result table (_result_schema) from the view's columns; each numpy column is
+    dropped from the view once converted (the table and the view are not both whole)."""
     schema = _result_schema()
     n = view.n
     arrays = []
@@ -798,15 +799,16 @@ def _result_table(view: _View) -> pa.Table:
         elif name == "mode":
             arr = pa.array(view.mode, pa.string())
         elif name == "result":
-            arr = pa.array(view.result, pa.string())
+            arr, view.result = pa.array(view.result, pa.string()), None
         elif name == "err_message":
-            arr = pa.array(view.err_message, pa.string())
+            arr, view.err_message = pa.array(view.err_message, pa.string()), None
         elif name in view.res.values:
             arr = view.res.arrow(name)
+            del view.res.values[name], view.res.valid[name]
         elif name in ("scaled_err", "precision_floor", "precision_ratio"):
-            arr = pa.array(view.precision[name], pa.float64(), mask=~view.precision[f"{name}_valid"])
+            arr = pa.array(view.precision.pop(name), pa.float64(), mask=~view.precision.pop(f"{name}_valid"))
         elif name in view.precision:
-            arr = pa.array(view.precision[name], pa.string())
+            arr = pa.array(view.precision.pop(name), pa.string())
         elif name in view.context:
             arr = view.context[name]
         else:

@@ -59,7 +59,9 @@ from typing import Any
 
 import ml_dtypes
 import numpy as np
+import pyarrow as pa
 
+from dumpdb.compare.columns import group_codes, string_codes
 from dumpdb.compare.metrics import MSG_NAN_INF_MISMATCH
 
 __all__ = ["PrecisionRules", "dtype_floor", "judge_precision", "first_departure", "lowest_precision",
@@ -425,12 +427,13 @@ def _errors_columns(c: Columns) -> tuple[np.ndarray, ...]:
     floor, floor_ok = np.full(n, np.nan), np.zeros(n, bool)
     low = np.full(n, None, dtype=object)
     reason = np.full(n, None, dtype=object)
-    rules: dict = {}
-    for i, key in enumerate(zip(c.target_dtype, c.bench_dtype, c.target_dtype_declared, c.bench_dtype_declared)):
-        found = rules.get(key)
-        if found is None:
-            found = rules[key] = _dtype_rule(*key)
-        low[i], reason[i] = found
+    dtypes = (c.target_dtype, c.bench_dtype, c.target_dtype_declared, c.bench_dtype_declared)
+    if n:  # _dtype_rule once per distinct combination
+        codes = group_codes([string_codes(pa.array(col.tolist())) for col in dtypes])
+        _, first = np.unique(codes, return_index=True)
+        found = [_dtype_rule(*(col[i] for col in dtypes)) for i in first.tolist()]
+        low[:] = np.array([f[0] for f in found] + [None], dtype=object)[:-1][codes]
+        reason[:] = np.array([f[1] for f in found] + [None], dtype=object)[:-1][codes]
     ts, bs = c.target_shape, c.bench_shape
     nan_inf = np.fromiter((isinstance(m, str) and MSG_NAN_INF_MISMATCH in m for m in c.err_message), bool, n)
     special = (ts.valid & bs.valid & ~ts.equal(bs)) | (_side_nonfinite(c, "target") & ~_side_nonfinite(c, "bench")) \

@@ -86,6 +86,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from dumpdb.compare.metrics import MSG_NAN_INF_MISMATCH
 
@@ -348,6 +350,19 @@ class Columns:
         self.__dict__.update(kw)
 
 
+def _texts(*columns: np.ndarray) -> list[pa.Array] | None:
+    """Object arrays of str/None as Arrow strings; None when one holds anything else."""
+    try:
+        return [pa.array(col, pa.string()) for col in columns]
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        return None
+
+
+def _mask(values) -> np.ndarray:
+    """An Arrow boolean result as numpy, NULL -> False."""
+    return pc.fill_null(values, False).to_numpy(zero_copy_only=False)
+
+
 def _name_class(name) -> int:
     """0 (check all), 1 (ignore the op), 2 (outputs' per-row checks only): :func:`_ignore`."""
     if not isinstance(name, str):
@@ -379,11 +394,17 @@ def op_results_columns(c: Columns, thresholds: Thresholds = Thresholds()) -> tup
     ug, at = np.unique(g[out_rows], return_index=True)
     first_out[ug] = out_rows[at]
     # msprobe's ignore lists by the op's name (the first input's; one name per op here)
-    cache: dict = {}
-    for x in c.target_name:
-        if x not in cache:
-            cache[x] = _name_class(x)
-    name_class = np.fromiter(map(cache.__getitem__, c.target_name), np.int8, n)
+    names = _texts(c.target_name)
+    if names is not None:  # the second dot-separated field, as _ignore reads it
+        field = pc.struct_field(pc.extract_regex(names[0], r"^[^.]*\.(?P<f>[^.]*)"), [0])
+        name_class = np.where(_mask(pc.is_in(field, pa.array(sorted(ALL_IGNORE)))), 1,
+                              np.where(_mask(pc.is_in(field, pa.array(sorted(INPUT_IGNORE)))), 2, 0)).astype(np.int8)
+    else:
+        cache: dict = {}
+        for x in c.target_name:
+            if x not in cache:
+                cache[x] = _name_class(x)
+        name_class = np.fromiter(map(cache.__getitem__, c.target_name), np.int8, n)
     ignore = np.zeros(groups, np.int8)
     ignore[g[~out]] = name_class[~out]
     ignore[~has_in] = 0
@@ -446,12 +467,19 @@ def op_results_columns(c: Columns, thresholds: Thresholds = Thresholds()) -> tup
     rows = np.flatnonzero(per_row & c.valid["target_requires_grad"] & c.valid["bench_requires_grad"] & (tg != bg))
     flag(rows, 2, [f"requires_grad differs (target {bool(tg[i])}, bench {bool(bg[i])})" for i in rows.tolist()])
     # DTypeErrChecker
-    fused = np.fromiter((isinstance(x, str) and ("qkv" in x or "gate_up" in x) for x in c.bench_name), bool, n)
     td, bd = c.target_dtype, c.bench_dtype
-    known = np.fromiter((bool(x) and bool(y) for x, y in zip(td, bd)), bool, n)
-    differ = np.zeros(n, bool)
-    sel = np.flatnonzero(per_row & ~fused & known)
-    differ[sel] = np.fromiter((str(td[i]) != str(bd[i]) for i in sel.tolist()), bool, sel.size)
+    texts = _texts(c.bench_name, td, bd)
+    if texts is not None:  # all strings or None: Arrow kernels
+        bench_name, tda, bda = texts
+        fused = _mask(pc.or_(pc.match_substring(bench_name, "qkv"), pc.match_substring(bench_name, "gate_up")))
+        known = _mask(pc.and_(pc.not_equal(tda, ""), pc.not_equal(bda, "")))
+        differ = per_row & ~fused & known & _mask(pc.not_equal(tda, bda))
+    else:
+        fused = np.fromiter((isinstance(x, str) and ("qkv" in x or "gate_up" in x) for x in c.bench_name), bool, n)
+        known = np.fromiter((bool(x) and bool(y) for x, y in zip(td, bd)), bool, n)
+        differ = np.zeros(n, bool)
+        sel = np.flatnonzero(per_row & ~fused & known)
+        differ[sel] = np.fromiter((str(td[i]) != str(bd[i]) for i in sel.tolist()), bool, sel.size)
     rows = np.flatnonzero(differ)
     flag(rows, 2, [f"dtypes differ (target {td[i]}, bench {bd[i]})" for i in rows.tolist()])
     # ShapeErrChecker

@@ -177,30 +177,50 @@ def join_messages(old: np.ndarray, new: np.ndarray) -> np.ndarray:
 
 class ResultColumns:
     """Computed columns of ``n`` pairs: float64 ``values`` with a ``valid`` mask per metric
-    name (NULL where invalid; a valid value may be NaN) and the ``message`` object array."""
+    name (NULL where invalid; a valid value may be NaN; a column nothing was written to is
+    not allocated: all NULL), the ``message`` object array and each pair's ``mode``."""
 
     def __init__(self, n: int, names: Iterable[str]) -> None:
         self.n = n
-        self.values = {k: np.full(n, np.nan) for k in names}
-        self.valid = {k: np.zeros(n, bool) for k in self.values}
+        self.names = tuple(names)
+        self.values: dict[str, np.ndarray] = {}
+        self.valid: dict[str, np.ndarray] = {}
         self.message = np.full(n, None, dtype=object)
+        self.mode = np.full(n, None, dtype=object)
+
+    def _column(self, name: str) -> None:
+        if name not in self.values:
+            self.values[name] = np.full(self.n, np.nan)
+            self.valid[name] = np.zeros(self.n, bool)
 
     def put_row(self, i: int, metrics: Mapping[str, object], message: str | None) -> None:
         """One pair's metrics as a dict (None = NULL; names not collected are ignored)."""
         for k, v in metrics.items():
-            if k in self.values and v is not None:
+            if k in self.names and v is not None:
+                self._column(k)
                 self.values[k][i] = v
                 self.valid[k][i] = True
         self.note(np.array([i]), np.array([message], dtype=object))
 
     def put(self, idx: np.ndarray, name: str, values: np.ndarray, valid: np.ndarray) -> None:
         """Column ``name`` of the pairs ``idx``."""
+        self._column(name)
         self.values[name][idx] = values
         self.valid[name][idx] = valid
+
+    def column(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """(values, valid) of ``name`` (all NULL when never written)."""
+        if name in self.values:
+            return self.values[name], self.valid[name]
+        return np.full(self.n, np.nan), np.zeros(self.n, bool)
 
     def note(self, idx: np.ndarray, messages: np.ndarray) -> None:
         """Join ``messages`` (object array, None for none) onto the pairs ``idx``' messages."""
         self.message[idx] = join_messages(self.message[idx], messages)
 
     def arrow(self, name: str) -> pa.Array:
-        return pa.array(self.values[name], pa.float64(), mask=~self.valid[name])
+        """Column ``name`` as Arrow float64 (and dropped here)."""
+        if name not in self.values:
+            return pa.nulls(self.n, pa.float64())
+        values, valid = self.values.pop(name), self.valid.pop(name)
+        return pa.array(values, pa.float64(), mask=~valid)

@@ -678,8 +678,8 @@ class _View:
         """(values, valid) of computed metrics and numeric context columns."""
         values, valid = {}, {}
         for k in names:
-            if k in self.res.values:
-                values[k], valid[k] = self.res.values[k], self.res.valid[k]
+            if k in self.res.names:
+                values[k], valid[k] = self.res.column(k)
             else:
                 values[k], valid[k] = floats(self.context[k])
         return values, valid
@@ -802,9 +802,8 @@ def _result_table(view: _View) -> pa.Table:
             arr, view.result = pa.array(view.result, pa.string()), None
         elif name == "err_message":
             arr, view.err_message = pa.array(view.err_message, pa.string()), None
-        elif name in view.res.values:
+        elif name in view.res.names:
             arr = view.res.arrow(name)
-            del view.res.values[name], view.res.valid[name]
         elif name in ("scaled_err", "precision_floor", "precision_ratio"):
             arr = pa.array(view.precision.pop(name), pa.float64(), mask=~view.precision.pop(f"{name}_valid"))
         elif name in view.precision:

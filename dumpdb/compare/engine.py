@@ -28,12 +28,23 @@ tests/test_compare_stats_sql.py, tests/test_compare_align_sql.py):
 * without a mapping, the ``exact`` strategy runs as one DuckDB query
   (:func:`~dumpdb.compare.align_sql.align_exact`) and align() only when later strategies
   have tensors left to pair.
+
+Results as columns (issue 13): the pairs stay Arrow tables from selection to stored result
+(:func:`_pair_sides`: both sides' rows in target execution order,
+:func:`~dumpdb.compare.columns.execution_order`); computed metrics land in a
+:class:`~dumpdb.compare.columns.ResultColumns` (one float64 array and validity mask per
+metric, one message array); msprobe's verdicts
+(:func:`~dumpdb.compare.verdict.op_results_columns`) and the precision rules
+(:func:`~dumpdb.compare.precision.judge_precision_columns`) run over those columns; the
+summary counts them. A dict per pair remains only where it is inherent: large pairs
+computed one at a time in the pool (and every tensor pair when a plug-in metric needs both
+arrays), and the precision rules' departing inputs and cancellation candidates
+(tests/test_compare_columns.py: the same tables as the pair-by-pair code).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import multiprocessing
 import os
 from collections import defaultdict, deque
@@ -44,6 +55,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from threadpoolctl import threadpool_limits
 
 from dumpdb import __version__
@@ -51,17 +63,33 @@ from dumpdb.catalog import insert_arrow
 from dumpdb.compare import registry
 from dumpdb.compare.align import STRATEGIES, align, load_mapping
 from dumpdb.compare.align_sql import align_exact
+from dumpdb.compare.columns import (
+    ResultColumns,
+    Shapes,
+    execution_keys,
+    execution_order,
+    floats,
+    group_codes,
+    ints,
+    join_messages,
+    string_codes,
+    strings,
+    truthy,
+)
 from dumpdb.compare.metrics import (
     STAT_METRICS,
     STATS,
     TENSOR_METRICS,
+    MetricColumns,
     identical_metrics,
     tensor_metrics,
     tensor_metrics_batch,
 )
-from dumpdb.compare.precision import PrecisionRules, first_departure, judge_precision
+from dumpdb.compare.precision import Columns as PrecisionColumns
+from dumpdb.compare.precision import PrecisionRules, judge_precision_columns
 from dumpdb.compare.stats_sql import statistics_metrics
-from dumpdb.compare.verdict import Thresholds, op_results
+from dumpdb.compare.verdict import Columns as VerdictColumns
+from dumpdb.compare.verdict import Thresholds, op_results_columns
 from dumpdb.dtypes import from_catalog_name
 from dumpdb.errors import DumpdbError
 
@@ -212,29 +240,6 @@ def _group_by(target: Selection, bench: Selection) -> tuple[str, ...]:
     return tuple(cols)
 
 
-_IO_ORDER = {"input": 0, "parameter": 1, "output": 2, "parameter_grad": 3}
-
-
-def _pair_orders(rows: list[dict]) -> dict[int, tuple]:
-    """Execution-order sort keys of target rows: iteration, rank, then graphs in the order
-    they ran (their first timestamp in that iteration), position in the graph, timestamp,
-    call index, inputs before outputs, slot, tensor_id (the key scan uses too)."""
-    starts: dict[tuple, int] = {}
-    for r in rows:
-        key = (r["iteration"], r["rank"], r["graph_id"])
-        ts = r["timestamp"] if r["timestamp"] is not None else 0
-        starts[key] = min(starts.get(key, ts), ts)
-
-    def n(v, default=-1):
-        return default if v is None else v
-
-    return {r["tensor_id"]: (
-        n(r["iteration"]), n(r["rank"]), starts[(r["iteration"], r["rank"], r["graph_id"])], n(r["graph_id"]),
-        r["position"] is None, n(r["position"], 0), n(r["timestamp"], 0), n(r["call_index"]),
-        _IO_ORDER.get(r["io"], 9), n(r["slot"]), r["tensor_id"],
-    ) for r in rows}
-
-
 _LOC_KEYS = ("array_path", "elem_offset", "elem_count", "dtype", "shape", "content_hash")
 
 
@@ -359,37 +364,36 @@ def compare(archive, target: str | Selection, bench: str | Selection, *, iterati
                               strategies=strategies)
     except ValueError as exc:
         raise DumpdbError(f"compare: {exc}") from exc
-    target_rows = trows.to_pylist()
-    tby = {r["tensor_id"]: r for r in target_rows}
-    bby = {r["tensor_id"]: r for r in brows.to_pylist()}
-    pairs = [(tby[p["target_tensor_id"]], bby[p["bench_tensor_id"]], p["match_strategy"])
-             for p in alignment.pairs.to_pylist()]
-    order = _pair_orders([p[0] for p in pairs])
-    pairs.sort(key=lambda p: order[p[0]["tensor_id"]])
-    rows = _compute(archive, pairs, mode, workers, progress)
-    _judge(rows, thresholds)
-    departure = _judge_precision(rows, target_rows, precision or PrecisionRules())
-    column = "result" if rules == "msprobe" else "precision_result"
+    t, b, strategy = _pair_sides(trows, brows, alignment.pairs)
+    # what the precision rules' producers need of the whole target selection; the rest goes
+    trows = trows.select(["tensor_id", "io", "content_hash", "op_name", "iteration", "rank", "graph_id", "position",
+                          "timestamp", "call_index", "slot"])
+    del brows
+    pa.default_memory_pool().release_unused()
+    res = _compute(archive, t, b, mode, workers, progress)
+    view = _view(t, b, strategy, res)
+    view.result, view.err_message = _judge(view, thresholds)
+    departure = _judge_precision(view, trows, precision or PrecisionRules())
+    column = view.result if rules == "msprobe" else view.precision["precision_result"]
     unmatched = pa.concat_tables([
         alignment.unmatched_target.append_column("side", pa.array(["target"] * alignment.unmatched_target.num_rows)),
         alignment.unmatched_bench.append_column("side", pa.array(["bench"] * alignment.unmatched_bench.num_rows)),
     ], promote_options="default")
     summary = {
-        "target": tsel.describe(), "bench": bsel.describe(), "pairs": len(rows),
-        "mode": _overall_mode(rows),
+        "target": tsel.describe(), "bench": bsel.describe(), "pairs": view.n,
+        "mode": _overall_mode(view.mode),
         "rules": rules,
-        "pass": sum(r[column] == "pass" for r in rows), "warning": sum(r[column] == "warning" for r in rows),
-        "error": sum(r[column] == "error" for r in rows),
-        "msprobe_result": {k: sum(r["result"] == k for r in rows) for k in ("pass", "warning", "error")},
-        "precision_dtype": _lowest_dtype(rows),
+        **{k: int(np.count_nonzero(column == k)) for k in ("pass", "warning", "error")},
+        "msprobe_result": {k: int(np.count_nonzero(view.result == k)) for k in ("pass", "warning", "error")},
+        "precision_dtype": _lowest_dtype(view.precision["precision_dtype"]),
         "unmatched_target": alignment.unmatched_target.num_rows,
         "unmatched_bench": alignment.unmatched_bench.num_rows,
-        "strategies": {s: sum(r["match_strategy"] == s for r in rows) for s in strategies},
+        "strategies": {s: int(pc.sum(pc.equal(strategy, s)).as_py() or 0) for s in strategies},
         "thresholds": thresholds.__dict__ if hasattr(thresholds, "__dict__") else str(thresholds),
         "dumpdb_version": __version__,
     }
-    results = pa.Table.from_pylist(rows, schema=_result_schema())
-    del rows, pairs, target_rows, tby, bby  # the Arrow table is the result from here on
+    results = _result_table(view)
+    del view, res, t, b  # the Arrow table is the result from here on
     compare_id = _store(archive, tsel, bsel, results, unmatched, summary, mapping) if store_results else None
     summary["compare_id"] = compare_id
     results = results.set_column(results.column_names.index("compare_id"), "compare_id",
@@ -401,14 +405,41 @@ def compare(archive, target: str | Selection, bench: str | Selection, *, iterati
     return outcome
 
 
-def _overall_mode(rows: list[dict]) -> str:
-    modes = {r["mode"] for r in rows}
-    return modes.pop() if len(modes) == 1 else ("mixed" if modes else "none")
+def _overall_mode(modes: np.ndarray) -> str:
+    found = set(np.unique(modes.astype(str)).tolist()) if modes.size else set()
+    return found.pop() if len(found) == 1 else ("mixed" if found else "none")
 
 
-def _pool(archive, pairs, mode, workers: int):
+def _pair_sides(trows: pa.Table, brows: pa.Table, pairs: pa.Table) -> tuple[pa.Table, pa.Table, pa.Array]:
+    """Both sides' rows of the aligned pairs (``pairs``: target_tensor_id, bench_tensor_id,
+    match_strategy) and their strategies, in target execution order
+    (:func:`~dumpdb.compare.columns.execution_order` over the paired target rows)."""
+    def positions(ids, wanted) -> np.ndarray:
+        have = ints(ids, -1)
+        sorter = np.argsort(have, kind="stable")
+        return sorter[np.searchsorted(have, ints(wanted, -1), sorter=sorter)]
+
+    tpos = positions(trows.column("tensor_id"), pairs.column("target_tensor_id"))
+    bpos = positions(brows.column("tensor_id"), pairs.column("bench_tensor_id"))
+    keys = ["iteration", "rank", "graph_id", "position", "timestamp", "call_index", "io", "slot", "tensor_id"]
+    order = execution_order(trows.select(keys).take(tpos))
+
+    def rows(table: pa.Table, at: np.ndarray, side: int) -> pa.Table:
+        # only the columns results and metrics read (a bench side needs few)
+        table = table.select([c for c in table.column_names if c in _SIDE_COLUMNS[side]])
+        # pairs that already come in the side's own row order (run against run): no copy
+        if at.size == table.num_rows and np.array_equal(at, np.arange(at.size)):
+            return table
+        return table.take(at)
+
+    return rows(trows, tpos[order], 0), rows(brows, bpos[order], 1), \
+        pairs.column("match_strategy").combine_chunks().take(order)
+
+
+def _pool(archive, tensor_bytes: int, mode, workers: int):
     """Worker processes for big comparisons, one thread otherwise."""
-    tensor_bytes = sum((t["nbytes"] or 0) + (b["nbytes"] or 0) for t, b, _ in pairs) if mode != "statistics" else 0
+    if mode == "statistics":
+        tensor_bytes = 0
     if workers > 1 and tensor_bytes >= PROCESS_MIN_BYTES:
         ctx = multiprocessing.get_context("forkserver")
         pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
@@ -419,144 +450,177 @@ def _pool(archive, pairs, mode, workers: int):
     return pool, lambda t, b: pool.submit(_pair_metrics, store, _loc(t), _loc(b), _ranges(t, b))
 
 
-def _compute(archive, pairs, mode, workers, progress) -> list[dict]:
-    rows: list[dict] = [None] * len(pairs)  # type: ignore[list-item]
-    done = 0
+_NO_PAYLOAD = "no payload on one side: statistics compared instead"
+
+
+def _compute(archive, t: pa.Table, b: pa.Table, mode: str, workers, progress) -> ResultColumns:
+    """Metric columns of the pairs ``t[i]``/``b[i]`` (plus ``mode`` per pair in
+    ``res.mode``): statistics pairs in one DuckDB query, identical payloads from the
+    definitions, small pairs batched, the rest one by one in a pool."""
+    n = t.num_rows
+    res = ResultColumns(n, (*TENSOR_METRICS, *STAT_METRICS, "flat_euc_dist", *_plugin_metrics()))
     workers = workers or os.cpu_count() or 2
     fast = not registry.metrics("tensor", builtin=False)  # plug-ins need both arrays of every pair
-    small: list[int] = []
-    large = []
-    statistics: list[int] = []
-    template = _row_template()
-    for i, (t, b, strategy) in enumerate(pairs):
-        row = _base_row(i, t, b, strategy, template)
-        rows[i] = row
-        tensor_mode = mode != "statistics" and t["content_hash"] is not None and b["content_hash"] is not None
-        if mode == "tensor" and not tensor_mode:
-            row["err_message"] = "no payload on one side: statistics compared instead"
-        if not tensor_mode:
-            row["mode"] = "statistics"
-            statistics.append(i)
-            continue
-        row["mode"] = "tensor"
-        same = _identical(t, b) if fast else None
+    tensor = np.zeros(n, bool) if mode == "statistics" else \
+        _valid(t.column("content_hash")) & _valid(b.column("content_hash"))
+    res.mode = np.where(tensor, "tensor", "statistics").astype(object)
+    if mode == "tensor":
+        res.message[~tensor] = _NO_PAYLOAD
+    statistics = np.flatnonzero(~tensor)
+    pending = np.flatnonzero(tensor)
+    settled = np.zeros(pending.size, bool)
+    if fast and pending.size:
+        cols = ["content_hash", "dtype", "shape", "stats_source", "nan_count", "pos_inf_count", "neg_inf_count"]
+        same = _identical(t.select(cols).take(pending), b.select(cols).take(pending))
         if same is not None:
-            row.update(same[0])
-            row["err_message"] = _join(row["err_message"], same[1])
-            done += 1
-        elif fast and _is_small(t, b):
-            small.append(i)
-        else:
-            large.append(i)
-    done += _compute_statistics(pairs, rows, statistics)
+            settled, metrics = same
+            rows = pending[settled]
+            for name in TENSOR_METRICS:
+                values = metrics.values[name][settled]
+                res.put(rows, name, values, ~np.isnan(values))
+            res.note(rows, metrics.message[settled])
+    done = int(np.count_nonzero(settled))
+    pending = pending[~settled]
+    tshape, bshape = Shapes(t.column("shape").take(pending)), Shapes(b.column("shape").take(pending))
+    small_mask = np.zeros(pending.size, bool)
+    if fast:
+        small_mask = tshape.equal(bshape) & (tshape.size <= SMALL_ELEMENTS) \
+            & _valid(t.column("array_path").take(pending)) & _valid(b.column("array_path").take(pending))
+    small, large = pending[small_mask], pending[~small_mask]
+    done += _compute_statistics(t, b, statistics, res)
     if progress and done:
-        progress(done, len(pairs))
+        progress(done, n)
     with threadpool_limits(1, user_api="blas"):  # as the per-pair paths: the same BLAS sums, bit for bit
-        done = _compute_small(archive.store, pairs, rows, small, done, progress)
-    if not large:
-        return rows
-    pool, submit = _pool(archive, [pairs[i] for i in large], mode, workers)
+        done = _compute_small(archive.store, t, b, small, tshape.size[small_mask], res, done, progress)
+    if not large.size:
+        return res
+    keys = (*_LOC_KEYS, "nbytes", "stats_source", "nan_count", "pos_inf_count", "neg_inf_count", "min", "max")
+    tl, bl = (side.select(list(keys)).take(large).to_pylist() for side in (t, b))  # dicts: large pairs only
+    tensor_bytes = sum((x["nbytes"] or 0) + (y["nbytes"] or 0) for x, y in zip(tl, bl))
+    pool, submit = _pool(archive, tensor_bytes, mode, workers)
     with pool, threadpool_limits(1, user_api="blas"):
         inflight: deque = deque()
         inflight_bytes = 0
-        for i in large:
-            t, b, _ = pairs[i]
-            size = (t["nbytes"] or 0) + (b["nbytes"] or 0)
+        for i, x, y in zip(large.tolist(), tl, bl):
+            size = (x["nbytes"] or 0) + (y["nbytes"] or 0)
             while inflight and inflight_bytes + size > INFLIGHT_BYTES:
-                inflight_bytes -= _finish(inflight.popleft(), rows)
+                inflight_bytes -= _finish(inflight.popleft(), res)
                 done += 1
                 if progress:
-                    progress(done, len(pairs))
-            inflight.append((i, size, submit(t, b)))
+                    progress(done, n)
+            inflight.append((i, size, submit(x, y)))
             inflight_bytes += size
         while inflight:
-            _finish(inflight.popleft(), rows)
+            _finish(inflight.popleft(), res)
             done += 1
             if progress:
-                progress(done, len(pairs))
-    return rows
+                progress(done, n)
+    return res
 
 
-def _compute_statistics(pairs, rows: list[dict], statistics: list[int]) -> int:
+def _valid(col) -> np.ndarray:
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    return arr.is_valid().to_numpy(zero_copy_only=False)
+
+
+def _compute_statistics(t: pa.Table, b: pa.Table, statistics: np.ndarray, res: ResultColumns) -> int:
     """Statistics-mode metrics of the pairs ``statistics`` in one DuckDB query
-    (stats_sql.statistics_metrics). Returns how many."""
-    if not statistics:
+    (stats_sql.statistics_metrics), into ``res``. Returns how many."""
+    if not statistics.size:
         return 0
-    sides = []
-    for side in (0, 1):
-        cols = {"tensor_id": pa.array([pairs[i][side]["tensor_id"] for i in statistics], pa.int64())}
-        for k in STATS:
-            cols[k] = pa.array([pairs[i][side][k] for i in statistics], pa.float64())
-        sides.append(pa.table(cols))
-    index = pa.table({"pair_index": pa.array(statistics, pa.int64()),
-                      "target_tensor_id": sides[0].column("tensor_id"),
-                      "bench_tensor_id": sides[1].column("tensor_id")})
-    out = statistics_metrics(index, sides[0], sides[1])
-    names = list(STAT_METRICS)
-    columns = [out.column(c).to_pylist() for c in ("pair_index", *names, "err_message")]
-    for i, *values, message in zip(*columns):
-        row = rows[i]
-        row.update(zip(names, values))
-        row["err_message"] = _join(row["err_message"], message)
-    return len(statistics)
+    at = pa.array(statistics, pa.int64())
+    cols = ["tensor_id", *STATS]
+    ts, bs = t.select(cols).take(at), b.select(cols).take(at)
+    index = pa.table({"pair_index": at, "target_tensor_id": ts.column("tensor_id"),
+                      "bench_tensor_id": bs.column("tensor_id")})
+    out = statistics_metrics(index, ts, bs)
+    rows = ints(out.column("pair_index"), -1)
+    for name in STAT_METRICS:
+        res.put(rows, name, *floats(out.column(name)))
+    res.note(rows, strings(out.column("err_message")))
+    return int(statistics.size)
 
 
-def _identical(t: dict, b: dict) -> tuple[dict, str | None] | None:
-    """Metrics of a pair whose payloads are the same bytes (content hash, dtype and shape
-    equal), from the definitions (metrics.identical_metrics), when the catalog's NaN/Inf
-    counts are dumpdb's own; None otherwise (then the payload is read once)."""
-    if t["content_hash"] != b["content_hash"] or t["dtype"] != b["dtype"] or t["shape"] != b["shape"]:
+def _identical(t: pa.Table, b: pa.Table) -> tuple[np.ndarray, MetricColumns] | None:
+    """Which pairs ``t[i]``/``b[i]`` have payloads that are the same bytes (content hash,
+    dtype and shape equal) with the catalog's NaN/Inf counts dumpdb's own, and their
+    metrics from the definitions (metrics.identical_metrics, once per distinct dtype,
+    shape and NaN/Inf count): (mask, metric columns of all rows). None when no pair is."""
+    n = t.num_rows
+    th, bh = t.column("content_hash"), b.column("content_hash")
+    mask = pc.fill_null(pc.equal(th, bh), False).to_numpy(zero_copy_only=False)
+    tdt, bdt = t.column("dtype"), b.column("dtype")
+    same_dtype = pc.fill_null(pc.equal(tdt, bdt), False).to_numpy(zero_copy_only=False) | \
+        (~_valid(tdt) & ~_valid(bdt))
+    tshape = Shapes(t.column("shape"))
+    mask &= same_dtype & tshape.equal(Shapes(b.column("shape")))
+    mask &= pc.fill_null(pc.equal(t.column("stats_source"), "computed"), False).to_numpy(zero_copy_only=False)
+    nonfinite = np.zeros(n, np.int64)
+    for c in ("nan_count", "pos_inf_count", "neg_inf_count"):
+        mask &= _valid(t.column(c))
+        nonfinite += ints(t.column(c), 0)
+    if not mask.any():
         return None
-    if t["stats_source"] != "computed" or t["shape"] is None:
-        return None
-    counts = (t["nan_count"], t["pos_inf_count"], t["neg_inf_count"])
-    if any(c is None for c in counts):
-        return None
-    return identical_metrics(tuple(t["shape"]), from_catalog_name(t["dtype"]), sum(counts))
+    metrics = MetricColumns(n)
+    cand = np.flatnonzero(mask)
+    dtypes = strings(tdt)
+    codes = group_codes([string_codes(tdt)[cand], nonfinite[cand], tshape.ndim[cand], *tshape.dims[cand].T])
+    _, first = np.unique(codes, return_index=True)
+    for k, r in zip(range(len(first)), cand[first].tolist()):
+        found = identical_metrics(tshape.shape(r) or (), from_catalog_name(dtypes[r]), int(nonfinite[r]))
+        rows = cand[codes == k]
+        if found is None:
+            mask[rows] = False
+            continue
+        values, message = found
+        for name in TENSOR_METRICS:
+            v = values.get(name)
+            metrics.values[name][rows] = np.nan if v is None else v
+        metrics.message[rows] = message
+    return mask, metrics
 
 
-def _elements(row: dict) -> int | None:
-    shape = row["shape"]
-    return None if shape is None else math.prod(shape)
-
-
-def _is_small(t: dict, b: dict) -> bool:
-    n = _elements(t)
-    return n is not None and t["shape"] == b["shape"] and n <= SMALL_ELEMENTS and t["array_path"] is not None \
-        and b["array_path"] is not None
-
-
-def _compute_small(store, pairs, rows: list[dict], small: list[int], done: int, progress) -> int:
+def _compute_small(store, t: pa.Table, b: pa.Table, small: np.ndarray, sizes: np.ndarray, res: ResultColumns,
+                   done: int, progress) -> int:
     """Small pairs in batches: payloads read in storage order (pack, offset: the chunk
-    cache serves neighbours), metrics by tensor_metrics_batch. Returns ``done``."""
-    small.sort(key=lambda i: (pairs[i][0]["array_path"], pairs[i][0]["elem_offset"] or 0))
+    cache serves neighbours), metrics by tensor_metrics_batch (columns). Returns ``done``."""
+    if not small.size:
+        return done
+    at = pa.array(small, pa.int64())
+    order = pc.sort_indices(pa.table({"p": t.column("array_path").take(at),
+                                      "o": pc.fill_null(t.column("elem_offset").take(at), 0)}),
+                            sort_keys=[("p", "ascending"), ("o", "ascending")]).to_numpy()
+    small, sizes = small[order], sizes[order]
+    at = pa.array(small, pa.int64())
+    tl, bl = (list(zip(*(side.column(k).take(at).to_pylist() for k in _LOC_KEYS))) for side in (t, b))
+    total = res.n
     start = 0
+    cum = np.cumsum(2 * sizes)
     while start < len(small):
-        end, elements = start, 0
-        while end < len(small) and (end == start or elements < BATCH_ELEMENTS):
-            elements += 2 * (_elements(pairs[small[end]][0]) or 0)
-            end += 1
-        batch = small[start:end]
-        targets = [_read(store, _loc(pairs[i][0])) for i in batch]
+        # as many pairs as fit BATCH_ELEMENTS (at least one)
+        base = cum[start - 1] if start else 0
+        end = int(np.searchsorted(cum, base + BATCH_ELEMENTS, side="left")) + 1
+        end = min(max(end, start + 1), len(small))
+        targets = [_read(store, tl[k]) for k in range(start, end)]
         # a payload both sides share (same hash, dtype, shape) is read once
-        benches = [a if _loc(pairs[i][0]) == _loc(pairs[i][1]) else _read(store, _loc(pairs[i][1]))
-                   for a, i in zip(targets, batch)]
-        for i, (metrics, message) in zip(batch, tensor_metrics_batch(targets, benches)):
-            rows[i].update(metrics)
-            rows[i]["err_message"] = _join(rows[i]["err_message"], message)
-        done += len(batch)
+        benches = [a if tl[k] == bl[k] else _read(store, bl[k]) for a, k in zip(targets, range(start, end))]
+        metrics = tensor_metrics_batch(targets, benches)
+        rows = small[start:end]
+        for name in TENSOR_METRICS:
+            values = metrics.values[name]
+            res.put(rows, name, values, ~np.isnan(values))
+        res.note(rows, metrics.message)
+        done += end - start
         if progress:
-            progress(done, len(pairs))
+            progress(done, total)
         start = end
     return done
 
 
-def _finish(item, rows) -> int:
+def _finish(item, res: ResultColumns) -> int:
     i, size, future = item
     metrics, message = future.result()
-    rows[i].update(metrics)
-    rows[i]["err_message"] = _join(rows[i]["err_message"], message)
-    # statistics differences are cheap and useful in tensor mode too
+    res.put_row(i, metrics, message)
     return size
 
 
@@ -564,7 +628,7 @@ def _join(a: str | None, b: str | None) -> str | None:
     return "; ".join(x for x in (a, b) if x) or None
 
 
-# (row key, pair side 0 target / 1 bench, tensors column) copied into every result row
+# (result column, pair side 0 target / 1 bench, tensors column) copied into every result row
 _ROW_FIELDS = (
     ("target_tensor_id", 0, "tensor_id"), ("bench_tensor_id", 1, "tensor_id"), ("target_name", 0, "op_name"),
     ("bench_name", 1, "op_name"), ("io", 0, "io"), ("slot", 0, "slot"), ("iteration", 0, "iteration"),
@@ -580,36 +644,176 @@ _ROW_FIELDS = (
 )
 
 
-def _base_row(i: int, t: dict, b: dict, strategy: str, template: dict | None = None) -> dict:
-    """A result row of pair ``i``: every column None, then the pair's context.
-    ``template``: :func:`_row_template` (given by callers building many rows)."""
-    row = (template or _row_template()).copy()
-    sides = (t, b)
-    for key, side, column in _ROW_FIELDS:
-        row[key] = sides[side][column]
-    row["pair_index"] = i
-    row["match_strategy"] = strategy
-    return row
+# Columns of each side's rows the metrics and the result table read.
+_COMPUTE_COLUMNS = (*_LOC_KEYS, "tensor_id", "nbytes", "stats_source", "nan_count", "pos_inf_count", "neg_inf_count",
+                    *STATS)
+_SIDE_COLUMNS = tuple(frozenset((*_COMPUTE_COLUMNS, *(column for _, s, column in _ROW_FIELDS if s == side)))
+                      for side in (0, 1))
 
 
-def _row_template() -> dict:
-    return dict.fromkeys((*RESULT_COLUMNS, *CONTEXT_COLUMNS, *_plugin_metrics()))
+class _View:
+    """The pairs as result columns: ``context[name]`` (Arrow, the _ROW_FIELDS), ``strategy``,
+    ``res`` (computed metrics, messages and modes), then ``result``/``err_message`` (msprobe
+    verdicts) and ``precision`` (the precision columns)."""
+
+    def __init__(self, t: pa.Table, b: pa.Table, strategy: pa.Array, res: ResultColumns) -> None:
+        self.n = t.num_rows
+        sides = (t, b)
+        self.context = {key: _one_chunk(sides[side].column(column)) for key, side, column in _ROW_FIELDS}
+        self.strategy = strategy
+        self.res = res
+        self.mode = res.mode
+        self.result = np.full(self.n, None, dtype=object)
+        self.err_message = res.message
+        self.precision: dict[str, np.ndarray] = {}
+        self._shapes: dict[str, Shapes] = {}
+        self._ops: np.ndarray | None = None
+
+    def shapes(self, name: str) -> Shapes:
+        if name not in self._shapes:
+            self._shapes[name] = Shapes(self.context[name])
+        return self._shapes[name]
+
+    def numbers(self, names) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """(values, valid) of computed metrics and numeric context columns."""
+        values, valid = {}, {}
+        for k in names:
+            if k in self.res.names:
+                values[k], valid[k] = self.res.column(k)
+            else:
+                values[k], valid[k] = floats(self.context[k])
+        return values, valid
+
+    def op_codes(self) -> np.ndarray:
+        """One code per op call: iteration, rank, graph_id, call_index, target name (NULL equal to NULL)."""
+        if self._ops is None:
+            keys = [ints(self.context[k], _NULL_KEY) for k in ("iteration", "rank", "graph_id", "call_index")]
+            self._ops = group_codes([*keys, string_codes(self.context["target_name"])])
+        return self._ops
 
 
-def _judge(rows: list[dict], thresholds: Thresholds) -> None:
-    """msprobe's verdicts per op: rows grouped by (iteration, rank, target op)."""
-    groups: dict[tuple, list[dict]] = defaultdict(list)
-    for r in rows:
-        # one op call: the same name can run in several graphs or calls of one iteration
-        groups[(r["iteration"], r["rank"], r["graph_id"], r["call_index"], r["target_name"])].append(r)
-    for group in groups.values():
-        mode = "statistics" if all(r["mode"] == "statistics" for r in group) else "tensor"
-        views = [{**r, "dtype": (r["target_dtype"], r["bench_dtype"]), "shape": (r["target_shape"], r["bench_shape"])}
-                 for r in group]
-        for r, (result, reason) in zip(group, op_results(views, thresholds, mode=mode)):
-            r["result"] = result
-            if reason and result != "pass":
-                r["err_message"] = _join(r["err_message"], reason)
+_NULL_KEY = np.iinfo(np.int64).min
+
+
+def _one_chunk(col: pa.ChunkedArray) -> pa.Array:
+    """The column as one array (no copy when it is one chunk already)."""
+    return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+
+
+def _view(t: pa.Table, b: pa.Table, strategy: pa.Array, res: ResultColumns) -> _View:
+    return _View(t, b, strategy, res)
+
+
+def _judge(view: _View, thresholds: Thresholds) -> tuple[np.ndarray, np.ndarray]:
+    """msprobe's verdicts per op call (verdict.op_results_columns): (result, err_message)."""
+    io = view.context["io"]
+    names = ("cosine", "one_thousandth_err_ratio", "max_abs_err", "l2norm_rel_diff", "target_max", "target_min",
+             "bench_max", "bench_min", "target_requires_grad", "bench_requires_grad")
+    values, valid = view.numbers(names)
+    columns = VerdictColumns(
+        group=view.op_codes(), output=pc.fill_null(pc.equal(io, "output"), False).to_numpy(zero_copy_only=False),
+        statistics=view.mode == "statistics", target_name=strings(view.context["target_name"]),
+        bench_name=strings(view.context["bench_name"]), target_dtype=strings(view.context["target_dtype"]),
+        bench_dtype=strings(view.context["bench_dtype"]), err_message=view.err_message, values=values,
+        valid=valid, target_shape=view.shapes("target_shape"), bench_shape=view.shapes("bench_shape"))
+    result, reason = op_results_columns(columns, thresholds)
+    add = np.where((result != "pass") & truthy(reason), reason, None)
+    return result, join_messages(view.err_message, add)
+
+
+def _judge_precision(view: _View, trows: pa.Table, rules: PrecisionRules) -> dict | None:
+    """Precision columns on ``view`` (dumpdb.compare.precision) and the first departure.
+    Producers of inputs: every target output (compared or not) by content hash."""
+    n = view.n
+    ctx = view.context
+    it, rank, ts = ctx["iteration"], ctx["rank"], ctx["timestamp"]
+    run = np.lexsort((np.arange(n), ints(ts, 0), (~_valid(ts)).astype(np.int64), ints(rank, 0), ints(it, 0),
+                      (~_valid(it)).astype(np.int64)))
+    run_rank = np.empty(n, np.int64)
+    run_rank[run] = np.arange(n)
+    # the producers' order over all target tensors: timestamp (NULLs last), then execution order
+    tts = trows.column("timestamp")
+    keys = execution_keys(trows)
+    by = np.lexsort([*keys[::-1], ints(tts, 0), (~_valid(tts)).astype(np.int64)])
+    order_of = np.empty(trows.num_rows, np.int64)
+    order_of[by] = np.arange(trows.num_rows)
+    tids = ints(trows.column("tensor_id"), -1)
+    sorter = np.argsort(tids, kind="stable")
+    pair_tids = ints(ctx["target_tensor_id"], -1)
+    order = order_of[sorter[np.searchsorted(tids, pair_tids, sorter=sorter)]]
+    compared = pa.array(np.unique(pair_tids))
+
+    def producers(hashes: set) -> dict[str, list]:
+        hashes = hashes - {None}
+        outputs = trows.filter(pc.and_(pc.fill_null(pc.equal(trows.column("io"), "output"), False),
+                                       pc.is_in(trows.column("content_hash"), pa.array(sorted(hashes), pa.string()))))
+        rows = ints(outputs.column("tensor_id"), -1)
+        found: dict[str, list] = defaultdict(list)
+        at = sorter[np.searchsorted(tids, rows, sorter=sorter)]
+        done = pc.is_in(outputs.column("tensor_id"), compared).to_numpy(zero_copy_only=False)
+        for h, name, k, c in zip(outputs.column("content_hash").to_pylist(), outputs.column("op_name").to_pylist(),
+                                 order_of[at].tolist(), done.tolist()):
+            found[h].append((k, name, c))
+        for v in found.values():
+            v.sort(key=lambda p: p[0])
+        return found
+
+    values, valid = view.numbers(("flat_euc_dist", "euc_dist", "max_abs_err", "l2norm_diff", "bench_l2norm",
+                                  "target_max", "target_min", "bench_max", "bench_min"))
+    where = group_codes([ints(it, _NULL_KEY), ints(rank, _NULL_KEY)])
+    columns = PrecisionColumns(
+        group=view.op_codes(), where=where, run_rank=run_rank,
+        output=pc.fill_null(pc.equal(ctx["io"], "output"), False).to_numpy(zero_copy_only=False),
+        statistics=view.mode == "statistics", order=order, values=values, valid=valid,
+        target_dtype=strings(ctx["target_dtype"]), bench_dtype=strings(ctx["bench_dtype"]),
+        target_dtype_declared=strings(ctx["target_dtype_declared"]),
+        bench_dtype_declared=strings(ctx["bench_dtype_declared"]), err_message=view.err_message,
+        target_content_hash=strings(ctx["target_content_hash"]), io=strings(ctx["io"]), slot=strings(ctx["slot"]),
+        target_shape=view.shapes("target_shape"), bench_shape=view.shapes("bench_shape"), producers=producers)
+    view.precision, departure = judge_precision_columns(columns, rules)
+    return departure
+
+
+def _lowest_dtype(dtypes: np.ndarray) -> str | None:
+    """The lowest precision any pair was judged at (for "no departure beyond float16")."""
+    from dumpdb.compare.precision import dtype_floor
+
+    found = {d for d in dtypes.tolist() if d}
+    return max(found, key=lambda d: dtype_floor(d, 1, 1.0) or 0.0, default=None)
+
+
+def _result_table(view: _View) -> pa.Table:
+    """The result table (_result_schema) from the view's columns; each numpy column is
+    dropped from the view once converted (the table and the view are not both whole)."""
+    schema = _result_schema()
+    n = view.n
+    arrays = []
+    for f in schema:
+        name = f.name
+        if name == "compare_id":
+            arr = pa.nulls(n, pa.int64())
+        elif name == "pair_index":
+            arr = pa.array(np.arange(n, dtype=np.int64))
+        elif name == "match_strategy":
+            arr = view.strategy
+        elif name == "mode":
+            arr = pa.array(view.mode, pa.string())
+        elif name == "result":
+            arr, view.result = pa.array(view.result, pa.string()), None
+        elif name == "err_message":
+            arr, view.err_message = pa.array(view.err_message, pa.string()), None
+        elif name in view.res.names:
+            arr = view.res.arrow(name)
+        elif name in ("scaled_err", "precision_floor", "precision_ratio"):
+            arr = pa.array(view.precision.pop(name), pa.float64(), mask=~view.precision.pop(f"{name}_valid"))
+        elif name in view.precision:
+            arr = pa.array(view.precision.pop(name), pa.string())
+        elif name in view.context:
+            arr = view.context[name]
+        else:
+            arr = pa.nulls(n, f.type)
+        arrays.append(arr.cast(f.type) if arr.type != f.type else arr)
+    return pa.Table.from_arrays(arrays, schema=schema)
 
 
 def _result_schema() -> pa.Schema:
@@ -720,37 +924,6 @@ def first_divergence_of(results: pa.Table, context: int = 10) -> dict[str, Any] 
                                  *TENSOR_METRICS, *STAT_METRICS)},
         "path": ops[-context:],
     }
-
-
-def _judge_precision(rows: list[dict], target_rows: list[dict], rules: PrecisionRules) -> dict | None:
-    """Precision columns on ``rows`` (dumpdb.compare.precision) and the first departure.
-    Producers of inputs: every target output (compared or not) by content hash."""
-    pair_order = _pair_orders(target_rows)
-    order = {t["tensor_id"]: (t["timestamp"] is None, t["timestamp"] or 0, pair_order[t["tensor_id"]])
-             for t in target_rows}
-    compared = {r["target_tensor_id"] for r in rows}
-    producers: dict[str, list] = defaultdict(list)
-    for t in target_rows:
-        if t["io"] == "output" and t["content_hash"] is not None:
-            producers[t["content_hash"]].append((order[t["tensor_id"]], t["op_name"], t["tensor_id"] in compared))
-    for v in producers.values():
-        v.sort(key=lambda p: p[0])
-    for r in rows:
-        r["_order"] = order[r["target_tensor_id"]]
-    judge_precision(rows, producers, rules)
-    departure = first_departure(rows)
-    for r in rows:
-        r.pop("_order", None)
-        r.pop("origin_op", None)
-    return departure
-
-
-def _lowest_dtype(rows: list[dict]) -> str | None:
-    """The lowest precision any pair was judged at (for "no departure beyond float16")."""
-    from dumpdb.compare.precision import dtype_floor
-
-    dtypes = {r["precision_dtype"] for r in rows if r.get("precision_dtype")}
-    return max(dtypes, key=lambda d: dtype_floor(d, 1, 1.0) or 0.0, default=None)
 
 
 def _departure_report(results: pa.Table, departure: dict | None, context: int = 10) -> dict[str, Any] | None:

@@ -626,8 +626,36 @@ def batchable(dtype: np.dtype, shape: tuple[int, ...] | list[int]) -> bool:
         return False
 
 
-def tensor_metrics_batch(targets: list[np.ndarray], benches: list[np.ndarray],
-                         ) -> list[tuple[dict[str, float | None], str | None]]:
+class MetricColumns:
+    """Tensor metrics of ``n`` pairs as columns (what :func:`tensor_metrics_batch` returns);
+    also a sequence of ``(metrics, err_message)`` per pair, as :func:`tensor_metrics` gives.
+
+    ``values[name]``: float64 array of length ``n`` per :data:`TENSOR_METRICS` name, NaN
+    where :func:`tensor_metrics` gives None (a NaN metric is None there: every NaN becomes a
+    message); ``message``: object array of the ``err_message`` strings (None where none).
+    """
+
+    def __init__(self, n: int) -> None:
+        self.values = {name: np.full(n, np.nan) for name in TENSOR_METRICS}
+        self.message = np.full(n, None, dtype=object)
+
+    def put(self, i: int, metrics: dict[str, float | None], message: str | None) -> None:
+        """Pair ``i``'s metrics as :func:`tensor_metrics` returns them."""
+        for name in TENSOR_METRICS:
+            v = metrics.get(name)
+            self.values[name][i] = np.nan if v is None else v
+        self.message[i] = message
+
+    def __len__(self) -> int:
+        return len(self.message)
+
+    def __getitem__(self, i: int) -> tuple[dict[str, float | None], str | None]:
+        """Pair ``i`` as :func:`tensor_metrics` returns it (None for NaN)."""
+        return ({name: None if math.isnan(v := float(self.values[name][i])) else v for name in TENSOR_METRICS},
+                self.message[i])
+
+
+def tensor_metrics_batch(targets: list[np.ndarray], benches: list[np.ndarray]) -> MetricColumns:
     """:func:`tensor_metrics` of many (small) pairs at once: ``targets[i]`` vs ``benches[i]``.
 
     The same results as :func:`tensor_metrics` on each pair, bit for bit for pairs of at
@@ -641,25 +669,35 @@ def tensor_metrics_batch(targets: list[np.ndarray], benches: list[np.ndarray],
     :func:`batchable` (0-d, one element, complex, shapes that differ) or hold a NaN/Inf on
     either side go through :func:`tensor_metrics` one by one (its messages, its rules).
 
-    Returns one ``(metrics, err_message)`` per pair, in order. Raises TypeError for a
-    non-numeric dtype (as :func:`tensor_metrics`).
+    Returns a :class:`MetricColumns` (one entry per pair, in order; ``result[i]`` is pair
+    ``i``'s ``(metrics, err_message)``): no dict per pair but for the pairs computed one by
+    one. Raises TypeError for a non-numeric dtype (as :func:`tensor_metrics`).
     """
     if len(targets) != len(benches):
         raise ValueError("tensor_metrics_batch: targets and benches differ in length")
-    out: list[tuple[dict[str, float | None], str | None] | None] = [None] * len(targets)
+    out = MetricColumns(len(targets))
     groups: dict[tuple[np.dtype, np.dtype], list[int]] = {}
+    fits: dict[tuple, bool] = {}  # batchable() per (target dtype, bench dtype, shape)
+
+    def both(t: np.ndarray, b: np.ndarray) -> bool:
+        key = (t.dtype, b.dtype, t.shape)
+        found = fits.get(key)
+        if found is None:
+            found = fits[key] = batchable(t.dtype, t.shape) and batchable(b.dtype, b.shape)
+        return found
+
     for i, (t, b) in enumerate(zip(targets, benches)):
-        if t.shape == b.shape and batchable(t.dtype, t.shape) and batchable(b.dtype, b.shape):
+        if t.shape == b.shape and both(t, b):
             groups.setdefault((t.dtype, b.dtype), []).append(i)
         else:
-            out[i] = tensor_metrics(t, b)
+            out.put(i, *tensor_metrics(t, b))
     for (tdt, bdt), idx in groups.items():
         _batch_group(targets, benches, idx, tdt, bdt, out)
-    return out  # type: ignore[return-value]
+    return out
 
 
 def _batch_group(targets: list[np.ndarray], benches: list[np.ndarray], idx: list[int],
-                 tdt: np.dtype, bdt: np.dtype, out: list) -> None:
+                 tdt: np.dtype, bdt: np.dtype, out: MetricColumns) -> None:
     """The pairs ``idx`` (all of dtypes ``tdt``/``bdt``) into ``out``."""
     sizes = np.fromiter((targets[i].size for i in idx), np.int64, len(idx))
     starts = np.zeros(len(idx), np.int64)
@@ -674,7 +712,7 @@ def _batch_group(targets: list[np.ndarray], benches: list[np.ndarray], idx: list
         good = np.logical_and.reduceat(finite, starts)
         if not good.all():
             for k in np.flatnonzero(~good).tolist():
-                out[idx[k]] = tensor_metrics(targets[idx[k]], benches[idx[k]])
+                out.put(idx[k], *tensor_metrics(targets[idx[k]], benches[idx[k]]))
             keep = [i for i, g in zip(idx, good.tolist()) if g]
             if keep:
                 _batch_group(targets, benches, keep, tdt, bdt, out)
@@ -685,17 +723,12 @@ def _batch_group(targets: list[np.ndarray], benches: list[np.ndarray], idx: list
     dtype_msg = MSG_DTYPE.format(t=tdt, b=bdt) if tdt != bdt else None
     with np.errstate(all="ignore"):
         columns, notes = _finish_columns(sums, sizes)
-    rows = zip(*(columns[name].tolist() for name in TENSOR_METRICS))
-    noted = {int(k): v for k, v in notes.items()}
-    for k, (i, values) in enumerate(zip(idx, rows)):
-        metrics = dict(zip(TENSOR_METRICS, values))
-        msgs = [dtype_msg] if dtype_msg else []
-        if k in noted:
-            for name in TENSOR_METRICS:
-                if metrics[name] is not None and math.isnan(metrics[name]):
-                    metrics[name] = None
-            msgs += noted[k]
-        out[i] = metrics, "; ".join(msgs) if msgs else None
+    at = np.asarray(idx, np.int64)
+    for name in TENSOR_METRICS:  # NaN only where a note says the metric is None
+        out.values[name][at] = columns[name]
+    out.message[at] = dtype_msg
+    for k, msgs in notes.items():
+        out.message[idx[k]] = "; ".join([dtype_msg, *msgs] if dtype_msg else msgs) or None
 
 
 def _finish_columns(acc: dict[str, np.ndarray], sizes: np.ndarray) -> tuple[dict[str, np.ndarray], dict]:

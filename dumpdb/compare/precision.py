@@ -51,6 +51,7 @@ they ran (dump timestamps, else execution order); ``first_departure`` is the fir
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import defaultdict
 from dataclasses import dataclass
@@ -58,10 +59,13 @@ from typing import Any
 
 import ml_dtypes
 import numpy as np
+import pyarrow as pa
 
+from dumpdb.compare.columns import group_codes, string_codes
 from dumpdb.compare.metrics import MSG_NAN_INF_MISMATCH
 
-__all__ = ["PrecisionRules", "dtype_floor", "judge_precision", "first_departure", "lowest_precision"]
+__all__ = ["PrecisionRules", "dtype_floor", "judge_precision", "first_departure", "lowest_precision",
+           "Columns", "judge_precision_columns"]
 
 PASS, WARNING, ERROR = "pass", "warning", "error"
 
@@ -129,17 +133,9 @@ def _pair_error(r: dict) -> tuple[float | None, float | None, str | None, str | 
         flat = _num(r.get("flat_euc_dist"))
         if flat is None or math.prod(r["target_shape"]) != math.prod(r["bench_shape"]):
             return None, None, None, f"shapes differ (target {r['target_shape']}, bench {r['bench_shape']})"
-    low = lowest_precision(tdt, bdt)
-    if low is None:
-        if tdt != bdt:
-            return None, None, None, f"dtypes differ (target {tdt}, bench {bdt}) and are not two floats"
-        low = tdt
-    # A file declared Float16 whose payload is float32 (real MindSpore 2.10 CPU quirk) was
-    # computed in float16: the declared dtype sets the floor when it is lower.
-    for declared in (r.get("target_dtype_declared"), r.get("bench_dtype_declared")):
-        d = _DECLARED.get((declared or "").lower())
-        if d is not None and low in _FLOATS:
-            low = lowest_precision(low, d)
+    low, reason = _dtype_rule(tdt, bdt, r.get("target_dtype_declared"), r.get("bench_dtype_declared"))
+    if reason is not None:
+        return None, None, None, reason
     if _nonfinite(r, "target") and not _nonfinite(r, "bench"):
         return math.inf, None, low, _nan_inf_reason(r, low)
     n = math.prod(r.get("bench_shape") or []) if r.get("bench_shape") is not None else 1
@@ -168,6 +164,23 @@ def _pair_error(r: dict) -> tuple[float | None, float | None, str | None, str | 
             sub = _FLOATS.get(low or "", (0.0, 0.0))[1] / 2 * math.sqrt(max(n, 1))
             err, floor = euc, sub
     return err, floor, low, None
+
+
+def _dtype_rule(tdt: str | None, bdt: str | None, tdecl: str | None, bdecl: str | None,
+                ) -> tuple[str | None, str | None]:
+    """(the dtype whose precision sets the floor, reason when the dtypes alone depart)."""
+    low = lowest_precision(tdt, bdt)
+    if low is None:
+        if tdt != bdt:
+            return None, f"dtypes differ (target {tdt}, bench {bdt}) and are not two floats"
+        low = tdt
+    # A file declared Float16 whose payload is float32 (real MindSpore 2.10 CPU quirk) was
+    # computed in float16: the declared dtype sets the floor when it is lower.
+    for declared in (tdecl, bdecl):
+        d = _DECLARED.get((declared or "").lower())
+        if d is not None and low in _FLOATS:
+            low = lowest_precision(low, d)
+    return low, None
 
 
 def _nonfinite(r: dict, side: str) -> bool:
@@ -228,34 +241,38 @@ def judge_precision(rows: list[dict], producers: dict[str, list[tuple[tuple, str
             worst_in = upstream.get(where, 0.0)
         upstream[where] = max([upstream.get(where, 0.0), *(_finite(r["scaled_err"]) for r in outputs)])
         for r in outputs:
-            if not r["_departs"]:
-                continue
-            bound = rules.growth * worst_in + rules.margin * (r["precision_floor"] or 0.0)
-            err = r["scaled_err"]
-            if r["precision_reason"] is None and err is not None and err <= bound:
-                r["precision_result"] = WARNING
-                r["precision_reason"] = (f"error {err:.3g} propagated: within {rules.growth:g} x the inputs' "
-                                         f"{worst_in:.3g} + {rules.margin:g} x floor")
-            elif r["precision_reason"] is None and r["precision_floor"] == 0 and worst_in > 0:
-                # an integer/bool result of inexact inputs (a comparison, an argmax mask):
-                # rounding of the inputs decides ties, so any input error can flip elements
-                r["precision_result"] = WARNING
-                r["precision_reason"] = (f"exact-dtype result of inputs with error {worst_in:.3g}: "
-                                         "rounding decides its ties")
-            elif err is not None and math.isinf(err) and (worst_in == math.inf or inf_before):
-                r["precision_result"] = WARNING
-                r["precision_reason"] = f"{r['precision_reason']}: propagated from earlier nan/inf"
-            elif r["precision_reason"] is None and _cancellation(r, inputs, rules):
-                r["precision_result"] = WARNING
-                r["precision_reason"] = (f"error {_fmt(err)} relative to a result far smaller than the inputs "
-                                         "(cancellation): within the inputs' absolute error")
-            else:
-                r["precision_result"] = ERROR
-                if r["precision_reason"] is None:
-                    r["precision_reason"] = (f"departs: error {_fmt(err)} = {_fmt(r['precision_ratio'])} x the "
-                                             f"{r['precision_dtype']} floor, inputs' error {worst_in:.3g}")
+            if r["_departs"]:
+                _judge_output(r, inputs, worst_in, inf_before, rules)
     for r in rows:
         r.pop("_departs", None)
+
+
+def _judge_output(r: dict, inputs: list[dict], worst_in: float, inf_before: bool, rules: PrecisionRules) -> None:
+    """A departing output row: explained by its inputs' error ``worst_in`` (warning) or not (error)."""
+    bound = rules.growth * worst_in + rules.margin * (r["precision_floor"] or 0.0)
+    err = r["scaled_err"]
+    if r["precision_reason"] is None and err is not None and err <= bound:
+        r["precision_result"] = WARNING
+        r["precision_reason"] = (f"error {err:.3g} propagated: within {rules.growth:g} x the inputs' "
+                                 f"{worst_in:.3g} + {rules.margin:g} x floor")
+    elif r["precision_reason"] is None and r["precision_floor"] == 0 and worst_in > 0:
+        # an integer/bool result of inexact inputs (a comparison, an argmax mask):
+        # rounding of the inputs decides ties, so any input error can flip elements
+        r["precision_result"] = WARNING
+        r["precision_reason"] = (f"exact-dtype result of inputs with error {worst_in:.3g}: "
+                                 "rounding decides its ties")
+    elif err is not None and math.isinf(err) and (worst_in == math.inf or inf_before):
+        r["precision_result"] = WARNING
+        r["precision_reason"] = f"{r['precision_reason']}: propagated from earlier nan/inf"
+    elif r["precision_reason"] is None and _cancellation(r, inputs, rules):
+        r["precision_result"] = WARNING
+        r["precision_reason"] = (f"error {_fmt(err)} relative to a result far smaller than the inputs "
+                                 "(cancellation): within the inputs' absolute error")
+    else:
+        r["precision_result"] = ERROR
+        if r["precision_reason"] is None:
+            r["precision_reason"] = (f"departs: error {_fmt(err)} = {_fmt(r['precision_ratio'])} x the "
+                                     f"{r['precision_dtype']} floor, inputs' error {worst_in:.3g}")
 
 
 def _rms(l2, shape) -> float | None:
@@ -353,3 +370,311 @@ def first_departure(rows: list[dict]) -> dict[str, Any] | None:
     return {"row": out, "origin_op": out.get("origin_op"),
             "inputs": [side(r) for r in group if r["io"] != "output"],
             "outputs": [side(r) for r in group if r["io"] == "output"]}
+
+
+# -- the same judgment over columns (the compare engine: no dict per pair) -------------------
+
+_NUMBERS = ("flat_euc_dist", "euc_dist", "max_abs_err", "l2norm_diff", "bench_l2norm", "target_max", "target_min",
+            "bench_max", "bench_min")
+_TEXTS = ("target_dtype", "bench_dtype", "target_dtype_declared", "bench_dtype_declared", "err_message",
+          "target_content_hash")
+OUTPUT_COLUMNS = ("scaled_err", "precision_floor", "precision_ratio", "precision_dtype", "precision_result",
+                  "precision_reason")
+
+
+class Columns:
+    """What :func:`judge_precision_columns` reads, one entry per result row (numpy):
+    ``group`` (int64 op-call code: same iteration, rank, graph_id, call_index and target
+    name), ``where`` (int64 code of the row's (iteration, rank)), ``run_rank`` (int64: the
+    row's place in :func:`run_order`), ``output`` (bool: io is 'output'), ``statistics``
+    (bool: the row's mode), ``order`` (int64: the target tensor's place among all target
+    tensors in the producers' order), ``values``/``valid`` (float64 and validity) of
+    ``flat_euc_dist``, ``euc_dist``, ``max_abs_err``, ``l2norm_diff``, ``bench_l2norm``,
+    ``target_max``/``min``, ``bench_max``/``min``; object arrays ``target_dtype``,
+    ``bench_dtype``, ``target_dtype_declared``, ``bench_dtype_declared``, ``err_message``,
+    ``target_content_hash``, ``io``, ``slot``; ``target_shape``/``bench_shape``
+    (:class:`dumpdb.compare.columns.Shapes`); ``producers``: a function from a set of
+    content hashes to :func:`judge_precision`'s ``producers`` for those hashes."""
+
+    def __init__(self, **kw) -> None:
+        self.__dict__.update(kw)
+
+    def row(self, i: int) -> dict:
+        """Row ``i`` as the dicts :func:`judge_precision` judges (None for NULL)."""
+        r = {k: (float(self.values[k][i]) if self.valid[k][i] else None) for k in _NUMBERS}
+        r.update({k: getattr(self, k)[i] for k in _TEXTS})
+        for side in ("target", "bench"):
+            shape = getattr(self, f"{side}_shape").shape(i)
+            r[f"{side}_shape"] = None if shape is None else list(shape)
+        r["mode"] = "statistics" if self.statistics[i] else "tensor"
+        r["_order"] = int(self.order[i])
+        return r
+
+
+def _side_nonfinite(c: Columns, side: str) -> np.ndarray:
+    out = np.zeros(len(c.group), bool)
+    for k in ("max", "min"):
+        out |= c.valid[f"{side}_{k}"] & ~np.isfinite(c.values[f"{side}_{k}"])
+    return out
+
+
+def _errors_columns(c: Columns) -> tuple[np.ndarray, ...]:
+    """:func:`_pair_error` of every row: (err, err valid, floor, floor valid, dtype, reason);
+    vectorised, with the rows it settles by a special case (a reshape, NaN/Inf only on the
+    target side or at different positions) computed by _pair_error itself."""
+    n = len(c.group)
+    err, err_ok = np.full(n, np.nan), np.zeros(n, bool)
+    floor, floor_ok = np.full(n, np.nan), np.zeros(n, bool)
+    low = np.full(n, None, dtype=object)
+    reason = np.full(n, None, dtype=object)
+    dtypes = (c.target_dtype, c.bench_dtype, c.target_dtype_declared, c.bench_dtype_declared)
+    if n:  # _dtype_rule once per distinct combination
+        codes = group_codes([string_codes(pa.array(col.tolist())) for col in dtypes])
+        _, first = np.unique(codes, return_index=True)
+        found = [_dtype_rule(*(col[i] for col in dtypes)) for i in first.tolist()]
+        low[:] = np.array([f[0] for f in found] + [None], dtype=object)[:-1][codes]
+        reason[:] = np.array([f[1] for f in found] + [None], dtype=object)[:-1][codes]
+    ts, bs = c.target_shape, c.bench_shape
+    nan_inf = np.fromiter((isinstance(m, str) and MSG_NAN_INF_MISMATCH in m for m in c.err_message), bool, n)
+    special = (ts.valid & bs.valid & ~ts.equal(bs)) | (_side_nonfinite(c, "target") & ~_side_nonfinite(c, "bench")) \
+        | (~c.statistics & nan_inf)
+    structural = np.not_equal(reason, None)
+    simple = ~special & ~structural
+    low[structural & ~special] = None
+
+    def num(k: str) -> tuple[np.ndarray, np.ndarray]:
+        return c.values[k], c.valid[k] & ~np.isnan(c.values[k])
+
+    euc_v, euc_ok = num("euc_dist")
+    mae_v, mae_ok = num("max_abs_err")
+    l2d_v, l2d_ok = num("l2norm_diff")
+    euc = np.where(c.statistics, np.abs(l2d_v), np.where(euc_ok, euc_v, mae_v))
+    euc_ok = np.where(c.statistics, l2d_ok, euc_ok | mae_ok)
+    l2_v, l2_ok = num("bench_l2norm")
+    size = np.where(bs.valid, bs.size, 1).astype(np.float64)
+    kinds = {d: (1, 0.0, 0.0) if d is not None and d.startswith(_EXACT) else
+             (2, *_FLOATS[d]) if d in _FLOATS else (0, 0.0, 0.0) for d in set(low[simple].tolist())}
+    kind = np.zeros(n, np.int8)
+    eps, sub = np.zeros(n), np.zeros(n)
+    for d, (k, e, s) in kinds.items():
+        at = simple & (low == d).astype(bool) if d is not None else simple & np.equal(low, None).astype(bool)
+        kind[at], eps[at], sub[at] = k, e, s
+    go = simple & euc_ok & l2_ok & (kind > 0)
+    with np.errstate(all="ignore"):
+        positive = l2_v > 0
+        fl = np.where(kind == 1, 0.0, np.where(positive, eps / 2 + (sub / 2) * np.sqrt(np.maximum(size, 1)) / l2_v,
+                                               np.inf))
+        e = np.where(positive, euc / l2_v, np.where(euc == 0, 0.0, np.inf))
+        tiny = ~positive & (euc != 0) & np.isinf(fl)
+        e = np.where(tiny, euc, e)
+        fl = np.where(tiny, (sub / 2) * np.sqrt(np.maximum(size, 1)), fl)
+    err[go], err_ok[go], floor[go], floor_ok[go] = e[go], True, fl[go], True
+    for i in np.flatnonzero(special).tolist():
+        e1, f1, low[i], reason[i] = _pair_error(c.row(i))
+        if e1 is not None:
+            err[i], err_ok[i] = e1, True
+        if f1 is not None:
+            floor[i], floor_ok[i] = f1, True
+    return err, err_ok, floor, floor_ok, low, reason
+
+
+def judge_precision_columns(c: Columns, rules: PrecisionRules = PrecisionRules(),
+                            ) -> tuple[dict[str, np.ndarray], dict[str, Any] | None]:
+    """:func:`judge_precision` and :func:`first_departure` over columns (:class:`Columns`).
+
+    Returns ({column: array} for ``scaled_err``, ``precision_floor``, ``precision_ratio``
+    (float64, NaN where None, with ``<name>_valid`` masks) and ``precision_dtype``,
+    ``precision_result``, ``precision_reason``, ``origin_op`` (object arrays), the first
+    departure (as :func:`first_departure`, its ``row`` a dict with ``pair_index`` = row
+    number and ``origin_op``)). The same values as the dict functions: the per-row
+    error, floor and ratio and the running state of each iteration and rank (the largest
+    earlier error, an earlier NaN/Inf) are array operations; only the rows that depart
+    (ratio above the margin, or a structural difference) are judged one by one, by the
+    same code."""
+    n = len(c.group)
+    err, err_ok, floor, floor_ok, low, reason = _errors_columns(c)
+    ratio, ratio_ok = np.full(n, np.nan), err_ok & floor_ok
+    with np.errstate(all="ignore"):
+        r = np.where((floor == 0) & (err > 0), np.inf, np.where(err == 0, 0.0, err / floor))
+    ratio[ratio_ok] = r[ratio_ok]
+    departs = np.not_equal(reason, None) | (ratio_ok & (ratio > rules.margin))
+    result = np.full(n, PASS, dtype=object)
+    origin = np.full(n, None, dtype=object)
+    out = {"scaled_err": err, "scaled_err_valid": err_ok, "precision_floor": floor, "precision_floor_valid": floor_ok,
+           "precision_ratio": ratio, "precision_ratio_valid": ratio_ok, "precision_dtype": low,
+           "precision_result": result, "precision_reason": reason, "origin_op": origin}
+    if n == 0:
+        return out, None
+    g = c.group
+    groups = int(g.max()) + 1
+    # groups in the order their first row runs; each (iteration, rank)'s running state
+    first_run = np.full(groups, np.iinfo(np.int64).max, np.int64)
+    np.minimum.at(first_run, g, c.run_rank)
+    where = np.zeros(groups, np.int64)
+    where[g] = c.where
+    inputs = ~c.output
+    finite = np.where(err_ok & np.isfinite(err), err, 0.0)
+    gmax = np.zeros(groups)
+    np.maximum.at(gmax, g, finite)
+    ginf = np.zeros(groups, bool)
+    ginf[g[err_ok & np.isinf(err)]] = True
+    upstream, inf_before = np.zeros(groups), np.zeros(groups, bool)
+    seq = np.lexsort((first_run, where))
+    w_seq = where[seq]
+    for lo, hi in zip(*_runs(w_seq)):
+        part = seq[lo:hi]
+        m = np.maximum.accumulate(gmax[part])
+        upstream[part[1:]] = m[:-1]
+        anyinf = np.logical_or.accumulate(ginf[part])
+        inf_before[part[1:]] = anyinf[:-1]
+    has_in = np.bincount(g[inputs], minlength=groups) > 0
+    worst = np.zeros(groups)
+    np.maximum.at(worst, g[inputs], np.where(err_ok, err, 0.0)[inputs])
+    worst_in = np.where(has_in, worst, upstream)
+    for k in np.unique(g[inputs & err_ok & np.isnan(err)]).tolist():  # Python's max, NaN and all
+        idx = np.flatnonzero((g == k) & inputs)
+        idx = idx[np.argsort(c.run_rank[idx], kind="stable")]
+        worst_in[k] = max((float(err[i]) if err_ok[i] else 0.0 for i in idx.tolist()), default=0.0)
+    # departing outputs: _judge_output's branches as masks (the cancellation test, which
+    # needs the op's inputs, one by one)
+    wi, before = worst_in[g], inf_before[g]
+    none = np.equal(reason, None).astype(bool)
+    dep_out = departs & c.output
+    with np.errstate(invalid="ignore"):
+        bound = rules.growth * wi + rules.margin * np.where(floor_ok, floor, 0.0)
+        b1 = dep_out & none & err_ok & (err <= bound)
+        b2 = dep_out & ~b1 & none & floor_ok & (floor == 0) & (wi > 0)
+        b3 = dep_out & ~b1 & ~b2 & err_ok & np.isinf(err) & ((wi == np.inf) | before)
+    rest = dep_out & ~b1 & ~b2 & ~b3
+    one_by_one = rest & none & has_in[g]
+    fails = rest & ~one_by_one
+    for i in np.flatnonzero(b1).tolist():
+        reason[i] = (f"error {float(err[i]):.3g} propagated: within {rules.growth:g} x the inputs' "
+                     f"{float(wi[i]):.3g} + {rules.margin:g} x floor")
+    for i in np.flatnonzero(b2).tolist():
+        reason[i] = f"exact-dtype result of inputs with error {float(wi[i]):.3g}: rounding decides its ties"
+    for i in np.flatnonzero(b3).tolist():
+        reason[i] = f"{reason[i]}: propagated from earlier nan/inf"
+    result[b1 | b2 | b3] = WARNING
+    result[fails] = ERROR
+    for i in np.flatnonzero(fails & none).tolist():
+        e1 = float(err[i]) if err_ok[i] else None
+        r1 = float(ratio[i]) if ratio_ok[i] else None
+        reason[i] = (f"departs: error {_fmt(e1)} = {_fmt(r1)} x the {low[i]} floor, "
+                     f"inputs' error {float(wi[i]):.3g}")
+    _judge_inputs_columns(c, departs & inputs, g, err, err_ok, floor_ok, floor, ratio, ratio_ok, upstream,
+                          inf_before, result, reason, origin, rules)
+    # cancellation candidates: one by one (they need their op's inputs)
+    one = one_by_one
+    judged = set(g[one].tolist())
+    if judged:
+        order = np.argsort(c.run_rank, kind="stable")
+        order = order[np.isin(g[order], np.fromiter(judged, np.int64, len(judged)))]
+        members: dict[int, list[int]] = {}
+        for i in order.tolist():
+            members.setdefault(int(g[i]), []).append(i)
+        rows: dict[int, dict] = {}
+
+        def row(i: int) -> dict:
+            if i not in rows:
+                d = c.row(i)
+                d.update(scaled_err=float(err[i]) if err_ok[i] else None,
+                         precision_floor=float(floor[i]) if floor_ok[i] else None,
+                         precision_ratio=float(ratio[i]) if ratio_ok[i] else None, precision_dtype=low[i],
+                         precision_result=PASS, precision_reason=reason[i])
+                rows[i] = d
+            return rows[i]
+
+        for k, idx in members.items():
+            ins = [row(i) for i in idx if inputs[i]]
+            for i in idx:
+                if one[i]:
+                    d = row(i)
+                    _judge_output(d, ins, float(worst_in[k]), bool(inf_before[k]), rules)
+                    result[i], reason[i] = d["precision_result"], d["precision_reason"]
+    return out, _first_departure_columns(c, out, err_ok)
+
+
+def _judge_inputs_columns(c: Columns, rows_mask, g, err, err_ok, floor_ok, floor, ratio, ratio_ok, upstream,
+                          inf_before, result, reason, origin, rules: PrecisionRules) -> None:
+    """:func:`_judge_input` of the departing input rows ``rows_mask``, over columns: the
+    producer of each (the last target output with its content hash before it) looked up
+    per row, the branches as masks."""
+    rows = np.flatnonzero(rows_mask)
+    if not rows.size:
+        return
+    hashes = {c.target_content_hash[i] for i in rows.tolist()} - {None}
+    producers = c.producers(hashes) if hashes else {}
+    name = np.full(len(g), None, dtype=object)
+    has, compared = np.zeros(len(g), bool), np.zeros(len(g), bool)
+    if producers:
+        keys = {h: [p[0] for p in v] for h, v in producers.items()}
+        for i in rows.tolist():
+            h = c.target_content_hash[i]
+            if h in producers:
+                k = bisect.bisect_left(keys[h], int(c.order[i]))  # producers strictly before the input
+                if k:
+                    _, name[i], compared[i] = producers[h][k - 1]
+                    has[i] = True
+    up, before = upstream[g], inf_before[g]
+    none = ~truthy_mask(reason)
+    a1 = rows_mask & has & compared
+    with np.errstate(invalid="ignore"):
+        a2 = rows_mask & ~a1 & err_ok & np.isinf(err) & before
+        a3 = rows_mask & ~a1 & ~a2 & np.equal(reason, None).astype(bool) & err_ok & \
+            (err <= rules.growth * up + rules.margin * np.where(floor_ok, floor, 0.0))
+    a4 = rows_mask & ~a1 & ~a2 & ~a3
+    for i in np.flatnonzero(a1 & none).tolist():
+        reason[i] = f"input error propagated from {name[i]}"
+    for i in np.flatnonzero(a2).tolist():
+        reason[i] = f"{reason[i] or 'nan/inf'}: propagated from earlier nan/inf"
+    for i in np.flatnonzero(a3).tolist():
+        reason[i] = (f"input error {float(err[i]):.3g} within {rules.growth:g} x the largest earlier error "
+                     f"{float(up[i]):.3g}" + (f" (produced by {name[i]})" if has[i] else ""))
+    for i in np.flatnonzero(a4).tolist():
+        what = reason[i] or (f"input departs: error {_fmt(float(err[i]) if err_ok[i] else None)} = "
+                             f"{_fmt(float(ratio[i]) if ratio_ok[i] else None)} x floor")
+        if has[i]:
+            reason[i] = f"{what}; produced by {name[i]}, an op only the target has"
+            origin[i] = name[i]
+        else:
+            reason[i] = f"{what}; no compared op produced it (parameter or data input)"
+    result[a1 | a2 | a3] = WARNING
+    result[a4] = ERROR
+
+
+def truthy_mask(values: np.ndarray) -> np.ndarray:
+    """bool(v) per element of an object array."""
+    if values.size == 0:
+        return np.zeros(0, bool)
+    return np.frompyfunc(bool, 1, 1)(values).astype(bool)
+
+
+def _runs(values: np.ndarray) -> tuple[list[int], list[int]]:
+    """(starts, ends) of the runs of equal values of a sorted array."""
+    if values.size == 0:
+        return [], []
+    cut = np.flatnonzero(values[1:] != values[:-1]) + 1
+    return [0, *cut.tolist()], [*cut.tolist(), int(values.size)]
+
+
+def _first_departure_columns(c: Columns, out: dict[str, np.ndarray], err_ok) -> dict[str, Any] | None:
+    failing = np.flatnonzero(out["precision_result"] == ERROR)
+    if not failing.size:
+        return None
+    first = int(failing[np.argmin(c.run_rank[failing])])
+    group = np.flatnonzero(c.group == c.group[first]).tolist()
+    pick = next((i for i in group if c.output[i] and out["precision_result"][i] == ERROR), first)
+
+    def value(name: str, i: int):
+        return float(out[name][i]) if out[f"{name}_valid"][i] else None
+
+    def side(i: int) -> dict:
+        return {"io": c.io[i], "slot": c.slot[i], "scaled_err": value("scaled_err", i),
+                "floor": value("precision_floor", i), "ratio": value("precision_ratio", i),
+                "target_dtype": c.target_dtype[i], "bench_dtype": c.bench_dtype[i],
+                "result": out["precision_result"][i], "reason": out["precision_reason"][i]}
+
+    return {"row": {"pair_index": pick, "origin_op": out["origin_op"][pick]}, "origin_op": out["origin_op"][pick],
+            "inputs": [side(i) for i in group if not c.output[i]],
+            "outputs": [side(i) for i in group if c.output[i]]}

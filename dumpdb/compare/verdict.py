@@ -85,6 +85,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from dumpdb.compare.metrics import MSG_NAN_INF_MISMATCH
 
 PASS, WARNING, ERROR = "pass", "warning", "error"
@@ -329,3 +333,216 @@ def _outputs_only_accuracy(rows: list[dict], outputs: list[int], th: Thresholds,
 
 def _fmt(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.6g}"
+
+
+class Columns:
+    """The columns :func:`op_results_columns` reads, one entry per result row (numpy; the
+    engine's result columns): ``group`` (int64 op code: rows of one op share it),
+    ``output`` (bool: ``io == 'output'``), ``statistics`` (bool: the row's mode),
+    ``target_name``/``bench_name``/``target_dtype``/``bench_dtype``/``err_message``
+    (object arrays, None for NULL), ``values``/``valid`` (float64 values and validity of
+    ``cosine``, ``one_thousandth_err_ratio``, ``max_abs_err``, ``l2norm_rel_diff``,
+    ``target_max``, ``target_min``, ``bench_max``, ``bench_min``, ``target_requires_grad``,
+    ``bench_requires_grad`` (1.0 / 0.0)), ``target_shape``/``bench_shape``
+    (:class:`dumpdb.compare.columns.Shapes`)."""
+
+    def __init__(self, **kw) -> None:
+        self.__dict__.update(kw)
+
+
+def _texts(*columns: np.ndarray) -> list[pa.Array] | None:
+    """Object arrays of str/None as Arrow strings; None when one holds anything else."""
+    try:
+        return [pa.array(col, pa.string()) for col in columns]
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        return None
+
+
+def _mask(values) -> np.ndarray:
+    """An Arrow boolean result as numpy, NULL -> False."""
+    return pc.fill_null(values, False).to_numpy(zero_copy_only=False)
+
+
+def _name_class(name) -> int:
+    """0 (check all), 1 (ignore the op), 2 (outputs' per-row checks only): :func:`_ignore`."""
+    if not isinstance(name, str):
+        return 0
+    parts = name.split(".")
+    if len(parts) < 2:
+        return 0
+    return 1 if parts[1] in ALL_IGNORE else 2 if parts[1] in INPUT_IGNORE else 0
+
+
+def op_results_columns(c: Columns, thresholds: Thresholds = Thresholds()) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`op_results` of every op at once, over columns (:class:`Columns`): each
+    op's mode is ``statistics`` when all its rows are, else ``tensor`` (as the engine
+    judges). Returns (result, reason): object arrays per row, the values op_results gives
+    row by row (the same checkers in the same order; Python only for the rows a checker
+    flags, to write their reasons)."""
+    th = thresholds
+    g = c.group
+    n = len(g)
+    if n == 0:
+        return np.zeros(0, object), np.zeros(0, object)
+    groups = int(g.max()) + 1
+    out = c.output
+    has_in = np.bincount(g[~out], minlength=groups) > 0
+    has_out = np.bincount(g[out], minlength=groups) > 0
+    stats_group = np.bincount(g[~c.statistics], minlength=groups) == 0
+    first_out = np.full(groups, -1, np.int64)
+    out_rows = np.flatnonzero(out)
+    ug, at = np.unique(g[out_rows], return_index=True)
+    first_out[ug] = out_rows[at]
+    # msprobe's ignore lists by the op's name (the first input's; one name per op here)
+    names = _texts(c.target_name)
+    if names is not None:  # the second dot-separated field, as _ignore reads it
+        field = pc.struct_field(pc.extract_regex(names[0], r"^[^.]*\.(?P<f>[^.]*)"), [0])
+        name_class = np.where(_mask(pc.is_in(field, pa.array(sorted(ALL_IGNORE)))), 1,
+                              np.where(_mask(pc.is_in(field, pa.array(sorted(INPUT_IGNORE)))), 2, 0)).astype(np.int8)
+    else:
+        cache: dict = {}
+        for x in c.target_name:
+            if x not in cache:
+                cache[x] = _name_class(x)
+        name_class = np.fromiter(map(cache.__getitem__, c.target_name), np.int8, n)
+    ignore = np.zeros(groups, np.int8)
+    ignore[g[~out]] = name_class[~out]
+    ignore[~has_in] = 0
+    row_ignore = ignore[g]
+    per_row = (row_ignore == 0) | ((row_ignore == 2) & out)
+    whole = ignore == 0
+    levels = np.zeros(n, np.int8)
+    fired: list[tuple[np.ndarray, int, list[str] | str]] = []
+
+    def flag(rows: np.ndarray, level: int, reasons) -> None:
+        if rows.size:
+            levels[rows] = np.maximum(levels[rows], level)
+            fired.append((rows, level, reasons))
+
+    def num(name: str) -> tuple[np.ndarray, np.ndarray]:
+        v = c.values[name]
+        return v, c.valid[name] & ~np.isnan(v)
+
+    def extreme(name: str, rows: np.ndarray, smallest: bool) -> np.ndarray:
+        v, ok = num(name)
+        acc = np.full(groups, 1.0 if smallest else 0.0)
+        sel = rows & ok
+        (np.minimum if smallest else np.maximum).at(acc, g[sel], v[sel])
+        # Python's min/max keep the first of equal values: the sign of a zero result is the
+        # first zero's (min) or the start value's +0.0 (max)
+        zero = np.flatnonzero(acc == 0)
+        if zero.size:
+            if smallest:
+                rows_ = np.flatnonzero(sel & (v == 0) & (acc[g] == 0))
+                ug, first = np.unique(g[rows_], return_index=True)
+                acc[ug] = v[rows_[first]]
+            else:
+                acc[zero] = 0.0
+        return acc
+
+    def bad(name: str) -> np.ndarray:
+        return c.valid[name] & ~np.isfinite(c.values[name])
+
+    tensor_group = ~stats_group
+    # InfNanErrChecker
+    flag(np.flatnonzero(per_row & ~(bad("bench_max") | bad("bench_min")) & (bad("target_max") | bad("target_min"))),
+         2, "target max/min is nan or inf while bench's are finite")
+    # OneThousandthErrChecker (tensor) / RelativeErrChecker (statistics)
+    min_in = extreme("one_thousandth_err_ratio", ~out, True)
+    min_out = extreme("one_thousandth_err_ratio", out, True)
+    hit = np.flatnonzero(tensor_group & whole & has_out & (min_in > th.one_thousandth_input)
+                         & (min_out < th.one_thousandth_output))
+    flag(first_out[hit], 2, [f"One Thousandth Err Ratio is {float(min_out[k]):.6g} on the outputs while above "
+                             f"{th.one_thousandth_input:g} on the inputs (output limit {th.one_thousandth_output:g})"
+                             for k in hit.tolist()])
+    rel_max_in = np.abs(extreme("l2norm_rel_diff", ~out, False))
+    rel_v, rel_ok = num("l2norm_rel_diff")
+    rel = np.where(rel_ok, rel_v, 0.0)
+    rows = np.flatnonzero(out & stats_group[g] & whole[g] & (rel_max_in[g] < th.rel_err_input)
+                          & (np.abs(rel) > th.rel_err_output))
+    flag(rows, 2, [f"output L2-norm relative diff {float(rel[i]):.6g} > {th.rel_err_output:g} "
+                   f"while the inputs' stay below {th.rel_err_input:g}" for i in rows.tolist()])
+    # RequiresGradErrChecker
+    tg, bg = c.values["target_requires_grad"], c.values["bench_requires_grad"]
+    rows = np.flatnonzero(per_row & c.valid["target_requires_grad"] & c.valid["bench_requires_grad"] & (tg != bg))
+    flag(rows, 2, [f"requires_grad differs (target {bool(tg[i])}, bench {bool(bg[i])})" for i in rows.tolist()])
+    # DTypeErrChecker
+    td, bd = c.target_dtype, c.bench_dtype
+    texts = _texts(c.bench_name, td, bd)
+    if texts is not None:  # all strings or None: Arrow kernels
+        bench_name, tda, bda = texts
+        fused = _mask(pc.or_(pc.match_substring(bench_name, "qkv"), pc.match_substring(bench_name, "gate_up")))
+        known = _mask(pc.and_(pc.not_equal(tda, ""), pc.not_equal(bda, "")))
+        differ = per_row & ~fused & known & _mask(pc.not_equal(tda, bda))
+    else:
+        fused = np.fromiter((isinstance(x, str) and ("qkv" in x or "gate_up" in x) for x in c.bench_name), bool, n)
+        known = np.fromiter((bool(x) and bool(y) for x, y in zip(td, bd)), bool, n)
+        differ = np.zeros(n, bool)
+        sel = np.flatnonzero(per_row & ~fused & known)
+        differ[sel] = np.fromiter((str(td[i]) != str(bd[i]) for i in sel.tolist()), bool, sel.size)
+    rows = np.flatnonzero(differ)
+    flag(rows, 2, [f"dtypes differ (target {td[i]}, bench {bd[i]})" for i in rows.tolist()])
+    # ShapeErrChecker
+    ts, bs = c.target_shape, c.bench_shape
+    rows = np.flatnonzero(per_row & ts.valid & bs.valid & ~ts.equal(bs))
+    flag(rows, 2, [f"shapes differ (target {ts.text(i)}, bench {bs.text(i)})" for i in rows.tolist()])
+    # CosineWarnChecker (tensor) / RelativeWarnChecker (statistics)
+    cos_in = extreme("cosine", ~out, True)
+    cos_out = extreme("cosine", out, True)
+    with np.errstate(invalid="ignore"):
+        drop = cos_in - cos_out
+    hit = np.flatnonzero(tensor_group & whole & has_out & (cos_in > th.cosine_warn_input)
+                         & (drop > th.cosine_warn_drop))
+    flag(first_out[hit], 1, [f"cosine drops from {float(cos_in[k]):.6g} (inputs) to {float(cos_out[k]):.6g} "
+                             f"(outputs), more than {th.cosine_warn_drop:g}" for k in hit.tolist()])
+    _accuracy_columns(c, np.flatnonzero(out & (tensor_group & ~has_in)[g]), th, flag)
+    rel_max_out = np.abs(extreme("l2norm_rel_diff", out, False))
+    cand = stats_group & whole & has_out
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = rel_max_out / np.where(rel_max_in == 0, 1.0, rel_max_in)
+    zero_in = np.flatnonzero(cand & (rel_max_in == 0) & (rel_max_out > th.rel_warn_zero_input))
+    ratio_hit = np.flatnonzero(cand & (rel_max_in != 0) & (ratio > th.rel_warn_ratio))
+    warn = np.sort(np.concatenate([zero_in, ratio_hit]))
+    flag(first_out[warn], 1, [
+        f"output L2-norm relative diff {float(rel_max_out[k]):.6g} > {th.rel_warn_zero_input:g} while the inputs' is 0"
+        if rel_max_in[k] == 0 else
+        f"output L2-norm relative diff {float(rel_max_out[k]):.6g} is more than {th.rel_warn_ratio:g} times the "
+        f"inputs' {float(rel_max_in[k]):.6g}" for k in warn.tolist()])
+    names = np.array([PASS, WARNING, ERROR], dtype=object)
+    reasons: dict[int, list[str]] = {}
+    for rows, level, why in fired:
+        label = names[level]
+        for k, i in enumerate(rows.tolist()):
+            reasons.setdefault(i, []).append(f"{label}: {why if isinstance(why, str) else why[k]}")
+    reason = np.full(n, None, dtype=object)
+    for i, texts in reasons.items():
+        reason[i] = "; ".join(texts)
+    return names[levels], reason
+
+
+def _accuracy_columns(c: Columns, rows: np.ndarray, th: Thresholds, flag) -> None:
+    """:func:`_outputs_only_accuracy` over the output rows ``rows`` of ops without inputs."""
+    cos_v, cos_ok = c.values["cosine"][rows], c.valid["cosine"][rows] & ~np.isnan(c.values["cosine"][rows])
+    mae_v, mae_ok = c.values["max_abs_err"][rows], c.valid["max_abs_err"][rows] & \
+        ~np.isnan(c.values["max_abs_err"][rows])
+    with np.errstate(invalid="ignore"):
+        both = ((cos_v < th.cosine_error) & (mae_v > th.max_abs_err_error)) | (cos_v < th.cosine_error_max) \
+            | (mae_v > th.max_abs_err_error_max)
+        bad = np.where(cos_ok & mae_ok, both,
+                       np.where(mae_ok, mae_v > th.max_abs_err_error_max, cos_ok & (cos_v < th.cosine_error_max)))
+    none = ~cos_ok & ~mae_ok
+    msgs = c.err_message[rows]
+    nan_inf = np.fromiter((none[k] and isinstance(m, str) and MSG_NAN_INF_MISMATCH in m
+                           for k, m in enumerate(msgs)), bool, rows.size)
+    hit = np.flatnonzero((bad & ~none) | nan_inf)
+    texts = []
+    for k in hit.tolist():
+        if none[k]:
+            texts.append("accuracy not reached: nan/inf positions differ")
+            continue
+        cos = float(cos_v[k]) if cos_ok[k] else None
+        mae = float(mae_v[k]) if mae_ok[k] else None
+        texts.append(f"accuracy not reached (cosine {_fmt(cos)}, max_abs_err {_fmt(mae)}; "
+                     f"rule: cosine < {th.cosine_error:g} and max_abs_err > {th.max_abs_err_error:g}, "
+                     f"or cosine < {th.cosine_error_max:g}, or max_abs_err > {th.max_abs_err_error_max:g})")
+    flag(rows[hit], 2, texts)

@@ -1,0 +1,226 @@
+"""Column helpers of the compare engine (issue 13: no Python object per pair on the bulk paths).
+
+The engine keeps the compared pairs as Arrow columns from selection to stored result:
+:class:`Shapes` turns a ``list<int64>`` shape column into a padded numpy matrix (element
+counts, equality, the Python list text messages print), :func:`execution_order` sorts
+pairs by the target's execution order without a tuple per row, :func:`group_codes`
+numbers the distinct combinations of some key columns (NULL equal to NULL, as a Python
+dict keyed by tuples groups them), :func:`join_messages` is the engine's ``"; "`` join of
+messages over whole columns, and :class:`ResultColumns` collects the computed metric
+columns of all pairs (float64 values plus a validity mask: NULL is not NaN).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+__all__ = ["Shapes", "ResultColumns", "execution_order", "execution_keys", "string_codes", "group_codes", "ints",
+           "floats", "strings", "join_messages", "truthy", "IO_ORDER"]
+
+# Sort rank of the io values in execution order (inputs before outputs); others 9.
+IO_ORDER = {"input": 0, "parameter": 1, "output": 2, "parameter_grad": 3}
+_NULL = np.iinfo(np.int64).min  # stands for NULL in grouping keys (no real id, count or time is this)
+
+
+def _array(col) -> pa.Array:
+    return col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+
+
+def ints(col, fill: int) -> np.ndarray:
+    """An integer Arrow column as int64 numpy, NULL -> ``fill``."""
+    arr = _array(col)
+    if pa.types.is_null(arr.type):
+        return np.full(len(arr), fill, np.int64)
+    return pc.fill_null(pc.cast(arr, pa.int64()), fill).to_numpy(zero_copy_only=False)
+
+
+def floats(col) -> tuple[np.ndarray, np.ndarray]:
+    """(values float64 with NaN for NULL, valid mask) of a numeric Arrow column."""
+    arr = _array(col)
+    if pa.types.is_null(arr.type):
+        return np.full(len(arr), np.nan), np.zeros(len(arr), bool)
+    valid = arr.is_valid().to_numpy(zero_copy_only=False)
+    values = pc.fill_null(pc.cast(arr, pa.float64()), np.nan).to_numpy(zero_copy_only=False)
+    return values, valid
+
+
+def strings(col) -> np.ndarray:
+    """A string (or other) Arrow column as a numpy object array (None for NULL); equal
+    values share one Python object (decoded once through a dictionary)."""
+    arr = _array(col)
+    if pa.types.is_null(arr.type):
+        return np.full(len(arr), None, dtype=object)
+    enc = pc.dictionary_encode(arr)
+    values = np.empty(len(enc.dictionary) + 1, dtype=object)
+    values[:-1] = enc.dictionary.to_pylist()
+    return values[pc.fill_null(enc.indices, len(enc.dictionary)).to_numpy(zero_copy_only=False)]
+
+
+def truthy(values: np.ndarray) -> np.ndarray:
+    """bool(v) of each element of an object array (None and "" are False)."""
+    if values.size == 0:
+        return np.zeros(0, bool)
+    return np.frompyfunc(bool, 1, 1)(values).astype(bool)
+
+
+class Shapes:
+    """A ``list<int64>`` shape column as numpy: ``valid`` (not NULL), ``ndim``, ``dims``
+    (n x max ndim, padded with -1) and ``size`` (element count; 1 for a 0-d shape, 0 where
+    NULL)."""
+
+    def __init__(self, col) -> None:
+        arr = _array(col)
+        n = len(arr)
+        if pa.types.is_null(arr.type):
+            self.valid = np.zeros(n, bool)
+            self.ndim = np.zeros(n, np.int64)
+            self.dims = np.full((n, 0), -1, np.int64)
+        else:
+            self.valid = arr.is_valid().to_numpy(zero_copy_only=False)
+            self.ndim = pc.fill_null(pc.list_value_length(arr), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+            flat = pc.list_flatten(arr).to_numpy(zero_copy_only=False).astype(np.int64)
+            width = int(self.ndim.max()) if n else 0
+            self.dims = np.full((n, width), -1, np.int64)
+            starts = np.zeros(n, np.int64)
+            np.cumsum(self.ndim[:-1], out=starts[1:])
+            for d in range(width):
+                has = self.ndim > d
+                self.dims[has, d] = flat[starts[has] + d]
+        padded = np.where(self.dims < 0, 1, self.dims)
+        self.size = np.where(self.valid, padded.prod(axis=1), 0) if n else np.zeros(0, np.int64)
+
+    def equal(self, other: Shapes) -> np.ndarray:
+        """Both shapes known and the same, per row."""
+        width = max(self.dims.shape[1], other.dims.shape[1])
+        a = np.pad(self.dims, ((0, 0), (0, width - self.dims.shape[1])), constant_values=-1)
+        b = np.pad(other.dims, ((0, 0), (0, width - other.dims.shape[1])), constant_values=-1)
+        return self.valid & other.valid & (self.ndim == other.ndim) & (a == b).all(axis=1)
+
+    def shape(self, i: int) -> tuple[int, ...] | None:
+        """Row ``i`` as a tuple (None where NULL)."""
+        return tuple(self.dims[i, : self.ndim[i]].tolist()) if self.valid[i] else None
+
+    def text(self, i: int) -> str:
+        """Row ``i`` as the Python list prints (``[2, 3]``; ``None``), as messages show shapes."""
+        s = self.shape(i)
+        return "None" if s is None else str(list(s))
+
+
+def group_codes(keys: Iterable[np.ndarray]) -> np.ndarray:
+    """One int64 code per row, equal for rows equal in every key column (int64 arrays,
+    NULL already mapped to a value of its own); codes number the distinct keys in sorted
+    order, 0 upwards."""
+    cols = list(keys)
+    n = len(cols[0]) if cols else 0
+    if n == 0:
+        return np.zeros(0, np.int64)
+    order = np.lexsort(cols[::-1])
+    change = np.zeros(n, bool)
+    change[0] = True
+    for c in cols:
+        v = c[order]
+        change[1:] |= v[1:] != v[:-1]
+    codes = np.empty(n, np.int64)
+    codes[order] = np.cumsum(change) - 1
+    return codes
+
+
+def string_codes(col) -> np.ndarray:
+    """Codes of a string column's values (NULL its own code), for :func:`group_codes`."""
+    enc = pc.dictionary_encode(_array(col))
+    return ints(enc.indices, _NULL)
+
+
+def execution_keys(table: pa.Table) -> list[np.ndarray]:
+    """Sort keys (int64 arrays, most significant first) of :func:`execution_order`."""
+    it, rank, graph = (table.column(c) for c in ("iteration", "rank", "graph_id"))
+    ts = ints(table.column("timestamp"), 0)
+    graph_code = group_codes([ints(it, _NULL), ints(rank, _NULL), ints(graph, _NULL)])
+    starts = np.full(int(graph_code.max()) + 1 if graph_code.size else 0, np.iinfo(np.int64).max, np.int64)
+    np.minimum.at(starts, graph_code, ts)
+    position = table.column("position")
+    io = _array(table.column("io"))
+    io_rank = np.full(table.num_rows, 9, np.int64)
+    for name, k in IO_ORDER.items():
+        io_rank[pc.fill_null(pc.equal(io, name), False).to_numpy(zero_copy_only=False)] = k
+    return [ints(it, -1), ints(rank, -1), starts[graph_code], ints(graph, -1),
+            (~_array(position).is_valid().to_numpy(zero_copy_only=False)).astype(np.int64), ints(position, 0), ts,
+            ints(table.column("call_index"), -1), io_rank, ints(table.column("slot"), -1),
+            ints(table.column("tensor_id"), -1)]
+
+
+def execution_order(table: pa.Table) -> np.ndarray:
+    """Permutation sorting ``table`` (catalog ``tensors`` rows with iteration, rank, graph_id,
+    position, timestamp, call_index, io, slot, tensor_id) in execution order: iteration,
+    rank, then graphs in the order they ran (their first timestamp in that iteration and
+    rank), position in the graph (NULLs last), timestamp, call index, inputs before
+    outputs, slot, tensor_id (NULL numbers sort as -1, a NULL position or timestamp as 0).
+    Stable: rows with equal keys keep their order."""
+    if table.num_rows == 0:
+        return np.zeros(0, np.int64)
+    return np.lexsort(execution_keys(table)[::-1])
+
+
+def join_messages(old: np.ndarray, new: np.ndarray) -> np.ndarray:
+    """``"; "``.join of the messages of two object arrays, element by element, skipping
+    None and empty ones (None when both are): the engine's per-pair join over columns."""
+    has_old, has_new = truthy(old), truthy(new)
+    out = np.where(has_new & ~has_old, new, np.where(has_old, old, None))
+    for i in np.flatnonzero(has_old & has_new).tolist():
+        out[i] = f"{old[i]}; {new[i]}"
+    return out
+
+
+class ResultColumns:
+    """Computed columns of ``n`` pairs: float64 ``values`` with a ``valid`` mask per metric
+    name (NULL where invalid; a valid value may be NaN; a column nothing was written to is
+    not allocated: all NULL), the ``message`` object array and each pair's ``mode``."""
+
+    def __init__(self, n: int, names: Iterable[str]) -> None:
+        self.n = n
+        self.names = tuple(names)
+        self.values: dict[str, np.ndarray] = {}
+        self.valid: dict[str, np.ndarray] = {}
+        self.message = np.full(n, None, dtype=object)
+        self.mode = np.full(n, None, dtype=object)
+
+    def _column(self, name: str) -> None:
+        if name not in self.values:
+            self.values[name] = np.full(self.n, np.nan)
+            self.valid[name] = np.zeros(self.n, bool)
+
+    def put_row(self, i: int, metrics: Mapping[str, object], message: str | None) -> None:
+        """One pair's metrics as a dict (None = NULL; names not collected are ignored)."""
+        for k, v in metrics.items():
+            if k in self.names and v is not None:
+                self._column(k)
+                self.values[k][i] = v
+                self.valid[k][i] = True
+        self.note(np.array([i]), np.array([message], dtype=object))
+
+    def put(self, idx: np.ndarray, name: str, values: np.ndarray, valid: np.ndarray) -> None:
+        """Column ``name`` of the pairs ``idx``."""
+        self._column(name)
+        self.values[name][idx] = values
+        self.valid[name][idx] = valid
+
+    def column(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """(values, valid) of ``name`` (all NULL when never written)."""
+        if name in self.values:
+            return self.values[name], self.valid[name]
+        return np.full(self.n, np.nan), np.zeros(self.n, bool)
+
+    def note(self, idx: np.ndarray, messages: np.ndarray) -> None:
+        """Join ``messages`` (object array, None for none) onto the pairs ``idx``' messages."""
+        self.message[idx] = join_messages(self.message[idx], messages)
+
+    def arrow(self, name: str) -> pa.Array:
+        """Column ``name`` as Arrow float64 (and dropped here)."""
+        if name not in self.values:
+            return pa.nulls(self.n, pa.float64())
+        values, valid = self.values.pop(name), self.valid.pop(name)
+        return pa.array(values, pa.float64(), mask=~valid)

@@ -1,0 +1,264 @@
+"""The compare engine's columnar paths (issue 13): results built column by column, msprobe
+verdicts and precision rules over columns, give what the pair-by-pair code gives.
+
+* a corpus compare through the bulk paths (identical-hash short cut, batched small pairs)
+  equals the same compare forced pair by pair (a plug-in metric is registered: then every
+  tensor pair is computed alone by tensor_metrics in the pool, as before issue 13);
+* :func:`dumpdb.compare.verdict.op_results_columns` equals :func:`~dumpdb.compare.verdict.op_results`
+  op by op, and :func:`dumpdb.compare.precision.judge_precision_columns` equals
+  :func:`~dumpdb.compare.precision.judge_precision` / ``first_departure`` row by row, on
+  generated rows that reach every checker and branch (NaN/Inf, zeros, missing values,
+  reshapes, dtype mixes, ignored ops, ops without inputs, producers).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import defaultdict
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from conftest import ms_case
+
+import dumpdb
+from dumpdb.compare import registry
+from dumpdb.compare.columns import Shapes, group_codes
+from dumpdb.compare.engine import compare
+from dumpdb.compare.metrics import MSG_NAN_INF_MISMATCH
+from dumpdb.compare.precision import Columns as PrecisionColumns
+from dumpdb.compare.precision import (
+    PrecisionRules,
+    first_departure,
+    judge_precision,
+    judge_precision_columns,
+    run_order,
+)
+from dumpdb.compare.verdict import Columns as VerdictColumns
+from dumpdb.compare.verdict import Thresholds, op_results, op_results_columns
+
+
+@pytest.fixture(scope="module")
+def pair_archive(tmp_path_factory):
+    archive = tmp_path_factory.mktemp("columns") / "a.dumpdb"
+    for case, run in (("d1_compare_fp32_iter0", "fp32"), ("d2_compare_fp16_bf16_iter0", "fp16")):
+        assert dumpdb.ingest(ms_case(case), archive=archive, run=run).ok
+    return archive
+
+
+@pytest.mark.parametrize("target,bench", [("fp16", "fp32"), ("fp32", "fp32")])
+def test_bulk_paths_equal_the_pair_by_pair_path(pair_archive, target, bench):
+    """fp16/bf16 vs fp32 takes the batched small-pair path, fp32 vs itself the identical-hash
+    short cut; with a plug-in metric registered every tensor pair is computed alone. The
+    result tables are equal column for column (the plug-in's own column aside), and so are
+    the summaries and first divergences."""
+    a = dumpdb.open(pair_archive)
+    bulk = compare(a, target, bench, store_results=False, mode="tensor")
+    seen = []
+
+    def plugin(t, b):
+        seen.append(t.size)
+        return 1.0
+
+    registry.register(registry.Metric("per_pair_probe_test", "tensor", "calls (test)", function=plugin))
+    try:
+        one_by_one = compare(a, target, bench, store_results=False, mode="tensor")
+    finally:
+        registry.unregister("per_pair_probe_test")
+    assert len(seen) == bulk.results.num_rows > 50  # every pair went through the per-pair path
+    slow = one_by_one.results.drop_columns(["per_pair_probe_test"])
+    assert slow.drop_columns(["cosine"]).equals(bulk.results.drop_columns(["cosine"]))
+    # cosine: equal, but where the payloads are the same bytes the short cut gives the
+    # definition's 1.0 where dot(x, x) / |x|**2 computes 1 - a few ulps (metrics.identical_metrics)
+    same = [t == b for t, b in zip(bulk.results["target_content_hash"].to_pylist(),
+                                   bulk.results["bench_content_hash"].to_pylist())]
+    for k, (fast, computed) in enumerate(zip(bulk.results["cosine"].to_pylist(), slow["cosine"].to_pylist())):
+        if same[k] and fast is not None and computed is not None:
+            assert fast == 1.0 and abs(computed - 1.0) <= 4 * np.finfo(np.float64).eps, k
+        else:
+            assert repr(fast) == repr(computed), k
+    assert one_by_one.summary == bulk.summary
+    assert one_by_one.first_divergence == bulk.first_divergence
+    if target == bench:
+        assert set(bulk.results["max_abs_err"].to_pylist()) == {0.0}
+    else:
+        assert bulk.summary["error"] + bulk.summary["warning"] > 0  # the verdicts had something to judge
+        assert any(v is not None and v > 0 for v in bulk.results["max_abs_err"].to_pylist())
+
+
+# -- generated rows: verdicts ------------------------------------------------------------------
+
+_NAMES = ["Functional.linear.0.forward", "Functional.empty.1.forward", "Distributed._all_gather_base.0.forward",
+          "Default/net/MatMul-op3", "Tensor.to.2.forward", "Module.qkv_proj.0.forward", None]
+_DTYPES = ["float32", "float16", "bfloat16", "int32", "bool", None, ""]
+
+
+def _value(rng: random.Random, scale: float = 1.0):
+    return rng.choice([None, math.nan, math.inf, -math.inf, 0.0, -0.0, 1.0, 0.95, 0.5, 0.05, 1e-4,
+                       rng.random() * scale, -rng.random() * scale])
+
+
+def _norm(rng: random.Random, scale: float):
+    """A distance: None, NaN, +inf or >= 0."""
+    v = _value(rng, scale)
+    return v if v is None else abs(v)
+
+
+def _rows(seed: int, n: int = 400) -> list[dict]:
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        op = rng.randrange(40)
+        shapes = [[2, 3], [3, 2], [6], [], None, [2, 3]]
+        name = _NAMES[op % len(_NAMES)]
+        rows.append({
+            "pair_index": i, "iteration": rng.choice([0, 1, None]), "rank": rng.choice([0, None]),
+            "graph_id": op % 3, "call_index": rng.choice([None, 0]), "target_name": name,
+            "bench_name": rng.choice([name, "Module.gate_up.0", None]),
+            "io": "output" if rng.random() < 0.5 else rng.choice(["input", "parameter", None]),
+            "slot": rng.randrange(3), "timestamp": rng.choice([None, 1000 + rng.randrange(50)]),
+            "mode": rng.choice(["tensor", "statistics"]),
+            "target_dtype": rng.choice(_DTYPES), "bench_dtype": rng.choice(_DTYPES),
+            "target_dtype_declared": rng.choice([None, "Float16", "fp32"]), "bench_dtype_declared": None,
+            "target_shape": rng.choice(shapes), "bench_shape": rng.choice(shapes),
+            "target_requires_grad": rng.choice([None, True, False]),
+            "bench_requires_grad": rng.choice([None, True, False]),
+            "cosine": _value(rng), "one_thousandth_err_ratio": _value(rng), "max_abs_err": _norm(rng, 2.0),
+            "euc_dist": _norm(rng, 1e-3), "flat_euc_dist": _norm(rng, 1e-3), "l2norm_diff": _value(rng),
+            "l2norm_rel_diff": _value(rng, 20.0),
+            **{f"{s}_{k}": _value(rng, 10.0) for s in ("target", "bench") for k in ("max", "min")},
+            "bench_l2norm": rng.choice([None, 0.0, 1.0, 3.0, 1e-30]),
+            "err_message": rng.choice([None, MSG_NAN_INF_MISMATCH, "dtype mismatch"]),
+            "target_content_hash": rng.choice(["h1", "h2", "h3", None]),
+        })
+    return rows
+
+
+def _op_key(r: dict) -> tuple:
+    return r["iteration"], r["rank"], r["graph_id"], r["call_index"], r["target_name"]
+
+
+def _codes(keys: list[tuple]) -> np.ndarray:
+    index: dict = {}
+    return np.array([index.setdefault(k, len(index)) for k in keys], np.int64)
+
+
+def _numbers(rows: list[dict], names) -> tuple[dict, dict]:
+    values, valid = {}, {}
+    for k in names:
+        col = [r[k] for r in rows]
+        valid[k] = np.array([v is not None for v in col])
+        values[k] = np.array([np.nan if v is None else float(v) for v in col])
+    return values, valid
+
+
+def _objects(rows: list[dict], key: str) -> np.ndarray:
+    return np.array([r[key] for r in rows], dtype=object)
+
+
+def _shapes(rows: list[dict], key: str) -> Shapes:
+    return Shapes(pa.array([r[key] for r in rows], pa.list_(pa.int64())))
+
+
+def test_verdict_columns_equal_op_results():
+    levels = set()
+    for seed in range(6):
+        levels |= _check_verdicts(_rows(seed))
+    assert levels == {"pass", "warning", "error"}  # the rows reach every level
+
+
+def _check_verdicts(rows: list[dict]) -> set[str]:
+    th = Thresholds()
+    groups: dict[tuple, list[int]] = defaultdict(list)
+    for i, r in enumerate(rows):
+        groups[_op_key(r)].append(i)
+    expected: list = [None] * len(rows)
+    for idx in groups.values():
+        mode = "statistics" if all(rows[i]["mode"] == "statistics" for i in idx) else "tensor"
+        for i, got in zip(idx, op_results([rows[i] for i in idx], th, mode=mode)):
+            expected[i] = got
+    names = ("cosine", "one_thousandth_err_ratio", "max_abs_err", "l2norm_rel_diff", "target_max", "target_min",
+             "bench_max", "bench_min", "target_requires_grad", "bench_requires_grad")
+    values, valid = _numbers(rows, names)
+    columns = VerdictColumns(
+        group=_codes([_op_key(r) for r in rows]), output=np.array([r["io"] == "output" for r in rows]),
+        statistics=np.array([r["mode"] == "statistics" for r in rows]), target_name=_objects(rows, "target_name"),
+        bench_name=_objects(rows, "bench_name"), target_dtype=_objects(rows, "target_dtype"),
+        bench_dtype=_objects(rows, "bench_dtype"), err_message=_objects(rows, "err_message"), values=values,
+        valid=valid, target_shape=_shapes(rows, "target_shape"), bench_shape=_shapes(rows, "bench_shape"))
+    result, reason = op_results_columns(columns, th)
+    assert list(zip(result.tolist(), reason.tolist())) == expected
+    return {lvl for lvl, _ in expected}
+
+
+# -- generated rows: precision rules -----------------------------------------------------------
+
+def _precision_columns(rows: list[dict], producers: dict) -> PrecisionColumns:
+    n = len(rows)
+    ranked = sorted(range(n), key=lambda i: run_order(rows[i]))
+    run_rank = np.empty(n, np.int64)
+    run_rank[ranked] = np.arange(n)
+    values, valid = _numbers(rows, ("flat_euc_dist", "euc_dist", "max_abs_err", "l2norm_diff", "bench_l2norm",
+                                    "target_max", "target_min", "bench_max", "bench_min"))
+    texts = {k: _objects(rows, k) for k in ("target_dtype", "bench_dtype", "target_dtype_declared",
+                                            "bench_dtype_declared", "err_message", "target_content_hash", "io",
+                                            "slot")}
+    return PrecisionColumns(
+        group=_codes([_op_key(r) for r in rows]), where=_codes([(r["iteration"], r["rank"]) for r in rows]),
+        run_rank=run_rank, output=np.array([r["io"] == "output" for r in rows]),
+        statistics=np.array([r["mode"] == "statistics" for r in rows]),
+        order=np.array([r["_order"] for r in rows], np.int64), values=values, valid=valid, **texts,
+        target_shape=_shapes(rows, "target_shape"), bench_shape=_shapes(rows, "bench_shape"),
+        producers=lambda hashes: {h: producers[h] for h in hashes if h in producers})
+
+
+def _same(a, b) -> bool:
+    return repr(a) == repr(b)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("statistics_only", [False, True])
+def test_precision_columns_equal_judge_precision(seed, statistics_only):
+    rows = _rows(100 + seed)
+    rng = random.Random(seed)
+    for k, r in enumerate(rows):
+        r["_order"] = 2 * k + 1
+        if statistics_only:
+            r["mode"] = "statistics"
+        if rng.random() < 0.5:  # plenty of rows within the floor and many just beyond it
+            r["euc_dist"] = r["l2norm_diff"] = rng.choice([0.0, 1e-9, 1e-6, 1e-4, 1e-2])
+            r["bench_l2norm"], r["err_message"] = 1.0, None
+            r["target_max"] = r["target_min"] = 0.5
+    producers = {"h1": [(0, "Producer-op1", True), (301, "Inserted-op2", False)], "h2": [(5, "OnlyTarget-op3", False)]}
+    columns = _precision_columns(rows, producers)
+    rules = PrecisionRules()
+    got, departure = judge_precision_columns(columns, rules)
+    expected = [dict(r) for r in rows]
+    judge_precision(expected, producers, rules)
+    for i, r in enumerate(expected):
+        for name in ("scaled_err", "precision_floor", "precision_ratio"):
+            value = float(got[name][i]) if got[f"{name}_valid"][i] else None
+            assert _same(value, r[name]), (i, name, value, r[name])
+        for name in ("precision_dtype", "precision_result", "precision_reason"):
+            assert got[name][i] == r[name], (i, name, got[name][i], r[name])
+        assert got["origin_op"][i] == r.get("origin_op"), i
+    assert {r["precision_result"] for r in expected} == {"pass", "warning", "error"}
+    first = first_departure(expected)
+    assert first is not None and departure is not None
+    assert departure["row"]["pair_index"] == first["row"]["pair_index"]
+    assert {k: departure[k] for k in ("origin_op", "inputs", "outputs")} == \
+        {k: first[k] for k in ("origin_op", "inputs", "outputs")}
+
+
+def test_group_codes_and_shapes():
+    """NULL keys group with NULL, distinct keys stay apart; shapes compare and print as lists."""
+    sentinel = np.iinfo(np.int64).min
+    a = np.array([1, 1, sentinel, sentinel, 2])
+    b = np.array([5, 6, 5, 5, 5])
+    codes = group_codes([a, b])
+    assert codes[2] == codes[3] and len(set(codes.tolist())) == 4
+    s = Shapes(pa.array([[2, 3], [], None, [6]], pa.list_(pa.int64())))
+    t = Shapes(pa.array([[2, 3], [], None, [2, 3]], pa.list_(pa.int64())))
+    assert s.equal(t).tolist() == [True, True, False, False]
+    assert s.size.tolist() == [6, 1, 0, 6] and s.text(0) == "[2, 3]" and s.text(2) == "None"

@@ -33,7 +33,6 @@ import numpy as np
 from dumpdb.dtypes import dtype_name
 from dumpdb.dumpio import check_dump_file, confine
 from dumpdb.errors import DumpdbError
-from dumpdb.ingestion import identity
 from dumpdb.layouts import Layout, TensorEntry, get_layout
 from dumpdb.stats import STAT_COLUMNS, compute_stats
 from dumpdb.storage.store import payload_hash
@@ -101,10 +100,11 @@ def load_entry(layout: Layout, entry: TensorEntry, size: int,
     item = Loaded(entry, file_bytes=size)
     if entry.path is None:
         return item
-    item.source = identity.file_identity(entry.path)
     try:
-        # every layout's payload: a regular file inside the dump, before any open
-        check_dump_file(entry.path, entry.source_file)
+        # every layout's payload: a regular file inside the dump, before any open; its
+        # (size, mtime) from that same stat (one stat a file: the tiny-file path's cost)
+        st = check_dump_file(entry.path, entry.source_file)
+        item.source = (st.st_size, st.st_mtime_ns)
         loaded = layout.load(entry)
     except DumpdbError as exc:
         item.error = str(exc)

@@ -32,7 +32,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import BrokenExecutor, Executor, ThreadPoolExecutor
+from concurrent.futures import BrokenExecutor, Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from dataclasses import fields as dataclass_fields
 from datetime import datetime
@@ -75,6 +75,8 @@ from dumpdb.ingestion.workers import (
     load_entry,
     one_line,
     process_pool,
+    read_payload,
+    write_payloads,
 )
 from dumpdb.layouts import DumpScan, Layout, TensorEntry, locate
 from dumpdb.layouts.base import StatisticsFile, display_name
@@ -303,6 +305,7 @@ class _Pipeline:
         self.reporter = reporter
         self.workers = max(1, workers)
         self.writer = StoreWriter(store)
+        self.writer.resolve = read_payload  # a payload reference a worker's pool dropped: read here
         self.run_name = report.run
         self.known: set[str] = set()  # payload hashes durable in the store
         self.waiting: dict[str, list[dict]] = {}  # hash buffered in a pack -> rows waiting on it
@@ -452,7 +455,13 @@ class _Pipeline:
                     if pool is None:
                         self._process(pending)
                     else:
-                        self._process_batches(pending, pool)
+                        self._delegate_writes(pool)
+                        try:
+                            self._process_batches(pending, pool)
+                            self._durable(self.writer.flush())  # the last packs, by the workers
+                        finally:
+                            self.writer.delegate = None
+                            self.writer.wait()  # the pool's writes finish before the pool goes
             self._durable(self.writer.flush())
             self._commit()
             for sf in self.scan.statistics_files:
@@ -605,6 +614,20 @@ class _Pipeline:
                     future.cancel()
                 raise
 
+    def _delegate_writes(self, pool: Executor) -> None:
+        """Worker processes on a local store write the packs too (:mod:`dumpdb.ingestion.workers`):
+        results carry payload references, the packs are laid out here as always and each is
+        written by a worker, so compression runs on every core and no payload byte passes
+        through this process. Dask tasks (other machines maybe) and remote stores: arrays
+        come back and this process writes."""
+        root = self.writer.store.root
+        if root is None or not isinstance(pool, ProcessPoolExecutor):
+            return
+        store_root = str(root)
+        self.writer.delegate = lambda kind, args: pool.submit(write_payloads, store_root, kind, args)
+        self.writer.max_inflight = max(self.writer.max_inflight, 2 * max(1, self.executor.count if self.executor
+                                                                          else 1))
+
     def _load_many(self, entries: list[TensorEntry], sizes: list[int]) -> list[_Loaded]:
         """Reader thread: :meth:`_load` of a batch, in order."""
         return [self._load(e, s) for e, s in zip(entries, sizes)]
@@ -633,7 +656,8 @@ class _Pipeline:
                     if batch is None:
                         exhausted = True
                         break
-                    task = LoadTask(self.layout.name, self.executor.root, self.executor.follow_symlinks, *batch)
+                    task = LoadTask(self.layout.name, self.executor.root, self.executor.follow_symlinks, *batch,
+                                    keep_arrays=self.writer.delegate is None)
                     nbytes = sum(batch[1])
                     inflight.append((pool.submit(load_batch, task), nbytes))
                     inflight_bytes += nbytes
@@ -656,17 +680,18 @@ class _Pipeline:
 
     def _accept(self, item: _Loaded) -> None:
         entry = item.entry
-        self.report.bytes_read += item.file_bytes if item.array is not None else 0
+        payload = item.payload  # the array, or a reference a worker process writes
+        self.report.bytes_read += item.file_bytes if payload is not None else 0
         self.reporter.advance(1, item.file_bytes)
         if item.error:
             self._error(entry.source_file, item.error)
             return
         row = self._row(item)
-        if item.array is None:  # statistics only
+        if payload is None:  # statistics only
             self.report.statistics_only += 1
             self.rows.append(row)
             return
-        self.report.bytes_in += item.array.nbytes
+        self.report.bytes_in += payload.nbytes
         h = item.content_hash
         if h in self.known:
             self.report.deduplicated += 1
@@ -676,7 +701,7 @@ class _Pipeline:
             self.waiting[h].append(row)
         else:
             self.waiting[h] = [row]
-            self._durable(self.writer.add(h, item.array))
+            self._durable(self.writer.add(h, payload))
 
     def _durable(self, locations: list[BlobLocation]) -> None:
         self.arrays.extend(self.writer.take_arrays())
@@ -698,8 +723,9 @@ class _Pipeline:
             stats.update({k: v for k, v in e.stats.items() if v is not None})
             label = self.layout.stats_label
             source = label if not item.stats else f"{label}+computed"
-        if item.array is not None:
-            dtype, shape, nbytes = dtype_name(item.array.dtype), list(item.array.shape), item.array.nbytes
+        payload = item.payload
+        if payload is not None:
+            dtype, shape, nbytes = dtype_name(payload.dtype), list(payload.shape), payload.nbytes
         else:
             declared = from_dump_name(e.dtype_declared)
             dtype = dtype_name(declared) if declared is not None else None

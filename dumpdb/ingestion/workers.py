@@ -11,9 +11,17 @@ compute statistics - is :func:`load_entry`. It runs
 
 always as :func:`load_batch` over a :class:`LoadTask` (a batch of entries of one dump,
 picklable). Results come back to the ingesting process *in submission order*, which
-alone stores payloads and commits rows: the catalog and the stored bytes are therefore
-the same whatever the executor and the number of workers (``tests/test_scale.py``).
-A worker never writes the archive.
+alone decides what is stored where (dedup, packs cut in dump order) and commits rows:
+the catalog and the stored bytes are therefore the same whatever the executor and the
+number of workers (``tests/test_scale.py``).
+
+Worker processes on a local store also write the packs (:func:`write_payloads`): their
+results carry a :class:`PayloadRef` instead of the array, the ingesting process lays
+out the packs as always and hands each one back to the pool, whose worker reads its
+files again (page cache), checks each content hash, compresses and writes the shard.
+The payload bytes never pass through the ingesting process: it only dedupes, lays out
+and commits, so N workers scale on N cores (compression is most of an ingest's CPU).
+A worker never writes the catalog.
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ from dumpdb.dumpio import check_dump_file, confine
 from dumpdb.errors import DumpdbError
 from dumpdb.layouts import Layout, TensorEntry, get_layout
 from dumpdb.stats import STAT_COLUMNS, compute_stats
-from dumpdb.storage.store import payload_hash
+from dumpdb.storage.store import StoreWriter, TensorStore, payload_hash
 
 # A batch sent to a worker: at most this many files / bytes (one huge rank or iteration
 # directory is spread over every worker: work is split by file batches, in dump order).
@@ -63,6 +71,34 @@ class Loaded:
     file_bytes: int = 0
     error: str | None = None
     source: tuple[int, int] | None = None  # (st_size, st_mtime_ns) of the file, taken before reading
+    ref: PayloadRef | None = None  # the payload by reference (``array`` dropped: LoadTask.keep_arrays False)
+
+    @property
+    def payload(self) -> np.ndarray | PayloadRef | None:
+        """The payload (array or reference; None: statistics only or failed)."""
+        return self.array if self.array is not None else self.ref
+
+
+@dataclass
+class PayloadRef:
+    """A payload by reference: the dump file of ``entry`` (read with ``layout`` inside the
+    dump at ``root``), whose content hash, dtype and shape a worker found. Written by
+    :func:`write_payloads` (or :func:`read_payload`) where it is read again; the content
+    hash is checked then, so a file changed in between is refused, not stored."""
+
+    layout: str
+    root: str
+    follow_symlinks: bool
+    entry: TensorEntry
+    size: int
+    content_hash: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        """Payload bytes (dtype x shape)."""
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
 
 
 @dataclass
@@ -76,6 +112,7 @@ class LoadTask:
     follow_symlinks: bool
     entries: list[TensorEntry]
     sizes: list[int]
+    keep_arrays: bool = True  # False: results carry a PayloadRef (the workers write the payloads)
 
 
 def one_line(exc: BaseException) -> str:
@@ -86,7 +123,8 @@ def one_line(exc: BaseException) -> str:
 
 def load_entry(layout: Layout, entry: TensorEntry, size: int,
                stats_cache: dict[tuple[str, str], dict] | None = None, *, stats: bool = True,
-               known_stats: Callable[[str, str], dict[str, Any] | None] | None = None) -> Loaded:
+               known_stats: Callable[[str, str], dict[str, Any] | None] | None = None,
+               keep_array: bool | None = None) -> Loaded:
     """Read, hash and (where the dump gave none) compute statistics of one entry.
 
     Never raises for a bad file: its problem is ``Loaded.error`` (one line naming it).
@@ -94,8 +132,9 @@ def load_entry(layout: Layout, entry: TensorEntry, size: int,
     maps (content hash, dtype) to statistics already computed (equal payloads);
     ``known_stats(content_hash, dtype)`` gives those of a payload the archive holds
     (:class:`~dumpdb.ingestion.stored_stats.StoredStats`), None when it has none.
-    ``stats=False``: only the hash (the array is dropped). ``Loaded.source`` is the
-    file's (size, mtime) taken before reading (:mod:`dumpdb.ingestion.identity`).
+    ``stats=False``: only the hash (the array is dropped unless ``keep_array``).
+    ``Loaded.source`` is the file's (size, mtime) taken before reading
+    (:mod:`dumpdb.ingestion.identity`).
     """
     item = Loaded(entry, file_bytes=size)
     if entry.path is None:
@@ -115,7 +154,8 @@ def load_entry(layout: Layout, entry: TensorEntry, size: int,
     item.array, item.note = loaded.array, loaded.note
     item.content_hash = payload_hash(loaded.array)
     if not stats:
-        item.array = None  # only the hash was asked for
+        if not keep_array:
+            item.array = None  # only the hash was asked for
         return item
     have = set(entry.stats or ())
     if not set(STAT_COLUMNS) <= have:
@@ -136,12 +176,56 @@ _CACHE: dict[tuple[str, str], dict] = {}  # per worker process: statistics by co
 
 def load_batch(task: LoadTask) -> list[Loaded]:
     """The worker function: :func:`load_entry` for each entry of ``task``, in order.
-    Runs in a worker process or a Dask task; reads the dump, never the archive."""
+    Runs in a worker process or a Dask task; reads the dump, never the archive. Without
+    ``task.keep_arrays`` each payload comes back as a :class:`PayloadRef`."""
     layout = get_layout(task.layout)
     if len(_CACHE) > 100_000:
         _CACHE.clear()
     with confine(task.root, task.follow_symlinks):
-        return [load_entry(layout, e, s, _CACHE) for e, s in zip(task.entries, task.sizes)]
+        items = [load_entry(layout, e, s, _CACHE) for e, s in zip(task.entries, task.sizes)]
+    if not task.keep_arrays:
+        for item in items:
+            if item.array is not None and item.content_hash is not None:
+                item.ref = PayloadRef(task.layout, task.root, task.follow_symlinks, item.entry, item.file_bytes,
+                                      item.content_hash, item.array.dtype, tuple(item.array.shape))
+                item.array = None
+    return items
+
+
+def read_payload(ref: PayloadRef) -> np.ndarray:
+    """The payload ``ref`` names, read again (:func:`load_entry`, hash only). Raises
+    :class:`~dumpdb.errors.DumpdbError` naming the file if it cannot be read any more or its
+    content hash changed since the first read (a file rewritten during the ingest)."""
+    with confine(ref.root, ref.follow_symlinks):
+        item = load_entry(get_layout(ref.layout), ref.entry, ref.size, stats=False, keep_array=True)
+    if item.error:
+        raise DumpdbError(f"{item.error} (read again to store it)")
+    if item.content_hash != ref.content_hash or item.array is None:
+        raise DumpdbError(f"{ref.entry.source_file}: changed while being ingested (content hash differs from "
+                          "the first read); run the same command again")
+    return item.array
+
+
+# Per worker process: a writer of the archive's store (one per store root), serial codec.
+_WRITERS: dict[str, StoreWriter] = {}
+
+
+def write_payloads(store_root: str, kind: str, args: tuple) -> Any:
+    """The worker function of a delegated store write (:class:`StoreWriter`'s ``delegate``):
+    ``kind`` "pack": ``args`` (storage dtype str, chunk bytes, [(content hash, PayloadRef)])
+    -> :meth:`StoreWriter.write_pack`; "large": (content hash, PayloadRef) ->
+    :meth:`StoreWriter.write_large`, into the local store at ``store_root``. Each payload is
+    read again and its hash checked (:func:`read_payload`)."""
+    writer = _WRITERS.get(store_root)
+    if writer is None:
+        # this worker's own core: chunks compressed on this thread's one codec thread
+        writer = _WRITERS[store_root] = StoreWriter(TensorStore(store_root, read_only=False), codec_threads=1)
+    if kind == "pack":
+        dtype, chunk_bytes, refs = args
+        parts = [(h, np.ascontiguousarray(read_payload(r)).reshape(-1).view(dtype)) for h, r in refs]
+        return writer.write_pack(dtype, chunk_bytes, parts)
+    content_hash, ref = args
+    return writer.write_large(content_hash, read_payload(ref))
 
 
 def batches(entries: list[TensorEntry], sizes: list[int]) -> Iterator[tuple[list[TensorEntry], list[int]]]:

@@ -55,7 +55,6 @@ from dumpdb.archive import (
 from dumpdb.catalog import DEFAULT_LOCK_TIMEOUT, Catalog, insert_arrow, schema
 from dumpdb.catalog.locks import SHARED, store_lock
 from dumpdb.catalog.runstate import run_lock_path, touch
-from dumpdb.dtypes import dtype_name, from_dump_name
 from dumpdb.dumpio import confine, reason
 from dumpdb.errors import ArchiveError, DumpdbError, SourceChanged
 from dumpdb.ingestion import identity
@@ -76,12 +75,12 @@ from dumpdb.ingestion.workers import (
     one_line,
     process_pool,
     read_payload,
+    tensor_row,
     write_payloads,
 )
 from dumpdb.layouts import DumpScan, Layout, TensorEntry, locate
-from dumpdb.layouts.base import StatisticsFile, display_name
+from dumpdb.layouts.base import StatisticsFile
 from dumpdb.progress import Reporter
-from dumpdb.stats import STAT_COLUMNS
 from dumpdb.storage.payloads import record_payloads
 from dumpdb.storage.store import BlobLocation, StoreWriter, TensorStore, payload_hash
 
@@ -657,7 +656,8 @@ class _Pipeline:
                         exhausted = True
                         break
                     task = LoadTask(self.layout.name, self.executor.root, self.executor.follow_symlinks, *batch,
-                                    keep_arrays=self.writer.delegate is None)
+                                    keep_arrays=self.writer.delegate is None,
+                                    row=(self.run_name, self.layout.stats_label, _ENTRY_COLUMNS))
                     nbytes = sum(batch[1])
                     inflight.append((pool.submit(load_batch, task), nbytes))
                     inflight_bytes += nbytes
@@ -712,36 +712,9 @@ class _Pipeline:
             self.rows.extend(self.waiting.pop(loc.content_hash, ()))
 
     def _row(self, item: _Loaded) -> dict:
-        e = item.entry
-        for name in _TEXT_FIELDS:  # a reader left undecodable bytes: keep them visible, not fatal
-            value = getattr(e, name)
-            if value is not None and not value.isascii():
-                setattr(e, name, display_name(value))
-        stats: dict[str, Any] = dict(item.stats or {})
-        source = "computed" if item.stats else None
-        if e.stats:
-            stats.update({k: v for k, v in e.stats.items() if v is not None})
-            label = self.layout.stats_label
-            source = label if not item.stats else f"{label}+computed"
-        payload = item.payload
-        if payload is not None:
-            dtype, shape, nbytes = dtype_name(payload.dtype), list(payload.shape), payload.nbytes
-        else:
-            declared = from_dump_name(e.dtype_declared)
-            dtype = dtype_name(declared) if declared is not None else None
-            shape = list(e.shape_declared) if e.shape_declared is not None else None
-            nbytes = None
-        notes = "; ".join(n for n in (e.note, item.note) if n) or None
-        row = {c: getattr(e, c) for c in _ENTRY_COLUMNS}  # as the layout named them
-        row.update({
-            "run": self.run_name, "dtype": dtype, "shape": shape, "nbytes": nbytes,
-            "content_hash": item.content_hash, **{k: stats.get(k) for k in STAT_COLUMNS},
-            "stats_source": source, "note": notes, "tensor_key": e.key,
-            "source_size": item.source[0] if item.source else None,
-            "source_mtime_ns": item.source[1] if item.source else None,
-            "original_shape": list(e.original_shape) if e.original_shape is not None else None,
-        })
-        return row
+        if item.row is not None:  # built by the worker (LoadTask.row)
+            return item.row
+        return tensor_row(item, self.run_name, self.layout.stats_label, _ENTRY_COLUMNS)
 
     def _error(self, source_file: str, message: str) -> None:
         self.report.errors.append((source_file, message))
@@ -834,8 +807,6 @@ def _count(n: int, noun: str) -> str:
 # tensors columns a TensorEntry carries under the same name (the rest are computed in _row).
 _ENTRY_COLUMNS = tuple(c for c in TENSOR_SCHEMA.names if c in {f.name for f in dataclass_fields(TensorEntry)})
 
-_TEXT_FIELDS = ("source_file", "tensor_key", "op_type", "op_name", "scope_name", "net_name", "model_name",
-                "format", "dtype_declared", "arg_name", "note")
 
 
 _one_line = one_line

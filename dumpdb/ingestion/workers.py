@@ -15,13 +15,15 @@ alone decides what is stored where (dedup, packs cut in dump order) and commits 
 the catalog and the stored bytes are therefore the same whatever the executor and the
 number of workers (``tests/test_scale.py``).
 
-Worker processes on a local store also write the packs (:func:`write_payloads`): their
-results carry a :class:`PayloadRef` instead of the array, the ingesting process lays
-out the packs as always and hands each one back to the pool, whose worker reads its
-files again (page cache), checks each content hash, compresses and writes the shard.
-The payload bytes never pass through the ingesting process: it only dedupes, lays out
-and commits, so N workers scale on N cores (compression is most of an ingest's CPU).
-A worker never writes the catalog.
+Worker processes on a local store also write the packs of payloads of 256 KiB or more
+and the large arrays (:func:`write_payloads`): their results carry a :class:`PayloadRef`
+instead of such an array, the ingesting process lays out the packs as always and hands
+each one back to the pool, whose worker reads its files again (page cache), checks each
+content hash, compresses and writes the shard. Those bytes never pass through the
+ingesting process: it dedupes, lays out and commits, so N workers scale on N cores
+(compression is most of an ingest's CPU). Smaller payloads come back whole (a second
+read of a tiny file costs more than sending it) and their packs are written by the
+ingesting process. A worker never writes the catalog.
 """
 
 from __future__ import annotations
@@ -38,12 +40,13 @@ from typing import Any
 
 import numpy as np
 
-from dumpdb.dtypes import dtype_name
+from dumpdb.dtypes import dtype_name, from_dump_name
 from dumpdb.dumpio import check_dump_file, confine
 from dumpdb.errors import DumpdbError
 from dumpdb.layouts import Layout, TensorEntry, get_layout
+from dumpdb.layouts.base import display_name
 from dumpdb.stats import STAT_COLUMNS, compute_stats
-from dumpdb.storage.store import StoreWriter, TensorStore, payload_hash
+from dumpdb.storage.store import MEDIUM_BYTES, StoreWriter, TensorStore, payload_hash
 
 # A batch sent to a worker: at most this many files / bytes (one huge rank or iteration
 # directory is spread over every worker: work is split by file batches, in dump order).
@@ -72,6 +75,7 @@ class Loaded:
     error: str | None = None
     source: tuple[int, int] | None = None  # (st_size, st_mtime_ns) of the file, taken before reading
     ref: PayloadRef | None = None  # the payload by reference (``array`` dropped: LoadTask.keep_arrays False)
+    row: dict[str, Any] | None = None  # its ``tensors`` row, when the worker built it (LoadTask.row)
 
     @property
     def payload(self) -> np.ndarray | PayloadRef | None:
@@ -113,6 +117,7 @@ class LoadTask:
     entries: list[TensorEntry]
     sizes: list[int]
     keep_arrays: bool = True  # False: results carry a PayloadRef (the workers write the payloads)
+    row: tuple[str, str, tuple[str, ...]] | None = None  # (run, stats label, entry columns): build rows here
 
 
 def one_line(exc: BaseException) -> str:
@@ -177,19 +182,77 @@ _CACHE: dict[tuple[str, str], dict] = {}  # per worker process: statistics by co
 def load_batch(task: LoadTask) -> list[Loaded]:
     """The worker function: :func:`load_entry` for each entry of ``task``, in order.
     Runs in a worker process or a Dask task; reads the dump, never the archive. Without
-    ``task.keep_arrays`` each payload comes back as a :class:`PayloadRef`."""
+    ``task.keep_arrays`` each payload of ``MEDIUM_BYTES`` or more (packs of 4 MiB chunks,
+    large arrays) comes back as a :class:`PayloadRef`."""
     layout = get_layout(task.layout)
     if len(_CACHE) > 100_000:
         _CACHE.clear()
     with confine(task.root, task.follow_symlinks):
         items = [load_entry(layout, e, s, _CACHE) for e, s in zip(task.entries, task.sizes)]
+    if task.row is not None:  # the rows too: the ingesting process only dedupes and commits
+        run, label, columns = task.row
+        for item in items:
+            if not item.error:
+                item.row = tensor_row(item, run, label, columns)
     if not task.keep_arrays:
         for item in items:
-            if item.array is not None and item.content_hash is not None:
+            # small payloads (their own pack class) come back whole: reading them again
+            # costs more than sending them, and their packs are cheap to compress
+            if item.array is not None and item.content_hash is not None and item.array.nbytes >= MEDIUM_BYTES:
                 item.ref = PayloadRef(task.layout, task.root, task.follow_symlinks, item.entry, item.file_bytes,
                                       item.content_hash, item.array.dtype, tuple(item.array.shape))
                 item.array = None
     return items
+
+
+# tensors columns a reader may leave undecodable bytes in
+TEXT_FIELDS = ("source_file", "tensor_key", "op_type", "op_name", "scope_name", "net_name", "model_name",
+               "format", "dtype_declared", "arg_name", "note")
+_DTYPE_NAMES: dict[np.dtype, str] = {}
+
+
+def _dtype_name(dtype: np.dtype) -> str:
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = dtype_name(dtype)
+    return name
+
+
+def tensor_row(item: Loaded, run: str, stats_label: str, entry_columns: tuple[str, ...]) -> dict[str, Any]:
+    """The ``tensors`` row of a loaded entry of run ``run`` (columns ``entry_columns`` as the
+    layout named them, then dtype, shape, nbytes, content hash, statistics - the computed
+    ones under the dump's own, ``stats_source`` from ``stats_label`` - note, key and file
+    identity). Undecodable bytes in a name are kept visible (``display_name``), not fatal."""
+    e = item.entry
+    for name in TEXT_FIELDS:
+        value = getattr(e, name)
+        if value is not None and not value.isascii():
+            setattr(e, name, display_name(value))
+    computed = item.stats
+    source = "computed" if computed else None
+    if e.stats:
+        stats: dict[str, Any] = dict(computed or {})
+        stats.update({k: v for k, v in e.stats.items() if v is not None})
+        source = stats_label if not computed else f"{stats_label}+computed"
+    else:
+        stats = computed or {}
+    payload = item.payload
+    if payload is not None:
+        dtype, shape, nbytes = _dtype_name(payload.dtype), list(payload.shape), payload.nbytes
+    else:
+        declared = from_dump_name(e.dtype_declared)
+        dtype = _dtype_name(declared) if declared is not None else None
+        shape = list(e.shape_declared) if e.shape_declared is not None else None
+        nbytes = None
+    notes = "; ".join(n for n in (e.note, item.note) if n) or None
+    row = {c: getattr(e, c) for c in entry_columns}
+    for k in STAT_COLUMNS:
+        row[k] = stats.get(k)
+    row["run"], row["dtype"], row["shape"], row["nbytes"] = run, dtype, shape, nbytes
+    row["content_hash"], row["stats_source"], row["note"], row["tensor_key"] = item.content_hash, source, notes, e.key
+    row["source_size"], row["source_mtime_ns"] = item.source if item.source else (None, None)
+    row["original_shape"] = list(e.original_shape) if e.original_shape is not None else None
+    return row
 
 
 def read_payload(ref: PayloadRef) -> np.ndarray:

@@ -684,7 +684,7 @@ class _Pipeline:
         self.report.bytes_read += item.file_bytes if payload is not None else 0
         self.reporter.advance(1, item.file_bytes)
         if item.error:
-            self._error(entry.source_file, item.error)
+            self._error(entry.source_file if entry is not None else "?", item.error)
             return
         row = self._row(item)
         if payload is None:  # statistics only

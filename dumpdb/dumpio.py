@@ -64,6 +64,12 @@ def confine(root: str | os.PathLike, follow_symlinks: bool = False) -> Iterator[
         _confinement.reset(token)
 
 
+def confined(root: str | os.PathLike) -> bool:
+    """True inside :func:`confine` of the directory ``root`` (its real path)."""
+    conf = _confinement.get()
+    return conf is not None and conf.root == os.path.realpath(root)
+
+
 def _outside(path: str, conf: _Confinement) -> str | None:
     """The real path of ``path`` if it lies outside the confinement root, else None."""
     directory, name = os.path.split(os.path.abspath(path))

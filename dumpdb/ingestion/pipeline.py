@@ -65,6 +65,7 @@ from dumpdb.ingestion.workers import (
     PROCESS_MIN_BYTES,
     PROCESS_MIN_CORES,
     PROCESS_MIN_FILES,
+    THREAD_BATCH_BYTES,
     Loaded,
     LoadTask,
     batches,
@@ -584,13 +585,13 @@ class _Pipeline:
         inflight: deque = deque()
         inflight_bytes = 0
         sizes = [e.size if e.size is not None else _file_size(e.path) for e in pending]
-        tasks = batches(pending, sizes)
+        tasks = batches(pending, sizes, THREAD_BATCH_BYTES)
         exhausted = False
         with ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="dumpdb-read") as pool:
             try:
                 while True:
                     while not exhausted and (not inflight or (
-                            len(inflight) < 2 * self.workers + 2 and inflight_bytes < INFLIGHT_BYTES)):
+                            len(inflight) < INFLIGHT_COUNT and inflight_bytes < INFLIGHT_BYTES)):
                         batch = next(tasks, None)
                         if batch is None:
                             exhausted = True

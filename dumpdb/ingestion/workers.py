@@ -28,6 +28,7 @@ ingesting process. A worker never writes the catalog.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import multiprocessing
 import os
@@ -41,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from dumpdb.dtypes import dtype_name, from_dump_name
-from dumpdb.dumpio import check_dump_file, confine
+from dumpdb.dumpio import check_dump_file, confine, confined
 from dumpdb.errors import DumpdbError
 from dumpdb.layouts import Layout, TensorEntry, get_layout
 from dumpdb.layouts.base import display_name
@@ -52,6 +53,9 @@ from dumpdb.storage.store import MEDIUM_BYTES, StoreWriter, TensorStore, payload
 # directory is spread over every worker: work is split by file batches, in dump order).
 BATCH_FILES = 64
 BATCH_BYTES = 32 << 20
+# Reader threads of the ingesting process take batches of at most this many bytes: large
+# files one by one (reading, compressing and writing overlap), tiny ones 64 at a time.
+THREAD_BATCH_BYTES = 4 << 20
 # Below this many files (and bytes) a default ingest reads in-process: no processes.
 PROCESS_MIN_FILES = 256
 PROCESS_MIN_BYTES = 256 << 20
@@ -267,7 +271,9 @@ def read_payload(ref: PayloadRef) -> np.ndarray:
     """The payload ``ref`` names, read again (:func:`load_entry`, hash only). Raises
     :class:`~dumpdb.errors.DumpdbError` naming the file if it cannot be read any more or its
     content hash changed since the first read (a file rewritten during the ingest)."""
-    with confine(ref.root, ref.follow_symlinks):
+    with contextlib.ExitStack() as stack:
+        if not confined(ref.root):  # a whole pack's files are read inside one confinement
+            stack.enter_context(confine(ref.root, ref.follow_symlinks))
         item = load_entry(get_layout(ref.layout), ref.entry, ref.size, stats=False, keep_array=True)
     if item.error:
         raise DumpdbError(f"{item.error} (read again to store it)")
@@ -293,20 +299,23 @@ def write_payloads(store_root: str, kind: str, args: tuple) -> Any:
         writer = _WRITERS[store_root] = StoreWriter(TensorStore(store_root, read_only=False), codec_threads=1)
     if kind == "pack":
         dtype, chunk_bytes, refs = args
-        parts = [(h, np.ascontiguousarray(read_payload(r)).reshape(-1).view(dtype)) for h, r in refs]
+        with confine(refs[0][1].root, refs[0][1].follow_symlinks):  # one for the pack: directories checked once
+            parts = [(h, np.ascontiguousarray(read_payload(r)).reshape(-1).view(dtype)) for h, r in refs]
         return writer.write_pack(dtype, chunk_bytes, parts)
     content_hash, ref = args
     return writer.write_large(content_hash, read_payload(ref))
 
 
-def batches(entries: list[TensorEntry], sizes: list[int]) -> Iterator[tuple[list[TensorEntry], list[int]]]:
+def batches(entries: list[TensorEntry], sizes: list[int],
+            max_bytes: int | None = None) -> Iterator[tuple[list[TensorEntry], list[int]]]:
     """``entries`` (dump order) cut into batches of at most :data:`BATCH_FILES` files and
-    about :data:`BATCH_BYTES` bytes."""
+    about ``max_bytes`` (default :data:`BATCH_BYTES`) bytes."""
     cur: list[TensorEntry] = []
     cur_sizes: list[int] = []
     total = 0
+    limit = BATCH_BYTES if max_bytes is None else max_bytes
     for e, s in zip(entries, sizes):
-        if cur and (len(cur) >= BATCH_FILES or total + s > BATCH_BYTES):
+        if cur and (len(cur) >= BATCH_FILES or total + s > limit):
             yield cur, cur_sizes
             cur, cur_sizes, total = [], [], 0
         cur.append(e)

@@ -94,6 +94,7 @@ INFLIGHT_BYTES = 256 << 20
 # csv text per streamed statistics batch (one commit each): ~60,000 rows of statistic.csv
 STATISTIC_BATCH_BYTES = 8 << 20
 INFLIGHT_COUNT = 64
+THREAD_INFLIGHT_BYTES = 64 << 20  # reader threads: past INFLIGHT_COUNT files, more only while under this
 
 # Arrow schemas of the rows this pipeline writes, from the catalog schema (the
 # migrations); columns filled by a default (ids, timestamps) are left out. blobs/arrays
@@ -583,15 +584,18 @@ class _Pipeline:
         task per batch, not per file: a tiny file's cost is mostly per-call overhead);
         results taken in dump order."""
         inflight: deque = deque()
-        inflight_bytes = 0
+        inflight_bytes = inflight_files = 0
         sizes = [e.size if e.size is not None else _file_size(e.path) for e in pending]
         tasks = batches(pending, sizes, THREAD_BATCH_BYTES)
         exhausted = False
         with ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="dumpdb-read") as pool:
             try:
                 while True:
+                    # in flight: INFLIGHT_COUNT files (as many as 64 batches of tiny ones while
+                    # they hold under THREAD_INFLIGHT_BYTES), never more than INFLIGHT_BYTES
                     while not exhausted and (not inflight or (
-                            len(inflight) < INFLIGHT_COUNT and inflight_bytes < INFLIGHT_BYTES)):
+                            len(inflight) < INFLIGHT_COUNT and inflight_bytes < INFLIGHT_BYTES
+                            and (inflight_files < INFLIGHT_COUNT or inflight_bytes < THREAD_INFLIGHT_BYTES))):
                         batch = next(tasks, None)
                         if batch is None:
                             exhausted = True
@@ -602,11 +606,14 @@ class _Pipeline:
                         nbytes = sum(batch[1])
                         inflight.append((pool.submit(ctx.run, self._load_many, *batch), nbytes))
                         inflight_bytes += nbytes
+                        inflight_files += len(batch[0])
                     if not inflight:
                         break
                     future, nbytes = inflight.popleft()
                     inflight_bytes -= nbytes
-                    for item in future.result():
+                    items = future.result()
+                    inflight_files -= len(items)
+                    for item in items:
                         self._accept(item)
                         self._progress()
             except BaseException:

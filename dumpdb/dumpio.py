@@ -64,6 +64,12 @@ def confine(root: str | os.PathLike, follow_symlinks: bool = False) -> Iterator[
         _confinement.reset(token)
 
 
+def confined(root: str | os.PathLike) -> bool:
+    """True inside :func:`confine` of the directory ``root`` (its real path)."""
+    conf = _confinement.get()
+    return conf is not None and conf.root == os.path.realpath(root)
+
+
 def _outside(path: str, conf: _Confinement) -> str | None:
     """The real path of ``path`` if it lies outside the confinement root, else None."""
     directory, name = os.path.split(os.path.abspath(path))
@@ -100,15 +106,28 @@ def check_dump_file(path: str | os.PathLike, where: str, confined: bool = True) 
     """
     path = os.fspath(path)
     conf = _confinement.get()
+    st = None
     if confined and conf is not None and not conf.follow_symlinks:
-        real = _outside(path, conf)
-        if real is not None:
-            raise DumpFileError(f"{where}: symlink leads outside the dump directory (to {real}); "
-                                "not followed (--follow-symlinks allows it)")
-    try:
-        st = os.stat(path)
-    except OSError as exc:
-        raise DumpFileError(f"{where}: cannot read: {exc.strerror or exc}") from exc
+        # One lstat per file in the usual case (a file, not a symlink, in a directory inside
+        # the dump): it tells both "not a symlink" and the kind (ingest's per-file cost).
+        directory = os.path.dirname(os.path.abspath(path))
+        if conf.inside.get(directory):
+            try:
+                st = os.lstat(path)
+            except OSError as exc:
+                raise DumpFileError(f"{where}: cannot read: {exc.strerror or exc}") from exc
+            if stat.S_ISLNK(st.st_mode):
+                st = None
+        if st is None:
+            real = _outside(path, conf)
+            if real is not None:
+                raise DumpFileError(f"{where}: symlink leads outside the dump directory (to {real}); "
+                                    "not followed (--follow-symlinks allows it)")
+    if st is None:
+        try:
+            st = os.stat(path)
+        except OSError as exc:
+            raise DumpFileError(f"{where}: cannot read: {exc.strerror or exc}") from exc
     if not stat.S_ISREG(st.st_mode):
         kind = _KINDS.get(stat.S_IFMT(st.st_mode), "not a regular file")
         raise DumpFileError(f"{where}: is {kind}, not a regular file; refused")
@@ -121,15 +140,21 @@ def open_dump_file(path: str | os.PathLike, where: str, confined: bool = True) -
     The caller closes it. Opened with ``O_NONBLOCK`` and checked again with
     ``fstat``, so a FIFO put in place after the check cannot block.
     """
+    return _open_checked(path, where, confined)[0]
+
+
+def _open_checked(path: str | os.PathLike, where: str, confined: bool) -> tuple[int, os.stat_result]:
+    """:func:`open_dump_file` and the descriptor's ``fstat``."""
     check_dump_file(path, where, confined)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         raise DumpFileError(f"{where}: cannot read: {exc.strerror or exc}") from exc
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
         os.close(fd)
         raise DumpFileError(f"{where}: is not a regular file; refused")
-    return fd
+    return fd, st
 
 
 def read_dump_bytes(path: str | os.PathLike, where: str, max_bytes: int | None = None,
@@ -139,9 +164,9 @@ def read_dump_bytes(path: str | os.PathLike, where: str, max_bytes: int | None =
     Raises :class:`DumpFileError` if the file is refused (:func:`check_dump_file`),
     cannot be read, or is larger than ``max_bytes``.
     """
-    fd = open_dump_file(path, where, confined)
+    fd, st = _open_checked(path, where, confined)
     try:
-        size = os.fstat(fd).st_size
+        size = st.st_size
         if max_bytes is not None and size > max_bytes:
             raise DumpFileError(f"{where}: {size} bytes, more than the {max_bytes} this file kind may hold; "
                                 "refused")

@@ -11,8 +11,10 @@ Cases (``--case``, repeatable; default all):
   ``--scheduler local``, side by side with ``tar | zstd -T2``.
 
 Every ingest runs ``python -m dumpdb ingest`` in a fresh archive; peak RSS is the largest of
-the process and its workers (``wait4``). The machine is shared and noisy: the ratios, measured
-in the same run, are the figures to read, not the seconds.
+the process and its workers, CPU the user + system seconds of the process and its workers
+(``wait4``). The machine is shared and noisy: the ratios, measured in the same run, are the
+figures to read, not the seconds; on a loaded machine the CPU seconds say what a quiet one
+would give (wall >= CPU / cores).
 """
 
 from __future__ import annotations
@@ -48,8 +50,8 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def run(cmd: list[str], **kw) -> tuple[float, float]:
-    """(seconds, peak RSS MB of the command and its waited-for children)."""
+def run(cmd: list[str], **kw) -> tuple[float, float, float]:
+    """(seconds, peak RSS MB, CPU seconds (user + system) of the command and its waited-for children)."""
     t = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, **kw)
     _, status, usage = os.wait4(proc.pid, 0)
@@ -58,14 +60,14 @@ def run(cmd: list[str], **kw) -> tuple[float, float]:
     code = os.waitstatus_to_exitcode(status)
     if code not in (0,):
         raise SystemExit(f"{' '.join(cmd[:6])}...: exit {code}\n{err[-2000:]}")
-    return elapsed, usage.ru_maxrss / 1024
+    return elapsed, usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime
 
 
-def shell(cmd: str) -> tuple[float, float]:
+def shell(cmd: str) -> tuple[float, float, float]:
     return run(["bash", "-o", "pipefail", "-c", cmd])
 
 
-def ingest(dump: Path, work: Path, *extra: str) -> tuple[float, float]:
+def ingest(dump: Path, work: Path, *extra: str) -> tuple[float, float, float]:
     archive = work / f"archive-{time.monotonic_ns()}"
     try:
         return run([sys.executable, "-m", "dumpdb", "ingest", str(dump), "--archive", str(archive), "-q", *extra])
@@ -115,12 +117,12 @@ def make_tensors(root: Path, ranks: int, iterations: int, files: int, nbytes: in
     return total
 
 
-def report(name: str, base: tuple[float, float], base_name: str, rows: list[tuple[str, tuple[float, float]]],
-           units: float, unit: str) -> None:
+def report(name: str, base: tuple[float, float, float], base_name: str,
+           rows: list[tuple[str, tuple[float, float, float]]], units: float, unit: str) -> None:
     print(f"\n== {name}")
-    print(f"  {base_name:<28} {base[0]:8.2f} s  peak {base[1]:7.0f} MB")
-    for label, (secs, rss) in rows:
-        print(f"  {label:<28} {secs:8.2f} s  peak {rss:7.0f} MB  {units / secs:12,.0f} {unit}/s  "
+    print(f"  {base_name:<28} {base[0]:8.2f} s  peak {base[1]:7.0f} MB  cpu {base[2]:7.2f} s")
+    for label, (secs, rss, cpu) in rows:
+        print(f"  {label:<28} {secs:8.2f} s  peak {rss:7.0f} MB  cpu {cpu:7.2f} s  {units / secs:12,.0f} {unit}/s  "
               f"{secs / base[0]:6.2f}x {base_name}")
 
 

@@ -117,9 +117,9 @@ class PartPipeline(pl.Pipeline):
         tables, self.tables = self.tables, []
         self._fragment("arrays", array_table(arrays))
         self._fragment("blobs", blob_table(self.blob_rows, self.run_name))
-        for t in [pa.Table.from_pylist(self.rows, pl.TENSOR_SCHEMA), *tables]:
+        for t in [pl.rows_table(self.rows, pl.TENSOR_SCHEMA), *tables]:
             self._fragment("tensors", t)
-        self._fragment("ingest_errors", pa.Table.from_pylist(self.error_rows, pl.ERROR_SCHEMA))
+        self._fragment("ingest_errors", pl.rows_table(self.error_rows, pl.ERROR_SCHEMA))
         self.report.tensors_added += len(self.rows) + sum(t.num_rows for t in tables)
         self.rows, self.blob_rows, self.error_rows = [], [], []
         self.last_commit = time.monotonic()
@@ -143,7 +143,7 @@ class PartPipeline(pl.Pipeline):
             return
         for table, arrow in pl.RELATION_SCHEMAS.items():
             rows = [{"run": self.run_name, **r} for r in getattr(self.scan, table)]
-            self._fragment(table, pa.Table.from_pylist(rows, arrow))
+            self._fragment(table, pl.rows_table(rows, arrow))
         scan = self.scan
         manifest = {
             "format": FORMAT, "run": self.run_name, "part": self.part, "dumpdb_version": __version__,

@@ -32,7 +32,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import BrokenExecutor, Executor, ThreadPoolExecutor
+from concurrent.futures import BrokenExecutor, Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from dataclasses import fields as dataclass_fields
 from datetime import datetime
@@ -55,7 +55,6 @@ from dumpdb.archive import (
 from dumpdb.catalog import DEFAULT_LOCK_TIMEOUT, Catalog, insert_arrow, schema
 from dumpdb.catalog.locks import SHARED, store_lock
 from dumpdb.catalog.runstate import run_lock_path, touch
-from dumpdb.dtypes import dtype_name, from_dump_name
 from dumpdb.dumpio import confine, reason
 from dumpdb.errors import ArchiveError, DumpdbError, SourceChanged
 from dumpdb.ingestion import identity
@@ -66,6 +65,7 @@ from dumpdb.ingestion.workers import (
     PROCESS_MIN_BYTES,
     PROCESS_MIN_CORES,
     PROCESS_MIN_FILES,
+    THREAD_BATCH_BYTES,
     Loaded,
     LoadTask,
     batches,
@@ -75,11 +75,13 @@ from dumpdb.ingestion.workers import (
     load_entry,
     one_line,
     process_pool,
+    read_payload,
+    tensor_row,
+    write_payloads,
 )
 from dumpdb.layouts import DumpScan, Layout, TensorEntry, locate
-from dumpdb.layouts.base import StatisticsFile, display_name
+from dumpdb.layouts.base import StatisticsFile
 from dumpdb.progress import Reporter
-from dumpdb.stats import STAT_COLUMNS
 from dumpdb.storage.payloads import record_payloads
 from dumpdb.storage.store import BlobLocation, StoreWriter, TensorStore, payload_hash
 
@@ -92,6 +94,7 @@ INFLIGHT_BYTES = 256 << 20
 # csv text per streamed statistics batch (one commit each): ~60,000 rows of statistic.csv
 STATISTIC_BATCH_BYTES = 8 << 20
 INFLIGHT_COUNT = 64
+THREAD_INFLIGHT_BYTES = 64 << 20  # reader threads: past INFLIGHT_COUNT files, more only while under this
 
 # Arrow schemas of the rows this pipeline writes, from the catalog schema (the
 # migrations); columns filled by a default (ids, timestamps) are left out. blobs/arrays
@@ -303,6 +306,7 @@ class _Pipeline:
         self.reporter = reporter
         self.workers = max(1, workers)
         self.writer = StoreWriter(store)
+        self.writer.resolve = read_payload  # a payload reference a worker's pool dropped: read here
         self.run_name = report.run
         self.known: set[str] = set()  # payload hashes durable in the store
         self.waiting: dict[str, list[dict]] = {}  # hash buffered in a pack -> rows waiting on it
@@ -435,7 +439,7 @@ class _Pipeline:
                      json.dumps(scan.metadata, default=str) if scan.metadata else None, now, __version__])
             for table, arrow in _RELATION_SCHEMAS.items():
                 rows = [{"run": self.run_name, **r} for r in getattr(scan, table)]
-                insert_arrow(con, table, pa.Table.from_pylist(rows, arrow))
+                insert_arrow(con, table, rows_table(rows, arrow))
         for source_file, message in scan.errors:
             self._error(source_file, message)
         return pending
@@ -452,7 +456,13 @@ class _Pipeline:
                     if pool is None:
                         self._process(pending)
                     else:
-                        self._process_batches(pending, pool)
+                        self._delegate_writes(pool)
+                        try:
+                            self._process_batches(pending, pool)
+                            self._durable(self.writer.flush())  # the last packs, by the workers
+                        finally:
+                            self.writer.delegate = None
+                            self.writer.wait()  # the pool's writes finish before the pool goes
             self._durable(self.writer.flush())
             self._commit()
             for sf in self.scan.statistics_files:
@@ -570,35 +580,64 @@ class _Pipeline:
             pass
 
     def _process(self, pending: list[TensorEntry]) -> None:
+        """``pending`` on reader threads here, in the batches worker processes get (one
+        task per batch, not per file: a tiny file's cost is mostly per-call overhead);
+        results taken in dump order."""
         inflight: deque = deque()
-        inflight_bytes = 0
-        entries = iter(pending)
+        inflight_bytes = inflight_files = 0
+        sizes = [e.size if e.size is not None else _file_size(e.path) for e in pending]
+        tasks = batches(pending, sizes, THREAD_BATCH_BYTES)
         exhausted = False
         with ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="dumpdb-read") as pool:
             try:
                 while True:
+                    # in flight: INFLIGHT_COUNT files (as many as 64 batches of tiny ones while
+                    # they hold under THREAD_INFLIGHT_BYTES), never more than INFLIGHT_BYTES
                     while not exhausted and (not inflight or (
-                            len(inflight) < INFLIGHT_COUNT and inflight_bytes < INFLIGHT_BYTES)):
-                        entry = next(entries, None)
-                        if entry is None:
+                            len(inflight) < INFLIGHT_COUNT and inflight_bytes < INFLIGHT_BYTES
+                            and (inflight_files < INFLIGHT_COUNT or inflight_bytes < THREAD_INFLIGHT_BYTES))):
+                        batch = next(tasks, None)
+                        if batch is None:
                             exhausted = True
                             break
-                        size = entry.size if entry.size is not None else _file_size(entry.path)
                         # each worker call in a copy of this context: it carries the
                         # dump-directory confinement (dumpio.confine)
                         ctx = contextvars.copy_context()
-                        inflight.append((pool.submit(ctx.run, self._load, entry, size), size))
-                        inflight_bytes += size
+                        nbytes = sum(batch[1])
+                        inflight.append((pool.submit(ctx.run, self._load_many, *batch), nbytes))
+                        inflight_bytes += nbytes
+                        inflight_files += len(batch[0])
                     if not inflight:
                         break
-                    future, size = inflight.popleft()
-                    inflight_bytes -= size
-                    self._accept(future.result())
-                    self._progress()
+                    future, nbytes = inflight.popleft()
+                    inflight_bytes -= nbytes
+                    items = future.result()
+                    inflight_files -= len(items)
+                    for item in items:
+                        self._accept(item)
+                        self._progress()
             except BaseException:
                 for future, _ in inflight:
                     future.cancel()
                 raise
+
+    def _delegate_writes(self, pool: Executor) -> None:
+        """Worker processes on a local store write the packs too (:mod:`dumpdb.ingestion.workers`):
+        results carry payload references, the packs are laid out here as always and each is
+        written by a worker, so compression runs on every core and no payload byte passes
+        through this process. Dask tasks (other machines maybe) and remote stores: arrays
+        come back and this process writes."""
+        root = self.writer.store.root
+        if root is None or not isinstance(pool, ProcessPoolExecutor):
+            return
+        store_root = str(root)
+        self.writer.delegate = lambda kind, args: pool.submit(write_payloads, store_root, kind, args)
+        self.writer.max_inflight = max(self.writer.max_inflight, 2 * max(1, self.executor.count if self.executor
+                                                                          else 1))
+
+    def _load_many(self, entries: list[TensorEntry], sizes: list[int]) -> list[_Loaded]:
+        """Reader thread: :meth:`_load` of a batch, in order."""
+        return [self._load(e, s) for e, s in zip(entries, sizes)]
 
     def _load(self, entry: TensorEntry, size: int, stats: bool = True) -> _Loaded:
         """Reader thread: read, hash, statistics (unless not ``stats``; statistics of a
@@ -624,7 +663,9 @@ class _Pipeline:
                     if batch is None:
                         exhausted = True
                         break
-                    task = LoadTask(self.layout.name, self.executor.root, self.executor.follow_symlinks, *batch)
+                    task = LoadTask(self.layout.name, self.executor.root, self.executor.follow_symlinks, *batch,
+                                    keep_arrays=self.writer.delegate is None,
+                                    row=(self.run_name, self.layout.stats_label, _ENTRY_COLUMNS))
                     nbytes = sum(batch[1])
                     inflight.append((pool.submit(load_batch, task), nbytes))
                     inflight_bytes += nbytes
@@ -647,17 +688,18 @@ class _Pipeline:
 
     def _accept(self, item: _Loaded) -> None:
         entry = item.entry
-        self.report.bytes_read += item.file_bytes if item.array is not None else 0
+        payload = item.payload  # the array, or a reference a worker process writes
+        self.report.bytes_read += item.file_bytes if payload is not None else 0
         self.reporter.advance(1, item.file_bytes)
         if item.error:
-            self._error(entry.source_file, item.error)
+            self._error(entry.source_file if entry is not None else "?", item.error)
             return
         row = self._row(item)
-        if item.array is None:  # statistics only
+        if payload is None:  # statistics only
             self.report.statistics_only += 1
             self.rows.append(row)
             return
-        self.report.bytes_in += item.array.nbytes
+        self.report.bytes_in += payload.nbytes
         h = item.content_hash
         if h in self.known:
             self.report.deduplicated += 1
@@ -667,7 +709,7 @@ class _Pipeline:
             self.waiting[h].append(row)
         else:
             self.waiting[h] = [row]
-            self._durable(self.writer.add(h, item.array))
+            self._durable(self.writer.add(h, payload))
 
     def _durable(self, locations: list[BlobLocation]) -> None:
         self.arrays.extend(self.writer.take_arrays())
@@ -678,35 +720,9 @@ class _Pipeline:
             self.rows.extend(self.waiting.pop(loc.content_hash, ()))
 
     def _row(self, item: _Loaded) -> dict:
-        e = item.entry
-        for name in _TEXT_FIELDS:  # a reader left undecodable bytes: keep them visible, not fatal
-            value = getattr(e, name)
-            if value is not None and not value.isascii():
-                setattr(e, name, display_name(value))
-        stats: dict[str, Any] = dict(item.stats or {})
-        source = "computed" if item.stats else None
-        if e.stats:
-            stats.update({k: v for k, v in e.stats.items() if v is not None})
-            label = self.layout.stats_label
-            source = label if not item.stats else f"{label}+computed"
-        if item.array is not None:
-            dtype, shape, nbytes = dtype_name(item.array.dtype), list(item.array.shape), item.array.nbytes
-        else:
-            declared = from_dump_name(e.dtype_declared)
-            dtype = dtype_name(declared) if declared is not None else None
-            shape = list(e.shape_declared) if e.shape_declared is not None else None
-            nbytes = None
-        notes = "; ".join(n for n in (e.note, item.note) if n) or None
-        row = {c: getattr(e, c) for c in _ENTRY_COLUMNS}  # as the layout named them
-        row.update({
-            "run": self.run_name, "dtype": dtype, "shape": shape, "nbytes": nbytes,
-            "content_hash": item.content_hash, **{k: stats.get(k) for k in STAT_COLUMNS},
-            "stats_source": source, "note": notes, "tensor_key": e.key,
-            "source_size": item.source[0] if item.source else None,
-            "source_mtime_ns": item.source[1] if item.source else None,
-            "original_shape": list(e.original_shape) if e.original_shape is not None else None,
-        })
-        return row
+        if item.row is not None:  # built by the worker (LoadTask.row)
+            return item.row
+        return tensor_row(item, self.run_name, self.layout.stats_label, _ENTRY_COLUMNS)
 
     def _error(self, source_file: str, message: str) -> None:
         self.report.errors.append((source_file, message))
@@ -742,13 +758,13 @@ class _Pipeline:
         replaced = [r for r in self.rows if r["tensor_key"] in self.replacing]
         with self.catalog.writer() as con:
             record_payloads(con, self.blob_rows, arrays, self.run_name)
-            insert_arrow(con, "tensors", pa.Table.from_pylist(new, TENSOR_SCHEMA),
+            insert_arrow(con, "tensors", rows_table(new, TENSOR_SCHEMA),
                          prefix="nextval('tensor_id_seq') AS tensor_id,")
             if replaced:
-                _replace_rows(con, self.run_name, pa.Table.from_pylist(replaced, TENSOR_SCHEMA))
+                _replace_rows(con, self.run_name, rows_table(replaced, TENSOR_SCHEMA))
             for table in tables:
                 insert_arrow(con, "tensors", table, prefix="nextval('tensor_id_seq') AS tensor_id,")
-            insert_arrow(con, "ingest_errors", pa.Table.from_pylist(self.error_rows, ERROR_SCHEMA))
+            insert_arrow(con, "ingest_errors", rows_table(self.error_rows, ERROR_SCHEMA))
         self.report.tensors_added += len(new) + sum(t.num_rows for t in tables)
         self.report.tensors_replaced += len(replaced)
         for r in replaced:
@@ -785,6 +801,13 @@ def _replace_rows(con, run: str, rows: pa.Table) -> None:
         con.unregister("_updated")
 
 
+def rows_table(rows: list[dict[str, Any]], arrow: pa.Schema) -> pa.Table:
+    """``rows`` (dicts; a missing key is NULL) as a table of schema ``arrow``, built column
+    by column: ``pa.Table.from_pylist`` costs ~35 us a row of ``tensors``' 47 columns,
+    this ~3 us (a tiny-file ingest commits one row per file)."""
+    return pa.Table.from_pydict({name: [r.get(name) for r in rows] for name in arrow.names}, arrow)
+
+
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
@@ -792,8 +815,6 @@ def _count(n: int, noun: str) -> str:
 # tensors columns a TensorEntry carries under the same name (the rest are computed in _row).
 _ENTRY_COLUMNS = tuple(c for c in TENSOR_SCHEMA.names if c in {f.name for f in dataclass_fields(TensorEntry)})
 
-_TEXT_FIELDS = ("source_file", "tensor_key", "op_type", "op_name", "scope_name", "net_name", "model_name",
-                "format", "dtype_declared", "arg_name", "note")
 
 
 _one_line = one_line

@@ -11,13 +11,24 @@ compute statistics - is :func:`load_entry`. It runs
 
 always as :func:`load_batch` over a :class:`LoadTask` (a batch of entries of one dump,
 picklable). Results come back to the ingesting process *in submission order*, which
-alone stores payloads and commits rows: the catalog and the stored bytes are therefore
-the same whatever the executor and the number of workers (``tests/test_scale.py``).
-A worker never writes the archive.
+alone decides what is stored where (dedup, packs cut in dump order) and commits rows:
+the catalog and the stored bytes are therefore the same whatever the executor and the
+number of workers (``tests/test_scale.py``).
+
+Worker processes on a local store also write the packs of payloads of 256 KiB or more
+and the large arrays (:func:`write_payloads`): their results carry a :class:`PayloadRef`
+instead of such an array, the ingesting process lays out the packs as always and hands
+each one back to the pool, whose worker reads its files again (page cache), checks each
+content hash, compresses and writes the shard. Those bytes never pass through the
+ingesting process: it dedupes, lays out and commits, so N workers scale on N cores
+(compression is most of an ingest's CPU). Smaller payloads come back whole (a second
+read of a tiny file costs more than sending it) and their packs are written by the
+ingesting process. A worker never writes the catalog.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import multiprocessing
 import os
@@ -30,18 +41,21 @@ from typing import Any
 
 import numpy as np
 
-from dumpdb.dtypes import dtype_name
-from dumpdb.dumpio import check_dump_file, confine
+from dumpdb.dtypes import dtype_name, from_dump_name
+from dumpdb.dumpio import check_dump_file, confine, confined
 from dumpdb.errors import DumpdbError
-from dumpdb.ingestion import identity
 from dumpdb.layouts import Layout, TensorEntry, get_layout
+from dumpdb.layouts.base import display_name
 from dumpdb.stats import STAT_COLUMNS, compute_stats
-from dumpdb.storage.store import payload_hash
+from dumpdb.storage.store import MEDIUM_BYTES, StoreWriter, TensorStore, payload_hash
 
 # A batch sent to a worker: at most this many files / bytes (one huge rank or iteration
 # directory is spread over every worker: work is split by file batches, in dump order).
 BATCH_FILES = 64
 BATCH_BYTES = 32 << 20
+# Reader threads of the ingesting process take batches of at most this many bytes: large
+# files one by one (reading, compressing and writing overlap), tiny ones 64 at a time.
+THREAD_BATCH_BYTES = 4 << 20
 # Below this many files (and bytes) a default ingest reads in-process: no processes.
 PROCESS_MIN_FILES = 256
 PROCESS_MIN_BYTES = 256 << 20
@@ -50,13 +64,14 @@ PROCESS_MIN_BYTES = 256 << 20
 PROCESS_MIN_CORES = 4
 
 
-@dataclass
+@dataclass(slots=True)  # slots: pickled as a tuple, ~3x faster than a dict-backed dataclass
 class Loaded:
     """One entry after :func:`load_entry`: ``array`` (None: statistics only or failed),
     its xxh3-128 ``content_hash``, computed ``stats`` (catalog statistic columns, only
-    those the dump did not give), ``file_bytes`` read, ``error`` (one line) or ``note``."""
+    those the dump did not give), ``file_bytes`` read, ``error`` (one line) or ``note``.
+    ``entry`` is None once its ``row`` holds it all (a worker's result, sent back)."""
 
-    entry: TensorEntry
+    entry: TensorEntry | None
     array: np.ndarray | None = None
     note: str | None = None
     content_hash: str | None = None
@@ -64,6 +79,35 @@ class Loaded:
     file_bytes: int = 0
     error: str | None = None
     source: tuple[int, int] | None = None  # (st_size, st_mtime_ns) of the file, taken before reading
+    ref: PayloadRef | None = None  # the payload by reference (``array`` dropped: LoadTask.keep_arrays False)
+    row: dict[str, Any] | None = None  # its ``tensors`` row, when the worker built it (LoadTask.row)
+
+    @property
+    def payload(self) -> np.ndarray | PayloadRef | None:
+        """The payload (array or reference; None: statistics only or failed)."""
+        return self.array if self.array is not None else self.ref
+
+
+@dataclass
+class PayloadRef:
+    """A payload by reference: the dump file of ``entry`` (read with ``layout`` inside the
+    dump at ``root``), whose content hash, dtype and shape a worker found. Written by
+    :func:`write_payloads` (or :func:`read_payload`) where it is read again; the content
+    hash is checked then, so a file changed in between is refused, not stored."""
+
+    layout: str
+    root: str
+    follow_symlinks: bool
+    entry: TensorEntry
+    size: int
+    content_hash: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        """Payload bytes (dtype x shape)."""
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
 
 
 @dataclass
@@ -77,6 +121,8 @@ class LoadTask:
     follow_symlinks: bool
     entries: list[TensorEntry]
     sizes: list[int]
+    keep_arrays: bool = True  # False: results carry a PayloadRef (the workers write the payloads)
+    row: tuple[str, str, tuple[str, ...]] | None = None  # (run, stats label, entry columns): build rows here
 
 
 def one_line(exc: BaseException) -> str:
@@ -87,7 +133,8 @@ def one_line(exc: BaseException) -> str:
 
 def load_entry(layout: Layout, entry: TensorEntry, size: int,
                stats_cache: dict[tuple[str, str], dict] | None = None, *, stats: bool = True,
-               known_stats: Callable[[str, str], dict[str, Any] | None] | None = None) -> Loaded:
+               known_stats: Callable[[str, str], dict[str, Any] | None] | None = None,
+               keep_array: bool | None = None) -> Loaded:
     """Read, hash and (where the dump gave none) compute statistics of one entry.
 
     Never raises for a bad file: its problem is ``Loaded.error`` (one line naming it).
@@ -95,16 +142,18 @@ def load_entry(layout: Layout, entry: TensorEntry, size: int,
     maps (content hash, dtype) to statistics already computed (equal payloads);
     ``known_stats(content_hash, dtype)`` gives those of a payload the archive holds
     (:class:`~dumpdb.ingestion.stored_stats.StoredStats`), None when it has none.
-    ``stats=False``: only the hash (the array is dropped). ``Loaded.source`` is the
-    file's (size, mtime) taken before reading (:mod:`dumpdb.ingestion.identity`).
+    ``stats=False``: only the hash (the array is dropped unless ``keep_array``).
+    ``Loaded.source`` is the file's (size, mtime) taken before reading
+    (:mod:`dumpdb.ingestion.identity`).
     """
     item = Loaded(entry, file_bytes=size)
     if entry.path is None:
         return item
-    item.source = identity.file_identity(entry.path)
     try:
-        # every layout's payload: a regular file inside the dump, before any open
-        check_dump_file(entry.path, entry.source_file)
+        # every layout's payload: a regular file inside the dump, before any open; its
+        # (size, mtime) from that same stat (one stat a file: the tiny-file path's cost)
+        st = check_dump_file(entry.path, entry.source_file)
+        item.source = (st.st_size, st.st_mtime_ns)
         loaded = layout.load(entry)
     except DumpdbError as exc:
         item.error = str(exc)
@@ -115,7 +164,8 @@ def load_entry(layout: Layout, entry: TensorEntry, size: int,
     item.array, item.note = loaded.array, loaded.note
     item.content_hash = payload_hash(loaded.array)
     if not stats:
-        item.array = None  # only the hash was asked for
+        if not keep_array:
+            item.array = None  # only the hash was asked for
         return item
     have = set(entry.stats or ())
     if not set(STAT_COLUMNS) <= have:
@@ -136,22 +186,136 @@ _CACHE: dict[tuple[str, str], dict] = {}  # per worker process: statistics by co
 
 def load_batch(task: LoadTask) -> list[Loaded]:
     """The worker function: :func:`load_entry` for each entry of ``task``, in order.
-    Runs in a worker process or a Dask task; reads the dump, never the archive."""
+    Runs in a worker process or a Dask task; reads the dump, never the archive. Without
+    ``task.keep_arrays`` each payload of ``MEDIUM_BYTES`` or more (packs of 4 MiB chunks,
+    large arrays) comes back as a :class:`PayloadRef`."""
     layout = get_layout(task.layout)
     if len(_CACHE) > 100_000:
         _CACHE.clear()
     with confine(task.root, task.follow_symlinks):
-        return [load_entry(layout, e, s, _CACHE) for e, s in zip(task.entries, task.sizes)]
+        items = [load_entry(layout, e, s, _CACHE) for e, s in zip(task.entries, task.sizes)]
+    if task.row is not None:  # the rows too: the ingesting process only dedupes and commits
+        run, label, columns = task.row
+        for item in items:
+            if not item.error:
+                item.row = tensor_row(item, run, label, columns)
+    if not task.keep_arrays:
+        for item in items:
+            # small payloads (their own pack class) come back whole: reading them again
+            # costs more than sending them, and their packs are cheap to compress
+            if item.array is not None and item.content_hash is not None and item.entry is not None \
+                    and item.array.nbytes >= MEDIUM_BYTES:
+                item.ref = PayloadRef(task.layout, task.root, task.follow_symlinks, item.entry, item.file_bytes,
+                                      item.content_hash, item.array.dtype, tuple(item.array.shape))
+                item.array = None
+    for item in items:
+        if item.row is not None and item.ref is None:
+            # the row holds entry, statistics, note and file identity: not sent twice
+            item.entry = item.stats = item.note = item.source = None
+    return items
 
 
-def batches(entries: list[TensorEntry], sizes: list[int]) -> Iterator[tuple[list[TensorEntry], list[int]]]:
+# tensors columns a reader may leave undecodable bytes in
+TEXT_FIELDS = ("source_file", "tensor_key", "op_type", "op_name", "scope_name", "net_name", "model_name",
+               "format", "dtype_declared", "arg_name", "note")
+_DTYPE_NAMES: dict[np.dtype, str] = {}
+
+
+def _dtype_name(dtype: np.dtype) -> str:
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = dtype_name(dtype)
+    return name
+
+
+def tensor_row(item: Loaded, run: str, stats_label: str, entry_columns: tuple[str, ...]) -> dict[str, Any]:
+    """The ``tensors`` row of a loaded entry of run ``run`` (columns ``entry_columns`` as the
+    layout named them, then dtype, shape, nbytes, content hash, statistics - the computed
+    ones under the dump's own, ``stats_source`` from ``stats_label`` - note, key and file
+    identity). Undecodable bytes in a name are kept visible (``display_name``), not fatal."""
+    e = item.entry
+    if e is None:
+        raise ValueError("tensor_row: the entry was dropped (its row was built already)")
+    for name in TEXT_FIELDS:
+        value = getattr(e, name)
+        if value is not None and not value.isascii():
+            setattr(e, name, display_name(value))
+    computed = item.stats
+    source = "computed" if computed else None
+    if e.stats:
+        stats: dict[str, Any] = dict(computed or {})
+        stats.update({k: v for k, v in e.stats.items() if v is not None})
+        source = stats_label if not computed else f"{stats_label}+computed"
+    else:
+        stats = computed or {}
+    payload = item.payload
+    if payload is not None:
+        dtype, shape, nbytes = _dtype_name(payload.dtype), list(payload.shape), payload.nbytes
+    else:
+        declared = from_dump_name(e.dtype_declared)
+        dtype = _dtype_name(declared) if declared is not None else None
+        shape = list(e.shape_declared) if e.shape_declared is not None else None
+        nbytes = None
+    notes = "; ".join(n for n in (e.note, item.note) if n) or None
+    row = {c: getattr(e, c) for c in entry_columns}
+    for k in STAT_COLUMNS:
+        row[k] = stats.get(k)
+    row["run"], row["dtype"], row["shape"], row["nbytes"] = run, dtype, shape, nbytes
+    row["content_hash"], row["stats_source"], row["note"], row["tensor_key"] = item.content_hash, source, notes, e.key
+    row["source_size"], row["source_mtime_ns"] = item.source if item.source else (None, None)
+    row["original_shape"] = list(e.original_shape) if e.original_shape is not None else None
+    return row
+
+
+def read_payload(ref: PayloadRef) -> np.ndarray:
+    """The payload ``ref`` names, read again (:func:`load_entry`, hash only). Raises
+    :class:`~dumpdb.errors.DumpdbError` naming the file if it cannot be read any more or its
+    content hash changed since the first read (a file rewritten during the ingest)."""
+    with contextlib.ExitStack() as stack:
+        if not confined(ref.root):  # a whole pack's files are read inside one confinement
+            stack.enter_context(confine(ref.root, ref.follow_symlinks))
+        item = load_entry(get_layout(ref.layout), ref.entry, ref.size, stats=False, keep_array=True)
+    if item.error:
+        raise DumpdbError(f"{item.error} (read again to store it)")
+    if item.content_hash != ref.content_hash or item.array is None:
+        raise DumpdbError(f"{ref.entry.source_file}: changed while being ingested (content hash differs from "
+                          "the first read); run the same command again")
+    return item.array
+
+
+# Per worker process: a writer of the archive's store (one per store root), serial codec.
+_WRITERS: dict[str, StoreWriter] = {}
+
+
+def write_payloads(store_root: str, kind: str, args: tuple) -> Any:
+    """The worker function of a delegated store write (:class:`StoreWriter`'s ``delegate``):
+    ``kind`` "pack": ``args`` (storage dtype str, chunk bytes, [(content hash, PayloadRef)])
+    -> :meth:`StoreWriter.write_pack`; "large": (content hash, PayloadRef) ->
+    :meth:`StoreWriter.write_large`, into the local store at ``store_root``. Each payload is
+    read again and its hash checked (:func:`read_payload`)."""
+    writer = _WRITERS.get(store_root)
+    if writer is None:
+        # this worker's own core: chunks compressed on this thread's one codec thread
+        writer = _WRITERS[store_root] = StoreWriter(TensorStore(store_root, read_only=False), codec_threads=1)
+    if kind == "pack":
+        dtype, chunk_bytes, refs = args
+        with confine(refs[0][1].root, refs[0][1].follow_symlinks):  # one for the pack: directories checked once
+            parts = [(h, np.ascontiguousarray(read_payload(r)).reshape(-1).view(dtype)) for h, r in refs]
+        return writer.write_pack(dtype, chunk_bytes, parts)
+    content_hash, ref = args
+    return writer.write_large(content_hash, read_payload(ref))
+
+
+def batches(entries: list[TensorEntry], sizes: list[int],
+            max_bytes: int | None = None) -> Iterator[tuple[list[TensorEntry], list[int]]]:
     """``entries`` (dump order) cut into batches of at most :data:`BATCH_FILES` files and
-    about :data:`BATCH_BYTES` bytes."""
+    about ``max_bytes`` (default :data:`BATCH_BYTES`) bytes."""
     cur: list[TensorEntry] = []
     cur_sizes: list[int] = []
     total = 0
+    limit = BATCH_BYTES if max_bytes is None else max_bytes
     for e, s in zip(entries, sizes):
-        if cur and (len(cur) >= BATCH_FILES or total + s > BATCH_BYTES):
+        if cur and (len(cur) >= BATCH_FILES or total + s > limit):
             yield cur, cur_sizes
             cur, cur_sizes, total = [], [], 0
         cur.append(e)

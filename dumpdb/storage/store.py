@@ -35,7 +35,7 @@ import os
 import threading
 import uuid
 from collections import OrderedDict, deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import BrokenExecutor, CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -626,11 +626,23 @@ def _shard_keys(arr: zarr.Array) -> list[str]:
 class _PackBuffer:
     dtype: np.dtype
     chunk_bytes: int
-    parts: list[tuple[str, np.ndarray]] = field(default_factory=list)
+    parts: list[tuple[str, Any]] = field(default_factory=list)  # (content hash, flat array or a reference)
     nbytes: int = 0
 
 
 _Written = tuple[list[BlobLocation], ArrayInfo]
+
+
+@dataclass
+class _Pending:
+    """One write in flight: its future, and how to do it here if the future is cancelled
+    (a worker pool shut down before it ran it)."""
+
+    future: Future[_Written]
+    local: Any  # callable () -> _Written
+
+    def done(self) -> bool:
+        return self.future.done()
 
 
 class StoreWriter:
@@ -649,10 +661,19 @@ class StoreWriter:
     rows only for those. :meth:`take_arrays` returns the arrays written since
     it was last called. A write error (e.g. disk full) is raised by the call
     that collects it.
+
+    A payload may be given by reference instead of as an array (any object with ``dtype``,
+    ``shape`` and ``nbytes`` that is not an ndarray, e.g. a file of the dump): writes
+    then either go to ``delegate`` (``delegate("pack", (dtype str, chunk bytes, [(hash,
+    reference)...]))`` or ``delegate("large", (hash, reference))`` returns a future of what
+    :meth:`write_pack` / :meth:`write_large` return, run where the reference is read, e.g.
+    an ingest's worker processes: the payload bytes never pass through this process), or
+    here after ``resolve(reference)`` gives the array. The bytes written are the same
+    either way. ``codec_threads``: threads compressing chunks (default: the cores).
     """
 
     def __init__(self, store: TensorStore, pack_bytes: int | None = None, large_bytes: int | None = None,
-                 max_inflight: int | None = None):
+                 max_inflight: int | None = None, codec_threads: int | None = None):
         self.store = store
         # Module constants are read here, not bound as defaults, so tests and
         # benchmarks can change them.
@@ -666,8 +687,11 @@ class StoreWriter:
         self.max_inflight = max(1, max_inflight if max_inflight is not None else max(2, parallel))
         self._buffers: dict[tuple[str, bool], _PackBuffer] = {}
         self._pool = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="dumpdb-write")
-        self._codec_pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix="dumpdb-zstd")
-        self._inflight: deque[Future[_Written]] = deque()
+        self._codec_pool = ThreadPoolExecutor(max_workers=codec_threads or os.cpu_count() or 2,
+                                              thread_name_prefix="dumpdb-zstd")
+        self._inflight: deque[_Pending] = deque()
+        self.delegate: Any = None  # callable (kind, args) -> Future[_Written]; see the class docstring
+        self.resolve: Any = None  # callable (reference) -> np.ndarray
         self._arrays: list[ArrayInfo] = []
         self.bytes_written = 0
 
@@ -682,9 +706,12 @@ class StoreWriter:
         if nbytes == 0:
             return [BlobLocation(content_hash, 0, None, None, 0, 0)] + self.poll()
         sdtype = storage_dtype(payload.dtype)
-        flat = np.ascontiguousarray(payload).reshape(-1).view(sdtype)
+        if isinstance(payload, np.ndarray):
+            flat = np.ascontiguousarray(payload).reshape(-1).view(sdtype)
+        else:
+            flat = payload  # a reference, read where it is written
         if nbytes >= self.large_bytes:
-            return self._submit(self._write_large, content_hash, flat.reshape(payload.shape))
+            return self._submit(self._large_job(content_hash, flat, tuple(payload.shape)))
         medium = nbytes >= self.medium_bytes  # packs of small tensors keep small chunks (fast reads)
         key = (sdtype.str, medium)
         buf = self._buffers.get(key)
@@ -693,8 +720,57 @@ class StoreWriter:
         buf.parts.append((content_hash, flat))
         buf.nbytes += nbytes
         if buf.nbytes >= self.pack_bytes:
-            return self._submit(self._write_pack, self._buffers.pop(key))
+            return self._submit(self._pack_job(self._buffers.pop(key)))
         return self.poll()
+
+    # -- where a write runs: delegated (references, a delegate set) or on this writer's thread
+    def _pack_job(self, buf: _PackBuffer) -> _Pending:
+        def local() -> _Written:
+            return self._write_pack(self._resolved(buf))
+
+        if self.delegate is not None and not any(isinstance(p, np.ndarray) for _, p in buf.parts):
+            future = self.delegate("pack", (buf.dtype.str, buf.chunk_bytes, buf.parts))
+        else:
+            future = self._pool.submit(local)
+        return _Pending(future, local)
+
+    def _large_job(self, content_hash: str, payload: Any, shape: tuple[int, ...]) -> _Pending:
+        def local() -> _Written:
+            data = payload if isinstance(payload, np.ndarray) else self._array(payload)
+            return self._write_large(content_hash, data.reshape(shape))
+
+        if self.delegate is not None and not isinstance(payload, np.ndarray):
+            future = self.delegate("large", (content_hash, payload))
+        else:
+            future = self._pool.submit(local)
+        return _Pending(future, local)
+
+    def _array(self, ref: Any) -> np.ndarray:
+        """The flat storage-dtype array of a payload given by reference (``resolve``)."""
+        if self.resolve is None:
+            raise TypeError(f"StoreWriter got a payload reference {ref!r} but no resolve function")
+        data = self.resolve(ref)
+        return np.ascontiguousarray(data).reshape(-1).view(storage_dtype(data.dtype))
+
+    def _resolved(self, buf: _PackBuffer) -> _PackBuffer:
+        if all(isinstance(p, np.ndarray) for _, p in buf.parts):
+            return buf
+        parts = [(h, p if isinstance(p, np.ndarray) else self._array(p)) for h, p in buf.parts]
+        return _PackBuffer(buf.dtype, buf.chunk_bytes, parts, buf.nbytes)
+
+    def write_pack(self, dtype: str, chunk_bytes: int, parts: list[tuple[str, np.ndarray]]) -> _Written:
+        """Write one pack of storage dtype ``dtype`` (``np.dtype.str``) with inner chunks of
+        ``chunk_bytes`` bytes: ``parts`` (content hash, flat array of that dtype) back to back,
+        now, on the calling thread (a delegated write). Returns (locations, the array written).
+        Raises OSError / StorageError as the store does."""
+        return self._write_pack(_PackBuffer(np.dtype(dtype), chunk_bytes, list(parts),
+                                            sum(p.nbytes for _, p in parts)))
+
+    def write_large(self, content_hash: str, payload: np.ndarray) -> _Written:
+        """Write one large payload (any shape and dtype) as its own array, now, on the calling
+        thread (a delegated write). Returns (locations, the array written)."""
+        flat = np.ascontiguousarray(payload).reshape(-1).view(storage_dtype(payload.dtype))
+        return self._write_large(content_hash, flat.reshape(payload.shape))
 
     def poll(self) -> list[BlobLocation]:
         """Locations of writes finished so far (non-blocking)."""
@@ -706,7 +782,7 @@ class StoreWriter:
     def flush(self) -> list[BlobLocation]:
         """Write every buffered pack and wait for all writes. Returns their locations."""
         for key in list(self._buffers):
-            self._inflight.append(self._pool.submit(self._write_pack, self._buffers.pop(key)))
+            self._inflight.append(self._pack_job(self._buffers.pop(key)))
         done: list[BlobLocation] = []
         while self._inflight:
             done.extend(self._collect(self._inflight.popleft()))
@@ -722,16 +798,30 @@ class StoreWriter:
         taken, self._arrays = self._arrays, []
         return taken
 
-    def _submit(self, fn, *args) -> list[BlobLocation]:
+    def wait(self) -> None:
+        """Wait until every write in flight has finished (or failed): delegated writes must
+        be done before their workers go. Results stay for the next :meth:`poll` or
+        :meth:`flush`; a write the delegate's pool cancelled is then done here."""
+        for pending in self._inflight:
+            try:
+                pending.future.exception()
+            except CancelledError:
+                pass
+
+    def _submit(self, job: _Pending) -> list[BlobLocation]:
         done: list[BlobLocation] = []
         while len(self._inflight) >= self.max_inflight:  # back-pressure
             done.extend(self._collect(self._inflight.popleft()))
-        self._inflight.append(self._pool.submit(fn, *args))
+        self._inflight.append(job)
         return done + self.poll()
 
-    def _collect(self, future: Future[_Written]) -> list[BlobLocation]:
+    def _collect(self, pending: _Pending) -> list[BlobLocation]:
         try:
-            locations, info = future.result()
+            try:
+                locations, info = pending.future.result()
+            except (CancelledError, BrokenExecutor):
+                # a delegated write its pool dropped (shut down, a worker gone): write it here
+                locations, info = pending.local()
         except Exception as exc:  # zarr's own writes (zarr.json, large shards) bypass ObjectStore.call
             # a local disk's OSError (ENOSPC, EACCES) goes up as it is: ingest names the file
             # and says what was kept; only a remote store's failure is a StorageError here

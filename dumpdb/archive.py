@@ -413,7 +413,8 @@ class Archive:
                 try:
                     con.execute("USE memory")
                     con.execute("DETACH catalog")
-                except duckdb.Error:  # a broken instance: start a new one next time
+                except Exception:  # noqa: BLE001 - e.g. "Query interrupted" after a Ctrl-C: the
+                    # first error (or the KeyboardInterrupt) is the one to report; start anew
                     self._query_db = None
                     con.close()
 
@@ -431,7 +432,9 @@ class Archive:
         configuration locked (README "Safety")."""
         con = duckdb.connect(":memory:")
         try:
-            paths = ", ".join(_sql_literal(f"{self.catalog.path}{suffix}") for suffix in ("", ".wal"))
+            # the catalog and the WAL files DuckDB 2 may read when it attaches one a writer left
+            paths = ", ".join(_sql_literal(f"{self.catalog.path}{suffix}")
+                              for suffix in ("", ".wal", ".wal.checkpoint", ".wal.recovery"))
             con.execute(f"SET allowed_paths = [{paths}]")
             lock_down(con)
         except BaseException:

@@ -3,6 +3,7 @@ line from every command; a full disk under DuckDB is one line; orphans reported 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -193,3 +194,40 @@ def test_enospc_while_duckdb_writes_is_one_line_and_nothing_is_lost(archive):
     with a:
         for row, array in a.tensors("SELECT tensor_id, source_file FROM tensors WHERE run = 'c1'"):
             assert array.tobytes() == npy_payload(SRC / row["source_file"])[2]
+
+
+def test_a_commit_killed_between_its_two_summary_writes_still_verifies(archive):
+    """write_summary (dumpdb.catalog.connection) writes the summary twice per commit: before
+    COMMIT the counts about to be committed with the last committed ones under "before",
+    after COMMIT plain. Killed in between, the catalog holds either state: both verify."""
+    summary = archive / "catalog.summary.json"
+    record = json.loads(summary.read_text(encoding="utf-8"))
+    committed = record["rows"]
+    about_to_commit = {**committed, "ops": committed["ops"] + 7, "tensors": committed["tensors"] + 9}
+    summary.write_text(json.dumps({**record, "rows": about_to_commit, "before": committed}), encoding="utf-8")
+    assert dumpdb.open(archive).verify().catalog_problems == []  # the catalog holds "before"
+    summary.write_text(json.dumps({**record, "rows": committed, "before": about_to_commit}), encoding="utf-8")
+    assert dumpdb.open(archive).verify().catalog_problems == []  # the catalog holds "rows"
+    # neither state: one line naming only the table that differs, with both counts
+    summary.write_text(json.dumps({**record, "rows": about_to_commit, "before": {**committed, "ops": 0}}),
+                       encoding="utf-8")
+    problems = dumpdb.open(archive).verify().catalog_problems
+    assert len(problems) == 1 and problems[0].startswith("row counts differ from the summary"), problems
+    assert problems[0].endswith(f": ops {committed['ops']} (recorded {committed['ops'] + 7}), "
+                                f"tensors {committed['tensors']} (recorded {committed['tensors'] + 9})"), problems
+
+
+def test_a_tensor_of_a_dtype_dumpdb_does_not_know_is_reported(archive):
+    """_size_mismatches: no itemsize for an unknown dtype name, so its tensors are reported
+    even when their nbytes equals the payload's and the element count."""
+    a = dumpdb.open(archive)
+    victim = a.sql("SELECT tensor_id, nbytes FROM tensors WHERE content_hash IS NOT NULL AND nbytes > 0 "
+                   "ORDER BY tensor_id LIMIT 1").to_pylist()[0]
+    # one "element" per byte: a 1-byte dtype would match shape x itemsize; an unknown one never does
+    raw_sql(archive, f"UPDATE tensors SET dtype = 'mystery8', shape = [{victim['nbytes']}] "
+                     f"WHERE tensor_id = {victim['tensor_id']}")
+    report = dumpdb.open(archive).verify()
+    assert not report.ok
+    bad = report.damaged_tensors.to_pylist()
+    assert [r["tensor_id"] for r in bad] == [victim["tensor_id"]]
+    assert bad[0]["reason"].startswith(f"size: tensor says {victim['nbytes']} bytes, payload {victim['nbytes']}")

@@ -144,3 +144,31 @@ def test_progress_and_repeatable_sample(archive):
     assert one.blobs_checked == 1
     picks = {a.verify(sample=0.3, seed=11).bytes_checked for _ in range(3)}
     assert len(picks) == 1  # the same seed checks the same payloads
+
+
+def test_changed_bytes_that_still_read_back_are_a_content_hash_mismatch(tmp_path, monkeypatch):
+    """Random float32 does not compress: the large array is stored uncompressed
+    (dumpdb.storage.codecs), so a changed byte reads back without error and only the
+    re-hash (xxh3-128, blobs.content_hash) and the shard's crc32c can see it."""
+    import numpy as np
+
+    monkeypatch.setattr("dumpdb.storage.store.LARGE_BYTES", 8 << 10)
+    it = tmp_path / "dump/rank_0/Net/0/0"
+    it.mkdir(parents=True)
+    values = np.random.default_rng(20).standard_normal((64, 64)).astype(np.float32)  # 16 KiB
+    np.save(it / "Add.Default_Add-op1.0.0.1623124369613541.output.0.DefaultFormat.npy", values)
+    archive = tmp_path / "a.dumpdb"
+    assert dumpdb.ingest(tmp_path / "dump", archive=archive, run="r").ok
+    a = dumpdb.open(archive)
+    (row,) = a.sql("SELECT content_hash, array_path FROM blobs").to_pylist()
+    shard = next(p for p in (archive / "tensors.zarr" / row["array_path"]).rglob("*")
+                 if p.is_file() and p.name != "zarr.json")
+    raw = bytearray(shard.read_bytes())
+    raw[1000] ^= 0x01  # one bit of one value, far from the index at the end
+    shard.write_bytes(bytes(raw))
+    report = a.verify()
+    assert report.damaged == {row["content_hash"]:
+                              f"{row['array_path']}: content hash mismatch: the stored bytes changed"}
+    assert report.damaged_shards[row["array_path"]].startswith("shard checksum crc32c:")
+    assert report.bytes_checked == 0 and report.blobs_checked == 1
+    assert report.damaged_tensors["io"].to_pylist() == ["output"]

@@ -172,3 +172,21 @@ def test_changed_bytes_that_still_read_back_are_a_content_hash_mismatch(tmp_path
     assert report.damaged_shards[row["array_path"]].startswith("shard checksum crc32c:")
     assert report.bytes_checked == 0 and report.blobs_checked == 1
     assert report.damaged_tensors["io"].to_pylist() == ["output"]
+
+
+def test_pruned_tensors_are_counted_not_checked(archive):
+    """verify(run): pruned tensors (payload dropped, rows kept) are counted in
+    tensors_pruned and left out of tensors_checked; pruned_last is the last prune's time."""
+    a = dumpdb.open(archive)
+    counts = a.sql("SELECT count(*) AS n, count(*) FILTER (iteration = 0) AS it0, "
+                   "count(*) FILTER (content_hash IS NULL) AS stats_only FROM tensors WHERE run = 'c1'").to_pylist()[0]
+    assert 0 < counts["it0"] < counts["n"]
+    before = a.verify("c1")
+    assert before.tensors_pruned == 0 and before.pruned_last is None
+    assert before.tensors_checked == counts["n"] - counts["stats_only"]
+    assert a.prune("c1", iterations="0") == counts["it0"]
+    after = a.verify("c1")
+    assert after.ok and after.tensors_pruned == counts["it0"] and after.pruned_last is not None
+    assert after.tensors_checked == before.tensors_checked - counts["it0"]
+    assert after.tensors_statistics_only == counts["stats_only"]
+    assert a.verify("f").tensors_pruned == 0  # another run's count is its own

@@ -231,3 +231,17 @@ def test_a_tensor_of_a_dtype_dumpdb_does_not_know_is_reported(archive):
     bad = report.damaged_tensors.to_pylist()
     assert [r["tensor_id"] for r in bad] == [victim["tensor_id"]]
     assert bad[0]["reason"].startswith(f"size: tensor says {victim['nbytes']} bytes, payload {victim['nbytes']}")
+
+
+def test_repair_waits_for_writers_and_names_them(archive):
+    """verify --repair deletes files: it takes the store lock exclusively (like gc), so an
+    ingest holding it shared (whose fresh files it could take for orphans) keeps it out."""
+    from dumpdb.catalog.locks import SHARED, store_lock
+    from dumpdb.errors import ArchiveError
+
+    a = dumpdb.open(archive, lock_timeout=0.1)
+    with store_lock(archive, SHARED, "ingest of run 'x'", timeout=5):
+        assert a.verify().ok  # checking alone needs no store lock
+        with pytest.raises(ArchiveError, match=r"in use by ingest of run 'x' \(pid \d+"):
+            a.verify(repair=True)
+    assert a.verify(repair=True).ok

@@ -245,3 +245,21 @@ def test_repair_waits_for_writers_and_names_them(archive):
         with pytest.raises(ArchiveError, match=r"in use by ingest of run 'x' \(pid \d+"):
             a.verify(repair=True)
     assert a.verify(repair=True).ok
+
+
+def test_repair_counts_orphan_arrays_and_temp_files_removed(archive):
+    """report.repaired = orphan arrays + temp files removed (leftovers.reclaim_leftovers),
+    here 2 + 1, so neither count can stand in for the other."""
+    a = dumpdb.open(archive)
+    pack = archive / "tensors.zarr" / a.sql("SELECT min(array_path) AS p FROM arrays")["p"][0].as_py()
+    orphans = [pack.parent / "orphan-of-a-crash", pack.parent / "another-orphan"]
+    for orphan in orphans:
+        shutil.copytree(pack, orphan)
+        _age(orphan, 7200)
+    tmp = pack / "c" / "0.tmp-4243"
+    tmp.write_bytes(b"partial")
+    _age(tmp, 7200)
+    assert sorted(o.kind for o in a.verify().orphans) == ["array", "array", "temp"]
+    report = a.verify(repair=True)
+    assert report.repaired == 3 and report.orphans == [] and report.ok
+    assert not any(o.exists() for o in orphans) and not tmp.exists() and pack.exists()

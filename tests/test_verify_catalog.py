@@ -263,3 +263,35 @@ def test_repair_counts_orphan_arrays_and_temp_files_removed(archive):
     report = a.verify(repair=True)
     assert report.repaired == 3 and report.orphans == [] and report.ok
     assert not any(o.exists() for o in orphans) and not tmp.exists() and pack.exists()
+
+
+def test_a_table_that_cannot_be_read_is_one_line_naming_it(archive, monkeypatch):
+    """check_catalog reads every column of every row of every table; a table DuckDB cannot
+    read (a damaged block: DuckDB raises, its message several lines long) is one problem
+    line naming the table and the message's first line, and the other tables still count."""
+    from contextlib import contextmanager
+
+    from dumpdb.archival.verify import check_catalog
+
+    class DamagedOps:  # DuckDB's connection, except that scanning "ops" fails as a bad block does
+        def __init__(self, con):
+            self.con = con
+
+        def execute(self, sql, *args):
+            if 'FROM "ops"' in sql:
+                raise duckdb.IOException("Could not read block 42 of catalog.duckdb\nLINE 1: SELECT count(*)")
+            return self.con.execute(sql, *args)
+
+        def __getattr__(self, name):
+            return getattr(self.con, name)
+
+    a = dumpdb.open(archive)
+    real = a.reader
+
+    @contextmanager
+    def reader():
+        with real() as con:
+            yield DamagedOps(con)
+
+    monkeypatch.setattr(a, "reader", reader)
+    assert check_catalog(a) == ["table ops cannot be read (Could not read block 42 of catalog.duckdb)"]

@@ -190,3 +190,24 @@ def test_pruned_tensors_are_counted_not_checked(archive):
     assert after.tensors_checked == before.tensors_checked - counts["it0"]
     assert after.tensors_statistics_only == counts["stats_only"]
     assert a.verify("f").tensors_pruned == 0  # another run's count is its own
+
+
+def test_statistics_only_tensors_are_counted_apart(tmp_path):
+    """Tensors dumped as statistic.csv rows only (no payload) are counted in
+    tensors_statistics_only, not checked, and are no damage."""
+    import numpy as np
+
+    it = tmp_path / "dump/rank_0/Net/0/0"
+    it.mkdir(parents=True)
+    np.save(it / "Add.Default_Add-op1.0.0.1623124369613541.output.0.DefaultFormat.npy", np.ones(3, np.float32))
+    header = ("Op Type,Op Name,Task ID,Stream ID,Timestamp,IO,Slot,Data Size,Data Type,Shape,"
+              "Max Value,Min Value,Avg Value,L2Norm Value,MD5")
+    rows = ['ReLU,Default_ReLU-op9,0,0,1795336641444999,output,0,64,float32,"(4,4)",1.0,0.0,0.5,2.0,',
+            'ReLU,Default_ReLU-op9,0,0,1795336641444999,input,0,64,float32,"(4,4)",1.0,-1.0,0.0,2.0,']
+    (it / "statistic.csv").write_text(header + "\n" + "\n".join(rows) + "\n")
+    archive = tmp_path / "a.dumpdb"
+    assert dumpdb.ingest(tmp_path / "dump", archive=archive, run="r").statistics_only == 2
+    a = dumpdb.open(archive)
+    for report in (a.verify(), a.verify("r")):
+        assert report.ok and report.tensors_statistics_only == 2
+        assert report.tensors_checked == 1 and report.blobs_checked == 1 and report.tensors_pruned == 0

@@ -211,3 +211,20 @@ def test_statistics_only_tensors_are_counted_apart(tmp_path):
     for report in (a.verify(), a.verify("r")):
         assert report.ok and report.tensors_statistics_only == 2
         assert report.tensors_checked == 1 and report.blobs_checked == 1 and report.tensors_pruned == 0
+
+
+def test_a_shard_the_system_refuses_to_read_is_named_with_its_reason(archive, monkeypatch):
+    """_check_shards: an OSError while re-reading a shard (here EACCES, which a test run as
+    root cannot provoke with chmod) is damage naming the shard and the system's reason."""
+    a = dumpdb.open(archive)
+    store = a.store
+
+    def refused(array_path, ndim):
+        raise PermissionError(13, "Permission denied", store.shard_name(array_path, ndim))
+
+    monkeypatch.setattr(store, "shard_checksum", refused)
+    report = a.verify()
+    arrays = a.sql("SELECT array_path, len(shape) AS ndim FROM arrays").to_pylist()
+    assert report.damaged_shards == {r["array_path"]: f"cannot read {store.shard_name(r['array_path'], r['ndim'])}: "
+                                     "Permission denied" for r in arrays}
+    assert report.shards_checked == 0 and not report.ok

@@ -40,7 +40,7 @@ PY="$VENV/bin/python"
 # The core, as mutant-name globs (module.x_function / module.xǁClassǁmethod).
 CORE=(
   'dumpdb.stats.*'
-  'dumpdb.layouts.mindspore_sync.x_parse_tensor_name__mutmut_*'
+  'dumpdb.layouts.mindspore_kit.x_parse_tensor_name__mutmut_*'
   'dumpdb.layouts.mindspore_legacy.x_parse_bin_name__mutmut_*'
   'dumpdb.layouts.msaccucmp.x_parse_msaccucmp_name__mutmut_*'
   'dumpdb.layouts.tensordump.x_parse_tensordump_name__mutmut_*'

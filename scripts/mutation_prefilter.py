@@ -6,9 +6,11 @@ mutant on a shared 2-core machine). Most mutants fail a module's own unit tests 
 seconds, so this pass runs those first (``pytest -x``, one process per mutant, in
 ``mutants/`` as mutmut does, the mutant chosen by ``MUTANT_UNDER_TEST``) and records
 each mutant they kill in mutmut's own result file (exit code 1: "killed"; 124 from the
-time limit: "timeout"). It prints the names of the mutants they do not kill, one per line,
-for ``mutmut run`` to judge with every covering test. A kill here is a kill by a test of
-the core; a survivor here is not yet a survivor.
+time limit: "timeout"; a test process killed by a signal: "segfault", as mutmut records
+it). Each test process gets at most ``MUTATION_MEMORY_GB`` (8) GiB of address space. It
+prints the names of the mutants they do not kill, one per line, for ``mutmut run`` to
+judge with every covering test. A kill here is a kill by a test of the core; a survivor
+here is not yet a survivor.
 
 Before the mutants, the same tests must pass unmutated and fail with mutmut's forced
 failure (``MUTANT_UNDER_TEST=fail``): otherwise every mutant would look killed.
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -30,6 +33,15 @@ from pathlib import Path
 from mutmut.mutation.data import SourceFileMutationData
 
 TIME_LIMIT = 600  # seconds per mutant (wall clock): an endless loop counts as a timeout
+# Address space of each test process (GiB, env MUTATION_MEMORY_GB): a mutant that allocates
+# without bound (e.g. a loop step lost: millions of overlapping chunk copies) fails its test
+# with MemoryError instead of waking the kernel's OOM killer on a shared machine.
+MEMORY_GB = float(os.environ.get("MUTATION_MEMORY_GB", "8"))
+
+
+def _limit_memory() -> None:
+    limit = int(MEMORY_GB * 2**30)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
 def _source_path(name: str) -> Path:
@@ -44,7 +56,7 @@ def _pytest(tests: list[str], mutant: str, extra: list[str]) -> int:
            "--rootdir=.", "--tb=no", "--no-header", *extra, *tests]
     try:
         return subprocess.run(cmd, cwd="mutants", env=env, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, timeout=TIME_LIMIT).returncode
+                              stderr=subprocess.DEVNULL, timeout=TIME_LIMIT, preexec_fn=_limit_memory).returncode
     except subprocess.TimeoutExpired:
         return 124
 
@@ -83,8 +95,10 @@ def main() -> int:
             return 2
         start = time.monotonic()
         code = _pytest(args.tests, name, args.pytest_arg)
-        if code in (1, 3, 124):
-            m.exit_code_by_key[name] = 1 if code == 1 else 36
+        if code in (1, 3, 124) or code < 0:
+            # 1: a test failed; 3: pytest's internal error; 124: the time limit (mutmut's
+            # "timeout", 36); < 0: killed by a signal (mutmut's -9, "segfault": killed)
+            m.exit_code_by_key[name] = {1: 1, 3: 3, 124: 36}.get(code, -9)
             m.durations_by_key[name] = time.monotonic() - start
             m.save()
             killed += 1

@@ -144,3 +144,87 @@ def test_progress_and_repeatable_sample(archive):
     assert one.blobs_checked == 1
     picks = {a.verify(sample=0.3, seed=11).bytes_checked for _ in range(3)}
     assert len(picks) == 1  # the same seed checks the same payloads
+
+
+def test_changed_bytes_that_still_read_back_are_a_content_hash_mismatch(tmp_path, monkeypatch):
+    """Random float32 does not compress: the large array is stored uncompressed
+    (dumpdb.storage.codecs), so a changed byte reads back without error and only the
+    re-hash (xxh3-128, blobs.content_hash) and the shard's crc32c can see it."""
+    import numpy as np
+
+    monkeypatch.setattr("dumpdb.storage.store.LARGE_BYTES", 8 << 10)
+    it = tmp_path / "dump/rank_0/Net/0/0"
+    it.mkdir(parents=True)
+    values = np.random.default_rng(20).standard_normal((64, 64)).astype(np.float32)  # 16 KiB
+    np.save(it / "Add.Default_Add-op1.0.0.1623124369613541.output.0.DefaultFormat.npy", values)
+    archive = tmp_path / "a.dumpdb"
+    assert dumpdb.ingest(tmp_path / "dump", archive=archive, run="r").ok
+    a = dumpdb.open(archive)
+    (row,) = a.sql("SELECT content_hash, array_path FROM blobs").to_pylist()
+    shard = next(p for p in (archive / "tensors.zarr" / row["array_path"]).rglob("*")
+                 if p.is_file() and p.name != "zarr.json")
+    raw = bytearray(shard.read_bytes())
+    raw[1000] ^= 0x01  # one bit of one value, far from the index at the end
+    shard.write_bytes(bytes(raw))
+    report = a.verify()
+    assert report.damaged == {row["content_hash"]:
+                              f"{row['array_path']}: content hash mismatch: the stored bytes changed"}
+    assert report.damaged_shards[row["array_path"]].startswith("shard checksum crc32c:")
+    assert report.bytes_checked == 0 and report.blobs_checked == 1
+    assert report.damaged_tensors["io"].to_pylist() == ["output"]
+
+
+def test_pruned_tensors_are_counted_not_checked(archive):
+    """verify(run): pruned tensors (payload dropped, rows kept) are counted in
+    tensors_pruned and left out of tensors_checked; pruned_last is the last prune's time."""
+    a = dumpdb.open(archive)
+    counts = a.sql("SELECT count(*) AS n, count(*) FILTER (iteration = 0) AS it0, "
+                   "count(*) FILTER (content_hash IS NULL) AS stats_only FROM tensors WHERE run = 'c1'").to_pylist()[0]
+    assert 0 < counts["it0"] < counts["n"]
+    before = a.verify("c1")
+    assert before.tensors_pruned == 0 and before.pruned_last is None
+    assert before.tensors_checked == counts["n"] - counts["stats_only"]
+    assert a.prune("c1", iterations="0") == counts["it0"]
+    after = a.verify("c1")
+    assert after.ok and after.tensors_pruned == counts["it0"] and after.pruned_last is not None
+    assert after.tensors_checked == before.tensors_checked - counts["it0"]
+    assert after.tensors_statistics_only == counts["stats_only"]
+    assert a.verify("f").tensors_pruned == 0  # another run's count is its own
+
+
+def test_statistics_only_tensors_are_counted_apart(tmp_path):
+    """Tensors dumped as statistic.csv rows only (no payload) are counted in
+    tensors_statistics_only, not checked, and are no damage."""
+    import numpy as np
+
+    it = tmp_path / "dump/rank_0/Net/0/0"
+    it.mkdir(parents=True)
+    np.save(it / "Add.Default_Add-op1.0.0.1623124369613541.output.0.DefaultFormat.npy", np.ones(3, np.float32))
+    header = ("Op Type,Op Name,Task ID,Stream ID,Timestamp,IO,Slot,Data Size,Data Type,Shape,"
+              "Max Value,Min Value,Avg Value,L2Norm Value,MD5")
+    rows = ['ReLU,Default_ReLU-op9,0,0,1795336641444999,output,0,64,float32,"(4,4)",1.0,0.0,0.5,2.0,',
+            'ReLU,Default_ReLU-op9,0,0,1795336641444999,input,0,64,float32,"(4,4)",1.0,-1.0,0.0,2.0,']
+    (it / "statistic.csv").write_text(header + "\n" + "\n".join(rows) + "\n")
+    archive = tmp_path / "a.dumpdb"
+    assert dumpdb.ingest(tmp_path / "dump", archive=archive, run="r").statistics_only == 2
+    a = dumpdb.open(archive)
+    for report in (a.verify(), a.verify("r")):
+        assert report.ok and report.tensors_statistics_only == 2
+        assert report.tensors_checked == 1 and report.blobs_checked == 1 and report.tensors_pruned == 0
+
+
+def test_a_shard_the_system_refuses_to_read_is_named_with_its_reason(archive, monkeypatch):
+    """_check_shards: an OSError while re-reading a shard (here EACCES, which a test run as
+    root cannot provoke with chmod) is damage naming the shard and the system's reason."""
+    a = dumpdb.open(archive)
+    store = a.store
+
+    def refused(array_path, ndim):
+        raise PermissionError(13, "Permission denied", store.shard_name(array_path, ndim))
+
+    monkeypatch.setattr(store, "shard_checksum", refused)
+    report = a.verify()
+    arrays = a.sql("SELECT array_path, len(shape) AS ndim FROM arrays").to_pylist()
+    assert report.damaged_shards == {r["array_path"]: f"cannot read {store.shard_name(r['array_path'], r['ndim'])}: "
+                                     "Permission denied" for r in arrays}
+    assert report.shards_checked == 0 and not report.ok

@@ -3,6 +3,7 @@ line from every command; a full disk under DuckDB is one line; orphans reported 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -121,7 +122,8 @@ def test_a_tensor_whose_payload_row_is_gone_is_reported(archive):
     report = dumpdb.open(archive).verify()
     assert not report.ok and report.tensors_checked > 0
     hit = [r for r in report.damaged_tensors.to_pylist() if r["content_hash"] == victim["content_hash"]]
-    assert len(hit) == victim["n"] and "no blobs row" in hit[0]["reason"] and hit[0]["op_name"]
+    assert len(hit) == victim["n"] and hit[0]["op_name"]
+    assert {r["reason"] for r in hit} == {"payload missing: no blobs row (deleted while this tensor was committed?)"}
 
 
 def test_a_tensor_whose_size_disagrees_is_reported(archive):
@@ -193,3 +195,106 @@ def test_enospc_while_duckdb_writes_is_one_line_and_nothing_is_lost(archive):
     with a:
         for row, array in a.tensors("SELECT tensor_id, source_file FROM tensors WHERE run = 'c1'"):
             assert array.tobytes() == npy_payload(SRC / row["source_file"])[2]
+
+
+def test_a_commit_killed_between_its_two_summary_writes_still_verifies(archive):
+    """write_summary (dumpdb.catalog.connection) writes the summary twice per commit: before
+    COMMIT the counts about to be committed with the last committed ones under "before",
+    after COMMIT plain. Killed in between, the catalog holds either state: both verify."""
+    summary = archive / "catalog.summary.json"
+    record = json.loads(summary.read_text(encoding="utf-8"))
+    committed = record["rows"]
+    about_to_commit = {**committed, "ops": committed["ops"] + 7, "tensors": committed["tensors"] + 9}
+    summary.write_text(json.dumps({**record, "rows": about_to_commit, "before": committed}), encoding="utf-8")
+    assert dumpdb.open(archive).verify().catalog_problems == []  # the catalog holds "before"
+    summary.write_text(json.dumps({**record, "rows": committed, "before": about_to_commit}), encoding="utf-8")
+    assert dumpdb.open(archive).verify().catalog_problems == []  # the catalog holds "rows"
+    # neither state: one line naming only the table that differs, with both counts
+    summary.write_text(json.dumps({**record, "rows": about_to_commit, "before": {**committed, "ops": 0}}),
+                       encoding="utf-8")
+    problems = dumpdb.open(archive).verify().catalog_problems
+    assert len(problems) == 1 and problems[0].startswith("row counts differ from the summary"), problems
+    assert problems[0].endswith(f": ops {committed['ops']} (recorded {committed['ops'] + 7}), "
+                                f"tensors {committed['tensors']} (recorded {committed['tensors'] + 9})"), problems
+
+
+def test_a_tensor_of_a_dtype_dumpdb_does_not_know_is_reported(archive):
+    """_size_mismatches: no itemsize for an unknown dtype name, so its tensors are reported
+    even when their nbytes equals the payload's and the element count."""
+    a = dumpdb.open(archive)
+    victim = a.sql("SELECT tensor_id, nbytes FROM tensors WHERE content_hash IS NOT NULL AND nbytes > 0 "
+                   "ORDER BY tensor_id LIMIT 1").to_pylist()[0]
+    # one "element" per byte: a 1-byte dtype would match shape x itemsize; an unknown one never does
+    raw_sql(archive, f"UPDATE tensors SET dtype = 'mystery8', shape = [{victim['nbytes']}] "
+                     f"WHERE tensor_id = {victim['tensor_id']}")
+    report = dumpdb.open(archive).verify()
+    assert not report.ok
+    bad = report.damaged_tensors.to_pylist()
+    assert [r["tensor_id"] for r in bad] == [victim["tensor_id"]]
+    # the unknown dtype's itemsize counts as -1, so the expected size can never match
+    n = victim["nbytes"]
+    assert bad[0]["reason"] == f"size: tensor says {n} bytes, payload {n}, dtype x shape {-n}"
+
+
+def test_repair_waits_for_writers_and_names_them(archive):
+    """verify --repair deletes files: it takes the store lock exclusively (like gc), so an
+    ingest holding it shared (whose fresh files it could take for orphans) keeps it out."""
+    from dumpdb.catalog.locks import SHARED, store_lock
+    from dumpdb.errors import ArchiveError
+
+    a = dumpdb.open(archive, lock_timeout=0.1)
+    with store_lock(archive, SHARED, "ingest of run 'x'", timeout=5):
+        assert a.verify().ok  # checking alone needs no store lock
+        with pytest.raises(ArchiveError, match=r"in use by ingest of run 'x' \(pid \d+"):
+            a.verify(repair=True)
+    assert a.verify(repair=True).ok
+
+
+def test_repair_counts_orphan_arrays_and_temp_files_removed(archive):
+    """report.repaired = orphan arrays + temp files removed (leftovers.reclaim_leftovers),
+    here 2 + 1, so neither count can stand in for the other."""
+    a = dumpdb.open(archive)
+    pack = archive / "tensors.zarr" / a.sql("SELECT min(array_path) AS p FROM arrays")["p"][0].as_py()
+    orphans = [pack.parent / "orphan-of-a-crash", pack.parent / "another-orphan"]
+    for orphan in orphans:
+        shutil.copytree(pack, orphan)
+        _age(orphan, 7200)
+    tmp = pack / "c" / "0.tmp-4243"
+    tmp.write_bytes(b"partial")
+    _age(tmp, 7200)
+    assert sorted(o.kind for o in a.verify().orphans) == ["array", "array", "temp"]
+    report = a.verify(repair=True)
+    assert report.repaired == 3 and report.orphans == [] and report.ok
+    assert not any(o.exists() for o in orphans) and not tmp.exists() and pack.exists()
+
+
+def test_a_table_that_cannot_be_read_is_one_line_naming_it(archive, monkeypatch):
+    """check_catalog reads every column of every row of every table; a table DuckDB cannot
+    read (a damaged block: DuckDB raises, its message several lines long) is one problem
+    line naming the table and the message's first line, and the other tables still count."""
+    from contextlib import contextmanager
+
+    from dumpdb.archival.verify import check_catalog
+
+    class DamagedOps:  # DuckDB's connection, except that scanning "ops" fails as a bad block does
+        def __init__(self, con):
+            self.con = con
+
+        def execute(self, sql, *args):
+            if 'FROM "ops"' in sql:
+                raise duckdb.IOException("Could not read block 42 of catalog.duckdb\nLINE 1: SELECT count(*)")
+            return self.con.execute(sql, *args)
+
+        def __getattr__(self, name):
+            return getattr(self.con, name)
+
+    a = dumpdb.open(archive)
+    real = a.reader
+
+    @contextmanager
+    def reader():
+        with real() as con:
+            yield DamagedOps(con)
+
+    monkeypatch.setattr(a, "reader", reader)
+    assert check_catalog(a) == ["table ops cannot be read (Could not read block 42 of catalog.duckdb)"]

@@ -23,9 +23,9 @@ import uuid
 from concurrent.futures import Future
 from pathlib import Path
 
-import duckdb
 import numpy as np
 import pytest
+from catalog_snapshot import catalog_snapshot
 
 import dumpdb
 from dumpdb.dumpio import confine
@@ -62,23 +62,6 @@ def make_dump(root: Path) -> dict[str, np.ndarray]:
             np.save(d / name, arr)
             saved[f"rank_0/Net/0/{it}/{name}"] = arr
     return saved
-
-
-def catalog(archive: Path) -> dict[str, list]:
-    """Every catalog table, rows sorted, without ids, times and pack names (random)."""
-    volatile = {"tensor_id", "ingest_started", "ingest_finished", "time", "array_path", "created_at", "applied_at"}
-    con = duckdb.connect(str(archive / "catalog.duckdb"), read_only=True)
-    try:
-        out = {}
-        for (t,) in con.execute("SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main'").fetchall():
-            cols = [c for (c,) in con.execute(
-                "SELECT column_name FROM duckdb_columns() WHERE table_name = ? AND schema_name = 'main' "
-                "ORDER BY column_index", [t]).fetchall() if c not in volatile]
-            sel = ", ".join(f'"{c}"' for c in cols)
-            out[t] = sorted(repr(r) for r in con.execute(f"SELECT {sel} FROM {t}").fetchall())
-        return out
-    finally:
-        con.close()
 
 
 def read_back(archive: Path) -> dict[str, bytes]:
@@ -119,7 +102,7 @@ def test_workers_write_the_packs_and_the_archive_equals_the_in_process_one(tmp_p
     assert {kind for kind, _, _ in made} == {"pack", "large"}
     assert all(int(pid) != os.getpid() for _, pid, _ in made)
     # same catalog (blobs offsets, stored bytes, arrays' shard checksums) and payloads
-    assert catalog(tmp_path / "w2") == catalog(tmp_path / "w1")
+    assert catalog_snapshot(tmp_path / "w2") == catalog_snapshot(tmp_path / "w1")
     got = read_back(tmp_path / "w2")
     assert got == read_back(tmp_path / "w1")
     assert got == {k: v.tobytes() for k, v in saved.items()}

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from catalog_snapshot import catalog_snapshot
 from conftest import ms_case
 
 import dumpdb
@@ -167,28 +168,6 @@ def test_rows_are_visible_while_the_ingest_runs(tmp_path, monkeypatch, statistic
 
 
 # -- the same catalog whatever runs the workers -------------------------------------------------
-_VOLATILE = {"tensor_id", "ingest_started", "ingest_finished", "time", "array_path", "created_at", "applied_at"}
-
-
-def _catalog(archive: Path) -> dict[str, list]:
-    """Every table of the catalog, rows sorted, without ingestion ids/times and without where a
-    payload sits in the store (pack names are random); payload hashes are kept."""
-    con = duckdb.connect(str(archive / "catalog.duckdb"), read_only=True)
-    try:
-        out = {}
-        tables = [t for (t,) in con.execute(
-            "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main' ORDER BY 1").fetchall()]
-        for t in tables:
-            cols = [c for (c,) in con.execute(
-                "SELECT column_name FROM duckdb_columns() WHERE table_name = ? AND schema_name = 'main' "
-                "ORDER BY column_index", [t]).fetchall() if c not in _VOLATILE]
-            sel = ", ".join(f'"{c}"' for c in cols)
-            out[t] = sorted(repr(r) for r in con.execute(f"SELECT {sel} FROM {t}").fetchall())
-        return out
-    finally:
-        con.close()
-
-
 def _payloads(archive: Path) -> dict[str, bytes]:
     """content hash -> the bytes read back through the archive, for every stored payload."""
     with dumpdb.open(archive) as arch:
@@ -229,9 +208,9 @@ def test_same_catalog_for_any_workers_and_dask(tmp_path, monkeypatch, dump):
     assert one.tensors_added > 0 and one.status == two.status == local.status
     # progress of the Dask tasks reached the reporter (the CLI's bar), one advance per tensor file
     assert progress.files == local.tensors_in_dump and progress.bytes == local.bytes_read
-    reference = _catalog(tmp_path / "w1")
-    assert _catalog(tmp_path / "w2") == reference
-    assert _catalog(tmp_path / "dask") == reference
+    reference = catalog_snapshot(tmp_path / "w1")
+    assert catalog_snapshot(tmp_path / "w2") == reference
+    assert catalog_snapshot(tmp_path / "dask") == reference
     payloads = _payloads(tmp_path / "w1")
     assert _payloads(tmp_path / "w2") == payloads == _payloads(tmp_path / "dask")
 
@@ -275,7 +254,7 @@ def test_two_ingest_workers_and_one_commit_equal_one_ingest(tmp_path):
     commit = _cli("commit", "--archive", str(shared))
     assert commit.wait(timeout=300) == 0, commit.stderr.read()
     assert "part 'node0'" in commit.stderr.read()
-    got, want = _catalog(shared), _catalog(single)
+    got, want = catalog_snapshot(shared), catalog_snapshot(single)
     for name in ("arrays",):  # both workers stored the shared payloads: extra packs, left for gc
         got.pop(name), want.pop(name)
     got["blobs"] = sorted(_blob_identity(shared))

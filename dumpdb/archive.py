@@ -201,6 +201,9 @@ def _sql_literal(text: str) -> str:
 
 _ATTACH_TYPES = ("ATTACH", "DETACH")
 
+# DuckDB instances inherited through fork(): never used, never closed (see Archive._query_instance)
+_FORKED_INSTANCES: list[Any] = []
+
 
 def _refuse_attach(query: str) -> None:
     """Refuse ATTACH/DETACH in a sandboxed query (README "Safety"): the sandbox may open
@@ -244,6 +247,7 @@ class Archive:
         self._held_sandbox: duckdb.DuckDBPyConnection | None = None  # sql()'s, while held
         self._query_db: duckdb.DuckDBPyConnection | None = None  # sql()'s DuckDB instance, kept (see _sandbox)
         self._query_lock = threading.Lock()
+        self._query_pid = os.getpid()  # whose instance _query_db is (see _query_instance)
         self._locations: LocationIndex | None = None  # tensor_id -> payload location, loaded on first read
 
     def __repr__(self) -> str:
@@ -402,6 +406,13 @@ class Archive:
     @contextmanager
     def _query_instance(self) -> Iterator[duckdb.DuckDBPyConnection]:
         """The kept query instance with the catalog attached for one query (see :meth:`_sandbox`)."""
+        if self._query_pid != os.getpid():
+            # a forked child (e.g. a DataLoader worker): the parent's DuckDB instance and lock
+            # are copies it must not use; it makes its own. The copy is kept referenced, never
+            # closed: closing it here would tear down threads that exist only in the parent
+            # (measured: the child dies of SIGSEGV).
+            _FORKED_INSTANCES.append(self._query_db)
+            self._query_db, self._query_lock, self._query_pid = None, threading.Lock(), os.getpid()
         with self._query_lock:
             if self._query_db is None:
                 self._query_db = self._locked_instance()

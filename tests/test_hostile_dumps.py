@@ -506,6 +506,30 @@ def test_sql_outside_with_keeps_one_instance_holds_no_lock_and_sees_new_commits(
     assert a._query_db is None
 
 
+def _child_sql(a, queue) -> None:
+    queue.put((a.sql("SELECT count(*) AS n FROM tensors")["n"][0].as_py(), a._query_pid == os.getpid()))
+
+
+def test_sql_in_a_forked_child_uses_its_own_instance(archive):
+    """An Archive used before a fork (DataLoader workers fork on Linux): the child's a.sql()
+    makes its own DuckDB instance instead of the parent's copy, and answers."""
+    import multiprocessing
+
+    a = dumpdb.open(archive)
+    try:
+        assert a.sql("SELECT count(*) AS n FROM tensors")["n"][0].as_py() == C1_TENSORS
+        ctx = multiprocessing.get_context("fork")
+        queue = ctx.Queue()
+        child = ctx.Process(target=_child_sql, args=(a, queue))
+        child.start()
+        assert queue.get(timeout=120) == (C1_TENSORS, True)
+        child.join(timeout=120)
+        assert child.exitcode == 0
+        assert a.sql("SELECT count(*) AS n FROM tensors")["n"][0].as_py() == C1_TENSORS  # the parent's still works
+    finally:
+        a.close()
+
+
 # -- CANN protobuf containers (ascend-async-pb) --------------------------------------------------
 def _cann_dump(tmp_path: Path):
     import fixtures_cann as fc

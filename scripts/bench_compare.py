@@ -245,16 +245,23 @@ def tensor_scenario(args, dumpdb: str, out: Path) -> list[str]:
     return lines
 
 
+def make_runs(dumpdb: str, out: Path, name: str, archive: Path, make_dump) -> None:
+    """Generate the bench and the (perturbed) target dump ``out/NAME-bench``, ``out/NAME-target``
+    with ``make_dump(directory, perturbed)`` and ingest both into ``archive`` as runs bench, target."""
+    t0 = time.perf_counter()
+    make_dump(out / f"{name}-bench", False)
+    make_dump(out / f"{name}-target", True)
+    print(f"  generated in {time.perf_counter() - t0:.1f} s")
+    ingest(dumpdb, out / f"{name}-bench", archive, "bench", out)
+    ingest(dumpdb, out / f"{name}-target", archive, "target", out)
+
+
 def tiny_scenario(args, dumpdb: str, out: Path) -> list[str]:
     print(f"== {args.tiny_pairs} tiny pairs ==")
     archive = out / "tiny.dumpdb"
     if not args.reuse:
-        t0 = time.perf_counter()
-        tiny_dump(out / "tiny-bench", args.tiny_pairs, args.seed, perturbed=False)
-        tiny_dump(out / "tiny-target", args.tiny_pairs, args.seed, perturbed=True)
-        print(f"  generated in {time.perf_counter() - t0:.1f} s")
-        ingest(dumpdb, out / "tiny-bench", archive, "bench", out)
-        ingest(dumpdb, out / "tiny-target", archive, "target", out)
+        make_runs(dumpdb, out, "tiny", archive, lambda d, perturbed: tiny_dump(d, args.tiny_pairs, args.seed,
+                                                                                perturbed=perturbed))
     cat_s = cat_seconds([out / "tiny-bench", out / "tiny-target"], out / "cat-tiny.log")
     lines = [f"tiny: {args.tiny_pairs} pairs; cat of the files {cat_s:.2f} s (baseline)"]
     for label, wall, peak in compare(args, dumpdb, archive, out, "tiny"):
@@ -284,12 +291,8 @@ def stats_scenario(args, dumpdb: str, out: Path) -> list[str]:
     print(f"== {args.stat_pairs} statistics pairs ==")
     archive = out / "stats.dumpdb"
     if not args.reuse:
-        t0 = time.perf_counter()
-        stats_dump(out / "stats-bench", args.stat_pairs, args.seed, perturbed=False)
-        stats_dump(out / "stats-target", args.stat_pairs, args.seed, perturbed=True)
-        print(f"  generated in {time.perf_counter() - t0:.1f} s")
-        ingest(dumpdb, out / "stats-bench", archive, "bench", out)
-        ingest(dumpdb, out / "stats-target", archive, "target", out)
+        make_runs(dumpdb, out, "stats", archive, lambda d, perturbed: stats_dump(d, args.stat_pairs, args.seed,
+                                                                                  perturbed=perturbed))
     catalog = archive / "catalog.duckdb"
     join = [sys.executable, "-c",
             "import duckdb, sys; con = duckdb.connect(sys.argv[1], read_only=True); con.execute(sys.argv[2])",

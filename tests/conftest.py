@@ -85,3 +85,18 @@ def s3_url(moto_s3, monkeypatch) -> str:
     for key, value in moto_s3.env().items():
         monkeypatch.setenv(key, value)
     return f"s3://{moto_s3.bucket()}/archive"
+
+
+def write_payloads(writer, payloads) -> tuple[dict, list]:
+    """Add every (content hash, array) of ``payloads`` to the StoreWriter ``writer``, flush
+    and close it: (content hash -> BlobLocation, the arrays written)."""
+    locations = {}
+    try:
+        for content_hash, array in payloads:
+            for loc in writer.add(content_hash, array):
+                locations[loc.content_hash] = loc
+        for loc in writer.flush():
+            locations[loc.content_hash] = loc
+        return locations, writer.take_arrays()
+    finally:
+        writer.close()

@@ -12,7 +12,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 import zarr
-from conftest import DATA, ms_case, npy_payload
+from conftest import DATA, ms_case, npy_payload, write_payloads
 
 import dumpdb
 import dumpdb.storage.store as store_mod
@@ -61,14 +61,7 @@ def test_every_dtype_round_trips_bit_exact_in_packs_of_mixed_sizes_and_large_arr
     for a in arrays[7:]:  # these large ones compress (half zeros); the random one before is stored raw
         a.reshape(-1)[a.size // 2 :] = 0
     hashes = [payload_hash(a) for a in arrays]
-    locations = {}
-    for h, a in zip(hashes, arrays):
-        for loc in writer.add(h, a):
-            locations[loc.content_hash] = loc
-    for loc in writer.flush():
-        locations[loc.content_hash] = loc
-    infos = writer.take_arrays()
-    writer.close()
+    locations, infos = write_payloads(writer, zip(hashes, arrays))
     assert {i.kind for i in infos} == {"pack", "tensor"}
     chunked = []  # (shape, inner chunk shape) of every array
     for info in infos:

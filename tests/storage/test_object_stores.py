@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr.storage
+from conftest import write_payloads
 from zarr.abc.store import RangeByteRequest, Store
 from zarr.storage import WrapperStore
 
@@ -87,16 +88,7 @@ def _payloads() -> dict[str, np.ndarray]:
 
 
 def _write(zstore: Store, units: dict, payloads: dict[str, np.ndarray]):
-    writer = StoreWriter(TensorStore(zstore, read_only=False), **units)
-    locations = {}
-    for name, array in payloads.items():
-        for loc in writer.add(name, array):
-            locations[loc.content_hash] = loc
-    for loc in writer.flush():
-        locations[loc.content_hash] = loc
-    arrays = writer.take_arrays()
-    writer.close()
-    return locations, arrays
+    return write_payloads(StoreWriter(TensorStore(zstore, read_only=False), **units), payloads.items())
 
 
 def test_round_trip_across_pack_and_chunk_boundaries(zstore, small_units):

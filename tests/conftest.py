@@ -100,3 +100,13 @@ def write_payloads(writer, payloads) -> tuple[dict, list]:
         return locations, writer.take_arrays()
     finally:
         writer.close()
+
+
+@pytest.fixture(scope="module")
+def pair_archive(tmp_path_factory):
+    """An archive per test module with the real fp32 and fp16/bf16 compare cases as runs
+    ``fp32`` and ``fp16`` (a module's compares store results in it)."""
+    archive = tmp_path_factory.mktemp("pair") / "a.dumpdb"
+    for case, run in (("d1_compare_fp32_iter0", "fp32"), ("d2_compare_fp16_bf16_iter0", "fp16")):
+        assert dumpdb.ingest(ms_case(case), archive=archive, run=run).ok
+    return archive

@@ -20,7 +20,6 @@ from collections import defaultdict
 import numpy as np
 import pyarrow as pa
 import pytest
-from conftest import ms_case
 
 import dumpdb
 from dumpdb.compare import registry
@@ -37,14 +36,6 @@ from dumpdb.compare.precision import (
 )
 from dumpdb.compare.verdict import Columns as VerdictColumns
 from dumpdb.compare.verdict import Thresholds, op_results, op_results_columns
-
-
-@pytest.fixture(scope="module")
-def pair_archive(tmp_path_factory):
-    archive = tmp_path_factory.mktemp("columns") / "a.dumpdb"
-    for case, run in (("d1_compare_fp32_iter0", "fp32"), ("d2_compare_fp16_bf16_iter0", "fp16")):
-        assert dumpdb.ingest(ms_case(case), archive=archive, run=run).ok
-    return archive
 
 
 @pytest.mark.parametrize("target,bench", [("fp16", "fp32"), ("fp32", "fp32")])

@@ -19,14 +19,6 @@ from dumpdb.render.msprobe_csv import msprobe_columns
 
 
 @pytest.fixture(scope="module")
-def pair_archive(tmp_path_factory):
-    archive = tmp_path_factory.mktemp("cmp") / "a.dumpdb"
-    for case, run in (("d1_compare_fp32_iter0", "fp32"), ("d2_compare_fp16_bf16_iter0", "fp16")):
-        assert dumpdb.ingest(ms_case(case), archive=archive, run=run).ok
-    return archive
-
-
-@pytest.fixture(scope="module")
 def outcome(pair_archive):
     return compare(dumpdb.open(pair_archive), "fp16", "fp32", rules="msprobe")
 

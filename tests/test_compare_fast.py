@@ -9,7 +9,6 @@ import math
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import ms_case
 
 import dumpdb
 import dumpdb.compare.engine as engine
@@ -112,13 +111,6 @@ def test_identical_metrics_leaves_a_nonfinite_scalar_to_the_computation():
     assert identical_metrics((), np.dtype(np.float32), 1) is None
     assert "NaN" in tensor_metrics(np.array(np.nan), np.array(np.nan))[1]
 
-
-@pytest.fixture(scope="module")
-def pair_archive(tmp_path_factory):
-    archive = tmp_path_factory.mktemp("fast") / "a.dumpdb"
-    for case, run in (("d1_compare_fp32_iter0", "fp32"), ("d2_compare_fp16_bf16_iter0", "fp16")):
-        assert dumpdb.ingest(ms_case(case), archive=archive, run=run).ok
-    return archive
 
 
 def test_engine_batched_results_equal_one_by_one(pair_archive, monkeypatch):

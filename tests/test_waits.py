@@ -168,3 +168,24 @@ def test_wait_option_anywhere_and_without_a_value(archive):
     assert missing.exit_code == 2 and "Invalid value for '--wait'" in missing.output
     negative = runner.invoke(app, ["sql", "-a", str(archive), "SELECT 1", "--wait", "-1"])
     assert negative.exit_code == 2 and "--wait" in negative.output
+
+
+def test_the_python_api_without_on_wait_logs_the_wait_as_a_warning(archive, holder, caplog):
+    """``dumpdb.open(A)`` with no ``on_wait`` does not wait silently: the line naming the
+    holder goes to the ``dumpdb`` logger (printed on stderr when logging is not set up)."""
+    with caplog.at_level("WARNING", logger="dumpdb"), pytest.raises(dumpdb.errors.ArchiveError, match="gave up after 2 s"):
+        dumpdb.open(archive, lock_timeout=2).sql("SELECT 1")
+    said = [r for r in caplog.records if r.name == "dumpdb"]
+    assert len(said) == 1 and said[0].levelname == "WARNING"
+    assert said[0].getMessage().startswith(
+        f"waiting for the catalog lock held by another DuckDB connection (pid {holder.pid}: python")
+
+
+def test_the_store_lock_without_on_wait_logs_the_wait_as_a_warning(archive, caplog):
+    with store_lock(archive, EXCLUSIVE, "gc", timeout=5), caplog.at_level("WARNING", logger="dumpdb"), \
+            pytest.raises(dumpdb.errors.ArchiveError, match="archive in use by gc"):
+        # a second holder in this process conflicts with the first (flock per open file)
+        with store_lock(archive, EXCLUSIVE, "rm of run 'c1'", timeout=2):
+            pass
+    said = [r.getMessage() for r in caplog.records if r.name == "dumpdb"]
+    assert len(said) == 1 and said[0].startswith(f"rm of run 'c1': waiting, archive in use by gc (pid {os.getpid()}")

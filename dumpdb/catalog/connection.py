@@ -138,7 +138,8 @@ class Catalog:
     """The ``catalog.duckdb`` file of one archive.
 
     ``on_wait(message)`` is called once per connection attempt that has to wait
-    for another process's lock (the CLI prints it).
+    for another process's lock (the CLI prints it); without one the line goes to the
+    ``dumpdb`` logger as a WARNING (:func:`dumpdb.catalog.waiting.told`).
     """
 
     def __init__(
@@ -149,7 +150,8 @@ class Catalog:
     ):
         self.path = Path(path)
         self.lock_timeout = lock_timeout
-        self.on_wait = on_wait
+        from dumpdb.catalog.waiting import told
+        self.on_wait = told(on_wait)
 
     # -- connections -------------------------------------------------------
     def connect(self, read_only: bool) -> duckdb.DuckDBPyConnection:

@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
+from dumpdb.catalog.waiting import told
 from dumpdb.errors import ArchiveError
 
 SHARED = "shared"
@@ -87,10 +88,12 @@ def store_lock(archive: str | os.PathLike, mode: str, what: str, *, timeout: flo
 
     ``what`` names the operation for other processes' messages. Waits up to
     ``timeout`` seconds for a conflicting holder, calling ``on_wait`` once with a
-    line naming it; then raises :class:`ArchiveError` naming it. The lock is not
+    line naming it (without one: a WARNING on the ``dumpdb`` logger); then raises
+    :class:`ArchiveError` naming it. The lock is not
     re-entrant across modes: take it once per operation.
     """
     archive = Path(archive)
+    on_wait = told(on_wait)
     locks = archive / "locks"
     try:
         (locks / "holders").mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,10 @@ we want to write) - the waiting process polls with backoff, and:
 * after :data:`NOTICE_AFTER` seconds (1 s; half the timeout if that is shorter) calls
   ``on_wait`` **once** with a line naming what holds it (the CLI prints it on stderr):
   a dumpdb process (its pid, command and what it does) or another DuckDB connection
-  (pid and command when DuckDB's error names the pid);
+  (pid and command when DuckDB's error names the pid). A caller that passes no
+  ``on_wait`` (the Python API's default) gets the line as a WARNING on the ``dumpdb``
+  logger instead (:func:`told`), which Python prints on stderr when logging is not
+  configured: a script never hangs without a word;
 * gives up after ``timeout`` seconds (``--wait SECONDS`` in the CLI; default
   ``$DUMPDB_LOCK_TIMEOUT`` or 120 s) with :class:`~dumpdb.errors.ArchiveError`
   (exit 2) naming the holder.
@@ -18,6 +21,7 @@ Commits take tens of milliseconds: a wait shorter than the notice delay says not
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import time
@@ -28,6 +32,13 @@ from dumpdb.errors import ArchiveError
 
 NOTICE_AFTER = 1.0
 _PID = re.compile(r"\(PID (\d+)\)")
+LOG = logging.getLogger("dumpdb")
+
+
+def told(on_wait: Callable[[str], None] | None) -> Callable[[str], None]:
+    """``on_wait``, or when it is None a function logging the line as a WARNING on the
+    ``dumpdb`` logger (what the Python API does by default)."""
+    return on_wait if on_wait is not None else LOG.warning
 
 
 class Waiter:

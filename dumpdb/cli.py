@@ -78,8 +78,9 @@ class _Commands(TyperGroup):
     """The one place exceptions become one-line messages and exit codes."""
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
-        # --wait is global and may follow the command too (dumpdb sql --wait 5 ...): moved before it.
-        return super().parse_args(ctx, _hoist_wait(args))
+        # --wait and --storage-option are global and may follow the command too
+        # (dumpdb sql --wait 5 ...): moved before it.
+        return super().parse_args(ctx, _hoist_globals(args))
 
     def invoke(self, ctx: Any) -> Any:
         from dumpdb import sigint
@@ -115,20 +116,24 @@ class _Commands(TyperGroup):
                     INTERNAL_ERROR_EXIT)
 
 
-def _hoist_wait(args: list[str]) -> list[str]:
-    """``args`` with ``--wait SECONDS`` / ``--wait=SECONDS`` moved to the front (before the
-    command name), wherever it was given; nothing after ``--`` is touched."""
+_GLOBAL_WITH_VALUE = ("--wait", "--storage-option")
+
+
+def _hoist_globals(args: list[str]) -> list[str]:
+    """``args`` with the global options that take a value (``--wait SECONDS``,
+    ``--storage-option KEY=VALUE``, also written ``--opt=VALUE``) moved to the front (before
+    the command name), wherever they were given; nothing after ``--`` is touched."""
     rest, front, i = [], [], 0
     while i < len(args):
         arg = args[i]
         if arg == "--":
             rest.extend(args[i:])
             break
-        if arg == "--wait":  # with its value; none given: '--wait=' (the option says it wants a number)
-            front += args[i:i + 2] if i + 1 < len(args) else ["--wait="]
+        if arg in _GLOBAL_WITH_VALUE:  # with its value; none given: '--opt=' (the option says what it wants)
+            front += args[i:i + 2] if i + 1 < len(args) else [arg + "="]
             i += 2
             continue
-        (front if arg.startswith("--wait=") else rest).append(arg)
+        (front if arg.startswith(tuple(o + "=" for o in _GLOBAL_WITH_VALUE)) else rest).append(arg)
         i += 1
     return front + rest
 
@@ -144,6 +149,16 @@ def _lock_timeout() -> float:
 
     wait = _state.get("wait")
     return DEFAULT_LOCK_TIMEOUT if wait is None else float(wait)
+
+
+def _storage_options() -> dict[str, str]:
+    """``--storage-option KEY=VALUE`` pairs as a dict (StorageError for a malformed one)."""
+    given = _state.get("storage_options")
+    if not given:
+        return {}  # the storage modules (zarr, pyarrow) stay unimported for `dumpdb sql`
+    from dumpdb.storage.remote import parse_options
+
+    return parse_options(given)
 
 
 def _is_cli_control(exc: BaseException) -> bool:
@@ -212,8 +227,9 @@ def _open(path: Optional[Path], on_wait=None):
     if url is not None:  # a bundle on object storage, read-only in place
         import dumpdb
 
-        return dumpdb.open(url)
-    return Archive(_archive_path(path), on_wait=on_wait or _wait_line, lock_timeout=_lock_timeout())
+        return dumpdb.open(url, storage_options=_storage_options())
+    return Archive(_archive_path(path), on_wait=on_wait or _wait_line, lock_timeout=_lock_timeout(),
+                   storage_options=_storage_options())
 
 
 def _a(archive: Optional[Path]) -> str:
@@ -274,6 +290,11 @@ def _root(
         help="How long to wait for a lock another process holds on the archive (its store lock or the "
              "catalog file); after ~1 s one line on stderr names the holder; past it: exit 2 naming it. "
              "May also follow the command (dumpdb sql --wait 5 ...)."),
+    storage_option: Optional[list[str]] = typer.Option(
+        None, "--storage-option", metavar="KEY=VALUE",
+        help="Object-storage setting (endpoint, region, access_key_id, secret_access_key, retries, ...) for an "
+             "archive whose tensors are on S3 or a bundle at s3://; repeatable; overrides the AWS_* environment; "
+             "secrets are never stored or printed. May also follow the command."),
 ) -> None:
     """dumpdb: ingest dumps once, then query ops, iterations and statistics with SQL.
 
@@ -282,6 +303,7 @@ def _root(
     """
     _state["debug"] = debug
     _state["wait"] = wait
+    _state["storage_options"] = storage_option
     _install_warning_printer()
 
 
@@ -430,16 +452,12 @@ def ingest(
         help="Keep a new archive's tensors on object storage (S3 or compatible); the catalog stays in --archive, "
              "which remembers the URL. Endpoint and credentials: AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, "
              "AWS_SECRET_ACCESS_KEY, AWS_REGION."),
-    storage_option: Optional[list[str]] = typer.Option(
-        None, "--storage-option", metavar="KEY=VALUE",
-        help="Object-storage setting (endpoint, region, retries, ...); repeatable; secrets are never stored."),
 ) -> None:
     """Ingest a dump into an archive (created if missing: 'created archive PATH'). Re-running completes or skips:
     files already in the run are not read unless their size or mtime changed; a file
     whose content changed is listed and the ingest refuses (exit 1) unless --update."""
     from dumpdb.archive import is_archive
     from dumpdb.ingestion.pipeline import ingest as run_ingest
-    from dumpdb.storage.remote import parse_options
 
     if verify_hash and not moved:
         raise DumpdbError("--verify-hash checks a moved dump: use it with --moved "
@@ -453,7 +471,7 @@ def ingest(
                             scheduler=scheduler,
                             follow_symlinks=follow_symlinks, reporter=_reporter(quiet),
                             on_wait=_wait_line, lock_timeout=_lock_timeout(),
-                            store=store, storage_options=parse_options(storage_option),
+                            store=store, storage_options=_storage_options(),
                             update=update, moved=moved, verify_hash=verify_hash)
     finally:
         if not existed and is_archive(path):
@@ -491,7 +509,7 @@ def ingest_worker_cmd(
 
     report = ingest_worker(dump_dir, _archive_path(archive), part, run, layout=layout, workers=workers,
                            scheduler=scheduler, follow_symlinks=follow_symlinks, reporter=_reporter(quiet),
-                           on_wait=_wait_line)
+                           on_wait=_wait_line, storage_options=_storage_options())
     if report.status == "already written":
         _say(f"part {part!r} of run {report.run!r} is written and waits for 'dumpdb commit{_a(archive)}'",
              stderr=True)

@@ -178,6 +178,26 @@ def test_read_commands_answer_as_on_a_local_archive(pair, args):
         assert clean == expect and len(clean) > 1
 
 
+def test_storage_option_reaches_every_read_command_wherever_it_is_given(pair, moto_s3, monkeypatch):
+    """``--storage-option`` is global: a read command given the endpoint that the environment
+    lacks reads the S3 store, whether the option comes before or after the command."""
+    s3, local, _url = pair
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    monkeypatch.setenv("AWS_ENDPOINT_URL", dead)
+    args = ["compare", "fp16", "fp32", "--mode", "tensor", "-f", "csv", "--no-store", "-a", s3]  # reads payloads
+    r = invoke(*args, "--storage-option", "retries=1")
+    assert r.exit_code == 2 and dead in r.output, r.output  # the environment's endpoint, named
+    want = invoke(*args[:-1], local)
+    assert want.exit_code in (0, 1) and len(want.stdout.splitlines()) > 1
+    after = invoke(*args, "--storage-option", f"endpoint={moto_s3.endpoint}")
+    before = invoke(f"--storage-option=endpoint={moto_s3.endpoint}", *args)
+    assert after.exit_code == before.exit_code == want.exit_code, after.output
+    unstable = "compare_id"
+    assert [x for x in after.stdout.splitlines() if unstable not in x] == \
+        [x for x in before.stdout.splitlines() if unstable not in x] == \
+        [x for x in want.stdout.splitlines() if unstable not in x]
+
+
 def test_compare_in_worker_processes_reads_s3(pair):
     s3, local, _url = pair
     got = dumpdb.open(s3).compare("fp16", "fp32", workers=2, store_results=False)

@@ -171,13 +171,15 @@ def ingest_worker(
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
     on_wait: Callable[[str], None] | None = None,
     follow_symlinks: bool = False,
+    storage_options: dict | None = None,
 ) -> pl.IngestReport:
     """Ingest the dump at ``dump_dir`` (a node's own ranks) as part ``part`` of run ``run``
     into ``archive`` without writing its catalog (see the module docstring's protocol).
 
     ``archive`` must exist (``dumpdb commit`` or any ingest creates it); ``part``: letters,
     digits, ``._-`` (e.g. ``node3``); ``run`` defaults to the dump directory's name. The
-    other options are :func:`dumpdb.ingestion.pipeline.ingest`'s. Returns an
+    other options are :func:`dumpdb.ingestion.pipeline.ingest`'s (``storage_options``: for an
+    archive whose store is on object storage, overlaying what it remembers). Returns an
     :class:`~dumpdb.ingestion.pipeline.IngestReport` with status ``written`` (or
     ``already written``). Raises :class:`~dumpdb.errors.ArchiveError` for a missing
     archive or a bad part name, :class:`~dumpdb.errors.LayoutError` for no dump.
@@ -211,7 +213,7 @@ def ingest_worker(
         scan = lay.scan(found.path)
         check_ranges(scan, pl.TENSOR_SCHEMA, pl.RELATION_SCHEMAS)
         report.tensors_in_dump = len(scan.entries)
-        pipe = PartPipeline(catalog, open_tensor_store(archive, False), lay, scan, report, reporter,
+        pipe = PartPipeline(catalog, open_tensor_store(archive, False, storage_options), lay, scan, report, reporter,
                             min(4, (os.cpu_count() or 2) + 1), directory=directory, part=part)
         pipe.executor = pl.Executors(str(dump_dir), follow_symlinks, workers, scheduler, on_wait)
         try:

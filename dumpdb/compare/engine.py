@@ -370,7 +370,11 @@ def compare(archive, target: str | Selection, bench: str | Selection, *, iterati
                           "timestamp", "call_index", "slot"])
     del brows
     pa.default_memory_pool().release_unused()
-    res = _compute(archive, t, b, mode, workers, progress)
+    if mode == "statistics" or (mode == "auto" and not (_valid(t.column("content_hash"))
+                                                         & _valid(b.column("content_hash"))).any()):
+        res = _compute_statistics_only(t, b, progress)  # no payload to read: the store is not opened
+    else:
+        res = _compute(archive, t, b, mode, workers, progress)
     view = _view(t, b, strategy, res)
     view.result, view.err_message = _judge(view, thresholds)
     departure = _judge_precision(view, trows, precision or PrecisionRules())
@@ -406,7 +410,7 @@ def compare(archive, target: str | Selection, bench: str | Selection, *, iterati
 
 
 def _overall_mode(modes: np.ndarray) -> str:
-    found = set(np.unique(modes.astype(str)).tolist()) if modes.size else set()
+    found = {str(m) for m in set(modes.tolist())}
     return found.pop() if len(found) == 1 else ("mixed" if found else "none")
 
 
@@ -539,6 +543,30 @@ def _compute_statistics(t: pa.Table, b: pa.Table, statistics: np.ndarray, res: R
         res.put(rows, name, *floats(out.column(name)))
     res.note(rows, strings(out.column("err_message")))
     return int(statistics.size)
+
+
+def _compute_statistics_only(t: pa.Table, b: pa.Table, progress) -> ResultColumns:
+    """What :func:`_compute` gives when every pair is compared by its statistics (mode
+    ``statistics``, or ``auto`` without a payload on both sides of any pair): the metrics
+    of all pairs in one DuckDB query (stats_sql.statistics_metrics) straight into the
+    result columns, without the tensor paths (nor opening the tensor store)."""
+    n = t.num_rows
+    res = ResultColumns(n, (*TENSOR_METRICS, *STAT_METRICS, "flat_euc_dist", *_plugin_metrics()))
+    res.mode = np.full(n, "statistics", dtype=object)
+    if not n:
+        return res
+    at = pa.array(np.arange(n, dtype=np.int64))
+    cols = ["tensor_id", *STATS]
+    index = pa.table({"pair_index": at, "target_tensor_id": t.column("tensor_id"),
+                      "bench_tensor_id": b.column("tensor_id")})
+    out = statistics_metrics(index, t.select(cols), b.select(cols))  # ordered by pair_index: row i is pair i
+    rows = np.arange(n)
+    for name in STAT_METRICS:
+        res.put(rows, name, *floats(out.column(name)))
+    res.message = strings(out.column("err_message"))
+    if progress:
+        progress(n, n)
+    return res
 
 
 def _identical(t: pa.Table, b: pa.Table) -> tuple[np.ndarray, MetricColumns] | None:
@@ -731,33 +759,7 @@ def _judge_precision(view: _View, trows: pa.Table, rules: PrecisionRules) -> dic
                       (~_valid(it)).astype(np.int64)))
     run_rank = np.empty(n, np.int64)
     run_rank[run] = np.arange(n)
-    # the producers' order over all target tensors: timestamp (NULLs last), then execution order
-    tts = trows.column("timestamp")
-    keys = execution_keys(trows)
-    by = np.lexsort([*keys[::-1], ints(tts, 0), (~_valid(tts)).astype(np.int64)])
-    order_of = np.empty(trows.num_rows, np.int64)
-    order_of[by] = np.arange(trows.num_rows)
-    tids = ints(trows.column("tensor_id"), -1)
-    sorter = np.argsort(tids, kind="stable")
-    pair_tids = ints(ctx["target_tensor_id"], -1)
-    order = order_of[sorter[np.searchsorted(tids, pair_tids, sorter=sorter)]]
-    compared = pa.array(np.unique(pair_tids))
-
-    def producers(hashes: set) -> dict[str, list]:
-        hashes = hashes - {None}
-        outputs = trows.filter(pc.and_(pc.fill_null(pc.equal(trows.column("io"), "output"), False),
-                                       pc.is_in(trows.column("content_hash"), pa.array(sorted(hashes), pa.string()))))
-        rows = ints(outputs.column("tensor_id"), -1)
-        found: dict[str, list] = defaultdict(list)
-        at = sorter[np.searchsorted(tids, rows, sorter=sorter)]
-        done = pc.is_in(outputs.column("tensor_id"), compared).to_numpy(zero_copy_only=False)
-        for h, name, k, c in zip(outputs.column("content_hash").to_pylist(), outputs.column("op_name").to_pylist(),
-                                 order_of[at].tolist(), done.tolist()):
-            found[h].append((k, name, c))
-        for v in found.values():
-            v.sort(key=lambda p: p[0])
-        return found
-
+    order, producers = _producers(trows, ints(ctx["target_tensor_id"], -1), ctx["target_content_hash"].null_count < n)
     values, valid = view.numbers(("flat_euc_dist", "euc_dist", "max_abs_err", "l2norm_diff", "bench_l2norm",
                                   "target_max", "target_min", "bench_max", "bench_min"))
     where = group_codes([ints(it, _NULL_KEY), ints(rank, _NULL_KEY)])
@@ -772,6 +774,42 @@ def _judge_precision(view: _View, trows: pa.Table, rules: PrecisionRules) -> dic
         target_shape=view.shapes("target_shape"), bench_shape=view.shapes("bench_shape"), producers=producers)
     view.precision, departure = judge_precision_columns(columns, rules)
     return departure
+
+
+def _producers(trows: pa.Table, pair_tids: np.ndarray, needed: bool):
+    """(order, producers) of :class:`~dumpdb.compare.precision.Columns`: each pair's target
+    tensor's place among all target tensors in the producers' order (timestamp, NULLs
+    last, then execution order), and the function finding the target outputs with some
+    content hashes. Not ``needed`` (no pair's target has a content hash, so no input has a
+    producer): zeros and a function finding none, without sorting the target rows."""
+    if not needed:
+        return np.zeros(pair_tids.size, np.int64), lambda hashes: {}
+    # the producers' order over all target tensors: timestamp (NULLs last), then execution order
+    tts = trows.column("timestamp")
+    keys = execution_keys(trows)
+    by = np.lexsort([*keys[::-1], ints(tts, 0), (~_valid(tts)).astype(np.int64)])
+    order_of = np.empty(trows.num_rows, np.int64)
+    order_of[by] = np.arange(trows.num_rows)
+    tids = ints(trows.column("tensor_id"), -1)
+    sorter = np.argsort(tids, kind="stable")
+    order = order_of[sorter[np.searchsorted(tids, pair_tids, sorter=sorter)]]
+
+    def producers(hashes: set) -> dict[str, list]:
+        hashes = hashes - {None}
+        outputs = trows.filter(pc.and_(pc.fill_null(pc.equal(trows.column("io"), "output"), False),
+                                       pc.is_in(trows.column("content_hash"), pa.array(sorted(hashes), pa.string()))))
+        rows = ints(outputs.column("tensor_id"), -1)
+        found: dict[str, list] = defaultdict(list)
+        at = sorter[np.searchsorted(tids, rows, sorter=sorter)]
+        done = pc.is_in(outputs.column("tensor_id"), pa.array(pair_tids)).to_numpy(zero_copy_only=False)
+        for h, name, k, c in zip(outputs.column("content_hash").to_pylist(), outputs.column("op_name").to_pylist(),
+                                 order_of[at].tolist(), done.tolist()):
+            found[h].append((k, name, c))
+        for v in found.values():
+            v.sort(key=lambda p: p[0])
+        return found
+
+    return order, producers
 
 
 def _lowest_dtype(dtypes: np.ndarray) -> str | None:

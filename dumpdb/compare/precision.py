@@ -546,53 +546,68 @@ def judge_precision_columns(c: Columns, rules: PrecisionRules = PrecisionRules()
         b2 = dep_out & ~b1 & none & floor_ok & (floor == 0) & (wi > 0)
         b3 = dep_out & ~b1 & ~b2 & err_ok & np.isinf(err) & ((wi == np.inf) | before)
     rest = dep_out & ~b1 & ~b2 & ~b3
-    one_by_one = rest & none & has_in[g]
-    fails = rest & ~one_by_one
-    for i in np.flatnonzero(b1).tolist():
-        reason[i] = (f"error {float(err[i]):.3g} propagated: within {rules.growth:g} x the inputs' "
-                     f"{float(wi[i]):.3g} + {rules.margin:g} x floor")
-    for i in np.flatnonzero(b2).tolist():
-        reason[i] = f"exact-dtype result of inputs with error {float(wi[i]):.3g}: rounding decides its ties"
-    for i in np.flatnonzero(b3).tolist():
-        reason[i] = f"{reason[i]}: propagated from earlier nan/inf"
-    result[b1 | b2 | b3] = WARNING
+    # the rest: explained by cancellation (an op with inputs, no structural reason), else error
+    cancel = _cancellation_columns(c, rest & none & has_in[g], g, groups, err, err_ok, floor, floor_ok, rules)
+    fails = rest & ~cancel
+    at = np.flatnonzero(b1)
+    reason[at] = _format(f"error {{:.3g}} propagated: within {rules.growth:g} x the inputs' {{:.3g}} + "
+                         f"{rules.margin:g} x floor", err[at], wi[at])
+    at = np.flatnonzero(b2)
+    reason[at] = _format("exact-dtype result of inputs with error {:.3g}: rounding decides its ties", wi[at])
+    at = np.flatnonzero(b3)
+    reason[at] = _format("{}: propagated from earlier nan/inf", reason[at])
+    at = np.flatnonzero(cancel)
+    reason[at] = _format("error {} relative to a result far smaller than the inputs (cancellation): within the "
+                         "inputs' absolute error", _fmts(err[at], err_ok[at]))
+    result[b1 | b2 | b3 | cancel] = WARNING
     result[fails] = ERROR
-    for i in np.flatnonzero(fails & none).tolist():
-        e1 = float(err[i]) if err_ok[i] else None
-        r1 = float(ratio[i]) if ratio_ok[i] else None
-        reason[i] = (f"departs: error {_fmt(e1)} = {_fmt(r1)} x the {low[i]} floor, "
-                     f"inputs' error {float(wi[i]):.3g}")
+    at = np.flatnonzero(fails & none)
+    reason[at] = _format("departs: error {} = {} x the {} floor, inputs' error {:.3g}", _fmts(err[at], err_ok[at]),
+                         _fmts(ratio[at], ratio_ok[at]), low[at], wi[at])
     _judge_inputs_columns(c, departs & inputs, g, err, err_ok, floor_ok, floor, ratio, ratio_ok, upstream,
                           inf_before, result, reason, origin, rules)
-    # cancellation candidates: one by one (they need their op's inputs)
-    one = one_by_one
-    judged = set(g[one].tolist())
-    if judged:
-        order = np.argsort(c.run_rank, kind="stable")
-        order = order[np.isin(g[order], np.fromiter(judged, np.int64, len(judged)))]
-        members: dict[int, list[int]] = {}
-        for i in order.tolist():
-            members.setdefault(int(g[i]), []).append(i)
-        rows: dict[int, dict] = {}
-
-        def row(i: int) -> dict:
-            if i not in rows:
-                d = c.row(i)
-                d.update(scaled_err=float(err[i]) if err_ok[i] else None,
-                         precision_floor=float(floor[i]) if floor_ok[i] else None,
-                         precision_ratio=float(ratio[i]) if ratio_ok[i] else None, precision_dtype=low[i],
-                         precision_result=PASS, precision_reason=reason[i])
-                rows[i] = d
-            return rows[i]
-
-        for k, idx in members.items():
-            ins = [row(i) for i in idx if inputs[i]]
-            for i in idx:
-                if one[i]:
-                    d = row(i)
-                    _judge_output(d, ins, float(worst_in[k]), bool(inf_before[k]), rules)
-                    result[i], reason[i] = d["precision_result"], d["precision_reason"]
     return out, _first_departure_columns(c, out, err_ok)
+
+
+def _format(template: str, *columns: np.ndarray) -> np.ndarray:
+    """``template.format(*values)`` of each row of some columns (numpy: floats as Python
+    floats, objects as they are), as an object array."""
+    out = np.empty(len(columns[0]) if columns else 0, dtype=object)
+    out[:] = [template.format(*v) for v in zip(*(col.tolist() for col in columns))]
+    return out
+
+
+def _fmts(values: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """:func:`_fmt` of each value (``n/a`` where not valid), as an object array."""
+    out = np.empty(len(values), dtype=object)
+    out[:] = [f"{v:.3g}" if ok else "n/a" for v, ok in zip(values.tolist(), valid.tolist())]
+    return out
+
+
+def _cancellation_columns(c: Columns, rows_mask: np.ndarray, g: np.ndarray, groups: int, err, err_ok, floor,
+                          floor_ok, rules: PrecisionRules) -> np.ndarray:
+    """Which of the departing output rows ``rows_mask`` cancellation explains (:func:`_cancellation`
+    over columns): the output's RMS (bench L2 norm / sqrt(elements)) below 1 % of the largest
+    input RMS of its op, and its RMS error within growth x the inputs' largest RMS error +
+    margin x floor x that input RMS."""
+    out = np.zeros(len(g), bool)
+    if not rows_mask.any():
+        return out
+    shape = c.bench_shape
+    l2, l2_ok = c.values["bench_l2norm"], c.valid["bench_l2norm"] & ~np.isnan(c.values["bench_l2norm"])
+    with np.errstate(all="ignore"):
+        rms = l2 / np.sqrt(np.maximum(shape.size, 1).astype(np.float64))
+        known = l2_ok & shape.valid
+        finite = err_ok & np.isfinite(err)
+        use = ~c.output & known & finite  # the inputs that count
+        in_rms, in_err = np.zeros(groups), np.zeros(groups)
+        np.fmax.at(in_rms, g[use], rms[use])  # fmax: a NaN product is skipped, as Python's max(in_err, nan)
+        np.fmax.at(in_err, g[use], (err * rms)[use])
+        gi_rms, gi_err = in_rms[g], in_err[g]
+        u = np.where(floor_ok, floor, 0.0)
+        out = rows_mask & known & finite & (gi_rms != 0) & ~(rms >= 0.01 * gi_rms) \
+            & (err * rms <= rules.growth * gi_err + rules.margin * u * gi_rms)
+    return out
 
 
 def _judge_inputs_columns(c: Columns, rows_mask, g, err, err_ok, floor_ok, floor, ratio, ratio_ok, upstream,
@@ -624,21 +639,26 @@ def _judge_inputs_columns(c: Columns, rows_mask, g, err, err_ok, floor_ok, floor
         a3 = rows_mask & ~a1 & ~a2 & np.equal(reason, None).astype(bool) & err_ok & \
             (err <= rules.growth * up + rules.margin * np.where(floor_ok, floor, 0.0))
     a4 = rows_mask & ~a1 & ~a2 & ~a3
-    for i in np.flatnonzero(a1 & none).tolist():
-        reason[i] = f"input error propagated from {name[i]}"
-    for i in np.flatnonzero(a2).tolist():
-        reason[i] = f"{reason[i] or 'nan/inf'}: propagated from earlier nan/inf"
-    for i in np.flatnonzero(a3).tolist():
-        reason[i] = (f"input error {float(err[i]):.3g} within {rules.growth:g} x the largest earlier error "
-                     f"{float(up[i]):.3g}" + (f" (produced by {name[i]})" if has[i] else ""))
-    for i in np.flatnonzero(a4).tolist():
-        what = reason[i] or (f"input departs: error {_fmt(float(err[i]) if err_ok[i] else None)} = "
-                             f"{_fmt(float(ratio[i]) if ratio_ok[i] else None)} x floor")
-        if has[i]:
-            reason[i] = f"{what}; produced by {name[i]}, an op only the target has"
-            origin[i] = name[i]
-        else:
-            reason[i] = f"{what}; no compared op produced it (parameter or data input)"
+    at = np.flatnonzero(a1 & none)
+    reason[at] = _format("input error propagated from {}", name[at])
+    at = np.flatnonzero(a2)
+    what = reason[at]
+    what[~truthy_mask(what)] = "nan/inf"
+    reason[at] = _format("{}: propagated from earlier nan/inf", what)
+    at = np.flatnonzero(a3)
+    produced = _format(" (produced by {})", name[at])
+    produced[~has[at]] = ""
+    reason[at] = _format(f"input error {{:.3g}} within {rules.growth:g} x the largest earlier error {{:.3g}}{{}}",
+                         err[at], up[at], produced)
+    at = np.flatnonzero(a4)
+    what = reason[at]
+    blank = ~truthy_mask(what)
+    what[blank] = _format("input departs: error {} = {} x floor", _fmts(err[at][blank], err_ok[at][blank]),
+                          _fmts(ratio[at][blank], ratio_ok[at][blank]))
+    by = has[at]
+    reason[at] = np.where(by, _format("{}; produced by {}, an op only the target has", what, name[at]),
+                          _format("{}; no compared op produced it (parameter or data input)", what))
+    origin[at[by]] = name[at[by]]
     result[a1 | a2 | a3] = WARNING
     result[a4] = ERROR
 

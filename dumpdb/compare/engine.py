@@ -87,6 +87,7 @@ from dumpdb.compare.metrics import (
 )
 from dumpdb.compare.precision import Columns as PrecisionColumns
 from dumpdb.compare.precision import PrecisionRules, judge_precision_columns
+from dumpdb.compare.stats_pairs import statistics_pairs
 from dumpdb.compare.stats_sql import statistics_metrics
 from dumpdb.compare.verdict import Columns as VerdictColumns
 from dumpdb.compare.verdict import Thresholds, op_results_columns
@@ -207,12 +208,15 @@ class CompareOutcome:
     first_divergence: dict[str, Any] | None = field(default=None)
 
 
-def select_rows(con, sel: Selection) -> pa.Table:
+def select_rows(con, sel: Selection, drop: Sequence[str] = ()) -> pa.Table:
     """The ``tensors`` rows of a selection with what compare needs beside them (blob
-    location, execution-order position, code line), as Arrow. Raises DumpdbError for an
-    unknown run or an empty selection."""
+    location, execution-order position, code line), as Arrow, without the columns ``drop``.
+    Raises DumpdbError for an unknown run or an empty selection."""
     where, params = sel.where()
-    table = con.sql(_SELECT_SQL.format(where=where), params=params).to_arrow_table()
+    query = _SELECT_SQL.format(where=where)
+    if drop:
+        query = f"SELECT * EXCLUDE ({', '.join(drop)}) FROM ({query})"
+    table = con.sql(query, params=params).to_arrow_table()
     if table.num_rows == 0:
         known = con.execute("SELECT count(*) FROM runs WHERE run = ?", [sel.run]).fetchone()[0]
         if not known:
@@ -353,25 +357,42 @@ def compare(archive, target: str | Selection, bench: str | Selection, *, iterati
         if bench_rank is not None and tsel.rank is None and not con.execute(
                 "SELECT count(*) FROM tensors WHERE run = ? AND rank IS NOT NULL", [tsel.run]).fetchall()[0][0]:
             tsel = Selection(tsel.run, tsel.iteration, 0)  # a rankless target is rank 0 vs the bench's rank
-        trows, brows = select_rows(con, tsel), select_rows(con, bsel)
+        drop = _NOT_READ_BY_STATISTICS if mode == "statistics" else ()
+        trows, brows = select_rows(con, tsel, drop), select_rows(con, bsel, drop)
     trows, brows = _proc_as_rank0(trows, brows), _proc_as_rank0(brows, trows)
+    # every pair compared by its statistics: no payload is read, whatever pairs
+    statistics_only = mode == "statistics" or (mode == "auto" and (
+        trows.column("content_hash").null_count == trows.num_rows
+        or brows.column("content_hash").null_count == brows.num_rows))
+    stats = None
     try:
-        # the exact strategy in SQL when it settles the alignment (align_sql), else align()
-        alignment = None if mapping_dict else align_exact(trows, brows, group_by=_group_by(tsel, bsel),
-                                                          strategies=strategies)
-        if alignment is None:
-            alignment = align(trows, brows, group_by=_group_by(tsel, bsel), mapping=mapping_dict,
-                              strategies=strategies)
+        if statistics_only and not mapping_dict:  # align, sides and metrics in DuckDB (stats_pairs)
+            stats = statistics_pairs(trows, brows, group_by=_group_by(tsel, bsel), strategies=strategies,
+                                     target_columns=_SIDE_COLUMNS[0], bench_columns=_SIDE_COLUMNS[1])
+        if stats is not None:
+            alignment, t, b, metrics = stats
+            strategy = _one_chunk(alignment.pairs.column("match_strategy"))
+        else:
+            # the exact strategy in SQL when it settles the alignment (align_sql), else align()
+            alignment = None if mapping_dict else align_exact(trows, brows, group_by=_group_by(tsel, bsel),
+                                                              strategies=strategies)
+            if alignment is None:
+                alignment = align(trows, brows, group_by=_group_by(tsel, bsel), mapping=mapping_dict,
+                                  strategies=strategies)
     except ValueError as exc:
         raise DumpdbError(f"compare: {exc}") from exc
-    t, b, strategy = _pair_sides(trows, brows, alignment.pairs)
+    if stats is None:
+        t, b, strategy = _pair_sides(trows, brows, alignment.pairs)
     # what the precision rules' producers need of the whole target selection; the rest goes
     trows = trows.select(["tensor_id", "io", "content_hash", "op_name", "iteration", "rank", "graph_id", "position",
                           "timestamp", "call_index", "slot"])
     del brows
     pa.default_memory_pool().release_unused()
-    if mode == "statistics" or (mode == "auto" and not (_valid(t.column("content_hash"))
-                                                         & _valid(b.column("content_hash"))).any()):
+    if stats is not None:
+        res = _statistics_columns(stats[3], progress)
+        del stats, metrics
+    elif mode == "statistics" or (mode == "auto" and not (_valid(t.column("content_hash"))
+                                                           & _valid(b.column("content_hash"))).any()):
         res = _compute_statistics_only(t, b, progress)  # no payload to read: the store is not opened
     else:
         res = _compute(archive, t, b, mode, workers, progress)
@@ -548,23 +569,25 @@ def _compute_statistics(t: pa.Table, b: pa.Table, statistics: np.ndarray, res: R
 def _compute_statistics_only(t: pa.Table, b: pa.Table, progress) -> ResultColumns:
     """What :func:`_compute` gives when every pair is compared by its statistics (mode
     ``statistics``, or ``auto`` without a payload on both sides of any pair): the metrics
-    of all pairs in one DuckDB query (stats_sql.statistics_metrics) straight into the
-    result columns, without the tensor paths (nor opening the tensor store)."""
-    n = t.num_rows
+    of all pairs in one DuckDB query (stats_sql.statistics_metrics), without the tensor
+    paths (nor opening the tensor store)."""
+    cols = ["tensor_id", *STATS]
+    index = pa.table({"pair_index": pa.array(np.arange(t.num_rows, dtype=np.int64)),
+                      "target_tensor_id": t.column("tensor_id"), "bench_tensor_id": b.column("tensor_id")})
+    return _statistics_columns(statistics_metrics(index, t.select(cols), b.select(cols)), progress)
+
+
+def _statistics_columns(metrics: pa.Table, progress) -> ResultColumns:
+    """The result columns of pairs all in statistics mode from their metrics (row i: pair i;
+    the :data:`STAT_METRICS` columns and ``err_message`` of stats_sql)."""
+    n = metrics.num_rows
     res = ResultColumns(n, (*TENSOR_METRICS, *STAT_METRICS, "flat_euc_dist", *_plugin_metrics()))
     res.mode = np.full(n, "statistics", dtype=object)
-    if not n:
-        return res
-    at = pa.array(np.arange(n, dtype=np.int64))
-    cols = ["tensor_id", *STATS]
-    index = pa.table({"pair_index": at, "target_tensor_id": t.column("tensor_id"),
-                      "bench_tensor_id": b.column("tensor_id")})
-    out = statistics_metrics(index, t.select(cols), b.select(cols))  # ordered by pair_index: row i is pair i
     rows = np.arange(n)
     for name in STAT_METRICS:
-        res.put(rows, name, *floats(out.column(name)))
-    res.message = strings(out.column("err_message"))
-    if progress:
+        res.put(rows, name, *floats(metrics.column(name)))
+    res.message = strings(metrics.column("err_message"))
+    if progress and n:
         progress(n, n)
     return res
 
@@ -672,6 +695,9 @@ _ROW_FIELDS = (
 )
 
 
+# Selected columns nothing reads in statistics mode (payload locations and counts, keys).
+_NOT_READ_BY_STATISTICS = ("run", "device_id", "tensor_key", "nbytes", "stats_source", "nan_count", "pos_inf_count",
+                           "neg_inf_count", "array_path", "elem_offset", "elem_count")
 # Columns of each side's rows the metrics and the result table read.
 _COMPUTE_COLUMNS = (*_LOC_KEYS, "tensor_id", "nbytes", "stats_source", "nan_count", "pos_inf_count", "neg_inf_count",
                     *STATS)

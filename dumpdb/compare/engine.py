@@ -758,6 +758,11 @@ def _view(t: pa.Table, b: pa.Table, strategy: pa.Array, res: ResultColumns) -> _
     return _View(t, b, strategy, res)
 
 
+def _string_array(col: pa.Array) -> pa.Array:
+    """A text column as one Arrow string array (the verdicts read names as Arrow)."""
+    return col if col.type == pa.string() else col.cast(pa.string())
+
+
 def _judge(view: _View, thresholds: Thresholds) -> tuple[np.ndarray, np.ndarray]:
     """msprobe's verdicts per op call (verdict.op_results_columns): (result, err_message)."""
     io = view.context["io"]
@@ -766,8 +771,8 @@ def _judge(view: _View, thresholds: Thresholds) -> tuple[np.ndarray, np.ndarray]
     values, valid = view.numbers(names)
     columns = VerdictColumns(
         group=view.op_codes(), output=pc.fill_null(pc.equal(io, "output"), False).to_numpy(zero_copy_only=False),
-        statistics=view.mode == "statistics", target_name=strings(view.context["target_name"]),
-        bench_name=strings(view.context["bench_name"]), target_dtype=strings(view.context["target_dtype"]),
+        statistics=view.mode == "statistics", target_name=_string_array(view.context["target_name"]),
+        bench_name=_string_array(view.context["bench_name"]), target_dtype=strings(view.context["target_dtype"]),
         bench_dtype=strings(view.context["bench_dtype"]), err_message=view.err_message, values=values,
         valid=valid, target_shape=view.shapes("target_shape"), bench_shape=view.shapes("bench_shape"))
     result, reason = op_results_columns(columns, thresholds)

@@ -350,7 +350,9 @@ def _errors_columns(c: Columns) -> tuple[np.ndarray, ...]:
         low[:] = np.array([f[0] for f in found] + [None], dtype=object)[:-1][codes]
         reason[:] = np.array([f[1] for f in found] + [None], dtype=object)[:-1][codes]
     ts, bs = c.target_shape, c.bench_shape
-    nan_inf = np.fromiter((isinstance(m, str) and MSG_NAN_INF_MISMATCH in m for m in c.err_message), bool, n)
+    nan_inf = np.zeros(n, bool)
+    has = np.flatnonzero(np.not_equal(c.err_message, None).astype(bool))  # most rows have no message
+    nan_inf[has] = [isinstance(m, str) and MSG_NAN_INF_MISMATCH in m for m in c.err_message[has].tolist()]
     special = (ts.valid & bs.valid & ~ts.equal(bs)) | (_side_nonfinite(c, "target") & ~_side_nonfinite(c, "bench")) \
         | (~c.statistics & nan_inf)
     structural = np.not_equal(reason, None)

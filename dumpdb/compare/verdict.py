@@ -264,7 +264,8 @@ class Columns:
     engine's result columns): ``group`` (int64 op code: rows of one op share it),
     ``output`` (bool: ``io == 'output'``), ``statistics`` (bool: the row's mode),
     ``target_name``/``bench_name``/``target_dtype``/``bench_dtype``/``err_message``
-    (object arrays, None for NULL), ``values``/``valid`` (float64 values and validity of
+    (object arrays, None for NULL; the names may also be Arrow string arrays),
+    ``values``/``valid`` (float64 values and validity of
     ``cosine``, ``one_thousandth_err_ratio``, ``max_abs_err``, ``l2norm_rel_diff``,
     ``target_max``, ``target_min``, ``bench_max``, ``bench_min``, ``target_requires_grad``,
     ``bench_requires_grad`` (1.0 / 0.0)), ``target_shape``/``bench_shape``
@@ -274,12 +275,18 @@ class Columns:
         self.__dict__.update(kw)
 
 
-def _texts(*columns: np.ndarray) -> list[pa.Array] | None:
-    """Object arrays of str/None as Arrow strings; None when one holds anything else."""
+def _texts(*columns) -> list[pa.Array] | None:
+    """Object arrays of str/None (or Arrow string arrays, kept) as Arrow strings; None
+    when one holds anything else."""
     try:
-        return [pa.array(col, pa.string()) for col in columns]
+        return [col if isinstance(col, pa.Array) else pa.array(col, pa.string()) for col in columns]
     except (pa.ArrowInvalid, pa.ArrowTypeError):
         return None
+
+
+def _objects(col) -> np.ndarray | list:
+    """A text column as Python objects (an Arrow array as its list)."""
+    return col.to_pylist() if isinstance(col, pa.Array) else col
 
 
 def _mask(values) -> np.ndarray:
@@ -325,10 +332,10 @@ def op_results_columns(c: Columns, thresholds: Thresholds = Thresholds()) -> tup
                               np.where(_mask(pc.is_in(field, pa.array(sorted(INPUT_IGNORE)))), 2, 0)).astype(np.int8)
     else:
         cache: dict = {}
-        for x in c.target_name:
+        for x in _objects(c.target_name):
             if x not in cache:
                 cache[x] = _name_class(x)
-        name_class = np.fromiter(map(cache.__getitem__, c.target_name), np.int8, n)
+        name_class = np.fromiter(map(cache.__getitem__, _objects(c.target_name)), np.int8, n)
     ignore = np.zeros(groups, np.int8)
     ignore[g[~out]] = name_class[~out]
     ignore[~has_in] = 0
@@ -399,7 +406,8 @@ def op_results_columns(c: Columns, thresholds: Thresholds = Thresholds()) -> tup
         known = _mask(pc.and_(pc.not_equal(tda, ""), pc.not_equal(bda, "")))
         differ = per_row & ~fused & known & _mask(pc.not_equal(tda, bda))
     else:
-        fused = np.fromiter((isinstance(x, str) and ("qkv" in x or "gate_up" in x) for x in c.bench_name), bool, n)
+        fused = np.fromiter((isinstance(x, str) and ("qkv" in x or "gate_up" in x) for x in _objects(c.bench_name)),
+                            bool, n)
         known = np.fromiter((bool(x) and bool(y) for x, y in zip(td, bd)), bool, n)
         differ = np.zeros(n, bool)
         sel = np.flatnonzero(per_row & ~fused & known)

@@ -383,9 +383,12 @@ def compare(archive, target: str | Selection, bench: str | Selection, *, iterati
         raise DumpdbError(f"compare: {exc}") from exc
     if stats is None:
         t, b, strategy = _pair_sides(trows, brows, alignment.pairs)
-    # what the precision rules' producers need of the whole target selection; the rest goes
+    # what the precision rules' producers need of the whole target selection (nothing when
+    # no target tensor has a payload: no input then has a producer); the rest goes
     trows = trows.select(["tensor_id", "io", "content_hash", "op_name", "iteration", "rank", "graph_id", "position",
                           "timestamp", "call_index", "slot"])
+    if trows.column("content_hash").null_count == trows.num_rows:
+        trows = trows.slice(0, 0)
     del brows
     pa.default_memory_pool().release_unused()
     if stats is not None:

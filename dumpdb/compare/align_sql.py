@@ -37,21 +37,21 @@ _NEEDED = ("tensor_id", "op_name", "scope_name", "shape", "io", "slot", "slot_pa
 
 
 def _side_sql(name: str, group_by: Sequence[str]) -> str:
-    # only the key, order and id columns go through the window operators (they materialise
-    # every column they carry)
+    # k: the rank in execution order within the key (one partitioned window, no global
+    # sort); only the key, order and id columns go through the window operators (they
+    # materialise every column they carry)
     keys = [*group_by, *_KEY]
     part = ", ".join(f'"{k}"' for k in keys)
     order = ", ".join(f'"{c}" ASC NULLS LAST' for c in _ORDER)
-    carried = ", ".join(f'"{k}"' for k in dict.fromkeys(("tensor_id", *group_by, *_KEY)) if k != "size")
+    carried = ", ".join(f'"{k}"' for k in dict.fromkeys(("tensor_id", *group_by, *_KEY, *_ORDER)) if k != "size")
     return f"""
     {name}_o AS (
       SELECT {carried}, CASE WHEN op_name IS NOT NULL AND shape IS NOT NULL
                           AND regexp_matches(op_name, '-op[0-9]+\\n?$')
-                     THEN coalesce(list_aggregate(shape, 'product'), 1)::BIGINT END AS size,
-             row_number() OVER (ORDER BY {order}) AS okey
+                     THEN coalesce(list_aggregate(shape, 'product'), 1)::BIGINT END AS size
       FROM {name}),
     {name}_k AS (
-      SELECT tensor_id, {part}, okey, row_number() OVER (PARTITION BY {part} ORDER BY okey) AS k,
+      SELECT tensor_id, {part}, row_number() OVER (PARTITION BY {part} ORDER BY {order}) AS k,
              count(*) OVER (PARTITION BY {part}) AS n
       FROM {name}_o)"""
 
@@ -61,7 +61,7 @@ def _sql(group_by: Sequence[str]) -> str:
     return f"""
     CREATE TEMP TABLE paired AS
     WITH {_side_sql("target", group_by)}, {_side_sql("bench", group_by)}
-    SELECT t.tensor_id AS target_tensor_id, b.tensor_id AS bench_tensor_id, t.okey
+    SELECT t.tensor_id AS target_tensor_id, b.tensor_id AS bench_tensor_id
     FROM target_k t JOIN bench_k b ON {on} AND t.k = b.k AND t.n = b.n
     """
 
@@ -91,8 +91,9 @@ def align_exact(target: pa.Table, bench: pa.Table, *, group_by: Sequence[str] = 
         left = exact_paired(con, target, bench, group_by=group_by, strategies=strategies)
         if left is None:
             return None
-        pairs = con.sql("SELECT target_tensor_id, bench_tensor_id, 'exact' AS match_strategy "
-                        "FROM paired ORDER BY okey").to_arrow_table()
+        order = ", ".join(f't."{c}" ASC NULLS LAST' for c in _ORDER)
+        pairs = con.sql("SELECT p.target_tensor_id, p.bench_tensor_id, 'exact' AS match_strategy FROM paired p "
+                        f"JOIN target t ON t.tensor_id = p.target_tensor_id ORDER BY {order}").to_arrow_table()
     finally:
         con.close()
     return Alignment(pairs.cast(PAIRS_SCHEMA), *left)
@@ -104,10 +105,11 @@ def exact_paired(con: duckdb.DuckDBPyConnection, target: pa.Table, bench: pa.Tab
     """The work of :func:`align_exact` on the DuckDB connection ``con``, left there for more
     queries: ``target`` and ``bench`` registered as relations of the same names (the
     columns align reads, plus ``keep``), and temp table ``paired`` (``target_tensor_id``,
-    ``bench_tensor_id``, ``okey``: the target's place in align's execution order, the
-    order of :func:`align_exact`'s pairs). Returns the unmatched tensors of each side
-    (:data:`~dumpdb.compare.align.UNMATCHED_SCHEMA`), or None where :func:`align_exact`
-    gives None (nothing is then left on ``con``). Raises ValueError as align_exact."""
+    ``bench_tensor_id``; unordered: :func:`align_exact` orders the pairs by the target's
+    execution order, iteration, rank, graph_id, position, timestamp, tensor_id). Returns
+    the unmatched tensors of each side (:data:`~dumpdb.compare.align.UNMATCHED_SCHEMA`), or
+    None where :func:`align_exact` gives None (nothing is then left on ``con``). Raises
+    ValueError as align_exact."""
     run = [s for s in dict.fromkeys(strategies) if s != "mapping"]
     if not run or run[0] != "exact":
         return None

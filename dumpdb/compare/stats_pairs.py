@@ -67,15 +67,17 @@ def statistics_pairs(target: pa.Table, bench: pa.Table, *, group_by: Sequence[st
         left = exact_paired(con, *sides, group_by=group_by, strategies=strategies, keep=("_row", *ORDER_KEYS, *stats))
         if left is None:
             return None
-        keys = con.sql(f"SELECT p.okey, {', '.join(f't.{k}' for k in ORDER_KEYS)} FROM paired p "
-                       "JOIN target t ON t.tensor_id = p.target_tensor_id ORDER BY p.okey").to_arrow_table()
+        # the paired target rows' keys, in any order: execution_order sorts them in full
+        # (tensor_id, its last key, is unique), so the order they come in does not matter
+        keys = con.sql(f"SELECT {', '.join(f't.{k}' for k in ORDER_KEYS)} FROM paired p "
+                       "JOIN target t ON t.tensor_id = p.target_tensor_id").to_arrow_table()
         n = keys.num_rows
-        order = execution_order(keys.select(list(ORDER_KEYS)))
-        con.register("pair_order", pa.table({"okey": keys.column("okey").take(pa.array(order)),
+        order = execution_order(keys)
+        con.register("pair_order", pa.table({"tensor_id": keys.column("tensor_id").take(pa.array(order)),
                                              "pair_index": pa.array(np.arange(n, dtype=np.int64))}))
         del keys
-        source = ("pair_order o JOIN paired p ON p.okey = o.okey JOIN target t ON t.tensor_id = p.target_tensor_id "
-                  "JOIN bench b ON b.tensor_id = p.bench_tensor_id")
+        source = ("pair_order o JOIN paired p ON p.target_tensor_id = o.tensor_id "
+                  "JOIN target t ON t.tensor_id = p.target_tensor_id JOIN bench b ON b.tensor_id = p.bench_tensor_id")
         keep = [("o.pair_index", "pair_index"), ("t._row", "target_row"), ("b._row", "bench_row")]
         out = con.sql(statistics_sql(source, keep, "pair_index")).to_arrow_table()
     finally:

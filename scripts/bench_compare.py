@@ -66,6 +66,9 @@ def parse_args() -> argparse.Namespace:
                    help="tensor scenario: an archive that already holds both runs (see --runs); with --dump-a/-b "
                         "for the cat baseline and the byte count")
     p.add_argument("--runs", default="target,bench", help="tensor scenario: TARGET,BENCH run names")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="run each compare this many times (before and after alternating) and report the medians "
+                        "(other processes sharing the cores make single runs noisy)")
     p.add_argument("--before", type=Path,
                    help="a checkout of dumpdb before the change: each compare also runs with PYTHONPATH=BEFORE "
                         "on the same archive (before/after in one session)")
@@ -195,20 +198,35 @@ def ingest(dumpdb: str, dump: Path, archive: Path, run: str, out: Path) -> float
 
 
 def compare(args, dumpdb: str, archive: Path, out: Path, name: str, *extra: str,
-            runs: tuple[str, str] = ("target", "bench")) -> list[tuple[str, float, float]]:
-    """[(label, wall s, peak MB)] of ``dumpdb compare`` (before, if --before, then now)."""
+            runs: tuple[str, str] = ("target", "bench"), baseline: list[str] | None = None,
+            ) -> list[tuple[str, float, float]]:
+    """[(label, wall s, peak MB)] of ``dumpdb compare`` (before, if --before, then now): the
+    medians of ``--repeat`` runs each. ``baseline``: a command timed before each repetition
+    (the same load for both), its medians first as label ``baseline``."""
     cmd = [dumpdb, "compare", *runs, "-a", str(archive), "--show", "0", *extra]
     if args.workers:
         cmd += ["-j", str(args.workers)]
-    found = []
     versions = ([("before", str(args.before.resolve()))] if args.before else []) + \
         [("after", os.environ.get("PYTHONPATH", ""))]
-    for label, path in versions:
-        env = {**os.environ, "PYTHONPATH": path}
-        wall, rss_kib = timed(cmd, out / f"compare-{name}-{label}.log", env)
-        lines = (out / f"compare-{name}-{label}.log").read_text().strip().splitlines()
-        print(f"  {label}: {wall:.2f} s, {rss_kib / 1024:.0f} MB: {lines[0] if lines else ''}")
-        found.append((label, wall, rss_kib / 1024))
+    measured: dict[str, list[tuple[float, float]]] = {label: [] for label, _ in versions}
+    if baseline:
+        measured = {"baseline": [], **measured}
+    for k in range(max(args.repeat, 1)):
+        if baseline:
+            wall, rss_kib = timed(baseline, out / f"{name}-baseline.log")
+            print(f"  baseline (run {k + 1}): {wall:.2f} s, {rss_kib / 1024:.0f} MB")
+            measured["baseline"].append((wall, rss_kib / 1024))
+        for label, path in versions:
+            env = {**os.environ, "PYTHONPATH": path}
+            log = out / f"compare-{name}-{label}.log"
+            wall, rss_kib = timed(cmd, log, env)
+            lines = log.read_text().strip().splitlines()
+            print(f"  {label} (run {k + 1}): {wall:.2f} s, {rss_kib / 1024:.0f} MB: {lines[0] if lines else ''}")
+            measured[label].append((wall, rss_kib / 1024))
+    found = []
+    for label in measured:
+        walls, peaks = zip(*measured[label])
+        found.append((label, float(np.median(walls)), float(np.median(peaks))))
     return found
 
 
@@ -297,10 +315,12 @@ def stats_scenario(args, dumpdb: str, out: Path) -> list[str]:
     join = [sys.executable, "-c",
             "import duckdb, sys; con = duckdb.connect(sys.argv[1], read_only=True); con.execute(sys.argv[2])",
             str(catalog), JOIN_SQL.format(out=out / "join.parquet")]
-    join_s, join_peak = timed(join, out / "join.log")
-    lines = [f"stats: {args.stat_pairs} pairs; one DuckDB join {join_s:.2f} s, peak {join_peak / 1024:.0f} MB "
-             "(baseline)"]
-    for label, wall, peak in compare(args, dumpdb, archive, out, "stats", "--mode", "statistics"):
+    found = compare(args, dumpdb, archive, out, "stats", "--mode", "statistics", baseline=join)
+    _, join_s, join_peak = found.pop(0)
+    median = f" (medians of {args.repeat} runs)" if args.repeat > 1 else ""
+    lines = [f"stats: {args.stat_pairs} pairs; one DuckDB join {join_s:.2f} s, peak {join_peak:.0f} MB "
+             f"(baseline){median}"]
+    for label, wall, peak in found:
         ratio = wall / join_s
         lines.append(
             f"stats {label}: {wall:.2f} s = {ratio:.1f}x the join   target <= {TARGET_STATS_RATIO}x: "

@@ -25,6 +25,11 @@ tests/test_compare_stats_sql.py, tests/test_compare_align_sql.py):
   :func:`~dumpdb.compare.metrics.tensor_metrics_batch` (bit for bit the per-pair values);
 * statistics-mode metrics of all pairs are one DuckDB query
   (:func:`~dumpdb.compare.stats_sql.statistics_metrics`);
+* when every pair is compared by its statistics (``mode="statistics"``, or ``auto`` with a
+  side without payloads) and no mapping is given, alignment, both sides' rows and the
+  metrics come from one DuckDB connection (:func:`~dumpdb.compare.stats_pairs.statistics_pairs`;
+  ``statistics`` mode also selects no payload columns) and the tensor store is not opened;
+  msprobe's verdicts and the precision rules then run over columns as for any compare;
 * without a mapping, the ``exact`` strategy runs as one DuckDB query
   (:func:`~dumpdb.compare.align_sql.align_exact`) and align() only when later strategies
   have tensors left to pair.

@@ -16,7 +16,9 @@ the process tree, workers included) against a baseline measured in the same run:
 * ``stats``: ``--stat-pairs`` (default 500,000) pairs of statistics-only tensors in two
   msprobe statistics dumps (``dump.json``). Baseline: one DuckDB query joining the two
   runs' statistics in the same archive and computing the four differences and relative
-  differences (its own process, read-only). Figures: compare time / join time, peak RSS.
+  differences (its own process, read-only). Figures: compare time / join time, peak RSS,
+  and CPU seconds (user + system) against the join's (less sensitive to other processes
+  sharing the cores; ``--repeat N`` gives medians of N runs, the join timed before each).
 
     python scripts/bench_compare.py                          # all three, defaults
     python scripts/bench_compare.py --only tiny --tiny-pairs 20000
@@ -28,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -167,9 +170,20 @@ def _tree_rss_kib(root: int) -> int:
     return total
 
 
+# CPU seconds (user + system, the process and the children it waited for) of the last
+# timed() command: less sensitive than wall time to other processes sharing the cores.
+LAST_CPU = {"seconds": 0.0}
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def timed(cmd: list[str], log: Path, env: dict | None = None) -> tuple[float, int]:
     """(wall seconds, peak RSS KiB of the whole process tree, sampled every 50 ms) of
-    ``cmd``; exits if it fails."""
+    ``cmd`` (its CPU seconds in ``LAST_CPU``); exits if it fails."""
+    cpu0 = _children_cpu()
     with open(log, "w") as f:
         start = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
@@ -178,6 +192,7 @@ def timed(cmd: list[str], log: Path, env: dict | None = None) -> tuple[float, in
             peak = max(peak, _tree_rss_kib(proc.pid))
             time.sleep(0.05)
         wall = time.perf_counter() - start
+    LAST_CPU["seconds"] = _children_cpu() - cpu0
     if proc.returncode != 0:
         sys.exit(f"failed: {' '.join(cmd)} (see {log})")
     return wall, peak
@@ -208,26 +223,31 @@ def compare(args, dumpdb: str, archive: Path, out: Path, name: str, *extra: str,
         cmd += ["-j", str(args.workers)]
     versions = ([("before", str(args.before.resolve()))] if args.before else []) + \
         [("after", os.environ.get("PYTHONPATH", ""))]
-    measured: dict[str, list[tuple[float, float]]] = {label: [] for label, _ in versions}
+    measured: dict[str, list[tuple[float, float, float]]] = {label: [] for label, _ in versions}
     if baseline:
         measured = {"baseline": [], **measured}
     for k in range(max(args.repeat, 1)):
         if baseline:
             wall, rss_kib = timed(baseline, out / f"{name}-baseline.log")
-            print(f"  baseline (run {k + 1}): {wall:.2f} s, {rss_kib / 1024:.0f} MB")
-            measured["baseline"].append((wall, rss_kib / 1024))
+            print(f"  baseline (run {k + 1}): {wall:.2f} s (cpu {LAST_CPU['seconds']:.2f} s), {rss_kib / 1024:.0f} MB")
+            measured["baseline"].append((wall, rss_kib / 1024, LAST_CPU["seconds"]))
         for label, path in versions:
             env = {**os.environ, "PYTHONPATH": path}
             log = out / f"compare-{name}-{label}.log"
             wall, rss_kib = timed(cmd, log, env)
             lines = log.read_text().strip().splitlines()
-            print(f"  {label} (run {k + 1}): {wall:.2f} s, {rss_kib / 1024:.0f} MB: {lines[0] if lines else ''}")
-            measured[label].append((wall, rss_kib / 1024))
+            print(f"  {label} (run {k + 1}): {wall:.2f} s (cpu {LAST_CPU['seconds']:.2f} s), {rss_kib / 1024:.0f} MB: "
+                  f"{lines[0] if lines else ''}")
+            measured[label].append((wall, rss_kib / 1024, LAST_CPU["seconds"]))
     found = []
     for label in measured:
-        walls, peaks = zip(*measured[label])
+        walls, peaks, cpus = zip(*measured[label])
+        CPU_MEDIAN[label] = float(np.median(cpus))
         found.append((label, float(np.median(walls)), float(np.median(peaks))))
     return found
+
+
+CPU_MEDIAN: dict[str, float] = {}  # label -> median CPU seconds of compare()'s last runs
 
 
 def mark(ok: bool) -> str:
@@ -318,14 +338,16 @@ def stats_scenario(args, dumpdb: str, out: Path) -> list[str]:
     found = compare(args, dumpdb, archive, out, "stats", "--mode", "statistics", baseline=join)
     _, join_s, join_peak = found.pop(0)
     median = f" (medians of {args.repeat} runs)" if args.repeat > 1 else ""
-    lines = [f"stats: {args.stat_pairs} pairs; one DuckDB join {join_s:.2f} s, peak {join_peak:.0f} MB "
-             f"(baseline){median}"]
+    join_cpu = CPU_MEDIAN["baseline"]
+    lines = [f"stats: {args.stat_pairs} pairs; one DuckDB join {join_s:.2f} s (cpu {join_cpu:.2f} s), peak "
+             f"{join_peak:.0f} MB (baseline){median}"]
     for label, wall, peak in found:
         ratio = wall / join_s
+        cpu = CPU_MEDIAN[label]
         lines.append(
             f"stats {label}: {wall:.2f} s = {ratio:.1f}x the join   target <= {TARGET_STATS_RATIO}x: "
-            f"{mark(ratio <= TARGET_STATS_RATIO)}; peak RSS {peak:.0f} MB "
-            f"(target <= {TARGET_PEAK_MB}: {mark(peak <= TARGET_PEAK_MB)})")
+            f"{mark(ratio <= TARGET_STATS_RATIO)}; cpu {cpu:.2f} s = {cpu / join_cpu:.1f}x the join's; peak RSS "
+            f"{peak:.0f} MB (target <= {TARGET_PEAK_MB}: {mark(peak <= TARGET_PEAK_MB)})")
     return lines
 
 

@@ -107,7 +107,8 @@ def test_statistics_pairs_equal_the_step_by_step_path(case, tmp_path, monkeypatc
     """The statistics path inside DuckDB (stats_pairs: alignment, sides and metrics in one
     connection) gives the result table, unmatched tensors, summary and first departure /
     divergence that the step-by-step path gives (align_exact, then the sides paired in
-    Arrow, then stats_sql.statistics_metrics), which test_engine_statistics_equal_per_pair_rules_on_the_corpus
+    Arrow, then stats_sql.statistics_metrics; in ``auto`` mode the tensor engine's
+    _compute, which sends pairs without payloads to the same query), which test_engine_statistics_equal_per_pair_rules_on_the_corpus
     checks pair by pair against stats_metrics."""
     from dumpdb.compare import engine
 
@@ -124,12 +125,16 @@ def test_statistics_pairs_equal_the_step_by_step_path(case, tmp_path, monkeypatc
         calls.append(found is not None)
         return found
 
+    real_compute = engine._compute
     monkeypatch.setattr(engine, "statistics_pairs", spy)
-    for rules in ("precision", "msprobe"):
-        sql = compare(a, "t", "b", mode="statistics", store_results=False, rules=rules)
+    for rules, mode in (("precision", "statistics"), ("msprobe", "statistics"), ("precision", "auto")):
+        sql = compare(a, "t", "b", mode=mode, store_results=False, rules=rules)
         assert calls[-1], "the DuckDB path did not run"
         monkeypatch.setattr(engine, "statistics_pairs", lambda *args, **kwargs: None)
-        steps = compare(a, "t", "b", mode="statistics", store_results=False, rules=rules)
+        if mode == "auto":  # the tensor engine's own route for pairs without payloads
+            monkeypatch.setattr(engine, "_compute_statistics_only",
+                                lambda t, b, progress: real_compute(a, t, b, "auto", None, progress))
+        steps = compare(a, "t", "b", mode=mode, store_results=False, rules=rules)
         monkeypatch.setattr(engine, "statistics_pairs", spy)
         assert sql.results.num_rows == steps.results.num_rows > 10
         assert sql.results.schema == steps.results.schema

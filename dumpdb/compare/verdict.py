@@ -160,14 +160,6 @@ def _pair(row: dict, name: str):
     return None, None
 
 
-def _shape(s):
-    if s is None:
-        return None
-    if isinstance(s, (list, tuple)):
-        return tuple(int(d) for d in s)
-    return str(s).replace(" ", "")
-
-
 _NUMBERS = ("cosine", "one_thousandth_err_ratio", "max_abs_err", "l2norm_rel_diff", "target_max", "target_min",
             "bench_max", "bench_min", "target_requires_grad", "bench_requires_grad")
 
@@ -225,8 +217,8 @@ def op_results(rows: list[dict], thresholds: Thresholds = Thresholds(),
     sides: dict[str, list] = {k: [] for k in ("target_dtype", "bench_dtype", "target_shape", "bench_shape")}
     for i, r in enumerate(rows):
         for k in ("cosine", "one_thousandth_err_ratio", "max_abs_err", "l2norm_rel_diff"):
-            values[k][i] = _number(r.get(k))
-            valid[k][i] = not math.isnan(values[k][i])
+            v = _num(r.get(k))  # None for missing, non-numeric (msprobe's strings) and NaN
+            values[k][i], valid[k][i] = (math.nan, False) if v is None else (v, True)
         for k in ("target_max", "target_min", "bench_max", "bench_min"):
             values[k][i], valid[k][i] = _extremum(r.get(k))
         for name in ("requires_grad", "dtype", "shape"):

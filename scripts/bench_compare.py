@@ -16,7 +16,9 @@ the process tree, workers included) against a baseline measured in the same run:
 * ``stats``: ``--stat-pairs`` (default 500,000) pairs of statistics-only tensors in two
   msprobe statistics dumps (``dump.json``). Baseline: one DuckDB query joining the two
   runs' statistics in the same archive and computing the four differences and relative
-  differences (its own process, read-only). Figures: compare time / join time, peak RSS.
+  differences (its own process, read-only). Figures: compare time / join time, peak RSS,
+  and CPU seconds (user + system) against the join's (less sensitive to other processes
+  sharing the cores; ``--repeat N`` gives medians of N runs, the join timed before each).
 
     python scripts/bench_compare.py                          # all three, defaults
     python scripts/bench_compare.py --only tiny --tiny-pairs 20000
@@ -28,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -66,6 +69,9 @@ def parse_args() -> argparse.Namespace:
                    help="tensor scenario: an archive that already holds both runs (see --runs); with --dump-a/-b "
                         "for the cat baseline and the byte count")
     p.add_argument("--runs", default="target,bench", help="tensor scenario: TARGET,BENCH run names")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="run each compare this many times (before and after alternating) and report the medians "
+                        "(other processes sharing the cores make single runs noisy)")
     p.add_argument("--before", type=Path,
                    help="a checkout of dumpdb before the change: each compare also runs with PYTHONPATH=BEFORE "
                         "on the same archive (before/after in one session)")
@@ -164,9 +170,20 @@ def _tree_rss_kib(root: int) -> int:
     return total
 
 
+# CPU seconds (user + system, the process and the children it waited for) of the last
+# timed() command: less sensitive than wall time to other processes sharing the cores.
+LAST_CPU = {"seconds": 0.0}
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def timed(cmd: list[str], log: Path, env: dict | None = None) -> tuple[float, int]:
     """(wall seconds, peak RSS KiB of the whole process tree, sampled every 50 ms) of
-    ``cmd``; exits if it fails."""
+    ``cmd`` (its CPU seconds in ``LAST_CPU``); exits if it fails."""
+    cpu0 = _children_cpu()
     with open(log, "w") as f:
         start = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
@@ -175,6 +192,7 @@ def timed(cmd: list[str], log: Path, env: dict | None = None) -> tuple[float, in
             peak = max(peak, _tree_rss_kib(proc.pid))
             time.sleep(0.05)
         wall = time.perf_counter() - start
+    LAST_CPU["seconds"] = _children_cpu() - cpu0
     if proc.returncode != 0:
         sys.exit(f"failed: {' '.join(cmd)} (see {log})")
     return wall, peak
@@ -195,21 +213,41 @@ def ingest(dumpdb: str, dump: Path, archive: Path, run: str, out: Path) -> float
 
 
 def compare(args, dumpdb: str, archive: Path, out: Path, name: str, *extra: str,
-            runs: tuple[str, str] = ("target", "bench")) -> list[tuple[str, float, float]]:
-    """[(label, wall s, peak MB)] of ``dumpdb compare`` (before, if --before, then now)."""
+            runs: tuple[str, str] = ("target", "bench"), baseline: list[str] | None = None,
+            ) -> list[tuple[str, float, float]]:
+    """[(label, wall s, peak MB)] of ``dumpdb compare`` (before, if --before, then now): the
+    medians of ``--repeat`` runs each. ``baseline``: a command timed before each repetition
+    (the same load for both), its medians first as label ``baseline``."""
     cmd = [dumpdb, "compare", *runs, "-a", str(archive), "--show", "0", *extra]
     if args.workers:
         cmd += ["-j", str(args.workers)]
-    found = []
     versions = ([("before", str(args.before.resolve()))] if args.before else []) + \
         [("after", os.environ.get("PYTHONPATH", ""))]
-    for label, path in versions:
-        env = {**os.environ, "PYTHONPATH": path}
-        wall, rss_kib = timed(cmd, out / f"compare-{name}-{label}.log", env)
-        lines = (out / f"compare-{name}-{label}.log").read_text().strip().splitlines()
-        print(f"  {label}: {wall:.2f} s, {rss_kib / 1024:.0f} MB: {lines[0] if lines else ''}")
-        found.append((label, wall, rss_kib / 1024))
+    measured: dict[str, list[tuple[float, float, float]]] = {label: [] for label, _ in versions}
+    if baseline:
+        measured = {"baseline": [], **measured}
+    for k in range(max(args.repeat, 1)):
+        if baseline:
+            wall, rss_kib = timed(baseline, out / f"{name}-baseline.log")
+            print(f"  baseline (run {k + 1}): {wall:.2f} s (cpu {LAST_CPU['seconds']:.2f} s), {rss_kib / 1024:.0f} MB")
+            measured["baseline"].append((wall, rss_kib / 1024, LAST_CPU["seconds"]))
+        for label, path in versions:
+            env = {**os.environ, "PYTHONPATH": path}
+            log = out / f"compare-{name}-{label}.log"
+            wall, rss_kib = timed(cmd, log, env)
+            lines = log.read_text().strip().splitlines()
+            print(f"  {label} (run {k + 1}): {wall:.2f} s (cpu {LAST_CPU['seconds']:.2f} s), {rss_kib / 1024:.0f} MB: "
+                  f"{lines[0] if lines else ''}")
+            measured[label].append((wall, rss_kib / 1024, LAST_CPU["seconds"]))
+    found = []
+    for label in measured:
+        walls, peaks, cpus = zip(*measured[label])
+        CPU_MEDIAN[label] = float(np.median(cpus))
+        found.append((label, float(np.median(walls)), float(np.median(peaks))))
     return found
+
+
+CPU_MEDIAN: dict[str, float] = {}  # label -> median CPU seconds of compare()'s last runs
 
 
 def mark(ok: bool) -> str:
@@ -297,15 +335,19 @@ def stats_scenario(args, dumpdb: str, out: Path) -> list[str]:
     join = [sys.executable, "-c",
             "import duckdb, sys; con = duckdb.connect(sys.argv[1], read_only=True); con.execute(sys.argv[2])",
             str(catalog), JOIN_SQL.format(out=out / "join.parquet")]
-    join_s, join_peak = timed(join, out / "join.log")
-    lines = [f"stats: {args.stat_pairs} pairs; one DuckDB join {join_s:.2f} s, peak {join_peak / 1024:.0f} MB "
-             "(baseline)"]
-    for label, wall, peak in compare(args, dumpdb, archive, out, "stats", "--mode", "statistics"):
+    found = compare(args, dumpdb, archive, out, "stats", "--mode", "statistics", baseline=join)
+    _, join_s, join_peak = found.pop(0)
+    median = f" (medians of {args.repeat} runs)" if args.repeat > 1 else ""
+    join_cpu = CPU_MEDIAN["baseline"]
+    lines = [f"stats: {args.stat_pairs} pairs; one DuckDB join {join_s:.2f} s (cpu {join_cpu:.2f} s), peak "
+             f"{join_peak:.0f} MB (baseline){median}"]
+    for label, wall, peak in found:
         ratio = wall / join_s
+        cpu = CPU_MEDIAN[label]
         lines.append(
             f"stats {label}: {wall:.2f} s = {ratio:.1f}x the join   target <= {TARGET_STATS_RATIO}x: "
-            f"{mark(ratio <= TARGET_STATS_RATIO)}; peak RSS {peak:.0f} MB "
-            f"(target <= {TARGET_PEAK_MB}: {mark(peak <= TARGET_PEAK_MB)})")
+            f"{mark(ratio <= TARGET_STATS_RATIO)}; cpu {cpu:.2f} s = {cpu / join_cpu:.1f}x the join's; peak RSS "
+            f"{peak:.0f} MB (target <= {TARGET_PEAK_MB}: {mark(peak <= TARGET_PEAK_MB)})")
     return lines
 
 

@@ -4,11 +4,13 @@ verdicts and precision rules over columns, give what the pair-by-pair code gives
 * a corpus compare through the bulk paths (identical-hash short cut, batched small pairs)
   equals the same compare forced pair by pair (a plug-in metric is registered: then every
   tensor pair is computed alone by tensor_metrics in the pool, as before issue 13);
-* :func:`dumpdb.compare.verdict.op_results_columns` equals :func:`~dumpdb.compare.verdict.op_results`
-  op by op, and :func:`dumpdb.compare.precision.judge_precision_columns` equals
-  :func:`~dumpdb.compare.precision.judge_precision` / ``first_departure`` row by row, on
-  generated rows that reach every checker and branch (NaN/Inf, zeros, missing values,
-  reshapes, dtype mixes, ignored ops, ops without inputs, producers).
+* :func:`dumpdb.compare.verdict.op_results_columns` equals the row-by-row reference
+  (tests/compare_reference.py: the checkers as written before they moved onto columns) op
+  by op, and :func:`dumpdb.compare.precision.judge_precision_columns` equals the reference's
+  ``judge_precision`` / ``first_departure`` row by row, on generated rows that reach every
+  checker and branch (NaN/Inf, zeros, missing values, reshapes, dtype mixes, ignored ops,
+  ops without inputs, producers, cancellation); dumpdb's own row functions (thin wrappers
+  over the column code) give the same.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import math
 import random
 from collections import defaultdict
 
+import compare_reference as reference  # the rules row by row, as written before columns
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -167,8 +170,10 @@ def _check_verdicts(rows: list[dict]) -> set[str]:
     expected: list = [None] * len(rows)
     for idx in groups.values():
         mode = "statistics" if all(rows[i]["mode"] == "statistics" for i in idx) else "tensor"
-        for i, got in zip(idx, op_results([rows[i] for i in idx], th, mode=mode)):
+        group = [rows[i] for i in idx]
+        for i, got, wrapped in zip(idx, reference.op_results(group, th, mode=mode), op_results(group, th, mode=mode)):
             expected[i] = got
+            assert wrapped == got, i  # dumpdb's row function: the columns of these rows
     names = ("cosine", "one_thousandth_err_ratio", "max_abs_err", "l2norm_rel_diff", "target_max", "target_min",
              "bench_max", "bench_min", "target_requires_grad", "bench_requires_grad")
     values, valid = _numbers(rows, names)
@@ -208,6 +213,9 @@ def _same(a, b) -> bool:
     return repr(a) == repr(b)
 
 
+_REACHED: set[str] = set()  # the precision reasons the generated rows gave
+
+
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("statistics_only", [False, True])
 def test_precision_columns_equal_judge_precision(seed, statistics_only):
@@ -226,7 +234,10 @@ def test_precision_columns_equal_judge_precision(seed, statistics_only):
     rules = PrecisionRules()
     got, departure = judge_precision_columns(columns, rules)
     expected = [dict(r) for r in rows]
-    judge_precision(expected, producers, rules)
+    reference.judge_precision(expected, producers, rules)
+    wrapped = [dict(r) for r in rows]
+    judge_precision(wrapped, producers, rules)  # dumpdb's row function: the columns of these rows
+    assert repr(wrapped) == repr(expected)
     for i, r in enumerate(expected):
         for name in ("scaled_err", "precision_floor", "precision_ratio"):
             value = float(got[name][i]) if got[f"{name}_valid"][i] else None
@@ -235,11 +246,28 @@ def test_precision_columns_equal_judge_precision(seed, statistics_only):
             assert got[name][i] == r[name], (i, name, got[name][i], r[name])
         assert got["origin_op"][i] == r.get("origin_op"), i
     assert {r["precision_result"] for r in expected} == {"pass", "warning", "error"}
-    first = first_departure(expected)
+    _REACHED.update(str(r["precision_reason"]) for r in expected)
+    first = reference.first_departure(expected)
+    assert repr(first_departure(wrapped)) == repr(first)
     assert first is not None and departure is not None
     assert departure["row"]["pair_index"] == first["row"]["pair_index"]
     assert {k: departure[k] for k in ("origin_op", "inputs", "outputs")} == \
         {k: first[k] for k in ("origin_op", "inputs", "outputs")}
+
+
+def test_generated_rows_reach_every_precision_branch():
+    """The rows of test_precision_columns_equal_judge_precision reach every branch of the
+    precision rules (reasons as the reference writes them)."""
+    if not _REACHED:
+        for seed in range(4):
+            for statistics_only in (False, True):
+                test_precision_columns_equal_judge_precision(seed, statistics_only)
+    reasons = " | ".join(sorted(_REACHED))
+    for branch in ("propagated: within", "exact-dtype result", "propagated from earlier nan/inf", "departs: error",
+                   "input error propagated from", "x the largest earlier error", "an op only the target has",
+                   "no compared op produced it", "(cancellation)", "shapes differ", "and are not two floats",
+                   "overflow:", "nan/inf at different positions"):
+        assert branch in reasons, branch
 
 
 def test_group_codes_and_shapes():

@@ -100,3 +100,47 @@ def test_engine_statistics_equal_per_pair_rules_on_the_corpus(case, tmp_path):
             flagged += 1
             assert message in (r["err_message"] or "")
     assert any(r["max_diff"] not in (None, 0.0) for r in rows)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_statistics_pairs_equal_the_step_by_step_path(case, tmp_path, monkeypatch):
+    """The statistics path inside DuckDB (stats_pairs: alignment, sides and metrics in one
+    connection) gives the result table, unmatched tensors, summary and first departure /
+    divergence that the step-by-step path gives (align_exact, then the sides paired in
+    Arrow, then stats_sql.statistics_metrics; in ``auto`` mode the tensor engine's
+    _compute, which sends pairs without payloads to the same query), which test_engine_statistics_equal_per_pair_rules_on_the_corpus
+    checks pair by pair against stats_metrics."""
+    from dumpdb.compare import engine
+
+    target, bench = CASES[case]
+    archive = tmp_path / "a.dumpdb"
+    assert dumpdb.ingest(target, archive=archive, run="t").ok
+    assert dumpdb.ingest(bench, archive=archive, run="b").ok
+    a = dumpdb.open(archive)
+    calls = []
+    real = engine.statistics_pairs
+
+    def spy(*args, **kwargs):
+        found = real(*args, **kwargs)
+        calls.append(found is not None)
+        return found
+
+    real_compute = engine._compute
+    monkeypatch.setattr(engine, "statistics_pairs", spy)
+    for rules, mode in (("precision", "statistics"), ("msprobe", "statistics"), ("precision", "auto")):
+        sql = compare(a, "t", "b", mode=mode, store_results=False, rules=rules)
+        assert calls[-1], "the DuckDB path did not run"
+        monkeypatch.setattr(engine, "statistics_pairs", lambda *args, **kwargs: None)
+        if mode == "auto":  # the tensor engine's own route for pairs without payloads
+            monkeypatch.setattr(engine, "_compute_statistics_only",
+                                lambda t, b, progress: real_compute(a, t, b, "auto", None, progress))
+        steps = compare(a, "t", "b", mode=mode, store_results=False, rules=rules)
+        monkeypatch.setattr(engine, "statistics_pairs", spy)
+        assert sql.results.num_rows == steps.results.num_rows > 10
+        assert sql.results.schema == steps.results.schema
+        for name in sql.results.column_names:
+            # repr: NaN equal to NaN, -0.0 not equal to 0.0
+            assert repr(sql.results.column(name).to_pylist()) == repr(steps.results.column(name).to_pylist()), name
+        assert sql.unmatched.to_pylist() == steps.unmatched.to_pylist()
+        assert repr(sql.first_divergence) == repr(steps.first_divergence)
+        assert repr(sql.summary) == repr(steps.summary)

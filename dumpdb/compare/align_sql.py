@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from dumpdb.compare.align import PAIRS_SCHEMA, UNMATCHED_SCHEMA, Alignment
 
-__all__ = ["align_exact"]
+__all__ = ["align_exact", "exact_paired"]
 
 _KEY = ("op_name", "size", "io", "slot", "slot_path", "arg_name")
 _ORDER = ("iteration", "rank", "graph_id", "position", "timestamp", "tensor_id")
@@ -37,18 +37,21 @@ _NEEDED = ("tensor_id", "op_name", "scope_name", "shape", "io", "slot", "slot_pa
 
 
 def _side_sql(name: str, group_by: Sequence[str]) -> str:
+    # k: the rank in execution order within the key (one partitioned window, no global
+    # sort); only the key, order and id columns go through the window operators (they
+    # materialise every column they carry)
     keys = [*group_by, *_KEY]
     part = ", ".join(f'"{k}"' for k in keys)
     order = ", ".join(f'"{c}" ASC NULLS LAST' for c in _ORDER)
+    carried = ", ".join(f'"{k}"' for k in dict.fromkeys(("tensor_id", *group_by, *_KEY, *_ORDER)) if k != "size")
     return f"""
     {name}_o AS (
-      SELECT *, CASE WHEN op_name IS NOT NULL AND shape IS NOT NULL
+      SELECT {carried}, CASE WHEN op_name IS NOT NULL AND shape IS NOT NULL
                           AND regexp_matches(op_name, '-op[0-9]+\\n?$')
-                     THEN coalesce(list_aggregate(shape, 'product'), 1)::BIGINT END AS size,
-             row_number() OVER (ORDER BY {order}) AS okey
+                     THEN coalesce(list_aggregate(shape, 'product'), 1)::BIGINT END AS size
       FROM {name}),
     {name}_k AS (
-      SELECT *, row_number() OVER (PARTITION BY {part} ORDER BY okey) AS k,
+      SELECT tensor_id, {part}, row_number() OVER (PARTITION BY {part} ORDER BY {order}) AS k,
              count(*) OVER (PARTITION BY {part}) AS n
       FROM {name}_o)"""
 
@@ -58,7 +61,7 @@ def _sql(group_by: Sequence[str]) -> str:
     return f"""
     CREATE TEMP TABLE paired AS
     WITH {_side_sql("target", group_by)}, {_side_sql("bench", group_by)}
-    SELECT t.tensor_id AS target_tensor_id, b.tensor_id AS bench_tensor_id, t.okey
+    SELECT t.tensor_id AS target_tensor_id, b.tensor_id AS bench_tensor_id
     FROM target_k t JOIN bench_k b ON {on} AND t.k = b.k AND t.n = b.n
     """
 
@@ -83,6 +86,30 @@ def align_exact(target: pa.Table, bench: pa.Table, *, group_by: Sequence[str] = 
     Returns an :class:`~dumpdb.compare.align.Alignment` whose ``pairs`` all have strategy
     ``exact``. Raises ValueError for a ``group_by`` column missing from a side (as align).
     """
+    con = duckdb.connect()
+    try:
+        left = exact_paired(con, target, bench, group_by=group_by, strategies=strategies)
+        if left is None:
+            return None
+        order = ", ".join(f't."{c}" ASC NULLS LAST' for c in _ORDER)
+        pairs = con.sql("SELECT p.target_tensor_id, p.bench_tensor_id, 'exact' AS match_strategy FROM paired p "
+                        f"JOIN target t ON t.tensor_id = p.target_tensor_id ORDER BY {order}").to_arrow_table()
+    finally:
+        con.close()
+    return Alignment(pairs.cast(PAIRS_SCHEMA), *left)
+
+
+def exact_paired(con: duckdb.DuckDBPyConnection, target: pa.Table, bench: pa.Table, *,
+                 group_by: Sequence[str] = (), strategies: Sequence[str] = ("exact",),
+                 keep: Sequence[str] = ()) -> tuple[pa.Table, pa.Table] | None:
+    """The work of :func:`align_exact` on the DuckDB connection ``con``, left there for more
+    queries: ``target`` and ``bench`` registered as relations of the same names (the
+    columns align reads, plus ``keep``), and temp table ``paired`` (``target_tensor_id``,
+    ``bench_tensor_id``; unordered: :func:`align_exact` orders the pairs by the target's
+    execution order, iteration, rank, graph_id, position, timestamp, tensor_id). Returns
+    the unmatched tensors of each side (:data:`~dumpdb.compare.align.UNMATCHED_SCHEMA`), or
+    None where :func:`align_exact` gives None (nothing is then left on ``con``). Raises
+    ValueError as align_exact."""
     run = [s for s in dict.fromkeys(strategies) if s != "mapping"]
     if not run or run[0] != "exact":
         return None
@@ -93,17 +120,14 @@ def align_exact(target: pa.Table, bench: pa.Table, *, group_by: Sequence[str] = 
         if any(c not in table.column_names for c in _NEEDED):
             return None
     cols = list(dict.fromkeys((*_NEEDED, *group_by)))
-    con = duckdb.connect()
-    try:
-        con.register("target", target.select(cols))
-        con.register("bench", bench.select(cols))
-        con.execute(_sql(group_by))
-        left_t = con.sql(_unmatched_sql("target", "target_tensor_id")).to_arrow_table()
-        left_b = con.sql(_unmatched_sql("bench", "bench_tensor_id")).to_arrow_table()
-        if left_t.num_rows and left_b.num_rows and len(run) > 1:
-            return None  # a later strategy may pair some of them: align() decides
-        pairs = con.sql("SELECT target_tensor_id, bench_tensor_id, 'exact' AS match_strategy "
-                        "FROM paired ORDER BY okey").to_arrow_table()
-    finally:
-        con.close()
-    return Alignment(pairs.cast(PAIRS_SCHEMA), left_t.cast(UNMATCHED_SCHEMA), left_b.cast(UNMATCHED_SCHEMA))
+    for name, table in (("target", target), ("bench", bench)):
+        con.register(name, table.select(list(dict.fromkeys((*cols, *(c for c in keep if c in table.column_names))))))
+    con.execute(_sql(group_by))
+    left_t = con.sql(_unmatched_sql("target", "target_tensor_id")).to_arrow_table()
+    left_b = con.sql(_unmatched_sql("bench", "bench_tensor_id")).to_arrow_table()
+    if left_t.num_rows and left_b.num_rows and len(run) > 1:
+        con.execute("DROP TABLE paired")
+        con.unregister("target")
+        con.unregister("bench")
+        return None  # a later strategy may pair some of them: align() decides
+    return left_t.cast(UNMATCHED_SCHEMA), left_b.cast(UNMATCHED_SCHEMA)

@@ -25,6 +25,11 @@ tests/test_compare_stats_sql.py, tests/test_compare_align_sql.py):
   :func:`~dumpdb.compare.metrics.tensor_metrics_batch` (bit for bit the per-pair values);
 * statistics-mode metrics of all pairs are one DuckDB query
   (:func:`~dumpdb.compare.stats_sql.statistics_metrics`);
+* when every pair is compared by its statistics (``mode="statistics"``, or ``auto`` with a
+  side without payloads) and no mapping is given, alignment, both sides' rows and the
+  metrics come from one DuckDB connection (:func:`~dumpdb.compare.stats_pairs.statistics_pairs`;
+  ``statistics`` mode also selects no payload columns) and the tensor store is not opened;
+  msprobe's verdicts and the precision rules then run over columns as for any compare;
 * without a mapping, the ``exact`` strategy runs as one DuckDB query
   (:func:`~dumpdb.compare.align_sql.align_exact`) and align() only when later strategies
   have tensors left to pair.
@@ -87,6 +92,7 @@ from dumpdb.compare.metrics import (
 )
 from dumpdb.compare.precision import Columns as PrecisionColumns
 from dumpdb.compare.precision import PrecisionRules, judge_precision_columns
+from dumpdb.compare.stats_pairs import statistics_pairs
 from dumpdb.compare.stats_sql import statistics_metrics
 from dumpdb.compare.verdict import Columns as VerdictColumns
 from dumpdb.compare.verdict import Thresholds, op_results_columns
@@ -207,12 +213,15 @@ class CompareOutcome:
     first_divergence: dict[str, Any] | None = field(default=None)
 
 
-def select_rows(con, sel: Selection) -> pa.Table:
+def select_rows(con, sel: Selection, drop: Sequence[str] = ()) -> pa.Table:
     """The ``tensors`` rows of a selection with what compare needs beside them (blob
-    location, execution-order position, code line), as Arrow. Raises DumpdbError for an
-    unknown run or an empty selection."""
+    location, execution-order position, code line), as Arrow, without the columns ``drop``.
+    Raises DumpdbError for an unknown run or an empty selection."""
     where, params = sel.where()
-    table = con.sql(_SELECT_SQL.format(where=where), params=params).to_arrow_table()
+    query = _SELECT_SQL.format(where=where)
+    if drop:
+        query = f"SELECT * EXCLUDE ({', '.join(drop)}) FROM ({query})"
+    table = con.sql(query, params=params).to_arrow_table()
     if table.num_rows == 0:
         known = con.execute("SELECT count(*) FROM runs WHERE run = ?", [sel.run]).fetchone()[0]
         if not known:
@@ -353,24 +362,48 @@ def compare(archive, target: str | Selection, bench: str | Selection, *, iterati
         if bench_rank is not None and tsel.rank is None and not con.execute(
                 "SELECT count(*) FROM tensors WHERE run = ? AND rank IS NOT NULL", [tsel.run]).fetchall()[0][0]:
             tsel = Selection(tsel.run, tsel.iteration, 0)  # a rankless target is rank 0 vs the bench's rank
-        trows, brows = select_rows(con, tsel), select_rows(con, bsel)
+        drop = _NOT_READ_BY_STATISTICS if mode == "statistics" else ()
+        trows, brows = select_rows(con, tsel, drop), select_rows(con, bsel, drop)
     trows, brows = _proc_as_rank0(trows, brows), _proc_as_rank0(brows, trows)
+    # every pair compared by its statistics: no payload is read, whatever pairs
+    statistics_only = mode == "statistics" or (mode == "auto" and (
+        trows.column("content_hash").null_count == trows.num_rows
+        or brows.column("content_hash").null_count == brows.num_rows))
+    stats = None
     try:
-        # the exact strategy in SQL when it settles the alignment (align_sql), else align()
-        alignment = None if mapping_dict else align_exact(trows, brows, group_by=_group_by(tsel, bsel),
-                                                          strategies=strategies)
-        if alignment is None:
-            alignment = align(trows, brows, group_by=_group_by(tsel, bsel), mapping=mapping_dict,
-                              strategies=strategies)
+        if statistics_only and not mapping_dict:  # align, sides and metrics in DuckDB (stats_pairs)
+            stats = statistics_pairs(trows, brows, group_by=_group_by(tsel, bsel), strategies=strategies,
+                                     target_columns=_SIDE_COLUMNS[0], bench_columns=_SIDE_COLUMNS[1])
+        if stats is not None:
+            alignment, t, b, metrics = stats
+            strategy = _one_chunk(alignment.pairs.column("match_strategy"))
+        else:
+            # the exact strategy in SQL when it settles the alignment (align_sql), else align()
+            alignment = None if mapping_dict else align_exact(trows, brows, group_by=_group_by(tsel, bsel),
+                                                              strategies=strategies)
+            if alignment is None:
+                alignment = align(trows, brows, group_by=_group_by(tsel, bsel), mapping=mapping_dict,
+                                  strategies=strategies)
     except ValueError as exc:
         raise DumpdbError(f"compare: {exc}") from exc
-    t, b, strategy = _pair_sides(trows, brows, alignment.pairs)
-    # what the precision rules' producers need of the whole target selection; the rest goes
+    if stats is None:
+        t, b, strategy = _pair_sides(trows, brows, alignment.pairs)
+    # what the precision rules' producers need of the whole target selection (nothing when
+    # no target tensor has a payload: no input then has a producer); the rest goes
     trows = trows.select(["tensor_id", "io", "content_hash", "op_name", "iteration", "rank", "graph_id", "position",
                           "timestamp", "call_index", "slot"])
+    if trows.column("content_hash").null_count == trows.num_rows:
+        trows = trows.slice(0, 0)
     del brows
     pa.default_memory_pool().release_unused()
-    res = _compute(archive, t, b, mode, workers, progress)
+    if stats is not None:
+        res = _statistics_columns(stats[3], progress)
+        del stats, metrics
+    elif mode == "statistics" or (mode == "auto" and not (_valid(t.column("content_hash"))
+                                                           & _valid(b.column("content_hash"))).any()):
+        res = _compute_statistics_only(t, b, progress)  # no payload to read: the store is not opened
+    else:
+        res = _compute(archive, t, b, mode, workers, progress)
     view = _view(t, b, strategy, res)
     view.result, view.err_message = _judge(view, thresholds)
     departure = _judge_precision(view, trows, precision or PrecisionRules())
@@ -406,7 +439,7 @@ def compare(archive, target: str | Selection, bench: str | Selection, *, iterati
 
 
 def _overall_mode(modes: np.ndarray) -> str:
-    found = set(np.unique(modes.astype(str)).tolist()) if modes.size else set()
+    found = {str(m) for m in set(modes.tolist())}
     return found.pop() if len(found) == 1 else ("mixed" if found else "none")
 
 
@@ -541,6 +574,32 @@ def _compute_statistics(t: pa.Table, b: pa.Table, statistics: np.ndarray, res: R
     return int(statistics.size)
 
 
+def _compute_statistics_only(t: pa.Table, b: pa.Table, progress) -> ResultColumns:
+    """What :func:`_compute` gives when every pair is compared by its statistics (mode
+    ``statistics``, or ``auto`` without a payload on both sides of any pair): the metrics
+    of all pairs in one DuckDB query (stats_sql.statistics_metrics), without the tensor
+    paths (nor opening the tensor store)."""
+    cols = ["tensor_id", *STATS]
+    index = pa.table({"pair_index": pa.array(np.arange(t.num_rows, dtype=np.int64)),
+                      "target_tensor_id": t.column("tensor_id"), "bench_tensor_id": b.column("tensor_id")})
+    return _statistics_columns(statistics_metrics(index, t.select(cols), b.select(cols)), progress)
+
+
+def _statistics_columns(metrics: pa.Table, progress) -> ResultColumns:
+    """The result columns of pairs all in statistics mode from their metrics (row i: pair i;
+    the :data:`STAT_METRICS` columns and ``err_message`` of stats_sql)."""
+    n = metrics.num_rows
+    res = ResultColumns(n, (*TENSOR_METRICS, *STAT_METRICS, "flat_euc_dist", *_plugin_metrics()))
+    res.mode = np.full(n, "statistics", dtype=object)
+    rows = np.arange(n)
+    for name in STAT_METRICS:
+        res.put(rows, name, *floats(metrics.column(name)))
+    res.message = strings(metrics.column("err_message"))
+    if progress and n:
+        progress(n, n)
+    return res
+
+
 def _identical(t: pa.Table, b: pa.Table) -> tuple[np.ndarray, MetricColumns] | None:
     """Which pairs ``t[i]``/``b[i]`` have payloads that are the same bytes (content hash,
     dtype and shape equal) with the catalog's NaN/Inf counts dumpdb's own, and their
@@ -644,6 +703,9 @@ _ROW_FIELDS = (
 )
 
 
+# Selected columns nothing reads in statistics mode (payload locations and counts, keys).
+_NOT_READ_BY_STATISTICS = ("run", "device_id", "tensor_key", "nbytes", "stats_source", "nan_count", "pos_inf_count",
+                           "neg_inf_count", "array_path", "elem_offset", "elem_count")
 # Columns of each side's rows the metrics and the result table read.
 _COMPUTE_COLUMNS = (*_LOC_KEYS, "tensor_id", "nbytes", "stats_source", "nan_count", "pos_inf_count", "neg_inf_count",
                     *STATS)
@@ -704,6 +766,11 @@ def _view(t: pa.Table, b: pa.Table, strategy: pa.Array, res: ResultColumns) -> _
     return _View(t, b, strategy, res)
 
 
+def _string_array(col: pa.Array) -> pa.Array:
+    """A text column as one Arrow string array (the verdicts read names as Arrow)."""
+    return col if col.type == pa.string() else col.cast(pa.string())
+
+
 def _judge(view: _View, thresholds: Thresholds) -> tuple[np.ndarray, np.ndarray]:
     """msprobe's verdicts per op call (verdict.op_results_columns): (result, err_message)."""
     io = view.context["io"]
@@ -712,8 +779,8 @@ def _judge(view: _View, thresholds: Thresholds) -> tuple[np.ndarray, np.ndarray]
     values, valid = view.numbers(names)
     columns = VerdictColumns(
         group=view.op_codes(), output=pc.fill_null(pc.equal(io, "output"), False).to_numpy(zero_copy_only=False),
-        statistics=view.mode == "statistics", target_name=strings(view.context["target_name"]),
-        bench_name=strings(view.context["bench_name"]), target_dtype=strings(view.context["target_dtype"]),
+        statistics=view.mode == "statistics", target_name=_string_array(view.context["target_name"]),
+        bench_name=_string_array(view.context["bench_name"]), target_dtype=strings(view.context["target_dtype"]),
         bench_dtype=strings(view.context["bench_dtype"]), err_message=view.err_message, values=values,
         valid=valid, target_shape=view.shapes("target_shape"), bench_shape=view.shapes("bench_shape"))
     result, reason = op_results_columns(columns, thresholds)
@@ -731,33 +798,7 @@ def _judge_precision(view: _View, trows: pa.Table, rules: PrecisionRules) -> dic
                       (~_valid(it)).astype(np.int64)))
     run_rank = np.empty(n, np.int64)
     run_rank[run] = np.arange(n)
-    # the producers' order over all target tensors: timestamp (NULLs last), then execution order
-    tts = trows.column("timestamp")
-    keys = execution_keys(trows)
-    by = np.lexsort([*keys[::-1], ints(tts, 0), (~_valid(tts)).astype(np.int64)])
-    order_of = np.empty(trows.num_rows, np.int64)
-    order_of[by] = np.arange(trows.num_rows)
-    tids = ints(trows.column("tensor_id"), -1)
-    sorter = np.argsort(tids, kind="stable")
-    pair_tids = ints(ctx["target_tensor_id"], -1)
-    order = order_of[sorter[np.searchsorted(tids, pair_tids, sorter=sorter)]]
-    compared = pa.array(np.unique(pair_tids))
-
-    def producers(hashes: set) -> dict[str, list]:
-        hashes = hashes - {None}
-        outputs = trows.filter(pc.and_(pc.fill_null(pc.equal(trows.column("io"), "output"), False),
-                                       pc.is_in(trows.column("content_hash"), pa.array(sorted(hashes), pa.string()))))
-        rows = ints(outputs.column("tensor_id"), -1)
-        found: dict[str, list] = defaultdict(list)
-        at = sorter[np.searchsorted(tids, rows, sorter=sorter)]
-        done = pc.is_in(outputs.column("tensor_id"), compared).to_numpy(zero_copy_only=False)
-        for h, name, k, c in zip(outputs.column("content_hash").to_pylist(), outputs.column("op_name").to_pylist(),
-                                 order_of[at].tolist(), done.tolist()):
-            found[h].append((k, name, c))
-        for v in found.values():
-            v.sort(key=lambda p: p[0])
-        return found
-
+    order, producers = _producers(trows, ints(ctx["target_tensor_id"], -1), ctx["target_content_hash"].null_count < n)
     values, valid = view.numbers(("flat_euc_dist", "euc_dist", "max_abs_err", "l2norm_diff", "bench_l2norm",
                                   "target_max", "target_min", "bench_max", "bench_min"))
     where = group_codes([ints(it, _NULL_KEY), ints(rank, _NULL_KEY)])
@@ -772,6 +813,42 @@ def _judge_precision(view: _View, trows: pa.Table, rules: PrecisionRules) -> dic
         target_shape=view.shapes("target_shape"), bench_shape=view.shapes("bench_shape"), producers=producers)
     view.precision, departure = judge_precision_columns(columns, rules)
     return departure
+
+
+def _producers(trows: pa.Table, pair_tids: np.ndarray, needed: bool):
+    """(order, producers) of :class:`~dumpdb.compare.precision.Columns`: each pair's target
+    tensor's place among all target tensors in the producers' order (timestamp, NULLs
+    last, then execution order), and the function finding the target outputs with some
+    content hashes. Not ``needed`` (no pair's target has a content hash, so no input has a
+    producer): zeros and a function finding none, without sorting the target rows."""
+    if not needed:
+        return np.zeros(pair_tids.size, np.int64), lambda hashes: {}
+    # the producers' order over all target tensors: timestamp (NULLs last), then execution order
+    tts = trows.column("timestamp")
+    keys = execution_keys(trows)
+    by = np.lexsort([*keys[::-1], ints(tts, 0), (~_valid(tts)).astype(np.int64)])
+    order_of = np.empty(trows.num_rows, np.int64)
+    order_of[by] = np.arange(trows.num_rows)
+    tids = ints(trows.column("tensor_id"), -1)
+    sorter = np.argsort(tids, kind="stable")
+    order = order_of[sorter[np.searchsorted(tids, pair_tids, sorter=sorter)]]
+
+    def producers(hashes: set) -> dict[str, list]:
+        hashes = hashes - {None}
+        outputs = trows.filter(pc.and_(pc.fill_null(pc.equal(trows.column("io"), "output"), False),
+                                       pc.is_in(trows.column("content_hash"), pa.array(sorted(hashes), pa.string()))))
+        rows = ints(outputs.column("tensor_id"), -1)
+        found: dict[str, list] = defaultdict(list)
+        at = sorter[np.searchsorted(tids, rows, sorter=sorter)]
+        done = pc.is_in(outputs.column("tensor_id"), pa.array(pair_tids)).to_numpy(zero_copy_only=False)
+        for h, name, k, c in zip(outputs.column("content_hash").to_pylist(), outputs.column("op_name").to_pylist(),
+                                 order_of[at].tolist(), done.tolist()):
+            found[h].append((k, name, c))
+        for v in found.values():
+            v.sort(key=lambda p: p[0])
+        return found
+
+    return order, producers
 
 
 def _lowest_dtype(dtypes: np.ndarray) -> str | None:
@@ -797,23 +874,34 @@ def _result_table(view: _View) -> pa.Table:
         elif name == "match_strategy":
             arr = view.strategy
         elif name == "mode":
-            arr = pa.array(view.mode, pa.string())
+            arr = _text_array(view.mode)
         elif name == "result":
-            arr, view.result = pa.array(view.result, pa.string()), None
+            arr, view.result = _text_array(view.result), None
         elif name == "err_message":
-            arr, view.err_message = pa.array(view.err_message, pa.string()), None
+            arr, view.err_message = _text_array(view.err_message), None
         elif name in view.res.names:
             arr = view.res.arrow(name)
         elif name in ("scaled_err", "precision_floor", "precision_ratio"):
             arr = pa.array(view.precision.pop(name), pa.float64(), mask=~view.precision.pop(f"{name}_valid"))
         elif name in view.precision:
-            arr = pa.array(view.precision.pop(name), pa.string())
+            arr = _text_array(view.precision.pop(name))
         elif name in view.context:
             arr = view.context[name]
         else:
             arr = pa.nulls(n, f.type)
         arrays.append(arr.cast(f.type) if arr.type != f.type else arr)
     return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _text_array(values: np.ndarray) -> pa.Array:
+    """An object array of str/None as an Arrow string array; a column of few distinct
+    values (verdicts, modes, dtypes) through codes and a dictionary, several times faster
+    than converting each element."""
+    if len(set(values[:4096].tolist())) > 64:  # mostly distinct texts (reasons, messages)
+        return pa.array(values, pa.string())
+    index: dict = {}
+    codes = np.fromiter((index.setdefault(v, len(index)) for v in values.tolist()), np.int32, len(values))
+    return pa.DictionaryArray.from_arrays(pa.array(codes), pa.array(list(index), pa.string())).cast(pa.string())
 
 
 def _result_schema() -> pa.Schema:

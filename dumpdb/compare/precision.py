@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,7 +60,7 @@ import ml_dtypes
 import numpy as np
 import pyarrow as pa
 
-from dumpdb.compare.columns import group_codes, string_codes
+from dumpdb.compare.columns import Shapes, group_codes, string_codes
 from dumpdb.compare.metrics import MSG_NAN_INF_MISMATCH
 
 __all__ = ["PrecisionRules", "dtype_floor", "judge_precision", "first_departure", "lowest_precision",
@@ -204,101 +203,58 @@ def judge_precision(rows: list[dict], producers: dict[str, list[tuple[tuple, str
     """Add the precision columns to each result row (dicts, in execution order):
     ``scaled_err`` (relative Euclidean error), ``precision_floor``, ``precision_ratio``
     (err / floor), ``precision_dtype`` (the lower-precision dtype), ``precision_result``
-    (pass / warning / error) and ``precision_reason``.
+    (pass / warning / error) and ``precision_reason`` (and ``origin_op`` on an input row
+    an op only the target has produced).
 
     ``producers``: content hash -> [(order key, op name, compared)] of the target's output
-    tensors (every target op, compared or not), to find the op that produced an input.
-    Rows are grouped by op call as the msprobe verdicts are; see the module docstring.
+    tensors (every target op, compared or not), to find the op that produced an input
+    (a row's ``_order`` key, if any, limits it to producers before it). Rows are grouped
+    by op call as the msprobe verdicts are; see the module docstring. The rows become
+    :class:`Columns` and :func:`judge_precision_columns` judges them: the rules live there only.
     """
-    ops: dict[tuple, list[dict]] = defaultdict(list)
-    for r in sorted(rows, key=run_order):
-        err, floor, low, structural = _pair_error(r)
-        ratio = None
-        if err is not None and floor is not None:
-            ratio = math.inf if floor == 0 and err > 0 else (0.0 if err == 0 else err / floor)
-        r.update(scaled_err=err, precision_floor=floor, precision_ratio=ratio, precision_dtype=low,
-                 precision_result=PASS, precision_reason=structural)
-        r["_departs"] = structural is not None or (ratio is not None and ratio > rules.margin)
-        ops[(r["iteration"], r["rank"], r["graph_id"], r["call_index"], r["target_name"])].append(r)
-    # Ops dumped without inputs (input_output: 2): the largest error of any earlier compared
-    # output of the iteration stands in for their inputs' error (never blames a propagated one).
-    upstream: dict[tuple, float] = {}
-    upstream_inf: dict[tuple, bool] = {}  # an earlier op already holds nan/inf the bench lacks
-    for group in ops.values():
-        inputs = [r for r in group if r["io"] != "output"]
-        outputs = [r for r in group if r["io"] == "output"]
-        where = (group[0]["iteration"], group[0]["rank"])
-        inf_before = upstream_inf.get(where, False)
-        if any(r["scaled_err"] is not None and math.isinf(r["scaled_err"]) for r in group):
-            upstream_inf[where] = True
-        for r in inputs:
-            if r["_departs"]:
-                _judge_input(r, producers, rules, upstream.get(where, 0.0), inf_before)
-        upstream[where] = max([upstream.get(where, 0.0), *(_finite(r["scaled_err"]) for r in inputs)])
-        if inputs:
-            worst_in = max((r["scaled_err"] or 0.0 for r in inputs), default=0.0)
-        else:
-            worst_in = upstream.get(where, 0.0)
-        upstream[where] = max([upstream.get(where, 0.0), *(_finite(r["scaled_err"]) for r in outputs)])
-        for r in outputs:
-            if r["_departs"]:
-                _judge_output(r, inputs, worst_in, inf_before, rules)
-    for r in rows:
-        r.pop("_departs", None)
+    if not rows:
+        return
+    out, _ = judge_precision_columns(_columns_of(rows, producers), rules)
+    for i, r in enumerate(rows):
+        for name in ("scaled_err", "precision_floor", "precision_ratio"):
+            r[name] = float(out[name][i]) if out[f"{name}_valid"][i] else None
+        r.update(precision_dtype=out["precision_dtype"][i], precision_result=out["precision_result"][i],
+                 precision_reason=out["precision_reason"][i])
+        if out["origin_op"][i] is not None:
+            r["origin_op"] = out["origin_op"][i]
 
 
-def _judge_output(r: dict, inputs: list[dict], worst_in: float, inf_before: bool, rules: PrecisionRules) -> None:
-    """A departing output row: explained by its inputs' error ``worst_in`` (warning) or not (error)."""
-    bound = rules.growth * worst_in + rules.margin * (r["precision_floor"] or 0.0)
-    err = r["scaled_err"]
-    if r["precision_reason"] is None and err is not None and err <= bound:
-        r["precision_result"] = WARNING
-        r["precision_reason"] = (f"error {err:.3g} propagated: within {rules.growth:g} x the inputs' "
-                                 f"{worst_in:.3g} + {rules.margin:g} x floor")
-    elif r["precision_reason"] is None and r["precision_floor"] == 0 and worst_in > 0:
-        # an integer/bool result of inexact inputs (a comparison, an argmax mask):
-        # rounding of the inputs decides ties, so any input error can flip elements
-        r["precision_result"] = WARNING
-        r["precision_reason"] = (f"exact-dtype result of inputs with error {worst_in:.3g}: "
-                                 "rounding decides its ties")
-    elif err is not None and math.isinf(err) and (worst_in == math.inf or inf_before):
-        r["precision_result"] = WARNING
-        r["precision_reason"] = f"{r['precision_reason']}: propagated from earlier nan/inf"
-    elif r["precision_reason"] is None and _cancellation(r, inputs, rules):
-        r["precision_result"] = WARNING
-        r["precision_reason"] = (f"error {_fmt(err)} relative to a result far smaller than the inputs "
-                                 "(cancellation): within the inputs' absolute error")
-    else:
-        r["precision_result"] = ERROR
-        if r["precision_reason"] is None:
-            r["precision_reason"] = (f"departs: error {_fmt(err)} = {_fmt(r['precision_ratio'])} x the "
-                                     f"{r['precision_dtype']} floor, inputs' error {worst_in:.3g}")
+def _objects(values) -> np.ndarray:
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out
 
 
-def _rms(l2, shape) -> float | None:
-    l2 = _num(l2)
-    if l2 is None or shape is None:
-        return None
-    return l2 / math.sqrt(max(math.prod(shape), 1))
+def _codes(keys: list[tuple]) -> np.ndarray:
+    """One code per distinct key (Python equality: None equal to None)."""
+    index: dict = {}
+    return np.array([index.setdefault(k, len(index)) for k in keys], np.int64)
 
 
-def _cancellation(r: dict, inputs: list[dict], rules: PrecisionRules) -> bool:
-    """An output much smaller than its inputs (a mean of centred values, a difference of
-    near-equal ones) inherits their *absolute* error: explained when its RMS error stays
-    within growth x the inputs' RMS error + margin x u x the inputs' RMS (Higham sec. 1.7)."""
-    out_rms, in_rms = _rms(r.get("bench_l2norm"), r.get("bench_shape")), 0.0
-    in_err = 0.0
-    for x in inputs:
-        rms = _rms(x.get("bench_l2norm"), x.get("bench_shape"))
-        if rms is None or x.get("scaled_err") is None or not math.isfinite(x["scaled_err"]):
-            continue
-        in_rms = max(in_rms, rms)
-        in_err = max(in_err, x["scaled_err"] * rms)
-    err = r.get("scaled_err")
-    if out_rms is None or err is None or not math.isfinite(err) or in_rms == 0 or out_rms >= 0.01 * in_rms:
-        return False
-    u = (r.get("precision_floor") or 0.0)
-    return err * out_rms <= rules.growth * in_err + rules.margin * u * in_rms
+def _columns_of(rows: list[dict], producers: dict[str, list] | None = None) -> Columns:
+    """:class:`Columns` of result rows (dicts as :func:`judge_precision` takes them)."""
+    n = len(rows)
+    ranked = sorted(range(n), key=lambda i: run_order(rows[i]))
+    run_rank = np.empty(n, np.int64)
+    run_rank[ranked] = np.arange(n)
+    values = {k: np.array([np.nan if r.get(k) is None else float(r[k]) for r in rows], np.float64) for k in _NUMBERS}
+    valid = {k: np.array([r.get(k) is not None for r in rows], bool) for k in _NUMBERS}
+    found = producers or {}
+    return Columns(
+        group=_codes([(r["iteration"], r["rank"], r["graph_id"], r["call_index"], r["target_name"]) for r in rows]),
+        where=_codes([(r["iteration"], r["rank"]) for r in rows]), run_rank=run_rank,
+        output=np.array([r.get("io") == "output" for r in rows], bool),
+        statistics=np.array([r.get("mode") != "tensor" for r in rows], bool),
+        order=np.array([np.iinfo(np.int64).max if r.get("_order") is None else r["_order"] for r in rows], np.int64),
+        values=values, valid=valid, **{k: _objects([r.get(k) for r in rows]) for k in (*_TEXTS, "io", "slot")},
+        **{k: Shapes(pa.array([None if r.get(k) is None else list(r[k]) for r in rows], pa.list_(pa.int64())))
+           for k in ("target_shape", "bench_shape")},
+        producers=lambda hashes: {h: found[h] for h in hashes if h in found})
 
 
 def run_order(r: dict) -> tuple:
@@ -308,68 +264,27 @@ def run_order(r: dict) -> tuple:
     return (r["iteration"] is None, r["iteration"] or 0, r["rank"] or 0, ts is None, ts or 0, r["pair_index"])
 
 
-def _finite(v) -> float:
-    return v if v is not None and math.isfinite(v) else 0.0
-
-
 def _fmt(v) -> str:
     return "n/a" if v is None else f"{v:.3g}"
 
 
-def _judge_input(r: dict, producers, rules: PrecisionRules, upstream: float, inf_before: bool = False) -> None:
-    """A departing input: explained when a compared op produced its bytes, or when an
-    earlier compared tensor's error explains it (the producer is a cast or an op the dump
-    or the alignment left out); otherwise the input is where the departure starts."""
-    producer = None
-    h = r.get("target_content_hash")
-    if producers and h in producers:
-        before = [p for p in producers[h] if p[0] < r["_order"]] if r.get("_order") is not None else producers[h]
-        producer = before[-1] if before else None
-    if producer is not None and producer[2]:
-        r["precision_result"] = WARNING
-        r["precision_reason"] = r["precision_reason"] or f"input error propagated from {producer[1]}"
-        return
-    err = r["scaled_err"]
-    if err is not None and math.isinf(err) and inf_before:
-        r["precision_result"] = WARNING
-        r["precision_reason"] = f"{r['precision_reason'] or 'nan/inf'}: propagated from earlier nan/inf"
-        return
-    if r["precision_reason"] is None and err is not None and \
-            err <= rules.growth * upstream + rules.margin * (r["precision_floor"] or 0.0):
-        r["precision_result"] = WARNING
-        r["precision_reason"] = (f"input error {err:.3g} within {rules.growth:g} x the largest earlier error "
-                                 f"{upstream:.3g}" + (f" (produced by {producer[1]})" if producer else ""))
-        return
-    r["precision_result"] = ERROR
-    what = r["precision_reason"] or \
-        f"input departs: error {_fmt(r['scaled_err'])} = {_fmt(r['precision_ratio'])} x floor"
-    if producer is not None:
-        r["precision_reason"] = f"{what}; produced by {producer[1]}, an op only the target has"
-        r["origin_op"] = producer[1]
-    else:
-        r["precision_reason"] = f"{what}; no compared op produced it (parameter or data input)"
-
-
 def first_departure(rows: list[dict]) -> dict[str, Any] | None:
     """The first op (by :func:`run_order`) with a precision ``error`` row: its rows as
-    ``inputs``/``outputs`` lists of {io, slot, err, floor, ratio, dtypes, result, reason}.
-    None when nothing departs beyond precision."""
-    failing = [r for r in rows if r.get("precision_result") == ERROR]
-    if not failing:
+    ``inputs``/``outputs`` lists of {io, slot, err, floor, ratio, dtypes, result, reason},
+    ``row`` (its first error output, else its first error row) and ``origin_op``. None when
+    nothing departs beyond precision. ``rows``: judged by :func:`judge_precision`; found by
+    the engine's rule (``_first_departure_columns``) over their columns."""
+    if not any(r.get("precision_result") == ERROR for r in rows):
         return None
-    first = min(failing, key=run_order)
-    key = (first["iteration"], first["rank"], first["graph_id"], first["call_index"], first["target_name"])
-    group = [r for r in rows if (r["iteration"], r["rank"], r["graph_id"], r["call_index"], r["target_name"]) == key]
-    out = next((r for r in group if r["io"] == "output" and r["precision_result"] == ERROR), first)
-
-    def side(r: dict) -> dict:
-        return {"io": r["io"], "slot": r["slot"], "scaled_err": r["scaled_err"], "floor": r["precision_floor"],
-                "ratio": r["precision_ratio"], "target_dtype": r["target_dtype"], "bench_dtype": r["bench_dtype"],
-                "result": r["precision_result"], "reason": r["precision_reason"]}
-
-    return {"row": out, "origin_op": out.get("origin_op"),
-            "inputs": [side(r) for r in group if r["io"] != "output"],
-            "outputs": [side(r) for r in group if r["io"] == "output"]}
+    out: dict[str, np.ndarray] = {k: _objects([r.get(k) for r in rows])
+                                  for k in ("precision_result", "precision_reason", "origin_op")}
+    for name in ("scaled_err", "precision_floor", "precision_ratio"):
+        out[name] = np.array([np.nan if r.get(name) is None else float(r[name]) for r in rows], np.float64)
+        out[f"{name}_valid"] = np.array([r.get(name) is not None for r in rows], bool)
+    found = _first_departure_columns(_columns_of(rows), out, out["scaled_err_valid"])
+    assert found is not None
+    row = rows[found["row"]["pair_index"]]
+    return {**found, "row": row, "origin_op": row.get("origin_op")}
 
 
 # -- the same judgment over columns (the compare engine: no dict per pair) -------------------
@@ -435,7 +350,9 @@ def _errors_columns(c: Columns) -> tuple[np.ndarray, ...]:
         low[:] = np.array([f[0] for f in found] + [None], dtype=object)[:-1][codes]
         reason[:] = np.array([f[1] for f in found] + [None], dtype=object)[:-1][codes]
     ts, bs = c.target_shape, c.bench_shape
-    nan_inf = np.fromiter((isinstance(m, str) and MSG_NAN_INF_MISMATCH in m for m in c.err_message), bool, n)
+    nan_inf = np.zeros(n, bool)
+    has = np.flatnonzero(np.not_equal(c.err_message, None).astype(bool))  # most rows have no message
+    nan_inf[has] = [isinstance(m, str) and MSG_NAN_INF_MISMATCH in m for m in c.err_message[has].tolist()]
     special = (ts.valid & bs.valid & ~ts.equal(bs)) | (_side_nonfinite(c, "target") & ~_side_nonfinite(c, "bench")) \
         | (~c.statistics & nan_inf)
     structural = np.not_equal(reason, None)
@@ -480,17 +397,18 @@ def _errors_columns(c: Columns) -> tuple[np.ndarray, ...]:
 
 def judge_precision_columns(c: Columns, rules: PrecisionRules = PrecisionRules(),
                             ) -> tuple[dict[str, np.ndarray], dict[str, Any] | None]:
-    """:func:`judge_precision` and :func:`first_departure` over columns (:class:`Columns`).
+    """The precision rules (module docstring) over columns (:class:`Columns`): the one
+    implementation, which :func:`judge_precision` and :func:`first_departure` call for rows.
 
     Returns ({column: array} for ``scaled_err``, ``precision_floor``, ``precision_ratio``
     (float64, NaN where None, with ``<name>_valid`` masks) and ``precision_dtype``,
     ``precision_result``, ``precision_reason``, ``origin_op`` (object arrays), the first
     departure (as :func:`first_departure`, its ``row`` a dict with ``pair_index`` = row
-    number and ``origin_op``)). The same values as the dict functions: the per-row
-    error, floor and ratio and the running state of each iteration and rank (the largest
-    earlier error, an earlier NaN/Inf) are array operations; only the rows that depart
-    (ratio above the margin, or a structural difference) are judged one by one, by the
-    same code."""
+    number and ``origin_op``)). The per-row error, floor and ratio, the running state of
+    each iteration and rank (the largest earlier error, an earlier NaN/Inf) and the
+    branches judging a departing row are array operations; Python runs only for rows
+    :func:`_pair_error` settles by a special case (a reshape, NaN/Inf on one side), for the
+    producers of departing inputs and to write the reasons."""
     n = len(c.group)
     err, err_ok, floor, floor_ok, low, reason = _errors_columns(c)
     ratio, ratio_ok = np.full(n, np.nan), err_ok & floor_ok
@@ -535,8 +453,9 @@ def judge_precision_columns(c: Columns, rules: PrecisionRules = PrecisionRules()
         idx = np.flatnonzero((g == k) & inputs)
         idx = idx[np.argsort(c.run_rank[idx], kind="stable")]
         worst_in[k] = max((float(err[i]) if err_ok[i] else 0.0 for i in idx.tolist()), default=0.0)
-    # departing outputs: _judge_output's branches as masks (the cancellation test, which
-    # needs the op's inputs, one by one)
+    # departing outputs (module docstring, "Error growth"), each branch a mask: propagated
+    # (within growth x the inputs' error + margin x floor), an exact-dtype result of inexact
+    # inputs, NaN/Inf propagated, cancellation, else error
     wi, before = worst_in[g], inf_before[g]
     none = np.equal(reason, None).astype(bool)
     dep_out = departs & c.output
@@ -546,60 +465,79 @@ def judge_precision_columns(c: Columns, rules: PrecisionRules = PrecisionRules()
         b2 = dep_out & ~b1 & none & floor_ok & (floor == 0) & (wi > 0)
         b3 = dep_out & ~b1 & ~b2 & err_ok & np.isinf(err) & ((wi == np.inf) | before)
     rest = dep_out & ~b1 & ~b2 & ~b3
-    one_by_one = rest & none & has_in[g]
-    fails = rest & ~one_by_one
-    for i in np.flatnonzero(b1).tolist():
-        reason[i] = (f"error {float(err[i]):.3g} propagated: within {rules.growth:g} x the inputs' "
-                     f"{float(wi[i]):.3g} + {rules.margin:g} x floor")
-    for i in np.flatnonzero(b2).tolist():
-        reason[i] = f"exact-dtype result of inputs with error {float(wi[i]):.3g}: rounding decides its ties"
-    for i in np.flatnonzero(b3).tolist():
-        reason[i] = f"{reason[i]}: propagated from earlier nan/inf"
-    result[b1 | b2 | b3] = WARNING
+    # the rest: explained by cancellation (an op with inputs, no structural reason), else error
+    cancel = _cancellation_columns(c, rest & none & has_in[g], g, groups, err, err_ok, floor, floor_ok, rules)
+    fails = rest & ~cancel
+    at = np.flatnonzero(b1)
+    reason[at] = _format(f"error {{:.3g}} propagated: within {rules.growth:g} x the inputs' {{:.3g}} + "
+                         f"{rules.margin:g} x floor", err[at], wi[at])
+    at = np.flatnonzero(b2)
+    reason[at] = _format("exact-dtype result of inputs with error {:.3g}: rounding decides its ties", wi[at])
+    at = np.flatnonzero(b3)
+    reason[at] = _format("{}: propagated from earlier nan/inf", reason[at])
+    at = np.flatnonzero(cancel)
+    reason[at] = _format("error {} relative to a result far smaller than the inputs (cancellation): within the "
+                         "inputs' absolute error", _fmts(err[at], err_ok[at]))
+    result[b1 | b2 | b3 | cancel] = WARNING
     result[fails] = ERROR
-    for i in np.flatnonzero(fails & none).tolist():
-        e1 = float(err[i]) if err_ok[i] else None
-        r1 = float(ratio[i]) if ratio_ok[i] else None
-        reason[i] = (f"departs: error {_fmt(e1)} = {_fmt(r1)} x the {low[i]} floor, "
-                     f"inputs' error {float(wi[i]):.3g}")
+    at = np.flatnonzero(fails & none)
+    reason[at] = _format("departs: error {} = {} x the {} floor, inputs' error {:.3g}", _fmts(err[at], err_ok[at]),
+                         _fmts(ratio[at], ratio_ok[at]), low[at], wi[at])
     _judge_inputs_columns(c, departs & inputs, g, err, err_ok, floor_ok, floor, ratio, ratio_ok, upstream,
                           inf_before, result, reason, origin, rules)
-    # cancellation candidates: one by one (they need their op's inputs)
-    one = one_by_one
-    judged = set(g[one].tolist())
-    if judged:
-        order = np.argsort(c.run_rank, kind="stable")
-        order = order[np.isin(g[order], np.fromiter(judged, np.int64, len(judged)))]
-        members: dict[int, list[int]] = {}
-        for i in order.tolist():
-            members.setdefault(int(g[i]), []).append(i)
-        rows: dict[int, dict] = {}
-
-        def row(i: int) -> dict:
-            if i not in rows:
-                d = c.row(i)
-                d.update(scaled_err=float(err[i]) if err_ok[i] else None,
-                         precision_floor=float(floor[i]) if floor_ok[i] else None,
-                         precision_ratio=float(ratio[i]) if ratio_ok[i] else None, precision_dtype=low[i],
-                         precision_result=PASS, precision_reason=reason[i])
-                rows[i] = d
-            return rows[i]
-
-        for k, idx in members.items():
-            ins = [row(i) for i in idx if inputs[i]]
-            for i in idx:
-                if one[i]:
-                    d = row(i)
-                    _judge_output(d, ins, float(worst_in[k]), bool(inf_before[k]), rules)
-                    result[i], reason[i] = d["precision_result"], d["precision_reason"]
     return out, _first_departure_columns(c, out, err_ok)
+
+
+def _format(template: str, *columns: np.ndarray) -> np.ndarray:
+    """``template.format(*values)`` of each row of some columns (numpy: floats as Python
+    floats, objects as they are), as an object array."""
+    out = np.empty(len(columns[0]) if columns else 0, dtype=object)
+    out[:] = [template.format(*v) for v in zip(*(col.tolist() for col in columns))]
+    return out
+
+
+def _fmts(values: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """:func:`_fmt` of each value (``n/a`` where not valid), as an object array."""
+    out = np.empty(len(values), dtype=object)
+    out[:] = [f"{v:.3g}" if ok else "n/a" for v, ok in zip(values.tolist(), valid.tolist())]
+    return out
+
+
+def _cancellation_columns(c: Columns, rows_mask: np.ndarray, g: np.ndarray, groups: int, err, err_ok, floor,
+                          floor_ok, rules: PrecisionRules) -> np.ndarray:
+    """Which of the departing output rows ``rows_mask`` cancellation explains (an output much
+    smaller than its inputs, a mean of centred values or a difference of near-equal ones,
+    inherits their *absolute* error; Higham sec. 1.7): the output's RMS (bench L2 norm /
+    sqrt(elements)) below 1 % of the largest input RMS of its op, and its RMS error within
+    growth x the inputs' largest RMS error + margin x floor x that input RMS."""
+    out = np.zeros(len(g), bool)
+    if not rows_mask.any():
+        return out
+    shape = c.bench_shape
+    l2, l2_ok = c.values["bench_l2norm"], c.valid["bench_l2norm"] & ~np.isnan(c.values["bench_l2norm"])
+    with np.errstate(all="ignore"):
+        rms = l2 / np.sqrt(np.maximum(shape.size, 1).astype(np.float64))
+        known = l2_ok & shape.valid
+        finite = err_ok & np.isfinite(err)
+        use = ~c.output & known & finite  # the inputs that count
+        in_rms, in_err = np.zeros(groups), np.zeros(groups)
+        np.fmax.at(in_rms, g[use], rms[use])  # fmax: a NaN product is skipped, as Python's max(in_err, nan)
+        np.fmax.at(in_err, g[use], (err * rms)[use])
+        gi_rms, gi_err = in_rms[g], in_err[g]
+        u = np.where(floor_ok, floor, 0.0)
+        out = rows_mask & known & finite & (gi_rms != 0) & ~(rms >= 0.01 * gi_rms) \
+            & (err * rms <= rules.growth * gi_err + rules.margin * u * gi_rms)
+    return out
 
 
 def _judge_inputs_columns(c: Columns, rows_mask, g, err, err_ok, floor_ok, floor, ratio, ratio_ok, upstream,
                           inf_before, result, reason, origin, rules: PrecisionRules) -> None:
-    """:func:`_judge_input` of the departing input rows ``rows_mask``, over columns: the
-    producer of each (the last target output with its content hash before it) looked up
-    per row, the branches as masks."""
+    """The departing input rows ``rows_mask``: explained (warning) when a compared op
+    produced its bytes, or when NaN/Inf or an earlier compared tensor's error explains it
+    (the producer is a cast or an op the dump or the alignment left out); otherwise the
+    input is where the departure starts (error; ``origin`` names the producer an op only
+    the target has). The producer of each (the last target output with its content hash
+    before it) is looked up per row, the branches are masks."""
     rows = np.flatnonzero(rows_mask)
     if not rows.size:
         return
@@ -624,21 +562,26 @@ def _judge_inputs_columns(c: Columns, rows_mask, g, err, err_ok, floor_ok, floor
         a3 = rows_mask & ~a1 & ~a2 & np.equal(reason, None).astype(bool) & err_ok & \
             (err <= rules.growth * up + rules.margin * np.where(floor_ok, floor, 0.0))
     a4 = rows_mask & ~a1 & ~a2 & ~a3
-    for i in np.flatnonzero(a1 & none).tolist():
-        reason[i] = f"input error propagated from {name[i]}"
-    for i in np.flatnonzero(a2).tolist():
-        reason[i] = f"{reason[i] or 'nan/inf'}: propagated from earlier nan/inf"
-    for i in np.flatnonzero(a3).tolist():
-        reason[i] = (f"input error {float(err[i]):.3g} within {rules.growth:g} x the largest earlier error "
-                     f"{float(up[i]):.3g}" + (f" (produced by {name[i]})" if has[i] else ""))
-    for i in np.flatnonzero(a4).tolist():
-        what = reason[i] or (f"input departs: error {_fmt(float(err[i]) if err_ok[i] else None)} = "
-                             f"{_fmt(float(ratio[i]) if ratio_ok[i] else None)} x floor")
-        if has[i]:
-            reason[i] = f"{what}; produced by {name[i]}, an op only the target has"
-            origin[i] = name[i]
-        else:
-            reason[i] = f"{what}; no compared op produced it (parameter or data input)"
+    at = np.flatnonzero(a1 & none)
+    reason[at] = _format("input error propagated from {}", name[at])
+    at = np.flatnonzero(a2)
+    what = reason[at]
+    what[~truthy_mask(what)] = "nan/inf"
+    reason[at] = _format("{}: propagated from earlier nan/inf", what)
+    at = np.flatnonzero(a3)
+    produced = _format(" (produced by {})", name[at])
+    produced[~has[at]] = ""
+    reason[at] = _format(f"input error {{:.3g}} within {rules.growth:g} x the largest earlier error {{:.3g}}{{}}",
+                         err[at], up[at], produced)
+    at = np.flatnonzero(a4)
+    what = reason[at]
+    blank = ~truthy_mask(what)
+    what[blank] = _format("input departs: error {} = {} x floor", _fmts(err[at][blank], err_ok[at][blank]),
+                          _fmts(ratio[at][blank], ratio_ok[at][blank]))
+    by = has[at]
+    reason[at] = np.where(by, _format("{}; produced by {}, an op only the target has", what, name[at]),
+                          _format("{}; no compared op produced it (parameter or data input)", what))
+    origin[at[by]] = name[at[by]]
     result[a1 | a2 | a3] = WARNING
     result[a4] = ERROR
 

@@ -18,12 +18,14 @@ on synthetic statistics with NaN, +-Inf, zeros, -0.0 and missing values.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import duckdb
 import pyarrow as pa
 
 from dumpdb.compare.metrics import MAGNITUDE, MAGNITUDE_EPSILON, MSG_STATS_MAGNITUDE, STAT_METRICS, STATS
 
-__all__ = ["statistics_metrics", "STATISTICS_SQL"]
+__all__ = ["statistics_metrics", "statistics_sql", "STATISTICS_SQL"]
 
 
 def _stat_sql(name: str) -> str:
@@ -50,22 +52,32 @@ def _stat_sql(name: str) -> str:
 
 _PREFIX, _SUFFIX = MSG_STATS_MAGNITUDE.split("{names}")
 
+def statistics_sql(source: str, keep: Sequence[tuple[str, str]] = (("p.pair_index", "pair_index"),),
+                   order_by: str = "pair_index") -> str:
+    """The query computing the :data:`STAT_METRICS` columns and ``err_message`` of each pair
+    of ``source`` (a FROM clause in which aliases ``t`` and ``b`` are the target's and the
+    bench's rows of a pair, with ``max``, ``min``, ``mean``, ``l2norm``), carrying the
+    ``keep`` select items through (``(expression, output name)``, in that order, before the
+    metrics), ordered by ``order_by`` (an expression over the output names)."""
+    carried = ", ".join(f'{expr} AS "{name}"' for expr, name in keep)
+    names = ", ".join(f'"{name}"' for _, name in keep)
+    flags = " OR ".join(f"{s}_flag" for s in STATS)
+    which = ", ".join(f"CASE WHEN {s}_flag THEN '{s}' END" for s in STATS)
+    return f"""
+WITH d AS (
+  SELECT {carried}, {", ".join(_stat_sql(s) for s in STATS)}
+  FROM {source}
+)
+SELECT {names}, {", ".join(STAT_METRICS)},
+       CASE WHEN {flags} THEN '{_PREFIX}' || concat_ws(', ', {which}) || '{_SUFFIX}' END AS err_message
+FROM d ORDER BY {order_by}
+"""
+
+
 # Over relations ``pairs`` (pair_index, target_tensor_id, bench_tensor_id), ``target`` and
 # ``bench`` (tensor_id plus the four statistics).
-STATISTICS_SQL = f"""
-WITH d AS (
-  SELECT p.pair_index, {", ".join(_stat_sql(s) for s in STATS)}
-  FROM pairs p
-  JOIN target t ON t.tensor_id = p.target_tensor_id
-  JOIN bench b ON b.tensor_id = p.bench_tensor_id
-)
-SELECT pair_index, {", ".join(STAT_METRICS)},
-       CASE WHEN {" OR ".join(f"{s}_flag" for s in STATS)}
-            THEN '{_PREFIX}' || concat_ws(', ', {", ".join(f"CASE WHEN {s}_flag THEN '{s}' END" for s in STATS)})
-                 || '{_SUFFIX}'
-       END AS err_message
-FROM d ORDER BY pair_index
-"""
+STATISTICS_SQL = statistics_sql("pairs p JOIN target t ON t.tensor_id = p.target_tensor_id "
+                                "JOIN bench b ON b.tensor_id = p.bench_tensor_id")
 
 
 def statistics_metrics(pairs: pa.Table, target: pa.Table, bench: pa.Table) -> pa.Table:

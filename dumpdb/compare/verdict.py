@@ -89,6 +89,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dumpdb.compare.columns import Shapes
 from dumpdb.compare.metrics import MSG_NAN_INF_MISMATCH
 
 PASS, WARNING, ERROR = "pass", "warning", "error"
@@ -159,49 +160,39 @@ def _pair(row: dict, name: str):
     return None, None
 
 
-def _shape(s):
+_NUMBERS = ("cosine", "one_thousandth_err_ratio", "max_abs_err", "l2norm_rel_diff", "target_max", "target_min",
+            "bench_max", "bench_min", "target_requires_grad", "bench_requires_grad")
+
+
+def _number(v) -> float:
+    """A row's metric as float64 for :class:`Columns` (NaN where not a number: None, bool,
+    strings other than msprobe's inf/nan)."""
+    if v is None or isinstance(v, bool):
+        return math.nan
+    if isinstance(v, str):
+        return float(v.strip().lower()) if v.strip().lower() in ("inf", "-inf", "nan") else math.nan
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _extremum(v) -> tuple[float, bool]:
+    """A max/min as (value, valid): msprobe's inf/nan strings count (as ``is_inf_or_nan`` reads them)."""
+    if isinstance(v, str) or (v is not None and not isinstance(v, bool)):
+        x = _number(v)
+        return x, not math.isnan(x) or _inf_or_nan(v)
+    return math.nan, False
+
+
+def _shape_list(s) -> list[int] | None:
+    """A shape as a list of ints: lists/tuples, or text such as ``[2, 3]``; None if unknown."""
     if s is None:
         return None
     if isinstance(s, (list, tuple)):
-        return tuple(int(d) for d in s)
-    return str(s).replace(" ", "")
-
-
-class _Verdicts:
-    def __init__(self, rows: list[dict]):
-        self.levels = [PASS] * len(rows)
-        self.reasons: list[list[str]] = [[] for _ in rows]
-
-    def flag(self, i: int, level: str, reason: str) -> None:
-        if _RANK[level] > _RANK[self.levels[i]]:
-            self.levels[i] = level
-        self.reasons[i].append(f"{level}: {reason}")
-
-
-def _ignore(rows: list[dict], inputs: list[int]) -> str | None:
-    if not inputs:
-        return None
-    name = rows[inputs[0]].get("target_name")
-    if not isinstance(name, str):
-        return None
-    parts = name.split(".")
-    if len(parts) < 2:
-        return None
-    if parts[1] in ALL_IGNORE:
-        return "all"
-    if parts[1] in INPUT_IGNORE:
-        return "input"
-    return None
-
-
-def _extreme(rows: list[dict], idx: list[int], key: str, smallest: bool) -> float:
-    """msprobe ApiData.get_min_or_max_value: min (default 1.0) or max (default 0.0)."""
-    value = 1.0 if smallest else 0.0
-    for i in idx:
-        v = _num(rows[i].get(key))
-        if v is not None:
-            value = min(value, v) if smallest else max(value, v)
-    return value
+        return [int(d) for d in s]
+    text = str(s).replace(" ", "").strip("[]()")
+    return [int(d) for d in text.split(",") if d] if text else []
 
 
 def op_results(rows: list[dict], thresholds: Thresholds = Thresholds(),
@@ -212,123 +203,48 @@ def op_results(rows: list[dict], thresholds: Thresholds = Thresholds(),
     Returns, in row order, ``(result, reason)`` with result ``'pass'``, ``'warning'`` or
     ``'error'`` and reason None or the "; "-joined reasons of the checkers that fired on
     the row. Raises ValueError for an unknown mode.
+
+    The rows' values become :class:`Columns` of one op and :func:`op_results_columns`
+    judges them: the rules live there only.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    th = thresholds
-    v = _Verdicts(rows)
-    inputs = [i for i, r in enumerate(rows) if r.get("io") != "output"]
-    outputs = [i for i, r in enumerate(rows) if r.get("io") == "output"]
-    ignore = _ignore(rows, inputs)
-    per_row = [] if ignore == "all" else outputs if ignore == "input" else inputs + outputs
-    whole_op = ignore is None
+    n = len(rows)
+    if n == 0:
+        return []
+    values = {k: np.full(n, np.nan) for k in _NUMBERS}
+    valid = {k: np.zeros(n, bool) for k in _NUMBERS}
+    sides: dict[str, list] = {k: [] for k in ("target_dtype", "bench_dtype", "target_shape", "bench_shape")}
+    for i, r in enumerate(rows):
+        for k in ("cosine", "one_thousandth_err_ratio", "max_abs_err", "l2norm_rel_diff"):
+            v = _num(r.get(k))  # None for missing, non-numeric (msprobe's strings) and NaN
+            values[k][i], valid[k][i] = (math.nan, False) if v is None else (v, True)
+        for k in ("target_max", "target_min", "bench_max", "bench_min"):
+            values[k][i], valid[k][i] = _extremum(r.get(k))
+        for name in ("requires_grad", "dtype", "shape"):
+            t, b = _pair(r, name)
+            if name == "requires_grad":
+                for side, v in (("target", t), ("bench", b)):
+                    if v is not None:
+                        values[f"{side}_requires_grad"][i], valid[f"{side}_requires_grad"][i] = float(bool(v)), True
+            else:
+                sides[f"target_{name}"].append(t if name == "dtype" else _shape_list(t))
+                sides[f"bench_{name}"].append(b if name == "dtype" else _shape_list(b))
 
-    _inf_nan(rows, per_row, v)
-    if mode == "tensor":
-        if whole_op and outputs:
-            min_in = _extreme(rows, inputs, "one_thousandth_err_ratio", True)
-            min_out = _extreme(rows, outputs, "one_thousandth_err_ratio", True)
-            if min_in > th.one_thousandth_input and min_out < th.one_thousandth_output:
-                v.flag(outputs[0], ERROR,
-                       f"One Thousandth Err Ratio is {min_out:.6g} on the outputs while above "
-                       f"{th.one_thousandth_input:g} on the inputs (output limit {th.one_thousandth_output:g})")
-    else:
-        if whole_op:
-            max_in = abs(_extreme(rows, inputs, "l2norm_rel_diff", False))
-            if max_in < th.rel_err_input:
-                for i in outputs:
-                    rel = _num(rows[i].get("l2norm_rel_diff")) or 0.0
-                    if abs(rel) > th.rel_err_output:
-                        v.flag(i, ERROR, f"output L2-norm relative diff {rel:.6g} > {th.rel_err_output:g} "
-                                         f"while the inputs' stay below {th.rel_err_input:g}")
-    _requires_grad(rows, per_row, v)
-    _dtype(rows, per_row, v)
-    _shapes(rows, per_row, v)
-    if mode == "tensor":
-        if whole_op and outputs:
-            min_in = _extreme(rows, inputs, "cosine", True)
-            min_out = _extreme(rows, outputs, "cosine", True)
-            if min_in > th.cosine_warn_input and min_in - min_out > th.cosine_warn_drop:
-                v.flag(outputs[0], WARNING,
-                       f"cosine drops from {min_in:.6g} (inputs) to {min_out:.6g} (outputs), "
-                       f"more than {th.cosine_warn_drop:g}")
-        if not inputs:
-            _outputs_only_accuracy(rows, outputs, th, v)
-    else:
-        if whole_op and outputs:
-            max_in = abs(_extreme(rows, inputs, "l2norm_rel_diff", False))
-            max_out = abs(_extreme(rows, outputs, "l2norm_rel_diff", False))
-            if max_in == 0:
-                if max_out > th.rel_warn_zero_input:
-                    v.flag(outputs[0], WARNING, f"output L2-norm relative diff {max_out:.6g} > "
-                                                f"{th.rel_warn_zero_input:g} while the inputs' is 0")
-            elif max_out / max_in > th.rel_warn_ratio:
-                v.flag(outputs[0], WARNING, f"output L2-norm relative diff {max_out:.6g} is more than "
-                                            f"{th.rel_warn_ratio:g} times the inputs' {max_in:.6g}")
-    return [(level, "; ".join(r) if r else None) for level, r in zip(v.levels, v.reasons)]
+    def objects(values) -> np.ndarray:
+        out = np.empty(n, dtype=object)
+        out[:] = list(values)
+        return out
 
-
-def _inf_nan(rows: list[dict], idx: list[int], v: _Verdicts) -> None:
-    for i in idx:
-        r = rows[i]
-        if _inf_or_nan(r.get("bench_max")) or _inf_or_nan(r.get("bench_min")):
-            continue
-        if _inf_or_nan(r.get("target_max")) or _inf_or_nan(r.get("target_min")):
-            v.flag(i, ERROR, "target max/min is nan or inf while bench's are finite")
-
-
-def _requires_grad(rows: list[dict], idx: list[int], v: _Verdicts) -> None:
-    for i in idx:
-        t, b = _pair(rows[i], "requires_grad")
-        if t is None or b is None:
-            continue
-        if t != b:
-            v.flag(i, ERROR, f"requires_grad differs (target {t}, bench {b})")
-
-
-def _dtype(rows: list[dict], idx: list[int], v: _Verdicts) -> None:
-    for i in idx:
-        r = rows[i]
-        bench_name = r.get("bench_name")
-        if isinstance(bench_name, str) and ("qkv" in bench_name or "gate_up" in bench_name):
-            continue
-        t, b = _pair(r, "dtype")
-        if not t or not b:
-            continue
-        if str(t) != str(b):
-            v.flag(i, ERROR, f"dtypes differ (target {t}, bench {b})")
-
-
-def _shapes(rows: list[dict], idx: list[int], v: _Verdicts) -> None:
-    for i in idx:
-        t, b = _pair(rows[i], "shape")
-        if t is None or b is None:
-            continue
-        ts, bs = _shape(t), _shape(b)
-        if ts != bs:
-            v.flag(i, ERROR, f"shapes differ (target {t}, bench {b})")
-
-
-def _outputs_only_accuracy(rows: list[dict], outputs: list[int], th: Thresholds, v: _Verdicts) -> None:
-    for i in outputs:
-        r = rows[i]
-        cos, mae = _num(r.get("cosine")), _num(r.get("max_abs_err"))
-        if cos is None and mae is None:
-            msg = r.get("err_message")
-            if isinstance(msg, str) and MSG_NAN_INF_MISMATCH in msg:
-                v.flag(i, ERROR, "accuracy not reached: nan/inf positions differ")
-            continue
-        if cos is None:
-            bad = mae > th.max_abs_err_error_max
-        elif mae is None:
-            bad = cos < th.cosine_error_max
-        else:
-            bad = ((cos < th.cosine_error and mae > th.max_abs_err_error)
-                   or cos < th.cosine_error_max or mae > th.max_abs_err_error_max)
-        if bad:
-            v.flag(i, ERROR, f"accuracy not reached (cosine {_fmt(cos)}, max_abs_err {_fmt(mae)}; "
-                             f"rule: cosine < {th.cosine_error:g} and max_abs_err > {th.max_abs_err_error:g}, "
-                             f"or cosine < {th.cosine_error_max:g}, or max_abs_err > {th.max_abs_err_error_max:g})")
+    columns = Columns(
+        group=np.zeros(n, np.int64), output=np.array([r.get("io") == "output" for r in rows], bool),
+        statistics=np.full(n, mode == "statistics"), target_name=objects(r.get("target_name") for r in rows),
+        bench_name=objects(r.get("bench_name") for r in rows), target_dtype=objects(sides["target_dtype"]),
+        bench_dtype=objects(sides["bench_dtype"]), err_message=objects(r.get("err_message") for r in rows),
+        values=values, valid=valid, target_shape=Shapes(pa.array(sides["target_shape"], pa.list_(pa.int64()))),
+        bench_shape=Shapes(pa.array(sides["bench_shape"], pa.list_(pa.int64()))))
+    result, reason = op_results_columns(columns, thresholds)
+    return list(zip(result.tolist(), reason.tolist()))
 
 
 def _fmt(x: float | None) -> str:
@@ -340,7 +256,8 @@ class Columns:
     engine's result columns): ``group`` (int64 op code: rows of one op share it),
     ``output`` (bool: ``io == 'output'``), ``statistics`` (bool: the row's mode),
     ``target_name``/``bench_name``/``target_dtype``/``bench_dtype``/``err_message``
-    (object arrays, None for NULL), ``values``/``valid`` (float64 values and validity of
+    (object arrays, None for NULL; the names may also be Arrow string arrays),
+    ``values``/``valid`` (float64 values and validity of
     ``cosine``, ``one_thousandth_err_ratio``, ``max_abs_err``, ``l2norm_rel_diff``,
     ``target_max``, ``target_min``, ``bench_max``, ``bench_min``, ``target_requires_grad``,
     ``bench_requires_grad`` (1.0 / 0.0)), ``target_shape``/``bench_shape``
@@ -350,12 +267,18 @@ class Columns:
         self.__dict__.update(kw)
 
 
-def _texts(*columns: np.ndarray) -> list[pa.Array] | None:
-    """Object arrays of str/None as Arrow strings; None when one holds anything else."""
+def _texts(*columns) -> list[pa.Array] | None:
+    """Object arrays of str/None (or Arrow string arrays, kept) as Arrow strings; None
+    when one holds anything else."""
     try:
-        return [pa.array(col, pa.string()) for col in columns]
+        return [col if isinstance(col, pa.Array) else pa.array(col, pa.string()) for col in columns]
     except (pa.ArrowInvalid, pa.ArrowTypeError):
         return None
+
+
+def _objects(col) -> np.ndarray | list:
+    """A text column as Python objects (an Arrow array as its list)."""
+    return col.to_pylist() if isinstance(col, pa.Array) else col
 
 
 def _mask(values) -> np.ndarray:
@@ -401,10 +324,10 @@ def op_results_columns(c: Columns, thresholds: Thresholds = Thresholds()) -> tup
                               np.where(_mask(pc.is_in(field, pa.array(sorted(INPUT_IGNORE)))), 2, 0)).astype(np.int8)
     else:
         cache: dict = {}
-        for x in c.target_name:
+        for x in _objects(c.target_name):
             if x not in cache:
                 cache[x] = _name_class(x)
-        name_class = np.fromiter(map(cache.__getitem__, c.target_name), np.int8, n)
+        name_class = np.fromiter(map(cache.__getitem__, _objects(c.target_name)), np.int8, n)
     ignore = np.zeros(groups, np.int8)
     ignore[g[~out]] = name_class[~out]
     ignore[~has_in] = 0
@@ -475,7 +398,8 @@ def op_results_columns(c: Columns, thresholds: Thresholds = Thresholds()) -> tup
         known = _mask(pc.and_(pc.not_equal(tda, ""), pc.not_equal(bda, "")))
         differ = per_row & ~fused & known & _mask(pc.not_equal(tda, bda))
     else:
-        fused = np.fromiter((isinstance(x, str) and ("qkv" in x or "gate_up" in x) for x in c.bench_name), bool, n)
+        fused = np.fromiter((isinstance(x, str) and ("qkv" in x or "gate_up" in x) for x in _objects(c.bench_name)),
+                            bool, n)
         known = np.fromiter((bool(x) and bool(y) for x, y in zip(td, bd)), bool, n)
         differ = np.zeros(n, bool)
         sel = np.flatnonzero(per_row & ~fused & known)

@@ -1,0 +1,90 @@
+"""Statistics-mode pairs inside DuckDB (issue 13): alignment, both sides' rows and the
+statistics metrics of every pair in one DuckDB connection, no Arrow round trip per step.
+
+:func:`statistics_pairs` is what the engine's separate steps give for a comparison whose
+pairs are all compared by their statistics (``--mode statistics``, or a side without any
+payload) and aligned by ``exact`` alone: :func:`~dumpdb.compare.align_sql.exact_paired`
+pairs the two sides' rows in DuckDB (the same query as
+:func:`~dumpdb.compare.align_sql.align_exact`), the pairs are put in the target's
+execution order (:func:`~dumpdb.compare.columns.execution_order` over the paired target
+rows' keys, the engine's one rule), and one query joins each pair's two rows and computes
+the metrics (:func:`~dumpdb.compare.stats_sql.statistics_sql`, the rules of
+:func:`dumpdb.compare.metrics.stats_metrics`), returning the columns the engine reads in
+that order. ``tests/test_compare_stats_sql.py`` and ``tests/test_compare_columns.py``
+check the engine's result tables through this path against the step-by-step path and the
+per-pair rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+
+from dumpdb.compare.align import PAIRS_SCHEMA, Alignment
+from dumpdb.compare.align_sql import exact_paired
+from dumpdb.compare.columns import execution_order
+from dumpdb.compare.metrics import STAT_METRICS
+from dumpdb.compare.stats_sql import statistics_sql
+
+__all__ = ["statistics_pairs", "ORDER_KEYS"]
+
+# The target columns execution_order reads.
+ORDER_KEYS = ("iteration", "rank", "graph_id", "position", "timestamp", "call_index", "io", "slot", "tensor_id")
+
+
+def statistics_pairs(target: pa.Table, bench: pa.Table, *, group_by: Sequence[str] = (),
+                     strategies: Sequence[str] = ("exact",), target_columns: Sequence[str] = (),
+                     bench_columns: Sequence[str] = ()) -> tuple[Alignment, pa.Table, pa.Table, pa.Table] | None:
+    """Pairs of ``target``/``bench`` (catalog ``tensors`` rows as the engine selects them)
+    by the ``exact`` strategy, with each pair's rows and statistics metrics (module
+    docstring); None when :func:`~dumpdb.compare.align_sql.align_exact` gives None (a
+    later strategy could pair what exact leaves, or a column align reads is missing).
+
+    Returns (alignment, t, b, metrics), all in the target's execution order, one row per
+    pair: the :class:`~dumpdb.compare.align.Alignment` (its pairs in that order), ``t`` and
+    ``b`` (the ``target_columns`` / ``bench_columns`` the sides have, as selected: types
+    unchanged), ``metrics`` (the eight :data:`~dumpdb.compare.metrics.STAT_METRICS`
+    float64 columns, NULL where ``stats_metrics`` gives None, and ``err_message``, NULL or
+    msprobe's "double-check" note). Raises ValueError for a ``group_by`` column missing
+    from a side.
+    """
+    tcols = [c for c in dict.fromkeys(target_columns) if c in target.column_names]
+    bcols = [c for c in dict.fromkeys(bench_columns) if c in bench.column_names]
+    if any(c not in target.column_names for c in ORDER_KEYS):
+        return None
+    stats = [c for c in ("max", "min", "mean", "l2norm") if c in target.column_names and c in bench.column_names]
+    if len(stats) < 4:
+        return None
+    con = duckdb.connect()
+    try:
+        # narrow relations (what align and the metrics read, and each row's place): the
+        # sides' other columns are taken in Arrow at the end, never copied by DuckDB
+        sides = [table.append_column("_row", pa.array(np.arange(table.num_rows, dtype=np.int64)))
+                 for table in (target, bench)]
+        left = exact_paired(con, *sides, group_by=group_by, strategies=strategies, keep=("_row", *ORDER_KEYS, *stats))
+        if left is None:
+            return None
+        # the paired target rows' keys, in any order: execution_order sorts them in full
+        # (tensor_id, its last key, is unique), so the order they come in does not matter
+        keys = con.sql(f"SELECT {', '.join(f't.{k}' for k in ORDER_KEYS)} FROM paired p "
+                       "JOIN target t ON t.tensor_id = p.target_tensor_id").to_arrow_table()
+        n = keys.num_rows
+        order = execution_order(keys)
+        con.register("pair_order", pa.table({"tensor_id": keys.column("tensor_id").take(pa.array(order)),
+                                             "pair_index": pa.array(np.arange(n, dtype=np.int64))}))
+        del keys
+        source = ("pair_order o JOIN paired p ON p.target_tensor_id = o.tensor_id "
+                  "JOIN target t ON t.tensor_id = p.target_tensor_id JOIN bench b ON b.tensor_id = p.bench_tensor_id")
+        keep = [("o.pair_index", "pair_index"), ("t._row", "target_row"), ("b._row", "bench_row")]
+        out = con.sql(statistics_sql(source, keep, "pair_index")).to_arrow_table()
+    finally:
+        con.close()
+    t = target.select(tcols).take(out.column("target_row").combine_chunks())
+    b = bench.select(bcols).take(out.column("bench_row").combine_chunks())
+    metrics = out.select([*STAT_METRICS, "err_message"])
+    pairs = pa.table({"target_tensor_id": t.column("tensor_id"), "bench_tensor_id": b.column("tensor_id"),
+                      "match_strategy": pa.repeat(pa.scalar("exact"), n)}).cast(PAIRS_SCHEMA)
+    return Alignment(pairs, *left), t, b, metrics

@@ -1,0 +1,404 @@
+"""A reference for the compare rules, row by row: msprobe's verdict checkers and the
+precision rules as they were written before issue 13 moved them onto columns (dumpdb's
+``verdict.op_results_columns`` and ``precision.judge_precision_columns`` are now the one
+implementation). tests/test_compare_columns.py checks the column code against this one on
+generated rows that reach every checker and branch; not used by dumpdb itself.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Any
+
+from dumpdb.compare.metrics import MSG_NAN_INF_MISMATCH
+from dumpdb.compare.precision import PrecisionRules, _pair_error, run_order
+from dumpdb.compare.verdict import ALL_IGNORE, ERROR, INPUT_IGNORE, MODES, PASS, WARNING, Thresholds
+
+_RANK = {PASS: 0, WARNING: 1, ERROR: 2}
+
+
+# -- msprobe's verdicts (dumpdb.compare.verdict's module docstring) ----------------------------
+
+def _num(v) -> float | None:
+    """A metric as float; None for missing, non-numeric (msprobe's strings) and NaN."""
+    if v is None or isinstance(v, (bool, str)):
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(f) else f
+
+
+def _inf_or_nan(v) -> bool:
+    """msprobe indicator_analysis.utils.is_inf_or_nan (also for ints and numpy floats)."""
+    if isinstance(v, str):
+        return v.strip().lower() in ("inf", "-inf", "nan")
+    if v is None or isinstance(v, bool):
+        return False
+    try:
+        return not math.isfinite(float(v))
+    except (TypeError, ValueError):
+        return False
+
+
+def _pair(row: dict, name: str):
+    """(target, bench) of a per-side attribute: target_X/bench_X, else X as a pair."""
+    if f"target_{name}" in row or f"bench_{name}" in row:
+        return row.get(f"target_{name}"), row.get(f"bench_{name}")
+    v = row.get(name)
+    if isinstance(v, (tuple, list)) and len(v) == 2:
+        return v[0], v[1]
+    return None, None
+
+
+def _shape(s):
+    if s is None:
+        return None
+    if isinstance(s, (list, tuple)):
+        return tuple(int(d) for d in s)
+    return str(s).replace(" ", "")
+
+
+class _Verdicts:
+    def __init__(self, rows: list[dict]):
+        self.levels = [PASS] * len(rows)
+        self.reasons: list[list[str]] = [[] for _ in rows]
+
+    def flag(self, i: int, level: str, reason: str) -> None:
+        if _RANK[level] > _RANK[self.levels[i]]:
+            self.levels[i] = level
+        self.reasons[i].append(f"{level}: {reason}")
+
+
+def _ignore(rows: list[dict], inputs: list[int]) -> str | None:
+    if not inputs:
+        return None
+    name = rows[inputs[0]].get("target_name")
+    if not isinstance(name, str):
+        return None
+    parts = name.split(".")
+    if len(parts) < 2:
+        return None
+    if parts[1] in ALL_IGNORE:
+        return "all"
+    if parts[1] in INPUT_IGNORE:
+        return "input"
+    return None
+
+
+def _extreme(rows: list[dict], idx: list[int], key: str, smallest: bool) -> float:
+    """msprobe ApiData.get_min_or_max_value: min (default 1.0) or max (default 0.0)."""
+    value = 1.0 if smallest else 0.0
+    for i in idx:
+        v = _num(rows[i].get(key))
+        if v is not None:
+            value = min(value, v) if smallest else max(value, v)
+    return value
+
+
+def op_results(rows: list[dict], thresholds: Thresholds = Thresholds(),
+               mode: str = "tensor") -> list[tuple[str, str | None]]:
+    """Verdict of each row of one op (rows: the compared tensors of one target op).
+
+    ``mode`` is ``'tensor'`` or ``'statistics'`` (which checkers run; module docstring).
+    Returns, in row order, ``(result, reason)`` with result ``'pass'``, ``'warning'`` or
+    ``'error'`` and reason None or the "; "-joined reasons of the checkers that fired on
+    the row. Raises ValueError for an unknown mode.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    th = thresholds
+    v = _Verdicts(rows)
+    inputs = [i for i, r in enumerate(rows) if r.get("io") != "output"]
+    outputs = [i for i, r in enumerate(rows) if r.get("io") == "output"]
+    ignore = _ignore(rows, inputs)
+    per_row = [] if ignore == "all" else outputs if ignore == "input" else inputs + outputs
+    whole_op = ignore is None
+
+    _inf_nan(rows, per_row, v)
+    if mode == "tensor":
+        if whole_op and outputs:
+            min_in = _extreme(rows, inputs, "one_thousandth_err_ratio", True)
+            min_out = _extreme(rows, outputs, "one_thousandth_err_ratio", True)
+            if min_in > th.one_thousandth_input and min_out < th.one_thousandth_output:
+                v.flag(outputs[0], ERROR,
+                       f"One Thousandth Err Ratio is {min_out:.6g} on the outputs while above "
+                       f"{th.one_thousandth_input:g} on the inputs (output limit {th.one_thousandth_output:g})")
+    else:
+        if whole_op:
+            max_in = abs(_extreme(rows, inputs, "l2norm_rel_diff", False))
+            if max_in < th.rel_err_input:
+                for i in outputs:
+                    rel = _num(rows[i].get("l2norm_rel_diff")) or 0.0
+                    if abs(rel) > th.rel_err_output:
+                        v.flag(i, ERROR, f"output L2-norm relative diff {rel:.6g} > {th.rel_err_output:g} "
+                                         f"while the inputs' stay below {th.rel_err_input:g}")
+    _requires_grad(rows, per_row, v)
+    _dtype(rows, per_row, v)
+    _shapes(rows, per_row, v)
+    if mode == "tensor":
+        if whole_op and outputs:
+            min_in = _extreme(rows, inputs, "cosine", True)
+            min_out = _extreme(rows, outputs, "cosine", True)
+            if min_in > th.cosine_warn_input and min_in - min_out > th.cosine_warn_drop:
+                v.flag(outputs[0], WARNING,
+                       f"cosine drops from {min_in:.6g} (inputs) to {min_out:.6g} (outputs), "
+                       f"more than {th.cosine_warn_drop:g}")
+        if not inputs:
+            _outputs_only_accuracy(rows, outputs, th, v)
+    else:
+        if whole_op and outputs:
+            max_in = abs(_extreme(rows, inputs, "l2norm_rel_diff", False))
+            max_out = abs(_extreme(rows, outputs, "l2norm_rel_diff", False))
+            if max_in == 0:
+                if max_out > th.rel_warn_zero_input:
+                    v.flag(outputs[0], WARNING, f"output L2-norm relative diff {max_out:.6g} > "
+                                                f"{th.rel_warn_zero_input:g} while the inputs' is 0")
+            elif max_out / max_in > th.rel_warn_ratio:
+                v.flag(outputs[0], WARNING, f"output L2-norm relative diff {max_out:.6g} is more than "
+                                            f"{th.rel_warn_ratio:g} times the inputs' {max_in:.6g}")
+    return [(level, "; ".join(r) if r else None) for level, r in zip(v.levels, v.reasons)]
+
+
+def _inf_nan(rows: list[dict], idx: list[int], v: _Verdicts) -> None:
+    for i in idx:
+        r = rows[i]
+        if _inf_or_nan(r.get("bench_max")) or _inf_or_nan(r.get("bench_min")):
+            continue
+        if _inf_or_nan(r.get("target_max")) or _inf_or_nan(r.get("target_min")):
+            v.flag(i, ERROR, "target max/min is nan or inf while bench's are finite")
+
+
+def _requires_grad(rows: list[dict], idx: list[int], v: _Verdicts) -> None:
+    for i in idx:
+        t, b = _pair(rows[i], "requires_grad")
+        if t is None or b is None:
+            continue
+        if t != b:
+            v.flag(i, ERROR, f"requires_grad differs (target {t}, bench {b})")
+
+
+def _dtype(rows: list[dict], idx: list[int], v: _Verdicts) -> None:
+    for i in idx:
+        r = rows[i]
+        bench_name = r.get("bench_name")
+        if isinstance(bench_name, str) and ("qkv" in bench_name or "gate_up" in bench_name):
+            continue
+        t, b = _pair(r, "dtype")
+        if not t or not b:
+            continue
+        if str(t) != str(b):
+            v.flag(i, ERROR, f"dtypes differ (target {t}, bench {b})")
+
+
+def _shapes(rows: list[dict], idx: list[int], v: _Verdicts) -> None:
+    for i in idx:
+        t, b = _pair(rows[i], "shape")
+        if t is None or b is None:
+            continue
+        ts, bs = _shape(t), _shape(b)
+        if ts != bs:
+            v.flag(i, ERROR, f"shapes differ (target {t}, bench {b})")
+
+
+def _outputs_only_accuracy(rows: list[dict], outputs: list[int], th: Thresholds, v: _Verdicts) -> None:
+    for i in outputs:
+        r = rows[i]
+        cos, mae = _num(r.get("cosine")), _num(r.get("max_abs_err"))
+        if cos is None and mae is None:
+            msg = r.get("err_message")
+            if isinstance(msg, str) and MSG_NAN_INF_MISMATCH in msg:
+                v.flag(i, ERROR, "accuracy not reached: nan/inf positions differ")
+            continue
+        if cos is None:
+            bad = mae > th.max_abs_err_error_max
+        elif mae is None:
+            bad = cos < th.cosine_error_max
+        else:
+            bad = ((cos < th.cosine_error and mae > th.max_abs_err_error)
+                   or cos < th.cosine_error_max or mae > th.max_abs_err_error_max)
+        if bad:
+            v.flag(i, ERROR, f"accuracy not reached (cosine {_fmt_verdict(cos)}, max_abs_err {_fmt_verdict(mae)}; "
+                             f"rule: cosine < {th.cosine_error:g} and max_abs_err > {th.max_abs_err_error:g}, "
+                             f"or cosine < {th.cosine_error_max:g}, or max_abs_err > {th.max_abs_err_error_max:g})")
+
+
+def _fmt_verdict(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.6g}"
+
+
+# -- the precision rules (dumpdb.compare.precision's module docstring) --------------------------
+
+def _num_precision(v) -> float | None:
+    if v is None:
+        return None
+    f = float(v)
+    return None if math.isnan(f) else f
+
+
+def judge_precision(rows: list[dict], producers: dict[str, list[tuple[tuple, str, bool]]] | None = None,
+                    rules: PrecisionRules = PrecisionRules()) -> None:
+    """Add the precision columns to each result row (dicts, in execution order):
+    ``scaled_err`` (relative Euclidean error), ``precision_floor``, ``precision_ratio``
+    (err / floor), ``precision_dtype`` (the lower-precision dtype), ``precision_result``
+    (pass / warning / error) and ``precision_reason``.
+
+    ``producers``: content hash -> [(order key, op name, compared)] of the target's output
+    tensors (every target op, compared or not), to find the op that produced an input.
+    Rows are grouped by op call as the msprobe verdicts are; see the module docstring.
+    """
+    ops: dict[tuple, list[dict]] = defaultdict(list)
+    for r in sorted(rows, key=run_order):
+        err, floor, low, structural = _pair_error(r)
+        ratio = None
+        if err is not None and floor is not None:
+            ratio = math.inf if floor == 0 and err > 0 else (0.0 if err == 0 else err / floor)
+        r.update(scaled_err=err, precision_floor=floor, precision_ratio=ratio, precision_dtype=low,
+                 precision_result=PASS, precision_reason=structural)
+        r["_departs"] = structural is not None or (ratio is not None and ratio > rules.margin)
+        ops[(r["iteration"], r["rank"], r["graph_id"], r["call_index"], r["target_name"])].append(r)
+    # Ops dumped without inputs (input_output: 2): the largest error of any earlier compared
+    # output of the iteration stands in for their inputs' error (never blames a propagated one).
+    upstream: dict[tuple, float] = {}
+    upstream_inf: dict[tuple, bool] = {}  # an earlier op already holds nan/inf the bench lacks
+    for group in ops.values():
+        inputs = [r for r in group if r["io"] != "output"]
+        outputs = [r for r in group if r["io"] == "output"]
+        where = (group[0]["iteration"], group[0]["rank"])
+        inf_before = upstream_inf.get(where, False)
+        if any(r["scaled_err"] is not None and math.isinf(r["scaled_err"]) for r in group):
+            upstream_inf[where] = True
+        for r in inputs:
+            if r["_departs"]:
+                _judge_input(r, producers, rules, upstream.get(where, 0.0), inf_before)
+        upstream[where] = max([upstream.get(where, 0.0), *(_finite(r["scaled_err"]) for r in inputs)])
+        if inputs:
+            worst_in = max((r["scaled_err"] or 0.0 for r in inputs), default=0.0)
+        else:
+            worst_in = upstream.get(where, 0.0)
+        upstream[where] = max([upstream.get(where, 0.0), *(_finite(r["scaled_err"]) for r in outputs)])
+        for r in outputs:
+            if r["_departs"]:
+                _judge_output(r, inputs, worst_in, inf_before, rules)
+    for r in rows:
+        r.pop("_departs", None)
+
+
+def _judge_output(r: dict, inputs: list[dict], worst_in: float, inf_before: bool, rules: PrecisionRules) -> None:
+    """A departing output row: explained by its inputs' error ``worst_in`` (warning) or not (error)."""
+    bound = rules.growth * worst_in + rules.margin * (r["precision_floor"] or 0.0)
+    err = r["scaled_err"]
+    if r["precision_reason"] is None and err is not None and err <= bound:
+        r["precision_result"] = WARNING
+        r["precision_reason"] = (f"error {err:.3g} propagated: within {rules.growth:g} x the inputs' "
+                                 f"{worst_in:.3g} + {rules.margin:g} x floor")
+    elif r["precision_reason"] is None and r["precision_floor"] == 0 and worst_in > 0:
+        # an integer/bool result of inexact inputs (a comparison, an argmax mask):
+        # rounding of the inputs decides ties, so any input error can flip elements
+        r["precision_result"] = WARNING
+        r["precision_reason"] = (f"exact-dtype result of inputs with error {worst_in:.3g}: "
+                                 "rounding decides its ties")
+    elif err is not None and math.isinf(err) and (worst_in == math.inf or inf_before):
+        r["precision_result"] = WARNING
+        r["precision_reason"] = f"{r['precision_reason']}: propagated from earlier nan/inf"
+    elif r["precision_reason"] is None and _cancellation(r, inputs, rules):
+        r["precision_result"] = WARNING
+        r["precision_reason"] = (f"error {_fmt_precision(err)} relative to a result far smaller than the inputs "
+                                 "(cancellation): within the inputs' absolute error")
+    else:
+        r["precision_result"] = ERROR
+        if r["precision_reason"] is None:
+            r["precision_reason"] = (f"departs: error {_fmt_precision(err)} = {_fmt_precision(r['precision_ratio'])} x the "
+                                     f"{r['precision_dtype']} floor, inputs' error {worst_in:.3g}")
+
+
+def _rms(l2, shape) -> float | None:
+    l2 = _num_precision(l2)
+    if l2 is None or shape is None:
+        return None
+    return l2 / math.sqrt(max(math.prod(shape), 1))
+
+
+def _cancellation(r: dict, inputs: list[dict], rules: PrecisionRules) -> bool:
+    """An output much smaller than its inputs (a mean of centred values, a difference of
+    near-equal ones) inherits their *absolute* error: explained when its RMS error stays
+    within growth x the inputs' RMS error + margin x u x the inputs' RMS (Higham sec. 1.7)."""
+    out_rms, in_rms = _rms(r.get("bench_l2norm"), r.get("bench_shape")), 0.0
+    in_err = 0.0
+    for x in inputs:
+        rms = _rms(x.get("bench_l2norm"), x.get("bench_shape"))
+        if rms is None or x.get("scaled_err") is None or not math.isfinite(x["scaled_err"]):
+            continue
+        in_rms = max(in_rms, rms)
+        in_err = max(in_err, x["scaled_err"] * rms)
+    err = r.get("scaled_err")
+    if out_rms is None or err is None or not math.isfinite(err) or in_rms == 0 or out_rms >= 0.01 * in_rms:
+        return False
+    u = (r.get("precision_floor") or 0.0)
+    return err * out_rms <= rules.growth * in_err + rules.margin * u * in_rms
+
+
+def _finite(v) -> float:
+    return v if v is not None and math.isfinite(v) else 0.0
+
+
+def _fmt_precision(v) -> str:
+    return "n/a" if v is None else f"{v:.3g}"
+
+
+def _judge_input(r: dict, producers, rules: PrecisionRules, upstream: float, inf_before: bool = False) -> None:
+    """A departing input: explained when a compared op produced its bytes, or when an
+    earlier compared tensor's error explains it (the producer is a cast or an op the dump
+    or the alignment left out); otherwise the input is where the departure starts."""
+    producer = None
+    h = r.get("target_content_hash")
+    if producers and h in producers:
+        before = [p for p in producers[h] if p[0] < r["_order"]] if r.get("_order") is not None else producers[h]
+        producer = before[-1] if before else None
+    if producer is not None and producer[2]:
+        r["precision_result"] = WARNING
+        r["precision_reason"] = r["precision_reason"] or f"input error propagated from {producer[1]}"
+        return
+    err = r["scaled_err"]
+    if err is not None and math.isinf(err) and inf_before:
+        r["precision_result"] = WARNING
+        r["precision_reason"] = f"{r['precision_reason'] or 'nan/inf'}: propagated from earlier nan/inf"
+        return
+    if r["precision_reason"] is None and err is not None and \
+            err <= rules.growth * upstream + rules.margin * (r["precision_floor"] or 0.0):
+        r["precision_result"] = WARNING
+        r["precision_reason"] = (f"input error {err:.3g} within {rules.growth:g} x the largest earlier error "
+                                 f"{upstream:.3g}" + (f" (produced by {producer[1]})" if producer else ""))
+        return
+    r["precision_result"] = ERROR
+    what = r["precision_reason"] or \
+        f"input departs: error {_fmt_precision(r['scaled_err'])} = {_fmt_precision(r['precision_ratio'])} x floor"
+    if producer is not None:
+        r["precision_reason"] = f"{what}; produced by {producer[1]}, an op only the target has"
+        r["origin_op"] = producer[1]
+    else:
+        r["precision_reason"] = f"{what}; no compared op produced it (parameter or data input)"
+
+
+def first_departure(rows: list[dict]) -> dict[str, Any] | None:
+    """The first op (by :func:`run_order`) with a precision ``error`` row: its rows as
+    ``inputs``/``outputs`` lists of {io, slot, err, floor, ratio, dtypes, result, reason}.
+    None when nothing departs beyond precision."""
+    failing = [r for r in rows if r.get("precision_result") == ERROR]
+    if not failing:
+        return None
+    first = min(failing, key=run_order)
+    key = (first["iteration"], first["rank"], first["graph_id"], first["call_index"], first["target_name"])
+    group = [r for r in rows if (r["iteration"], r["rank"], r["graph_id"], r["call_index"], r["target_name"]) == key]
+    out = next((r for r in group if r["io"] == "output" and r["precision_result"] == ERROR), first)
+
+    def side(r: dict) -> dict:
+        return {"io": r["io"], "slot": r["slot"], "scaled_err": r["scaled_err"], "floor": r["precision_floor"],
+                "ratio": r["precision_ratio"], "target_dtype": r["target_dtype"], "bench_dtype": r["bench_dtype"],
+                "result": r["precision_result"], "reason": r["precision_reason"]}
+
+    return {"row": out, "origin_op": out.get("origin_op"),
+            "inputs": [side(r) for r in group if r["io"] != "output"],
+            "outputs": [side(r) for r in group if r["io"] == "output"]}

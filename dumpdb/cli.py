@@ -969,11 +969,14 @@ def compare_cmd(
         import pyarrow.compute as pc
 
         verdicts = "result" if sm.get("rules") == "msprobe" else "precision_result"
-        failing = outcome.results.filter(pc.not_equal(outcome.results[verdicts], "pass"))
-        if show and failing.num_rows:
-            cols = ["pair_index", "iteration", "op_type", "target_name", "io", "slot", "cosine", "max_abs_err",
-                    "max_rel_err", verdicts]
-            _emit(failing.select(cols), "table", None, max_rows=show, more=f"--show {failing.num_rows}")
+        cols = ["pair_index", "iteration", "op_type", "target_name", "io", "slot", "cosine", "max_abs_err",
+                "max_rel_err", verdicts]
+        # the shown columns only (a zero-copy select), then the failing rows: filtering the
+        # whole result table first copied nearly all of it
+        failing = outcome.results.select(cols).filter(pc.not_equal(outcome.results[verdicts], "pass")) \
+            if show else None
+        if failing is not None and failing.num_rows:
+            _emit(failing, "table", None, max_rows=show, more=f"--show {failing.num_rows}")
     if outcome.unmatched.num_rows:
         names = outcome.unmatched.to_pylist()
         say(f"unmatched ({len(names)}): " + ", ".join(

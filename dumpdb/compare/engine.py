@@ -496,26 +496,50 @@ def _compute(archive, t: pa.Table, b: pa.Table, mode: str, workers, progress) ->
         return res
     keys = (*_LOC_KEYS, "nbytes", "stats_source", "nan_count", "pos_inf_count", "neg_inf_count", "min", "max")
     tl, bl = (side.select(list(keys)).take(large).to_pylist() for side in (t, b))  # dicts: large pairs only
-    tensor_bytes = sum((x["nbytes"] or 0) + (y["nbytes"] or 0) for x, y in zip(tl, bl))
+    # pairs of the same two payloads (dtype, shape, ranges) are computed once: repeated
+    # layers and unchanged parameters make most large pairs of a training dump repeats
+    leaders: dict[tuple, int] = {}
+    repeats: list[tuple[int, int]] = []  # (pair, the pair computed for it)
+    computed: dict[int, tuple[dict, str | None]] = {}
+    todo = []
+    for i, x, y in zip(large.tolist(), tl, bl):
+        lead = leaders.setdefault(_pair_key(x, y), i) if fast else i
+        if lead == i:
+            todo.append((i, x, y))
+        else:
+            repeats.append((i, lead))
+    tensor_bytes = sum((x["nbytes"] or 0) + (y["nbytes"] or 0) for _, x, y in todo)
     pool, submit = _pool(archive, tensor_bytes, mode, workers)
     with pool, threadpool_limits(1, user_api="blas"):
         inflight: deque = deque()
         inflight_bytes = 0
-        for i, x, y in zip(large.tolist(), tl, bl):
+        for i, x, y in todo:
             size = (x["nbytes"] or 0) + (y["nbytes"] or 0)
             while inflight and inflight_bytes + size > INFLIGHT_BYTES:
-                inflight_bytes -= _finish(inflight.popleft(), res)
+                inflight_bytes -= _finish(inflight.popleft(), res, computed)
                 done += 1
                 if progress:
                     progress(done, n)
             inflight.append((i, size, submit(x, y)))
             inflight_bytes += size
         while inflight:
-            _finish(inflight.popleft(), res)
+            _finish(inflight.popleft(), res, computed)
             done += 1
             if progress:
                 progress(done, n)
+    for i, lead in repeats:
+        res.put_row(i, *computed[lead])
+        done += 1
+    if progress and repeats:
+        progress(done, n)
     return res
+
+
+def _pair_key(x: dict, y: dict) -> tuple:
+    """What a large pair's metrics depend on: both payloads (content hash, dtype, shape)
+    and the ranges the first pass may take from the catalog (:func:`_ranges`)."""
+    return (x["content_hash"], x["dtype"], tuple(x["shape"] or ()), y["content_hash"], y["dtype"],
+            tuple(y["shape"] or ()), _ranges(x, y))
 
 
 def _valid(col) -> np.ndarray:
@@ -617,9 +641,9 @@ def _compute_small(store, t: pa.Table, b: pa.Table, small: np.ndarray, sizes: np
     return done
 
 
-def _finish(item, res: ResultColumns) -> int:
+def _finish(item, res: ResultColumns, computed: dict[int, tuple[dict, str | None]]) -> int:
     i, size, future = item
-    metrics, message = future.result()
+    computed[i] = metrics, message = future.result()
     res.put_row(i, metrics, message)
     return size
 

@@ -10,10 +10,11 @@ Arrow table.
 Memory stays bounded: pairs are read from the store a few at a time (at most
 ``INFLIGHT_BYTES`` of payload in flight), metrics are computed in chunks, and a
 payload shared by both sides (same content hash: unchanged parameters, identical
-activations) is read once. Metrics run on a thread pool with one worker per
-core: worker processes for comparisons of 64 MB or more (the metrics make thousands
-of short numpy calls per tensor, so threads would serialise on the GIL), one thread
-below that.
+activations) is read once. Large pairs run on one worker thread per core (``workers``);
+worker processes only where the GIL would bind: more than ``THREAD_MAX_WORKERS`` workers
+on a comparison of ``PROCESS_MIN_BYTES_MANY`` or more, or any comparison of
+``PROCESS_MIN_BYTES`` or more (see :func:`_pool`). A large pair whose two payloads
+(hashes, dtypes, shapes) an earlier pair already compared takes that pair's metrics.
 
 Fast paths (issue 13), each giving what the pair-by-pair path gives (tests/test_compare_fast.py,
 tests/test_compare_stats_sql.py, tests/test_compare_align_sql.py):
@@ -287,9 +288,11 @@ def _pair_metrics(store, t: tuple, b: tuple, ranges=None) -> tuple[dict, str | N
     return metrics, message
 
 
-# Worker processes: numpy releases the GIL inside each operation, but the metrics make
-# thousands of short calls per tensor, so threads serialise on the GIL (measured: two
-# threads slower than one). Processes scale; each opens the store once.
+# Worker processes: numpy releases the GIL inside each operation; the metrics make ~40
+# calls per 64 Ki-element chunk (~0.6 ms of work, ~0.1 ms holding the GIL), so threads
+# scale on a few cores once BLAS is held to one thread, without the ~1.5-3 s a forkserver
+# pool takes to start (imports in each worker) and without reading a payload in another
+# process. Processes remain for comparisons so large that the GIL share would bind.
 _WORKER_STORE = None
 
 
@@ -308,7 +311,9 @@ def _pair_metrics_in_worker(t: tuple, b: tuple, ranges=None) -> tuple[dict, str 
     return _pair_metrics(_WORKER_STORE, t, b, ranges)
 
 
-PROCESS_MIN_BYTES = 64 << 20  # below this, starting worker processes costs more than it saves
+PROCESS_MIN_BYTES = 16 << 30  # below this, worker threads finish before worker processes would have started
+THREAD_MAX_WORKERS = 4  # ~1/6 of the metrics' time holds the GIL: threads stop scaling beyond a few
+PROCESS_MIN_BYTES_MANY = 64 << 20  # with more workers than that, processes from this size on
 
 
 def compare(archive, target: str | Selection, bench: str | Selection, *, iteration: int | None = None,
@@ -437,15 +442,17 @@ def _pair_sides(trows: pa.Table, brows: pa.Table, pairs: pa.Table) -> tuple[pa.T
 
 
 def _pool(archive, tensor_bytes: int, mode, workers: int):
-    """Worker processes for big comparisons, one thread otherwise."""
+    """``workers`` worker processes for comparisons of PROCESS_MIN_BYTES or more, ``workers``
+    threads otherwise (each pair computed whole by one of them: the same bits either way)."""
     if mode == "statistics":
         tensor_bytes = 0
-    if workers > 1 and tensor_bytes >= PROCESS_MIN_BYTES:
+    many = workers > THREAD_MAX_WORKERS and tensor_bytes >= PROCESS_MIN_BYTES_MANY
+    if workers > 1 and (tensor_bytes >= PROCESS_MIN_BYTES or many):
         ctx = multiprocessing.get_context("forkserver")
         pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
                                    initargs=(archive.store.zstore,))
         return pool, lambda t, b: pool.submit(_pair_metrics_in_worker, _loc(t), _loc(b), _ranges(t, b))
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dumpdb-compare")
+    pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="dumpdb-compare")
     store = archive.store
     return pool, lambda t, b: pool.submit(_pair_metrics, store, _loc(t), _loc(b), _ranges(t, b))
 

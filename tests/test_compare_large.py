@@ -11,6 +11,7 @@ from threadpoolctl import threadpool_limits
 
 import dumpdb
 import dumpdb.compare.engine as engine
+from dumpdb.compare import metrics
 from dumpdb.compare.engine import compare
 from dumpdb.compare.metrics import TENSOR_METRICS, tensor_metrics
 
@@ -56,15 +57,15 @@ def _rows(results) -> dict[str, dict]:
 def test_pairs_of_the_same_payloads_are_computed_once(tmp_path, monkeypatch):
     archive, target, bench = _archive(tmp_path)
     calls = []
-    real = engine.tensor_metrics
+    real = engine._read_pair
 
-    def counting(x, y, **kwargs):
-        calls.append(x.size)
-        return real(x, y, **kwargs)
+    def counting(store, t, b):
+        calls.append(repr((t, b)))
+        return real(store, t, b)
 
-    monkeypatch.setattr(engine, "tensor_metrics", counting)
+    monkeypatch.setattr(engine, "_read_pair", counting)
     out = compare(dumpdb.open(archive), "target", "bench", workers=1, store_results=False).results
-    assert len(calls) == 3  # ops 0/1/3 once, op 2, op 4
+    assert len(calls) == len(set(calls)) == 3  # ops 0/1/3 once, op 2, op 4
     rows = _rows(out)
     assert len(rows) == 5
     for k in range(5):
@@ -95,3 +96,28 @@ def test_worker_threads_give_the_one_thread_results(pair_archive, monkeypatch):
     assert one.num_rows == many.num_rows > 50
     assert [repr(v) for c in columns for v in many.column(c).to_pylist()] == \
         [repr(v) for c in columns for v in one.column(c).to_pylist()]
+
+
+def test_a_large_pair_runs_as_segments_on_worker_threads(tmp_path, monkeypatch):
+    """A pair cut into segments (one chunk each here) on two threads, folded in chunk
+    order: tensor_metrics' bits."""
+    archive, target, bench = _archive(tmp_path)
+    monkeypatch.setattr(metrics, "SEGMENT_CHUNKS", 1)
+    segments = []
+    real = metrics.SplitPair.tasks
+
+    def recording(self, segment=None):
+        found = real(self, segment)
+        segments.append(len(found))
+        return found
+
+    monkeypatch.setattr(metrics.SplitPair, "tasks", recording)
+    out = compare(dumpdb.open(archive), "target", "bench", workers=2, store_results=False).results
+    assert segments == [2, 2, 2]  # 70,000 elements: two 64 Ki-element chunks, one segment each
+    rows = _rows(out)
+    for k in range(5):
+        row = next(r for name, r in rows.items() if name.endswith(f"-op{k}"))
+        with threadpool_limits(1, user_api="blas"):
+            want, message = tensor_metrics(target[k], bench[k])
+        assert {m: row[m] for m in TENSOR_METRICS} == want, k
+        assert row["err_message"].startswith(message)  # then the verdict's reason

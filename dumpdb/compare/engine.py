@@ -82,7 +82,9 @@ from dumpdb.compare.metrics import (
     STATS,
     TENSOR_METRICS,
     MetricColumns,
+    SplitPair,
     identical_metrics,
+    split_pair,
     tensor_metrics,
     tensor_metrics_batch,
 )
@@ -270,10 +272,42 @@ def _read(store, loc: tuple) -> np.ndarray:
     return store.read(array_path, offset, count or 0, from_catalog_name(dtype), tuple(shape))
 
 
-def _pair_metrics(store, t: tuple, b: tuple, ranges=None) -> tuple[dict, str | None]:
-    """Metrics of one pair; a payload both sides share (same hash and dtype) is read once."""
+def _read_pair(store, t: tuple, b: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """Both payloads of a pair; a payload both sides share (same hash, dtype, shape) is read once."""
     a = _read(store, t)
-    c = a if t[5] == b[5] and t[3] == b[3] and list(t[4]) == list(b[4]) else _read(store, b)
+    return a, a if t[5] == b[5] and t[3] == b[3] and list(t[4]) == list(b[4]) else _read(store, b)
+
+
+def _pair_metrics(store, t: tuple, b: tuple, ranges=None) -> tuple[dict, str | None]:
+    """Metrics of one pair, read and computed here (:func:`_read_pair`, :func:`_metrics_of`)."""
+    return _metrics_of(*_read_pair(store, t, b), ranges)
+
+
+class _Segments:
+    """A pair computed as :class:`~dumpdb.compare.metrics.SplitPair` segment tasks on the pool."""
+
+    def __init__(self, split: SplitPair, futures: list) -> None:
+        self.split, self.futures = split, futures
+
+    def result(self) -> tuple[dict, str | None]:
+        return self.split.finish([f.result() for f in self.futures])
+
+
+def _pair_in_thread(pool, store, t: tuple, b: tuple, ranges) -> tuple[dict, str | None] | _Segments:
+    """A worker thread's task for one large pair: read it; a pair whose extremes the catalog
+    gives (:func:`_ranges`) and split_pair accepts is cut into segments queued on ``pool``
+    (both cores work on one big pair; folded in chunk order: tensor_metrics' bits), any
+    other pair computed here. Never waits on the pool (no deadlock): the caller folds."""
+    a, c = _read_pair(store, t, b)
+    split = split_pair(a, c, ranges) if ranges is not None else None
+    if split is None:
+        return _metrics_of(a, c, ranges)
+    return _Segments(split, [pool.submit(task) for task in split.tasks()])
+
+
+def _metrics_of(a: np.ndarray, c: np.ndarray, ranges=None) -> tuple[dict, str | None]:
+    """:func:`~dumpdb.compare.metrics.tensor_metrics` of a pair, plus ``flat_euc_dist`` and
+    the plug-in metrics."""
     metrics, message = tensor_metrics(a, c, ranges=ranges)
     if a.shape != c.shape and a.size == c.size and a.size:
         # a reshape on one side only (AMP adds some): the precision rules compare the values
@@ -454,7 +488,9 @@ def _pool(archive, tensor_bytes: int, mode, workers: int):
         return pool, lambda t, b: pool.submit(_pair_metrics_in_worker, _loc(t), _loc(b), _ranges(t, b))
     pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="dumpdb-compare")
     store = archive.store
-    return pool, lambda t, b: pool.submit(_pair_metrics, store, _loc(t), _loc(b), _ranges(t, b))
+    if registry.metrics("tensor", builtin=False):  # plug-ins see each pair whole
+        return pool, lambda t, b: pool.submit(_pair_metrics, store, _loc(t), _loc(b), _ranges(t, b))
+    return pool, lambda t, b: pool.submit(_pair_in_thread, pool, store, _loc(t), _loc(b), _ranges(t, b))
 
 
 _NO_PAYLOAD = "no payload on one side: statistics compared instead"
@@ -650,7 +686,8 @@ def _compute_small(store, t: pa.Table, b: pa.Table, small: np.ndarray, sizes: np
 
 def _finish(item, res: ResultColumns, computed: dict[int, tuple[dict, str | None]]) -> int:
     i, size, future = item
-    computed[i] = metrics, message = future.result()
+    found = future.result()
+    computed[i] = metrics, message = found.result() if isinstance(found, _Segments) else found
     res.put_row(i, metrics, message)
     return size
 

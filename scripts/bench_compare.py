@@ -164,17 +164,28 @@ def _tree_rss_kib(root: int) -> int:
     return total
 
 
+# CPU seconds (user + system) of the last timed() command and the descendants it waited for
+# (its threads included; on a shared machine the wall time alone says little).
+LAST_CPU_S = 0.0
+
+
 def timed(cmd: list[str], log: Path, env: dict | None = None) -> tuple[float, int]:
     """(wall seconds, peak RSS KiB of the whole process tree, sampled every 50 ms) of
-    ``cmd``; exits if it fails."""
+    ``cmd``; its CPU seconds in LAST_CPU_S; exits if it fails."""
+    global LAST_CPU_S
     with open(log, "w") as f:
         start = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
         peak = 0
-        while proc.poll() is None:
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                proc.returncode = os.waitstatus_to_exitcode(status)
+                break
             peak = max(peak, _tree_rss_kib(proc.pid))
             time.sleep(0.05)
         wall = time.perf_counter() - start
+        LAST_CPU_S = usage.ru_utime + usage.ru_stime
     if proc.returncode != 0:
         sys.exit(f"failed: {' '.join(cmd)} (see {log})")
     return wall, peak
@@ -207,7 +218,8 @@ def compare(args, dumpdb: str, archive: Path, out: Path, name: str, *extra: str,
         env = {**os.environ, "PYTHONPATH": path}
         wall, rss_kib = timed(cmd, out / f"compare-{name}-{label}.log", env)
         lines = (out / f"compare-{name}-{label}.log").read_text().strip().splitlines()
-        print(f"  {label}: {wall:.2f} s, {rss_kib / 1024:.0f} MB: {lines[0] if lines else ''}")
+        print(f"  {label}: {wall:.2f} s, {LAST_CPU_S:.2f} CPU s, {rss_kib / 1024:.0f} MB: "
+              f"{lines[0] if lines else ''}")
         found.append((label, wall, rss_kib / 1024))
     return found
 

@@ -272,6 +272,12 @@ def _read(store, loc: tuple) -> np.ndarray:
     return store.read(array_path, offset, count or 0, from_catalog_name(dtype), tuple(shape))
 
 
+def _read_many(store, locs: list[tuple]) -> list[np.ndarray]:
+    """The payloads at ``locs`` (read-only arrays, TensorStore.read_many), in order."""
+    return store.read_many([(loc[0], loc[1], loc[2] or 0, from_catalog_name(loc[3]), tuple(loc[4]))
+                            for loc in locs])
+
+
 def _read_pair(store, t: tuple, b: tuple) -> tuple[np.ndarray, np.ndarray]:
     """Both payloads of a pair; a payload both sides share (same hash, dtype, shape) is read once."""
     a = _read(store, t)
@@ -668,9 +674,13 @@ def _compute_small(store, t: pa.Table, b: pa.Table, small: np.ndarray, sizes: np
         base = cum[start - 1] if start else 0
         end = int(np.searchsorted(cum, base + BATCH_ELEMENTS, side="left")) + 1
         end = min(max(end, start + 1), len(small))
-        targets = [_read(store, tl[k]) for k in range(start, end)]
-        # a payload both sides share (same hash, dtype, shape) is read once
-        benches = [a if tl[k] == bl[k] else _read(store, bl[k]) for a, k in zip(targets, range(start, end))]
+        # one read_many per batch (views of each pack chunk, decoded once); a payload both
+        # sides share (same hash, dtype, shape) is read once
+        own = [k for k in range(start, end) if tl[k] != bl[k]]
+        found = _read_many(store, [*tl[start:end], *(bl[k] for k in own)])
+        targets, benches = found[:end - start], found[:end - start]
+        for k, c in zip(own, found[end - start:]):
+            benches[k - start] = c
         metrics = tensor_metrics_batch(targets, benches)
         rows = small[start:end]
         for name in TENSOR_METRICS:

@@ -22,8 +22,15 @@ tests/test_compare_stats_sql.py, tests/test_compare_align_sql.py):
 * a pair whose payloads have the same content hash, dtype and shape, with dumpdb's own
   NaN/Inf counts in the catalog, is not read: :func:`~dumpdb.compare.metrics.identical_metrics`;
 * pairs of at most ``SMALL_ELEMENTS`` elements a side (without plug-in metrics) are read in
-  storage order and computed ``BATCH_ELEMENTS`` at a time by
+  storage order, a batch at a time (``TensorStore.read_many``: views of each pack chunk,
+  decoded once), and computed ``BATCH_ELEMENTS`` at a time by
   :func:`~dumpdb.compare.metrics.tensor_metrics_batch` (bit for bit the per-pair values);
+* a large pair of the same two payloads (hashes, dtypes, shapes, catalog ranges) as an
+  earlier one takes its metrics (tests/test_compare_large.py);
+* a large pair whose extremes the catalog gives is cut into segments of
+  ``metrics.SEGMENT_CHUNKS`` chunks that the worker threads compute at once, folded in chunk
+  order (:func:`~dumpdb.compare.metrics.split_pair`: tensor_metrics' bits; the next pairs
+  are read meanwhile, up to ``INFLIGHT_BYTES``);
 * statistics-mode metrics of all pairs are one DuckDB query
   (:func:`~dumpdb.compare.stats_sql.statistics_metrics`);
 * without a mapping, the ``exact`` strategy runs as one DuckDB query
@@ -482,8 +489,9 @@ def _pair_sides(trows: pa.Table, brows: pa.Table, pairs: pa.Table) -> tuple[pa.T
 
 
 def _pool(archive, tensor_bytes: int, mode, workers: int):
-    """``workers`` worker processes for comparisons of PROCESS_MIN_BYTES or more, ``workers``
-    threads otherwise (each pair computed whole by one of them: the same bits either way)."""
+    """``workers`` worker processes (each pair read and computed whole in one) where the GIL
+    would bind, ``workers`` threads otherwise (a pair read by one, then its segments on all:
+    :func:`_pair_in_thread`). The same bits either way. Returns (pool, submit(t, b) -> future)."""
     if mode == "statistics":
         tensor_bytes = 0
     many = workers > THREAD_MAX_WORKERS and tensor_bytes >= PROCESS_MIN_BYTES_MANY

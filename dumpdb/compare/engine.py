@@ -547,10 +547,30 @@ def _compute(archive, t: pa.Table, b: pa.Table, mode: str, workers, progress) ->
     done += _compute_statistics(t, b, statistics, res)
     if progress and done:
         progress(done, n)
-    with threadpool_limits(1, user_api="blas"):  # as the per-pair paths: the same BLAS sums, bit for bit
-        done = _compute_small(archive.store, t, b, small, tshape.size[small_mask], res, done, progress)
+    small_sizes = tshape.size[small_mask]
     if not large.size:
+        with threadpool_limits(1, user_api="blas"):  # as the per-pair paths: the same BLAS sums, bit for bit
+            _compute_small(archive.store, t, b, small, small_sizes, res, done, progress)
         return res
+    # the small pairs on a thread of their own while the large ones run (the small path's
+    # time then overlaps the pool's instead of leaving the cores idle before it)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="dumpdb-compare-small") as helper, \
+            threadpool_limits(1, user_api="blas"):
+        smalls = helper.submit(lambda: list(_small_batches(archive.store, t, b, small, small_sizes)))
+        done = _compute_large(archive, t, b, large, mode, workers, fast, res, done, progress)
+        for rows, metrics in smalls.result():
+            _put_small(res, rows, metrics)
+            done += rows.size
+    if progress and small.size:
+        progress(done, n)
+    return res
+
+
+def _compute_large(archive, t: pa.Table, b: pa.Table, large: np.ndarray, mode: str, workers: int, fast: bool,
+                   res: ResultColumns, done: int, progress) -> int:
+    """The pairs ``large`` one by one on the pool (:func:`_pool`), into ``res``; repeats of a
+    pair computed once. Returns ``done``."""
+    n = res.n
     keys = (*_LOC_KEYS, "nbytes", "stats_source", "nan_count", "pos_inf_count", "neg_inf_count", "min", "max")
     tl, bl = (side.select(list(keys)).take(large).to_pylist() for side in (t, b))  # dicts: large pairs only
     # pairs of the same two payloads (dtype, shape, ranges) are computed once: repeated
@@ -567,7 +587,7 @@ def _compute(archive, t: pa.Table, b: pa.Table, mode: str, workers, progress) ->
             repeats.append((i, lead))
     tensor_bytes = sum((x["nbytes"] or 0) + (y["nbytes"] or 0) for _, x, y in todo)
     pool, submit = _pool(archive, tensor_bytes, mode, workers)
-    with pool, threadpool_limits(1, user_api="blas"):
+    with pool:
         inflight: deque = deque()
         inflight_bytes = 0
         for i, x, y in todo:
@@ -589,7 +609,7 @@ def _compute(archive, t: pa.Table, b: pa.Table, mode: str, workers, progress) ->
         done += 1
     if progress and repeats:
         progress(done, n)
-    return res
+    return done
 
 
 def _pair_key(x: dict, y: dict) -> tuple:
@@ -663,10 +683,28 @@ def _identical(t: pa.Table, b: pa.Table) -> tuple[np.ndarray, MetricColumns] | N
 
 def _compute_small(store, t: pa.Table, b: pa.Table, small: np.ndarray, sizes: np.ndarray, res: ResultColumns,
                    done: int, progress) -> int:
+    """Small pairs in batches (:func:`_small_batches`) into ``res``. Returns ``done``."""
+    for rows, metrics in _small_batches(store, t, b, small, sizes):
+        _put_small(res, rows, metrics)
+        done += rows.size
+        if progress:
+            progress(done, res.n)
+    return done
+
+
+def _put_small(res: ResultColumns, rows: np.ndarray, metrics: MetricColumns) -> None:
+    for name in TENSOR_METRICS:
+        values = metrics.values[name]
+        res.put(rows, name, values, ~np.isnan(values))
+    res.note(rows, metrics.message)
+
+
+def _small_batches(store, t: pa.Table, b: pa.Table, small: np.ndarray, sizes: np.ndarray):
     """Small pairs in batches: payloads read in storage order (pack, offset: the chunk
-    cache serves neighbours), metrics by tensor_metrics_batch (columns). Returns ``done``."""
+    cache serves neighbours), metrics by tensor_metrics_batch (columns). Yields
+    ``(pair rows, MetricColumns)`` per batch."""
     if not small.size:
-        return done
+        return
     at = pa.array(small, pa.int64())
     order = pc.sort_indices(pa.table({"p": t.column("array_path").take(at),
                                       "o": pc.fill_null(t.column("elem_offset").take(at), 0)}),
@@ -674,7 +712,6 @@ def _compute_small(store, t: pa.Table, b: pa.Table, small: np.ndarray, sizes: np
     small, sizes = small[order], sizes[order]
     at = pa.array(small, pa.int64())
     tl, bl = (list(zip(*(side.column(k).take(at).to_pylist() for k in _LOC_KEYS))) for side in (t, b))
-    total = res.n
     start = 0
     cum = np.cumsum(2 * sizes)
     while start < len(small):
@@ -689,17 +726,8 @@ def _compute_small(store, t: pa.Table, b: pa.Table, small: np.ndarray, sizes: np
         targets, benches = found[:end - start], found[:end - start]
         for k, c in zip(own, found[end - start:]):
             benches[k - start] = c
-        metrics = tensor_metrics_batch(targets, benches)
-        rows = small[start:end]
-        for name in TENSOR_METRICS:
-            values = metrics.values[name]
-            res.put(rows, name, values, ~np.isnan(values))
-        res.note(rows, metrics.message)
-        done += end - start
-        if progress:
-            progress(done, total)
+        yield small[start:end], tensor_metrics_batch(targets, benches)
         start = end
-    return done
 
 
 def _finish(item, res: ResultColumns, computed: dict[int, tuple[dict, str | None]]) -> int:

@@ -281,8 +281,11 @@ def _read(store, loc: tuple) -> np.ndarray:
 
 def _read_many(store, locs: list[tuple]) -> list[np.ndarray]:
     """The payloads at ``locs`` (read-only arrays, TensorStore.read_many), in order."""
-    return store.read_many([(loc[0], loc[1], loc[2] or 0, from_catalog_name(loc[3]), tuple(loc[4]))
-                            for loc in locs])
+    dtypes: dict[str, np.dtype] = {}
+    for loc in locs:
+        if loc[3] not in dtypes:
+            dtypes[loc[3]] = from_catalog_name(loc[3])
+    return store.read_many([(loc[0], loc[1], loc[2] or 0, dtypes[loc[3]], tuple(loc[4])) for loc in locs])
 
 
 def _read_pair(store, t: tuple, b: tuple) -> tuple[np.ndarray, np.ndarray]:

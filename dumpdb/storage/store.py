@@ -609,8 +609,10 @@ class TensorStore:
         out: list[np.ndarray] = []
         metas: dict[str, _PackMeta] = {}
         chunks: dict[tuple[str, int], np.ndarray] = {}
+        stored: dict[np.dtype, np.dtype] = {}  # storage_dtype per dtype
         for array_path, offset, count, dtype, shape in locations:
-            dtype = np.dtype(dtype)
+            if not isinstance(dtype, np.dtype):
+                dtype = np.dtype(dtype)
             meta = None
             if array_path is not None and offset is not None and count:
                 meta = metas.get(array_path)
@@ -628,7 +630,9 @@ class TensorStore:
                 chunk = chunks[(array_path, i)] = self._chunk(array_path, meta, i)
             lo = offset - i * meta.chunk
             data = chunk[lo : lo + count]
-            want = storage_dtype(dtype)
+            want = stored.get(dtype)
+            if want is None:
+                want = stored[dtype] = storage_dtype(dtype)
             if data.nbytes != math.prod(shape) * want.itemsize:
                 raise PayloadCorrupt(f"{self.objects.where(array_path)}: {data.nbytes} bytes stored, "
                                      f"{dtype} x {tuple(shape)} needs {math.prod(shape) * want.itemsize}")
@@ -637,7 +641,8 @@ class TensorStore:
             if want != dtype:
                 data = data.view(dtype)
             data = data.reshape(shape)
-            data.flags.writeable = False
+            if data.flags.writeable:
+                data.flags.writeable = False
             out.append(data)
         return out
 

@@ -219,13 +219,18 @@ def test_a_payload_shared_by_both_sides_is_read_once(pair, monkeypatch):
     import dumpdb.compare.engine as engine
 
     reads = []
-    real = engine._read
+    real, real_many = engine._read, engine._read_many
 
     def counting(store, loc):
         reads.append(loc)
         return real(store, loc)
 
+    def counting_many(store, locs):  # small pairs: one batch read of many payloads
+        reads.extend(locs)
+        return real_many(store, locs)
+
     monkeypatch.setattr(engine, "_read", counting)
+    monkeypatch.setattr(engine, "_read_many", counting_many)
     out = engine.compare(dumpdb.open(pair), "c1", "c1", workers=1, store_results=False)
     pairs = out.results.num_rows
     assert pairs == 42 and all(r["max_abs_err"] == 0 for r in out.results.to_pylist())

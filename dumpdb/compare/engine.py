@@ -10,10 +10,11 @@ Arrow table.
 Memory stays bounded: pairs are read from the store a few at a time (at most
 ``INFLIGHT_BYTES`` of payload in flight), metrics are computed in chunks, and a
 payload shared by both sides (same content hash: unchanged parameters, identical
-activations) is read once. Metrics run on a thread pool with one worker per
-core: worker processes for comparisons of 64 MB or more (the metrics make thousands
-of short numpy calls per tensor, so threads would serialise on the GIL), one thread
-below that.
+activations) is read once. Large pairs run on one worker thread per core (``workers``);
+worker processes only where the GIL would bind: more than ``THREAD_MAX_WORKERS`` workers
+on a comparison of ``PROCESS_MIN_BYTES_MANY`` or more, or any comparison of
+``PROCESS_MIN_BYTES`` or more (see :func:`_pool`). A large pair whose two payloads
+(hashes, dtypes, shapes) an earlier pair already compared takes that pair's metrics.
 
 Fast paths (issue 13), each giving what the pair-by-pair path gives (tests/test_compare_fast.py,
 tests/test_compare_stats_sql.py, tests/test_compare_align_sql.py):
@@ -21,8 +22,15 @@ tests/test_compare_stats_sql.py, tests/test_compare_align_sql.py):
 * a pair whose payloads have the same content hash, dtype and shape, with dumpdb's own
   NaN/Inf counts in the catalog, is not read: :func:`~dumpdb.compare.metrics.identical_metrics`;
 * pairs of at most ``SMALL_ELEMENTS`` elements a side (without plug-in metrics) are read in
-  storage order and computed ``BATCH_ELEMENTS`` at a time by
+  storage order, a batch at a time (``TensorStore.read_many``: views of each pack chunk,
+  decoded once), and computed ``BATCH_ELEMENTS`` at a time by
   :func:`~dumpdb.compare.metrics.tensor_metrics_batch` (bit for bit the per-pair values);
+* a large pair of the same two payloads (hashes, dtypes, shapes, catalog ranges) as an
+  earlier one takes its metrics (tests/test_compare_large.py);
+* a large pair whose extremes the catalog gives is cut into segments of
+  ``metrics.SEGMENT_CHUNKS`` chunks that the worker threads compute at once, folded in chunk
+  order (:func:`~dumpdb.compare.metrics.split_pair`: tensor_metrics' bits; the next pairs
+  are read meanwhile, up to ``INFLIGHT_BYTES``);
 * statistics-mode metrics of all pairs are one DuckDB query
   (:func:`~dumpdb.compare.stats_sql.statistics_metrics`);
 * when every pair is compared by its statistics (``mode="statistics"``, or ``auto`` with a
@@ -86,7 +94,9 @@ from dumpdb.compare.metrics import (
     STATS,
     TENSOR_METRICS,
     MetricColumns,
+    SplitPair,
     identical_metrics,
+    split_pair,
     tensor_metrics,
     tensor_metrics_batch,
 )
@@ -278,10 +288,51 @@ def _read(store, loc: tuple) -> np.ndarray:
     return store.read(array_path, offset, count or 0, from_catalog_name(dtype), tuple(shape))
 
 
-def _pair_metrics(store, t: tuple, b: tuple, ranges=None) -> tuple[dict, str | None]:
-    """Metrics of one pair; a payload both sides share (same hash and dtype) is read once."""
+def _read_many(store, locs: list[tuple]) -> list[np.ndarray]:
+    """The payloads at ``locs`` (read-only arrays, TensorStore.read_many), in order."""
+    dtypes: dict[str, np.dtype] = {}
+    for loc in locs:
+        if loc[3] not in dtypes:
+            dtypes[loc[3]] = from_catalog_name(loc[3])
+    return store.read_many([(loc[0], loc[1], loc[2] or 0, dtypes[loc[3]], tuple(loc[4])) for loc in locs])
+
+
+def _read_pair(store, t: tuple, b: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """Both payloads of a pair; a payload both sides share (same hash, dtype, shape) is read once."""
     a = _read(store, t)
-    c = a if t[5] == b[5] and t[3] == b[3] and list(t[4]) == list(b[4]) else _read(store, b)
+    return a, a if t[5] == b[5] and t[3] == b[3] and list(t[4]) == list(b[4]) else _read(store, b)
+
+
+def _pair_metrics(store, t: tuple, b: tuple, ranges=None) -> tuple[dict, str | None]:
+    """Metrics of one pair, read and computed here (:func:`_read_pair`, :func:`_metrics_of`)."""
+    return _metrics_of(*_read_pair(store, t, b), ranges)
+
+
+class _Segments:
+    """A pair computed as :class:`~dumpdb.compare.metrics.SplitPair` segment tasks on the pool."""
+
+    def __init__(self, split: SplitPair, futures: list) -> None:
+        self.split, self.futures = split, futures
+
+    def result(self) -> tuple[dict, str | None]:
+        return self.split.finish([f.result() for f in self.futures])
+
+
+def _pair_in_thread(pool, store, t: tuple, b: tuple, ranges) -> tuple[dict, str | None] | _Segments:
+    """A worker thread's task for one large pair: read it; a pair whose extremes the catalog
+    gives (:func:`_ranges`) and split_pair accepts is cut into segments queued on ``pool``
+    (both cores work on one big pair; folded in chunk order: tensor_metrics' bits), any
+    other pair computed here. Never waits on the pool (no deadlock): the caller folds."""
+    a, c = _read_pair(store, t, b)
+    split = split_pair(a, c, ranges) if ranges is not None else None
+    if split is None:
+        return _metrics_of(a, c, ranges)
+    return _Segments(split, [pool.submit(task) for task in split.tasks()])
+
+
+def _metrics_of(a: np.ndarray, c: np.ndarray, ranges=None) -> tuple[dict, str | None]:
+    """:func:`~dumpdb.compare.metrics.tensor_metrics` of a pair, plus ``flat_euc_dist`` and
+    the plug-in metrics."""
     metrics, message = tensor_metrics(a, c, ranges=ranges)
     if a.shape != c.shape and a.size == c.size and a.size:
         # a reshape on one side only (AMP adds some): the precision rules compare the values
@@ -296,9 +347,11 @@ def _pair_metrics(store, t: tuple, b: tuple, ranges=None) -> tuple[dict, str | N
     return metrics, message
 
 
-# Worker processes: numpy releases the GIL inside each operation, but the metrics make
-# thousands of short calls per tensor, so threads serialise on the GIL (measured: two
-# threads slower than one). Processes scale; each opens the store once.
+# Worker processes: numpy releases the GIL inside each operation; the metrics make ~40
+# calls per 64 Ki-element chunk (~0.6 ms of work, ~0.1 ms holding the GIL), so threads
+# scale on a few cores once BLAS is held to one thread, without the ~1.5-3 s a forkserver
+# pool takes to start (imports in each worker) and without reading a payload in another
+# process. Processes remain for comparisons so large that the GIL share would bind.
 _WORKER_STORE = None
 
 
@@ -317,7 +370,9 @@ def _pair_metrics_in_worker(t: tuple, b: tuple, ranges=None) -> tuple[dict, str 
     return _pair_metrics(_WORKER_STORE, t, b, ranges)
 
 
-PROCESS_MIN_BYTES = 64 << 20  # below this, starting worker processes costs more than it saves
+PROCESS_MIN_BYTES = 16 << 30  # below this, worker threads finish before worker processes would have started
+THREAD_MAX_WORKERS = 4  # ~1/6 of the metrics' time holds the GIL: threads stop scaling beyond a few
+PROCESS_MIN_BYTES_MANY = 64 << 20  # with more workers than that, processes from this size on
 
 
 def compare(archive, target: str | Selection, bench: str | Selection, *, iteration: int | None = None,
@@ -470,17 +525,22 @@ def _pair_sides(trows: pa.Table, brows: pa.Table, pairs: pa.Table) -> tuple[pa.T
 
 
 def _pool(archive, tensor_bytes: int, mode, workers: int):
-    """Worker processes for big comparisons, one thread otherwise."""
+    """``workers`` worker processes (each pair read and computed whole in one) where the GIL
+    would bind, ``workers`` threads otherwise (a pair read by one, then its segments on all:
+    :func:`_pair_in_thread`). The same bits either way. Returns (pool, submit(t, b) -> future)."""
     if mode == "statistics":
         tensor_bytes = 0
-    if workers > 1 and tensor_bytes >= PROCESS_MIN_BYTES:
+    many = workers > THREAD_MAX_WORKERS and tensor_bytes >= PROCESS_MIN_BYTES_MANY
+    if workers > 1 and (tensor_bytes >= PROCESS_MIN_BYTES or many):
         ctx = multiprocessing.get_context("forkserver")
         pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
                                    initargs=(archive.store.zstore,))
         return pool, lambda t, b: pool.submit(_pair_metrics_in_worker, _loc(t), _loc(b), _ranges(t, b))
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dumpdb-compare")
+    pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="dumpdb-compare")
     store = archive.store
-    return pool, lambda t, b: pool.submit(_pair_metrics, store, _loc(t), _loc(b), _ranges(t, b))
+    if registry.metrics("tensor", builtin=False):  # plug-ins see each pair whole
+        return pool, lambda t, b: pool.submit(_pair_metrics, store, _loc(t), _loc(b), _ranges(t, b))
+    return pool, lambda t, b: pool.submit(_pair_in_thread, pool, store, _loc(t), _loc(b), _ranges(t, b))
 
 
 _NO_PAYLOAD = "no payload on one side: statistics compared instead"
@@ -523,32 +583,76 @@ def _compute(archive, t: pa.Table, b: pa.Table, mode: str, workers, progress) ->
     done += _compute_statistics(t, b, statistics, res)
     if progress and done:
         progress(done, n)
-    with threadpool_limits(1, user_api="blas"):  # as the per-pair paths: the same BLAS sums, bit for bit
-        done = _compute_small(archive.store, t, b, small, tshape.size[small_mask], res, done, progress)
+    small_sizes = tshape.size[small_mask]
     if not large.size:
+        with threadpool_limits(1, user_api="blas"):  # as the per-pair paths: the same BLAS sums, bit for bit
+            _compute_small(archive.store, t, b, small, small_sizes, res, done, progress)
         return res
+    # the small pairs on a thread of their own while the large ones run (the small path's
+    # time then overlaps the pool's instead of leaving the cores idle before it)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="dumpdb-compare-small") as helper, \
+            threadpool_limits(1, user_api="blas"):
+        smalls = helper.submit(lambda: list(_small_batches(archive.store, t, b, small, small_sizes)))
+        done = _compute_large(archive, t, b, large, mode, workers, fast, res, done, progress)
+        for rows, metrics in smalls.result():
+            _put_small(res, rows, metrics)
+            done += rows.size
+    if progress and small.size:
+        progress(done, n)
+    return res
+
+
+def _compute_large(archive, t: pa.Table, b: pa.Table, large: np.ndarray, mode: str, workers: int, fast: bool,
+                   res: ResultColumns, done: int, progress) -> int:
+    """The pairs ``large`` one by one on the pool (:func:`_pool`), into ``res``; repeats of a
+    pair computed once. Returns ``done``."""
+    n = res.n
     keys = (*_LOC_KEYS, "nbytes", "stats_source", "nan_count", "pos_inf_count", "neg_inf_count", "min", "max")
     tl, bl = (side.select(list(keys)).take(large).to_pylist() for side in (t, b))  # dicts: large pairs only
-    tensor_bytes = sum((x["nbytes"] or 0) + (y["nbytes"] or 0) for x, y in zip(tl, bl))
+    # pairs of the same two payloads (dtype, shape, ranges) are computed once: repeated
+    # layers and unchanged parameters make most large pairs of a training dump repeats
+    leaders: dict[tuple, int] = {}
+    repeats: list[tuple[int, int]] = []  # (pair, the pair computed for it)
+    computed: dict[int, tuple[dict, str | None]] = {}
+    todo = []
+    for i, x, y in zip(large.tolist(), tl, bl):
+        lead = leaders.setdefault(_pair_key(x, y), i) if fast else i
+        if lead == i:
+            todo.append((i, x, y))
+        else:
+            repeats.append((i, lead))
+    tensor_bytes = sum((x["nbytes"] or 0) + (y["nbytes"] or 0) for _, x, y in todo)
     pool, submit = _pool(archive, tensor_bytes, mode, workers)
-    with pool, threadpool_limits(1, user_api="blas"):
+    with pool:
         inflight: deque = deque()
         inflight_bytes = 0
-        for i, x, y in zip(large.tolist(), tl, bl):
+        for i, x, y in todo:
             size = (x["nbytes"] or 0) + (y["nbytes"] or 0)
             while inflight and inflight_bytes + size > INFLIGHT_BYTES:
-                inflight_bytes -= _finish(inflight.popleft(), res)
+                inflight_bytes -= _finish(inflight.popleft(), res, computed)
                 done += 1
                 if progress:
                     progress(done, n)
             inflight.append((i, size, submit(x, y)))
             inflight_bytes += size
         while inflight:
-            _finish(inflight.popleft(), res)
+            _finish(inflight.popleft(), res, computed)
             done += 1
             if progress:
                 progress(done, n)
-    return res
+    for i, lead in repeats:
+        res.put_row(i, *computed[lead])
+        done += 1
+    if progress and repeats:
+        progress(done, n)
+    return done
+
+
+def _pair_key(x: dict, y: dict) -> tuple:
+    """What a large pair's metrics depend on: both payloads (content hash, dtype, shape)
+    and the ranges the first pass may take from the catalog (:func:`_ranges`)."""
+    return (x["content_hash"], x["dtype"], tuple(x["shape"] or ()), y["content_hash"], y["dtype"],
+            tuple(y["shape"] or ()), _ranges(x, y))
 
 
 def _valid(col) -> np.ndarray:
@@ -641,10 +745,28 @@ def _identical(t: pa.Table, b: pa.Table) -> tuple[np.ndarray, MetricColumns] | N
 
 def _compute_small(store, t: pa.Table, b: pa.Table, small: np.ndarray, sizes: np.ndarray, res: ResultColumns,
                    done: int, progress) -> int:
+    """Small pairs in batches (:func:`_small_batches`) into ``res``. Returns ``done``."""
+    for rows, metrics in _small_batches(store, t, b, small, sizes):
+        _put_small(res, rows, metrics)
+        done += rows.size
+        if progress:
+            progress(done, res.n)
+    return done
+
+
+def _put_small(res: ResultColumns, rows: np.ndarray, metrics: MetricColumns) -> None:
+    for name in TENSOR_METRICS:
+        values = metrics.values[name]
+        res.put(rows, name, values, ~np.isnan(values))
+    res.note(rows, metrics.message)
+
+
+def _small_batches(store, t: pa.Table, b: pa.Table, small: np.ndarray, sizes: np.ndarray):
     """Small pairs in batches: payloads read in storage order (pack, offset: the chunk
-    cache serves neighbours), metrics by tensor_metrics_batch (columns). Returns ``done``."""
+    cache serves neighbours), metrics by tensor_metrics_batch (columns). Yields
+    ``(pair rows, MetricColumns)`` per batch."""
     if not small.size:
-        return done
+        return
     at = pa.array(small, pa.int64())
     order = pc.sort_indices(pa.table({"p": t.column("array_path").take(at),
                                       "o": pc.fill_null(t.column("elem_offset").take(at), 0)}),
@@ -652,7 +774,6 @@ def _compute_small(store, t: pa.Table, b: pa.Table, small: np.ndarray, sizes: np
     small, sizes = small[order], sizes[order]
     at = pa.array(small, pa.int64())
     tl, bl = (list(zip(*(side.column(k).take(at).to_pylist() for k in _LOC_KEYS))) for side in (t, b))
-    total = res.n
     start = 0
     cum = np.cumsum(2 * sizes)
     while start < len(small):
@@ -660,25 +781,21 @@ def _compute_small(store, t: pa.Table, b: pa.Table, small: np.ndarray, sizes: np
         base = cum[start - 1] if start else 0
         end = int(np.searchsorted(cum, base + BATCH_ELEMENTS, side="left")) + 1
         end = min(max(end, start + 1), len(small))
-        targets = [_read(store, tl[k]) for k in range(start, end)]
-        # a payload both sides share (same hash, dtype, shape) is read once
-        benches = [a if tl[k] == bl[k] else _read(store, bl[k]) for a, k in zip(targets, range(start, end))]
-        metrics = tensor_metrics_batch(targets, benches)
-        rows = small[start:end]
-        for name in TENSOR_METRICS:
-            values = metrics.values[name]
-            res.put(rows, name, values, ~np.isnan(values))
-        res.note(rows, metrics.message)
-        done += end - start
-        if progress:
-            progress(done, total)
+        # one read_many per batch (views of each pack chunk, decoded once); a payload both
+        # sides share (same hash, dtype, shape) is read once
+        own = [k for k in range(start, end) if tl[k] != bl[k]]
+        found = _read_many(store, [*tl[start:end], *(bl[k] for k in own)])
+        targets, benches = found[:end - start], found[:end - start]
+        for k, c in zip(own, found[end - start:]):
+            benches[k - start] = c
+        yield small[start:end], tensor_metrics_batch(targets, benches)
         start = end
-    return done
 
 
-def _finish(item, res: ResultColumns) -> int:
+def _finish(item, res: ResultColumns, computed: dict[int, tuple[dict, str | None]]) -> int:
     i, size, future = item
-    metrics, message = future.result()
+    found = future.result()
+    computed[i] = metrics, message = found.result() if isinstance(found, _Segments) else found
     res.put_row(i, metrics, message)
     return size
 

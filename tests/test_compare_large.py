@@ -1,0 +1,123 @@
+"""The compare engine's large-pair path (issue 13, tensor compare speed): worker threads,
+pairs of the same two payloads computed once, and a large pair's chunks computed in
+parallel and folded in order, each giving what ``metrics.tensor_metrics`` gives pair by pair."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+import dumpdb
+import dumpdb.compare.engine as engine
+from dumpdb.compare import metrics
+from dumpdb.compare.engine import compare
+from dumpdb.compare.metrics import TENSOR_METRICS, tensor_metrics
+
+N = 70_000  # elements a tensor: above engine.SMALL_ELEMENTS (the batched path)
+
+
+def _dump(root: Path, payloads: list[np.ndarray]) -> None:
+    """A MindSpore e2e dump (one iteration), op k's output 0 holding ``payloads[k]``."""
+    rank = root / "rank_0"
+    (rank / ".dump_metadata").mkdir(parents=True)
+    (rank / ".dump_metadata" / "config.json").write_text('{"device_target":"CPU","ms_version":"2.10.0"}')
+    folder = rank / "Net" / "0" / "0"
+    folder.mkdir(parents=True)
+    stamp = 1_795_336_652_543_735
+    for k, x in enumerate(payloads):
+        name = f"Default_network-WithLossCell__backbone-Net_layer{k}-Dense_MatMul-op{k}"
+        kind = {np.dtype(np.float32): "Float32", np.dtype(np.float16): "Float16"}[x.dtype]
+        np.save(folder / f"MatMul.{name}.0.0.{stamp + 17 * k}.output.0.DefaultFormat.{kind}.npy", x)
+
+
+def _archive(tmp_path: Path) -> tuple[Path, list[np.ndarray], list[np.ndarray]]:
+    """Runs ``target`` (float16) and ``bench`` (float32) whose pairs repeat: ops 0, 1 and 3
+    compare the same two payloads, op 2 another pair, op 4 the target of op 0 against
+    another bench payload."""
+    rng = np.random.default_rng(7)
+    a, b, c = (rng.standard_normal(N).astype(np.float32) for _ in range(3))
+    a[::5] = 0.0  # bench zeros: the relative errors' eps rule
+    noisy = [(x * (1 + 1e-3 * rng.standard_normal(N))).astype(np.float16) for x in (a, b)]
+    target = [noisy[0], noisy[0], noisy[1], noisy[0], noisy[0]]
+    bench = [a, a, b, a, c]
+    _dump(tmp_path / "target", target)
+    _dump(tmp_path / "bench", bench)
+    archive = tmp_path / "a.dumpdb"
+    for run in ("bench", "target"):
+        assert dumpdb.ingest(tmp_path / run, archive=archive, run=run).ok
+    return archive, target, bench
+
+
+def _rows(results) -> dict[str, dict]:
+    return {r["target_name"]: r for r in results.to_pylist()}
+
+
+def test_pairs_of_the_same_payloads_are_computed_once(tmp_path, monkeypatch):
+    archive, target, bench = _archive(tmp_path)
+    calls = []
+    real = engine._read_pair
+
+    def counting(store, t, b):
+        calls.append(repr((t, b)))
+        return real(store, t, b)
+
+    monkeypatch.setattr(engine, "_read_pair", counting)
+    out = compare(dumpdb.open(archive), "target", "bench", workers=1, store_results=False).results
+    assert len(calls) == len(set(calls)) == 3  # ops 0/1/3 once, op 2, op 4
+    rows = _rows(out)
+    assert len(rows) == 5
+    for k in range(5):
+        row = next(r for name, r in rows.items() if name.endswith(f"-op{k}"))
+        with threadpool_limits(1, user_api="blas"):  # as the engine: one BLAS thread, the same sums
+            want, _ = tensor_metrics(target[k], bench[k])
+        assert {m: row[m] for m in TENSOR_METRICS} == want, k
+        assert row["err_message"] is not None and "dtype mismatch" in row["err_message"]
+    assert rows[next(n for n in rows if n.endswith("-op0"))]["max_abs_err"] > 0
+
+
+def test_worker_threads_give_the_one_thread_results(pair_archive, monkeypatch):
+    """Large pairs on ``workers`` threads (below PROCESS_MIN_BYTES): the same bits as one thread."""
+    monkeypatch.setattr(engine, "SMALL_ELEMENTS", 0)  # every pair one by one (no batched path)
+    a = dumpdb.open(pair_archive)
+    one = compare(a, "fp16", "fp32", workers=1, store_results=False).results
+    started = []
+
+    class Recording(engine.ThreadPoolExecutor):
+        def __init__(self, *args, **kwargs):
+            started.append(kwargs.get("max_workers"))
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "ThreadPoolExecutor", Recording)
+    many = compare(a, "fp16", "fp32", workers=2, store_results=False).results
+    assert 2 in started
+    columns = [*TENSOR_METRICS, "result", "err_message", "mode"]
+    assert one.num_rows == many.num_rows > 50
+    assert [repr(v) for c in columns for v in many.column(c).to_pylist()] == \
+        [repr(v) for c in columns for v in one.column(c).to_pylist()]
+
+
+def test_a_large_pair_runs_as_segments_on_worker_threads(tmp_path, monkeypatch):
+    """A pair cut into segments (one chunk each here) on two threads, folded in chunk
+    order: tensor_metrics' bits."""
+    archive, target, bench = _archive(tmp_path)
+    monkeypatch.setattr(metrics, "SEGMENT_CHUNKS", 1)
+    segments = []
+    real = metrics.SplitPair.tasks
+
+    def recording(self, segment=None):
+        found = real(self, segment)
+        segments.append(len(found))
+        return found
+
+    monkeypatch.setattr(metrics.SplitPair, "tasks", recording)
+    out = compare(dumpdb.open(archive), "target", "bench", workers=2, store_results=False).results
+    assert segments == [2, 2, 2]  # 70,000 elements: two 64 Ki-element chunks, one segment each
+    rows = _rows(out)
+    for k in range(5):
+        row = next(r for name, r in rows.items() if name.endswith(f"-op{k}"))
+        with threadpool_limits(1, user_api="blas"):
+            want, message = tensor_metrics(target[k], bench[k])
+        assert {m: row[m] for m in TENSOR_METRICS} == want, k
+        assert row["err_message"].startswith(message)  # then the verdict's reason

@@ -32,7 +32,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import BrokenExecutor, Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import BrokenExecutor, Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from dataclasses import fields as dataclass_fields
 from datetime import datetime
@@ -326,6 +326,8 @@ class _Pipeline:
         self.done: set[str] = set()  # tensor keys the run held when this ingest began
         self.executor: _Executors | None = None  # worker processes / Dask; None: threads here
         self.accepted = 0  # entries taken since the packs were last cut
+        self.committer: ThreadPoolExecutor | None = None  # the commit thread (see _commit)
+        self.in_commit: Future | None = None  # the commit in flight
 
     # -- setup ---------------------------------------------------------------
     def _identity(self) -> identity.IdentityPlan:
@@ -467,6 +469,7 @@ class _Pipeline:
             self._commit()
             for sf in self.scan.statistics_files:
                 self._statistics(sf)
+            self._settle()
         except KeyboardInterrupt:
             interrupted = True
             self.report.interrupted = True
@@ -474,6 +477,7 @@ class _Pipeline:
             self._durable(self.writer.flush())
             self._drop_committed()
             self._commit()
+            self._settle()
         except OSError as exc:
             # Writing the store failed (disk full, archive unwritable): keep what was
             # committed, settle the run as interrupted, and say so in one line.
@@ -489,6 +493,9 @@ class _Pipeline:
                 f"{where}: cannot write the archive: {exc.strerror or exc}; the {self.report.tensors_added} "
                 "tensors committed so far are kept: free the problem and run the same command again") from exc
         finally:
+            self._settle(raise_error=False)  # no-op unless leaving on an error: nothing writes after the locks go
+            if self.committer is not None:
+                self.committer.shutdown(wait=True)
             self.writer.close()
         self._finish(interrupted)
         if interrupted:
@@ -552,6 +559,7 @@ class _Pipeline:
     def _committed_keys(self, candidates: list[str]) -> set[str]:
         """Which of ``candidates`` the run holds (earlier batches committed first)."""
         self._commit()
+        self._settle()
         with self.catalog.reader() as con:
             return {k for (k,) in con.execute(
                 "SELECT tensor_key FROM tensors WHERE run = ? AND tensor_key IN (SELECT unnest(?))",
@@ -560,6 +568,7 @@ class _Pipeline:
     def _drop_committed(self) -> None:
         """A Ctrl-C that lands after a COMMIT but before the batch was cleared leaves rows
         that are already in the catalog: drop them so the recovery commit cannot add them twice."""
+        self._settle(raise_error=False)
         if not (self.rows or self.error_rows):
             return
         with self.catalog.reader() as con:
@@ -575,7 +584,9 @@ class _Pipeline:
         the errors) if the catalog still accepts writes; drop everything else."""
         self.waiting.clear()
         try:
+            self._settle(raise_error=False)
             self._commit()
+            self._settle()
         except Exception:  # noqa: BLE001 - nothing more can be saved
             pass
 
@@ -749,6 +760,11 @@ class _Pipeline:
         return len(self.rows) >= COMMIT_ROWS or time.monotonic() - self.last_commit >= COMMIT_SECONDS
 
     def _commit(self) -> None:
+        """Hand the rows ready (payloads durable) to the committer thread as one DuckDB
+        transaction, after the previous one finished (at most one in flight, in order): the
+        commit's open, insert, COMMIT and checkpoint overlap reading and compressing instead
+        of stopping them. Its error, if any, is raised here or by :meth:`_settle`."""
+        self._settle()
         arrays, self.arrays = self.arrays, []
         tables, self.tables = self.tables, []
         if not (self.rows or self.error_rows or arrays or self.blob_rows or tables):
@@ -756,25 +772,48 @@ class _Pipeline:
         # Rows whose payload is still in a pack buffer stay behind (self.waiting).
         new = [r for r in self.rows if r["tensor_key"] not in self.replacing]
         replaced = [r for r in self.rows if r["tensor_key"] in self.replacing]
+        for r in replaced:
+            del self.replacing[r["tensor_key"]]
+        batch = (self.blob_rows, arrays, new, replaced, tables, self.error_rows)
+        self.rows, self.blob_rows, self.error_rows = [], [], []
+        self.last_commit = time.monotonic()
+        if self.committer is None:
+            self.committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dumpdb-commit")
+        self.in_commit = self.committer.submit(self._write_commit, *batch)
+
+    def _write_commit(self, blob_rows: list[BlobLocation], arrays: list, new: list[dict], replaced: list[dict],
+                      tables: list[pa.Table], error_rows: list[dict]) -> None:
+        """Committer thread: one transaction of blobs/arrays, tensors and ingest_errors rows."""
         with self.catalog.writer() as con:
-            record_payloads(con, self.blob_rows, arrays, self.run_name)
+            record_payloads(con, blob_rows, arrays, self.run_name)
             insert_arrow(con, "tensors", rows_table(new, TENSOR_SCHEMA),
                          prefix="nextval('tensor_id_seq') AS tensor_id,")
             if replaced:
                 _replace_rows(con, self.run_name, rows_table(replaced, TENSOR_SCHEMA))
             for table in tables:
                 insert_arrow(con, "tensors", table, prefix="nextval('tensor_id_seq') AS tensor_id,")
-            insert_arrow(con, "ingest_errors", rows_table(self.error_rows, ERROR_SCHEMA))
+            insert_arrow(con, "ingest_errors", rows_table(error_rows, ERROR_SCHEMA))
         self.report.tensors_added += len(new) + sum(t.num_rows for t in tables)
         self.report.tensors_replaced += len(replaced)
-        for r in replaced:
-            del self.replacing[r["tensor_key"]]
-        self.rows, self.blob_rows, self.error_rows = [], [], []
-        self.last_commit = time.monotonic()
         if self.heartbeat is not None:
             touch(self.heartbeat)  # the last sign of life (dumpdb.catalog.runstate)
 
+    def _settle(self, raise_error: bool = True) -> None:
+        """Wait for the commit in flight (if any); raise its error unless not ``raise_error``
+        (cleanup after another error: the locks must not go while it still writes)."""
+        future = self.in_commit
+        if future is None:
+            return
+        try:
+            future.result()  # a Ctrl-C here leaves it in flight: the next _settle waits again
+        except Exception:
+            self.in_commit = None
+            if raise_error:
+                raise
+        self.in_commit = None
+
     def _finish(self, interrupted: bool) -> None:
+        self._settle()
         report = self.report
         status = "interrupted" if interrupted else ("complete_with_errors" if report.errors else "complete")
         with self.catalog.writer() as con:

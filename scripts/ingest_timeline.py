@@ -42,6 +42,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("dump", type=Path, help="dump directory to ingest")
     p.add_argument("--archive", type=Path, help="archive (default: a temporary one, removed)")
     p.add_argument("--tick", type=float, default=0.1, help="sampling period, seconds (default 0.1)")
+    p.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=VALUE",
+                   help="set a module or class attribute first (a Python literal), to compare settings, "
+                        "e.g. dumpdb.storage.local.DurableLocalStore.parallel_writes=2")
     p.add_argument("--quiet-timeline", action="store_true", help="print only the phase table")
     p.add_argument("extra", nargs="*", help="more 'dumpdb ingest' options (after --)")
     return p.parse_args()
@@ -110,7 +113,6 @@ def instrument(rec: Recorder) -> None:
     import dumpdb.storage.local as local
     import dumpdb.storage.shard as shard
     import dumpdb.storage.store as store
-    import dumpdb.stats as stats
 
     rec.wrap(pipeline, "locate", "locate")
     rec.wrap(pipeline, "_open_for_write", "archive open/create")
@@ -139,7 +141,25 @@ def instrument(rec: Recorder) -> None:
     rec.wrap(local, "fsync_dir", "fsync dir")
     rec.wrap(os, "fsync", "fsync")
     rec.wrap(archive, "open_tensor_store", "open tensor store")
-    del stats
+
+
+def setting(item: str) -> None:
+    """Apply one ``--set MODULE.NAME=VALUE`` (the longest importable module prefix)."""
+    import ast
+    import importlib
+
+    target, _, value = item.partition("=")
+    parts = target.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for name in parts[i:-1]:
+            obj = getattr(obj, name)
+        setattr(obj, parts[-1], ast.literal_eval(value))
+        return
+    raise SystemExit(f"--set {item}: no module in {target!r}")
 
 
 def main() -> None:
@@ -152,6 +172,8 @@ def main() -> None:
     import dumpdb.cli as cli
 
     instrument(rec)
+    for item in args.set:
+        setting(item)
     imported = time.perf_counter() - t_import
     work = Path(tempfile.mkdtemp(prefix="dumpdb-timeline-")) if args.archive is None else None
     archive = args.archive or (work / "archive")  # type: ignore[operator]

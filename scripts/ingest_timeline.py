@@ -15,7 +15,7 @@ thread's phase). Worker processes (``--workers N`` >= 2) are not sampled: it is 
 the in-process path (the default on fewer than 4 cores). Figures are for the machine as it
 is at that moment (it is shared: read them next to ``scripts/bench_ingest.py``'s ratios).
 
-    python scripts/ingest_timeline.py DUMP [--archive DIR] [-- extra ingest options]
+    python scripts/ingest_timeline.py DUMP [--archive DIR] [ingest options, e.g. --workers 1]
 """
 
 from __future__ import annotations
@@ -46,8 +46,9 @@ def parse_args() -> argparse.Namespace:
                    help="set a module or class attribute first (a Python literal), to compare settings, "
                         "e.g. dumpdb.storage.local.DurableLocalStore.parallel_writes=2")
     p.add_argument("--quiet-timeline", action="store_true", help="print only the phase table")
-    p.add_argument("extra", nargs="*", help="more 'dumpdb ingest' options (after --)")
-    return p.parse_args()
+    args, extra = p.parse_known_args()
+    args.extra = [a for a in extra if a != "--"]  # the rest: 'dumpdb ingest' options
+    return args
 
 
 class Recorder:

@@ -348,6 +348,7 @@ class _Pipeline:
         self.accepted = 0  # entries taken since the packs were last cut
         self.committer: ThreadPoolExecutor | None = None  # the commit thread (see _commit)
         self.in_commit: Future | None = None  # the commit in flight
+        self.told: list[tuple] = []  # reporter calls waiting for the commit in flight (_tell)
 
     # -- setup ---------------------------------------------------------------
     def _identity(self) -> identity.IdentityPlan:
@@ -545,7 +546,7 @@ class _Pipeline:
                 self.tables.append(table)
                 self.rows.extend(rows)
                 self._commit()
-                self.reporter.advance(part.records, 0)
+                self._tell("advance", part.records, 0)
         except (OSError, DumpdbError) as exc:
             self._error(sf.source_file, reason(exc, sf.path))
 
@@ -721,7 +722,7 @@ class _Pipeline:
         entry = item.entry
         payload = item.payload  # the array, or a reference a worker process writes
         self.report.bytes_read += item.file_bytes if payload is not None else 0
-        self.reporter.advance(1, item.file_bytes)
+        self._tell("advance", 1, item.file_bytes)
         if item.error:
             self._error(entry.source_file if entry is not None else "?", item.error)
             return
@@ -758,7 +759,7 @@ class _Pipeline:
     def _error(self, source_file: str, message: str) -> None:
         self.report.errors.append((source_file, message))
         self.error_rows.append({"run": self.run_name, "source_file": source_file, "error": message})
-        self.reporter.error(source_file, message)
+        self._tell("error", source_file, message)
 
     # -- commits -------------------------------------------------------------
     def _progress(self) -> None:
@@ -818,6 +819,28 @@ class _Pipeline:
         if self.heartbeat is not None:
             touch(self.heartbeat)  # the last sign of life (dumpdb.catalog.runstate)
 
+    def _tell(self, what: str, *args: Any) -> None:
+        """Call the reporter's ``what(*args)`` - never while a commit is in flight: a reporter
+        (or anything it calls) may read the catalog, which this process cannot open while its
+        committer thread holds it read-write. Meanwhile calls wait, in order (consecutive
+        ``advance`` calls summed); they are made once the commit is done."""
+        future = self.in_commit
+        if future is not None and not future.done():
+            last = self.told[-1] if self.told else None
+            if what == "advance" and last is not None and last[0] == "advance":
+                self.told[-1] = ("advance", last[1] + args[0], last[2] + args[1])
+            else:
+                self.told.append((what, *args))
+            return
+        self._told()
+        getattr(self.reporter, what)(*args)
+
+    def _told(self) -> None:
+        """Make the reporter calls that waited for a commit (:meth:`_tell`)."""
+        while self.told:
+            what, *args = self.told.pop(0)
+            getattr(self.reporter, what)(*args)
+
     def _settle(self, raise_error: bool = True) -> None:
         """Wait for the commit in flight (if any); raise its error unless not ``raise_error``
         (cleanup after another error: the locks must not go while it still writes)."""
@@ -831,6 +854,7 @@ class _Pipeline:
             if raise_error:
                 raise
         self.in_commit = None
+        self._told()
 
     def _finish(self, interrupted: bool) -> None:
         self._settle()

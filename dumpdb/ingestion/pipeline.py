@@ -494,6 +494,8 @@ class _Pipeline:
         except KeyboardInterrupt:
             interrupted = True
             self.report.interrupted = True
+            # progress that waited for a commit no longer matters (errors are still told)
+            self.told = [call for call in self.told if call[0] != "advance"]
             # Keep what is complete: write buffered packs and commit their rows.
             self._durable(self.writer.flush())
             self._drop_committed()
@@ -822,15 +824,11 @@ class _Pipeline:
     def _tell(self, what: str, *args: Any) -> None:
         """Call the reporter's ``what(*args)`` - never while a commit is in flight: a reporter
         (or anything it calls) may read the catalog, which this process cannot open while its
-        committer thread holds it read-write. Meanwhile calls wait, in order (consecutive
-        ``advance`` calls summed); they are made once the commit is done."""
+        committer thread holds it read-write. Meanwhile calls wait, in order; they are made
+        once the commit is done."""
         future = self.in_commit
         if future is not None and not future.done():
-            last = self.told[-1] if self.told else None
-            if what == "advance" and last is not None and last[0] == "advance":
-                self.told[-1] = ("advance", last[1] + args[0], last[2] + args[1])
-            else:
-                self.told.append((what, *args))
+            self.told.append((what, *args))  # one by one: a reporter may count its calls
             return
         self._told()
         getattr(self.reporter, what)(*args)

@@ -116,6 +116,14 @@ def instrument(rec: Recorder) -> None:
     import dumpdb.storage.store as store
 
     rec.wrap(pipeline, "locate", "locate")
+    import dumpdb.layouts as layouts
+
+    for kind in {type(lay) for lay in layouts.LAYOUTS}:
+        if "scan" in vars(kind):
+            rec.wrap(kind, "scan", "scan (layout)")
+    rec.wrap(pipeline, "check_ranges", "scan: check_ranges")
+    rec.wrap(pipeline.Pipeline, "_identity", "begin: identity check")
+    rec.wrap(pipeline.StoredStats, "load", "begin: stored statistics")
     rec.wrap(pipeline, "_open_for_write", "archive open/create")
     rec.wrap(connection.Catalog, "check", "catalog open/migrate/check")
     rec.wrap(pipeline.Pipeline, "_begin", "begin (identity, runs row, known hashes)")

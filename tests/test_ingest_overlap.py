@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import json
+import shutil
 import subprocess
 import sys
 import threading
@@ -19,7 +20,7 @@ from pathlib import Path
 import duckdb
 import numpy as np
 import pytest
-from conftest import ms_case, npy_files
+from conftest import ms_case, npy_files, npy_payload
 
 import dumpdb
 from dumpdb.errors import DumpdbError
@@ -186,3 +187,39 @@ def test_set_if_not_exists_of_an_existing_object_writes_nothing(tmp_path, monkey
     for h, loc in locations.items():
         got = ts.read(loc.array_path, loc.elem_offset, loc.elem_count, np.dtype(np.float32), payloads[h].shape)
         assert got.tobytes() == payloads[h].tobytes()
+
+
+def test_reused_read_memory_keeps_every_payload_exact(tmp_path):
+    """Reader threads read into one reused buffer each (dumpio.ReadBuffer): a payload kept
+    must be copied out before the next file lands there, a repeated one becomes a reference.
+    Every stored payload reads back as its source file, in a dump whose files repeat."""
+    dump = tmp_path / "d"
+    shutil.copytree(ms_case("d1_compare_fp32_iter0"), dump)
+    files = npy_files(dump)
+    big = np.arange(300_000, dtype=np.float32)  # larger than any file before it: the buffer grows
+    it_dir = files[0].parent
+    for k in range(3):
+        np.save(it_dir / f"Add.Default_Add-op9{k}.0.0.{1_700_000_000_000_000 + k}.output.0.DefaultFormat.Float32.npy",
+                big + (k % 2))  # two distinct contents, one of them twice
+    report = dumpdb.ingest(dump, tmp_path / "a", run="r", workers=1)
+    assert report.ok and report.deduplicated > 0
+    with dumpdb.open(tmp_path / "a") as a:
+        rows = a.sql("SELECT tensor_id, source_file FROM tensors WHERE content_hash IS NOT NULL").to_pylist()
+        assert len(rows) == len(npy_files(dump))
+        for r in rows:
+            assert a.tensor(r["tensor_id"]).tobytes() == npy_payload(dump / r["source_file"])[2], r["source_file"]
+
+
+def test_read_dump_into_reuses_one_buffer(tmp_path):
+    from dumpdb.dumpio import ReadBuffer, read_dump_into
+
+    (tmp_path / "a").write_bytes(b"a" * 10)
+    (tmp_path / "b").write_bytes(b"b" * 4)
+    (tmp_path / "c").write_bytes(b"c" * 50)
+    buffer = ReadBuffer()
+    first = read_dump_into(tmp_path / "a", "a", buffer, confined=False)
+    assert bytes(first) == b"a" * 10 and buffer.used
+    second = read_dump_into(tmp_path / "b", "b", buffer, confined=False)
+    assert bytes(second) == b"b" * 4 and bytes(first) == b"b" * 4 + b"a" * 6  # the same memory, read again
+    grown = read_dump_into(tmp_path / "c", "c", buffer, confined=False)
+    assert bytes(grown) == b"c" * 50 and bytes(second) == b"b" * 4  # a new buffer: older views stay valid

@@ -97,6 +97,7 @@ INFLIGHT_BYTES = 256 << 20
 # csv text per streamed statistics batch (one commit each): ~60,000 rows of statistic.csv
 STATISTIC_BATCH_BYTES = 8 << 20
 INFLIGHT_COUNT = 64
+READ_BUFFER_MIN_BYTES = 256 << 10  # files from this size are read into a reader thread's ReadBuffer (_load)
 THREAD_INFLIGHT_BYTES = 64 << 20  # reader threads: past INFLIGHT_COUNT files, more only while under this
 
 # Arrow schemas of the rows this pipeline writes, from the catalog schema (the
@@ -684,7 +685,8 @@ class _Pipeline:
         kept, nothing copied: 74 % of a real dump's bytes), others as a copy."""
         known = self.stored_stats.get if self.stored_stats is not None else None
         buffer = None
-        if self.executor is not None:  # the dump's root: a reference can be read again
+        # small files come from the allocator's free lists already: no faults to save, a copy to pay
+        if self.executor is not None and size >= READ_BUFFER_MIN_BYTES:  # the root: a reference is readable
             buffer = getattr(self.local, "buffer", None)
             if buffer is None:
                 buffer = self.local.buffer = ReadBuffer()

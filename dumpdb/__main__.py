@@ -5,13 +5,49 @@ module is imported, so a Ctrl-C at any moment - while modules load included - en
 as one line, "interrupted", with exit code 130.
 """
 
+import sys
+
 from dumpdb import sigint
+
+# Commands that build Arrow tables from Python lists and never use pandas.
+NO_PANDAS_COMMANDS = ("ingest", "ingest-worker", "commit")
+
+
+def skip_pandas_probe() -> None:
+    """Spare this process pyarrow's import of pandas (~0.3 s of CPU, ~6 % of a 2 GB ingest).
+
+    ``pyarrow.array`` of a Python list first asks whether it is a pandas object, and the
+    first time it asks it imports pandas when installed. Here it asks once while ``import
+    pandas`` fails, so it remembers "no pandas" for that question only; pandas is importable
+    again afterwards (``Table.to_pandas`` imports it as usual). Only for the ingest
+    commands, in the ``dumpdb`` process itself (never in a library call).
+    """
+    if "pandas" in sys.modules:
+        return
+    sys.meta_path.insert(0, _NoPandas)  # "import pandas" raises ImportError meanwhile
+    try:
+        import pyarrow
+
+        pyarrow.array([0])
+    finally:
+        sys.meta_path.remove(_NoPandas)
+
+
+class _NoPandas:
+    """A meta path finder refusing ``pandas`` (see :func:`skip_pandas_probe`)."""
+
+    @staticmethod
+    def find_spec(name: str, path: object = None, target: object = None) -> None:
+        if name == "pandas" or name.startswith("pandas."):
+            raise ImportError(f"{name}: not imported by dumpdb's ingest commands")
 
 
 def main() -> None:
     """Entry point of the ``dumpdb`` command (see :mod:`dumpdb.cli`; Ctrl-C at any moment exits 130)."""
     sigint.install()
     try:
+        if len(sys.argv) > 1 and sys.argv[1] in NO_PANDAS_COMMANDS:
+            skip_pandas_probe()
         from dumpdb.cli import main as cli_main
     except KeyboardInterrupt:  # SIGINT handling not installable (not the main thread)
         sigint.exit_interrupted()

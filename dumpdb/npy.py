@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dumpdb.dtypes import BFLOAT16
-from dumpdb.dumpio import read_dump_bytes
+from dumpdb.dumpio import current_read_buffer, read_dump_bytes, read_dump_into
 from dumpdb.errors import DumpFileError
 
 MAGIC = b"\x93NUMPY"
@@ -238,6 +238,9 @@ def read_npy(path: str, where: str | None = None) -> NpyTensor:
     where = where or path
     # Regular files only, never more than the file's size (dumpdb.dumpio): a FIFO or
     # a symlink to /dev/zero named .npy is refused instead of blocking or filling memory.
+    buffer = current_read_buffer()
+    if buffer is not None:  # an ingest's reader thread: into its reused memory (dumpio.ReadBuffer)
+        return parse_npy(read_dump_into(path, where, buffer), where)
     return parse_npy(read_dump_bytes(path, where), where)
 
 

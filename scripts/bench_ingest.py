@@ -204,8 +204,9 @@ def tree_size(path: Path) -> tuple[int, int]:
     return sum(sizes), len(sizes)
 
 
-def timed(cmd: list[str], log: Path) -> tuple[float, int]:
-    """Run ``cmd`` (output to ``log``); return (wall seconds, peak RSS KiB). Exit if it fails."""
+def timed(cmd: list[str], log: Path) -> tuple[float, int, float]:
+    """Run ``cmd`` (output to ``log``); return (wall seconds, peak RSS KiB, CPU seconds: user +
+    system of it and its waited-for children). Exit if it fails."""
     os.sync()  # do not bill this run for the previous run's writeback
     with open(log, "wb") as f:
         t0 = time.perf_counter()
@@ -215,7 +216,8 @@ def timed(cmd: list[str], log: Path) -> tuple[float, int]:
     proc.returncode = code = os.waitstatus_to_exitcode(status)
     if code != 0:
         sys.exit(f"FAILED (exit {code}): {' '.join(cmd)}\n{log.read_text(errors='replace')[-4000:]}")
-    return seconds, usage.ru_maxrss
+    # wait4's usage includes the descendants the process waited for (tar's zstd, ingest's workers)
+    return seconds, usage.ru_maxrss, usage.ru_utime + usage.ru_stime
 
 
 def per(values: list[float], fmt: str = "{:.2f}") -> str:
@@ -267,20 +269,23 @@ def main() -> None:
     subprocess.run([dumpdb, "--version"], stdout=subprocess.DEVNULL, check=True)  # warm dumpdb's imports too
     jobs = ["-j", str(args.workers)] if args.workers else []
     tar_cmd = ["tar", "-I", "zstd -T2 -3", "-cf", str(tarball), "-C", str(dump.parent), dump.name]
-    ingest_s, tar_s, rss, sizes = [], [], [], []
+    ingest_s, tar_s, rss, sizes, ingest_cpu, tar_cpu = [], [], [], [], [], []
     for i in range(args.repeats):
         archive = out / f"archive-{i}"
-        sec, kib = timed([dumpdb, "ingest", str(dump), "--archive", str(archive), "--run", "bench", "-q", *jobs],
+        sec, kib, cpu = timed([dumpdb, "ingest", str(dump), "--archive", str(archive), "--run", "bench", "-q", *jobs],
                          out / "ingest.log")
         ingest_s.append(sec)
+        ingest_cpu.append(cpu)
         rss.append(kib / 1024)
         sizes.append(tree_size(archive))
         if i < args.repeats - 1:
             remove(archive)
         tarball.unlink(missing_ok=True)
-        tar_s.append(timed(tar_cmd, out / "tar.log")[0])
-        print(f"pair {i + 1}: ingest {ingest_s[-1]:7.2f} s   tar+zstd {tar_s[-1]:7.2f} s   "
-              f"ratio {ingest_s[-1] / tar_s[-1]:.2f}   peak RSS {rss[-1]:.0f} MB", flush=True)
+        sec, _, cpu = timed(tar_cmd, out / "tar.log")
+        tar_s.append(sec)
+        tar_cpu.append(cpu)
+        print(f"pair {i + 1}: ingest {ingest_s[-1]:7.2f} s (CPU {ingest_cpu[-1]:.2f} s)   tar+zstd {tar_s[-1]:7.2f} s "
+              f"(CPU {tar_cpu[-1]:.2f} s)   ratio {ingest_s[-1] / tar_s[-1]:.2f}   peak RSS {rss[-1]:.0f} MB", flush=True)
     summary = (out / "ingest.log").read_text(errors="replace").strip()
     tar_bytes = tarball.stat().st_size
     arch_bytes, arch_files = sizes[-1]
@@ -292,6 +297,8 @@ def main() -> None:
         ("dump payload", f"{payload / GB:.3f} GB (all files: {tree_size(dump)[0] / GB:.3f} GB)"),
         ("ingest s (median)", f"{statistics.median(ingest_s):.2f}   per pair: {per(ingest_s)}"),
         ("tar+zstd s (median)", f"{statistics.median(tar_s):.2f}   per pair: {per(tar_s)}"),
+        ("CPU s (median)", f"ingest {statistics.median(ingest_cpu):.2f}, tar+zstd {statistics.median(tar_cpu):.2f}, "
+                           f"ratio {statistics.median(a / b for a, b in zip(ingest_cpu, tar_cpu)):.3f}"),
         ("ingest / tar time", f"{t_ratio:.3f}   median of pairwise ratios, target <= {TARGET_TIME}: "
                               f"{verdict(t_ratio, TARGET_TIME)}"),
         ("archive size", f"{arch_bytes / GB:.4f} GB in {arch_files} files (per run: {per([b / GB for b, _ in sizes], '{:.4f}')})"),

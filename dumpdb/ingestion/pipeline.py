@@ -27,12 +27,14 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import fcntl
+import gc
 import json
 import os
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import BrokenExecutor, Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import BrokenExecutor, Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from dataclasses import fields as dataclass_fields
 from datetime import datetime
@@ -55,7 +57,7 @@ from dumpdb.archive import (
 from dumpdb.catalog import DEFAULT_LOCK_TIMEOUT, Catalog, insert_arrow, schema
 from dumpdb.catalog.locks import SHARED, store_lock
 from dumpdb.catalog.runstate import run_lock_path, touch
-from dumpdb.dumpio import confine, reason
+from dumpdb.dumpio import ReadBuffer, confine, reason
 from dumpdb.errors import ArchiveError, DumpdbError, SourceChanged
 from dumpdb.ingestion import identity
 from dumpdb.ingestion.ranges import check_ranges
@@ -68,6 +70,7 @@ from dumpdb.ingestion.workers import (
     THREAD_BATCH_BYTES,
     Loaded,
     LoadTask,
+    PayloadRef,
     batches,
     dask_executor,
     default_workers,
@@ -94,6 +97,7 @@ INFLIGHT_BYTES = 256 << 20
 # csv text per streamed statistics batch (one commit each): ~60,000 rows of statistic.csv
 STATISTIC_BATCH_BYTES = 8 << 20
 INFLIGHT_COUNT = 64
+READ_BUFFER_MIN_BYTES = 256 << 10  # files from this size are read into a reader thread's ReadBuffer (_load)
 THREAD_INFLIGHT_BYTES = 64 << 20  # reader threads: past INFLIGHT_COUNT files, more only while under this
 
 # Arrow schemas of the rows this pipeline writes, from the catalog schema (the
@@ -289,11 +293,30 @@ def ingest(
         pipeline.heartbeat = run_lock_path(archive, run)
         pipeline.executor = _Executors(str(dump_dir), follow_symlinks, workers, scheduler, on_wait)
         try:
-            pipeline.run()
+            with quiet_gc():
+                pipeline.run()
         finally:
             report.seconds = time.monotonic() - started
             reporter.finish()
     return report
+
+
+@contextlib.contextmanager
+def quiet_gc(threshold: int = 50_000) -> Iterator[None]:
+    """Python's cyclic garbage collector made cheap for the block, restored after: the
+    objects alive at its start (imports, the scan) are frozen out of every collection
+    (``gc.freeze``) and the youngest generation is collected every ``threshold``
+    allocations instead of 700. An ingest allocates a few dicts and small objects per file
+    and makes almost no cycles; the collections walking the scan's entries cost ~6 % of a
+    real dump's CPU (``perf``, issue 12). Objects are still collected, only less often."""
+    before = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(max(threshold, before[0]), *before[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
+        gc.unfreeze()
 
 
 class _Pipeline:
@@ -326,6 +349,10 @@ class _Pipeline:
         self.done: set[str] = set()  # tensor keys the run held when this ingest began
         self.executor: _Executors | None = None  # worker processes / Dask; None: threads here
         self.accepted = 0  # entries taken since the packs were last cut
+        self.committer: ThreadPoolExecutor | None = None  # the commit thread (see _commit)
+        self.in_commit: Future | None = None  # the commit in flight
+        self.told: list[tuple] = []  # reporter calls waiting for the commit in flight (_tell)
+        self.local = threading.local()  # per reader thread: its ReadBuffer (_load)
 
     # -- setup ---------------------------------------------------------------
     def _identity(self) -> identity.IdentityPlan:
@@ -467,13 +494,17 @@ class _Pipeline:
             self._commit()
             for sf in self.scan.statistics_files:
                 self._statistics(sf)
+            self._settle()
         except KeyboardInterrupt:
             interrupted = True
             self.report.interrupted = True
+            # progress that waited for a commit no longer matters (errors are still told)
+            self.told = [call for call in self.told if call[0] != "advance"]
             # Keep what is complete: write buffered packs and commit their rows.
             self._durable(self.writer.flush())
             self._drop_committed()
             self._commit()
+            self._settle()
         except OSError as exc:
             # Writing the store failed (disk full, archive unwritable): keep what was
             # committed, settle the run as interrupted, and say so in one line.
@@ -489,6 +520,9 @@ class _Pipeline:
                 f"{where}: cannot write the archive: {exc.strerror or exc}; the {self.report.tensors_added} "
                 "tensors committed so far are kept: free the problem and run the same command again") from exc
         finally:
+            self._settle(raise_error=False)  # no-op unless leaving on an error: nothing writes after the locks go
+            if self.committer is not None:
+                self.committer.shutdown(wait=True)
             self.writer.close()
         self._finish(interrupted)
         if interrupted:
@@ -518,7 +552,7 @@ class _Pipeline:
                 self.tables.append(table)
                 self.rows.extend(rows)
                 self._commit()
-                self.reporter.advance(part.records, 0)
+                self._tell("advance", part.records, 0)
         except (OSError, DumpdbError) as exc:
             self._error(sf.source_file, reason(exc, sf.path))
 
@@ -552,6 +586,7 @@ class _Pipeline:
     def _committed_keys(self, candidates: list[str]) -> set[str]:
         """Which of ``candidates`` the run holds (earlier batches committed first)."""
         self._commit()
+        self._settle()
         with self.catalog.reader() as con:
             return {k for (k,) in con.execute(
                 "SELECT tensor_key FROM tensors WHERE run = ? AND tensor_key IN (SELECT unnest(?))",
@@ -560,6 +595,7 @@ class _Pipeline:
     def _drop_committed(self) -> None:
         """A Ctrl-C that lands after a COMMIT but before the batch was cleared leaves rows
         that are already in the catalog: drop them so the recovery commit cannot add them twice."""
+        self._settle(raise_error=False)
         if not (self.rows or self.error_rows):
             return
         with self.catalog.reader() as con:
@@ -575,7 +611,9 @@ class _Pipeline:
         the errors) if the catalog still accepts writes; drop everything else."""
         self.waiting.clear()
         try:
+            self._settle(raise_error=False)
             self._commit()
+            self._settle()
         except Exception:  # noqa: BLE001 - nothing more can be saved
             pass
 
@@ -641,9 +679,31 @@ class _Pipeline:
 
     def _load(self, entry: TensorEntry, size: int, stats: bool = True) -> _Loaded:
         """Reader thread: read, hash, statistics (unless not ``stats``; statistics of a
-        payload stored before come from the catalog). Never raises for a bad file."""
+        payload stored before come from the catalog). Never raises for a bad file.
+        Files are read into this thread's reused memory (``dumpio.ReadBuffer``): a payload
+        whose content is stored or waiting for its pack comes back as a reference (nothing
+        kept, nothing copied: 74 % of a real dump's bytes), others as a copy."""
         known = self.stored_stats.get if self.stored_stats is not None else None
-        return load_entry(self.layout, entry, size, self.stats_cache, stats=stats, known_stats=known)
+        buffer = None
+        # small files come from the allocator's free lists already: no faults to save, a copy to pay
+        if self.executor is not None and size >= READ_BUFFER_MIN_BYTES:  # the root: a reference is readable
+            buffer = getattr(self.local, "buffer", None)
+            if buffer is None:
+                buffer = self.local.buffer = ReadBuffer()
+        return load_entry(self.layout, entry, size, self.stats_cache, stats=stats, known_stats=known,
+                          buffer=buffer, stored=self._stored_ref)
+
+    def _stored_ref(self, item: _Loaded) -> PayloadRef | None:
+        """Reader thread: a reference to ``item``'s payload if its content is durable or
+        waiting for its pack (read-only looks at sets the main thread only adds to, while
+        running: the main thread then takes it as a duplicate; if not, the writer reads the
+        file again, checking the hash), else None."""
+        h = item.content_hash
+        if item.entry is None or item.array is None or h is None or not (h in self.known or h in self.waiting):
+            return None
+        assert self.executor is not None
+        return PayloadRef(self.layout.name, self.executor.root, self.executor.follow_symlinks, item.entry,
+                          item.file_bytes, h, item.array.dtype, tuple(item.array.shape))
 
     def _process_batches(self, pending: list[TensorEntry], pool: Executor) -> None:
         """``pending`` in batches on worker processes or Dask tasks; results taken in
@@ -690,7 +750,7 @@ class _Pipeline:
         entry = item.entry
         payload = item.payload  # the array, or a reference a worker process writes
         self.report.bytes_read += item.file_bytes if payload is not None else 0
-        self.reporter.advance(1, item.file_bytes)
+        self._tell("advance", 1, item.file_bytes)
         if item.error:
             self._error(entry.source_file if entry is not None else "?", item.error)
             return
@@ -727,7 +787,7 @@ class _Pipeline:
     def _error(self, source_file: str, message: str) -> None:
         self.report.errors.append((source_file, message))
         self.error_rows.append({"run": self.run_name, "source_file": source_file, "error": message})
-        self.reporter.error(source_file, message)
+        self._tell("error", source_file, message)
 
     # -- commits -------------------------------------------------------------
     def _progress(self) -> None:
@@ -749,6 +809,11 @@ class _Pipeline:
         return len(self.rows) >= COMMIT_ROWS or time.monotonic() - self.last_commit >= COMMIT_SECONDS
 
     def _commit(self) -> None:
+        """Hand the rows ready (payloads durable) to the committer thread as one DuckDB
+        transaction, after the previous one finished (at most one in flight, in order): the
+        commit's open, insert, COMMIT and checkpoint overlap reading and compressing instead
+        of stopping them. Its error, if any, is raised here or by :meth:`_settle`."""
+        self._settle()
         arrays, self.arrays = self.arrays, []
         tables, self.tables = self.tables, []
         if not (self.rows or self.error_rows or arrays or self.blob_rows or tables):
@@ -756,25 +821,67 @@ class _Pipeline:
         # Rows whose payload is still in a pack buffer stay behind (self.waiting).
         new = [r for r in self.rows if r["tensor_key"] not in self.replacing]
         replaced = [r for r in self.rows if r["tensor_key"] in self.replacing]
+        for r in replaced:
+            del self.replacing[r["tensor_key"]]
+        batch = (self.blob_rows, arrays, new, replaced, tables, self.error_rows)
+        self.rows, self.blob_rows, self.error_rows = [], [], []
+        self.last_commit = time.monotonic()
+        if self.committer is None:
+            self.committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dumpdb-commit")
+        self.in_commit = self.committer.submit(self._write_commit, *batch)
+
+    def _write_commit(self, blob_rows: list[BlobLocation], arrays: list, new: list[dict], replaced: list[dict],
+                      tables: list[pa.Table], error_rows: list[dict]) -> None:
+        """Committer thread: one transaction of blobs/arrays, tensors and ingest_errors rows."""
         with self.catalog.writer() as con:
-            record_payloads(con, self.blob_rows, arrays, self.run_name)
+            record_payloads(con, blob_rows, arrays, self.run_name)
             insert_arrow(con, "tensors", rows_table(new, TENSOR_SCHEMA),
                          prefix="nextval('tensor_id_seq') AS tensor_id,")
             if replaced:
                 _replace_rows(con, self.run_name, rows_table(replaced, TENSOR_SCHEMA))
             for table in tables:
                 insert_arrow(con, "tensors", table, prefix="nextval('tensor_id_seq') AS tensor_id,")
-            insert_arrow(con, "ingest_errors", rows_table(self.error_rows, ERROR_SCHEMA))
+            insert_arrow(con, "ingest_errors", rows_table(error_rows, ERROR_SCHEMA))
         self.report.tensors_added += len(new) + sum(t.num_rows for t in tables)
         self.report.tensors_replaced += len(replaced)
-        for r in replaced:
-            del self.replacing[r["tensor_key"]]
-        self.rows, self.blob_rows, self.error_rows = [], [], []
-        self.last_commit = time.monotonic()
         if self.heartbeat is not None:
             touch(self.heartbeat)  # the last sign of life (dumpdb.catalog.runstate)
 
+    def _tell(self, what: str, *args: Any) -> None:
+        """Call the reporter's ``what(*args)`` - never while a commit is in flight: a reporter
+        (or anything it calls) may read the catalog, which this process cannot open while its
+        committer thread holds it read-write. Meanwhile calls wait, in order; they are made
+        once the commit is done."""
+        future = self.in_commit
+        if future is not None and not future.done():
+            self.told.append((what, *args))  # one by one: a reporter may count its calls
+            return
+        self._told()
+        getattr(self.reporter, what)(*args)
+
+    def _told(self) -> None:
+        """Make the reporter calls that waited for a commit (:meth:`_tell`)."""
+        while self.told:
+            what, *args = self.told.pop(0)
+            getattr(self.reporter, what)(*args)
+
+    def _settle(self, raise_error: bool = True) -> None:
+        """Wait for the commit in flight (if any); raise its error unless not ``raise_error``
+        (cleanup after another error: the locks must not go while it still writes)."""
+        future = self.in_commit
+        if future is None:
+            return
+        try:
+            future.result()  # a Ctrl-C here leaves it in flight: the next _settle waits again
+        except Exception:
+            self.in_commit = None
+            if raise_error:
+                raise
+        self.in_commit = None
+        self._told()
+
     def _finish(self, interrupted: bool) -> None:
+        self._settle()
         report = self.report
         status = "interrupted" if interrupted else ("complete_with_errors" if report.errors else "complete")
         with self.catalog.writer() as con:

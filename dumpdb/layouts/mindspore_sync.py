@@ -220,6 +220,7 @@ class MindSporeSync(Layout):
                 stats.add(csv_file, read_statistic_csv(it_dir / "statistic.csv"))
             except (OSError, DumpdbError) as exc:
                 scan.errors.append((csv_file, reason(exc, it_dir / "statistic.csv")))
+        directory = str(it_dir)  # os.path.join, not pathlib, per file: ~4 us a file less to scan
         for name in sorted(names):
             if not name.endswith(".npy"):
                 continue
@@ -230,7 +231,7 @@ class MindSporeSync(Layout):
                 scan.errors.append((source_file, f"file name does not follow {kit.TENSOR_NAME_GRAMMAR}"))
                 continue
             entry = TensorEntry(
-                source_file=source_file, path=str(it_dir / name), rank=rank, net_name=net_name,
+                source_file=source_file, path=os.path.join(directory, name), rank=rank, net_name=net_name,
                 graph_id=graph_id, iteration=iteration, size=sizes[name], **fields,
             )
             if name in mapping:

@@ -51,7 +51,16 @@ from zarr.abc.store import Store
 from dumpdb.dtypes import storage_dtype
 from dumpdb.errors import PayloadCorrupt, PayloadMissing, StorageError
 from dumpdb.storage import remote
-from dumpdb.storage.codecs import LARGE_MIN_SAVING, Codec, codec_for, frame_decoder
+from dumpdb.storage.codecs import (
+    LARGE_MIN_SAVING,
+    REDUNDANT_CHUNK_BYTES,
+    REDUNDANT_KEEP,
+    REDUNDANT_RATIO,
+    Codec,
+    codec_for,
+    frame_decoder,
+    redundant_codec,
+)
 from dumpdb.storage.local import DurableLocalStore
 from dumpdb.storage.objects import ObjectStore, is_transport_error
 from dumpdb.storage.shard import (
@@ -883,9 +892,18 @@ class StoreWriter:
             # run of the C-order payload (chunk_runs), edge chunks zero-padded as zarr pads them.
             flat = payload.reshape(-1)
             frames = self._large_frames(flat, payload.shape, chunks, codec)
-            if sum(map(len, frames)) > (1 - LARGE_MIN_SAVING) * math.prod(shards or ()) * payload.dtype.itemsize:
+            encoded = sum(map(len, frames))
+            if encoded > (1 - LARGE_MIN_SAVING) * math.prod(shards or ()) * payload.dtype.itemsize:
                 codec = codec.uncompressed()  # little saved: fast reads matter more (codecs.py)
                 frames = self._large_frames(flat, payload.shape, chunks, codec)
+            elif encoded * REDUNDANT_RATIO <= payload.nbytes:  # highly redundant: bigger chunks (codecs.py)
+                big = large_chunks(payload.shape, payload.dtype.itemsize, REDUNDANT_CHUNK_BYTES)
+                if big != chunks:
+                    big_codec = redundant_codec(payload.dtype, math.prod(big) * payload.dtype.itemsize)
+                    big_frames = self._large_frames(flat, payload.shape, big, big_codec)
+                    if sum(map(len, big_frames)) <= REDUNDANT_KEEP * encoded:
+                        chunks, codec, frames = big, big_codec, big_frames
+                        shards = tuple(math.ceil(s / c) * c for s, c in zip(payload.shape, chunks))
             self._create(name, payload, chunks, shards, "tensor", codec, write=False, content_hash=content_hash)
             objects = self.store.objects
             written, checksum = write_shard(ShardTarget(objects, shard_key(name, payload.ndim)), frames)

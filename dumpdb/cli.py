@@ -433,6 +433,9 @@ def ingest(
     storage_option: Optional[list[str]] = typer.Option(
         None, "--storage-option", metavar="KEY=VALUE",
         help="Object-storage setting (endpoint, region, retries, ...); repeatable; secrets are never stored."),
+    no_delta: bool = typer.Option(
+        False, "--no-delta", help="Store every payload plain (default: a payload may be stored as the XOR of a "
+                                  "similar one of the same pack when that compresses better; reads are the same)."),
 ) -> None:
     """Ingest a dump into an archive (created if missing: 'created archive PATH'). Re-running completes or skips:
     files already in the run are not read unless their size or mtime changed; a file
@@ -454,7 +457,7 @@ def ingest(
                             follow_symlinks=follow_symlinks, reporter=_reporter(quiet),
                             on_wait=_wait_line, lock_timeout=_lock_timeout(),
                             store=store, storage_options=parse_options(storage_option),
-                            update=update, moved=moved, verify_hash=verify_hash)
+                            update=update, moved=moved, verify_hash=verify_hash, delta=not no_delta)
     finally:
         if not existed and is_archive(path):
             _say(f"created archive {path}", stderr=True)

@@ -213,6 +213,7 @@ def ingest(
     store: str | None = None,
     storage_options: dict | None = None,
     scheduler: str | None = None,
+    delta: bool = True,
 ) -> IngestReport:
     """Ingest the dump at ``dump_dir`` into ``archive`` as run ``run``.
 
@@ -260,6 +261,10 @@ def ingest(
     process alone stores payloads and commits rows, in dump order, so the catalog and
     the stored bytes do not depend on ``workers`` or ``scheduler``
     (:mod:`dumpdb.ingestion.workers`).
+
+    ``delta``: a payload may be stored as the XOR of a similar earlier payload of the same
+    pack when that compresses better (:mod:`dumpdb.storage.delta`; reads are unchanged);
+    False stores every payload plain.
     """
     started = time.monotonic()
     reporter = reporter or Reporter()
@@ -287,6 +292,7 @@ def ingest(
                              report, reporter, min(4, (os.cpu_count() or 2) + 1))
         pipeline.update, pipeline.moved, pipeline.verify_hash = update, moved, verify_hash
         pipeline.heartbeat = run_lock_path(archive, run)
+        pipeline.writer.delta = delta
         pipeline.executor = _Executors(str(dump_dir), follow_symlinks, workers, scheduler, on_wait)
         try:
             pipeline.run()

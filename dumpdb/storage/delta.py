@@ -167,6 +167,7 @@ class XorTable:
             return data
         stop = start + data.size
         flat = data.view(udtype)
+        per = data.dtype.itemsize // udtype.itemsize  # XOR items per element (complex: 2)
         i = max(0, int(np.searchsorted(self.offsets, start, side="right")) - 1)
         for p in self.parts[i:]:
             if p.offset >= stop:
@@ -175,5 +176,5 @@ class XorTable:
             if lo >= hi:
                 continue
             base = read_base(p.base_offset + lo - p.offset, hi - lo)
-            flat[lo - start : hi - start] ^= base.view(udtype)
+            flat[(lo - start) * per : (hi - start) * per] ^= base.view(udtype)
         return data

@@ -278,3 +278,26 @@ def test_ingest_writing_deltas_killed_anywhere_keeps_committed_rows_exact_and_re
         rerun = _crashkit(archive, args)
         assert rerun.returncode == 0, f"{where}: re-run failed: {rerun.stderr[-500:]}"
         assert assert_committed_rows_exact(archive, where + ", after the re-run") == n_files
+
+
+def test_a_bundle_of_an_archive_with_deltas_holds_plain_payloads_and_imports_bit_exact(tmp_path, small_deltas):
+    import pyarrow.parquet as pq
+
+    archive = tmp_path / "a.dumpdb"
+    assert dumpdb.ingest(E1, archive=archive, run="e1").ok
+    assert _delta_files(archive)[0]
+    bundle = Path(dumpdb.open(archive).export("e1", tmp_path / "e1.bundle"))
+    for path in (bundle / "tensors.zarr" / "packs").glob("*/*/zarr.json"):
+        assert "xor" not in json.loads(path.read_text())["attributes"]["dumpdb"]  # any zarr reader reads it
+    assert set(pq.read_table(bundle / "catalog" / "blobs.parquet").column("base_hash").to_pylist()) == {None}
+    other = tmp_path / "b.dumpdb"
+    dumpdb.ingest(ms_case("c1_inputs_kernels_iter"), archive=other, run="c1")
+    b = dumpdb.open(other)
+    b.import_bundle(bundle)
+    n = 0
+    for row, array in dumpdb.open(other).tensors("SELECT tensor_id, source_file FROM tensors WHERE run = 'e1'",
+                                                 verify=True):
+        _, shape, payload = npy_payload(E1 / row["source_file"])
+        assert array.shape == shape and array.tobytes() == payload
+        n += 1
+    assert n == len(npy_files(E1))

@@ -52,6 +52,10 @@ DELTA_MIN_BYTES = 64 << 10  # smaller payloads are stored plain
 DELTA_SAMPLE_BYTES = 256 << 10  # bytes of a payload compressed to try a base
 DELTA_CANDIDATES = 4  # last plain same-size payloads of the pack tried as base
 DELTA_MAX_RATIO = 0.9  # a delta is kept when its sample compresses to at most this share of the plain one
+# What a pack with delta payloads says about them in its zarr.json (beside the "xor" list).
+XOR_MEANS = ("each [elem_offset, elem_count, base_offset] of xor: elements [elem_offset, elem_offset + elem_count) "
+             "hold the payload XOR elements [base_offset, base_offset + elem_count) of this pack (stored plain); "
+             "XOR them (as bytes) to get the payload")
 
 
 class XorPart(NamedTuple):

@@ -891,7 +891,7 @@ class StoreWriter:
         codec = codec_for(buf.dtype, chunk * buf.dtype.itemsize)
         offsets = np.concatenate([[0], np.cumsum([a.size for a in arrays])]).astype(int).tolist()
         xor = [xor_delta.XorPart(offsets[i], arrays[i].size, offsets[j]) for i, j in enumerate(bases) if j is not None]
-        attrs = {"xor": xor_delta.to_attribute(xor)} if xor else {}
+        attrs = {"xor": xor_delta.to_attribute(xor), "xor_means": xor_delta.XOR_MEANS} if xor else {}
         # zarr writes the metadata; the one shard is encoded here (see dumpdb.storage.shard).
         self._create(name, data, (chunk,), (math.ceil(n / chunk) * chunk,), "pack", codec, write=False, **attrs)
         frames = encode_chunks(data, chunk, codec.frame_codec(), self._codec_pool)

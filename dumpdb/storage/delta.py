@@ -20,10 +20,13 @@ The rule (:func:`choose_bases`):
   (below that the trial costs more than it can save);
 * candidate bases: the last ``DELTA_CANDIDATES`` (4) *plain* payloads of the same pack with
   the same element count (dump order puts an op's inputs right before its outputs);
-* trial: the first ``DELTA_SAMPLE_BYTES`` (256 KiB) of the payload compressed plain and
+* trial: the first ``DELTA_SAMPLE_BYTES`` (64 KiB) of the payload compressed plain and
   XORed with each candidate, with the pack's codec; the best candidate is taken when its
   sample is at most ``DELTA_MAX_RATIO`` (0.9) of the plain sample, else the payload is
-  stored plain;
+  stored plain. Measured on that dump: 64 KiB samples choose as well as 256 KiB ones
+  (559.8 against 559.1 MB) at a quarter of the trial cost; a cheaper pre-filter (skip a
+  candidate whose top 16 bits agree in under 25 % of the items) lost most of the gain
+  (607 MB: the saving comes from partly equal high bits, not equal ones);
 * a base is always plain: one extra ranged read at most (a chain depth of 1), and the base
   lies in the same pack, before the payload.
 
@@ -49,7 +52,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 DELTA_MIN_BYTES = 64 << 10  # smaller payloads are stored plain
-DELTA_SAMPLE_BYTES = 256 << 10  # bytes of a payload compressed to try a base
+DELTA_SAMPLE_BYTES = 64 << 10  # bytes of a payload compressed to try a base
 DELTA_CANDIDATES = 4  # last plain same-size payloads of the pack tried as base
 DELTA_MAX_RATIO = 0.9  # a delta is kept when its sample compresses to at most this share of the plain one
 # What a pack with delta payloads says about them in its zarr.json (beside the "xor" list).

@@ -28,10 +28,10 @@ cases in ``shared/corpus/mindspore-cpu`` and a 6.6 GB Transformer dump made with
   **plain zstd level 3 in chunks of up to 64 MiB** (``REDUNDANT_CHUNK_BYTES``) and stored so
   when that is at most ``REDUNDANT_KEEP`` (0.75) of the first encoding. Each chunk is
   compressed on its own, so a 4 MiB chunk stores its own copy of the repeated slice: on the
-  3-step Transformer dump (``make_big_dump.sh --steps 3 --layers 2 --width 256``) the 30
+  3-step Transformer dump (``make_big_dump.sh``: 3 steps, 2 layers, width 256) the 30
   distinct ``(128, 256, 256)`` float32 attention tensors (a 256x256 slice repeated 128 times)
   took 52.8 MB in 4 MiB shuffle+zstd-1 chunks, 13.3 MB in 16 MiB chunks, 7.3 MB as one
-  plain zstd chunk each (a 6 % smaller store: ``scripts/bench_ingest.py --dump``). No shuffle
+  plain zstd chunk each (a 6 % smaller store, ``scripts/bench_ingest.py`` on that dump). No shuffle
   here: Blosc unshuffling a 32 MiB block read back 3-6x slower than ``np.load`` of the source
   file, plain zstd of such data decodes faster than ``np.load`` (6-12 ms for 33.5 MB against
   18-24 ms). Level 3, not 1: its 2 MiB match window (level 1: 512 KiB) also finds a repeated

@@ -1,7 +1,7 @@
 """Delta coding inside a pack: a payload stored as the XOR of an earlier payload of the same pack.
 
-Why (measured on the 3-step Transformer dump of ``corpus/tools/make_big_dump.sh --steps 3
---layers 2 --width 256``, ``scripts/bench_delta.py``): after dedup, 92 % of the stored bytes
+Why (measured on the Transformer dump of ``corpus/tools/make_big_dump.sh`` with 3 steps,
+2 layers, width 256, ``scripts/bench_delta.py``): after dedup, 92 % of the stored bytes
 are float32 activations, gradients and optimizer state in packs of medium tensors
 (256 KiB - 16 MiB). Shuffle + zstd is at their entropy there (the order-0 entropy of the
 byte planes is within 2 % of what zstd-1 stores; levels 3-9 gain under 1 %). What is left

@@ -465,6 +465,9 @@ def ingest(
         help="Keep a new archive's tensors on object storage (S3 or compatible); the catalog stays in --archive, "
              "which remembers the URL. Endpoint and credentials: AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, "
              "AWS_SECRET_ACCESS_KEY, AWS_REGION."),
+    no_delta: bool = typer.Option(
+        False, "--no-delta", help="Store every payload plain (default: a payload may be stored as the XOR of a "
+                                  "similar one of the same pack when that compresses better; reads are the same)."),
 ) -> None:
     """Ingest a dump into an archive (created if missing: 'created archive PATH'). Re-running completes or skips:
     files already in the run are not read unless their size or mtime changed; a file
@@ -485,7 +488,7 @@ def ingest(
                             follow_symlinks=follow_symlinks, reporter=_reporter(quiet),
                             on_wait=_wait_line, lock_timeout=_lock_timeout(),
                             store=store, storage_options=_storage_options(),
-                            update=update, moved=moved, verify_hash=verify_hash)
+                            update=update, moved=moved, verify_hash=verify_hash, delta=not no_delta)
     finally:
         if not existed and is_archive(path):
             _say(f"created archive {path}", stderr=True)

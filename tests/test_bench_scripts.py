@@ -41,3 +41,11 @@ def test_bench_codecs_ranks_candidates_per_dtype(tmp_path):
     out = _run(str(REPO / "scripts" / "bench_codecs.py"), str(ms_case("c1_inputs_kernels_iter")),
                "--max-mb", "1", cwd=tmp_path)
     assert "size/zstd-1" in out and "blosc-zstd1-shuffle" in out and "<f4" in out, out
+
+
+def test_bench_delta_prints_sizes_times_and_read_cost_against_plain(tmp_path):
+    out = _run(str(REPO / "scripts" / "bench_delta.py"), "--dump", str(ms_case("e1_nan_inf_overflow")),
+               "--out", str(tmp_path / "w"), "--repeats", "1", "--reads", "1", cwd=tmp_path)
+    for label in ("stored bytes delta", "ratio delta/plain", "delta payloads", "ingest s plain / delta",
+                  "read delta / plain", "np.load"):
+        assert label in out, out

@@ -199,7 +199,8 @@ def test_a_large_array_that_barely_compresses_is_stored_uncompressed_and_reads_b
                           verify=True)
         assert got.tobytes() == a.tobytes()
         assert np.asarray(zarr.open_array(store.zstore, path=loc.array_path, mode="r")[...]).tobytes() == a.tobytes()
-    assert inner == {True: ["bytes"], False: ["bytes", "blosc"]}
+    # the mask compresses 8x and more: re-encoded in one big plain-zstd chunk (codecs.REDUNDANT_RATIO)
+    assert inner == {True: ["bytes"], False: ["bytes", "zstd"]}
     assert locations[payload_hash(noisy)].stored_bytes >= noisy.nbytes  # stored as it is
     # the unpadded one: exactly its bytes in the shard, so a damaged index is caught, not read past
     loc = locations[payload_hash(unpadded)]
@@ -212,3 +213,64 @@ def test_a_large_array_that_barely_compresses_is_stored_uncompressed_and_reads_b
         TensorStore(tmp_path / "t.zarr").read(loc.array_path, None, loc.elem_count, unpadded.dtype, unpadded.shape)
     # stored_bytes includes the array's zarr.json (its self-description: ~0.6 KB)
     assert locations[payload_hash(masked)].stored_bytes < masked.nbytes / 3
+
+
+def _repeated(rng: np.random.Generator, dtype, shape) -> np.ndarray:
+    """A slice ``shape[1:]`` of random bit patterns (bool: 0/1) repeated along the leading
+    dimension (a broadcast)."""
+    dtype = np.dtype(dtype)
+    n = int(np.prod(shape[1:]))
+    if dtype == np.bool_:
+        part = rng.integers(0, 2, n).astype(np.bool_)
+    else:
+        part = rng.integers(0, 256, n * dtype.itemsize, dtype=np.uint8).view(dtype)
+    return np.broadcast_to(part.reshape(shape[1:]), shape).copy()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_a_highly_redundant_large_array_is_stored_in_big_zstd_chunks_and_reads_back_bit_exact(
+        tmp_path, small_store, monkeypatch, dtype):
+    # a (300, 4, 10) array, a 40-element slice repeated: chunks of 32 rows (10 chunks) compress
+    # 8x and more; big chunks of 96 rows (4 chunks, the last an edge chunk of 12 rows)
+    item = np.dtype(dtype).itemsize
+    monkeypatch.setattr(store_mod, "LARGE_CHUNK_BYTES", 32 * 40 * item)
+    monkeypatch.setattr(store_mod, "REDUNDANT_CHUNK_BYTES", 96 * 40 * item)
+    TensorStore.create(tmp_path / "t.zarr")
+    store = TensorStore(tmp_path / "t.zarr", read_only=False)
+    rng = np.random.default_rng(np.dtype(dtype).num)
+    a = _repeated(rng, dtype, (300, 4, 10))
+    h = payload_hash(a)
+    locations, infos = write_payloads(StoreWriter(store), [(h, a)])
+    loc = locations[h]
+    meta = json.loads((tmp_path / "t.zarr" / loc.array_path / "zarr.json").read_text())
+    config = meta["codecs"][0]["configuration"]
+    assert [c["name"] for c in config["codecs"]] == ["bytes", "zstd"]
+    assert config["codecs"][1]["configuration"]["level"] == 3
+    assert config["chunk_shape"] == [96, 4, 10] and meta["chunk_grid"]["configuration"]["chunk_shape"] == [384, 4, 10]
+    # smaller than the array's shuffle+zstd-1 encoding in LARGE_CHUNK_BYTES chunks (what it was before)
+    monkeypatch.setattr(store_mod, "REDUNDANT_RATIO", 10**9)
+    TensorStore.create(tmp_path / "u.zarr")
+    before, _ = write_payloads(StoreWriter(TensorStore(tmp_path / "u.zarr", read_only=False)), [(h, a)])
+    assert loc.stored_bytes < before[h].stored_bytes
+    got = TensorStore(tmp_path / "t.zarr").read(loc.array_path, None, loc.elem_count, a.dtype, a.shape,
+                                                content_hash=h, verify=True)
+    assert got.dtype == a.dtype and got.shape == a.shape and got.tobytes() == a.tobytes()
+    whole = np.asarray(zarr.open_array(store.zstore, path=loc.array_path, mode="r")[...])  # zarr reads it too
+    assert whole.tobytes() == np.ascontiguousarray(a).view(whole.dtype).tobytes()
+
+
+def test_a_redundant_large_array_keeps_its_first_encoding_when_big_chunks_do_not_pay(
+        tmp_path, small_store, monkeypatch):
+    monkeypatch.setattr(store_mod, "REDUNDANT_KEEP", 0.0)  # no second encoding is ever small enough
+    TensorStore.create(tmp_path / "t.zarr")
+    store = TensorStore(tmp_path / "t.zarr", read_only=False)
+    a = _repeated(np.random.default_rng(3), np.float32, (40, 61))
+    h = payload_hash(a)
+    locations, _ = write_payloads(StoreWriter(store), [(h, a)])
+    meta = json.loads((tmp_path / "t.zarr" / locations[h].array_path / "zarr.json").read_text())
+    config = meta["codecs"][0]["configuration"]
+    assert [c["name"] for c in config["codecs"]] == ["bytes", "blosc"]
+    assert config["chunk_shape"] == [4, 61]  # large_chunks at LARGE_CHUNK_BYTES (1000 bytes here)
+    got = TensorStore(tmp_path / "t.zarr").read(locations[h].array_path, None, a.size, a.dtype, a.shape,
+                                                content_hash=h, verify=True)
+    assert got.tobytes() == a.tobytes()

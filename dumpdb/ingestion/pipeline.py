@@ -217,6 +217,7 @@ def ingest(
     store: str | None = None,
     storage_options: dict | None = None,
     scheduler: str | None = None,
+    delta: bool = True,
 ) -> IngestReport:
     """Ingest the dump at ``dump_dir`` into ``archive`` as run ``run``.
 
@@ -264,6 +265,10 @@ def ingest(
     process alone stores payloads and commits rows, in dump order, so the catalog and
     the stored bytes do not depend on ``workers`` or ``scheduler``
     (:mod:`dumpdb.ingestion.workers`).
+
+    ``delta``: a payload may be stored as the XOR of a similar earlier payload of the same
+    pack when that compresses better (:mod:`dumpdb.storage.delta`; reads are unchanged);
+    False stores every payload plain.
     """
     started = time.monotonic()
     reporter = reporter or Reporter()
@@ -291,6 +296,7 @@ def ingest(
                              report, reporter, min(4, (os.cpu_count() or 2) + 1))
         pipeline.update, pipeline.moved, pipeline.verify_hash = update, moved, verify_hash
         pipeline.heartbeat = run_lock_path(archive, run)
+        pipeline.writer.delta = delta
         pipeline.executor = _Executors(str(dump_dir), follow_symlinks, workers, scheduler, on_wait)
         try:
             with quiet_gc():

@@ -325,8 +325,8 @@ _WRITERS: dict[str, StoreWriter] = {}
 
 def write_payloads(store_root: str, kind: str, args: tuple) -> Any:
     """The worker function of a delegated store write (:class:`StoreWriter`'s ``delegate``):
-    ``kind`` "pack": ``args`` (storage dtype str, chunk bytes, [(content hash, PayloadRef)])
-    -> :meth:`StoreWriter.write_pack`; "large": (content hash, PayloadRef) ->
+    ``kind`` "pack": ``args`` (storage dtype str, chunk bytes, [(content hash, PayloadRef)],
+    delta coding on or off) -> :meth:`StoreWriter.write_pack`; "large": (content hash, PayloadRef) ->
     :meth:`StoreWriter.write_large`, into the local store at ``store_root``. Each payload is
     read again and its hash checked (:func:`read_payload`)."""
     writer = _WRITERS.get(store_root)
@@ -334,10 +334,10 @@ def write_payloads(store_root: str, kind: str, args: tuple) -> Any:
         # this worker's own core: chunks compressed on this thread's one codec thread
         writer = _WRITERS[store_root] = StoreWriter(TensorStore(store_root, read_only=False), codec_threads=1)
     if kind == "pack":
-        dtype, chunk_bytes, refs = args
+        dtype, chunk_bytes, refs, delta = args
         with confine(refs[0][1].root, refs[0][1].follow_symlinks):  # one for the pack: directories checked once
             parts = [(h, np.ascontiguousarray(read_payload(r)).reshape(-1).view(dtype)) for h, r in refs]
-        return writer.write_pack(dtype, chunk_bytes, parts)
+        return writer.write_pack(dtype, chunk_bytes, parts, delta)
     content_hash, ref = args
     return writer.write_large(content_hash, read_payload(ref))
 

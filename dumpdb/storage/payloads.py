@@ -61,6 +61,7 @@ def blob_table(locations: Iterable[BlobLocation], first_run: str | Mapping[str, 
         "stored_bytes": [loc.stored_bytes for loc in locations],
         "first_run": [first_run.get(loc.content_hash) for loc in locations] if isinstance(first_run, Mapping)
         else [first_run] * len(locations),
+        "base_hash": [loc.base_hash for loc in locations],
     }
     assert set(columns) == set(BLOB_SCHEMA.names), "blobs columns changed: update blob_table"
     return pa.Table.from_pydict({name: columns[name] for name in BLOB_SCHEMA.names}, BLOB_SCHEMA)
@@ -92,7 +93,7 @@ def record_payloads(con: Any, locations: Iterable[BlobLocation], arrays: Iterabl
     con.register("_dumpdb_moved", blobs)
     try:
         con.execute("UPDATE blobs SET array_path = m.array_path, elem_offset = m.elem_offset, "
-                    "elem_count = m.elem_count, stored_bytes = m.stored_bytes "
+                    "elem_count = m.elem_count, stored_bytes = m.stored_bytes, base_hash = m.base_hash "
                     "FROM _dumpdb_moved m WHERE blobs.content_hash = m.content_hash")
     finally:
         con.unregister("_dumpdb_moved")

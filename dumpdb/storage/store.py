@@ -50,8 +50,18 @@ from zarr.abc.store import Store
 
 from dumpdb.dtypes import storage_dtype
 from dumpdb.errors import PayloadCorrupt, PayloadMissing, StorageError
+from dumpdb.storage import delta as xor_delta
 from dumpdb.storage import remote
-from dumpdb.storage.codecs import LARGE_MIN_SAVING, Codec, codec_for, frame_decoder
+from dumpdb.storage.codecs import (
+    LARGE_MIN_SAVING,
+    REDUNDANT_CHUNK_BYTES,
+    REDUNDANT_KEEP,
+    REDUNDANT_RATIO,
+    Codec,
+    codec_for,
+    frame_decoder,
+    redundant_codec,
+)
 from dumpdb.storage.local import DurableLocalStore
 from dumpdb.storage.objects import ObjectStore, is_transport_error
 from dumpdb.storage.shard import (
@@ -106,12 +116,13 @@ class BlobLocation:
     elem_offset: int | None
     elem_count: int
     stored_bytes: int
+    base_hash: str | None = None  # stored as XOR of this payload of the same pack (dumpdb.storage.delta)
 
     def row(self, first_run: str | None = None) -> dict[str, Any]:
         """This location as a ``blobs`` catalog row."""
         return {"content_hash": self.content_hash, "nbytes": self.nbytes, "array_path": self.array_path,
                 "elem_offset": self.elem_offset, "elem_count": self.elem_count,
-                "stored_bytes": self.stored_bytes, "first_run": first_run}
+                "stored_bytes": self.stored_bytes, "first_run": first_run, "base_hash": self.base_hash}
 
 
 @dataclass(frozen=True)
@@ -216,6 +227,9 @@ class _PackMeta:
         self.chunk = int(inner["chunk_shape"][0])
         self.shard = int(meta["chunk_grid"]["configuration"]["chunk_shape"][0])
         self.size = int(meta["shape"][0])
+        attrs = (meta.get("attributes") or {}).get("dumpdb") or {}
+        # delta payloads (dumpdb.storage.delta); packs written before issue 13 have none
+        self.xor = xor_delta.XorTable(xor_delta.from_attribute(attrs.get("xor"), self.size, f"{array_path}: pack"))
         self.key = shard_key(array_path, 1)
         n_chunks = self.shard // self.chunk
         raw = objects.get_suffix(self.key, shard_index_bytes(n_chunks))
@@ -369,8 +383,18 @@ class TensorStore:
         return self._pack_range(array_path, start, count)[0]
 
     def _pack_range(self, array_path: str, start: int, count: int) -> tuple[np.ndarray, bool]:
-        """(elements, True if they are a new array rather than a view of the chunk cache)."""
+        """(elements, True if they are a new array rather than a view of the chunk cache),
+        delta payloads made plain (:mod:`dumpdb.storage.delta`: their base read too)."""
         meta = self._pack(array_path)
+        if meta.xor and meta.xor.overlaps(start, count):
+            data, fresh = self._stored_range(array_path, meta, start, count)
+            if not fresh:
+                data = data.copy()
+            return meta.xor.resolve(data, start, lambda o, n: self._stored_range(array_path, meta, o, n)[0]), True
+        return self._stored_range(array_path, meta, start, count)
+
+    def _stored_range(self, array_path: str, meta: _PackMeta, start: int, count: int) -> tuple[np.ndarray, bool]:
+        """Elements ``[start, start + count)`` of the pack as stored (delta payloads XORed)."""
         if start < 0 or start + count > meta.size:
             raise ValueError(f"{array_path}: range {start}+{count} outside the pack ({meta.size} elements)")
         if count == 0:
@@ -725,11 +749,15 @@ class StoreWriter:
     an ingest's worker processes: the payload bytes never pass through this process), or
     here after ``resolve(reference)`` gives the array. The bytes written are the same
     either way. ``codec_threads``: threads compressing chunks (default: the cores).
+    ``delta``: store a pack's payload as the XOR of a similar earlier payload of the same
+    pack when that compresses better (:mod:`dumpdb.storage.delta`; ingest turns it on;
+    off for bundles, which any zarr reader must read plain, and for gc's copies).
     """
 
     def __init__(self, store: TensorStore, pack_bytes: int | None = None, large_bytes: int | None = None,
-                 max_inflight: int | None = None, codec_threads: int | None = None):
+                 max_inflight: int | None = None, codec_threads: int | None = None, delta: bool = False):
         self.store = store
+        self.delta = delta
         # Module constants are read here, not bound as defaults, so tests and
         # benchmarks can change them.
         # a remote store may ask for smaller packs (``pack_bytes`` attribute): more writes in flight
@@ -784,7 +812,7 @@ class StoreWriter:
             return self._write_pack(self._resolved(buf))
 
         if self.delegate is not None and not any(isinstance(p, np.ndarray) for _, p in buf.parts):
-            future = self.delegate("pack", (buf.dtype.str, buf.chunk_bytes, buf.parts))
+            future = self.delegate("pack", (buf.dtype.str, buf.chunk_bytes, buf.parts, self.delta))
         else:
             future = self._pool.submit(local)
         return _Pending(future, local)
@@ -813,13 +841,16 @@ class StoreWriter:
         parts = [(h, p if isinstance(p, np.ndarray) else self._array(p)) for h, p in buf.parts]
         return _PackBuffer(buf.dtype, buf.chunk_bytes, parts, buf.nbytes)
 
-    def write_pack(self, dtype: str, chunk_bytes: int, parts: list[tuple[str, np.ndarray]]) -> _Written:
+    def write_pack(self, dtype: str, chunk_bytes: int, parts: list[tuple[str, np.ndarray]],
+                   delta: bool | None = None) -> _Written:
         """Write one pack of storage dtype ``dtype`` (``np.dtype.str``) with inner chunks of
         ``chunk_bytes`` bytes: ``parts`` (content hash, flat array of that dtype) back to back,
-        now, on the calling thread (a delegated write). Returns (locations, the array written).
+        now, on the calling thread (a delegated write; ``delta`` as the delegating writer's,
+        default this writer's). Returns (locations, the array written).
         Raises OSError / StorageError as the store does."""
         return self._write_pack(_PackBuffer(np.dtype(dtype), chunk_bytes, list(parts),
-                                            sum(p.nbytes for _, p in parts)))
+                                            sum(p.nbytes for _, p in parts)),
+                                self.delta if delta is None else delta)
 
     def write_large(self, content_hash: str, payload: np.ndarray) -> _Written:
         """Write one large payload (any shape and dtype) as its own array, now, on the calling
@@ -901,14 +932,23 @@ class StoreWriter:
             arr[...] = data
         return arr
 
-    def _write_pack(self, buf: _PackBuffer) -> _Written:
-        data = np.concatenate([p for _, p in buf.parts]) if len(buf.parts) > 1 else buf.parts[0][1]
+    def _write_pack(self, buf: _PackBuffer, delta: bool | None = None) -> _Written:
+        arrays = [p for _, p in buf.parts]
+        bases: list[int | None] = [None] * len(arrays)
+        if (self.delta if delta is None else delta) and len(arrays) > 1:
+            sample = codec_for(buf.dtype, xor_delta.DELTA_SAMPLE_BYTES).frame_codec()
+            bases = xor_delta.choose_bases(arrays, buf.dtype, lambda a: len(sample.encode(a)))
+            arrays = xor_delta.encode(arrays, bases, buf.dtype)
+        data = np.concatenate(arrays) if len(arrays) > 1 else arrays[0]
         n = data.size
         chunk = min(n, max(1, buf.chunk_bytes // buf.dtype.itemsize))
         name = f"packs/{_dtype_dir(buf.dtype)}/{_unique_id()}"
         codec = codec_for(buf.dtype, chunk * buf.dtype.itemsize)
+        offsets = np.concatenate([[0], np.cumsum([a.size for a in arrays])]).astype(int).tolist()
+        xor = [xor_delta.XorPart(offsets[i], arrays[i].size, offsets[j]) for i, j in enumerate(bases) if j is not None]
+        attrs = {"xor": xor_delta.to_attribute(xor), "xor_means": xor_delta.XOR_MEANS} if xor else {}
         # zarr writes the metadata; the one shard is encoded here (see dumpdb.storage.shard).
-        self._create(name, data, (chunk,), (math.ceil(n / chunk) * chunk,), "pack", codec, write=False)
+        self._create(name, data, (chunk,), (math.ceil(n / chunk) * chunk,), "pack", codec, write=False, **attrs)
         frames = encode_chunks(data, chunk, codec.frame_codec(), self._codec_pool)
         objects = self.store.objects
         written, checksum = write_shard(ShardTarget(objects, shard_key(name, 1)), frames)
@@ -916,11 +956,11 @@ class StoreWriter:
         # once the shard exists, and the catalog commit comes after this returns.
         stored = objects.size(f"{name}/zarr.json") + written
         locations = []
-        offset = 0
-        for content_hash, part in buf.parts:
+        for i, (content_hash, part) in enumerate(buf.parts):
             share = round(stored * part.nbytes / data.nbytes) if data.nbytes else 0
-            locations.append(BlobLocation(content_hash, part.nbytes, name, offset, part.size, share))
-            offset += part.size
+            base = bases[i]
+            locations.append(BlobLocation(content_hash, part.nbytes, name, offsets[i], part.size, share,
+                                          None if base is None else buf.parts[base][0]))
         return locations, ArrayInfo(name, "pack", buf.dtype.name, (n,), stored, checksum)
 
     def _write_large(self, content_hash: str, payload: np.ndarray) -> _Written:
@@ -938,9 +978,18 @@ class StoreWriter:
             # run of the C-order payload (chunk_runs), edge chunks zero-padded as zarr pads them.
             flat = payload.reshape(-1)
             frames = self._large_frames(flat, payload.shape, chunks, codec)
-            if sum(map(len, frames)) > (1 - LARGE_MIN_SAVING) * math.prod(shards or ()) * payload.dtype.itemsize:
+            encoded = sum(map(len, frames))
+            if encoded > (1 - LARGE_MIN_SAVING) * math.prod(shards or ()) * payload.dtype.itemsize:
                 codec = codec.uncompressed()  # little saved: fast reads matter more (codecs.py)
                 frames = self._large_frames(flat, payload.shape, chunks, codec)
+            elif encoded * REDUNDANT_RATIO <= payload.nbytes:  # highly redundant: bigger chunks (codecs.py)
+                big = large_chunks(payload.shape, payload.dtype.itemsize, REDUNDANT_CHUNK_BYTES)
+                if big != chunks:
+                    big_codec = redundant_codec(payload.dtype, math.prod(big) * payload.dtype.itemsize)
+                    big_frames = self._large_frames(flat, payload.shape, big, big_codec)
+                    if sum(map(len, big_frames)) <= REDUNDANT_KEEP * encoded:
+                        chunks, codec, frames = big, big_codec, big_frames
+                        shards = tuple(math.ceil(s / c) * c for s, c in zip(payload.shape, chunks))
             self._create(name, payload, chunks, shards, "tensor", codec, write=False, content_hash=content_hash)
             objects = self.store.objects
             written, checksum = write_shard(ShardTarget(objects, shard_key(name, payload.ndim)), frames)

@@ -104,6 +104,11 @@ def test_every_dtype_round_trips_bit_exact_with_delta_payloads(tmp_path, small_d
         assert got.dtype == p.dtype and got.shape == p.shape and got.tobytes() == p.tobytes()
         got[...] = got  # writable, not a view of a cache
         assert reader.read_payload(loc.array_path, loc.elem_offset, loc.elem_count).tobytes() == p.tobytes()
+    # the batch read (compare's small pairs) makes delta payloads plain as read() does
+    many = TensorStore(tmp_path / "t.zarr").read_many(
+        [(locations[h].array_path, locations[h].elem_offset, locations[h].elem_count, p.dtype, p.shape)
+         for h, p in zip(hashes, payloads)])
+    assert [g.tobytes() for g in many] == [p.tobytes() for p in payloads]
     # a range across plain and delta payloads (and starting inside one) reads plain too
     whole = np.concatenate([np.ascontiguousarray(p).reshape(-1) for p in payloads]).view(np.uint8)
     item = raw.dtype.itemsize

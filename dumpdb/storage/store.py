@@ -621,7 +621,7 @@ class TensorStore:
         but **read-only**: a payload lying in one chunk of a pack is a view of that chunk
         (decoded once, one ranged read per chunk, kept in the chunk cache), without
         :meth:`read`'s per-call locks and copy (~11 us a payload there); anything else
-        (large arrays, payloads across chunk boundaries, empty payloads) goes through
+        (large arrays, payloads across chunk boundaries, empty payloads, delta payloads) goes through
         :meth:`read`. Read ``locations`` in storage order (pack, offset) for the fewest chunk
         decodes.
 
@@ -643,7 +643,8 @@ class TensorStore:
                 if meta is None:
                     meta = metas[array_path] = self._pack(array_path)
             if meta is None or array_path is None or offset is None or offset < 0 or offset + count > meta.size \
-                    or offset // meta.chunk != (offset + count - 1) // meta.chunk:
+                    or offset // meta.chunk != (offset + count - 1) // meta.chunk \
+                    or (meta.xor and meta.xor.overlaps(offset, count)):  # a delta payload: read() makes it plain
                 data = self.read(array_path, offset, count, dtype, tuple(shape))
                 data.flags.writeable = False
                 out.append(data)

@@ -122,7 +122,7 @@ _GLOBAL_WITH_VALUE = ("--wait", "--storage-option")
 
 def _hoist_globals(args: list[str]) -> list[str]:
     """``args`` with the global options that take a value (``--wait SECONDS``,
-    ``--storage-option KEY=VALUE``, also written ``--opt=VALUE``) moved to the front (before
+    ``--storage-option KEY=VALUE``, each also written ``--wait=SECONDS``) moved to the front (before
     the command name), wherever they were given; nothing after ``--`` is touched."""
     rest, front, i = [], [], 0
     while i < len(args):
@@ -130,7 +130,7 @@ def _hoist_globals(args: list[str]) -> list[str]:
         if arg == "--":
             rest.extend(args[i:])
             break
-        if arg in _GLOBAL_WITH_VALUE:  # with its value; none given: '--opt=' (the option says what it wants)
+        if arg in _GLOBAL_WITH_VALUE:  # with its value; none given: the name and '=' (the option says what it wants)
             front += args[i:i + 2] if i + 1 < len(args) else [arg + "="]
             i += 2
             continue

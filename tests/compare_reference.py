@@ -13,45 +13,23 @@ from typing import Any
 
 from dumpdb.compare.metrics import MSG_NAN_INF_MISMATCH
 from dumpdb.compare.precision import PrecisionRules, _pair_error, run_order
-from dumpdb.compare.verdict import ALL_IGNORE, ERROR, INPUT_IGNORE, MODES, PASS, WARNING, Thresholds
+from dumpdb.compare.verdict import (  # _inf_or_nan, _num, _pair: input conversions, not rules: dumpdb's own
+    ALL_IGNORE,
+    ERROR,
+    INPUT_IGNORE,
+    MODES,
+    PASS,
+    WARNING,
+    Thresholds,
+    _inf_or_nan,
+    _num,
+    _pair,
+)
 
 _RANK = {PASS: 0, WARNING: 1, ERROR: 2}
 
 
 # -- msprobe's verdicts (dumpdb.compare.verdict's module docstring) ----------------------------
-
-def _num(v) -> float | None:
-    """A metric as float; None for missing, non-numeric (msprobe's strings) and NaN."""
-    if v is None or isinstance(v, (bool, str)):
-        return None
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(f) else f
-
-
-def _inf_or_nan(v) -> bool:
-    """msprobe indicator_analysis.utils.is_inf_or_nan (also for ints and numpy floats)."""
-    if isinstance(v, str):
-        return v.strip().lower() in ("inf", "-inf", "nan")
-    if v is None or isinstance(v, bool):
-        return False
-    try:
-        return not math.isfinite(float(v))
-    except (TypeError, ValueError):
-        return False
-
-
-def _pair(row: dict, name: str):
-    """(target, bench) of a per-side attribute: target_X/bench_X, else X as a pair."""
-    if f"target_{name}" in row or f"bench_{name}" in row:
-        return row.get(f"target_{name}"), row.get(f"bench_{name}")
-    v = row.get(name)
-    if isinstance(v, (tuple, list)) and len(v) == 2:
-        return v[0], v[1]
-    return None, None
-
 
 def _shape(s):
     if s is None:

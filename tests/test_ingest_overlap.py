@@ -132,6 +132,19 @@ def test_quiet_gc_restores_the_collector_even_on_error():
     assert gc.get_freeze_count() == 0
 
 
+def test_quiet_gc_keeps_a_freeze_the_process_made_itself():
+    """An application that froze its own objects (a pre-fork server) keeps them frozen
+    after an ingest in its process."""
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        with pipeline.quiet_gc():
+            pass
+        assert gc.get_freeze_count() == frozen > 0
+    finally:
+        gc.unfreeze()
+
+
 def test_the_ingest_command_skips_pandas_yet_pandas_works_after(tmp_path):
     pytest.importorskip("pandas")  # the frames extra; the test extra installs it
     script = (

@@ -316,13 +316,18 @@ def quiet_gc(threshold: int = 50_000) -> Iterator[None]:
     and makes almost no cycles; the collections walking the scan's entries cost ~6 % of a
     real dump's CPU (``perf``, issue 12). Objects are still collected, only less often."""
     before = gc.get_threshold()
-    gc.freeze()
+    # a process that froze objects itself (a pre-fork server, an ingest in another thread)
+    # keeps its freeze: unfreeze() would thaw its objects too
+    freeze = gc.get_freeze_count() == 0
+    if freeze:
+        gc.freeze()
     gc.set_threshold(max(threshold, before[0]), *before[1:])
     try:
         yield
     finally:
         gc.set_threshold(*before)
-        gc.unfreeze()
+        if freeze:
+            gc.unfreeze()
 
 
 class _Pipeline:

@@ -146,7 +146,8 @@ def test_quiet_gc_keeps_a_freeze_the_process_made_itself():
 
 
 def test_the_ingest_command_skips_pandas_yet_pandas_works_after(tmp_path):
-    pytest.importorskip("pandas")  # the frames extra; the test extra installs it
+    pytest.importorskip("pandas", reason="pandas not installed (pip install 'dumpdb[frames]'; the test extra and "
+                        ".ci/run install it): checks that pandas still works after an ingest skipped it")
     script = (
         "import runpy, sys\n"
         f"sys.argv = ['dumpdb', 'ingest', {str(DUMP)!r}, '--archive', {str(tmp_path / 'a')!r}, '-q']\n"

@@ -87,6 +87,22 @@ def s3_url(moto_s3, monkeypatch) -> str:
     return f"s3://{moto_s3.bucket()}/archive"
 
 
+def record_pools(monkeypatch, module, name: str) -> list:
+    """Replace ``module.<name>`` (an executor class, e.g. the compare engine's
+    ``ThreadPoolExecutor``) by a subclass recording each pool's ``max_workers``; returns
+    that list, which grows as pools start."""
+    started: list = []
+    base = getattr(module, name)
+
+    class Recording(base):  # type: ignore[misc, valid-type]
+        def __init__(self, *args, **kwargs):
+            started.append(kwargs.get("max_workers"))
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, Recording)
+    return started
+
+
 def write_payloads(writer, payloads) -> tuple[dict, list]:
     """Add every (content hash, array) of ``payloads`` to the StoreWriter ``writer``, flush
     and close it: (content hash -> BlobLocation, the arrays written)."""

@@ -7,7 +7,7 @@ import csv
 
 import numpy as np
 import pytest
-from conftest import ms_case, npy_files
+from conftest import ms_case, npy_files, record_pools
 from test_compare_report import assert_self_contained
 from test_compare_report import parse as parse_html
 from typer.testing import CliRunner
@@ -193,15 +193,8 @@ def test_process_pool_path_gives_the_thread_path_results(pair_archive, monkeypat
     monkeypatch.setattr(engine, "SMALL_ELEMENTS", 0)  # every pair one by one (no batched path)
     a = dumpdb.open(pair_archive)
     one = compare(a, "fp16", "fp32", workers=1, store_results=False).results
-    started = []
-
-    class Recording(engine.ProcessPoolExecutor):
-        def __init__(self, *args, **kwargs):
-            started.append(kwargs.get("max_workers"))
-            super().__init__(*args, **kwargs)
-
     monkeypatch.setattr(engine, "PROCESS_MIN_BYTES", 1)
-    monkeypatch.setattr(engine, "ProcessPoolExecutor", Recording)
+    started = record_pools(monkeypatch, engine, "ProcessPoolExecutor")
     many = compare(a, "fp16", "fp32", workers=2, store_results=False).results
     assert started == [2]  # the process pool really ran
     metrics = [c for c in ("cosine", "euc_dist", "max_abs_err", "max_rel_err", "one_thousandth_err_ratio",

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from conftest import record_pools
 from threadpoolctl import threadpool_limits
 
 import dumpdb
@@ -82,14 +83,7 @@ def test_worker_threads_give_the_one_thread_results(pair_archive, monkeypatch):
     monkeypatch.setattr(engine, "SMALL_ELEMENTS", 0)  # every pair one by one (no batched path)
     a = dumpdb.open(pair_archive)
     one = compare(a, "fp16", "fp32", workers=1, store_results=False).results
-    started = []
-
-    class Recording(engine.ThreadPoolExecutor):
-        def __init__(self, *args, **kwargs):
-            started.append(kwargs.get("max_workers"))
-            super().__init__(*args, **kwargs)
-
-    monkeypatch.setattr(engine, "ThreadPoolExecutor", Recording)
+    started = record_pools(monkeypatch, engine, "ThreadPoolExecutor")
     many = compare(a, "fp16", "fp32", workers=2, store_results=False).results
     assert 2 in started
     columns = [*TENSOR_METRICS, "result", "err_message", "mode"]

@@ -118,6 +118,19 @@ def write_payloads(writer, payloads) -> tuple[dict, list]:
         writer.close()
 
 
+def assert_payloads_read_back(reader, locations: dict, hashes, arrays) -> None:
+    """Each array reads back bit-exact from ``reader`` (a TensorStore) at its location
+    (``locations[hash]``): through ``read`` (hash verified; a new writable array, never a view
+    of a cache) and through ``read_payload``."""
+    for h, a in zip(hashes, arrays):
+        loc = locations[h]
+        got = reader.read(loc.array_path, loc.elem_offset, loc.elem_count, a.dtype, a.shape, content_hash=h,
+                          verify=True)
+        assert got.dtype == a.dtype and got.shape == a.shape and got.tobytes() == a.tobytes()
+        got[...] = got  # writable, not a view of a cache
+        assert reader.read_payload(loc.array_path, loc.elem_offset, loc.elem_count).tobytes() == a.tobytes()
+
+
 @pytest.fixture(scope="module")
 def pair_archive(tmp_path_factory):
     """An archive per test module with the real fp32 and fp16/bf16 compare cases as runs

@@ -19,7 +19,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 import zarr
-from conftest import DATA, ms_case, npy_files, npy_payload, write_payloads
+from conftest import DATA, assert_payloads_read_back, ms_case, npy_files, npy_payload, write_payloads
 from test_crash_safety import assert_committed_rows_exact
 
 import dumpdb
@@ -96,14 +96,7 @@ def test_every_dtype_round_trips_bit_exact_with_delta_payloads(tmp_path, small_d
         assert stored.tobytes() == np.bitwise_xor(near.view(np.uint8), base.view(np.uint8)).tobytes()
     else:
         assert attribute is None
-    reader = TensorStore(tmp_path / "t.zarr")
-    for h, p in zip(hashes, payloads):
-        loc = locations[h]
-        got = reader.read(loc.array_path, loc.elem_offset, loc.elem_count, p.dtype, p.shape, content_hash=h,
-                          verify=True)
-        assert got.dtype == p.dtype and got.shape == p.shape and got.tobytes() == p.tobytes()
-        got[...] = got  # writable, not a view of a cache
-        assert reader.read_payload(loc.array_path, loc.elem_offset, loc.elem_count).tobytes() == p.tobytes()
+    assert_payloads_read_back(TensorStore(tmp_path / "t.zarr"), locations, hashes, payloads)
     # the batch read (compare's small pairs) makes delta payloads plain as read() does
     many = TensorStore(tmp_path / "t.zarr").read_many(
         [(locations[h].array_path, locations[h].elem_offset, locations[h].elem_count, p.dtype, p.shape)

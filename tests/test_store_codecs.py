@@ -12,7 +12,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 import zarr
-from conftest import DATA, ms_case, npy_payload, write_payloads
+from conftest import DATA, assert_payloads_read_back, ms_case, npy_payload, write_payloads
 
 import dumpdb
 import dumpdb.storage.store as store_mod
@@ -71,14 +71,7 @@ def test_every_dtype_round_trips_bit_exact_in_packs_of_mixed_sizes_and_large_arr
     assert any(np.prod(s) > np.prod(c) for s, c in chunked if len(s) == 3)
     assert any(any(n % c for n, c in zip(s, cs)) for s, cs in chunked if len(s) == 3)
     assert any(np.prod(s) > np.prod(c) for s, c in chunked if len(s) == 1)
-    reader = TensorStore(tmp_path / "t.zarr")
-    for h, a in zip(hashes, arrays):
-        loc = locations[h]
-        got = reader.read(loc.array_path, loc.elem_offset, loc.elem_count, a.dtype, a.shape, content_hash=h,
-                          verify=True)
-        assert got.dtype == a.dtype and got.shape == a.shape and got.tobytes() == a.tobytes()
-        got[...] = got  # writable, not a view of a cache
-        assert reader.read_payload(loc.array_path, loc.elem_offset, loc.elem_count).tobytes() == a.tobytes()
+    assert_payloads_read_back(TensorStore(tmp_path / "t.zarr"), locations, hashes, arrays)
     # zarr itself decodes every array dumpdb encoded (the bytes are what zarr.json says)
     multi_byte = np.dtype(dtype).itemsize > 1
     kinds_seen = set()

@@ -36,15 +36,17 @@ SOURCES = {"d1": ms_case("d1_compare_fp32_iter0"), "d2": ms_case("d2_compare_fp1
            "c1": ms_case("c1_inputs_kernels_iter"), "e1": ms_case("e1_nan_inf_overflow")}
 
 
-def _env(archive: Path, **extra) -> dict:
-    env = {**os.environ, "CRASHKIT_WATCH": str(archive), "CRASHKIT_SET": SETTINGS, **extra}
+def _env(archive: Path, settings: str = SETTINGS, **extra) -> dict:
+    env = {**os.environ, "CRASHKIT_WATCH": str(archive), "CRASHKIT_SET": settings, **extra}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     return env
 
 
-def _cli(archive: Path, args: list[str], **extra) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(CRASHKIT), "-m", "dumpdb", *args], env=_env(archive, **extra),
-                          capture_output=True, text=True, timeout=240)
+def crashkit_run(archive: Path, args: list[str], settings: str = SETTINGS, **extra) -> subprocess.CompletedProcess:
+    """``dumpdb ARGS`` under tests/crashkit.py, watching ``archive``, with the module
+    constants ``settings`` (``CRASHKIT_SET``) and more ``CRASHKIT_*`` variables in ``extra``."""
+    return subprocess.run([sys.executable, str(CRASHKIT), "-m", "dumpdb", *args],
+                          env=_env(archive, settings, **extra), capture_output=True, text=True, timeout=240)
 
 
 def _schedule(archive: Path, args: list[str], points: int, salt: str, ok_codes=(0,)) -> list[int]:
@@ -53,7 +55,7 @@ def _schedule(archive: Path, args: list[str], points: int, salt: str, ok_codes=(
     shutil.copytree(archive, probe) if archive.exists() else None
     count_file = archive.with_name("events.txt")
     probe_args = [str(probe) if a == str(archive) else a for a in args]
-    proc = _cli(probe, probe_args, CRASHKIT_COUNT_FILE=str(count_file))
+    proc = crashkit_run(probe, probe_args, CRASHKIT_COUNT_FILE=str(count_file))
     assert proc.returncode in ok_codes, proc.stderr
     total = int(count_file.read_text().split()[0])
     shutil.rmtree(probe)
@@ -64,7 +66,7 @@ def _schedule(archive: Path, args: list[str], points: int, salt: str, ok_codes=(
 
 
 def _killed(archive: Path, args: list[str], at: int, **extra) -> subprocess.CompletedProcess:
-    return _cli(archive, args, CRASHKIT_KILL_AT=str(at), **extra)
+    return crashkit_run(archive, args, CRASHKIT_KILL_AT=str(at), **extra)
 
 
 def assert_committed_rows_exact(archive: Path, where: str) -> int:
@@ -90,7 +92,7 @@ def assert_committed_rows_exact(archive: Path, where: str) -> int:
 
 
 def _ingest(archive: Path, run: str) -> None:
-    proc = _cli(archive, ["ingest", str(SOURCES[run]), "--archive", str(archive), "--run", run, "-q"])
+    proc = crashkit_run(archive, ["ingest", str(SOURCES[run]), "--archive", str(archive), "--run", run, "-q"])
     assert proc.returncode == 0, proc.stderr
 
 
@@ -99,7 +101,7 @@ def test_crashkit_counts_and_kills(tmp_path):
     archive = tmp_path / "a.dumpdb"
     count_file = tmp_path / "events.txt"
     args = ["ingest", str(SOURCES["d2"]), "--archive", str(archive), "--run", "d2", "-q"]
-    proc = _cli(archive, args, CRASHKIT_COUNT_FILE=str(count_file))
+    proc = crashkit_run(archive, args, CRASHKIT_COUNT_FILE=str(count_file))
     assert proc.returncode == 0, proc.stderr
     kinds = count_file.read_text().split()[1:]
     assert {"commit-before", "commit-after", "fsync-before", "os.rename", "open-write"} <= set(kinds)
@@ -121,7 +123,7 @@ def test_ingest_killed_anywhere_keeps_committed_rows_exact_and_reruns_complete(t
         assert proc.returncode == -signal.SIGKILL, f"{where}: {proc.returncode} {proc.stderr[-500:]}"
         if archive.exists() and dumpdb.archive.is_archive(archive):
             assert assert_committed_rows_exact(archive, where) <= n_files
-        rerun = _cli(archive, args)
+        rerun = crashkit_run(archive, args)
         assert rerun.returncode == 0, f"{where}: re-run failed: {rerun.stderr[-500:]}"
         assert assert_committed_rows_exact(archive, where + ", after the re-run") == n_files
         assert dumpdb.open(archive).show("d2")["status"] == "complete"
@@ -152,14 +154,14 @@ def test_ingest_with_two_workers_killed_at_three_points_reruns_to_a_clean_ingest
             at = max(1, seen * 3 // 4)
         where = f"ingest --workers 2 killed at event {at} (seed {SEED})"
         assert proc.returncode == -signal.SIGKILL, f"{where}: {proc.returncode} {proc.stderr[-500:]}"
-        rerun = _cli(archive, args)
+        rerun = crashkit_run(archive, args)
         assert rerun.returncode == 0, f"{where}: re-run failed: {rerun.stderr[-500:]}"
         assert assert_committed_rows_exact(archive, where + ", after the re-run") == expected
         a = dumpdb.open(archive)
         assert a.show("d2")["status"] == "complete"
         assert a.sql("SELECT count(DISTINCT content_hash) AS n FROM tensors")["n"][0].as_py() == \
             dumpdb.open(clean).sql("SELECT count(DISTINCT content_hash) AS n FROM tensors")["n"][0].as_py()
-        gc = _cli(archive, ["gc", "--archive", str(archive), "--grace", "0"])
+        gc = crashkit_run(archive, ["gc", "--archive", str(archive), "--grace", "0"])
         assert gc.returncode == 0, f"{where}: gc failed: {gc.stderr[-500:]}"
         assert assert_committed_rows_exact(archive, where + ", after gc") == expected
 
@@ -181,7 +183,7 @@ def test_import_killed_anywhere_keeps_committed_rows_exact_and_reruns_complete(t
         proc = _killed(archive, args, at)
         assert proc.returncode == -signal.SIGKILL, f"{where}: {proc.returncode} {proc.stderr[-500:]}"
         assert assert_committed_rows_exact(archive, where) <= n
-        rerun = _cli(archive, args)
+        rerun = crashkit_run(archive, args)
         assert rerun.returncode == 0, f"{where}: re-run failed: {rerun.stderr[-500:]}"
         assert assert_committed_rows_exact(archive, where + ", after the re-run") == n
 
@@ -212,7 +214,7 @@ def test_prune_killed_anywhere_keeps_rows_and_statistics(tmp_path):
         assert proc.returncode == -signal.SIGKILL, f"{where}: {proc.returncode} {proc.stderr[-500:]}"
         assert_committed_rows_exact(archive, where)
         assert _reprs(dumpdb.open(archive).sql(stats_q).to_pylist()) == stats_before, f"{where}: statistics changed"
-        assert _cli(archive, args).returncode == 0
+        assert crashkit_run(archive, args).returncode == 0
         assert_committed_rows_exact(archive, where + ", after the re-run")
         pruned = dumpdb.open(archive).sql("SELECT run, iteration FROM tensors WHERE pruned_at IS NOT NULL").to_pylist()
         assert len(pruned) == expected_pruned and all(r["run"] == "e1" and r["iteration"] <= 5 for r in pruned)
@@ -235,7 +237,7 @@ def test_gc_killed_anywhere_loses_no_live_payload(tmp_path):
         assert assert_committed_rows_exact(archive, where) == live
         # --grace 0: nothing else uses this archive, so the killed gc's uncommitted pack is
         # reclaimable now (by default gc keeps young uncommitted files: another writer's)
-        assert _cli(archive, args + ["--grace", "0"]).returncode == 0
+        assert crashkit_run(archive, args + ["--grace", "0"]).returncode == 0
         assert assert_committed_rows_exact(archive, where + ", after the re-run") == live
         size_after = sum(p.stat().st_size for p in (archive / "tensors.zarr").rglob("*") if p.is_file())
         assert size_after < size_before, f"{where}: gc reclaimed nothing"
@@ -259,7 +261,7 @@ def test_compare_killed_anywhere_stores_all_or_nothing(tmp_path):
     reference = tmp_path / "ref.dumpdb"
     shutil.copytree(base, reference)
     args = ["compare", "d2", "d1", "--archive", str(reference), "--show", "0"]
-    assert _cli(reference, args).returncode in (0, 1)
+    assert crashkit_run(reference, args).returncode in (0, 1)
     expected = _compare_rows(reference)
     assert len(expected) > 50
     archive = tmp_path / "a.dumpdb"
@@ -276,5 +278,5 @@ def test_compare_killed_anywhere_stores_all_or_nothing(tmp_path):
         for c in a.sql("SELECT compare_id, pairs FROM compares").to_pylist():  # a stored compare is whole
             n = a.sql("SELECT count(*) AS n FROM compare_results WHERE compare_id = ?", [c["compare_id"]])["n"][0]
             assert n.as_py() == c["pairs"], f"{where}: compare {c['compare_id']} stored in part"
-        assert _cli(archive, args).returncode in (0, 1)
+        assert crashkit_run(archive, args).returncode in (0, 1)
         assert _compare_rows(archive)[-len(expected):] == expected, where

@@ -7,12 +7,10 @@ deltas leaves committed rows exact and re-runs to a verified archive."""
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import ml_dtypes
@@ -20,7 +18,7 @@ import numpy as np
 import pytest
 import zarr
 from conftest import DATA, assert_payloads_read_back, ms_case, npy_files, npy_payload, write_payloads
-from test_crash_safety import assert_committed_rows_exact
+from test_crash_safety import assert_committed_rows_exact, crashkit_run
 
 import dumpdb
 import dumpdb.archive
@@ -32,8 +30,6 @@ DTYPES = [np.bool_, np.int8, np.uint8, np.int16, np.int32, np.int64, np.uint16, 
           np.float16, np.float32, np.float64, ml_dtypes.bfloat16, np.complex64, np.complex128]
 ONE_BYTE = {np.dtype(np.bool_), np.dtype(np.int8), np.dtype(np.uint8)}
 E1 = ms_case("e1_nan_inf_overflow")  # real MindSpore dump whose packs get delta payloads at 1 KiB
-REPO = Path(__file__).resolve().parents[1]
-CRASHKIT = Path(__file__).with_name("crashkit.py")
 
 
 @pytest.fixture
@@ -244,10 +240,7 @@ SETTINGS = ("dumpdb.storage.delta.DELTA_MIN_BYTES=1024;dumpdb.storage.store.PACK
 
 
 def _crashkit(archive: Path, args: list[str], **extra) -> subprocess.CompletedProcess:
-    env = {**os.environ, "CRASHKIT_WATCH": str(archive), "CRASHKIT_SET": SETTINGS, **extra}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    return subprocess.run([sys.executable, str(CRASHKIT), "-m", "dumpdb", *args], env=env,
-                          capture_output=True, text=True, timeout=240)
+    return crashkit_run(archive, args, SETTINGS, **extra)
 
 
 @pytest.mark.timeout(600)

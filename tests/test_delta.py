@@ -117,13 +117,19 @@ def test_delta_off_stores_plain_and_on_reads_the_same(tmp_path, small_deltas):
         assert "xor" not in json.loads(path.read_text())["attributes"]["dumpdb"]
     for archive in (on, off):
         a = dumpdb.open(archive)
-        n = 0
-        for row, array in a.tensors("SELECT tensor_id, source_file FROM tensors", verify=True):
-            _, shape, payload = npy_payload(E1 / row["source_file"])
-            assert array.shape == shape and array.tobytes() == payload
-            n += 1
-        assert n == len(npy_files(E1))
+        assert _read_as_source(a, "TRUE") == len(npy_files(E1))
         assert a.verify().ok
+
+
+def _read_as_source(a, where: str) -> int:
+    """Every tensor of ``a`` matching ``where`` reads (hash verified) as its source file in
+    the e1 dump, bit for bit; returns how many."""
+    n = 0
+    for row, array in a.tensors(f"SELECT tensor_id, source_file FROM tensors WHERE {where}", verify=True):
+        _, shape, payload = npy_payload(E1 / row["source_file"])
+        assert array.shape == shape and array.tobytes() == payload
+        n += 1
+    return n
 
 
 def test_no_delta_on_the_command_line_stores_plain(tmp_path, small_deltas):
@@ -187,12 +193,7 @@ def test_prune_and_gc_of_the_base_run_keep_the_other_runs_delta_payloads_readabl
     report = a.gc(compact_below=compact_below, grace=0)
     assert report.blobs_dropped > 0  # the bases' blobs (only "all" used them) are gone
     a = dumpdb.open(archive)
-    n = 0
-    for row, array in a.tensors("SELECT tensor_id, source_file FROM tensors WHERE run = 'deltas'", verify=True):
-        _, shape, payload = npy_payload(E1 / row["source_file"])
-        assert array.shape == shape and array.tobytes() == payload
-        n += 1
-    assert n == len(npy_files(E1)) - len(bases)
+    assert _read_as_source(a, "run = 'deltas'") == len(npy_files(E1)) - len(bases)
     assert a.verify().ok
     stored_deltas = a.sql("SELECT count(*) AS n FROM blobs WHERE base_hash IS NOT NULL").to_pylist()[0]["n"]
     if compact_below == 0.0:  # packs kept as they are: the base bytes stay in them without a blob row

@@ -331,6 +331,13 @@ def quiet_gc(threshold: int = 50_000) -> Iterator[None]:
 
 
 class _Pipeline:
+    """One ingest of one scanned dump into one run: the files read (by ``executor``: threads,
+    worker processes or Dask tasks), deduplicated against ``known`` hashes, packed by the
+    :class:`StoreWriter`, and their rows committed in batches once their packs are durable
+    (on the committer thread, one transaction in flight, in order; the data flow and the crash
+    rules are in ARCHITECTURE.md). :class:`dumpdb.ingestion.parts.PartPipeline` replaces the
+    catalog writes by Parquet fragments."""
+
     def __init__(self, catalog: Catalog, store: TensorStore, layout: Layout, scan: DumpScan,
                  report: IngestReport, reporter: Reporter, workers: int):
         self.catalog = catalog

@@ -293,3 +293,11 @@ def test_a_bundle_of_an_archive_with_deltas_holds_plain_payloads_and_imports_bit
         assert array.shape == shape and array.tobytes() == payload
         n += 1
     assert n == len(npy_files(E1))
+
+
+def test_a_base_that_is_itself_a_delta_is_refused():
+    """dumpdb's bases are plain (a read XORs once): an attribute chaining a delta onto a
+    delta would read wrong bytes, so it is an error naming the pack."""
+    assert from_attribute([[10, 5, 0], [20, 5, 3]], 30, "p")  # plain bases: accepted
+    with pytest.raises(ValueError, match="p: attribute dumpdb.xor entry .*itself a delta"):
+        from_attribute([[10, 5, 0], [20, 5, 12]], 30, "p")

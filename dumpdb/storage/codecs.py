@@ -109,20 +109,24 @@ class Codec:
         return numcodecs.Zstd(level=self.level)
 
 
+def item_size(dtype: np.dtype) -> int:
+    """Bytes of the items a codec shuffles (and delta coding XORs) for storage dtype
+    ``dtype``: its item size, complex items as their two float components."""
+    dtype = np.dtype(dtype)
+    return dtype.itemsize // 2 if dtype.kind == "c" else dtype.itemsize
+
+
 def codec_for(dtype: np.dtype, chunk_bytes: int) -> Codec:
     """The codec for chunks of ``chunk_bytes`` bytes of storage dtype ``dtype`` (see the
     module docstring). Complex items shuffle as their two float components."""
-    dtype = np.dtype(dtype)
-    typesize = dtype.itemsize // 2 if dtype.kind == "c" else dtype.itemsize
+    typesize = item_size(dtype)
     return Codec(shuffle=typesize > 1, typesize=typesize, chunk_bytes=chunk_bytes)
 
 
 def redundant_codec(dtype: np.dtype, chunk_bytes: int) -> Codec:
     """The codec tried for a highly redundant large array (see the module docstring): plain
     zstd level ``REDUNDANT_LEVEL`` over chunks of ``chunk_bytes`` bytes, no shuffle."""
-    dtype = np.dtype(dtype)
-    typesize = dtype.itemsize // 2 if dtype.kind == "c" else dtype.itemsize
-    return Codec(shuffle=False, typesize=typesize, chunk_bytes=chunk_bytes, level=REDUNDANT_LEVEL)
+    return Codec(shuffle=False, typesize=item_size(dtype), chunk_bytes=chunk_bytes, level=REDUNDANT_LEVEL)
 
 
 def frame_decoder(codecs: list[dict[str, Any]], where: str) -> numcodecs.abc.Codec | None:

@@ -51,6 +51,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from dumpdb.storage.codecs import item_size
+
 DELTA_MIN_BYTES = 64 << 10  # smaller payloads are stored plain
 DELTA_SAMPLE_BYTES = 64 << 10  # bytes of a payload compressed to try a base
 DELTA_CANDIDATES = 4  # last plain same-size payloads of the pack tried as base
@@ -74,8 +76,7 @@ def xor_dtype(dtype: np.dtype) -> np.dtype | None:
     """The unsigned integer dtype payloads of storage dtype ``dtype`` are XORed in (the item
     size the pack's codec shuffles: complex as its two components), None for one-byte dtypes
     (bool, int8, uint8: never delta-coded)."""
-    dtype = np.dtype(dtype)
-    size = dtype.itemsize // 2 if dtype.kind == "c" else dtype.itemsize
+    size = item_size(dtype)
     return np.dtype(f"<u{size}") if size in (2, 4, 8) else None
 
 
@@ -130,7 +131,8 @@ def from_attribute(value: Any, size: int, where: str) -> list[XorPart]:
     """The delta payloads a pack's ``dumpdb.xor`` attribute lists (None: none), sorted by
     offset. Raises ValueError naming ``where`` for anything dumpdb does not write: not a list
     of ``[offset, count, base_offset]`` integers, a range outside the pack's ``size``
-    elements, a base not wholly before its payload, or overlapping payloads."""
+    elements, a base not wholly before its payload, a base that is itself a delta payload
+    (dumpdb's bases are plain: a read XORs once), or overlapping payloads."""
     if value is None:
         return []
     try:
@@ -147,6 +149,11 @@ def from_attribute(value: Any, size: int, where: str) -> list[XorPart]:
             raise ValueError(f"{where}: attribute dumpdb.xor entry {list(p)} is not a delta dumpdb writes "
                              f"(pack of {size} elements)")
         end = p.offset + p.elems
+    table = XorTable(parts)
+    for p in parts:
+        if table.overlaps(p.base_offset, p.elems):
+            raise ValueError(f"{where}: attribute dumpdb.xor entry {list(p)} has a base that is itself a delta "
+                             "payload (dumpdb writes plain bases only)")
     return parts
 
 

@@ -575,7 +575,8 @@ class TensorStore:
         if elem_offset is None:
             data = self._large_direct(array_path)
             return (data if data is not None else self._large(array_path, content_hash)).reshape(-1)
-        return self.read_pack_range(array_path, elem_offset, elem_count).copy()
+        data, fresh = self._pack_range(array_path, elem_offset, elem_count)
+        return data if fresh else data.copy()  # a delta payload comes back new already
 
     def read(self, array_path: str | None, elem_offset: int | None, elem_count: int,
              dtype: np.dtype, shape: tuple[int, ...], content_hash: str | None = None,
@@ -745,14 +746,15 @@ class StoreWriter:
     A payload may be given by reference instead of as an array (any object with ``dtype``,
     ``shape`` and ``nbytes`` that is not an ndarray, e.g. a file of the dump): writes
     then either go to ``delegate`` (``delegate("pack", (dtype str, chunk bytes, [(hash,
-    reference)...]))`` or ``delegate("large", (hash, reference))`` returns a future of what
+    reference)...], delta))`` or ``delegate("large", (hash, reference))`` returns a future of what
     :meth:`write_pack` / :meth:`write_large` return, run where the reference is read, e.g.
     an ingest's worker processes: the payload bytes never pass through this process), or
     here after ``resolve(reference)`` gives the array. The bytes written are the same
     either way. ``codec_threads``: threads compressing chunks (default: the cores).
     ``delta``: store a pack's payload as the XOR of a similar earlier payload of the same
     pack when that compresses better (:mod:`dumpdb.storage.delta`; ingest turns it on;
-    off for bundles, which any zarr reader must read plain, and for gc's copies).
+    off for bundles, which any zarr reader must read plain, for gc's copies, and for runs
+    that ``import`` brings in, which are stored plain as their bundle was).
     """
 
     def __init__(self, store: TensorStore, pack_bytes: int | None = None, large_bytes: int | None = None,

@@ -58,7 +58,7 @@ from dumpdb.catalog import DEFAULT_LOCK_TIMEOUT, Catalog, insert_arrow, schema
 from dumpdb.catalog.locks import SHARED, store_lock
 from dumpdb.catalog.runstate import run_lock_path, touch
 from dumpdb.dumpio import ReadBuffer, confine, reason
-from dumpdb.errors import ArchiveError, DumpdbError, SourceChanged
+from dumpdb.errors import ArchiveError, DumpdbError, DumpFileError, SourceChanged
 from dumpdb.ingestion import identity
 from dumpdb.ingestion.ranges import check_ranges
 from dumpdb.ingestion.statistics import estimate_rows, statistics_parts
@@ -325,7 +325,8 @@ def quiet_gc(threshold: int = 50_000) -> Iterator[None]:
     try:
         yield
     finally:
-        gc.set_threshold(*before)
+        if gc.get_threshold()[0] == max(threshold, before[0]):  # not changed meanwhile (another ingest's)
+            gc.set_threshold(*before)
         if freeze:
             gc.unfreeze()
 
@@ -369,7 +370,7 @@ class _Pipeline:
         self.accepted = 0  # entries taken since the packs were last cut
         self.committer: ThreadPoolExecutor | None = None  # the commit thread (see _commit)
         self.in_commit: Future | None = None  # the commit in flight
-        self.told: list[tuple] = []  # reporter calls waiting for the commit in flight (_tell)
+        self.told: deque[tuple] = deque()  # reporter calls waiting for the commit in flight (_tell)
         self.local = threading.local()  # per reader thread: its ReadBuffer (_load)
 
     # -- setup ---------------------------------------------------------------
@@ -501,12 +502,14 @@ class _Pipeline:
                     if pool is None:
                         self._process(pending)
                     else:
+                        inflight = self.writer.max_inflight
                         self._delegate_writes(pool)
                         try:
                             self._process_batches(pending, pool)
                             self._durable(self.writer.flush())  # the last packs, by the workers
                         finally:
                             self.writer.delegate = None
+                            self.writer.max_inflight = inflight  # packs held here again: the usual bound
                             self.writer.wait()  # the pool's writes finish before the pool goes
             self._durable(self.writer.flush())
             self._commit()
@@ -517,12 +520,24 @@ class _Pipeline:
             interrupted = True
             self.report.interrupted = True
             # progress that waited for a commit no longer matters (errors are still told)
-            self.told = [call for call in self.told if call[0] != "advance"]
+            self.told = deque(call for call in self.told if call[0] != "advance")
             # Keep what is complete: write buffered packs and commit their rows.
             self._durable(self.writer.flush())
             self._drop_committed()
             self._commit()
             self._settle()
+        except DumpFileError:
+            # A pack's writer reads its files again (workers.read_payload) and found one
+            # changed or gone: keep what was committed, settle the run as
+            # interrupted (the same command completes it), and raise the one-line error.
+            self.report.interrupted = True
+            self._abandon()
+            try:
+                self._finish(True)
+            except Exception:  # noqa: BLE001 - the error raised below says what went wrong
+                pass
+            self.report.status = "interrupted"
+            raise
         except OSError as exc:
             # Writing the store failed (disk full, archive unwritable): keep what was
             # committed, settle the run as interrupted, and say so in one line.
@@ -832,21 +847,22 @@ class _Pipeline:
         commit's open, insert, COMMIT and checkpoint overlap reading and compressing instead
         of stopping them. Its error, if any, is raised here or by :meth:`_settle`."""
         self._settle()
-        arrays, self.arrays = self.arrays, []
-        tables, self.tables = self.tables, []
-        if not (self.rows or self.error_rows or arrays or self.blob_rows or tables):
+        if not (self.rows or self.error_rows or self.arrays or self.blob_rows or self.tables):
             return
         # Rows whose payload is still in a pack buffer stay behind (self.waiting).
         new = [r for r in self.rows if r["tensor_key"] not in self.replacing]
         replaced = [r for r in self.rows if r["tensor_key"] in self.replacing]
-        for r in replaced:
-            del self.replacing[r["tensor_key"]]
-        batch = (self.blob_rows, arrays, new, replaced, tables, self.error_rows)
-        self.rows, self.blob_rows, self.error_rows = [], [], []
         self.last_commit = time.monotonic()
         if self.committer is None:
             self.committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dumpdb-commit")
-        self.in_commit = self.committer.submit(self._write_commit, *batch)
+        # Submitted first, cleared after: a Ctrl-C before the submit leaves the batch here
+        # for the recovery commit; one after it leaves rows that _drop_committed filters.
+        future = self.committer.submit(self._write_commit, self.blob_rows, self.arrays, new, replaced, self.tables,
+                                       self.error_rows)
+        self.in_commit, self.rows, self.blob_rows, self.error_rows, self.arrays, self.tables = \
+            future, [], [], [], [], []
+        for r in replaced:
+            self.replacing.pop(r["tensor_key"], None)
 
     def _write_commit(self, blob_rows: list[BlobLocation], arrays: list, new: list[dict], replaced: list[dict],
                       tables: list[pa.Table], error_rows: list[dict]) -> None:
@@ -880,7 +896,7 @@ class _Pipeline:
     def _told(self) -> None:
         """Make the reporter calls that waited for a commit (:meth:`_tell`)."""
         while self.told:
-            what, *args = self.told.pop(0)
+            what, *args = self.told.popleft()
             getattr(self.reporter, what)(*args)
 
     def _settle(self, raise_error: bool = True) -> None:

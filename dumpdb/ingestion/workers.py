@@ -44,7 +44,7 @@ import numpy as np
 
 from dumpdb.dtypes import dtype_name, from_dump_name
 from dumpdb.dumpio import ReadBuffer, check_dump_file, confine, confined, reading_into
-from dumpdb.errors import DumpdbError
+from dumpdb.errors import DumpdbError, DumpFileError
 from dumpdb.layouts import Layout, TensorEntry, get_layout
 from dumpdb.layouts.base import display_name
 from dumpdb.stats import STAT_COLUMNS, compute_stats
@@ -305,16 +305,16 @@ def tensor_row(item: Loaded, run: str, stats_label: str, entry_columns: tuple[st
 
 def read_payload(ref: PayloadRef) -> np.ndarray:
     """The payload ``ref`` names, read again (:func:`load_entry`, hash only). Raises
-    :class:`~dumpdb.errors.DumpdbError` naming the file if it cannot be read any more or its
+    :class:`~dumpdb.errors.DumpFileError` naming the file if it cannot be read any more or its
     content hash changed since the first read (a file rewritten during the ingest)."""
     with contextlib.ExitStack() as stack:
         if not confined(ref.root):  # a whole pack's files are read inside one confinement
             stack.enter_context(confine(ref.root, ref.follow_symlinks))
         item = load_entry(get_layout(ref.layout), ref.entry, ref.size, stats=False, keep_array=True)
     if item.error:
-        raise DumpdbError(f"{item.error} (read again to store it)")
+        raise DumpFileError(f"{item.error} (read again to store it)")
     if item.content_hash != ref.content_hash or item.array is None:
-        raise DumpdbError(f"{ref.entry.source_file}: changed while being ingested (content hash differs from "
+        raise DumpFileError(f"{ref.entry.source_file}: changed while being ingested (content hash differs from "
                           "the first read); run the same command again")
     return item.array
 

@@ -115,3 +115,13 @@ def test_a_large_pair_runs_as_segments_on_worker_threads(tmp_path, monkeypatch):
             want, message = tensor_metrics(target[k], bench[k])
         assert {m: row[m] for m in TENSOR_METRICS} == want, k
         assert row["err_message"].startswith(message)  # then the verdict's reason
+
+
+def test_a_null_shape_and_the_0d_shape_are_different_pairs():
+    """Repeated large pairs share metrics by key: a NULL shape (unknown) must not take the
+    metrics of a 0-d tensor's pair (shape ())."""
+    row = {"content_hash": "h", "dtype": "float32", "shape": None, "stats_source": "computed", "nan_count": 0,
+           "pos_inf_count": 0, "neg_inf_count": 0, "min": -1.0, "max": 1.0}
+    scalar = {**row, "shape": []}
+    assert engine._pair_key(row, row) != engine._pair_key(scalar, scalar)
+    assert engine._pair_key(scalar, scalar) == engine._pair_key({**scalar}, {**scalar})

@@ -102,7 +102,7 @@ from dumpdb.compare.metrics import (
 )
 from dumpdb.compare.precision import Columns as PrecisionColumns
 from dumpdb.compare.precision import PrecisionRules, judge_precision_columns
-from dumpdb.compare.stats_pairs import statistics_pairs
+from dumpdb.compare.stats_pairs import ORDER_KEYS, statistics_pairs
 from dumpdb.compare.stats_sql import statistics_metrics
 from dumpdb.compare.verdict import Columns as VerdictColumns
 from dumpdb.compare.verdict import Thresholds, op_results_columns
@@ -509,8 +509,7 @@ def _pair_sides(trows: pa.Table, brows: pa.Table, pairs: pa.Table) -> tuple[pa.T
 
     tpos = positions(trows.column("tensor_id"), pairs.column("target_tensor_id"))
     bpos = positions(brows.column("tensor_id"), pairs.column("bench_tensor_id"))
-    keys = ["iteration", "rank", "graph_id", "position", "timestamp", "call_index", "io", "slot", "tensor_id"]
-    order = execution_order(trows.select(keys).take(tpos))
+    order = execution_order(trows.select(list(ORDER_KEYS)).take(tpos))
 
     def rows(table: pa.Table, at: np.ndarray, side: int) -> pa.Table:
         # only the columns results and metrics read (a bench side needs few)
@@ -651,8 +650,10 @@ def _compute_large(archive, t: pa.Table, b: pa.Table, large: np.ndarray, mode: s
 def _pair_key(x: dict, y: dict) -> tuple:
     """What a large pair's metrics depend on: both payloads (content hash, dtype, shape)
     and the ranges the first pass may take from the catalog (:func:`_ranges`)."""
-    return (x["content_hash"], x["dtype"], tuple(x["shape"] or ()), y["content_hash"], y["dtype"],
-            tuple(y["shape"] or ()), _ranges(x, y))
+    def shape(row: dict) -> tuple | None:
+        return None if row["shape"] is None else tuple(row["shape"])  # NULL is not the 0-d shape ()
+
+    return (x["content_hash"], x["dtype"], shape(x), y["content_hash"], y["dtype"], shape(y), _ranges(x, y))
 
 
 def _valid(col) -> np.ndarray:
@@ -798,10 +799,6 @@ def _finish(item, res: ResultColumns, computed: dict[int, tuple[dict, str | None
     computed[i] = metrics, message = found.result() if isinstance(found, _Segments) else found
     res.put_row(i, metrics, message)
     return size
-
-
-def _join(a: str | None, b: str | None) -> str | None:
-    return "; ".join(x for x in (a, b) if x) or None
 
 
 # (result column, pair side 0 target / 1 bench, tensors column) copied into every result row

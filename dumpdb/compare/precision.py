@@ -198,7 +198,7 @@ def _nan_inf_reason(r: dict, low: str | None) -> str:
     return "nan/inf at different positions in target and bench"
 
 
-def judge_precision(rows: list[dict], producers: dict[str, list[tuple[tuple, str, bool]]] | None = None,
+def judge_precision(rows: list[dict], producers: dict[str, list[tuple[int, str, bool]]] | None = None,
                     rules: PrecisionRules = PrecisionRules()) -> None:
     """Add the precision columns to each result row (dicts, in execution order):
     ``scaled_err`` (relative Euclidean error), ``precision_floor``, ``precision_ratio``
@@ -206,9 +206,10 @@ def judge_precision(rows: list[dict], producers: dict[str, list[tuple[tuple, str
     (pass / warning / error) and ``precision_reason`` (and ``origin_op`` on an input row
     an op only the target has produced).
 
-    ``producers``: content hash -> [(order key, op name, compared)] of the target's output
-    tensors (every target op, compared or not), to find the op that produced an input
-    (a row's ``_order`` key, if any, limits it to producers before it). Rows are grouped
+    ``producers``: content hash -> [(order rank, op name, compared)] of the target's output
+    tensors (every target op, compared or not; the rank an int, the tensor's place in the
+    target's execution order), to find the op that produced an input (a row's ``_order``
+    rank, an int, if any, limits it to producers before it). Rows are grouped
     by op call as the msprobe verdicts are; see the module docstring. The rows become
     :class:`Columns` and :func:`judge_precision_columns` judges them: the rules live there only.
     """

@@ -180,6 +180,11 @@ def _header_dtype(descr, where: str) -> np.dtype:
         raise DumpFileError(f"{where}: unknown dtype descriptor {descr!r}") from exc
     if dtype.hasobject or dtype.kind in "OVSUMm":
         raise DumpFileError(f"{where}: dtype {descr!r} is not a numeric tensor")
+    if dtype.kind in "fc" and dtype.itemsize > {"f": 8, "c": 16}[dtype.kind]:
+        # x86 long double (float128 / complex256): no framework dumps it, and neither the
+        # float64 statistics nor the catalog's dtype names hold it (issue 30, item 8)
+        raise DumpFileError(f"{where}: dtype {dtype.name} ({descr!r}, long double) is not a tensor dtype "
+                            "dumps write; refused")
     return dtype
 
 

@@ -83,7 +83,7 @@ from dumpdb.ingestion.workers import (
     write_payloads,
 )
 from dumpdb.layouts import DumpScan, Layout, TensorEntry, locate
-from dumpdb.layouts.base import StatisticsFile
+from dumpdb.layouts.base import StatisticsFile, display_name, encodable
 from dumpdb.progress import Reporter
 from dumpdb.storage.payloads import record_payloads
 from dumpdb.storage.store import BlobLocation, StoreWriter, TensorStore, payload_hash
@@ -945,8 +945,26 @@ def _replace_rows(con, run: str, rows: pa.Table) -> None:
 def rows_table(rows: list[dict[str, Any]], arrow: pa.Schema) -> pa.Table:
     """``rows`` (dicts; a missing key is NULL) as a table of schema ``arrow``, built column
     by column: ``pa.Table.from_pylist`` costs ~35 us a row of ``tensors``' 47 columns,
-    this ~3 us (a tiny-file ingest commits one row per file)."""
-    return pa.Table.from_pydict({name: [r.get(name) for r in rows] for name in arrow.names}, arrow)
+    this ~3 us (a tiny-file ingest commits one row per file). A text holding a lone
+    surrogate (a dump's JSON may: ``"\\ud800"`` is valid JSON) is written through
+    :func:`~dumpdb.layouts.base.display_name` (escaped, injective), never an error."""
+    columns = {name: [r.get(name) for r in rows] for name in arrow.names}
+    try:
+        return pa.Table.from_pydict(columns, arrow)
+    except UnicodeEncodeError:
+        return pa.Table.from_pydict({name: [_storable(v) for v in values] for name, values in columns.items()},
+                                    arrow)
+
+
+def _storable(value: Any) -> Any:
+    """``value`` with every text in it valid UTF-8 (lone surrogates escaped by ``display_name``)."""
+    if isinstance(value, str):
+        return value if encodable(value) else display_name(value)
+    if isinstance(value, list):
+        return [_storable(v) for v in value]
+    if isinstance(value, dict):
+        return {_storable(k): _storable(v) for k, v in value.items()}
+    return value
 
 
 def _count(n: int, noun: str) -> str:

@@ -46,7 +46,7 @@ from dumpdb.dtypes import dtype_name, from_dump_name
 from dumpdb.dumpio import ReadBuffer, check_dump_file, confine, confined, reading_into
 from dumpdb.errors import DumpdbError, DumpFileError
 from dumpdb.layouts import Layout, TensorEntry, get_layout
-from dumpdb.layouts.base import display_name
+from dumpdb.layouts.base import display_name, encodable
 from dumpdb.stats import STAT_COLUMNS, compute_stats
 from dumpdb.storage.store import MEDIUM_BYTES, StoreWriter, TensorStore, payload_hash
 
@@ -173,6 +173,24 @@ def load_entry(layout: Layout, entry: TensorEntry, size: int,
     except Exception as exc:  # noqa: BLE001 - a hostile file must not stop the ingest
         item.error = f"{entry.source_file}: {type(exc).__name__}: {one_line(exc)}"
         return item
+    try:
+        return _hash_and_stats(item, loaded, stats_cache, stats, known_stats, keep_array, buffer, stored)
+    except DumpdbError as exc:
+        item.error = f"{entry.source_file}: {one_line(exc)}"
+    except Exception as exc:  # noqa: BLE001 - an array the statistics cannot take is this file's error
+        item.error = f"{entry.source_file}: {dtype_name(loaded.array.dtype)} payload: {type(exc).__name__}: " \
+                     f"{one_line(exc)}"
+    item.array = item.content_hash = item.stats = None
+    return item
+
+
+def _hash_and_stats(item: Loaded, loaded: Any, stats_cache: dict[tuple[str, str], dict] | None, stats: bool,
+                    known_stats: Callable[[str, str], dict[str, Any] | None] | None, keep_array: bool | None,
+                    buffer: ReadBuffer | None, stored: Callable[[Loaded], PayloadRef | None] | None) -> Loaded:
+    """:func:`load_entry` after the read: the content hash and (unless the dump gave them)
+    the statistics of ``loaded.array``."""
+    entry = item.entry
+    assert entry is not None
     item.array, item.note = loaded.array, loaded.note
     item.content_hash = payload_hash(loaded.array)
     if not stats:
@@ -271,7 +289,8 @@ def tensor_row(item: Loaded, run: str, stats_label: str, entry_columns: tuple[st
     if e is None:
         raise ValueError("tensor_row: the entry was dropped (its row was built already)")
     for name, value in zip(TEXT_FIELDS, _TEXT_VALUES(e)):
-        if value is not None and not value.isascii():
+        # layouts write file names through display_name already (not a fixed point: only once)
+        if value is not None and not value.isascii() and not encodable(value):
             setattr(e, name, display_name(value))
     computed = item.stats
     source = "computed" if computed else None

@@ -186,17 +186,48 @@ def registered() -> list[Layout]:
     return sorted(_REGISTRY.values(), key=lambda lay: (lay.priority, lay.name))
 
 
-def display_name(name: str) -> str:
-    """A file name as text the catalog can hold.
+# a backslash the reader of a name would take for an escape of display_name: written \x5c
+_LOOKS_ESCAPED = re.compile(r"\\(?=x[0-9a-f]{2}|u[0-9a-f]{4})")
 
-    Names that are not valid UTF-8 come from ``os.listdir`` with surrogate
-    escapes; they are shown with ``\\xNN`` escapes instead of failing.
+
+def display_name(name: str) -> str:
+    """A file name (or a name read from a dump's text) as text the catalog can hold, injectively.
+
+    Names that are not valid UTF-8 come from ``os.listdir`` with surrogate escapes
+    (U+DC80-U+DCFF); each such byte is written ``\\xNN`` (lower-case hex). Any other lone
+    surrogate (valid JSON such as ``"\\ud800"`` decodes to one) is written ``\\uNNNN``. So
+    that no two names give the same text (issue 30, item 11: a raw 0xff byte and the four
+    characters ``\\xff`` collided), a backslash that would read as such an escape is
+    itself written ``\\x5c``. Every other name, valid UTF-8 without ``\\xNN``/``\\uNNNN``
+    text in it, is kept as it is, as every earlier dumpdb stored it: existing archives'
+    names read the same. Apply it once to a name: the result is not a fixed point.
     """
+    if "\\" in name:
+        name = _LOOKS_ESCAPED.sub(r"\\x5c", name)
     try:
         name.encode("utf-8")
         return name
     except UnicodeEncodeError:
-        return os.fsencode(name).decode("utf-8", errors="backslashreplace")
+        pass
+    out = []
+    for ch in name:
+        code = ord(ch)
+        if 0xDC80 <= code <= 0xDCFF:
+            out.append(f"\\x{code - 0xDC00:02x}")
+        elif 0xD800 <= code <= 0xDFFF:
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def encodable(text: str) -> bool:
+    """True if ``text`` is valid UTF-8 text (no lone surrogate): the catalog can hold it as is."""
+    try:
+        text.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
 
 
 def find_dirs(start: Path, match: Callable[[str], object], max_depth: int) -> list[Path]:

@@ -30,11 +30,15 @@ from dumpdb.errors import DumpFileError
 
 _NODE_RE = re.compile(r"^\s*%(\d+)\(([^)]*)\)\s*=\s*([^(\s]+)\(")
 _BARE_NODE_RE = re.compile(r"^  ([A-Z][A-Za-z0-9_]*)\(%")  # e.g. "  Return(%26)": no id
-_PARAM_RE = re.compile(r"^%para\d+_(\S+?):\s*<(.*)>")
+# Every regex here runs on dump text (a line can be megabytes long): each is linear in the
+# line, none backtracks over it twice (issue 30, item 9: "%para1_" + "a:<" * n was quadratic
+# with "(\S+?):\s*<(.*)>", a 1.2 MB line parsed for minutes). What a greedy tail used to
+# match is found with str methods instead (_param, _scope).
+_PARAM_RE = re.compile(r"^%para\d+_(\S+?):\s*<")  # then the types up to the last '>' (_param)
 _REF_KEY_RE = re.compile(r"ref_key=([^,>]+)")
-_SCOPE_RE = re.compile(r"#\s*Fullname with scope:\s*\((.*)\)\s*$|:\s*full_name_with_scope:\s*\((.*)\)\s*$")
+_SCOPE_HEAD_RE = re.compile(r"#\s*Fullname with scope:\s*\(|:\s*full_name_with_scope:\s*\(")  # ... ")" at the end
 # MindSpore r1.2 (seed 000) writes the scope as a bare ": (Default/...)" line under the node.
-_BARE_SCOPE_RE = re.compile(r"^:\s*\(([^()<>\s]*/[^()<>\s]*)\)$")
+_BARE_SCOPE_RE = re.compile(r"^:\s*\(([^()<>\s/]*/[^()<>\s]*)\)$")  # the first '/' only: no backtracking
 _TRACE_RE = re.compile(r"#\s*In file\s+(.*)$")
 _TRACE_PARTS_RE = re.compile(
     r"^(?P<file>.+?)(?::(?P<line>\d+)(?P<range>~\d+)?(?:,\s*[\d~]+)?|\((?P<line2>\d+)\))/(?P<code>.*?)/?$")
@@ -42,6 +46,31 @@ _TYPE_ITEM_RE = re.compile(r"<([^<>]*)>")
 _TENSOR_ITEM_RE = re.compile(r"^(?:Ref\[)?Tensor\[(\w+)\]\]?,\s*\(([\d,\s]*)\)")
 _OP_NUMBER_RE = re.compile(r"-op(\d+)$")
 _SITE_PACKAGES = ("site-packages", "dist-packages")
+
+
+def _param(line: str) -> tuple[str, str] | None:
+    """(name, types) of a ``%paraN_name: <types>`` line, as ``^%para\\d+_(\\S+?):\\s*<(.*)>``
+    would give them, in linear time: the name up to the first ``:`` followed by ``<``, the
+    types up to the line's last ``>``."""
+    m = _PARAM_RE.match(line)
+    if m is None:
+        return None
+    close = line.rfind(">")
+    if close < m.end():
+        return None
+    return m.group(1), line[m.end():close]
+
+
+def _scope(stripped: str) -> str | None:
+    """The scope of a ``# Fullname with scope: (...)`` (or ``: full_name_with_scope: (...)``)
+    line (``stripped``: no surrounding blanks), linear in the line: from the first such head
+    to the line's final ``)``."""
+    if not stripped.endswith(")"):
+        return None
+    m = _SCOPE_HEAD_RE.search(stripped)
+    if m is None or m.end() > len(stripped) - 1:
+        return None
+    return stripped[m.end():-1]
 
 
 def _parse_types(text: str) -> tuple[list, list]:
@@ -111,10 +140,10 @@ def parse_ir(path: Path) -> tuple[list[dict], list[str]]:
     if looks_binary(text):
         raise DumpFileError(f"{path}: not a MindSpore IR text file (binary data)")
     for line in text.splitlines():
-        pm = _PARAM_RE.match(line)
+        pm = _param(line) if line.startswith("%para") else None
         if pm:
-            ref = _REF_KEY_RE.search(pm.group(2))
-            params.append(ref.group(1).strip() if ref else pm.group(1))
+            ref = _REF_KEY_RE.search(pm[1])
+            params.append(ref.group(1).strip() if ref else pm[0])
             continue
         nm = _NODE_RE.match(line)
         bare = None if nm else _BARE_NODE_RE.match(line)
@@ -135,9 +164,9 @@ def parse_ir(path: Path) -> tuple[list[dict], list[str]]:
         if current is None:
             continue
         stripped = line.strip()
-        sm = _SCOPE_RE.search(stripped)
-        if sm:
-            current["scope_name"] = sm.group(1) or sm.group(2)
+        scope = _scope(stripped)
+        if scope is not None:
+            current["scope_name"] = scope or None
             continue
         bare = _BARE_SCOPE_RE.match(stripped)
         if bare and current["scope_name"] is None:

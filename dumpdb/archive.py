@@ -23,11 +23,12 @@ import json
 import os
 import shutil
 import threading
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import duckdb
 
@@ -35,6 +36,7 @@ from dumpdb import __version__
 from dumpdb.catalog import DEFAULT_LOCK_TIMEOUT, Catalog, one
 from dumpdb.catalog.locations import LocationIndex, TensorLocation
 from dumpdb.errors import ArchiveError, DumpdbError, PayloadCorrupt, PayloadMissing, TensorNotFound
+from dumpdb.sql_sandbox import PrivateTemp, SqlLimits, configure, refuse_file_functions, run_interruptible
 
 if TYPE_CHECKING:  # numpy and pyarrow are imported where used: a query CLI starts without them
     import numpy as np
@@ -205,6 +207,15 @@ _ATTACH_TYPES = ("ATTACH", "DETACH")
 _FORKED_INSTANCES: list[Any] = []
 
 
+T = TypeVar("T")
+
+
+def _remove_temps(temps: dict[int, PrivateTemp]) -> None:
+    for temp in temps.values():
+        temp.remove()
+    temps.clear()
+
+
 def _refuse_attach(query: str) -> None:
     """Refuse ATTACH/DETACH in a sandboxed query (README "Safety"): the sandbox may open
     the catalog file itself (``allowed_paths``), so a query must not detach it and attach
@@ -235,9 +246,17 @@ class Archive:
     this dumpdb (an older one is upgraded when the archive is writable).
     """
 
+    # bounds of sql()'s sandbox (memory, threads, statement timeout): None = SqlLimits.from_env()
+    sql_limits: SqlLimits | None = None
+
     def __init__(self, path: str | os.PathLike, *, lock_timeout: float = DEFAULT_LOCK_TIMEOUT, on_wait=None,
-                 storage_options: dict[str, Any] | None = None):
+                 storage_options: dict[str, Any] | None = None, sql_limits: SqlLimits | None = None):
         self.path = Path(path)
+        if sql_limits is not None:
+            sql_limits.check()
+            self.sql_limits = sql_limits
+        self._temps: dict[int, PrivateTemp] = {}  # spill directory of each sandbox instance, by id()
+        weakref.finalize(self, _remove_temps, self._temps)  # an Archive dropped without close()
         self.storage_options = dict(storage_options or {})  # secrets allowed: never stored or printed
         check_marker(self.path)
         self.catalog = Catalog(self.path / CATALOG, lock_timeout=lock_timeout, on_wait=on_wait)
@@ -292,10 +311,10 @@ class Archive:
             self._held.close()
             self._held = None
         if self._held_sandbox is not None:
-            self._held_sandbox.close()
+            self._close_instance(self._held_sandbox)
             self._held_sandbox = None
         if self._query_db is not None:
-            self._query_db.close()
+            self._close_instance(self._query_db)
             self._query_db = None
 
     @property
@@ -315,7 +334,8 @@ class Archive:
                 yield con
 
     # -- queries -----------------------------------------------------------
-    def sql(self, query: str, params: list | dict | None = None, *, allow_files: bool = False) -> pa.Table:
+    def sql(self, query: str, params: list | dict | None = None, *, allow_files: bool = False,
+            timeout: float | None = None) -> pa.Table:
         """Run a SQL query on the catalog (read-only) and return a ``pyarrow.Table``.
 
         Relations: runs, tensors, blobs, arrays, ops, execution_order,
@@ -330,11 +350,18 @@ class Archive:
         ``LOAD`` fail (:class:`DumpdbError` saying file access is disabled).
         ``allow_files=True`` lifts this for a user who wants DuckDB to read or
         write files (the catalog itself stays read-only).
+
+        Bounded (:mod:`dumpdb.sql_sandbox`, issue 30 item 13): spill files in a private
+        directory, DuckDB's memory limit and threads from :attr:`sql_limits` (default 2GB
+        and 2 threads, ``$DUMPDB_SQL_MEMORY_LIMIT`` / ``$DUMPDB_SQL_THREADS``), ``timeout``
+        seconds per query (default :attr:`sql_limits`'s, none) after which it is stopped
+        (:class:`~dumpdb.sql_sandbox.QueryTimeout`). A Ctrl-C stops the running query and
+        raises :exc:`KeyboardInterrupt` at once.
         """
         import pyarrow as pa
 
-        with self._query(query, params, allow_files) as rel:
-            return rel.to_arrow_table() if rel is not None else pa.table({})
+        return self._run_query(query, params, allow_files, timeout,
+                               lambda rel: rel.to_arrow_table() if rel is not None else pa.table({}))
 
     def frame(self, query: str, params: list | dict | None = None, *, library: str = "pandas",
               allow_files: bool = False) -> Any:
@@ -354,31 +381,54 @@ class Archive:
         table = self.sql(query, params, allow_files=allow_files)
         return table.to_pandas() if library == "pandas" else module.from_arrow(table)
 
-    def sql_rows(self, query: str, params: list | dict | None = None, *,
-                 allow_files: bool = False) -> tuple[list[str], list[tuple]]:
+    def sql_rows(self, query: str, params: list | dict | None = None, *, allow_files: bool = False,
+                 timeout: float | None = None) -> tuple[list[str], list[tuple]]:
         """Like :meth:`sql`, as (column names, rows of Python values): no pyarrow or
-        numpy import, so the ``dumpdb sql`` command starts fast. Same sandbox and errors."""
-        with self._query(query, params, allow_files) as rel:
-            return (list(rel.columns), rel.fetchall()) if rel is not None else ([], [])
+        numpy import, so the ``dumpdb sql`` command starts fast. Same sandbox, bounds and errors."""
+        return self._run_query(query, params, allow_files, timeout,
+                               lambda rel: (list(rel.columns), rel.fetchall()) if rel is not None else ([], []))
+
+    def _limits(self) -> SqlLimits:
+        return self.sql_limits if self.sql_limits is not None else SqlLimits.from_env()
+
+    def _run_query(self, query: str, params: list | dict | None, allow_files: bool, timeout: float | None,
+                   fetch: Callable[[Any], T]) -> T:
+        """``fetch`` of ``query``'s relation, the query planned and run on a helper thread
+        (:func:`~dumpdb.sql_sandbox.run_interruptible`: Ctrl-C and ``timeout`` stop it)."""
+        if timeout is None:
+            timeout = self._limits().timeout
+        elif not timeout > 0:
+            raise DumpdbError(f"SQL timeout {timeout}: give a number of seconds above 0")
+        with self._connection_for(query, allow_files) as con:
+            return run_interruptible(con, lambda: self._fetch(con, query, params, fetch), timeout)
 
     @contextmanager
-    def _query(self, query: str, params: list | dict | None, allow_files: bool) -> Iterator[Any]:
-        """The relation of ``query`` on a sandboxed (or, with ``allow_files``, a plain
-        read-only) connection; DuckDB errors become one-line :class:`DumpdbError`."""
+    def _connection_for(self, query: str, allow_files: bool) -> Iterator[Any]:
         if not allow_files:
             _refuse_attach(query)
+            refuse_file_functions(query)
         with (self.reader() if allow_files else self._sandbox()) as con:
-            try:
-                yield con.sql(query, params=params)
-            except duckdb.PermissionException as exc:
-                first = " ".join(str(exc).split())
-                raise DumpdbError(f"SQL refused: {first}; dumpdb sql reads the catalog only "
-                                  "(--allow-files / allow_files=True permits file access)") from exc
-            except duckdb.Error as exc:
-                if "configuration has been locked" in str(exc):
-                    raise DumpdbError(f"SQL refused: {' '.join(str(exc).split())}; settings cannot be "
-                                      "changed in dumpdb sql (--allow-files lifts the sandbox)") from exc
-                raise DumpdbError(f"SQL error: {str(exc).strip()}") from exc
+            yield con
+
+    @staticmethod
+    def _fetch(con: Any, query: str, params: list | dict | None, fetch: Callable[[Any], T]) -> T:
+        """``fetch(con.sql(query))`` with DuckDB's errors as one-line :class:`DumpdbError`."""
+        try:
+            return fetch(con.sql(query, params=params))
+        except duckdb.PermissionException as exc:
+            first = " ".join(str(exc).split())
+            raise DumpdbError(f"SQL refused: {first}; dumpdb sql reads the catalog only "
+                              "(--allow-files / allow_files=True permits file access)") from exc
+        except duckdb.InterruptException:
+            raise
+        except duckdb.Error as exc:
+            if "configuration has been locked" in str(exc):
+                raise DumpdbError(f"SQL refused: {' '.join(str(exc).split())}; settings cannot be "
+                                  "changed in dumpdb sql (--allow-files lifts the sandbox)") from exc
+            if "Out of Memory" in str(exc):
+                raise DumpdbError(f"SQL error: {' '.join(str(exc).split())[:300]} (the sandbox's memory limit "
+                                  "is --memory-limit / $DUMPDB_SQL_MEMORY_LIMIT)") from exc
+            raise DumpdbError(f"SQL error: {str(exc).strip()}") from exc
 
     @contextmanager
     def _sandbox(self) -> Iterator[duckdb.DuckDBPyConnection]:
@@ -427,29 +477,39 @@ class Archive:
                 except Exception:  # noqa: BLE001 - e.g. "Query interrupted" after a Ctrl-C: the
                     # first error (or the KeyboardInterrupt) is the one to report; start anew
                     self._query_db = None
-                    con.close()
+                    self._close_instance(con)
 
     def _open_sandbox(self) -> duckdb.DuckDBPyConnection:
         con = self._locked_instance()
         try:
             self._attach_catalog(con)
         except BaseException:
-            con.close()
+            self._close_instance(con)
             raise
         return con
+
+    def _close_instance(self, con: duckdb.DuckDBPyConnection) -> None:
+        """Close a sandbox instance and remove its private spill directory."""
+        con.close()
+        temp = getattr(self, "_temps", {}).pop(id(con), None)
+        if temp is not None:
+            temp.remove()
 
     def _locked_instance(self) -> duckdb.DuckDBPyConnection:
         """A new in-memory DuckDB that may open only the catalog and its WAL, with its
         configuration locked (README "Safety")."""
         con = duckdb.connect(":memory:")
+        temp = PrivateTemp()
+        self._temps[id(con)] = temp
         try:
             # the catalog and the WAL files DuckDB 2 may read when it attaches one a writer left
             paths = ", ".join(_sql_literal(f"{self.catalog.path}{suffix}")
                               for suffix in ("", ".wal", ".wal.checkpoint", ".wal.recovery"))
             con.execute(f"SET allowed_paths = [{paths}]")
+            configure(con, self._limits(), temp)  # private spill directory, memory and threads
             lock_down(con)
         except BaseException:
-            con.close()
+            self._close_instance(con)
             raise
         return con
 

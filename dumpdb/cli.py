@@ -30,6 +30,7 @@ from typer.core import TyperGroup
 from dumpdb import __version__
 from dumpdb.errors import DumpdbError
 from dumpdb.render.tables import FORMAT_HELP, FORMATS, Rows, emit
+from dumpdb.sql_sandbox import SqlLimits
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -616,6 +617,8 @@ def sql_shell(a, fmt: str, max_rows: int | None, *, input=None, output=None) -> 
                 _emit(Rows(names, rows), fmt, None, max_rows=max_rows)
             except DumpdbError as exc:
                 _error_line(str(exc))
+            except KeyboardInterrupt:  # the query was stopped (dumpdb.sql_sandbox); the prompt goes on
+                _error_line("interrupted")
 
 
 def _params(items: list[str]) -> dict[str, str] | None:
@@ -642,19 +645,32 @@ def sql(
     max_rows: int = typer.Option(50, "--max-rows", help="Rows shown by --format table (0: all)."),
     allow_files: bool = typer.Option(
         False, "--allow-files", help="Let the query read/write files (COPY, read_csv, ATTACH...); off by default."),
+    memory_limit: Optional[str] = typer.Option(
+        None, "--memory-limit", metavar="SIZE",
+        help="DuckDB memory limit of the query, e.g. 512MB, 8GB (default $DUMPDB_SQL_MEMORY_LIMIT or 2GB); "
+             "beyond it DuckDB spills to a private temporary directory or the query fails."),
+    threads: Optional[int] = typer.Option(
+        None, "--threads", help="DuckDB threads for the query (default $DUMPDB_SQL_THREADS or 2)."),
+    timeout: Optional[float] = typer.Option(
+        None, "--timeout", metavar="SECONDS", help="Stop a query running longer than this (default: no limit)."),
 ) -> None:
-    """Run a read-only SQL query on the catalog (sandboxed: no file access unless --allow-files).
+    """Run a read-only SQL query on the catalog (sandboxed: no file access unless --allow-files;
+    memory, threads and time bounded; Ctrl-C stops a running query: exit 130).
     With no query on a terminal: an interactive prompt."""
     _check_format(fmt, output)
+    limits = SqlLimits.from_env(memory_limit, threads, timeout)
     text = _read_query(query, file)
     if text is None:
         if output is not None or fmt == "parquet":
             raise DumpdbError("the interactive prompt prints to the terminal: give a query to use --output")
-        sql_shell(_open(archive), fmt, max_rows if max_rows > 0 else None)
+        a = _open(archive)
+        a.sql_limits = limits
+        sql_shell(a, fmt, max_rows if max_rows > 0 else None)
         return
     if not text.strip():
         raise DumpdbError("empty query")
     a = _open(archive)
+    a.sql_limits = limits
     params = _params(param)
     if fmt == "parquet":
         data: Any = a.sql(text, params, allow_files=allow_files)  # keeps DuckDB's column types

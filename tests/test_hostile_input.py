@@ -20,6 +20,8 @@ from typer.testing import CliRunner
 
 import dumpdb
 from dumpdb.cli import app
+from dumpdb.errors import DumpdbError
+from dumpdb.sql_sandbox import QueryTimeout, SqlLimits
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -164,3 +166,107 @@ def test_ir_lines_of_two_megabytes_parse_in_linear_time(tmp_path, line):
     nodes, params = parse_ir(ir)
     assert len(nodes) == 1 and nodes[0]["op_type"] == "Add"
     assert nodes[0]["scope_name"] == "Default/Add-op0" and params[0] == "x"
+
+
+# -- item 13: the SQL sandbox is closed and bounded -------------------------------------------------
+CROSS_JOIN = ("SELECT count(*) FROM tensors a, tensors b, tensors c, tensors d, tensors e, tensors f, tensors g, "
+              "tensors h WHERE hash(a.tensor_id, b.tensor_id, c.tensor_id, d.tensor_id, e.tensor_id, f.tensor_id, "
+              "g.tensor_id, h.tensor_id) = 0")  # 42^8 = 10^13 rows hashed: days of work
+
+
+@pytest.fixture(scope="module")
+def sql_archive(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("sql") / "a.dumpdb"
+    dumpdb.ingest(C1, archive=path, run="r")
+    return path
+
+
+def test_sql_spills_into_a_private_directory_not_the_current_one(sql_archive, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".tmp").mkdir()
+    (tmp_path / ".tmp" / "secret.txt").write_text("secret")
+    for query in (f"COPY (SELECT 1) TO '{tmp_path / '.tmp' / 'out.csv'}'",
+                  "COPY (SELECT 1) TO '.tmp/out.csv'",
+                  f"SELECT * FROM read_text('{tmp_path / '.tmp' / 'secret.txt'}')",
+                  "SELECT * FROM glob('.tmp/*')"):
+        r = invoke("sql", "--archive", sql_archive, query)
+        assert r.exit_code == 2 and "SQL refused" in r.output, (query, r.output)
+    assert sorted(p.name for p in (tmp_path / ".tmp").iterdir()) == ["secret.txt"]
+    a = dumpdb.open(sql_archive)
+    temp = Path(a.sql("SELECT current_setting('temp_directory') AS t")["t"][0].as_py())
+    assert not temp.resolve().is_relative_to(tmp_path.resolve()), temp
+    assert temp.name.startswith("dumpdb-sql-") and (temp.stat().st_mode & 0o077) == 0
+    a.close()
+    assert not temp.exists()  # removed with its instance
+
+
+def test_sql_cannot_read_the_catalog_file_itself(sql_archive):
+    catalog = sql_archive / "catalog.duckdb"
+    for query in (f"SELECT content FROM read_blob('{catalog}')", f"SELECT * FROM read_blob('{sql_archive}/*')",
+                  f"SELECT * FROM '{catalog}'"):
+        r = invoke("sql", "--archive", sql_archive, query)
+        assert r.exit_code == 2 and "SQL refused" in r.output and "Cannot access file" in r.output, r.output
+
+
+def test_sql_memory_and_thread_limits_default_and_can_be_set(sql_archive, monkeypatch):
+    monkeypatch.delenv("DUMPDB_SQL_MEMORY_LIMIT", raising=False)
+    monkeypatch.delenv("DUMPDB_SQL_THREADS", raising=False)
+    q = "SELECT current_setting('memory_limit') AS m, current_setting('threads') AS t"
+    r = invoke("sql", "--archive", sql_archive, "-f", "csv", q)
+    assert r.exit_code == 0 and r.output.splitlines()[1] == "1.8 GiB,2", r.output  # 2GB, 2 threads
+    r = invoke("sql", "--archive", sql_archive, "-f", "csv", "--memory-limit", "300MB", "--threads", "1", q)
+    assert r.exit_code == 0 and r.output.splitlines()[1] == "286.1 MiB,1", r.output
+    monkeypatch.setenv("DUMPDB_SQL_MEMORY_LIMIT", "100MB")
+    assert dumpdb.open(sql_archive).sql(q)["m"][0].as_py() == "95.3 MiB"
+    r = invoke("sql", "--archive", sql_archive, "--memory-limit", "lots", "SELECT 1")
+    assert r.exit_code == 2 and "memory limit" in r.output
+
+
+def test_sql_query_beyond_the_memory_limit_fails_clearly(sql_archive):
+    a = dumpdb.open(sql_archive, sql_limits=SqlLimits(memory_limit="32MB", threads=1))
+    with pytest.raises(DumpdbError, match="Out of Memory.*memory limit|memory limit.*Out of Memory"):
+        a.sql("SELECT max(length(s)) FROM (SELECT string_agg(range::VARCHAR, ',') AS s FROM range(30000000))")
+    assert a.sql("SELECT count(*) AS n FROM tensors")["n"][0].as_py() == C1_TENSORS  # the sandbox goes on
+
+
+def test_sql_statement_timeout_stops_the_query(sql_archive):
+    r = invoke("sql", "--archive", sql_archive, "--timeout", "1", CROSS_JOIN)
+    assert r.exit_code == 2 and "timeout" in r.output and "Traceback" not in r.output, r.output
+    with pytest.raises(QueryTimeout):
+        dumpdb.open(sql_archive).sql(CROSS_JOIN, timeout=0.5)
+
+
+def test_archive_sql_raises_keyboard_interrupt_promptly(sql_archive):
+    import _thread
+    import threading
+
+    a = dumpdb.open(sql_archive)
+    timer = threading.Timer(1.0, _thread.interrupt_main)
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            a.sql(CROSS_JOIN)
+    finally:
+        timer.cancel()
+    assert a.sql("SELECT count(*) AS n FROM tensors")["n"][0].as_py() == C1_TENSORS
+
+
+def test_ctrl_c_stops_a_running_sql_command_with_exit_130(sql_archive):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.Popen([sys.executable, "-m", "dumpdb", "sql", "--archive", str(sql_archive), CROSS_JOIN],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        time.sleep(3)  # started and running the query (the first ~0.5 s are imports)
+        assert proc.poll() is None, proc.communicate()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, (out, err)
+    assert err.strip().splitlines()[-1] == "interrupted" and "Traceback" not in err, err

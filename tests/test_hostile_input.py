@@ -270,3 +270,74 @@ def test_ctrl_c_stops_a_running_sql_command_with_exit_130(sql_archive):
         proc.kill()
     assert proc.returncode == 130, (out, err)
     assert err.strip().splitlines()[-1] == "interrupted" and "Traceback" not in err, err
+
+
+# -- item 15: a damaged catalog, a killed import, a full disk ------------------------------------
+@pytest.fixture
+def c1_archive(tmp_path) -> Path:
+    path = tmp_path / "a.dumpdb"
+    dumpdb.ingest(C1, archive=path, run="r")
+    return path
+
+
+def test_half_truncated_catalog_is_refused_by_prune_and_migrate(c1_archive):
+    import os
+
+    catalog = c1_archive / "catalog.duckdb"
+    os.truncate(catalog, catalog.stat().st_size // 2)
+    before = catalog.read_bytes()
+    for args in (("prune", "r", "--keep-stats", "--iterations", "3"), ("migrate",), ("sql", "SELECT 1")):
+        r = invoke(*args, "--archive", c1_archive)
+        assert r.exit_code == 2, (args, r.output)
+        one_line_naming(r.output, "catalog.duckdb", "damaged", "truncated")
+    assert catalog.read_bytes() == before  # nothing written into it
+    with pytest.raises(dumpdb.CatalogCorrupt, match="truncated"):
+        dumpdb.open(c1_archive)
+
+
+def test_a_killed_imports_directory_is_removed_by_the_next_import(c1_archive, tmp_path):
+    import fcntl
+    import os
+
+    bundle = tmp_path / "b.zip"
+    assert invoke("export", "r", "--archive", c1_archive, "--to", bundle).exit_code == 0
+    target = tmp_path / "t.dumpdb"
+    dumpdb.ingest(C1, archive=target, run="other")
+    dead = target / ".dumpdb-import-killed"  # what a kill -9 mid-import leaves (its lock no longer held)
+    (dead / "bundle").mkdir(parents=True)
+    (dead / "bundle" / "tensors.parquet").write_bytes(b"x" * 1000)
+    (dead / ".lock").write_text("12345\n")
+    live = target / ".dumpdb-import-live"  # a running import's: its lock is held
+    live.mkdir()
+    fd = os.open(live / ".lock", os.O_CREAT | os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        r = invoke("import", bundle, "--archive", target)
+        assert r.exit_code == 0, r.output
+        assert not dead.exists() and live.exists()
+        assert sorted(p.name for p in target.glob(".dumpdb-import-*")) == [live.name]
+    finally:
+        os.close(fd)
+
+
+def test_disk_full_error_says_how_to_reclaim_the_attempts_shards(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    import dumpdb.storage.store
+
+    monkeypatch.setattr("dumpdb.storage.store.PACK_BYTES", 32 << 10)
+    real, calls = dumpdb.storage.store.write_shard, []
+
+    def full_after_one(path, frames):
+        calls.append(path)
+        if len(calls) > 1:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+        return real(path, frames)
+
+    monkeypatch.setattr("dumpdb.storage.store.write_shard", full_after_one)
+    r = invoke("ingest", DATA / "mindspore" / "d2_compare_fp16_bf16_iter0", "--archive", tmp_path / "a",
+               "--run", "d2", "-q", "--workers", "1")
+    assert r.exit_code != 0
+    line = one_line_naming(r.output, "No space left", "dumpdb gc --grace 0")
+    assert "committed so far are kept" in line

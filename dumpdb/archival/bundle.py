@@ -22,6 +22,7 @@ if one is missing or altered.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import os
@@ -363,22 +364,75 @@ def import_bundle(archive, path: str | os.PathLike, rename: dict[str, str] | Non
     hostile or foreign bundle, DumpdbError for a name conflict.
     """
     path, rename = Path(path), dict(rename or {})
-    with archive_lock(archive, SHARED, f"import of {path.name}"):
-        work = Path(tempfile.mkdtemp(prefix=".dumpdb-import-", dir=archive.path))
+    with archive_lock(archive, SHARED, f"import of {path.name}"), import_work_dir(archive.path) as work:
+        try:
+            bundle, manifest = _open_checked(path, work, max_bundle_size, archive.path)
+            plan = _plan(archive, bundle, manifest, path, rename)
+        except DumpdbError:
+            raise
+        except _UNREADABLE as exc:
+            text = (str(exc).splitlines() or [""])[0][:160]
+            raise BundleError(f"{path}: unreadable bundle ({type(exc).__name__}: {text})") from exc
+        if plan is None:
+            return ImportReport(runs_skipped=[rename.get(r, r) for r in manifest["runs"]])
+        return _store(archive, bundle, plan)
+
+
+WORK_PREFIX = ".dumpdb-import-"
+_WORK_LOCK = ".lock"  # inside a work directory: flocked by the import using it
+STALE_UNLOCKED_SECONDS = 3600.0  # a work directory of a dumpdb without the lock file: left so long
+
+
+@contextmanager
+def import_work_dir(archive_path: Path) -> Iterator[Path]:
+    """A new ``.dumpdb-import-*`` directory inside the archive (a ``.zip`` is extracted there,
+    never to ``/tmp``), removed afterwards whatever happens. Its ``.lock`` file is held
+    (``flock``) while the import runs; first, the directories of imports that died (killed:
+    no cleanup ran) are removed - each whose lock can be taken, i.e. no live process holds
+    it (issue 30, item 15: a killed import's directory stayed forever). A directory left by
+    an older dumpdb (no lock file) is removed once an hour old."""
+    remove_stale_work_dirs(archive_path)
+    work = Path(tempfile.mkdtemp(prefix=WORK_PREFIX, dir=archive_path))
+    lock = os.open(work / _WORK_LOCK, os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        os.write(lock, f"{os.getpid()}\n".encode())
+        yield work
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        os.close(lock)
+
+
+def remove_stale_work_dirs(archive_path: Path) -> list[str]:
+    """Remove the ``.dumpdb-import-*`` directories no live import holds (see
+    :func:`import_work_dir`); returns their names."""
+    removed = []
+    for work in Path(archive_path).glob(WORK_PREFIX + "*"):
+        if not work.is_dir() or work.is_symlink():
+            continue
+        try:
+            fd = os.open(work / _WORK_LOCK, os.O_RDWR)
+        except FileNotFoundError:
+            try:
+                stale = datetime.now().timestamp() - work.stat().st_mtime > STALE_UNLOCKED_SECONDS
+            except OSError:
+                continue
+            if stale:
+                shutil.rmtree(work, ignore_errors=True)
+                removed.append(work.name)
+            continue
+        except OSError:
+            continue
         try:
             try:
-                bundle, manifest = _open_checked(path, work, max_bundle_size, archive.path)
-                plan = _plan(archive, bundle, manifest, path, rename)
-            except DumpdbError:
-                raise
-            except _UNREADABLE as exc:
-                text = (str(exc).splitlines() or [""])[0][:160]
-                raise BundleError(f"{path}: unreadable bundle ({type(exc).__name__}: {text})") from exc
-            if plan is None:
-                return ImportReport(runs_skipped=[rename.get(r, r) for r in manifest["runs"]])
-            return _store(archive, bundle, plan)
-        finally:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # a live import holds it
             shutil.rmtree(work, ignore_errors=True)
+            removed.append(work.name)
+        finally:
+            os.close(fd)
+    return removed
 
 
 @dataclass

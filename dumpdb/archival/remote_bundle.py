@@ -120,14 +120,11 @@ def import_from_url(archive, url: str, rename: dict[str, str] | None = None, *,
     """Import the bundle at ``url`` into ``archive`` (:func:`fetch_bundle` into the archive
     directory, then :func:`dumpdb.archival.bundle.import_bundle` with all its checks; the copy
     is removed whatever happens). Returns its ImportReport."""
-    from dumpdb.archival.bundle import import_bundle
+    from dumpdb.archival.bundle import import_bundle, import_work_dir
 
-    work = Path(tempfile.mkdtemp(prefix=".dumpdb-import-", dir=archive.path))
-    try:
+    with import_work_dir(archive.path) as work:  # removed whatever happens; a killed one by the next import
         bundle = fetch_bundle(url, work / "bundle", max_bundle_size, storage_options)
         return import_bundle(archive, bundle, rename, max_bundle_size=max_bundle_size)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 class BundleArchive(Archive):

@@ -233,6 +233,25 @@ class Catalog:
             return 0
         return one(con, "SELECT coalesce(max(version), 0) FROM schema_version")[0]
 
+    def check_intact(self, con: duckdb.DuckDBPyConnection) -> None:
+        """Raise :class:`CatalogCorrupt` if the catalog file is shorter than the blocks its
+        header counts (issue 30, item 15: a half-truncated catalog opened, ``prune`` wrote
+        into it and ``migrate`` said "schema is current"; DuckDB reads a missing block only
+        when a query reaches it). Costs one ``PRAGMA database_size`` and one ``stat``."""
+        name = one(con, "SELECT current_database()")[0]
+        sizes = {r[0]: (int(r[2]), int(r[3])) for r in con.execute("PRAGMA database_size").fetchall()}
+        if name not in sizes:
+            return
+        block_size, total_blocks = sizes[name]
+        try:
+            size = self.path.stat().st_size
+        except OSError:
+            return
+        if size < block_size * total_blocks:
+            raise CatalogCorrupt(f"{self.path}: catalog is damaged: the file has {size} bytes but its header "
+                                 f"counts {total_blocks} blocks of {block_size} ({block_size * total_blocks} "
+                                 "bytes): truncated; nothing was changed; restore it from backups/ or a bundle")
+
     def create(self) -> None:
         """Create a new catalog file with every migration applied.
 
@@ -281,6 +300,7 @@ class Catalog:
         """
         latest = latest_version()
         with self.reader() as con:
+            self.check_intact(con)
             current = self.schema_version(con)
             if current == 0:
                 raise CatalogCorrupt(f"{self.path}: catalog has no schema_version table (damaged or not dumpdb's); "
@@ -319,6 +339,7 @@ class Catalog:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
             try:
                 with self.reader() as con:
+                    self.check_intact(con)
                     current = self.schema_version(con)
                 if current == 0:
                     raise CatalogCorrupt(f"{self.path}: catalog has no schema_version table (damaged or not "

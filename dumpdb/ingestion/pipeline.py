@@ -551,7 +551,8 @@ class _Pipeline:
             where = exc.filename or self.writer.store.name
             raise ArchiveError(
                 f"{where}: cannot write the archive: {exc.strerror or exc}; the {self.report.tensors_added} "
-                "tensors committed so far are kept: free the problem and run the same command again") from exc
+                "tensors committed so far are kept: free the problem and run the same command again; "
+                f"{RECLAIM_HINT}") from exc
         finally:
             self._settle(raise_error=False)  # no-op unless leaving on an error: nothing writes after the locks go
             if self.committer is not None:
@@ -940,6 +941,12 @@ def _replace_rows(con, run: str, rows: pa.Table) -> None:
                     [datetime.now(), run])
     finally:
         con.unregister("_updated")
+
+
+# what a failed write leaves and how to get the space back now (issue 30, item 15): gc keeps
+# files younger than --grace (default 3600 s) so as not to delete a live writer's
+RECLAIM_HINT = ("the shards this attempt wrote that no tensor refers to are reclaimed by 'dumpdb gc --grace 0' "
+                "(now, with no other ingest or import running) or by 'dumpdb gc' after an hour")
 
 
 def rows_table(rows: list[dict[str, Any]], arrow: pa.Schema) -> pa.Table:

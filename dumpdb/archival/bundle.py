@@ -50,6 +50,7 @@ from dumpdb.archival import bundle_readme
 from dumpdb.catalog import insert_arrow, latest_version, schema
 from dumpdb.catalog.locks import SHARED, archive_lock, pid_alive
 from dumpdb.errors import BundleError, DumpdbError, PayloadCorrupt, PayloadMissing
+from dumpdb.stats import STAT_COLUMNS
 
 FORMAT = "dumpdb-bundle"
 FORMAT_VERSION = 1
@@ -259,10 +260,35 @@ _NEEDS = {"runs": ("run", "source_path"), "tensors": ("run", "content_hash", "nb
           "blobs": ("content_hash", "nbytes", "array_path", "elem_offset", "elem_count"), "arrays": ("array_path",)}
 
 
+# Arrow bytes a bundle table may take per byte of its Parquet file (a real export: 0.2-65;
+# issue 30, item 14: a 620 KB file of 30M equal rows took 10 GB), and at least this much
+TABLE_EXPANSION = 200
+TABLE_MEMORY_FLOOR = 64 << 20
+
+
+def _read_table(path: Path, name: str, meta: dict, source: Path) -> pa.Table:
+    """A bundle table, read in batches with its rows and memory bounded before and while
+    reading: the rows the manifest declares (the Parquet footer must say as many) and at
+    most ``TABLE_EXPANSION`` times the file's size in memory. Raises BundleError."""
+    pf = pq.ParquetFile(path)
+    rows = pf.metadata.num_rows
+    if "rows" in meta and rows != meta["rows"]:
+        raise BundleError(f"{source}: table {name} has {rows} rows, the manifest says {meta['rows']}")
+    budget = max(TABLE_MEMORY_FLOOR, TABLE_EXPANSION * path.stat().st_size)
+    batches, used = [], 0
+    for batch in pf.iter_batches(batch_size=65536):
+        used += batch.nbytes
+        if used > budget:
+            raise BundleError(f"{source}: table {name} ({rows} rows) expands to more than {budget >> 20} MiB in "
+                              f"memory ({TABLE_EXPANSION}x its {path.stat().st_size} bytes); not dumpdb's, refused")
+        batches.append(batch)
+    return pa.Table.from_batches(batches, schema=pf.schema_arrow)
+
+
 def _read_tables(bundle: Path, manifest: dict, source: Path, columns: dict[str, set[str]]) -> dict[str, pa.Table]:
     tables = {}
     for name, meta in manifest["tables"].items():
-        table = pq.read_table(bundle / meta["file"])
+        table = _read_table(bundle / meta["file"], name, meta, source)
         for col in _NEEDS.get(name, ("run",)):
             if col not in table.column_names:
                 raise BundleError(f"{source}: table {name} lacks the column {col}")
@@ -273,6 +299,21 @@ def _read_tables(bundle: Path, manifest: dict, source: Path, columns: dict[str, 
     for run in manifest["runs"]:
         if runs.count(run) != 1:
             raise BundleError(f"{source}: run {run!r} of the manifest has {runs.count(run)} rows in runs.parquet")
+    listed = set(manifest["runs"])
+    for name, table in tables.items():  # rows of a run the manifest does not list were dropped silently
+        if name in RUN_TABLES and "run" in table.column_names:
+            others = sorted({r for r in pc.unique(table["run"]).to_pylist() if r not in listed}, key=str)
+            if others:
+                raise BundleError(f"{source}: table {name} holds rows of run {others[0]!r}, which the manifest does "
+                                  f"not list (it lists {sorted(listed)}); refused")
+    tensors = tables["tensors"]
+    if "tensor_key" in tensors.column_names and tensors.num_rows:
+        keys = tensors.group_by(["run", "tensor_key"]).aggregate([([], "count_all")])
+        if keys.num_rows != tensors.num_rows:
+            dup = keys.filter(pc.greater(keys["count_all"], 1)).slice(0, 1).to_pylist()[0]
+            raise BundleError(f"{source}: tensors has {tensors.num_rows} rows for {keys.num_rows} tensors: run "
+                              f"{dup['run']!r} tensor_key {dup['tensor_key']!r} appears {dup['count_all']} times; "
+                              "refused")
     return tables
 
 
@@ -293,8 +334,10 @@ def _check_payloads(source: Path, bundle: Path, tensors: pa.Table, blobs: list[d
                 raise BundleError(f"{source}: blob {h}: {key} {v!r} is not a size")
         by_hash[h] = blob
     needed: dict[str, int] = {}
-    cols = tensors.select(["content_hash", "nbytes", "dtype", "shape"] +
+    stat_cols = [c for c in STAT_COLUMNS if c in tensors.column_names]
+    cols = tensors.select(["content_hash", "nbytes", "dtype", "shape"] + stat_cols +
                           (["pruned_at"] if "pruned_at" in tensors.column_names else [])).to_pylist()
+    rows_of: dict[str, list[dict]] = {}
     for row in cols:
         h = row["content_hash"]
         if h is None or row.get("pruned_at") is not None:
@@ -311,23 +354,67 @@ def _check_payloads(source: Path, bundle: Path, tensors: pa.Table, blobs: list[d
             raise BundleError(f"{source}: a tensor of payload {h} says {row['nbytes']} bytes "
                               f"(dtype x shape: {expected}), its payload is {blob_bytes} bytes")
         needed[h] = blob_bytes
+        rows_of.setdefault(h, []).append(row)
     todo = [by_hash[h] for h in needed if h not in have]
     store = TensorStore(bundle / "tensors.zarr")
     for blob in todo:
-        data = _bundle_payload(source, bundle, store, blob, arrays)
+        data, data_type = _bundle_payload(source, bundle, store, blob, arrays)
         if data.size != blob["nbytes"] or xxhash.xxh3_128_hexdigest(data.data) != blob["content_hash"]:
             raise BundleError(f"{source}: payload {blob['content_hash']} in {blob['array_path']} does not hash to "
                               "its content_hash (altered bytes); nothing imported")
+        for row in rows_of.get(blob["content_hash"], ()):
+            _check_row_against_payload(source, row, data, data_type)
     return todo
 
 
-def _bundle_payload(source: Path, bundle: Path, store, blob: dict, arrays: set[str]) -> np.ndarray:
-    """One blob's bytes from the bundle's store, as uint8, after bounding what reading
-    it may allocate by its declared size."""
+def _check_row_against_payload(source: Path, row: dict, data: np.ndarray, data_type: str | None) -> None:
+    """A tensors row's dtype and statistics against the payload it names (issue 30, item 14:
+    a forged dtype or statistics was imported as is). The dtype must be one the payload's
+    array stores (packs hold one storage dtype: ``dtypes.storage_dtype``); counts must be
+    exact and min/max equal (relative 1e-6: a dump's own statistics are exact values of the
+    tensor) to the payload's, read as that dtype and shape."""
+    from dumpdb.dtypes import from_catalog_name, storage_dtype
+    from dumpdb.stats import compute_stats
+
+    h = row["content_hash"]
+    try:
+        dtype = from_catalog_name(str(row["dtype"]))
+    except (TypeError, ValueError):
+        raise BundleError(f"{source}: a tensor of payload {h} has the unknown dtype {row['dtype']!r}") from None
+    stored = "bool" if dtype == np.bool_ else storage_dtype(dtype).name
+    if data_type is not None and stored != data_type:
+        raise BundleError(f"{source}: a tensor of payload {h} says dtype {row['dtype']}, its payload is stored as "
+                          f"{data_type}; refused")
+    if row["shape"] is None or not any(row.get(k) is not None for k in STAT_COLUMNS):
+        return
+    try:
+        actual = compute_stats(data.view(dtype).reshape(row["shape"])).as_dict()
+    except (TypeError, ValueError):
+        return  # dtype x shape was checked against nbytes already
+    for key in STAT_COLUMNS:
+        said, real = row.get(key), actual[key]
+        if said is None or real is None:
+            continue
+        if key in ("min", "max"):
+            same = (math.isnan(said) and math.isnan(real)) or said == real or (
+                math.isfinite(said) and math.isfinite(real) and math.isclose(said, real, rel_tol=1e-6))
+        elif key in ("mean", "l2norm"):
+            continue  # accumulated differently by each framework
+        else:
+            same = said == real
+        if not same:
+            raise BundleError(f"{source}: a tensor of payload {h} says {key} {said!r}, its payload's is {real!r} "
+                              "(forged or altered statistics); refused")
+
+
+def _bundle_payload(source: Path, bundle: Path, store, blob: dict, arrays: set[str]) -> tuple[np.ndarray, str | None]:
+    """One blob's bytes from the bundle's store, as uint8, and its array's ``data_type``
+    (None: an empty payload has no array), after bounding what reading it may allocate by
+    its declared size."""
     if blob["array_path"] is None:
         if blob["nbytes"]:
             raise BundleError(f"{source}: payload {blob['content_hash']} of {blob['nbytes']} bytes has no array")
-        return np.zeros(0, np.uint8)
+        return np.zeros(0, np.uint8), None
     array_path = chk.check_array_path(blob["array_path"], arrays, source)
     key = f"{array_path}/zarr.json"
     if store.objects.size(key) > 1 << 20:  # dumpdb writes a few hundred bytes
@@ -345,7 +432,7 @@ def _bundle_payload(source: Path, bundle: Path, store, blob: dict, arrays: set[s
             raise BundleError(f"{source}: pack {array_path} or its blob {blob['content_hash']} declares "
                               "sizes dumpdb does not write")
         data = store.read_pack_range(array_path, blob["elem_offset"], blob["elem_count"] or 0)
-    return np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+    return np.ascontiguousarray(data).reshape(-1).view(np.uint8), str(meta["data_type"])
 
 
 def import_bundle(archive, path: str | os.PathLike, rename: dict[str, str] | None = None, *,

@@ -148,6 +148,8 @@ def zip_manifest(z: zipfile.ZipFile, source: Path) -> bytes:
             safe_relpath(name.rstrip("/"), source, "zip member")
             continue
         safe_relpath(name, source, "zip member")
+        if info.flag_bits & 0x1:  # zipfile would ask for a password (RuntimeError): refuse it plainly
+            raise BundleError(f"{source}: zip member {name!r} is encrypted; dumpdb bundles are not")
         if name in names:
             raise BundleError(f"{source}: zip member {name!r} appears twice")
         names.add(name)

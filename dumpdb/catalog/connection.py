@@ -234,22 +234,23 @@ class Catalog:
         return one(con, "SELECT coalesce(max(version), 0) FROM schema_version")[0]
 
     def check_intact(self, con: duckdb.DuckDBPyConnection) -> None:
-        """Raise :class:`CatalogCorrupt` if the catalog file is shorter than the blocks its
-        header counts (issue 30, item 15: a half-truncated catalog opened, ``prune`` wrote
+        """Raise :class:`CatalogCorrupt` if the catalog file is shorter than the blocks in use
+        its header counts (issue 30, item 15: a half-truncated catalog opened, ``prune`` wrote
         into it and ``migrate`` said "schema is current"; DuckDB reads a missing block only
-        when a query reaches it). Costs one ``PRAGMA database_size`` and one ``stat``."""
+        when a query reaches it). Used, not total, blocks: DuckDB truncates free blocks at the
+        file's end and still counts them. Costs one ``PRAGMA database_size`` and one ``stat``."""
         name = one(con, "SELECT current_database()")[0]
-        sizes = {r[0]: (int(r[2]), int(r[3])) for r in con.execute("PRAGMA database_size").fetchall()}
+        sizes = {r[0]: (int(r[2]), int(r[4])) for r in con.execute("PRAGMA database_size").fetchall()}
         if name not in sizes:
             return
-        block_size, total_blocks = sizes[name]
+        block_size, used_blocks = sizes[name]
         try:
             size = self.path.stat().st_size
         except OSError:
             return
-        if size < block_size * total_blocks:
-            raise CatalogCorrupt(f"{self.path}: catalog is damaged: the file has {size} bytes but its header "
-                                 f"counts {total_blocks} blocks of {block_size} ({block_size * total_blocks} "
+        if size < block_size * used_blocks:
+            raise CatalogCorrupt(f"{self.path}: catalog is damaged: the file has {size} bytes but its header counts "
+                                 f"{used_blocks} blocks of {block_size} bytes in use ({block_size * used_blocks} "
                                  "bytes): truncated; nothing was changed; restore it from backups/ or a bundle")
 
     def create(self) -> None:

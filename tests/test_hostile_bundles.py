@@ -448,3 +448,89 @@ def test_mutated_manifests_through_import_never_raise_anything_else(exported, ta
     flip()
     dumpdb.open(target).gc(grace=0)
     assert snapshot(target)[0][:3] == before[0][:3]
+
+
+# -- issue 30, item 14: rows checked against each other, the manifest and their payloads ------------
+def _edit_rows(bundle: Path, table: str, fn) -> None:
+    """Change a table and, as a forger would, its declared rows and every file's signature."""
+    edit_table(bundle, table, fn)
+    m = manifest(bundle)
+    m["tables"][table]["rows"] = pq.read_metadata(bundle / "catalog" / f"{table}.parquet").num_rows
+    write_manifest(bundle, m)
+
+
+def test_duplicate_tensor_rows_are_refused(bundle, target):
+    _edit_rows(bundle, "tensors", lambda t: pa.concat_tables([t, t]))  # 84 rows for 42 tensors
+    refused(target, bundle, r"tensors has 84 rows for 42 tensors: run 'c1' tensor_key .* appears 2 times")
+
+
+def test_rows_of_a_run_the_manifest_does_not_list_are_refused(bundle, target):
+    def add_other(t: pa.Table) -> pa.Table:
+        other = set_column(t, "run", ["ghost"] * t.num_rows)
+        return pa.concat_tables([t.slice(0, 0), other])  # every row moved to an unlisted run
+
+    _edit_rows(bundle, "tensors", add_other)
+    refused(target, bundle, r"table tensors holds rows of run 'ghost', which the manifest does not list")
+
+
+def test_a_parquet_table_expanding_beyond_its_bound_is_refused_before_it_fills_memory(bundle, target):
+    path = bundle / "catalog" / "tensors.parquet"
+    honest = pq.read_table(path)
+    block = honest.take(pa.array(np.zeros(100_000, np.int64)))
+    rows = 0
+    with pq.ParquetWriter(path, honest.schema, compression="zstd") as w:  # 3M equal rows: a few hundred KB
+        for _ in range(30):
+            w.write_table(block, row_group_size=1 << 20)
+            rows += block.num_rows
+    resign(bundle)
+    m = manifest(bundle)
+    m["tables"]["tensors"]["rows"] = rows
+    write_manifest(bundle, m)
+    assert path.stat().st_size < 8 << 20
+    refused(target, bundle, r"table tensors \(3000000 rows\) expands to more than \d+ MiB in memory")
+
+
+def test_table_rows_disagreeing_with_the_manifest_are_refused(bundle, target):
+    edit_table(bundle, "tensors", lambda t: t.slice(0, 10))  # re-signed, rows left at 42
+    refused(target, bundle, "table tensors has 10 rows, the manifest says 42")
+
+
+def test_an_encrypted_zip_is_refused_plainly(bundle, target, tmp_path):
+    z = zip_dir(bundle, tmp_path / "enc.zip")
+    raw = bytearray(z.read_bytes())
+    # set the "encrypted" flag (general purpose bit 0) in every local and central header
+    for sig, off in ((b"PK\x03\x04", 6), (b"PK\x01\x02", 8)):
+        start = 0
+        while (i := raw.find(sig, start)) >= 0:
+            raw[i + off] |= 1
+            start = i + 4
+    z.write_bytes(bytes(raw))
+    refused(target, z, "is encrypted")
+
+
+def _new_payload_rows(t: pa.Table, target: Path) -> list[int]:
+    """Rows of ``t`` whose payload the target archive does not hold (the import reads it)."""
+    have = set(dumpdb.open(target).sql("SELECT content_hash FROM blobs")["content_hash"].to_pylist())
+    return [i for i, h in enumerate(t["content_hash"].to_pylist()) if h is not None and h not in have]
+
+
+def test_a_forged_dtype_is_refused(bundle, target):
+    def forge(t: pa.Table) -> pa.Table:
+        dtypes = t["dtype"].to_pylist()
+        i = next(i for i in _new_payload_rows(t, target) if dtypes[i] == "float32")
+        dtypes[i] = "int32"  # same size, other meaning
+        return set_column(t, "dtype", dtypes)
+
+    edit_table(bundle, "tensors", forge)
+    refused(target, bundle, "says dtype int32, its payload is stored as float32")
+
+
+def test_forged_statistics_are_refused(bundle, target):
+    def forge(t: pa.Table) -> pa.Table:
+        maxima = t["max"].to_pylist()
+        i = next(k for k in _new_payload_rows(t, target) if maxima[k] is not None)
+        maxima[i] = maxima[i] + 1000.0
+        return set_column(t, "max", maxima)
+
+    edit_table(bundle, "tensors", forge)
+    refused(target, bundle, r"says max .*, its payload's is .*forged or altered statistics")

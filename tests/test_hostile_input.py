@@ -341,3 +341,65 @@ def test_disk_full_error_says_how_to_reclaim_the_attempts_shards(tmp_path, monke
     assert r.exit_code != 0
     line = one_line_naming(r.output, "No space left", "dumpdb gc --grace 0")
     assert "committed so far are kept" in line
+
+
+# -- item 10: statistic.csv rows are refused, not mis-read ----------------------------------------
+STAT_HEADER = ("Op Type,Op Name,Task ID,Stream ID,Timestamp,IO,Slot,Data Size,Data Type,Shape,"
+               "Max Value,Min Value,Avg Value,Count,Negative Zero Count,Positive Zero Count,NaN Count,"
+               "Negative Inf Count,Positive Inf Count,Zero Count\n")
+
+
+def _stat_row(op: str, shape: str) -> str:
+    return f"Add,{op},7,0,1795336648170001,output,0,16,float32,\"{shape}\",1,0,0.5,4,0,0,0,0,0,1\n"
+
+
+BAD_SHAPES = {"Bad-op1": "(-1,4)", "Bad-op2": "(2.5,4)", "Bad-op3": "(4e3,)"}
+
+
+def _statistics_only(tmp_path: Path, text: str | bytes) -> Path:
+    it = tmp_path / "stats" / "rank_0" / "Net" / "0" / "0"
+    it.mkdir(parents=True)
+    (it / "statistic.csv").write_bytes(text if isinstance(text, bytes) else text.encode())
+    return tmp_path / "stats"
+
+
+@pytest.mark.parametrize("where", ["beside tensors", "statistics only"])
+def test_statistic_csv_shapes_that_are_not_sizes_are_refused_per_row(c1, tmp_path, where):
+    text = STAT_HEADER + _stat_row("Good-op0", "(2,2)") + "".join(_stat_row(op, s) for op, s in BAD_SHAPES.items())
+    if where == "beside tensors":
+        (c1 / IT3 / "statistic.csv").write_text(text)
+        src = c1
+    else:
+        src = _statistics_only(tmp_path, text)
+    r = ingest(src, tmp_path / "a")
+    assert r.exit_code == 1, r.output
+    for op, shape in BAD_SHAPES.items():
+        one_line_naming(r.output, "statistic.csv", shape, "not a shape")
+    recorded = [e for _, e in errors(tmp_path / "a")]
+    assert sum("not a shape" in e for e in recorded) == 3, recorded
+    rows = sql(tmp_path / "a", "SELECT op_name, shape FROM tensors WHERE run = 'r' "
+                               "AND op_name LIKE '%-op_' AND op_type = 'Add' AND content_hash IS NULL ORDER BY 1")
+    assert rows == [{"op_name": "Good-op0", "shape": [2, 2]}], rows
+
+
+def test_statistic_csv_with_a_byte_order_mark_keeps_its_op_type_column(tmp_path):
+    src = _statistics_only(tmp_path, b"\xef\xbb\xbf" + (STAT_HEADER + _stat_row("Good-op0", "(2,2)")).encode())
+    r = ingest(src, tmp_path / "a")
+    assert r.exit_code == 0, r.output
+    rows = sql(tmp_path / "a", "SELECT op_type, op_name, shape FROM tensors WHERE run = 'r'")
+    assert rows == [{"op_type": "Add", "op_name": "Good-op0", "shape": [2, 2]}], rows
+
+
+@pytest.mark.parametrize("where", ["beside tensors", "statistics only"])
+def test_utf16_statistic_csv_is_refused_in_one_line(c1, tmp_path, where):
+    text = (STAT_HEADER + _stat_row("Good-op0", "(2,2)")).encode("utf-16")
+    if where == "beside tensors":
+        (c1 / IT3 / "statistic.csv").write_bytes(text)
+        src = c1
+    else:
+        src = _statistics_only(tmp_path, text)
+    r = ingest(src, tmp_path / "a")
+    assert r.exit_code in (1, 2), r.output
+    one_line_naming(r.output, "statistic.csv", "UTF-16")
+    if where == "beside tensors":
+        assert tensor_count(tmp_path / "a") == C1_TENSORS  # the tensors, and no statistics-only extras

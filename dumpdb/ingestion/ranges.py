@@ -66,6 +66,10 @@ def check_ranges(scan: DumpScan, tensor_schema: pa.Schema, relation_schemas: dic
                and not (type(value) is int and lo <= value <= hi)
                and _bad_value(value, typ)]
         if bad:
+            if isinstance(e.shape_declared, str):  # a statistic.csv Shape cell parse_shape_cell refused
+                scan.errors.append((e.source_file, f"shape {e.shape_declared[:40]!r} of {e.key[:200]} is not a "
+                                    "shape (non-negative integer sizes, e.g. (2,3)); row skipped"))
+                continue
             scan.errors.append((e.source_file, f"{', '.join(bad)} out of range for the catalog "
                                 "(int32/int64); tensor skipped"))
             continue

@@ -120,7 +120,9 @@ def read_statistic_csv(path: Path) -> list[dict]:
     Raises :class:`~dumpdb.errors.DumpFileError` for a FIFO/device or an unreadable file.
     """
     rows: list[dict] = []
-    text = read_dump_text(path, str(path))
+    raw = read_dump_bytes(path, str(path), MAX_TEXT_BYTES)  # regular file, bounded (dumpdb.dumpio)
+    check_statistic_encoding(raw, str(path))
+    text = raw.decode("utf-8", errors="replace")
     reader = csv.reader(io.StringIO(text.replace("\x00", ""), newline=""))
     try:
         header = next(reader, None)
@@ -137,8 +139,39 @@ def read_statistic_csv(path: Path) -> list[dict]:
 
 
 def statistic_columns(header: list[str]) -> list[str]:
-    """A statistic.csv header as the lower-case names :func:`statistic_row` matches."""
-    return [h.strip().lower() for h in header]
+    """A statistic.csv header as the lower-case names :func:`statistic_row` matches (a UTF-8
+    byte-order mark before the first name dropped: Excel writes one, and it hid the ``Op Type``
+    column, issue 30 item 10)."""
+    return [h.strip().lstrip("\ufeff").strip().lower() for h in header]
+
+
+def check_statistic_encoding(head: bytes, where: str) -> None:
+    """Refuse a statistic.csv that is UTF-16 (a byte-order mark ``FF FE`` / ``FE FF``, or a
+    NUL in every other byte of its first line): read as UTF-8 its header names were garbage,
+    so every row became an extra statistics-only tensor (issue 30, item 10). MindSpore writes
+    UTF-8. Raises :class:`~dumpdb.errors.DumpFileError`."""
+    first = head[:4096]
+    odd_nuls = first[1::2].count(0) if len(first) >= 8 else 0
+    even_nuls = first[0::2].count(0) if len(first) >= 8 else 0
+    if first[:2] in (b"\xff\xfe", b"\xfe\xff") or max(odd_nuls, even_nuls) * 4 > len(first):
+        raise DumpFileError(f"{where}: statistic.csv is UTF-16 encoded; MindSpore writes UTF-8: "
+                            "convert it (iconv -f UTF-16 -t UTF-8) and ingest again; its rows were not read")
+
+
+# a Shape cell: "(2, 3)", "[2,3]", "(4,)", "()"; non-negative decimal sizes only
+_SHAPE_CELL_RE = re.compile(r"[(\[]?\s*((?:\d{1,19}\s*,\s*)*\d{1,19})?\s*,?\s*[)\]]?")
+
+
+def parse_shape_cell(text: str) -> tuple[int, ...] | None:
+    """The sizes of a statistic.csv ``Shape`` cell, or None if it is not a shape (a sign,
+    a decimal point, an exponent, letters: ``(-1,4)``, ``(2.5,4)``, ``(4e3,)`` were read as
+    ``[1,4]``, ``[2,5,4]``, ``[4,3]``, issue 30 item 10). The one rule of both statistic.csv
+    readers; linear (no nested repetition over the same text)."""
+    m = _SHAPE_CELL_RE.fullmatch(text.strip())
+    if m is None:
+        return None
+    dims = m.group(1)
+    return tuple(int(d) for d in dims.split(",")) if dims else ()
 
 
 def statistic_row(cols: list[str], rec: list[str]) -> dict | None:
@@ -175,7 +208,9 @@ def statistic_row(cols: list[str], rec: list[str]) -> dict | None:
             row["checksum"], row["checksum_algo"] = values[col], algo
             break
     if row.get("shape"):
-        row["shape"] = tuple(int(d) for d in re.findall(r"\d{1,19}", row["shape"]))
+        shape = parse_shape_cell(row["shape"])
+        if shape is not None:
+            row["shape"] = shape  # else kept as text: the ingest reports the row and skips it
     return row
 
 
@@ -495,6 +530,7 @@ def statistic_batches(path: Path, where: str, block_bytes: int = STATISTIC_BATCH
     fd = open_dump_file(path, where)
     with os.fdopen(fd, "rb") as f:
         head = f.readline(1 << 20)
+        check_statistic_encoding(head, where)
         try:
             header = next(csv.reader([head.decode("utf-8", errors="replace").replace("\x00", "")]), None)
         except csv.Error as exc:
@@ -623,7 +659,7 @@ def _convert(batch: pa.RecordBatch, cols: list[str], index: dict[str, int], rows
         # shapes repeat: parsed once per distinct text, by statistic_row's rule; '' is kept
         # as text there (reported), a dimension beyond int64 too: those records go per-record
         distinct = pc.unique(shape).to_pylist()
-        parsed = [tuple(int(d) for d in re.findall(r"\d{1,19}", t)) if t else None for t in distinct]
+        parsed = [parse_shape_cell(t) if t else None for t in distinct]
         odd_shape = [p is None or any(d >= 1 << 63 for d in p) for p in parsed]
         pos = pc.index_in(shape, pa.array(distinct, pa.string()))
         bad = pc.or_(bad, pc.take(pa.array(odd_shape, pa.bool_()), pos))

@@ -373,8 +373,8 @@ def test_statistic_csv_shapes_that_are_not_sizes_are_refused_per_row(c1, tmp_pat
         src = _statistics_only(tmp_path, text)
     r = ingest(src, tmp_path / "a")
     assert r.exit_code == 1, r.output
-    for op, shape in BAD_SHAPES.items():
-        one_line_naming(r.output, "statistic.csv", shape, "not a shape")
+    for op, shape in BAD_SHAPES.items():  # the line names the row (op_name) and its cell
+        one_line_naming(r.output, "statistic.csv", op, shape, "not a shape")
     recorded = [e for _, e in errors(tmp_path / "a")]
     assert sum("not a shape" in e for e in recorded) == 3, recorded
     rows = sql(tmp_path / "a", "SELECT op_name, shape FROM tensors WHERE run = 'r' "

@@ -403,3 +403,39 @@ def test_utf16_statistic_csv_is_refused_in_one_line(c1, tmp_path, where):
     one_line_naming(r.output, "statistic.csv", "UTF-16")
     if where == "beside tensors":
         assert tensor_count(tmp_path / "a") == C1_TENSORS  # the tensors, and no statistics-only extras
+
+
+# -- item 12: every dump.json field is bounded ---------------------------------------------------------
+def _ingest_with_address_space(src: Path, archive: Path, megabytes: int):
+    """``dumpdb ingest`` in a subprocess whose address space is limited (RLIMIT_AS)."""
+    import os
+    import resource
+    import subprocess
+    import sys
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (megabytes << 20, megabytes << 20))
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    return subprocess.run([sys.executable, "-m", "dumpdb", "ingest", str(src), "--archive", str(archive),
+                           "--run", "r", "-q"], env=env, preexec_fn=limit, capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.mark.parametrize("field", ["key", "md5"])
+def test_a_100_megabyte_dump_json_field_is_one_error_within_3_gb(msp, tmp_path, field):
+    dj = sorted(msp.rglob("dump.json"))[0]
+    dump = json.loads(dj.read_text())
+    key = next(iter(dump["data"]))
+    record = dump["data"][key]
+    if field == "key":
+        dump["data"][key + "X" * 100_000_000] = record
+    else:
+        leaf = next(v for v in record["input_args"] if isinstance(v, dict) and "md5" in v)
+        leaf["md5"] = "0" * 100_000_000
+    dj.write_text(json.dumps(dump))
+    r = _ingest_with_address_space(msp, tmp_path / "a", 3000)  # before the bounds: MemoryError, 0 tensors
+    assert r.returncode == 1, r.stderr
+    one_line_naming(r.stdout + r.stderr, "dump.json", "over", "skipped")
+    assert run_status(tmp_path / "a").startswith("complete")
+    assert tensor_count(tmp_path / "a") >= 190

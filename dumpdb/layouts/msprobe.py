@@ -148,6 +148,23 @@ def is_tensor_leaf(value: Any) -> bool:
     return "dtype" in value and "shape" in value
 
 
+# Bounds of dump.json text (issue 30, item 12): a record key is an API or module name with a
+# call index (real ones: under 200 characters), a leaf's text fields (dtype, md5, data_name)
+# are short; a record (every argument of one call, as JSON) is kept whole for msprobe's CSV.
+MAX_KEY_CHARS = 4096
+MAX_FIELD_CHARS = 4096
+MAX_RECORD_CHARS = 16 << 20
+
+
+def _oversized(key: str, record_text: str) -> str | None:
+    """What is over its bound in one dump.json record (its key, its JSON text), or None."""
+    if len(key) > MAX_KEY_CHARS:
+        return f"record key of {len(key)} characters (over {MAX_KEY_CHARS})"
+    if len(record_text) > MAX_RECORD_CHARS:
+        return f"record of {len(record_text)} characters of JSON (over {MAX_RECORD_CHARS})"
+    return None
+
+
 def checksum_algo(value: str) -> str | None:
     """Algorithm of a leaf's ``md5`` field by its form (formats.md 1.3), None if unknown."""
     if _CRC32_RE.match(value):
@@ -461,10 +478,15 @@ class MsprobeDump(Layout):
                 scan.errors.append((rel(DATA_DIR), f"cannot list directory: {exc.strerror or exc}"))
         seen: set[str] = set()
         for position, (key, record) in enumerate(dump["data"].items()):
+            text = json.dumps(record)
+            too_big = _oversized(key, text)
+            if too_big:  # issue 30, item 12: a 100 MB key or md5 took gigabytes and failed the ingest
+                scan.errors.append((dump_json, f"{display_name(key[:80])}...: {too_big}; record skipped"))
+                continue
             # kept whole and in dump order: msprobe's CSV rows (non-tensor arguments too)
             # and its execution order come from here
             scan.msprobe_records.append({"rank": rank, "iteration": step, "position": position,
-                                         "op_name": key, "record": json.dumps(record)})
+                                         "op_name": key, "record": text})
             if not isinstance(record, dict):
                 continue
             parsed = parse_record_key(key)
@@ -474,6 +496,13 @@ class MsprobeDump(Layout):
                 scan.errors.append((dump_json, f"{key[:80]}: record nested too deeply; skipped"))
                 continue
             for item in items:
+                long_field = next((f for f, v in item["leaf"].items() if isinstance(v, str)
+                                   and len(v) > MAX_FIELD_CHARS), None) if isinstance(item["leaf"], dict) else None
+                if long_field is not None:
+                    scan.errors.append((dump_json, f"{display_name(key[:200])} {item['name'][:200]}: field "
+                                        f"{long_field!r} of {len(item['leaf'][long_field])} characters (over "
+                                        f"{MAX_FIELD_CHARS}); tensor skipped"))
+                    continue
                 entry = self._entry(item, key, parsed, rank=rank, step=step, dump_json=dump_json,
                                     rank_dir=rank_dir, rel=rel, sizes=sizes, scan=scan)
                 if entry.tensor_key in seen:  # never two rows with one identity

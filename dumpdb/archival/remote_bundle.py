@@ -35,6 +35,7 @@ from dumpdb.archival import bundle_check as chk
 from dumpdb.archive import Archive, lock_down
 from dumpdb.catalog.locations import LocationIndex
 from dumpdb.errors import ArchiveError, BundleError, DumpdbError, PayloadMissing, StorageError
+from dumpdb.sql_sandbox import PrivateTemp, configure
 from dumpdb.storage import remote
 
 
@@ -148,6 +149,7 @@ class BundleArchive(Archive):
         self._held = None
         self._held_sandbox = None
         self._query_db = None  # not used: each query opens the bundle's views (_query_instance)
+        self._temps = {}  # spill directory of each sandboxed connection (dumpdb.sql_sandbox)
         self._fs = None
         self._locations = None
 
@@ -227,10 +229,13 @@ class BundleArchive(Archive):
                                        f"cannot read: {str(exc).splitlines()[0]}") from exc
                 con.register(f"_{name}_arrow", dataset)
                 con.execute(f'CREATE VIEW "{name}" AS SELECT * FROM "_{name}_arrow"')
-            if sandbox:
+            if sandbox:  # bounded like an archive's sandbox: private spill directory, memory, threads
+                temp = PrivateTemp()
+                self._temps[id(con)] = temp
+                configure(con, self._limits(), temp)
                 lock_down(con)
         except BaseException:
-            con.close()
+            self._close_instance(con)
             raise
         return con
 
@@ -261,7 +266,7 @@ class BundleArchive(Archive):
         try:
             yield con
         finally:
-            con.close()
+            self._close_instance(con)
 
     def _refuse(self, *_args: Any, **_kwargs: Any) -> Any:
         raise ArchiveError(f"{self.url}: a bundle opened in place is read-only; import it to change it")

@@ -220,6 +220,34 @@ def _refuse_attach(query: str) -> None:
                               "only (--allow-files / allow_files=True permits file access)")
 
 
+@contextmanager
+def _deadline(con: duckdb.DuckDBPyConnection, timeout: float | None) -> Iterator[Any]:
+    """Interrupt ``con`` if the block is still running after ``timeout`` seconds (None: never).
+    Yields a function telling whether it did. The interrupt is sent only while the block runs
+    (a lock orders it with the block's end), so it never reaches a later query."""
+    if timeout is None:
+        yield lambda: False
+        return
+    guard = threading.Lock()
+    state = {"running": True, "fired": False}
+
+    def fire() -> None:
+        with guard:
+            if state["running"]:
+                state["fired"] = True
+                con.interrupt()
+
+    timer = threading.Timer(timeout, fire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield lambda: state["fired"]
+    finally:
+        with guard:
+            state["running"] = False
+        timer.cancel()
+
+
 def lock_down(con: duckdb.DuckDBPyConnection) -> None:
     """Sandbox a query connection (README "Safety"): no file or network access from SQL
     (``COPY ... TO``, ``read_csv``, ``ATTACH`` refused) and no ``SET`` to undo it."""
@@ -315,7 +343,8 @@ class Archive:
                 yield con
 
     # -- queries -----------------------------------------------------------
-    def sql(self, query: str, params: list | dict | None = None, *, allow_files: bool = False) -> pa.Table:
+    def sql(self, query: str, params: list | dict | None = None, *, allow_files: bool = False,
+            timeout: float | None = None) -> pa.Table:
         """Run a SQL query on the catalog (read-only) and return a ``pyarrow.Table``.
 
         Relations: runs, tensors, blobs, arrays, ops, execution_order,
@@ -330,10 +359,14 @@ class Archive:
         ``LOAD`` fail (:class:`DumpdbError` saying file access is disabled).
         ``allow_files=True`` lifts this for a user who wants DuckDB to read or
         write files (the catalog itself stays read-only).
+
+        ``timeout``: seconds after which the query is interrupted (DuckDB's
+        ``interrupt()`` from a timer thread) and :class:`DumpdbError` says it was
+        cancelled; None: no limit (``dumpdb serve`` gives every query one).
         """
         import pyarrow as pa
 
-        with self._query(query, params, allow_files) as rel:
+        with self._query(query, params, allow_files, timeout) as rel:
             return rel.to_arrow_table() if rel is not None else pa.table({})
 
     def frame(self, query: str, params: list | dict | None = None, *, library: str = "pandas",
@@ -362,14 +395,20 @@ class Archive:
             return (list(rel.columns), rel.fetchall()) if rel is not None else ([], [])
 
     @contextmanager
-    def _query(self, query: str, params: list | dict | None, allow_files: bool) -> Iterator[Any]:
+    def _query(self, query: str, params: list | dict | None, allow_files: bool,
+               timeout: float | None = None) -> Iterator[Any]:
         """The relation of ``query`` on a sandboxed (or, with ``allow_files``, a plain
-        read-only) connection; DuckDB errors become one-line :class:`DumpdbError`."""
+        read-only) connection; DuckDB errors become one-line :class:`DumpdbError`.
+        ``timeout`` seconds: the connection is interrupted by a timer while the block runs."""
         if not allow_files:
             _refuse_attach(query)
-        with (self.reader() if allow_files else self._sandbox()) as con:
+        with (self.reader() if allow_files else self._sandbox()) as con, _deadline(con, timeout) as expired:
             try:
                 yield con.sql(query, params=params)
+            except duckdb.InterruptException as exc:
+                if expired():
+                    raise DumpdbError(f"SQL cancelled: the query ran longer than {timeout:g} s") from exc
+                raise
             except duckdb.PermissionException as exc:
                 first = " ".join(str(exc).split())
                 raise DumpdbError(f"SQL refused: {first}; dumpdb sql reads the catalog only "
@@ -743,6 +782,15 @@ class Archive:
         from dumpdb.checks.scan import scan
 
         return scan(self, run, checks, **options)
+
+    def serve(self, host: str = "127.0.0.1", port: int = 8765, open_browser: bool = False) -> None:
+        """Browse this archive in a web browser until Ctrl-C: a local, read-only web
+        application (runs, model trees, compares, tensors, ranks, SQL; ``docs/serve.md``),
+        the URL said on stderr. See :func:`dumpdb.serve.serve` (DumpdbError without the
+        ``serve`` extra or when the port cannot be bound)."""
+        from dumpdb.serve import serve
+
+        serve(self, host, port, open_browser)
 
     # -- maintenance -------------------------------------------------------------
     def prune(self, run: str, iterations: str | None = None, ranks: str | None = None) -> int:

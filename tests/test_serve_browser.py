@@ -69,10 +69,10 @@ def ready(page) -> None:
     assert not page.query_selector("main > p.error"), page.inner_text("main")
 
 
-def shot(page, name: str) -> None:
+def shot(page, name: str, full: bool = False) -> None:
     if SHOTS:
         Path(SHOTS).mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(Path(SHOTS) / f"serve-{name}.png"))
+        page.screenshot(path=str(Path(SHOTS) / f"serve-{name}.png"), full_page=full)
 
 
 def painted(page, selector: str) -> int:
@@ -103,7 +103,7 @@ def test_acceptance_walk(server, page, tmp_path):
     page.wait_for_selector("#pictures canvas.heat")
     assert painted(page, "#pictures canvas.heat") > 10
     assert page.locator("#pictures svg.hist rect").count() > 10
-    shot(page, "tensor")
+    shot(page, "tensor", full=True)
     # -> a compare of two corpus runs (from the runs page's form)
     page.goto(server + "/")
     ready(page)

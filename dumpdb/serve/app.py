@@ -19,7 +19,7 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
-from starlette.routing import Mount, Route
+from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from dumpdb.errors import DumpdbError
@@ -50,6 +50,13 @@ def _int(request: Request, name: str, default: int | None = None) -> int | None:
         return int(value)
     except ValueError:
         raise DumpdbError(f"{name} must be an integer, not {value!r}") from None
+
+
+def _id(request: Request, name: str) -> int:
+    value = _int(request, name)
+    if value is None:
+        raise DumpdbError(f"missing parameter {name}")
+    return value
 
 
 def _text(request: Request, name: str, required: bool = True) -> str:
@@ -102,7 +109,7 @@ def create_app(archive) -> Starlette:
         return compares.pairs_of(view(request), _text(request, "side"), _text(request, "op"), _int(request, "limit"))
 
     def npy(request: Request) -> Response:
-        tid = _int(request, "id")
+        tid = _id(request, "id")
         body = queries.npy_bytes(archive, tid)
         return Response(body, media_type="application/octet-stream",
                         headers={"Content-Disposition": f'attachment; filename="tensor_{tid}.npy"'})
@@ -121,15 +128,15 @@ def create_app(archive) -> Starlette:
         ("/api/search", lambda r: queries.search(archive, _text(r, "run"), _text(r, "q", False),
                                                  limit=_int(r, "limit"))),
         ("/api/op", lambda r: queries.op(archive, _text(r, "run"), _text(r, "op"), limit=_int(r, "limit"))),
-        ("/api/tensor", lambda r: queries.tensor_info(archive, _int(r, "id"))),
-        ("/api/tensor/heatmap", lambda r: queries.tensor_heatmap(archive, _int(r, "id"), _int(r, "h"), _int(r, "w"))),
-        ("/api/tensor/histogram", lambda r: queries.tensor_histogram(archive, _int(r, "id"), _int(r, "bins"))),
+        ("/api/tensor", lambda r: queries.tensor_info(archive, _id(r, "id"))),
+        ("/api/tensor/heatmap", lambda r: queries.tensor_heatmap(archive, _id(r, "id"), _int(r, "h"), _int(r, "w"))),
+        ("/api/tensor/histogram", lambda r: queries.tensor_histogram(archive, _id(r, "id"), _int(r, "bins"))),
         ("/api/tensor.npy", npy),
-        ("/api/pair", lambda r: {"target": queries.tensor_info(archive, _int(r, "target")),
-                                 "bench": queries.tensor_info(archive, _int(r, "bench"))}),
-        ("/api/pair/heatmap", lambda r: queries.pair_heatmap(archive, _int(r, "target"), _int(r, "bench"),
+        ("/api/pair", lambda r: {"target": queries.tensor_info(archive, _id(r, "target")),
+                                 "bench": queries.tensor_info(archive, _id(r, "bench"))}),
+        ("/api/pair/heatmap", lambda r: queries.pair_heatmap(archive, _id(r, "target"), _id(r, "bench"),
                                                              _int(r, "h"), _int(r, "w"))),
-        ("/api/pair/histogram", lambda r: queries.pair_histogram(archive, _int(r, "target"), _int(r, "bench"),
+        ("/api/pair/histogram", lambda r: queries.pair_histogram(archive, _id(r, "target"), _id(r, "bench"),
                                                                  _int(r, "bins"))),
         ("/api/compare", compare_summary),
         ("/api/compare/tree", compare_children),
@@ -146,7 +153,7 @@ def create_app(archive) -> Starlette:
     async def not_found(request: Request) -> Response:
         return _error(f"no API route {request.url.path}", 404)
 
-    routes = [Route(path, endpoint(fn)) for path, fn in api]
+    routes: list[BaseRoute] = [Route(path, endpoint(fn)) for path, fn in api]
     routes.append(Route("/api/sql.{fmt}", endpoint(sql_export)))
     routes.append(Route("/api/{rest:path}", not_found))
     routes += [Route(p, page) for p in PAGES]

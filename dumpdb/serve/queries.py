@@ -96,7 +96,7 @@ paths AS (
 NAN = "coalesce(nan_count > 0, isnan(max) OR isnan(min), false)"
 INF = "coalesce(pos_inf_count + neg_inf_count > 0, isinf(max) OR isinf(min), false)"
 
-CHILDREN_SQL = PATHS_SQL + """,
+CHILDREN_SQL = PATHS_SQL + f""",
 below AS (
     SELECT *, CASE WHEN $prefix = '' THEN path ELSE substr(path, length($prefix) + 2) END AS rest FROM paths
     WHERE $prefix = '' OR starts_with(path, $prefix || '/')
@@ -105,10 +105,10 @@ SELECT split_part(rest, '/', 1) AS name, count(*) AS tensors, count(DISTINCT pat
        bool_or(contains(rest, '/')) AS has_children,
        any_value(op) FILTER (NOT contains(rest, '/')) AS op,
        any_value(op_type) FILTER (NOT contains(rest, '/')) AS op_type,
-       count_if({nan}) AS nan_tensors, count_if({inf}) AS inf_tensors, count_if(overflow) AS overflow_tensors,
+       count_if({NAN}) AS nan_tensors, count_if({INF}) AS inf_tensors, count_if(overflow) AS overflow_tensors,
        min(min) AS min, max(max) AS max, min(position) AS position
 FROM below GROUP BY 1 ORDER BY min(position) NULLS LAST, min(tensor_id) LIMIT $limit OFFSET $offset
-""".format(nan=NAN, inf=INF)
+"""
 
 SEARCH_SQL = PATHS_SQL + """
 SELECT path, any_value(op) AS op, any_value(op_type) AS op_type, count(*) AS tensors FROM paths
@@ -282,7 +282,8 @@ def pair_difference(archive, target: int, bench: int) -> np.ndarray:
         raise DumpdbError(f"tensors {target} and {bench} have shapes {list(t.shape)} and {list(b.shape)}: "
                           "no elementwise difference")
     dtype = np.float64 if np.float64 in (t.dtype, b.dtype) else np.float32
-    return (t.astype(dtype, copy=False) - b.astype(dtype, copy=False).reshape(t.shape))
+    out: np.ndarray = np.subtract(t.astype(dtype, copy=False), b.astype(dtype, copy=False).reshape(t.shape))
+    return out
 
 
 def pair_heatmap(archive, target: int, bench: int, height: int | None = None,

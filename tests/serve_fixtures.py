@@ -31,3 +31,16 @@ def build(root: Path) -> Path:
     assert dumpdb.ingest(DATA / "msprobe" / "statistics_mix_2rank_gloo", archive=archive, run="gloo").ok
     assert dumpdb.ingest(hostile_dump(root / "hostile"), archive=archive, run=HOSTILE_RUN).ok
     return archive
+
+
+_TEMPLATES: dict[Path, Path] = {}
+
+
+def archive_copy(tmp_path_factory) -> Path:
+    """A fresh copy of :func:`build`'s archive, built once per test session (and process)."""
+    base = tmp_path_factory.getbasetemp()
+    if base not in _TEMPLATES:
+        _TEMPLATES[base] = build(tmp_path_factory.mktemp("serve-template"))
+    dst = tmp_path_factory.mktemp("serve") / "serve.dumpdb"
+    shutil.copytree(_TEMPLATES[base], dst)
+    return dst

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import os
 import subprocess
 import sys
@@ -20,7 +21,7 @@ import pytest
 
 pytest.importorskip("starlette", reason="dumpdb serve needs the serve extra (starlette)")
 pytest.importorskip("httpx", reason="Starlette's TestClient needs httpx (test extra)")
-from serve_fixtures import HOSTILE_OP, HOSTILE_RUN, build  # noqa: E402
+from serve_fixtures import HOSTILE_OP, HOSTILE_RUN, archive_copy  # noqa: E402
 from starlette.testclient import TestClient  # noqa: E402
 
 import dumpdb  # noqa: E402
@@ -32,7 +33,7 @@ LN1 = ("Default/network-LossCell/net-LM/encoder-TransformerEncoder/layers-CellLi
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    archive_path = build(tmp_path_factory.mktemp("serve"))
+    archive_path = archive_copy(tmp_path_factory)
     archive = dumpdb.open(archive_path)
     with TestClient(create_app(archive)) as client:
         yield archive_path, archive, client
@@ -206,6 +207,48 @@ def test_hostile_names_are_data(served):
     assert get(client, "/api/op", 400, run=HOSTILE_RUN, op="' OR 1=1 --")["error"].startswith("no op")
 
 
+def test_firsts_per_phase_and_rank_when_reported():
+    from dumpdb.serve.compares import _firsts
+
+    report = {"pair_index": 7, "target_name": "op7", "io": "output", "slot": 0, "result": "error",
+              "by_phase": {"forward": {"pair_index": 7, "target_name": "op7"},
+                           "backward": {"pair_index": 40, "target_name": "op40"}},
+              "by_rank": [{"rank": 1, "pair_index": 9, "target_name": "op9"}], "path": ["op1", "op2"]}
+    got = [(f["label"], f["pair_index"]) for f in _firsts(report)]
+    assert got == [("overall", 7), ("by_phase forward", 7), ("by_phase backward", 40), ("by_rank 1", 9)]
+    assert _firsts(None) == [] and [f["label"] for f in _firsts({"pair_index": 3})] == ["overall"]
+
+
+def test_cli_serve_url_and_ctrl_c(served):
+    import signal
+    import socket
+    import urllib.request
+
+    archive_path = served[0]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": str(Path(dumpdb.__file__).parent.parent)}
+    proc = subprocess.Popen([sys.executable, "-m", "dumpdb", "serve", "-a", str(archive_path), "--port", str(port)],
+                            env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stderr.readline()
+        assert f"http://127.0.0.1:{port}/" in line, line
+        for _ in range(100):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/runs", timeout=5) as r:
+                    runs = json.loads(r.read())
+                break
+            except OSError:
+                time.sleep(0.1)
+        assert {r["run"] for r in runs["runs"]} >= {"fp32", "fp32_ln1"}
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=20) == 0, proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
 def _tiny_dump(out: Path, files: int) -> None:
     """A MindSpore e2e dump of ``files`` tiny float32 tensors over 4 iterations."""
     rng = np.random.default_rng(0)
@@ -221,7 +264,7 @@ def _tiny_dump(out: Path, files: int) -> None:
 
 def test_served_while_ingesting(served, tmp_path):
     archive_path, _, client = served
-    files = 6_000
+    files = 7_500
     _tiny_dump(tmp_path / "dump", files)
     env = {**os.environ, "PYTHONPATH": str(Path(dumpdb.__file__).parent.parent)}
     proc = subprocess.Popen([sys.executable, "-m", "dumpdb", "ingest", str(tmp_path / "dump"), "--archive",
@@ -229,12 +272,11 @@ def test_served_while_ingesting(served, tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     seen = []
     try:
-        while proc.poll() is None:
-            runs = {r["run"]: r for r in get(client, "/api/runs")["runs"]}
-            if "growing" in runs:
-                seen.append(runs["growing"]["tensors"])
-                get(client, "/api/tree", run="growing")  # the tree page answers meanwhile
-            time.sleep(0.05)
+        while proc.poll() is None:  # a cheap page polled often, the runs and tree pages now and then
+            seen.append(get(client, "/api/sql", q="SELECT count(*) FROM tensors WHERE run = 'growing'")["rows"][0][0])
+            if len(seen) % 10 == 0 and "growing" in {r["run"] for r in get(client, "/api/runs")["runs"]}:
+                get(client, "/api/tree", run="growing")
+            time.sleep(0.02)
         out = proc.communicate()[0].decode()
     finally:
         if proc.poll() is None:

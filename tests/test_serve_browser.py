@@ -24,7 +24,7 @@ if not Path(CHROMIUM).exists():
     pytest.skip("the browser tests need Debian's chromium (apt-get install chromium; .ci/run installs it)",
                 allow_module_level=True)
 
-from serve_fixtures import HOSTILE_OP, HOSTILE_RUN, build  # noqa: E402
+from serve_fixtures import HOSTILE_OP, HOSTILE_RUN, archive_copy  # noqa: E402
 
 import dumpdb  # noqa: E402
 from dumpdb.serve import create_app  # noqa: E402
@@ -34,7 +34,7 @@ SHOTS = os.environ.get("DUMPDB_SCREENSHOTS")
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    archive = dumpdb.open(build(tmp_path_factory.mktemp("browser")))
+    archive = dumpdb.open(archive_copy(tmp_path_factory))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

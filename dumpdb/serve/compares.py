@@ -310,6 +310,6 @@ class ViewCache:
             with self._lock:
                 self._views[key] = view
                 self._building.pop(key, None)
-                while len(self._views) > self.size:
-                    self._views.popitem(last=False)[1].close()
+                while len(self._views) > self.size:  # not closed: a request may still read it (GC closes it)
+                    self._views.popitem(last=False)
         return view

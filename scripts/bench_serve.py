@@ -79,7 +79,13 @@ def main() -> None:
     case("tree API (children of a node of 500k ops)",
          lambda: archive.sql(queries.CHILDREN_SQL, tree_params),
          lambda: client.get("/api/tree", params={"run": "a", "path": prefix}).raise_for_status())
-    case("tree page (HTML shell)", lambda: archive.sql("SELECT 1"), lambda: client.get("/tree?run=a").raise_for_status())
+
+    def tree_page():  # what the browser fetches to show a run's tree: the shell, then the root's children
+        client.get("/tree", params={"run": "a"}).raise_for_status()
+        client.get("/api/tree", params={"run": "a"}).raise_for_status()
+
+    case("tree page load (shell + root children)",
+         lambda: archive.sql(queries.CHILDREN_SQL, {**tree_params, "prefix": ""}), tree_page)
     case("search API", lambda: archive.sql(queries.SEARCH_SQL, {"run": "a", "q": "op4242", "limit": 101}),
          lambda: client.get("/api/search", params={"run": "a", "q": "op4242"}).raise_for_status())
     t = time.perf_counter()
@@ -98,6 +104,17 @@ def main() -> None:
          lambda: archive.sql(queries.CHILDREN_SQL, tree_params),
          lambda: client.get("/api/compare/tree", params={"target": "a", "bench": "b", "side": "target",
                                                          "path": prefix}).raise_for_status())
+
+    def compare_page():  # the compare page's fetches once the compare is held: summary, both roots, plot
+        key = {"target": "a", "bench": "b"}
+        client.get("/compare", params=key).raise_for_status()
+        client.get("/api/compare", params=key).raise_for_status()
+        for side in ("target", "bench"):
+            client.get("/api/compare/tree", params={**key, "side": side}).raise_for_status()
+        client.get("/api/compare/plot", params=key).raise_for_status()
+
+    case("compare page load (summary, 2 trees, plot)",
+         lambda: archive.sql(queries.CHILDREN_SQL, {**tree_params, "prefix": ""}), compare_page)
     tid = archive.sql("SELECT tensor_id FROM tensors WHERE run = 'big'").column(0)[0].as_py()
     heat = timed(lambda: client.get("/api/tensor/heatmap", params={"id": tid}).raise_for_status(), 5)
     read = timed(lambda: archive.tensor(tid), 5)

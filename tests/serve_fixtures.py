@@ -1,5 +1,6 @@
 """Archives for the ``dumpdb serve`` tests: the real Transformer pair (tests/data/transformer:
-``fp32_ln1`` departs from ``fp32`` at layer 1's norm1 LayerNorm), a real 2-rank msprobe run,
+``fp32_ln1`` departs from ``fp32`` at layer 1's norm1 LayerNorm; ``fp16`` is the same model in
+mixed precision: no departure, Casts only it has), a real 2-rank msprobe run,
 and an msprobe run whose op and run names are hostile (HTML, script, a 10 kB name)."""
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def hostile_dump(out: Path) -> Path:
 
 def build(root: Path) -> Path:
     archive = root / "serve.dumpdb"
-    for case in ("fp32_ln1", "fp32"):
+    for case in ("fp32_ln1", "fp32", "fp16"):
         assert dumpdb.ingest(DATA / "transformer" / case, archive=archive, run=case).ok
     assert dumpdb.ingest(DATA / "msprobe" / "statistics_mix_2rank_gloo", archive=archive, run="gloo").ok
     assert dumpdb.ingest(hostile_dump(root / "hostile"), archive=archive, run=HOSTILE_RUN).ok

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 
 pytest.importorskip("starlette", reason="dumpdb serve needs the serve extra (starlette)")
-pytest.importorskip("httpx", reason="Starlette's TestClient needs httpx (test extra)")
+pytest.importorskip("starlette.testclient", reason="Starlette's TestClient needs httpx2 (test extra)")
 from serve_fixtures import HOSTILE_OP, HOSTILE_RUN, archive_copy  # noqa: E402
 from starlette.testclient import TestClient  # noqa: E402
 
@@ -50,7 +50,7 @@ def test_runs_and_pages(served):
     _, archive, client = served
     data = get(client, "/api/runs")
     by_run = {r["run"]: r for r in data["runs"]}
-    assert set(by_run) == {"fp32_ln1", "fp32", "gloo", HOSTILE_RUN}
+    assert set(by_run) == {"fp32_ln1", "fp32", "fp16", "gloo", HOSTILE_RUN}
     expected = {r["run"]: r["tensors"] for r in archive.runs().to_pylist()}
     assert {k: v["tensors"] for k, v in by_run.items()} == expected
     assert by_run["gloo"]["ranks"] == 2
@@ -156,6 +156,18 @@ def test_compare_new_and_stored(served):
     assert get(client, "/api/compare", 400, id=999)["error"].startswith("no stored compare")
 
 
+def test_compare_marks_ops_only_one_side_has(served):
+    _, _, client = served
+    key = {"target": "fp16", "bench": "fp32"}
+    s = get(client, "/api/compare", **key)
+    assert s["firsts"] == [] and s["summary"]["unmatched_target"] > 0  # clean O2: no departure, its Casts
+    target = get(client, "/api/compare/tree", side="target", **key)["children"]
+    bench = get(client, "/api/compare/tree", side="bench", **key)["children"]
+    assert sum(c["inserted"] for c in target) == s["summary"]["unmatched_target"]
+    assert sum(c["removed"] for c in bench) == s["summary"]["unmatched_bench"]
+    assert max(c["worst"] or 0 for c in target) < 2
+
+
 def test_ranks_grid(served):
     _, _, client = served
     data = get(client, "/api/ranks", run="gloo")
@@ -182,7 +194,7 @@ def test_sql_sandbox_pages_and_downloads(served):
     assert not (archive_path / "x.csv").exists()
     assert "refused" in get(client, "/api/sql", 400, q=f"ATTACH '{archive_path}/catalog.duckdb' AS w")["error"]
     assert get(client, "/api/sql", 400, q="DELETE FROM runs")["error"]
-    assert len(archive.runs()) == 4
+    assert len(archive.runs()) == 5
 
 
 def test_slow_query_cancelled(served, monkeypatch):
@@ -264,10 +276,13 @@ def _tiny_dump(out: Path, files: int) -> None:
 
 def test_served_while_ingesting(served, tmp_path):
     archive_path, _, client = served
-    files = 10_000
+    files = 2_000
     _tiny_dump(tmp_path / "dump", files)
     env = {**os.environ, "PYTHONPATH": str(Path(dumpdb.__file__).parent.parent)}
-    proc = subprocess.Popen([sys.executable, "-m", "dumpdb", "ingest", str(tmp_path / "dump"), "--archive",
+    # the real `dumpdb ingest`, committing every 400 files instead of 5,000 (a smaller dump grows visibly)
+    code = ("import sys; import dumpdb.ingestion.pipeline as p; p.COMMIT_ROWS = 400; "
+            "from dumpdb.__main__ import main; sys.argv[0] = 'dumpdb'; main()")
+    proc = subprocess.Popen([sys.executable, "-c", code, "ingest", str(tmp_path / "dump"), "--archive",
                              str(archive_path), "--run", "growing", "--workers", "1"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     seen = []

@@ -1089,7 +1089,9 @@ def serve_cmd(
     open_browser: bool = typer.Option(False, "--open", help="Open the start page in a web browser."),
 ) -> None:
     """Browse the archive in a web browser (read-only): runs, model trees, compares, tensors, ranks, SQL."""
-    _open(archive).serve(host, port, open_browser)
+    from dumpdb.serve import serve
+
+    serve(_open(archive), host, port, open_browser)  # (Archive.serve; a bundle on s3:// too)
 
 
 @app.command("ranks")

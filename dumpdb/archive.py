@@ -804,6 +804,15 @@ class Archive:
 
         return scan(self, run, checks, **options)
 
+    def serve(self, host: str = "127.0.0.1", port: int = 8765, open_browser: bool = False) -> None:
+        """Browse this archive in a web browser until Ctrl-C: a local, read-only web
+        application (runs, model trees, compares, tensors, ranks, SQL; ``docs/serve.md``),
+        the URL said on stderr. See :func:`dumpdb.serve.serve` (DumpdbError without the
+        ``serve`` extra or when the port cannot be bound)."""
+        from dumpdb.serve import serve
+
+        serve(self, host, port, open_browser)
+
     # -- maintenance -------------------------------------------------------------
     def prune(self, run: str, iterations: str | None = None, ranks: str | None = None) -> int:
         """Drop payloads of ``run`` (MindSpore iteration / rank spec like ``"0|5-8"``), keep

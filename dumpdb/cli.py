@@ -1096,6 +1096,20 @@ def _rank_label(rank) -> str:
     return "proc (no rank)" if rank is None else f"rank {rank}"
 
 
+@app.command("serve")
+def serve_cmd(
+    archive: Optional[Path] = ArchiveOpt,
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (another than 127.0.0.1 exposes the "
+                                                         "archive to the network: no authentication)."),
+    port: int = typer.Option(8765, "--port", help="TCP port."),
+    open_browser: bool = typer.Option(False, "--open", help="Open the start page in a web browser."),
+) -> None:
+    """Browse the archive in a web browser (read-only): runs, model trees, compares, tensors, ranks, SQL."""
+    from dumpdb.serve import serve
+
+    serve(_open(archive), host, port, open_browser)  # (Archive.serve; a bundle on s3:// too)
+
+
 @app.command("ranks")
 def ranks_cmd(
     run: str = typer.Argument(..., help="Run name."), archive: Optional[Path] = ArchiveOpt,

@@ -235,3 +235,40 @@ def first_bad_across_ranks(archive, run: str, *, iteration: int | None = None) -
                      "max": r["max"], "min": r["min"], "code_file": r["code_file"], "code_line": r["code_line"],
                      "code_text": r["code_text"]})
     return pa.Table.from_pylist(rows, FIRST_BAD_SCHEMA)
+
+
+GRID_SCHEMA = pa.schema([
+    ("op_index", pa.int32()), ("iteration", pa.int64()), ("op_name", pa.string()), ("rank", pa.int32()),
+    ("state", pa.string()), ("tensors", pa.int32()),
+])
+
+
+def rank_op_grid(archive, run: str, *, iteration: int | None = None, max_ops: int = 5000) -> tuple[pa.Table, int]:
+    """A rank x op grid of ``run``: for each op (iteration, op name; in the execution order
+    of the module docstring, ops of the lowest rank first) and each rank, whether the rank's
+    tensors of that op agree with the rank majority. A rank's op value is its tensors' keys
+    and values (the fingerprints' rule, module docstring); the majority is the value most
+    ranks holding the op have (ties: the one of the lowest rank).
+
+    Returns ``(grid, ops)``: one row per op and rank (:data:`GRID_SCHEMA`): ``op_index``
+    (0-based column), ``iteration``, ``op_name``, ``rank``, ``state`` ('agree', 'departs':
+    another value than the majority, 'missing': the op is absent from this rank) and
+    ``tensors``, for the first ``max_ops`` ops; and the run's number of ops.
+    Raises :class:`RunNotFound`."""
+    by_rank = _rank_rows(archive, run, iteration)
+    ranks = sorted(by_rank, key=lambda r: -1 if r is None else r)
+    per_op: dict[tuple, dict[Any, list[dict]]] = {}
+    for k in ranks:
+        for r in by_rank[k]:
+            per_op.setdefault((r["iteration"], r["op_name"] or r["scope_name"]), {}).setdefault(k, []).append(r)
+    rows = []
+    for index, ((it, name), held) in enumerate(per_op.items()):
+        if index >= max_ops:
+            break
+        values = {k: _digest((_key(r), _value(r)) for r in tensors) for k, tensors in held.items()}
+        majority = Counter(values.values()).most_common(1)[0][0]
+        for k in ranks:
+            state = "missing" if k not in values else ("agree" if values[k] == majority else "departs")
+            rows.append({"op_index": index, "iteration": it, "op_name": name, "rank": k, "state": state,
+                         "tensors": len(held.get(k, ()))})
+    return pa.Table.from_pylist(rows, GRID_SCHEMA), len(per_op)

@@ -149,9 +149,10 @@ def is_tensor_leaf(value: Any) -> bool:
 
 
 # Bounds of dump.json text (issue 30, item 12): a record key is an API or module name with a
-# call index (real ones: under 200 characters), a leaf's text fields (dtype, md5, data_name)
-# are short; a record (every argument of one call, as JSON) is kept whole for msprobe's CSV.
-MAX_KEY_CHARS = 4096
+# call index (real ones: under 200 characters; 64 Ki leaves room for generated names, and a
+# 10 kB hostile name must still reach `dumpdb serve` as text), a leaf's text fields (dtype, md5,
+# data_name) are short; a record (every argument of one call, as JSON) is kept whole for msprobe's CSV.
+MAX_KEY_CHARS = 65536
 MAX_FIELD_CHARS = 4096
 MAX_RECORD_CHARS = 16 << 20
 

@@ -46,7 +46,19 @@ def _console(stderr: bool = False) -> Console:
     if stderr not in _consoles:
         from rich.console import Console
 
-        _consoles[stderr] = Console(stderr=stderr, highlight=False)
+        class _Console(Console):
+            def on_broken_pipe(self) -> None:
+                """The reader went away (``dumpdb sql ... | head``): rich's own handler exits 1,
+                which the README defines as "found". Go quiet instead and let the command end
+                with its own exit code (issue 30)."""
+                self.quiet = True
+                stream = sys.stderr if stderr else sys.stdout
+                try:
+                    os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+                except (OSError, ValueError):  # not a real file (tests capture it): nothing to redirect
+                    pass
+
+        _consoles[stderr] = _Console(stderr=stderr, highlight=False)
     return _consoles[stderr]
 
 
@@ -81,7 +93,12 @@ class _Commands(TyperGroup):
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         # --wait and --storage-option are global and may follow the command too
         # (dumpdb sql --wait 5 ...): moved before it.
-        return super().parse_args(ctx, _hoist_globals(args))
+        try:
+            return super().parse_args(ctx, _hoist_globals(args))
+        except Exception as exc:  # noqa: BLE001 - click's usage errors: one line
+            if _is_usage_error(exc):
+                _usage_line(exc)
+            raise
 
     def invoke(self, ctx: Any) -> Any:
         from dumpdb import sigint
@@ -103,6 +120,12 @@ class _Commands(TyperGroup):
             where = exc.filename or "output"
             _report(exc, f"{where}: {exc.strerror or exc}", EXIT_ERROR)
         except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, not a traceback
+            if _is_usage_error(exc):
+                _usage_line(exc)
+            if sigint.signalled():
+                # Ctrl-C while DuckDB ran a query: DuckDB turns the KeyboardInterrupt into its
+                # own "Query interrupted" error; the user pressed Ctrl-C all the same
+                _report(exc, "interrupted", EXIT_INTERRUPTED)
             if type(exc).__name__ == "Abort" and _is_cli_control(exc):
                 # click turns Ctrl-C (or end of input) at a prompt into Abort ("Aborted!", exit 1)
                 _report(exc, "interrupted", EXIT_INTERRUPTED)
@@ -118,6 +141,22 @@ class _Commands(TyperGroup):
 
 
 _GLOBAL_WITH_VALUE = ("--wait", "--storage-option")
+_GLOBAL_FLAGS = ("--no-verify",)
+
+
+def _is_usage_error(exc: BaseException) -> bool:
+    """click's UsageError (bad option, missing argument, no such command), from click or
+    the copy typer >= 0.20 vendors (matched by name)."""
+    return any(c.__name__ == "UsageError" for c in type(exc).__mro__) and _is_cli_control(exc) \
+        and type(exc).__name__ != "NoArgsIsHelpError"  # bare `dumpdb`: the help, as click prints it
+
+
+def _usage_line(exc: Any) -> None:
+    """A usage error as one line (click prints four: Usage, Try, blank, Error), exit 2."""
+    ctx = getattr(exc, "ctx", None)
+    hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+    _error_line(f"{exc.format_message()}{hint}")
+    raise typer.Exit(EXIT_ERROR)
 
 
 def _hoist_globals(args: list[str]) -> list[str]:
@@ -130,6 +169,10 @@ def _hoist_globals(args: list[str]) -> list[str]:
         if arg == "--":
             rest.extend(args[i:])
             break
+        if arg in _GLOBAL_FLAGS:
+            front.append(arg)
+            i += 1
+            continue
         if arg in _GLOBAL_WITH_VALUE:  # with its value; none given: the name and '=' (the option says what it wants)
             front += args[i:i + 2] if i + 1 < len(args) else [arg + "="]
             i += 2
@@ -230,7 +273,7 @@ def _open(path: Optional[Path], on_wait=None):
 
         return dumpdb.open(url, storage_options=_storage_options())
     return Archive(_archive_path(path), on_wait=on_wait or _wait_line, lock_timeout=_lock_timeout(),
-                   storage_options=_storage_options())
+                   storage_options=_storage_options(), verify_reads=_state.get("verify_reads", True))
 
 
 def _a(archive: Optional[Path]) -> str:
@@ -296,6 +339,11 @@ def _root(
         help="Object-storage setting (endpoint, region, access_key_id, secret_access_key, retries, ...) for an "
              "archive whose tensors are on S3 or a bundle at s3://; repeatable; overrides the AWS_* environment; "
              "secrets are never stored or printed. May also follow the command."),
+    no_verify: bool = typer.Option(
+        False, "--no-verify",
+        help="Do not hash each tensor payload read (compare, scan, ranks, first-divergence) against its "
+             "content hash; by default a damaged payload stops the command (PayloadCorrupt, naming the "
+             "pack) instead of giving wrong numbers. May also follow the command."),
 ) -> None:
     """dumpdb: ingest dumps once, then query ops, iterations and statistics with SQL.
 
@@ -305,6 +353,7 @@ def _root(
     _state["debug"] = debug
     _state["wait"] = wait
     _state["storage_options"] = storage_option
+    _state["verify_reads"] = not no_verify
     _install_warning_printer()
 
 

@@ -457,7 +457,9 @@ def _reporter(quiet: bool):
 
 def _print_report(r) -> None:
     ratio = f"{r.ratio:.2f}x" if r.ratio else "-"
-    replaced = f"{r.tensors_replaced} replaced (changed files), " if r.tensors_replaced else ""
+    changed = r.tensors_replaced - r.payloads_filled
+    replaced = (f"{changed} replaced (changed files), " if changed else "") + \
+        (f"{r.payloads_filled} statistics-only filled in with their payloads, " if r.payloads_filled else "")
     _say(f"run {r.run} ({r.layout}) -> {r.archive}\n"
          f"  tensors: {r.tensors_added} added, {replaced}{r.tensors_skipped} already there, "
          f"{r.deduplicated} deduplicated, {r.statistics_only} statistics-only, {len(r.errors)} failed\n"

@@ -121,6 +121,7 @@ class IngestReport:
     tensors_added: int = 0
     tensors_skipped: int = 0  # already in the run (files not read unless their size or mtime changed)
     tensors_replaced: int = 0  # in the run, file changed, new content stored (update=True)
+    payloads_filled: int = 0  # of them: statistics-only rows whose payload is readable now (stored by re-ingest)
     files_changed: list[tuple[str, str]] = field(default_factory=list)  # (source_file, what differs)
     deduplicated: int = 0  # added, payload already stored
     statistics_only: int = 0
@@ -435,6 +436,9 @@ class _Pipeline:
         found = self._identity()
         if self.update:
             self.replacing = dict(found.replace)
+        if found.fill:  # statistics-only rows whose payload is readable now (e.g. .pt once torch is installed)
+            self.replacing.update(found.fill)
+            report.payloads_filled = len(found.fill)
         if (self.settled and not found.touched and not self.replacing and not scan.errors
                 and all(e.key in self.held_keys for e in scan.entries)):
             report.tensors_skipped = len(scan.entries)

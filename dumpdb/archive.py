@@ -34,7 +34,7 @@ import duckdb
 from dumpdb import __version__
 from dumpdb.catalog import DEFAULT_LOCK_TIMEOUT, Catalog, one
 from dumpdb.catalog.locations import LocationIndex, TensorLocation
-from dumpdb.errors import ArchiveError, DumpdbError, PayloadCorrupt, PayloadMissing, TensorNotFound
+from dumpdb.errors import ArchiveError, DumpdbError, PayloadCorrupt, PayloadMissing, TensorNotFound, no_such_run
 
 if TYPE_CHECKING:  # numpy and pyarrow are imported where used: a query CLI starts without them
     import numpy as np
@@ -537,8 +537,7 @@ class Archive:
         with self.reader() as con:
             meta = con.sql("SELECT * FROM runs WHERE run = ?", params=[run]).to_arrow_table().to_pylist()
             if not meta:
-                known = [r[0] for r in con.execute("SELECT run FROM runs ORDER BY run").fetchall()]
-                raise DumpdbError(f"no run {run!r} in {self.path} (runs: {', '.join(known) or 'none'})")
+                raise no_such_run(run, self.path, con)
             info = meta[0]
             agg = con.execute(
                 f"""

@@ -108,7 +108,9 @@ def _verify(archive, run, sample, seed, progress, repair: bool, grace: float | N
     with archive.reader() as con:
         if run is not None:
             if not con.execute("SELECT count(*) FROM runs WHERE run = ?", [run]).fetchone()[0]:
-                raise DumpdbError(f"no run {run!r} in {archive.path}")
+                from dumpdb.errors import no_such_run
+
+                raise no_such_run(run, archive.path, con)
             # the payloads of its stored tensors; pruned tensors' payloads are not the run's any more
             where = "WHERE content_hash IN (SELECT content_hash FROM tensors WHERE run = ? AND pruned_at IS NULL)"
             params = [run]

@@ -235,7 +235,9 @@ def select_rows(con, sel: Selection, drop: Sequence[str] = ()) -> pa.Table:
     if table.num_rows == 0:
         known = con.execute("SELECT count(*) FROM runs WHERE run = ?", [sel.run]).fetchone()[0]
         if not known:
-            raise DumpdbError(f"no run {sel.run!r} in the archive")
+            from dumpdb.errors import no_such_run
+
+            raise no_such_run(sel.run, "the archive", con)
         raise DumpdbError(f"no tensors in {sel.describe()}")
     return table
 

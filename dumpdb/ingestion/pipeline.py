@@ -281,6 +281,14 @@ def ingest(
     run = run or dump_dir.resolve().name
     if not run.strip():
         raise DumpdbError("run name must not be empty")
+    if is_archive(archive):
+        _open_for_write(archive, store, storage_options)  # a read-only archive is refused before the scan
+    with confine(dump_dir, follow_symlinks):
+        # scanned before the archive is made: a dump the layout refuses (two dumps in one
+        # directory, a damaged dump.json) leaves no empty archive behind (issue 30)
+        reporter.scanning(found.path)
+        scan = lay.scan(found.path)
+        check_ranges(scan, TENSOR_SCHEMA, _RELATION_SCHEMAS)
     _open_for_write(archive, store, storage_options)
     catalog = Catalog(archive / CATALOG, lock_timeout=lock_timeout, on_wait=on_wait)
     catalog.check(writable=True)
@@ -288,9 +296,6 @@ def ingest(
     with _RunLock(archive, run), store_lock(archive, SHARED, f"ingest of run {run!r}",
                                             timeout=lock_timeout, on_wait=on_wait), \
             confine(dump_dir, follow_symlinks):
-        reporter.scanning(found.path)
-        scan = lay.scan(found.path)
-        check_ranges(scan, TENSOR_SCHEMA, _RELATION_SCHEMAS)
         report = IngestReport(run=run, archive=archive, layout=lay.name,
                               source_path=str(found.path.resolve()), tensors_in_dump=len(scan.entries))
         pipeline = _Pipeline(catalog, open_tensor_store(archive, False, storage_options), lay, scan,

@@ -436,8 +436,14 @@ class TensorStore:
             store: Store = target.zstore
         else:
             store = location if isinstance(location, Store) else DurableLocalStore(str(location), read_only=False)
-        zarr.create_group(store, attributes={"dumpdb": {"kind": "tensor-store", "layout": 1,
-                                                          **DESCRIBE["tensor-store"]}})
+        try:
+            zarr.create_group(store, attributes={"dumpdb": {"kind": "tensor-store", "layout": 1,
+                                                              **DESCRIBE["tensor-store"]}})
+        except Exception as exc:
+            # a remote PUT refused (obstore says FileNotFoundError for a missing bucket): one line
+            if not remote.is_url(location) or isinstance(exc, StorageError):
+                raise
+            raise target.objects.storage_error("create the tensor store", exc) from exc
 
     def array(self, path: str) -> zarr.Array:
         """Open (and cache) the Zarr array at ``path`` inside the store.

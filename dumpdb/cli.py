@@ -1428,12 +1428,49 @@ def layouts(
     fmt: str = FormatOpt,
     output: Optional[Path] = OutputOpt,
 ) -> None:
-    """List the dump layouts dumpdb reads, with the document each comes from."""
+    """List the dump layouts dumpdb reads, with the public document that describes each."""
     from dumpdb.layouts import LAYOUTS
 
     _check_format(fmt, output)
-    _emit(Rows(["layout", "description", "source"], [(lay.name, lay.description, lay.document) for lay in LAYOUTS]),
+    _emit(Rows(["layout", "description", "documented in"],
+               [(lay.name, lay.description, public_source(lay.document)) for lay in LAYOUTS]),
           fmt, output, footer=False)
+
+
+# The vendor documents behind the layouts' ``document`` notes ("seed NNN" are the copies the
+# project keeps of them, which a pip user never sees; issue 30): their public titles and homes.
+PUBLIC_DOCUMENTS = {
+    "seed 000": "MindSpore r1.2 docs, 'Using Dump in the Graph Mode' (mindspore.cn, gitee.com/mindspore/docs r1.2)",
+    "seed 001": "MindSpore docs, 'Dump功能调试' (mindspore.cn tutorials, debug/dump.md)",
+    "seed 002": "MindSpore r1.3 docs, 'Using Dump in the Graph Mode' (mindspore.cn)",
+    "seed 003": "Ascend CANN TensorFlow adapter docs, 'Dump Data Collection' (support.huaweicloud.com)",
+    "seed 004": "TorchAir docs, '算子输入输出dump功能（图模式）' (gitee.com/ascend/torchair)",
+}
+
+
+def public_source(document: str) -> str:
+    """A layout's ``document`` note as a user can follow it: each project copy of a vendor
+    document ("seed NNN (section)") named by its public title and section; the project's
+    own notes ("reference formats.md", "corpus ...": files not in the package) dropped, a
+    version they give (``msprobe 26.2.0``) kept."""
+    import re
+
+    out = []
+    for part in (p.strip() for p in re.split(r";(?![^()]*\))", document)):  # not inside "(...)"
+        if part.startswith("corpus "):
+            continue
+        if part.startswith("reference "):
+            found = re.search(r"\(([^)]*)\)", part)
+            if found:  # e.g. "(msprobe 26.2.0)": the tool and version the format was read from
+                out.append(f"{found.group(1)} documentation (its dump file format)")
+            continue
+        for seed in re.findall(r"seed (\d{3})", part):
+            section = re.search(rf"seed {seed}\s*\(([^)]*)\)", part)
+            doc = PUBLIC_DOCUMENTS.get(f"seed {seed}", f"seed {seed}")
+            out.append(doc + (f", section {section.group(1)}" if section else ""))
+        if not re.search(r"seed \d{3}", part):
+            out.append(part)
+    return "; ".join(dict.fromkeys(out))
 
 
 def main() -> None:

@@ -35,7 +35,7 @@ import duckdb
 from dumpdb import __version__
 from dumpdb.catalog import DEFAULT_LOCK_TIMEOUT, Catalog, one
 from dumpdb.catalog.locations import LocationIndex, TensorLocation
-from dumpdb.errors import ArchiveError, DumpdbError, PayloadCorrupt, PayloadMissing, TensorNotFound
+from dumpdb.errors import ArchiveError, DumpdbError, PayloadCorrupt, PayloadMissing, TensorNotFound, no_such_run
 from dumpdb.sql_sandbox import PrivateTemp, SqlLimits, configure, refuse_file_functions, run_interruptible
 
 if TYPE_CHECKING:  # numpy and pyarrow are imported where used: a query CLI starts without them
@@ -244,14 +244,21 @@ class Archive:
     Raises :class:`ArchiveError` if ``path`` is not an archive, and
     :class:`~dumpdb.errors.CatalogVersionError` if its schema is newer than
     this dumpdb (an older one is upgraded when the archive is writable).
+
+    ``verify_reads`` (default True): every payload read (``tensor``, ``tensors``, compare,
+    scan) is hashed again and checked against its ``content_hash``; False opts out (the
+    CLI's ``--no-verify``). A mismatch raises :class:`~dumpdb.errors.PayloadCorrupt`.
     """
 
     # bounds of sql()'s sandbox (memory, threads, statement timeout): None = SqlLimits.from_env()
     sql_limits: SqlLimits | None = None
+    verify_reads = True
 
     def __init__(self, path: str | os.PathLike, *, lock_timeout: float = DEFAULT_LOCK_TIMEOUT, on_wait=None,
-                 storage_options: dict[str, Any] | None = None, sql_limits: SqlLimits | None = None):
+                 storage_options: dict[str, Any] | None = None, sql_limits: SqlLimits | None = None,
+                 verify_reads: bool = True):
         self.path = Path(path)
+        self.verify_reads = verify_reads
         if sql_limits is not None:
             sql_limits.check()
             self.sql_limits = sql_limits
@@ -277,6 +284,7 @@ class Archive:
         """The :class:`~dumpdb.storage.store.TensorStore` (read-only), opened on first use."""
         if self._store is None:
             self._store = open_tensor_store(self.path, True, self.storage_options)
+            self._store.verify = self.verify_reads
         return self._store
 
     @property
@@ -589,8 +597,7 @@ class Archive:
         with self.reader() as con:
             meta = con.sql("SELECT * FROM runs WHERE run = ?", params=[run]).to_arrow_table().to_pylist()
             if not meta:
-                known = [r[0] for r in con.execute("SELECT run FROM runs ORDER BY run").fetchall()]
-                raise DumpdbError(f"no run {run!r} in {self.path} (runs: {', '.join(known) or 'none'})")
+                raise no_such_run(run, self.path, con)
             info = meta[0]
             agg = con.execute(
                 f"""
@@ -641,7 +648,7 @@ class Archive:
     # -- tensors -----------------------------------------------------------
     def tensor(self, tensor_id: int | None = None, *, run: str | None = None, iteration: int | None = None,
                op_name: str | None = None, io: str = "output", slot: int = 0, rank: int | None = 0,
-               graph_id: int | None = None, host_format: bool = False, verify: bool = False) -> np.ndarray:
+               graph_id: int | None = None, host_format: bool = False, verify: bool | None = None) -> np.ndarray:
         """The payload of one tensor as a numpy array, bit for bit as dumped.
 
         By id: ``tensor(17)``. By key: ``tensor(run="fp32", iteration=0,
@@ -658,8 +665,9 @@ class Archive:
         layout and ``original_shape`` (see :mod:`dumpdb.formats`); tensors already
         in a host format come back unchanged.
 
-        ``verify=True`` hashes the bytes read again (xxh3-128) and compares them
-        with the tensor's ``content_hash``.
+        The bytes read are hashed again (xxh3-128) and compared with the tensor's
+        ``content_hash`` (a damaged shard never comes back silently); ``verify=False``
+        skips that (None: the archive's ``verify_reads``, True by default).
 
         Raises :class:`TensorNotFound` when nothing (or more than one tensor)
         matches, :class:`DumpdbError` when only statistics were dumped or a
@@ -682,7 +690,7 @@ class Archive:
         return self._locations
 
     def _read_located(self, tensor_id: int, loc: TensorLocation | None, host_format: bool,
-                      verify: bool) -> np.ndarray:
+                      verify: bool | None) -> np.ndarray:
         """Read a tensor from its indexed location. Anything but a readable payload read
         cleanly (unknown id, statistics only, pruned, missing or damaged bytes) goes the
         full way: the catalog row with the file and key that messages name."""
@@ -751,7 +759,8 @@ class Archive:
         raise DumpdbError(f"{self.path} holds several runs ({shown}): say which with run=")
 
     def tensors(self, query: str, params: list | None = None, *,
-                host_format: bool = False, verify: bool = False) -> Iterator[tuple[dict[str, Any], np.ndarray | None]]:
+                host_format: bool = False, verify: bool | None = None
+                ) -> Iterator[tuple[dict[str, Any], np.ndarray | None]]:
         """Yield ``(row, array)`` for each row of ``query`` (which must return ``tensor_id``).
 
         Rows come in the query's order as dicts of its columns; ``array`` is
@@ -871,7 +880,7 @@ class Archive:
 
         return verify(self, run, **options)
 
-    def _read(self, loc: tuple, host_format: bool = False, verify: bool = False) -> np.ndarray:
+    def _read(self, loc: tuple, host_format: bool = False, verify: bool | None = None) -> np.ndarray:
         (tensor_id, dtype, shape, nbytes, content_hash, source_file, array_path, offset, count, stored,
          fmt, original_shape, original_format, pruned_at, run, op_name, io, slot) = loc
         if content_hash is None:
@@ -907,7 +916,7 @@ READ_BATCH_BYTES = 64 << 20
 
 def _read_ahead(read_located: Any, path: Path, ids: list, locations: list[TensorLocation | None],
                 rows: Iterator[dict], host_format: bool,
-                verify: bool) -> Iterator[tuple[dict[str, Any], np.ndarray | None]]:
+                verify: bool | None) -> Iterator[tuple[dict[str, Any], np.ndarray | None]]:
     """``(row, array)`` in query order, payloads read batch by batch in storage order,
     one batch ahead on a background thread (see :meth:`Archive.tensors`);
     ``read_located`` is :meth:`Archive._read_located` of the archive at ``path``."""

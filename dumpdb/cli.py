@@ -47,7 +47,19 @@ def _console(stderr: bool = False) -> Console:
     if stderr not in _consoles:
         from rich.console import Console
 
-        _consoles[stderr] = Console(stderr=stderr, highlight=False)
+        class _Console(Console):
+            def on_broken_pipe(self) -> None:
+                """The reader went away (``dumpdb sql ... | head``): rich's own handler exits 1,
+                which the README defines as "found". Go quiet instead and let the command end
+                with its own exit code (issue 30)."""
+                self.quiet = True
+                stream = sys.stderr if stderr else sys.stdout
+                try:
+                    os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+                except (OSError, ValueError):  # not a real file (tests capture it): nothing to redirect
+                    pass
+
+        _consoles[stderr] = _Console(stderr=stderr, highlight=False)
     return _consoles[stderr]
 
 
@@ -82,7 +94,12 @@ class _Commands(TyperGroup):
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         # --wait and --storage-option are global and may follow the command too
         # (dumpdb sql --wait 5 ...): moved before it.
-        return super().parse_args(ctx, _hoist_globals(args))
+        try:
+            return super().parse_args(ctx, _hoist_globals(args))
+        except Exception as exc:  # noqa: BLE001 - click's usage errors: one line
+            if _is_usage_error(exc):
+                _usage_line(exc)
+            raise
 
     def invoke(self, ctx: Any) -> Any:
         from dumpdb import sigint
@@ -104,6 +121,12 @@ class _Commands(TyperGroup):
             where = exc.filename or "output"
             _report(exc, f"{where}: {exc.strerror or exc}", EXIT_ERROR)
         except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, not a traceback
+            if _is_usage_error(exc):
+                _usage_line(exc)
+            if sigint.signalled():
+                # Ctrl-C while DuckDB ran a query: DuckDB turns the KeyboardInterrupt into its
+                # own "Query interrupted" error; the user pressed Ctrl-C all the same
+                _report(exc, "interrupted", EXIT_INTERRUPTED)
             if type(exc).__name__ == "Abort" and _is_cli_control(exc):
                 # click turns Ctrl-C (or end of input) at a prompt into Abort ("Aborted!", exit 1)
                 _report(exc, "interrupted", EXIT_INTERRUPTED)
@@ -119,6 +142,22 @@ class _Commands(TyperGroup):
 
 
 _GLOBAL_WITH_VALUE = ("--wait", "--storage-option")
+_GLOBAL_FLAGS = ("--no-verify",)
+
+
+def _is_usage_error(exc: BaseException) -> bool:
+    """click's UsageError (bad option, missing argument, no such command), from click or
+    the copy typer >= 0.20 vendors (matched by name)."""
+    return any(c.__name__ == "UsageError" for c in type(exc).__mro__) and _is_cli_control(exc) \
+        and type(exc).__name__ != "NoArgsIsHelpError"  # bare `dumpdb`: the help, as click prints it
+
+
+def _usage_line(exc: Any) -> None:
+    """A usage error as one line (click prints four: Usage, Try, blank, Error), exit 2."""
+    ctx = getattr(exc, "ctx", None)
+    hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+    _error_line(f"{exc.format_message()}{hint}")
+    raise typer.Exit(EXIT_ERROR)
 
 
 def _hoist_globals(args: list[str]) -> list[str]:
@@ -131,6 +170,10 @@ def _hoist_globals(args: list[str]) -> list[str]:
         if arg == "--":
             rest.extend(args[i:])
             break
+        if arg in _GLOBAL_FLAGS:
+            front.append(arg)
+            i += 1
+            continue
         if arg in _GLOBAL_WITH_VALUE:  # with its value; none given: the name and '=' (the option says what it wants)
             front += args[i:i + 2] if i + 1 < len(args) else [arg + "="]
             i += 2
@@ -231,7 +274,7 @@ def _open(path: Optional[Path], on_wait=None):
 
         return dumpdb.open(url, storage_options=_storage_options())
     return Archive(_archive_path(path), on_wait=on_wait or _wait_line, lock_timeout=_lock_timeout(),
-                   storage_options=_storage_options())
+                   storage_options=_storage_options(), verify_reads=_state.get("verify_reads", True))
 
 
 def _a(archive: Optional[Path]) -> str:
@@ -297,6 +340,11 @@ def _root(
         help="Object-storage setting (endpoint, region, access_key_id, secret_access_key, retries, ...) for an "
              "archive whose tensors are on S3 or a bundle at s3://; repeatable; overrides the AWS_* environment; "
              "secrets are never stored or printed. May also follow the command."),
+    no_verify: bool = typer.Option(
+        False, "--no-verify",
+        help="Do not hash each tensor payload read (compare, scan, ranks, first-divergence) against its "
+             "content hash; by default a damaged payload stops the command (PayloadCorrupt, naming the "
+             "pack) instead of giving wrong numbers. May also follow the command."),
 ) -> None:
     """dumpdb: ingest dumps once, then query ops, iterations and statistics with SQL.
 
@@ -306,6 +354,7 @@ def _root(
     _state["debug"] = debug
     _state["wait"] = wait
     _state["storage_options"] = storage_option
+    _state["verify_reads"] = not no_verify
     _install_warning_printer()
 
 
@@ -409,7 +458,9 @@ def _reporter(quiet: bool):
 
 def _print_report(r) -> None:
     ratio = f"{r.ratio:.2f}x" if r.ratio else "-"
-    replaced = f"{r.tensors_replaced} replaced (changed files), " if r.tensors_replaced else ""
+    changed = r.tensors_replaced - r.payloads_filled
+    replaced = (f"{changed} replaced (changed files), " if changed else "") + \
+        (f"{r.payloads_filled} statistics-only filled in with their payloads, " if r.payloads_filled else "")
     _say(f"run {r.run} ({r.layout}) -> {r.archive}\n"
          f"  tensors: {r.tensors_added} added, {replaced}{r.tensors_skipped} already there, "
          f"{r.deduplicated} deduplicated, {r.statistics_only} statistics-only, {len(r.errors)} failed\n"
@@ -1407,12 +1458,49 @@ def layouts(
     fmt: str = FormatOpt,
     output: Optional[Path] = OutputOpt,
 ) -> None:
-    """List the dump layouts dumpdb reads, with the document each comes from."""
+    """List the dump layouts dumpdb reads, with the public document that describes each."""
     from dumpdb.layouts import LAYOUTS
 
     _check_format(fmt, output)
-    _emit(Rows(["layout", "description", "source"], [(lay.name, lay.description, lay.document) for lay in LAYOUTS]),
+    _emit(Rows(["layout", "description", "documented in"],
+               [(lay.name, lay.description, public_source(lay.document)) for lay in LAYOUTS]),
           fmt, output, footer=False)
+
+
+# The vendor documents behind the layouts' ``document`` notes ("seed NNN" are the copies the
+# project keeps of them, which a pip user never sees; issue 30): their public titles and homes.
+PUBLIC_DOCUMENTS = {
+    "seed 000": "MindSpore r1.2 docs, 'Using Dump in the Graph Mode' (mindspore.cn, gitee.com/mindspore/docs r1.2)",
+    "seed 001": "MindSpore docs, 'Dump功能调试' (mindspore.cn tutorials, debug/dump.md)",
+    "seed 002": "MindSpore r1.3 docs, 'Using Dump in the Graph Mode' (mindspore.cn)",
+    "seed 003": "Ascend CANN TensorFlow adapter docs, 'Dump Data Collection' (support.huaweicloud.com)",
+    "seed 004": "TorchAir docs, '算子输入输出dump功能（图模式）' (gitee.com/ascend/torchair)",
+}
+
+
+def public_source(document: str) -> str:
+    """A layout's ``document`` note as a user can follow it: each project copy of a vendor
+    document ("seed NNN (section)") named by its public title and section; the project's
+    own notes ("reference formats.md", "corpus ...": files not in the package) dropped, a
+    version they give (``msprobe 26.2.0``) kept."""
+    import re
+
+    out = []
+    for part in (p.strip() for p in re.split(r";(?![^()]*\))", document)):  # not inside "(...)"
+        if part.startswith("corpus "):
+            continue
+        if part.startswith("reference "):
+            found = re.search(r"\(([^)]*)\)", part)
+            if found:  # e.g. "(msprobe 26.2.0)": the tool and version the format was read from
+                out.append(f"{found.group(1)} documentation (its dump file format)")
+            continue
+        for seed in re.findall(r"seed (\d{3})", part):
+            section = re.search(rf"seed {seed}\s*\(([^)]*)\)", part)
+            doc = PUBLIC_DOCUMENTS.get(f"seed {seed}", f"seed {seed}")
+            out.append(doc + (f", section {section.group(1)}" if section else ""))
+        if not re.search(r"seed \d{3}", part):
+            out.append(part)
+    return "; ".join(dict.fromkeys(out))
 
 
 def main() -> None:

@@ -50,7 +50,17 @@ class CatalogCorrupt(ArchiveError):
 
 
 class RunNotFound(DumpdbError, LookupError):
-    """No run of that name in the archive."""
+    """No run of that name in the archive (see :func:`no_such_run`)."""
+
+
+def no_such_run(run: str, where: object, con) -> RunNotFound:
+    """The one error for a run name the archive at ``where`` lacks, listing the runs it
+    has (the first 10, then how many more) so a mistyped name is fixed at once (issue 30).
+    ``con`` is a DuckDB connection to the catalog (anything with ``execute``)."""
+    known = [r[0] for r in con.execute("SELECT run FROM runs ORDER BY run LIMIT 11").fetchall()]
+    total = con.execute("SELECT count(*) FROM runs").fetchone()[0] if len(known) > 10 else len(known)
+    shown = ", ".join(known[:10]) + (f", ... ({total} in all)" if total > 10 else "")
+    return RunNotFound(f"no run {run!r} in {where} (runs: {shown or 'none'})")
 
 
 class TensorNotFound(DumpdbError, LookupError):

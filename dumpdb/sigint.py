@@ -22,12 +22,20 @@ from contextlib import contextmanager
 
 EXIT_INTERRUPTED = 130
 MESSAGE = "interrupted"
-_state = {"graceful": 0, "said": False}
+_state = {"graceful": 0, "said": False, "signalled": False}
 
 
 def reset() -> None:
-    """Forget that the line was printed (a new command in the same process: tests, embedding)."""
+    """Forget that the line was printed and that SIGINT came (a new command in the same
+    process: tests, embedding)."""
     _state["said"] = False
+    _state["signalled"] = False
+
+
+def signalled() -> bool:
+    """True if SIGINT came since :func:`reset`: an error raised then is the interruption
+    (DuckDB answers a Ctrl-C during a query with its own ``Query interrupted`` error)."""
+    return bool(_state["signalled"])
 
 
 def say_interrupted() -> bool:
@@ -39,6 +47,7 @@ def say_interrupted() -> bool:
 
 
 def _handler(signum, frame) -> None:
+    _state["signalled"] = True
     if _state["graceful"]:
         raise KeyboardInterrupt
     if say_interrupted():

@@ -15,7 +15,9 @@ Three figures, each a ratio against a baseline timed in the same process, altern
    (target <= 2.5x);
 4. repeated queries: p50/p99 of ``a.sql(q)`` (``q`` counts the tensors of a run) with ``a``
    opened once (no ``with``) and inside ``with``, against the same query on a DuckDB
-   connection kept open (which, unlike ``a``, locks writers out while it is open).
+   connection kept open (which, unlike ``a``, locks writers out while it is open);
+5. the read check: ``a.tensor(id)`` (every payload hashed again) against
+   ``a.tensor(id, verify=False)``, small p50/p99 and large total time.
 
     python scripts/bench_read.py --dump DIR [--archive A] [--samples 400] [--large 5] [--runs 11]
 
@@ -129,6 +131,40 @@ def bench_large(archive: Path, ids: list[int], files: dict[int, Path], repeats: 
     return rows
 
 
+def bench_verify(archive: Path, small: list[int], large: list[int], repeats: int) -> list[tuple[str, str]]:
+    """The cost of the read check (every payload hashed again, xxh3-128, issue 30):
+    ``a.tensor(id)`` (checked, the default) against ``a.tensor(id, verify=False)`` (the
+    read as it was before the check), alternated read by read on one archive."""
+    import dumpdb
+
+    a = dumpdb.open(archive)
+    rows = []
+    for label, ids, n in (("small", small, 1), ("large", large, repeats)):
+        if not ids:
+            continue
+        on: list[float] = []
+        off: list[float] = []
+        for tid in ids:
+            a.tensor(tid), a.tensor(tid, verify=False)  # warm
+            for _ in range(n):
+                t0 = time.perf_counter()
+                a.tensor(tid)
+                t1 = time.perf_counter()
+                a.tensor(tid, verify=False)
+                t2 = time.perf_counter()
+                on.append(t1 - t0)
+                off.append(t2 - t1)
+        if label == "small":
+            rows.append(("check small: on / off", f"p50 {ms(pct(on, 0.5))} / {ms(pct(off, 0.5))}   "
+                                                  f"p99 {ms(pct(on, 0.99))} / {ms(pct(off, 0.99))}   "
+                                                  f"target p99 <= 2 ms: {'PASS' if pct(on, 0.99) <= 2e-3 else 'MISS'}"))
+        else:
+            r = sum(on) / sum(off)
+            rows.append(("check large: on / off", f"total {ms(sum(on))} / {ms(sum(off))} = {r:.3f}x   "
+                                                  f"target <= 1.10: {'PASS' if r <= 1.10 else 'MISS'}"))
+    return rows
+
+
 def bench_sql(archive: Path, samples: int) -> list[tuple[str, str]]:
     """Repeated ``a.sql()``: open-once, with-block, a kept DuckDB connection; interleaved."""
     import duckdb
@@ -201,6 +237,7 @@ def main() -> None:
             table += bench_small(archive, sample, files)
         if large:
             table += bench_large(archive, large, files, args.repeats)
+        table += bench_verify(archive, sample, large, args.repeats)
         table += bench_cli(archive, args.runs)
         table += bench_sql(archive, args.samples // 4 or 1)
     print(f"\n== dumpdb read benchmark (dumpdb from {Path(dumpdb.__file__).parent}) ==")

@@ -25,7 +25,8 @@ def test_bench_read_prints_each_target_line(tmp_path):
     out = _run(str(REPO / "scripts" / "bench_read.py"), "--dump", str(ms_case("c1_inputs_kernels_iter")),
                "--samples", "20", "--large", "1", "--runs", "1", "--repeats", "1", cwd=tmp_path)
     for label in ("small p99 open, no with", "small p99 with", "large: worst ratio", "cli / duckdb",
-                  "a.sql() open once", "a.sql() with", "the kept connection"):
+                  "a.sql() open once", "a.sql() with", "the kept connection", "check small: on / off",
+                  "check large: on / off"):
         assert label in out, out
     assert "np.load" in out and "target" in out
 

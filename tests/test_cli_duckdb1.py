@@ -46,3 +46,30 @@ def test_duckdb_1x_opens_the_catalog(tmp_path):
     assert proc.returncode == 0, proc.stderr
     version, count = proc.stdout.split()
     assert version.startswith("1.") and int(count) == 42
+
+
+def test_duckdb_1x_opens_an_archive_migrated_from_schema_v1(tmp_path):
+    """Issue 30: migrating kept the old file's storage format (DuckDB 2's default, which
+    1.x refuses with "version number 999"); the migrated catalog is rewritten portable."""
+    import shutil
+
+    from conftest import DATA
+
+    from dumpdb.catalog.connection import PORTABLE_STORAGE_NUMBER, storage_number
+
+    archive = tmp_path / "old.dumpdb"
+    shutil.copytree(DATA / "archives" / "schema_v1_c1.dumpdb", archive)
+    assert storage_number(archive / "catalog.duckdb") > PORTABLE_STORAGE_NUMBER  # the case: a 2.x-only file
+    a = dumpdb.open(archive)  # migrates
+    assert storage_number(archive / "catalog.duckdb") <= PORTABLE_STORAGE_NUMBER
+    assert a.show("c1")["tensors"] == 42
+    assert dumpdb.ingest(ms_case("f_long_names"), archive=archive, run="f").tensors_added == 66
+    ids = dumpdb.open(archive).sql("SELECT min(tensor_id) AS lo, max(tensor_id) AS hi FROM tensors").to_pylist()[0]
+    assert (ids["lo"], ids["hi"]) == (1, 108)  # the tensor_id sequence went on from where it was
+    code = ("import sys, duckdb; con = duckdb.connect(sys.argv[1], read_only=True); "
+            "print(duckdb.__version__, con.sql('SELECT count(*) FROM tensors').fetchone()[0])")
+    proc = subprocess.run([duckdb1_python(), "-c", code, str(archive / "catalog.duckdb")], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    version, count = proc.stdout.split()
+    assert version.startswith("1.") and int(count) == 108

@@ -59,9 +59,9 @@ def test_layout_option_overrides_detection(tmp_path):
     # a layout that does not fit the dump: exit 2, one line naming what is wrong
     wrong = CliRunner().invoke(app, ["ingest", str(ms_case("f_long_names")), "-a", str(tmp_path / "b.dumpdb"),
                                      "--layout", "msprobe", "-q"])
-    # (the archive was made before the layout's scan failed: it says so, issue 19)
-    assert wrong.exit_code == 2 and wrong.output.splitlines()[0] == f"created archive {tmp_path / 'b.dumpdb'}"
-    assert "f_long_names" in wrong.output and wrong.output.count("\n") == 2
+    # the dump is scanned before the archive is made: a refused dump leaves none (issue 30)
+    assert wrong.exit_code == 2 and wrong.output.startswith("error: ") and wrong.output.count("\n") == 1
+    assert "f_long_names" in wrong.output and not (tmp_path / "b.dumpdb").exists()
     bad = CliRunner().invoke(app, ["ingest", str(ms_case("f_long_names")), "-a", str(tmp_path / "b.dumpdb"),
                                    "--layout", "no-such-layout"])
     assert bad.exit_code == 2 and "no-such-layout" in bad.output

@@ -8,6 +8,7 @@ replaced), as a data-parallel job with one bad card would look.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -108,6 +109,9 @@ def test_cli_ranks_and_scan_across_ranks(archive):
     assert res.exit_code == 2 and "nope" in res.output
 
 
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None,
+                    reason="tensor_mix's payloads are .pt files: reading them needs PyTorch (pip install "
+                           "'dumpdb[torch]'; .ci/run installs it); without it there are no payload bytes to share")
 def test_identical_payloads_shared_across_ranks(tmp_path):
     (proc,) = (TENSOR_MIX / "step0").glob("proc*")
     dump = _replicate(proc, tmp_path / "tp", 3)

@@ -279,3 +279,23 @@ def test_readme_test_command_is_what_ci_runs():
     assert ci_pytest == [readme_pytest]
     assert "--cov=dumpdb" in readme_pytest and "--cov-branch" in readme_pytest
     assert "apt-get install -y" in ci and "chromium" in ci
+
+
+def test_the_five_common_jobs_come_first_and_each_runs(work):
+    """Issue 30: a table of contents, the five common jobs first (ingest, query, find the first
+    NaN, compare two runs, archive), each with its one command that runs as written, terms defined."""
+    heads = re.findall(r"^## (.+)$", re.sub(r"^```.*?^```", "", README, flags=re.M | re.S), re.M)
+    assert heads[:4] == ["Contents", "Quick start", "The five common jobs", "Terms"]
+    toc = section("Contents")
+    assert all(f"[{h}](#" in toc for h in heads[1:])
+    jobs = section("The five common jobs")
+    titles = re.findall(r"^### (.+)$", jobs, re.M)
+    assert titles == ["Ingest a dump", "Query it", "Find the first NaN/Inf", "Compare two runs", "Archive runs"]
+    for title in titles:
+        (block,) = blocks(section(title))
+        (argv,) = commands(block)  # one command each
+        _run_block_commands(block, work)
+    assert (work / "lenet-fp32.zip").is_file()
+    terms = section("Terms")
+    for term in ("archive", "run", "rank", "iteration", "target", "bench", "pair", "payload", "selection"):
+        assert f"**{term}**" in terms, term

@@ -96,7 +96,9 @@ def _check_selection(con, run: str, column: str, ranges: list[tuple[int, int]] |
 
 def _require_run(con, run: str) -> None:
     if not con.execute("SELECT count(*) FROM runs WHERE run = ?", [run]).fetchone()[0]:
-        raise DumpdbError(f"no run {run!r} in the archive")
+        from dumpdb.errors import no_such_run
+
+        raise no_such_run(run, "the archive", con)
 
 
 def prune(archive, run: str, iterations: str | None = None, ranks: str | None = None) -> int:

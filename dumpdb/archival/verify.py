@@ -66,7 +66,8 @@ class VerifyReport:
 
 def _payload_bytes(store, row: dict) -> np.ndarray:
     """The stored bytes of one blob, as uint8."""
-    data = store.read_payload(row["array_path"], row["elem_offset"], row["elem_count"] or 0, row["content_hash"])
+    data = store.read_payload(row["array_path"], row["elem_offset"], row["elem_count"] or 0, row["content_hash"],
+                              verify=False)  # hashed below, where damage is recorded rather than raised
     return np.ascontiguousarray(data).reshape(-1).view(np.uint8)
 
 
@@ -107,7 +108,9 @@ def _verify(archive, run, sample, seed, progress, repair: bool, grace: float | N
     with archive.reader() as con:
         if run is not None:
             if not con.execute("SELECT count(*) FROM runs WHERE run = ?", [run]).fetchone()[0]:
-                raise DumpdbError(f"no run {run!r} in {archive.path}")
+                from dumpdb.errors import no_such_run
+
+                raise no_such_run(run, archive.path, con)
             # the payloads of its stored tensors; pruned tensors' payloads are not the run's any more
             where = "WHERE content_hash IN (SELECT content_hash FROM tensors WHERE run = ? AND pruned_at IS NULL)"
             params = [run]

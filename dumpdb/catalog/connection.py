@@ -48,6 +48,23 @@ DEFAULT_LOCK_TIMEOUT = float(os.environ.get("DUMPDB_LOCK_TIMEOUT", "120"))
 # versions and format") so every DuckDB >= 1.4 opens it. Checked by
 # tests/test_cli_duckdb1.py with the latest duckdb<2 from PyPI.
 STORAGE_COMPATIBILITY = "v1.4.0"
+# The storage version number a file of that format carries in its header (DuckDB's main
+# header: checksum u64, "DUCK", version u64). DuckDB 2's own default is 999, which 1.x
+# refuses ("version number 999"): catalogs made before STORAGE_COMPATIBILITY was set, and
+# the schema-v1 archive in tests/data, have it (issue 30).
+PORTABLE_STORAGE_NUMBER = 67
+
+
+def storage_number(path: Path) -> int | None:
+    """The storage version number in a DuckDB file's header; None if it is not one."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(20)
+    except OSError:
+        return None
+    if len(head) < 20 or head[8:12] != b"DUCK":
+        return None
+    return int.from_bytes(head[12:20], "little")
 
 
 def is_lock_error(exc: Exception) -> bool:
@@ -313,6 +330,8 @@ class Catalog:
                     raise CatalogCorrupt(f"{self.path}: catalog lacks the table(s) {', '.join(sorted(missing))} "
                                          "(damaged); restore it from backups/ or a bundle")
         if current == latest:
+            if writable:
+                self.make_portable()
             return current
         if current > latest:
             raise CatalogVersionError(
@@ -325,7 +344,50 @@ class Catalog:
                 "but the archive is read-only; run 'dumpdb migrate' with write access"
             )
         self.migrate()
+        self.make_portable()
         return latest
+
+    def make_portable(self) -> bool:
+        """Rewrite the catalog in the storage format DuckDB >= 1.4 reads
+        (``STORAGE_COMPATIBILITY``) if its file has a newer one; True if it was rewritten.
+
+        A migration changes the schema in place and keeps the file's format, so an archive
+        from before that setting (DuckDB 2's default format) stayed unreadable to DuckDB 1.x
+        (issue 30). The copy (``COPY FROM DATABASE``: tables, rows, sequences with their
+        values, constraints, comments) is made while this process holds the only
+        read-write connection, written beside the catalog, fsynced and renamed over it:
+        a crash leaves the old file whole.
+        """
+        number = storage_number(self.path)
+        if number is None or number <= PORTABLE_STORAGE_NUMBER:
+            return False
+        tmp = self.path.with_name(f"{self.path.name}.portable-{os.getpid()}")
+        con = self.connect(read_only=False)
+        try:
+            with self._errors_mapped():
+                number = storage_number(self.path)  # another process may have done it meanwhile
+                if number is None or number <= PORTABLE_STORAGE_NUMBER:
+                    return False
+                tmp.unlink(missing_ok=True)
+                con.execute("CHECKPOINT")
+                name = con.execute("SELECT current_database()").fetchone()[0]  # type: ignore[index]
+                con.execute(f"ATTACH '{_sql_text(tmp)}' AS dumpdb_portable (STORAGE_VERSION '{STORAGE_COMPATIBILITY}')")
+                try:
+                    con.execute(f'COPY FROM DATABASE "{name}" TO dumpdb_portable')
+                finally:
+                    con.execute("DETACH dumpdb_portable")
+                with open(tmp, "rb+") as f:
+                    os.fsync(f.fileno())
+                os.replace(tmp, self.path)
+                dir_fd = os.open(self.path.parent, os.O_RDONLY)
+                try:
+                    os.fsync(dir_fd)
+                finally:
+                    os.close(dir_fd)
+                return True
+        finally:
+            con.close()
+            tmp.unlink(missing_ok=True)
 
     def migrate(self) -> list[Migration]:
         """Apply pending migrations, backing the catalog up first. Returns those applied.
@@ -407,3 +469,8 @@ def insert_arrow(
         con.execute(f"{verb} {table} BY NAME SELECT {prefix} * FROM {name}")
     finally:
         con.unregister(name)
+
+
+def _sql_text(path: Path) -> str:
+    """``path`` inside a single-quoted SQL string."""
+    return str(path).replace("'", "''")

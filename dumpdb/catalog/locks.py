@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
-from dumpdb.catalog.waiting import told
+from dumpdb.catalog.waiting import one_line, told
 from dumpdb.errors import ArchiveError
 
 SHARED = "shared"
@@ -78,7 +78,8 @@ def describe_holders(archive: Path) -> str:
     found = holders(archive)
     if not found:
         return "another dumpdb process"
-    return ", ".join(f"{h.get('what', 'dumpdb')} (pid {h['pid']}, for {_age(h['age'])})" for h in found)
+    return ", ".join(f"{one_line(str(h.get('what', 'dumpdb')))} (pid {h['pid']}, for {_age(h['age'])})"
+                     for h in found)
 
 
 @contextmanager

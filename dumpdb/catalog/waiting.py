@@ -81,13 +81,20 @@ def _args_of(pid: int) -> list[str] | None:
     return [a.decode(errors="replace") for a in raw.split(b"\0") if a] or None
 
 
+def one_line(text: str) -> str:
+    """``text`` as one line of printable characters: whitespace runs (newlines of a
+    ``python -c '...'`` holder, tabs) become one space, other control characters ``?``."""
+    return "".join(c if c.isprintable() else "?" for c in " ".join(text.split()))
+
+
 def command_of(pid: int) -> str | None:
-    """The command line of process ``pid`` (from ``/proc``), shortened to 60 characters;
-    None if unreadable."""
+    """The command line of process ``pid`` (from ``/proc``) on one line (:func:`one_line`:
+    the lock-wait line stays one line, issue 30), shortened to 60 characters; None if
+    unreadable."""
     args = _args_of(pid)
     if args is None:
         return None
-    text = " ".join([os.path.basename(args[0]), *args[1:]])
+    text = one_line(" ".join([os.path.basename(args[0]), *args[1:]]))
     return text if len(text) <= 60 else text[:57] + "..."
 
 
@@ -102,7 +109,7 @@ def _dumpdb_record(archive: Path, pid: int) -> str | None:
     """What a dumpdb process ``pid`` said it does in the archive's store-lock records."""
     for path in (archive / "locks" / "holders").glob(f"{pid}-*.json"):
         try:
-            return str(json.loads(path.read_text(encoding="utf-8"))["what"])
+            return one_line(str(json.loads(path.read_text(encoding="utf-8"))["what"]))
         except (OSError, ValueError, KeyError, TypeError):
             continue
     return None

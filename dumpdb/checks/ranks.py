@@ -40,7 +40,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from dumpdb.errors import RunNotFound
+from dumpdb.errors import no_such_run
 
 _TENSORS_SQL = """
 SELECT t.tensor_id, t.rank, t.iteration, t.op_name, t.scope_name, t.io, t.slot, t.slot_path, t.arg_name,
@@ -97,7 +97,8 @@ def _digest(items) -> str:
 
 def _rank_rows(archive, run: str, iteration: int | None, bad_only: bool = False) -> dict[Any, list[dict]]:
     if not archive.sql("SELECT 1 FROM runs WHERE run = $run", {"run": run}).num_rows:
-        raise RunNotFound(f"run {run!r} not found in {archive.path}")
+        with archive.reader() as con:
+            raise no_such_run(run, archive.path, con)
     where = ("" if iteration is None else "AND t.iteration = $it") + (f" AND {_BAD}" if bad_only else "")
     params: dict[str, Any] = {"run": run}
     if iteration is not None:

@@ -651,8 +651,10 @@ def _hold(archive: Archive) -> Iterator[None]:
 
 def _check_selection(archive: Archive, run: str, iteration: int | None, rank: int | None) -> None:
     if archive.sql("SELECT 1 FROM runs WHERE run = $run", {"run": run}).num_rows == 0:
-        known = archive.sql("SELECT run FROM runs ORDER BY run").column("run").to_pylist()
-        raise DumpdbError(f"no run {run!r} in {archive.path} (runs: {', '.join(known) or 'none'})")
+        from dumpdb.errors import no_such_run
+
+        with archive.reader() as con:
+            raise no_such_run(run, archive.path, con)
     for column, value in (("iteration", iteration), ("rank", rank)):
         if value is None:
             continue

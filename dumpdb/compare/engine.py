@@ -235,7 +235,9 @@ def select_rows(con, sel: Selection, drop: Sequence[str] = ()) -> pa.Table:
     if table.num_rows == 0:
         known = con.execute("SELECT count(*) FROM runs WHERE run = ?", [sel.run]).fetchone()[0]
         if not known:
-            raise DumpdbError(f"no run {sel.run!r} in the archive")
+            from dumpdb.errors import no_such_run
+
+            raise no_such_run(sel.run, "the archive", con)
         raise DumpdbError(f"no tensors in {sel.describe()}")
     return table
 
@@ -284,8 +286,8 @@ def _ranges(t: dict, b: dict):
 
 
 def _read(store, loc: tuple) -> np.ndarray:
-    array_path, offset, count, dtype, shape, _ = loc
-    return store.read(array_path, offset, count or 0, from_catalog_name(dtype), tuple(shape))
+    array_path, offset, count, dtype, shape, content_hash = loc
+    return store.read(array_path, offset, count or 0, from_catalog_name(dtype), tuple(shape), content_hash)
 
 
 def _read_many(store, locs: list[tuple]) -> list[np.ndarray]:
@@ -294,7 +296,7 @@ def _read_many(store, locs: list[tuple]) -> list[np.ndarray]:
     for loc in locs:
         if loc[3] not in dtypes:
             dtypes[loc[3]] = from_catalog_name(loc[3])
-    return store.read_many([(loc[0], loc[1], loc[2] or 0, dtypes[loc[3]], tuple(loc[4])) for loc in locs])
+    return store.read_many([(loc[0], loc[1], loc[2] or 0, dtypes[loc[3]], tuple(loc[4]), loc[5]) for loc in locs])
 
 
 def _read_pair(store, t: tuple, b: tuple) -> tuple[np.ndarray, np.ndarray]:
@@ -355,7 +357,7 @@ def _metrics_of(a: np.ndarray, c: np.ndarray, ranges=None) -> tuple[dict, str | 
 _WORKER_STORE = None
 
 
-def _init_worker(zstore) -> None:
+def _init_worker(zstore, verify: bool = True) -> None:
     global _WORKER_STORE
     from dumpdb.storage.store import TensorStore
 
@@ -363,7 +365,7 @@ def _init_worker(zstore) -> None:
     # contend with the other workers (measured: 2 processes 13 s -> 3 s).
     threadpool_limits(1, user_api="blas")
     registry.load_plugins()
-    _WORKER_STORE = TensorStore(zstore, read_only=True)
+    _WORKER_STORE = TensorStore(zstore, read_only=True, verify=verify)  # the parent's opt-out, if any
 
 
 def _pair_metrics_in_worker(t: tuple, b: tuple, ranges=None) -> tuple[dict, str | None]:
@@ -533,7 +535,7 @@ def _pool(archive, tensor_bytes: int, mode, workers: int):
     if workers > 1 and (tensor_bytes >= PROCESS_MIN_BYTES or many):
         ctx = multiprocessing.get_context("forkserver")
         pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
-                                   initargs=(archive.store.zstore,))
+                                   initargs=(archive.store.zstore, archive.store.verify))
         return pool, lambda t, b: pool.submit(_pair_metrics_in_worker, _loc(t), _loc(b), _ranges(t, b))
     pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="dumpdb-compare")
     store = archive.store

@@ -14,7 +14,9 @@ copied without ``-p`` get new mtimes, so mtime is not compared); ``verify_hash``
 reads and hashes every file the run holds. Rows ingested before migration 009 have no
 size or mtime: they are checked by name only (and by hash with ``verify_hash``).
 
-Statistics-only rows (no payload file) are not checked.
+Statistics-only rows (no payload file) are not checked; one whose file the layout can
+read now (a ``.pt`` dump ingested without PyTorch, re-ingested with it) is **filled in**:
+its payload is read and stored, its row replaced (``IdentityPlan.fill``; issue 30).
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class IdentityPlan:
     missing: list[str] = field(default_factory=list)
     replace: dict[str, str] = field(default_factory=dict)
     touched: list[dict] = field(default_factory=list)
+    fill: dict[str, str] = field(default_factory=dict)  # statistics-only rows whose payload is readable now
 
 
 def file_identity(path: str | None) -> tuple[int, int] | None:
@@ -87,6 +90,9 @@ def plan(held: Iterable[Held], entries: Iterable[TensorEntry], *, moved: bool, v
         if entry is None:
             if moved:
                 result.missing.append(h.source_file)
+            continue
+        if h.content_hash is None and entry.path is not None:
+            result.fill[h.tensor_key] = ""  # stored statistics-only, its payload readable now: fill it in
             continue
         if entry.path is None or h.content_hash is None:
             continue  # statistics only

@@ -47,7 +47,7 @@ import pyarrow.parquet as pq
 
 from dumpdb import __version__
 from dumpdb.archival.bundle_check import sha256
-from dumpdb.archive import CATALOG, check_marker, is_archive, open_tensor_store
+from dumpdb.archive import CATALOG, check_marker, create_archive, is_archive, open_tensor_store
 from dumpdb.catalog import DEFAULT_LOCK_TIMEOUT, Catalog, insert_arrow, schema
 from dumpdb.catalog.locks import SHARED, store_lock
 from dumpdb.dumpio import confine
@@ -176,7 +176,7 @@ def ingest_worker(
     """Ingest the dump at ``dump_dir`` (a node's own ranks) as part ``part`` of run ``run``
     into ``archive`` without writing its catalog (see the module docstring's protocol).
 
-    ``archive`` must exist (``dumpdb commit`` or any ingest creates it); ``part``: letters,
+    ``archive`` is created if missing (once the dump is found); ``part``: letters,
     digits, ``._-`` (e.g. ``node3``); ``run`` defaults to the dump directory's name. The
     other options are :func:`dumpdb.ingestion.pipeline.ingest`'s (``storage_options``: for an
     archive whose store is on object storage, overlaying what it remembers). Returns an
@@ -189,12 +189,13 @@ def ingest_worker(
     if not _PART_RE.match(part):
         raise ArchiveError(f"--part {part!r}: use 1-100 letters, digits, '.', '_' or '-' (e.g. node3)")
     dump_dir, archive = Path(dump_dir), Path(archive)
-    if not is_archive(archive):
-        raise ArchiveError(f"{archive}: no archive there; create it first (dumpdb commit --archive {archive} "
-                           "creates an empty one)")
-    check_marker(archive)
     found = locate(dump_dir, layout)
     lay: Layout = found.layout
+    if not is_archive(archive):
+        # the README's sequence (ingest-worker on each node, then one commit) starts from no
+        # archive: the first worker makes it, as ingest does (nodes racing to: each finds it made)
+        create_archive(archive, None, storage_options)
+    check_marker(archive)
     run = run or dump_dir.resolve().name
     if not run.strip():
         raise DumpdbError("run name must not be empty")

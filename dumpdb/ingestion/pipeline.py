@@ -121,6 +121,7 @@ class IngestReport:
     tensors_added: int = 0
     tensors_skipped: int = 0  # already in the run (files not read unless their size or mtime changed)
     tensors_replaced: int = 0  # in the run, file changed, new content stored (update=True)
+    payloads_filled: int = 0  # of them: statistics-only rows whose payload is readable now (stored by re-ingest)
     files_changed: list[tuple[str, str]] = field(default_factory=list)  # (source_file, what differs)
     deduplicated: int = 0  # added, payload already stored
     statistics_only: int = 0
@@ -280,6 +281,14 @@ def ingest(
     run = run or dump_dir.resolve().name
     if not run.strip():
         raise DumpdbError("run name must not be empty")
+    if is_archive(archive):
+        _open_for_write(archive, store, storage_options)  # a read-only archive is refused before the scan
+    with confine(dump_dir, follow_symlinks):
+        # scanned before the archive is made: a dump the layout refuses (two dumps in one
+        # directory, a damaged dump.json) leaves no empty archive behind (issue 30)
+        reporter.scanning(found.path)
+        scan = lay.scan(found.path)
+        check_ranges(scan, TENSOR_SCHEMA, _RELATION_SCHEMAS)
     _open_for_write(archive, store, storage_options)
     catalog = Catalog(archive / CATALOG, lock_timeout=lock_timeout, on_wait=on_wait)
     catalog.check(writable=True)
@@ -287,9 +296,6 @@ def ingest(
     with _RunLock(archive, run), store_lock(archive, SHARED, f"ingest of run {run!r}",
                                             timeout=lock_timeout, on_wait=on_wait), \
             confine(dump_dir, follow_symlinks):
-        reporter.scanning(found.path)
-        scan = lay.scan(found.path)
-        check_ranges(scan, TENSOR_SCHEMA, _RELATION_SCHEMAS)
         report = IngestReport(run=run, archive=archive, layout=lay.name,
                               source_path=str(found.path.resolve()), tensors_in_dump=len(scan.entries))
         pipeline = _Pipeline(catalog, open_tensor_store(archive, False, storage_options), lay, scan,
@@ -435,6 +441,9 @@ class _Pipeline:
         found = self._identity()
         if self.update:
             self.replacing = dict(found.replace)
+        if found.fill:  # statistics-only rows whose payload is readable now (e.g. .pt once torch is installed)
+            self.replacing.update(found.fill)
+            report.payloads_filled = len(found.fill)
         if (self.settled and not found.touched and not self.replacing and not scan.errors
                 and all(e.key in self.held_keys for e in scan.entries)):
             report.tensors_skipped = len(scan.entries)

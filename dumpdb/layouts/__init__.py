@@ -152,9 +152,11 @@ def locate(root: Path, layout: str | None = None) -> Detection:
         raise LayoutError(f"{root}: holds {len(found)} {layout} dumps ({listed}); ingest one directory at a time")
     found = detect_all(root)
     if not found:
-        looked = "; ".join(f"{lay.name}: {lay.description}" for lay in LAYOUTS)
-        raise LayoutError(f"{root}: not a dump dumpdb recognises (looked up to {MAX_WALK_DEPTH} levels down "
-                          f"for {looked})")
+        # bounded (issue 30: every layout's description made it 1,639 characters): the
+        # names only; `dumpdb layouts` describes each
+        raise LayoutError(f"{root}: not a dump dumpdb recognises (looked up to {MAX_WALK_DEPTH} levels down for "
+                          f"{', '.join(lay.name for lay in LAYOUTS)}); 'dumpdb layouts' shows what each looks like, "
+                          "--layout NAME names the reader's missing files")
     if len(found) > 1:
         paths = [d.path for d in found]
         listed = "; ".join(_where(root, d, paths.count(d.path) > 1) for d in found)

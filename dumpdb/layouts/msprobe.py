@@ -387,7 +387,8 @@ class MsprobeDump(Layout):
         if self._pt_not_stored:
             # One line for the whole dump, not one per file: the statistics are kept (issue 16).
             warnings.warn(f"{root}: {self._pt_not_stored} .pt payloads not stored (statistics from dump.json "
-                          "kept): reading .pt tensors needs PyTorch: pip install 'dumpdb[torch]'",
+                          "kept): reading .pt tensors needs PyTorch: pip install 'dumpdb[torch]', then ingest the "
+                          "same dump again (same --run) to store them",
                           DumpdbWarning, stacklevel=2)
         return scan
 

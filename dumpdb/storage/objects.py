@@ -22,6 +22,7 @@ the object. Write failures (ENOSPC...) propagate as OSError.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Coroutine, Iterable, Iterator
 from typing import Any, TypeVar
 
@@ -63,8 +64,25 @@ async def _take(it: Any, n: int) -> list[str]:
     return out
 
 
+_S3_ERROR = re.compile(r"<Code>([A-Za-z]+)</Code>\s*(?:<Message>([^<]{0,200})</Message>)?")
+# what to do about an S3 error code (the server's XML says only what went wrong)
+_S3_FIX = {"NoSuchBucket": "create the bucket first, or check the URL and the endpoint",
+           "AccessDenied": "check the credentials (AWS_* or --storage-option) and the bucket's policy",
+           "InvalidAccessKeyId": "check the credentials (AWS_* or --storage-option)",
+           "SignatureDoesNotMatch": "check the secret key and the region"}
+
+
 def _first_line(exc: BaseException) -> str:
-    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    """``exc`` in one bounded line: an S3 error as its code, message and fix (obstore
+    quotes the whole XML body and a debug dump: 1,165 characters for a missing bucket,
+    issue 30), else the first line, at most 300 characters."""
+    text = str(exc)
+    found = _S3_ERROR.search(text)
+    if found:
+        code, message = found.group(1), (found.group(2) or "").strip()
+        fix = _S3_FIX.get(code)
+        return f"{code}" + (f" ({message})" if message else "") + (f": {fix}" if fix else "")
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     return (lines[0] if lines else type(exc).__name__)[:300]
 
 

@@ -295,12 +295,20 @@ class TensorStore:
     decodes each chunk once. Large arrays are read through zarr, after checking
     that their shard exists (zarr would answer a missing one with fill values).
 
+    Every read given the payload's ``content_hash`` hashes the bytes it returns again
+    (xxh3-128, :func:`payload_hash`) and raises PayloadCorrupt naming the pack when they
+    differ (issue 30: 4 bytes overwritten in a shard must never come back silently);
+    ``verify=False`` (here: the default of every read; or per call) opts out.
+
     Errors: PayloadMissing when an object is gone, PayloadCorrupt when it is too
-    short, ValueError when its content does not decode (damaged index or frame).
+    short or its bytes do not hash to the content hash, ValueError when its content
+    does not decode (damaged index or frame).
     """
 
     def __init__(self, location: str | os.PathLike[str] | Store, read_only: bool = True, cache_size: int = 64,
-                 chunk_cache_bytes: int = 64 << 20, storage_options: dict[str, Any] | None = None):
+                 chunk_cache_bytes: int = 64 << 20, storage_options: dict[str, Any] | None = None,
+                 verify: bool = True):
+        self.verify = verify  # default of read/read_many/read_payload: re-hash what they return
         endpoint = None
         if isinstance(location, Store):
             zstore: Store = location if location.read_only == read_only or not read_only \
@@ -428,8 +436,14 @@ class TensorStore:
             store: Store = target.zstore
         else:
             store = location if isinstance(location, Store) else DurableLocalStore(str(location), read_only=False)
-        zarr.create_group(store, attributes={"dumpdb": {"kind": "tensor-store", "layout": 1,
-                                                          **DESCRIBE["tensor-store"]}})
+        try:
+            zarr.create_group(store, attributes={"dumpdb": {"kind": "tensor-store", "layout": 1,
+                                                              **DESCRIBE["tensor-store"]}})
+        except Exception as exc:
+            # a remote PUT refused (obstore says FileNotFoundError for a missing bucket): one line
+            if not remote.is_url(location) or isinstance(exc, StorageError):
+                raise
+            raise target.objects.storage_error("create the tensor store", exc) from exc
 
     def array(self, path: str) -> zarr.Array:
         """Open (and cache) the Zarr array at ``path`` inside the store.
@@ -564,28 +578,41 @@ class TensorStore:
             return zeros
 
     def read_payload(self, array_path: str | None, elem_offset: int | None, elem_count: int,
-                     content_hash: str | None = None) -> np.ndarray:
+                     content_hash: str | None = None, verify: bool | None = None) -> np.ndarray:
         """The stored payload of one blob, flat, in its storage dtype (a new array).
 
         ``array_path`` None is the empty payload (uint8, 0 elements);
-        ``content_hash`` as in :meth:`read`. Raises as the class docstring says.
+        ``content_hash`` and ``verify`` as in :meth:`read`. Raises as the class docstring says.
         """
         if array_path is None:
             return np.empty(0, np.uint8)
         if elem_offset is None:
             data = self._large_direct(array_path)
-            return (data if data is not None else self._large(array_path, content_hash)).reshape(-1)
-        data, fresh = self._pack_range(array_path, elem_offset, elem_count)
-        return data if fresh else data.copy()  # a delta payload comes back new already
+            data = (data if data is not None else self._large(array_path, content_hash)).reshape(-1)
+        else:
+            data, fresh = self._pack_range(array_path, elem_offset, elem_count)
+            data = data if fresh else data.copy()  # a delta payload comes back new already
+        self._check(array_path, data, content_hash, verify)
+        return data
+
+    def _check(self, array_path: str, data: np.ndarray, content_hash: str | None, verify: bool | None) -> None:
+        """PayloadCorrupt naming the pack when ``data`` (C-contiguous) does not hash to
+        ``content_hash``; nothing when there is no hash or verification is off."""
+        if content_hash is None or not (self.verify if verify is None else verify):
+            return
+        if xxhash.xxh3_128_hexdigest(data.reshape(-1).view(np.uint8).data) != content_hash:
+            raise PayloadCorrupt(f"{self.objects.where(array_path)}: content hash mismatch: the stored bytes "
+                                 f"changed (not {content_hash}); 'dumpdb verify' lists every damaged tensor")
 
     def read(self, array_path: str | None, elem_offset: int | None, elem_count: int,
              dtype: np.dtype, shape: tuple[int, ...], content_hash: str | None = None,
-             verify: bool = False) -> np.ndarray:
+             verify: bool | None = None) -> np.ndarray:
         """Payload of one tensor as ``dtype`` with ``shape`` (a new, writable array).
 
         ``dtype`` is the logical dtype (``ml_dtypes.bfloat16`` allowed).
-        ``content_hash`` is the payload's key; with ``verify`` the bytes read are
-        hashed again and compared (PayloadCorrupt if they differ). Raises
+        ``content_hash`` is the payload's key: the bytes read are hashed again
+        (xxh3-128) and compared, PayloadCorrupt naming the pack if they differ, unless
+        ``verify`` is False (None: the store's :attr:`verify`, True by default). Raises
         PayloadCorrupt if the stored byte count does not fit dtype x shape,
         PayloadMissing if an object is gone.
         """
@@ -608,16 +635,15 @@ class TensorStore:
             data = np.ascontiguousarray(data).reshape(-1).view(np.uint8).view(want)
         if want != dtype:
             data = data.view(dtype)
-        if verify and content_hash is not None and payload_hash(data) != content_hash:
-            raise PayloadCorrupt(f"{self.objects.where(array_path)}: content hash mismatch: "
-                                 "the stored bytes changed")
+        self._check(array_path, np.ascontiguousarray(data), content_hash, verify)
         # a new, writable array: never a view into the chunk cache (decoded straight into
         # a new array already: no copy)
         data = data.reshape(shape)
         return data if fresh else np.array(data, copy=True)
 
     def read_many(self, locations: list[tuple[str | None, int | None, int, np.dtype, tuple[int, ...]]]
-                  ) -> list[np.ndarray]:
+                  | list[tuple[str | None, int | None, int, np.dtype, tuple[int, ...], str | None]],
+                  verify: bool | None = None) -> list[np.ndarray]:
         """Many payloads at once (issue 13: tiny compare pairs), as :meth:`read` gives each
         but **read-only**: a payload lying in one chunk of a pack is a view of that chunk
         (decoded once, one ranged read per chunk, kept in the chunk cache), without
@@ -627,15 +653,19 @@ class TensorStore:
         decodes.
 
         ``locations``: ``(array_path, elem_offset, elem_count, dtype, shape)`` per payload
-        (``dtype`` the logical dtype, ``ml_dtypes.bfloat16`` allowed). Returns one array
-        per location, in order, of that dtype and shape. Raises as :meth:`read` does
-        (PayloadCorrupt when the stored byte count does not fit dtype x shape,
+        (``dtype`` the logical dtype, ``ml_dtypes.bfloat16`` allowed), optionally with a
+        sixth item, the payload's ``content_hash``: then its bytes are hashed again as in
+        :meth:`read` (``verify`` as there). Returns one array per location, in order, of
+        that dtype and shape. Raises as :meth:`read` does (PayloadCorrupt when the stored
+        byte count does not fit dtype x shape or the bytes do not hash to the content hash,
         PayloadMissing when an object is gone)."""
         out: list[np.ndarray] = []
         metas: dict[str, _PackMeta] = {}
         chunks: dict[tuple[str, int], np.ndarray] = {}
         stored: dict[np.dtype, np.dtype] = {}  # storage_dtype per dtype
-        for array_path, offset, count, dtype, shape in locations:
+        for location in locations:
+            array_path, offset, count, dtype, shape = location[:5]
+            content_hash = location[5] if len(location) > 5 else None
             if not isinstance(dtype, np.dtype):
                 dtype = np.dtype(dtype)
             meta = None
@@ -646,7 +676,7 @@ class TensorStore:
             if meta is None or array_path is None or offset is None or offset < 0 or offset + count > meta.size \
                     or offset // meta.chunk != (offset + count - 1) // meta.chunk \
                     or (meta.xor and meta.xor.overlaps(offset, count)):  # a delta payload: read() makes it plain
-                data = self.read(array_path, offset, count, dtype, tuple(shape))
+                data = self.read(array_path, offset, count, dtype, tuple(shape), content_hash, verify)
                 data.flags.writeable = False
                 out.append(data)
                 continue
@@ -662,6 +692,7 @@ class TensorStore:
             if data.nbytes != math.prod(shape) * want.itemsize:
                 raise PayloadCorrupt(f"{self.objects.where(array_path)}: {data.nbytes} bytes stored, "
                                      f"{dtype} x {tuple(shape)} needs {math.prod(shape) * want.itemsize}")
+            self._check(array_path, data, content_hash, verify)
             if data.dtype != want:
                 data = data.view(np.uint8).view(want)
             if want != dtype:

@@ -51,7 +51,9 @@ def test_verify_on_read_catches_bytes_that_decode_but_changed(archive):
     chunk = _inner_chunk(store, path)
     write_shard(ShardTarget(store.objects, shard_key(path, 1)), encode_chunks(whole, chunk, codec_for(whole.dtype, chunk * whole.dtype.itemsize).frame_codec()))
     fresh = dumpdb.open(archive.path)
-    fresh.tensor(row["tensor_id"])  # no check: the altered bytes come back
+    fresh.tensor(row["tensor_id"], verify=False)  # the opt-out: the altered bytes come back
+    with pytest.raises(PayloadCorrupt, match=r"run=.c1.*content hash mismatch"):
+        fresh.tensor(row["tensor_id"])  # checked by default (issue 30)
     with pytest.raises(PayloadCorrupt, match=r"run='c1'.*content hash mismatch"):
         fresh.tensor(row["tensor_id"], verify=True)
     with pytest.raises(PayloadCorrupt, match="content hash mismatch"):

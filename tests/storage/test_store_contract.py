@@ -101,7 +101,11 @@ def test_verify_names_a_changed_payload(pack):
     assert got.tobytes() == part.tobytes()
     with pytest.raises(PayloadCorrupt) as err:
         reader.read(loc.array_path, 10, 10, np.dtype(np.float32), (10,), content_hash="0" * 32, verify=True)
-    assert str(err.value).endswith(f"{loc.array_path}: content hash mismatch: the stored bytes changed")
+    assert f"{loc.array_path}: content hash mismatch: the stored bytes changed" in str(err.value)
+    with pytest.raises(PayloadCorrupt):  # checked by default, too (issue 30)
+        reader.read(loc.array_path, 10, 10, np.dtype(np.float32), (10,), content_hash="0" * 32)
+    assert reader.read(loc.array_path, 10, 10, np.dtype(np.float32), (10,), content_hash="0" * 32,
+                       verify=False).tobytes() == part.tobytes()
 
 
 def test_a_local_store_given_as_a_store_keeps_its_directory(tmp_path):

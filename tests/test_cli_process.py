@@ -1,0 +1,94 @@
+"""The real `dumpdb` process (issue 30, item 3): what a shell user sees and the exit code
+a script reads. `| head` is not "found" (exit 1), Ctrl-C during a query is `interrupted`
+and 130, a usage error is one line."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ms_case
+
+import dumpdb
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("DUMPDB_DEBUG", None)
+    return env
+
+
+@pytest.fixture(scope="module")
+def archive(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cli_process") / "a.dumpdb"
+    assert dumpdb.ingest(ms_case("c1_inputs_kernels_iter"), archive=path, run="c1").ok
+    return path
+
+
+@pytest.mark.parametrize("fmt", ["table", "csv"])
+def test_a_reader_that_goes_away_is_not_found(archive, fmt):
+    """`dumpdb sql ... | head -1`: the reader closes the pipe; rich's own handler exited 1."""
+    proc = subprocess.Popen([sys.executable, "-m", "dumpdb", "sql", "-a", str(archive), "-f", fmt,
+                             "SELECT t.*, r.range AS k FROM tensors t, range(300) r"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env())
+    assert proc.stdout is not None and proc.stderr is not None
+    first = proc.stdout.readline()
+    proc.stdout.close()  # what head does after its line
+    err = proc.stderr.read().decode()
+    code = proc.wait(timeout=120)
+    assert first and code == 0, (code, err)
+    assert "Traceback" not in err and "error" not in err.lower()
+
+
+@pytest.mark.parametrize("args", [["runs", "--bogus"], ["compare"], ["nosuch"], ["--bogus", "runs"]])
+def test_a_usage_error_is_one_line(args):
+    proc = subprocess.run([sys.executable, "-m", "dumpdb", *args], capture_output=True, text=True, env=_env(),
+                          timeout=120)
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "--help" in lines[0], proc.stderr
+
+
+_QUERY_DRIVER = r"""
+import sys, duckdb
+import dumpdb.archive
+
+def slow_sql(self, query, params=None, **kwargs):
+    # a real DuckDB query that DuckDB interrupts on SIGINT (its Python client answers the
+    # KeyboardInterrupt with RuntimeError "Query interrupted"), run where `dumpdb sql` runs
+    # its query
+    sys.stderr.write("started\n"); sys.stderr.flush()
+    import pyarrow as pa
+    con = duckdb.connect()
+    n = con.execute("SELECT count(*) FROM range(1000000000000) t(x) WHERE x % 7 = 3").fetchall()[0][0]
+    return pa.table({"n": [n]})
+
+dumpdb.archive.Archive.sql = slow_sql
+dumpdb.archive.Archive.sql_rows = lambda self, q, p=None, **k: (["n"], slow_sql(self, q).to_pylist())
+sys.argv = ["dumpdb", "sql", "-a", sys.argv[1], "SELECT 1"]
+from dumpdb.__main__ import main
+main()
+"""
+
+
+def test_ctrl_c_during_a_query_is_interrupted_and_130(archive):
+    proc = subprocess.Popen([sys.executable, "-c", _QUERY_DRIVER, str(archive)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=_env())
+    assert proc.stderr is not None
+    assert proc.stderr.readline().strip() == "started"
+    time.sleep(0.5)  # inside DuckDB's execution
+    proc.send_signal(signal.SIGINT)
+    try:
+        code = proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    err = proc.stderr.read()
+    assert code == 130 and err.strip() == "interrupted", (code, err)

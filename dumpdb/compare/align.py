@@ -123,10 +123,12 @@ from __future__ import annotations
 
 import csv
 import io as _io
+import math
 import re
+from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
@@ -142,10 +144,13 @@ STRATEGIES = ("exact", "normalized", "sequence", "order", "mapping")
 
 _COLUMNS = ("tensor_id", "op_type", "op_name", "scope_name", "io", "slot", "arg_name", "slot_path",
             "direction", "iteration", "rank", "graph_id", "timestamp", "position", "shape", "l2norm", "mean",
-            "min", "max")
+            "min", "max", "dtype")
 
 PAIRS_SCHEMA = pa.schema([("target_tensor_id", pa.int64()), ("bench_tensor_id", pa.int64()),
-                          ("match_strategy", pa.string())])
+                          ("match_strategy", pa.string()), ("realigned", pa.bool_())])
+SUSPECTS_SCHEMA = pa.schema([("target_tensor_id", pa.int64()), ("bench_tensor_id", pa.int64()),
+                             ("better_bench_tensor_id", pa.int64()), ("distance", pa.float64()),
+                             ("better_distance", pa.float64())])
 UNMATCHED_SCHEMA = pa.schema([("tensor_id", pa.int64()), ("name", pa.string()), ("io", pa.string()),
                               ("slot", pa.int32())])
 
@@ -153,12 +158,17 @@ UNMATCHED_SCHEMA = pa.schema([("tensor_id", pa.int64()), ("name", pa.string()), 
 @dataclass
 class Alignment:
     """Result of :func:`align`. ``pairs``: ``target_tensor_id``, ``bench_tensor_id``,
-    ``match_strategy`` in the target's execution order; ``unmatched_target`` /
-    ``unmatched_bench``: ``tensor_id``, ``name`` (op name as dumped), ``io``, ``slot``."""
+    ``match_strategy``, ``realigned`` (bool: a name pair the content check took back and
+    the sequence alignment paired otherwise) in the target's execution order;
+    ``unmatched_target`` / ``unmatched_bench``: ``tensor_id``, ``name`` (op name as
+    dumped), ``io``, ``slot``; ``suspects``: pairs that still look wrong while a bench
+    tensor of the same op type, leaf, dtype class and shape fits far better
+    (:data:`SUSPECTS_SCHEMA`, statistics distances of :func:`stat_distance`)."""
 
     pairs: pa.Table
     unmatched_target: pa.Table
     unmatched_bench: pa.Table
+    suspects: pa.Table = field(default_factory=SUSPECTS_SCHEMA.empty_table)
 
     def counts(self) -> dict[str, int]:
         """Pairs per strategy (every strategy listed, 0 when unused) and unmatched per side."""
@@ -248,6 +258,7 @@ class _Side:
     mean: list
     min: list
     max: list
+    dtype: list
 
     def __init__(self, table: pa.Table, group_by: Sequence[str], label: str):
         if not isinstance(table, pa.Table):
@@ -570,8 +581,6 @@ def _repair(pairs: list[tuple[int, int]], ttok: list, cost) -> list[tuple[int, i
 
 
 def _distance(t: _Side, trows: list[int], b: _Side, brows: list[int]) -> float:
-    import math
-
     bleaf = {b.leafs[i]: i for i in brows}
     d = 0.0
     for i in trows:
@@ -585,6 +594,181 @@ def _distance(t: _Side, trows: list[int], b: _Side, brows: list[int]) -> float:
             scale = max(abs(b.l2norm[j] or 0.0), 1e-30)
             d += abs(x - y) / scale
     return d
+
+
+# --------------------------------------------------------------------------- content check
+
+# A name pair "looks wrong" when the statistics distance (stat_distance) of its two tensors
+# is above LOOKS_WRONG and a bench tensor of the same op type, leaf, dtype class and shape,
+# at most NEIGHBOURS places away in that kind's execution order, fits FAR_BETTER times
+# better and below LOOKS_WRONG itself. Clean pairs on real dumps sit far below (fp16 O2 vs
+# fp32 MindSpore Transformer, bf16 vs fp32 msprobe: see docs/alignment.md); the crossed
+# attention Transposes of the MindSpore Transformer and the counter-shifted msprobe calls
+# of a rewritten LayerNorm sit far above with a partner near 0.
+LOOKS_WRONG = 0.25
+FAR_BETTER = 4.0
+NEIGHBOURS = 16
+_NAME_STRATEGIES = frozenset({"exact", "normalized"})
+
+
+def stat_distance(x: tuple, y: tuple) -> float:
+    """How far two tensors' catalog statistics are apart, in units of the tensors' size.
+
+    ``x``, ``y``: ``(l2norm, mean, min, max, elements)``. The largest of
+    ``|l2norm_x - l2norm_y| / max(l2norm)`` and ``|s_x - s_y| / rms`` for s = mean, min, max,
+    where rms = max(l2norm) / sqrt(elements): 0 for equal statistics, about the relative
+    error for a pair differing by rounding, order 1 for unrelated tensors. NaN when a
+    statistic is missing or not finite (unknown: never "looks wrong"); 1.0 when one tensor
+    is all zeros and the other not.
+    """
+    if any(v is None for v in x) or any(v is None for v in y):
+        return math.nan
+    if not all(math.isfinite(v) for v in (*x[:4], *y[:4])):
+        return math.nan
+    l2 = max(abs(x[0]), abs(y[0]))
+    if l2 == 0.0:
+        return 0.0 if x[1:4] == y[1:4] else 1.0
+    rms = l2 / math.sqrt(max(x[4], y[4], 1))
+    return max(abs(x[0] - y[0]) / l2, abs(x[1] - y[1]) / rms, abs(x[2] - y[2]) / rms, abs(x[3] - y[3]) / rms)
+
+
+def _dtype_class(dtype: str | None) -> str | None:
+    if dtype is None:
+        return None
+    d = dtype.lower().removeprefix("torch.")
+    for prefix, cls in (("float", "f"), ("bfloat", "f"), ("half", "f"), ("double", "f"), ("complex", "c"),
+                        ("int", "i"), ("uint", "i"), ("long", "i"), ("bool", "b")):
+        if d.startswith(prefix):
+            return cls
+    return d
+
+
+class _Content:
+    """Per-row statistics, kinds (group, graph, op type, leaf, dtype class, shape) and name
+    families (group, family) of one side, computed once for the content check."""
+
+    def __init__(self, s: _Side):
+        self.s = s
+        self.stats = [(s.l2norm[i], s.mean[i], s.min[i], s.max[i], 1 if s.shape[i] is None else _prod(s.shape[i]))
+                      for i in range(s.n)]
+        self.kind = [(s.group[i], s.graph_id[i], s.op_type[i]) + s.leafs[i]
+                     + (_dtype_class(s.dtype[i]), None if s.shape[i] is None else tuple(s.shape[i]))
+                     for i in range(s.n)]
+        fam_of: dict = {}
+        self.family: list = []
+        for i in range(s.n):
+            name = s.name(i)
+            key = (s.op_type[i], name)
+            f = fam_of.get(key)
+            if f is None and key not in fam_of:
+                f = fam_of[key] = family(s.op_type[i], name)
+            self.family.append(None if f is None else (s.group[i], f))
+        self._kinds: dict | None = None
+
+    def by_kind(self) -> dict:
+        """kind -> rows in execution order (built on first use)."""
+        if self._kinds is None:
+            out: dict = defaultdict(list)
+            for i in sorted(range(self.s.n), key=self.s.okey.__getitem__):
+                out[self.kind[i]].append(i)
+            self._kinds = {k: (v, {i: x for x, i in enumerate(v)}) for k, v in out.items()}
+        return self._kinds
+
+
+def family(op_type: str | None, name: str | None) -> str | None:
+    """The name family whose members a counter numbers: msprobe names without their call
+    index (``Tensor.__add__.*.forward``), MindSpore names without ``-opN`` (and ``/`` ->
+    ``_``); None for other names and for cast-only ops (transparent to the sequence)."""
+    if name is None or sequence_key(op_type, name) is None:
+        return None
+    if _msprobe(name) is not None:
+        return _without_call_index(normalize_name(name))
+    return normalize_name(name) if _OP_COUNTER.search(name) else None
+
+
+def _better_partner(ct: _Content, cb: _Content, ti: int, bi: int) -> tuple[int, float, float] | None:
+    """(bench row, its distance, the pair's distance) of a far better partner of target row
+    ``ti`` than its bench row ``bi`` (see LOOKS_WRONG), or None."""
+    b = cb.s
+    # another dtype class or shape: wrong whatever the statistics say
+    d = stat_distance(ct.stats[ti], cb.stats[bi]) if ct.kind[ti][-2:] == cb.kind[bi][-2:] else math.inf
+    if not d > LOOKS_WRONG:  # NaN (unknown) is not wrong
+        return None
+    found = cb.by_kind().get(ct.kind[ti])
+    if found is None:
+        return None
+    rows, at = found
+    k = at.get(bi)
+    if k is None:  # the current partner is of another kind: look around the target's place
+        k = bisect_left([b.okey[j] for j in rows], b.okey[bi])
+    best, best_d = -1, min(LOOKS_WRONG, d / FAR_BETTER)
+    for j in rows[max(0, k - NEIGHBOURS):k + NEIGHBOURS + 1]:
+        if j == bi:
+            continue
+        dj = stat_distance(ct.stats[ti], cb.stats[j])
+        if dj < best_d:
+            best, best_d = j, dj
+    return (best, best_d, d) if best >= 0 else None
+
+
+def _take_back(p: _Pairing) -> dict[int, int]:
+    """The content check before the sequence strategy: name pairs of a family whose counts
+    differ between the sides, or with a pair that looks wrong while a far better partner
+    exists, are taken back (both tensors free again). Returns {target row: its old bench row}."""
+    named = [(ti, bi) for ti, bi, s in p.pairs if s in _NAME_STRATEGIES]
+    if not named:
+        return {}
+    ct, cb = _Content(p.t), _Content(p.b)
+    calls_t: dict = defaultdict(set)
+    calls_b: dict = defaultdict(set)
+    for c, calls in ((ct, calls_t), (cb, calls_b)):
+        for i, f in enumerate(c.family):
+            if f is not None:
+                calls[f].add((c.s.graph_id[i], c.s.name(i)))
+    # only pairs within one graph on both sides: the sequence alignment pairs within a graph
+    named = [(ti, bi) for ti, bi in named if p.t.graph_id[ti] == p.b.graph_id[bi]]
+    suspect = set()
+    for ti, _ in named:
+        f = ct.family[ti]
+        if f is not None and len(calls_t[f]) != len(calls_b.get(f, ())):
+            suspect.add(f)
+    bench_family = {bi: ct.family[ti] for ti, bi in named}
+    for ti, bi in named:
+        f = ct.family[ti]
+        if f is None or f in suspect:
+            continue
+        better = _better_partner(ct, cb, ti, bi)
+        if better is not None:
+            suspect.add(f)
+            other = bench_family.get(better[0])
+            if other is not None:
+                suspect.add(other)
+    if not suspect:
+        return {}
+    old: dict[int, int] = {}
+    kept = []
+    for ti, bi, strategy in p.pairs:
+        if strategy in _NAME_STRATEGIES and ct.family[ti] in suspect and p.t.graph_id[ti] == p.b.graph_id[bi]:
+            p.t.free[ti] = p.b.free[bi] = True
+            old[ti] = bi
+        else:
+            kept.append((ti, bi, strategy))
+    p.pairs = kept
+    return old
+
+
+def _suspects(p: _Pairing) -> list[tuple[int, int, int, float, float]]:
+    """Final pairs (mapping excepted: what the user wrote wins) that look wrong while a far
+    better partner exists: (target row, bench row, better bench row, distance, better distance)."""
+    ct, cb = _Content(p.t), _Content(p.b)
+    out = []
+    for ti, bi, strategy in p.pairs:
+        if strategy == "mapping":
+            continue
+        better = _better_partner(ct, cb, ti, bi)
+        if better is not None:
+            out.append((ti, bi, better[0], better[2], better[1]))
+    return out
 
 
 def _order(p: _Pairing) -> None:
@@ -722,6 +906,7 @@ def align(target: pa.Table, bench: pa.Table, *, group_by: Sequence[str] = (),
 
     run = ["mapping"] if mapping and "mapping" in strategies else []
     run += [s for s in strategies if s != "mapping"]
+    old: dict[int, int] = {}
     for strategy in run:
         if strategy == "mapping":
             _mapping(p, mapping)
@@ -730,6 +915,7 @@ def align(target: pa.Table, bench: pa.Table, *, group_by: Sequence[str] = (),
         elif strategy == "normalized":
             _normalized(p)
         elif strategy == "sequence":
+            old = _take_back(p)  # name pairs the content check doubts go to the sequence alignment
             _sequence(p)
         else:
             _order(p)
@@ -738,8 +924,16 @@ def align(target: pa.Table, bench: pa.Table, *, group_by: Sequence[str] = (),
     p.pairs.sort(key=lambda x: t.okey[x[0]])
     pairs = pa.table([pa.array([t.tensor_id[x[0]] for x in p.pairs], pa.int64()),
                       pa.array([b.tensor_id[x[1]] for x in p.pairs], pa.int64()),
-                      pa.array([x[2] for x in p.pairs], pa.string())], schema=PAIRS_SCHEMA)
-    return Alignment(pairs, _unmatched(t), _unmatched(b))
+                      pa.array([x[2] for x in p.pairs], pa.string()),
+                      pa.array([x[0] in old and old[x[0]] != x[1] for x in p.pairs], pa.bool_())],
+                     schema=PAIRS_SCHEMA)
+    found = _suspects(p)
+    suspects = pa.table([pa.array([t.tensor_id[x[0]] for x in found], pa.int64()),
+                         pa.array([b.tensor_id[x[1]] for x in found], pa.int64()),
+                         pa.array([b.tensor_id[x[2]] for x in found], pa.int64()),
+                         pa.array([x[3] for x in found], pa.float64()),
+                         pa.array([x[4] for x in found], pa.float64())], schema=SUSPECTS_SCHEMA)
+    return Alignment(pairs, _unmatched(t), _unmatched(b), suspects)
 
 
 def _unmatched(s: _Side) -> pa.Table:

@@ -4,9 +4,12 @@ of 500,000 tensors align without a Python loop per tensor).
 :func:`align_exact` gives what :func:`dumpdb.compare.align.align` gives when ``exact`` is
 the first strategy and no mapping is given, **whenever exact pairing leaves nothing for a
 later strategy** (no tensor is left unpaired on both sides, or ``exact`` is the only
-strategy); otherwise it returns None and the caller runs :func:`~dumpdb.compare.align.align`,
-whose later strategies (normalized, sequence, order) are Python. Training dumps compared
-run to run (same model, same dump settings) pair entirely by ``exact``.
+strategy) **and align()'s content check would doubt no pair** (:func:`_doubted`: a name
+family with another op count on the two sides, a pair of other shapes or statistics
+farther apart than ``align.LOOKS_WRONG``); otherwise it returns None and the caller runs
+:func:`~dumpdb.compare.align.align`, whose later strategies (normalized, sequence, order)
+and content check are Python. Training dumps compared run to run (same model, same dump
+settings) pair entirely by ``exact``.
 
 The rule is align.py's ``exact``: same ``(group_by columns, op_name, io, slot, slot_path,
 arg_name)`` with NULL equal to NULL, plus the element count for a name ending in a
@@ -128,11 +131,11 @@ def exact_paired(con: duckdb.DuckDBPyConnection, target: pa.Table, bench: pa.Tab
     con.execute(_sql(group_by))
     left_t = con.sql(_unmatched_sql("target", "target_tensor_id")).to_arrow_table()
     left_b = con.sql(_unmatched_sql("bench", "bench_tensor_id")).to_arrow_table()
-    if (left_t.num_rows and left_b.num_rows and len(run) > 1) or ("sequence" in run and _doubted(con, group_by)):
+    if (left_t.num_rows and left_b.num_rows and len(run) > 1) or _doubted(con, group_by):
         con.execute("DROP TABLE paired")
         con.unregister("target")
         con.unregister("bench")
-        return None  # a later strategy may pair some of them: align() decides
+        return None  # a later strategy may pair some of them, or the content check doubts a pair: align() decides
     return left_t.cast(UNMATCHED_SCHEMA), left_b.cast(UNMATCHED_SCHEMA)
 
 

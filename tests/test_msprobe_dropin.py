@@ -20,6 +20,7 @@ import dumpdb
 from dumpdb.render.msprobe_csv import write_msprobe_csv
 
 ORACLE = Path(__file__).parent / "data" / "msprobe_oracle"
+REWRITE = Path(__file__).parent / "data" / "msprobe_rewrite"
 CASES = ("tensor_L1", "statistics_L1", "md5_L1", "statistics_mix", "statistics_L0", "tensor_mix")
 
 
@@ -31,6 +32,8 @@ def archive(tmp_path_factory):
             report = dumpdb.ingest(ORACLE / case / variant / "dump", archive=path, run=f"{case}_{variant}")
             assert report.ok, report.errors
     assert dumpdb.ingest(ORACLE / "naninf_L1" / "dump", archive=path, run="naninf_L1").ok
+    for case in ("handln", "none"):  # unequal op sequences (tests/data/msprobe_rewrite)
+        assert dumpdb.ingest(REWRITE / case / "dump", archive=path, run=f"rewrite_{case}").ok
     return dumpdb.open(path)
 
 
@@ -44,6 +47,11 @@ PAIRS = {case: (f"{case}_bf16", f"{case}_fp32") for case in CASES}
 PAIRS["unmatched_mix_vs_L1"] = ("statistics_mix_bf16", "statistics_L1_fp32")
 # NaN and +-Inf statistics (edited dump.json) against the real fp32 run
 PAIRS["naninf_L1"] = ("naninf_L1", "statistics_L1_fp32")
+# unequal op sequences in tensor mode: a LayerNorm by hand shifts the call counters. msprobe
+# matches backward calls by their backward call order; rows without a bench and tensors of
+# other shapes get 'unsupported' / 'shape unmatched'; pairs dumpdb re-aligned get msprobe's
+# name-matched metrics
+PAIRS["rewrite_handln_L1"] = ("rewrite_handln", "rewrite_none")
 
 
 def _ours(archive, case: str, tmp_path: Path) -> Path:

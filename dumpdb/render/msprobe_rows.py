@@ -21,11 +21,13 @@ from __future__ import annotations
 import json
 import math
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 N_A, NAN, INF, NEG_INF, UNSUPPORTED, NONE_STR = "N/A", "Nan", "inf", "-inf", "unsupported", "None"
+SHAPE_UNMATCHED = "shape unmatched"
 
 HEAD = ["NPU Name", "Bench Name", "NPU Dtype", "Bench Dtype", "NPU Tensor Shape", "Bench Tensor Shape",
         "NPU Requires_grad", "Bench Requires_grad"]
@@ -219,28 +221,60 @@ def _str_or_na(v: Any) -> Any:
     return N_A if v is None else v
 
 
+def _compare_keys(records: list[tuple[str, Any]]) -> dict[str, str]:
+    """msprobe's compare key of each record key: a backward record's call index replaced by
+    its backward call order, the count of earlier backward records of the same name without
+    the index (``Tensor.__add__.5.backward`` -> ``Tensor.__add__.3.backward`` when it is the
+    fourth backward ``Tensor.__add__``); other keys unchanged. msprobe 26.2
+    ``ParseData.split_data_name_components`` / ``gen_data_df`` (backward call order) and
+    ``ProcessDf.update_backward_call`` (without ``--fuzzy_match``, its default)."""
+    count: dict[str, int] = {}
+    out = {}
+    for key, _ in records:
+        parts = key.split(".")
+        if len(parts) >= 3 and "backward" in parts[-2:] and "parameters_grad" not in parts[-2:]:
+            base = ".".join(parts[:-2])
+            order = count.get(base, 0)
+            count[base] = order + 1
+            head, tail = parts[-2], parts[-1]
+            out[key] = ".".join((base, str(order) if head.isdigit() else head, str(order) if tail.isdigit() else tail))
+        else:
+            out[key] = key
+    return out
+
+
+MetricsFn = Callable[[str, str], "dict | None"]
+
+
 def build_rows(mode: str, target: list[tuple[str, Any]], bench: list[tuple[str, Any]],
-               stacks: dict[str, list[str]], metrics: dict[str, dict] | None = None) -> list[list]:
+               stacks: dict[str, list[str]], metrics: dict[str, tuple[str, dict]] | None = None,
+               compute: MetricsFn | None = None) -> list[list]:
     """msprobe's CSV rows (cells as msprobe writes them, before CSV quoting).
 
     ``target`` / ``bench``: ``(record key, record)`` of each side's dump.json in dump order;
     ``stacks``: record key -> call-stack lines (stack.json); ``metrics``: tensor mode only,
-    msprobe tensor name -> dumpdb compare result row (``cosine``, ``euc_dist``, ...).
-    Target rows without a bench row of the same name get ``N/A`` and "No bench data matched.".
+    target msprobe tensor name -> (bench tensor name, dumpdb compare result row: ``cosine``,
+    ``euc_dist``, ...); ``compute(target name, bench name)``: the metrics of a pair msprobe
+    matches that dumpdb paired otherwise (its alignment re-aligned it), None if unreadable.
+    Rows match by msprobe's compare key (:func:`_compare_keys`). A target row without a
+    bench row gets ``N/A`` cells (tensor metrics: ``unsupported``, as msprobe's
+    ``error_value_process`` writes for data with no bench) and tensors of other shapes
+    ``shape unmatched``.
     """
+    bkeys, tkeys = _compare_keys(bench), _compare_keys(target)
     bench_items: dict[str, dict] = {}
     for key, rec in bench:
         for it in record_items(key, rec):
-            bench_items.setdefault(it["name"], it)
+            bench_items.setdefault(bkeys[key] + it["name"][len(key):], it)
     out: list[list] = []
     for key, rec in target:
         items = record_items(key, rec)
         rows = []
         for i, t in enumerate(items):
-            b = bench_items.get(t["name"])
+            b = bench_items.get(tkeys[key] + t["name"][len(key):])
             if b is not None and not _dtypes_match(t, b):
                 b = None  # msprobe blanks the bench side (gen_dtype_condition)
-            rows.append(_row(mode, t, b, stacks.get(key) if i == 0 else None, metrics or {}))
+            rows.append(_row(mode, t, b, stacks.get(key) if i == 0 else None, metrics or {}, compute))
         _judge(mode, rows)
         out.extend(r["cells"] for r in rows)
     return out
@@ -256,7 +290,7 @@ def _dtypes_match(t: dict, b: dict) -> bool:
     return x == y or any(x in group and y in group for group in _FLOATS)
 
 
-def _row(mode: str, t: dict, b: dict | None, stack, metrics: dict) -> dict:
+def _row(mode: str, t: dict, b: dict | None, stack, metrics: dict, compute: MetricsFn | None = None) -> dict:
     none = t.get("none", False)
 
     def dtype_shape(it):
@@ -285,13 +319,16 @@ def _row(mode: str, t: dict, b: dict | None, stack, metrics: dict) -> dict:
         cells += [d for d, _ in diffs] + [r for _, r in diffs] + tsum + bsum
         row["norm_rel"] = diffs[3][1]
     else:
-        m = metrics.get(t["name"])
-        if b is None:
-            values: list[Any] = [N_A] * 6
-        elif none or m is None or "class" in td:
-            values = [UNSUPPORTED] * 6
+        if b is None or none or b.get("none") or "class" in td:
+            values: list[Any] = [UNSUPPORTED] * 6  # msprobe: no bench data, no real data, a non-tensor
+        elif ts != bs:
+            values = [SHAPE_UNMATCHED] * 6
         else:
-            values = [_format_metric(c, m.get(c)) for c in _RESULT_COLUMN["tensor"]]
+            found = metrics.get(t["name"])
+            m = found[1] if found is not None and found[0] == b["name"] else None
+            if m is None and compute is not None:
+                m = compute(t["name"], b["name"])
+            values = [UNSUPPORTED] * 6 if m is None else [_format_metric(c, m.get(c)) for c in _RESULT_COLUMN["tensor"]]
         cells += values + tsum + bsum
         row["cosine"], row["one_k"] = values[0], values[4]
     cells += [trg == brg]

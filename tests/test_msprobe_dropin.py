@@ -167,6 +167,28 @@ def test_two_ranks_one_csv_per_rank_like_msprobe(tmp_path):
         assert ours.read_bytes() == theirs.read_bytes()
 
 
+def test_two_ranks_tensor_mode_each_rank_has_its_own_metrics(tmp_path):
+    """Tensor mode, 2 ranks: each rank's CSV carries that rank's metrics (they were keyed by
+    msprobe's tensor name alone, so rank 0's file had rank 1's metrics)."""
+    gloo = Path(__file__).parent / "data" / "msprobe" / "tensor_L1_2rank_gloo" / "dump"
+    assert dumpdb.ingest(gloo, archive=tmp_path / "a", run="gloo").ok
+    a = dumpdb.open(tmp_path / "a")
+    results = a.compare("gloo:1", "gloo:0")
+    write_msprobe_csv(results, tmp_path / "out" / "compare_result.csv", archive=a)
+    for rank in (0, 1):
+        (theirs,) = (ORACLE / "tensor_2rank_step1_vs_step0").glob(f"compare_result_rank{rank}_*.csv")
+        ours = list(csv.reader(open(tmp_path / "out" / f"compare_result_rank{rank}.csv", newline="")))
+        ref = list(csv.reader(open(theirs, newline="")))
+        assert len(ours) == len(ref)
+        for mine, want in zip(ours, ref):
+            for a_, b_ in zip(mine, want):
+                x, y = _number(a_), _number(b_)
+                if x is not None and y is not None and not (math.isnan(x) or math.isnan(y)):
+                    assert x == pytest.approx(y, rel=1e-6, abs=1e-9), (rank, want[0], a_, b_)
+                else:
+                    assert a_ == b_, (rank, want[0], a_, b_)
+
+
 @pytest.mark.parametrize("case", ("statistics_L1", "tensor_L1"))
 def test_fallback_writer_has_msprobe_header_and_line_ends(archive, case, tmp_path):
     # without the archive (other layouts, or runs ingested before msprobe_records) the

@@ -131,6 +131,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import yaml
@@ -646,57 +647,102 @@ def _dtype_class(dtype: str | None) -> str | None:
 
 
 class _Content:
-    """Per-row statistics, kinds (group, graph, op type, leaf, dtype class, shape) and name
+    """Per-row statistics (an n x 5 float array: l2norm, mean, min, max, elements; NaN where
+    missing), forms (dtype class, shape), kinds (group, graph, op type, leaf, form) and name
     families (group, family) of one side, computed once for the content check."""
 
     def __init__(self, s: _Side):
         self.s = s
-        self.stats = [(s.l2norm[i], s.mean[i], s.min[i], s.max[i], 1 if s.shape[i] is None else _prod(s.shape[i]))
-                      for i in range(s.n)]
-        self.kind = [(s.group[i], s.graph_id[i], s.op_type[i]) + s.leafs[i]
-                     + (_dtype_class(s.dtype[i]), None if s.shape[i] is None else tuple(s.shape[i]))
-                     for i in range(s.n)]
+        cols = [np.array([math.nan if v is None else v for v in col], np.float64)
+                for col in (s.l2norm, s.mean, s.min, s.max)]
+        cols.append(np.array([1 if sh is None else _prod(sh) for sh in s.shape], np.float64))
+        self.st = np.stack(cols, axis=1) if s.n else np.zeros((0, 5))
+        classes = {d: _dtype_class(d) for d in set(s.dtype)}
+        self.form = [(classes[d], None if sh is None else tuple(sh)) for d, sh in zip(s.dtype, s.shape)]
         fam_of: dict = {}
         self.family: list = []
         for i in range(s.n):
             name = s.name(i)
             key = (s.op_type[i], name)
-            f = fam_of.get(key)
-            if f is None and key not in fam_of:
-                f = fam_of[key] = family(s.op_type[i], name)
+            f = fam_of.get(key, _MISSING)
+            if f is _MISSING:
+                f = family(s.op_type[i], name)
+                if not _msprobe_like(name):  # msprobe names are unique per call: not worth keeping
+                    fam_of[key] = f
             self.family.append(None if f is None else (s.group[i], f))
         self._kinds: dict | None = None
 
+    def kind(self, i: int) -> tuple:
+        s = self.s
+        return (s.group[i], s.graph_id[i], s.op_type[i]) + s.leafs[i] + self.form[i]
+
     def by_kind(self) -> dict:
-        """kind -> rows in execution order (built on first use)."""
+        """kind -> (rows in execution order, row -> place), built on first use."""
         if self._kinds is None:
             out: dict = defaultdict(list)
             for i in sorted(range(self.s.n), key=self.s.okey.__getitem__):
-                out[self.kind[i]].append(i)
+                out[self.kind(i)].append(i)
             self._kinds = {k: (v, {i: x for x, i in enumerate(v)}) for k, v in out.items()}
         return self._kinds
 
 
+_MISSING = object()
+
+
+def _msprobe_like(name: str | None) -> bool:
+    return name is not None and "." in name and name[-1] in "0123456789d"
+
+
+def _content(s: _Side) -> _Content:
+    c = getattr(s, "_content", None)
+    if c is None:
+        c = s._content = _Content(s)  # type: ignore[attr-defined]
+    return c
+
+
 def family(op_type: str | None, name: str | None) -> str | None:
     """The name family whose members a counter numbers: msprobe names without their call
-    index (``Tensor.__add__.*.forward``), MindSpore names without ``-opN`` (and ``/`` ->
-    ``_``); None for other names and for cast-only ops (transparent to the sequence)."""
-    if name is None or sequence_key(op_type, name) is None:
+    index (``Tensor.__add__.*.forward``; a DDP ``Module.module.`` as ``Module.``), MindSpore
+    names without ``-opN`` (and ``/``, ``\\``, ``.``, space as ``_``); None for other
+    names and for cast-only ops (transparent to the sequence alignment, :func:`sequence_key`)."""
+    if name is None or op_type in _CAST_OP_TYPES:
         return None
-    if _msprobe(name) is not None:
-        return _without_call_index(normalize_name(name))
-    return normalize_name(name) if _OP_COUNTER.search(name) else None
+    parsed = _msprobe(name)
+    if parsed is not None:
+        parts = (normalize_name(name) if name.startswith(_DDP_PREFIX) else name).split(".")
+        if len(parts) > 1 and parts[1] in _CAST_APIS:
+            return None
+        parts[-2 if parsed["kind"] == "api" else -1] = "*"
+        return ".".join(parts)
+    m = _OP_COUNTER.search(name)
+    return _SEPARATORS.sub("_", name[:m.start()]) if m else None
 
 
-def _better_partner(ct: _Content, cb: _Content, ti: int, bi: int) -> tuple[int, float, float] | None:
-    """(bench row, its distance, the pair's distance) of a far better partner of target row
-    ``ti`` than its bench row ``bi`` (see LOOKS_WRONG), or None."""
-    b = cb.s
-    # another dtype class or shape: wrong whatever the statistics say
-    d = stat_distance(ct.stats[ti], cb.stats[bi]) if ct.kind[ti][-2:] == cb.kind[bi][-2:] else math.inf
+def _distances(ct: _Content, cb: _Content, tis: list[int], bis: list[int]) -> np.ndarray:
+    """:func:`stat_distance` of many pairs at once (inf where dtype class or shape differ)."""
+    if not tis:
+        return np.zeros(0)
+    x, y = ct.st[tis], cb.st[bis]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        l2 = np.maximum(np.abs(x[:, 0]), np.abs(y[:, 0]))
+        rms = l2 / np.sqrt(np.maximum(np.maximum(x[:, 4], y[:, 4]), 1))
+        d = np.maximum.reduce([np.abs(x[:, 0] - y[:, 0]) / l2, np.abs(x[:, 1] - y[:, 1]) / rms,
+                               np.abs(x[:, 2] - y[:, 2]) / rms, np.abs(x[:, 3] - y[:, 3]) / rms])
+        zero = l2 == 0
+        d[zero] = np.where(np.all(x[zero, 1:4] == y[zero, 1:4], axis=1), 0.0, 1.0)
+        d[~np.isfinite(x[:, :4]).all(axis=1) | ~np.isfinite(y[:, :4]).all(axis=1)] = math.nan
+    other = [ct.form[i] != cb.form[j] for i, j in zip(tis, bis)]
+    d[np.array(other, bool)] = math.inf
+    return d
+
+
+def _better_partner(ct: _Content, cb: _Content, ti: int, bi: int, d: float) -> tuple[int, float, float] | None:
+    """(bench row, its distance, the pair's distance ``d``) of a far better partner of target
+    row ``ti`` than its bench row ``bi`` (see LOOKS_WRONG), or None."""
     if not d > LOOKS_WRONG:  # NaN (unknown) is not wrong
         return None
-    found = cb.by_kind().get(ct.kind[ti])
+    b = cb.s
+    found = cb.by_kind().get(ct.kind(ti))
     if found is None:
         return None
     rows, at = found
@@ -707,7 +753,7 @@ def _better_partner(ct: _Content, cb: _Content, ti: int, bi: int) -> tuple[int, 
     for j in rows[max(0, k - NEIGHBOURS):k + NEIGHBOURS + 1]:
         if j == bi:
             continue
-        dj = stat_distance(ct.stats[ti], cb.stats[j])
+        dj = stat_distance(tuple(ct.st[ti].tolist()), tuple(cb.st[j].tolist()))
         if dj < best_d:
             best, best_d = j, dj
     return (best, best_d, d) if best >= 0 else None
@@ -720,7 +766,7 @@ def _take_back(p: _Pairing) -> dict[int, int]:
     named = [(ti, bi) for ti, bi, s in p.pairs if s in _NAME_STRATEGIES]
     if not named:
         return {}
-    ct, cb = _Content(p.t), _Content(p.b)
+    ct, cb = _content(p.t), _content(p.b)
     calls_t: dict = defaultdict(set)
     calls_b: dict = defaultdict(set)
     for c, calls in ((ct, calls_t), (cb, calls_b)):
@@ -735,11 +781,12 @@ def _take_back(p: _Pairing) -> dict[int, int]:
         if f is not None and len(calls_t[f]) != len(calls_b.get(f, ())):
             suspect.add(f)
     bench_family = {bi: ct.family[ti] for ti, bi in named}
-    for ti, bi in named:
+    dist = _distances(ct, cb, [ti for ti, _ in named], [bi for _, bi in named])
+    for (ti, bi), d in zip(named, dist.tolist()):
         f = ct.family[ti]
-        if f is None or f in suspect:
+        if f is None or f in suspect or not d > LOOKS_WRONG:
             continue
-        better = _better_partner(ct, cb, ti, bi)
+        better = _better_partner(ct, cb, ti, bi, d)
         if better is not None:
             suspect.add(f)
             other = bench_family.get(better[0])
@@ -762,12 +809,12 @@ def _take_back(p: _Pairing) -> dict[int, int]:
 def _suspects(p: _Pairing) -> list[tuple[int, int, int, float, float]]:
     """Final pairs (mapping excepted: what the user wrote wins) that look wrong while a far
     better partner exists: (target row, bench row, better bench row, distance, better distance)."""
-    ct, cb = _Content(p.t), _Content(p.b)
+    ct, cb = _content(p.t), _content(p.b)
     out = []
-    for ti, bi, strategy in p.pairs:
-        if strategy == "mapping":
-            continue
-        better = _better_partner(ct, cb, ti, bi)
+    pairs = [(ti, bi) for ti, bi, strategy in p.pairs if strategy != "mapping"]
+    dist = _distances(ct, cb, [ti for ti, _ in pairs], [bi for _, bi in pairs])
+    for (ti, bi), d in zip(pairs, dist.tolist()):
+        better = _better_partner(ct, cb, ti, bi, d) if d > LOOKS_WRONG else None
         if better is not None:
             out.append((ti, bi, better[0], better[2], better[1]))
     return out

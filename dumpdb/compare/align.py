@@ -469,6 +469,10 @@ def _sequence(p: _Pairing) -> None:
         bnames, btok = tokens(p.b, b_ops)
         matched = diff(ttok, btok)
         matched += _moved(matched, ttok, btok)
+        trows_, brows_ = [t_ops[n] for n in tnames], [b_ops[n] for n in bnames]
+        ct, cb = _content(p.t), _content(p.b)
+        matched = _shift_gaps(matched, ttok, btok,
+                              lambda ti, bi: _op_distance(ct, trows_[ti], cb, brows_[bi]))  # noqa: B023
         found.append((t_ops, b_ops, tnames, bnames, ttok, matched))
     # Ops sharing a token (the q/k/v reshapes of one attention, say) may run in another order in
     # the other graph: re-pair them by statistics and by the -opN counter as a weak hint.
@@ -531,6 +535,59 @@ def _moved(matched: list[tuple[int, int]], ttok: list, btok: list) -> list[tuple
         if len(bis) == len(tis):
             out.extend(zip(tis, bis))
     return out
+
+
+GAP_WINDOW = 64  # places looked at around a pair for an unpaired op of the same token
+
+
+def _shift_gaps(matched: list[tuple[int, int]], ttok: list, btok: list, cost) -> list[tuple[int, int]]:
+    """Where one side has an extra op among ops of one token (a relu computed another way,
+    one call fewer), the diff may put the gap at the wrong op: a pair that looks wrong
+    (``cost`` > LOOKS_WRONG, :func:`_op_distance`) moves to an unpaired op of the same token
+    between its neighbours' partners that fits far better (below FITS and FAR_BETTER times
+    smaller), on either side."""
+    out = sorted(matched)
+    for side in (1, 0):  # an extra bench op, then an extra target op
+        if side == 0:
+            out = sorted(out, key=lambda x: x[1])
+        used = {x[side] for x in out}
+        toks, other = (btok, ttok) if side == 1 else (ttok, btok)
+        n = len(toks)
+        for k, pair in enumerate(out):
+            lo = out[k - 1][side] if k else -1
+            hi = out[k + 1][side] if k + 1 < len(out) else n
+            cur = pair[side]
+            tok = other[pair[1 - side]]
+            old = None
+            for j in range(max(lo + 1, cur - GAP_WINDOW), min(hi, cur + GAP_WINDOW + 1)):
+                if j == cur or j in used or toks[j] != tok:
+                    continue
+                if old is None:
+                    old = cost(*pair)
+                    if not old > LOOKS_WRONG:
+                        break
+                new = cost(pair[0], j) if side == 1 else cost(j, pair[1])
+                if new < min(FITS, old / FAR_BETTER):
+                    used.discard(cur)
+                    used.add(j)
+                    out[k] = (pair[0], j) if side == 1 else (j, pair[1])
+                    break
+    return sorted(out)
+
+
+def _op_distance(ct: _Content, trows: list[int], cb: _Content, brows: list[int]) -> float:
+    """The largest :func:`stat_distance` over the tensors two ops share by (io, slot,
+    slot_path, arg_name); NaN when none is known."""
+    bleaf = {cb.s.leafs[i]: i for i in brows}
+    tis, bis = [], []
+    for i in trows:
+        j = bleaf.get(ct.s.leafs[i])
+        if j is not None:
+            tis.append(i)
+            bis.append(j)
+    d = _distances(ct, cb, tis, bis)
+    d = d[~np.isnan(d)]
+    return float(d.max()) if d.size else math.nan
 
 
 def _sizes(s: _Side, rows: list[int]) -> tuple:

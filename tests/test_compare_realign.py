@@ -168,3 +168,30 @@ def test_crossed_pair_of_one_family_is_realigned():
     assert al.pairs["realigned"].to_pylist() == [True, True]
     exact_only = align(target, bench, strategies=("exact",))
     assert exact_only.suspects.num_rows == 2
+
+
+@pytest.fixture(scope="module")
+def tf(tmp_path_factory):
+    archive = tmp_path_factory.mktemp("tf") / "a.dumpdb"
+    for case in ("fp32", "fp16", "fp32_ln1", "fp16_ln1"):
+        assert dumpdb.ingest(DATA / "transformer" / case, archive=archive, run=case).ok
+    return archive
+
+
+@pytest.mark.parametrize("target", ["fp32_ln1", "fp16_ln1"])
+def test_mindspore_ir_constant_epsilon_is_an_arg_diff(tf, target):
+    """MindSpore IR: layer 1's norm1 LayerNorm is `F32(0.5)` against `F32(1e-05)`
+    (tests/data/transformer/README.md): the one op with an arg_diff, also under O2."""
+    a = dumpdb.open(tf)
+    out = compare(a, target, "fp32", store_results=False)
+    diffs = out.summary["arg_diffs"]
+    assert [d["arg_diff"] for d in diffs] == ["input.5: 1e-05 -> 0.5"]
+    assert "1-TransformerEncoderLayer_norm1-" in diffs[0]["target"] and diffs[0]["target"].endswith("LayerNorm-op0")
+    stored = a.sql("SELECT scalar_args FROM ops WHERE run = ? AND op_type = 'LayerNorm' AND scope_name LIKE "
+                   "'%1-TransformerEncoderLayer/norm1-%'", [target])["scalar_args"].to_pylist()
+    assert stored and '"input.5": 0.5' in stored[0]
+
+
+def test_mindspore_clean_amp_pair_has_no_arg_diff(tf):
+    out = compare(dumpdb.open(tf), "fp16", "fp32", store_results=False)
+    assert out.summary["arg_diffs"] == []

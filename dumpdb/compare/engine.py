@@ -511,8 +511,9 @@ def _arg_diff(archive, tsel: Selection, bsel: Selection, view: _View) -> pa.Arra
 
     ctx = view.context
     with archive.reader() as con:
-        col = arg_diff_column(con, tsel.run, bsel.run, *(ctx[k].to_pylist() for k in (
-            "target_name", "bench_name", "rank", "iteration", "bench_rank", "bench_iteration")))
+        col = arg_diff_column(con, tsel.run, bsel.run, {k: ctx[k].to_pylist() for k in (
+            "target_name", "bench_name", "rank", "iteration", "bench_rank", "bench_iteration", "scope_name",
+            "bench_scope_name", "graph_id", "bench_graph_id")})
     return pa.nulls(view.n, pa.string()) if col is None else pa.array(col, pa.string())
 
 
@@ -869,7 +870,8 @@ _ROW_FIELDS = (
     ("target_shape", 0, "shape"), ("bench_shape", 1, "shape"), ("target_dtype_declared", 0, "dtype_declared"),
     ("bench_dtype_declared", 1, "dtype_declared"), ("target_requires_grad", 0, "requires_grad"),
     ("bench_requires_grad", 1, "requires_grad"), ("code_file", 0, "code_file"), ("code_line", 0, "code_line"),
-    ("bench_rank", 1, "rank"), ("bench_iteration", 1, "iteration"),
+    ("bench_rank", 1, "rank"), ("bench_iteration", 1, "iteration"), ("bench_scope_name", 1, "scope_name"),
+    ("bench_graph_id", 1, "graph_id"),
     ("code_text", 0, "code_text"), ("target_source_file", 0, "source_file"),
     *((f"{side}_{k}", n, k) for n, side in enumerate(("target", "bench")) for k in ("max", "min", "mean", "l2norm")),
 )

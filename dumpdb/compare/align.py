@@ -72,6 +72,18 @@ different number of times -> cannot compare or compares the wrong API").
     every fp32 tensor paired, every pair of the same op type, none with a worse partner than
     a brute-force search by cosine would find.
 
+Content check (before ``sequence``, when it is among the strategies)
+    Every ``exact`` / ``normalized`` pair is checked against what it holds: a name family
+    (:func:`family`: msprobe names without their call index, MindSpore names without
+    ``-opN``) holding another number of ops on the two sides, or a pair whose dtype class,
+    shape or statistics (:func:`stat_distance` > ``LOOKS_WRONG``) look wrong while a bench
+    tensor of the same kind nearby fits ``FAR_BETTER`` times better (within ``FITS``), has
+    its family's name pairs taken back; ``sequence`` pairs them again, content breaking ties
+    (and moving a gap among ops of one token to where content puts it). ``realigned`` marks
+    the pairs that changed partner; ``Alignment.suspects`` lists final pairs that still look
+    wrong (the same test; mapping pairs are not doubted). Real cases and thresholds:
+    docs/alignment.md.
+
 ``order``
     Within each ``(op_type, io, slot)`` (plus ``arg_name``, ``slot_path`` and ``direction``,
     which tell msprobe's weight from bias, nested leaves apart and forward from backward;

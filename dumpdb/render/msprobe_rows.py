@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from dumpdb.compare.verdict import ALL_IGNORE, INPUT_IGNORE, Thresholds
+
 N_A, NAN, INF, NEG_INF, UNSUPPORTED, NONE_STR = "N/A", "Nan", "inf", "-inf", "unsupported", "None"
 SHAPE_UNMATCHED = "shape unmatched"
 
@@ -43,9 +45,6 @@ _SECTIONS = (("input_args", ".input", "input"), ("input_kwargs", ".input", "inpu
              ("input", ".input", "input"), ("output", ".output", "output"),
              ("parameters", ".parameters", "parameters"))
 _STATS = ("Max", "Min", "Mean", "Norm")
-_IGNORE_ALL = {"empty", "empty_like", "numpy", "to", "__setitem__", "empty_with_format", "new_empty_strided",
-               "new_empty", "empty_strided"}
-_IGNORE_INPUT = {"_reduce_scatter_base", "_all_gather_base", "all_to_all_single", "batch_isend_irecv"}
 _RESULT_COLUMN = {"tensor": ("cosine", "euc_dist", "max_abs_err", "max_rel_err", "one_thousandth_err_ratio",
                              "five_thousandths_err_ratio")}
 
@@ -367,8 +366,12 @@ def _inf_or_nan(v: Any) -> bool:
     return isinstance(v, str) and v.strip().lower() in ("inf", "-inf", "nan")
 
 
-def _judge(mode: str, rows: list[dict]) -> None:
-    """Result and Err_message of one record's rows, as msprobe's checkers set them."""
+def _judge(mode: str, rows: list[dict], th: Thresholds = Thresholds()) -> None:
+    """Result and Err_message of one record's rows, as msprobe's checkers set them: the
+    rules of :mod:`dumpdb.compare.verdict` (its thresholds and ignore lists, the one home
+    of msprobe's rules) over the CSV's cells (msprobe's strings: ``N/A``, ``Nan``,
+    percentages), with msprobe's message texts; plus what only the CSV has, msprobe's
+    ``ParametersErrChecker`` (non-tensor arguments) and the md5 mode."""
     if not rows:
         return
     inputs = [r for r in rows if ".output." not in r["npu_name"]]
@@ -382,7 +385,7 @@ def _judge(mode: str, rows: list[dict]) -> None:
 
     name_split = inputs[0]["npu_name"].split(".") if inputs else []
     api = name_split[1] if len(name_split) >= 2 else None
-    ignore = "all" if api in _IGNORE_ALL else "input" if api in _IGNORE_INPUT else None
+    ignore = "all" if api in ALL_IGNORE else "input" if api in INPUT_IGNORE else None
     per_row = [] if ignore == "all" else outputs if ignore == "input" else inputs + outputs
     whole = ignore is None
 
@@ -438,9 +441,9 @@ def _judge(mode: str, rows: list[dict]) -> None:
     elif mode == "statistics":
         inf_nan()
         if whole:
-            if abs(_extreme(inputs, "norm_rel", smallest=False)) < 0.1:
+            if abs(_extreme(inputs, "norm_rel", smallest=False)) < th.rel_err_input:
                 for r in outputs:
-                    if abs(_pct(r["norm_rel"])) > 0.5:
+                    if abs(_pct(r["norm_rel"])) > th.rel_err_output:
                         flag(r, "error", "error: The NormRelativeErr of output is greater than 0.5.")
         requires_grad()
         parameters()
@@ -449,12 +452,13 @@ def _judge(mode: str, rows: list[dict]) -> None:
         if whole and outputs:
             max_in = abs(_extreme(inputs, "norm_rel", smallest=False))
             max_out = abs(_extreme(outputs, "norm_rel", smallest=False))
-            if (max_out > 0.1) if max_in == 0 else (max_out / max_in > 10):
+            if (max_out > th.rel_warn_zero_input) if max_in == 0 else (max_out / max_in > th.rel_warn_ratio):
                 flag(outputs[0], "warning", "warning: The norm relative error of output is 10 times that of input.")
     else:
         inf_nan()
         if whole and outputs:
-            if _extreme(inputs, "one_k", True) > 0.9 and _extreme(outputs, "one_k", True) < 0.1:
+            if _extreme(inputs, "one_k", True) > th.one_thousandth_input and \
+                    _extreme(outputs, "one_k", True) < th.one_thousandth_output:
                 flag(outputs[0], "error",
                      "error: The input/parameters of One Thousandth Err Ratio > 0.9 while the output < 0.6.")
         requires_grad()
@@ -463,7 +467,7 @@ def _judge(mode: str, rows: list[dict]) -> None:
         shape()
         if whole and outputs:
             cin, cout = _extreme(inputs, "cosine", True), _extreme(outputs, "cosine", True)
-            if cin > 0.9 and cin - cout > 0.1:
+            if cin > th.cosine_warn_input and cin - cout > th.cosine_warn_drop:
                 flag(outputs[0], "warning",
                      "warning: The input/parameters of Cosine > 0.9, and input/parameters - output > 0.1")
     for r in rows:  # msprobe's checkers reset every row's message, "No bench data matched." included

@@ -306,6 +306,7 @@ class _Side:
             self.okey[i] = rank
         self.leafs = list(zip(self.io, self.slot, self.slot_path, self.arg_name))
         self.free = [True] * n
+        self.content: _Content | None = None  # the content check's view of this side (_content)
 
     def free_rows(self) -> Iterable[int]:
         return (i for i in range(self.n) if self.free[i])
@@ -763,10 +764,9 @@ def _msprobe_like(name: str | None) -> bool:
 
 
 def _content(s: _Side) -> _Content:
-    c = getattr(s, "_content", None)
-    if c is None:
-        c = s._content = _Content(s)  # type: ignore[attr-defined]
-    return c
+    if s.content is None:
+        s.content = _Content(s)
+    return s.content
 
 
 def family(op_type: str | None, name: str | None) -> str | None:

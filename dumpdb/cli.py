@@ -966,7 +966,8 @@ def _divergence_lines(fd, summary: dict | None = None) -> list[str]:
     metric = ", ".join(f"{m.name} {format(fd[m.name], m.display)}" for m in shown if isinstance(fd.get(m.name), float))
     lines = [f"first divergence: iteration {_v(fd['iteration'])}, position {_v(fd['position'])}: "
              f"{_v(fd['op_type'])} {fd['io']}.{fd['slot']}",
-             f"  op      {fd['target_name']}"]
+             f"  op      {fd['target_name']}"
+             + (f"  (scalar arguments: {fd['arg_diff']})" if fd.get("arg_diff") else "")]
     if fd.get("origin_op"):
         lines.append(f"  origin  {fd['origin_op']} (an op only the target has, produced this input)")
     lines += [f"  scope   {fd['scope_name'] or '-'}",
@@ -983,10 +984,36 @@ def _divergence_lines(fd, summary: dict | None = None) -> list[str]:
     return lines
 
 
+def _alignment_lines(summary: dict | None) -> list[str]:
+    """Re-aligned pairs, suspected mispairs and scalar-argument differences of a compare summary."""
+    if not summary:
+        return []
+    lines = []
+    if summary.get("realigned"):
+        lines.append(f"alignment: {summary['realigned']} pairs re-aligned by sequence and content "
+                     "(name counters shifted or a name pair did not fit)")
+    suspects = summary.get("suspected_mispairs") or []
+    if suspects:
+        lines.append(f"suspected mispairs ({len(suspects)}): a same-type, same-shape bench tensor fits far better")
+        lines += [f"  {s['target']} -> {s['bench']} (distance {s['distance']:.3g}; {s['better_bench']}: "
+                  f"{s['better_distance']:.3g})" for s in suspects[:10]]
+        if len(suspects) > 10:
+            lines.append(f"  ... {len(suspects) - 10} more")
+    diffs = summary.get("arg_diffs") or []
+    if diffs:
+        lines.append(f"scalar arguments differ ({len(diffs)} ops):")
+        lines += [f"  {d['target']}: {d['arg_diff']}" for d in diffs[:10]]
+        if len(diffs) > 10:
+            lines.append(f"  ... {len(diffs) - 10} more")
+    return lines
+
+
 def _print_divergence(fd, summary: dict | None = None, stderr: bool = False) -> None:
     for i, line in enumerate(_divergence_lines(fd, summary)):
         style = "green" if fd is None else ("bold red" if i == 0 else None)
         _say(line, stderr=stderr, style=style)
+    for line in _alignment_lines(summary):
+        _say(line, stderr=stderr, style="yellow")
 
 
 RulesOpt = typer.Option("precision", "--rules", help="Verdict rules for the summary and first divergence: "
@@ -1053,7 +1080,7 @@ def compare_cmd(
 
         verdicts = "result" if sm.get("rules") == "msprobe" else "precision_result"
         cols = ["pair_index", "iteration", "op_type", "target_name", "io", "slot", "cosine", "max_abs_err",
-                "max_rel_err", verdicts]
+                "max_rel_err", verdicts, "arg_diff"]
         # the shown columns only (a zero-copy select), then the failing rows: filtering the
         # whole result table first copied nearly all of it
         failing = outcome.results.select(cols).filter(pc.not_equal(outcome.results[verdicts], "pass")) \

@@ -5,7 +5,14 @@ repetition (layers repeat the same op types, scopes per layer). Prints the time 
 with the ``sequence`` strategy alone and after ``exact`` and ``normalized`` on one tensor
 (output 0) per op, and the pairs found.
 
-Usage: python scripts/bench_align.py [N]
+Then the content check (issue 26): msprobe-style call names (``Tensor.__add__.K.forward``,
+per-API counters) with catalog statistics, N ops per side, against a baseline measured in
+the same run, the plain exact join (a dict from name to row, the pairs it gives):
+``align`` (exact, normalized, sequence) on two equal runs (every name pair checked, none
+taken back) and on a rewrite (target computes one op by 9 calls near the start, so every
+later counter of those APIs shifts: their families are re-aligned by sequence).
+
+Usage: python scripts/bench_align.py [N] [--content-only]
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import time
 import pyarrow as pa
 
 from dumpdb.compare.align import align
+from dumpdb.compare.align_sql import align_exact
 from dumpdb.compare.sequence import diff
 
 OPS = ("MatMul", "BiasAdd", "Add", "LayerNorm", "Softmax", "Transpose", "Reshape", "Mul", "GeLU", "Div")
@@ -43,6 +51,9 @@ def table(names: list[str], start: int) -> pa.Table:
 
 def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 100_000
+    if "--content-only" in sys.argv:
+        content(n)
+        return
     target, bench = sequences(n)
     key = [t.replace("net-_OutputTo32/_backbone-LM", "net-LM").rsplit("-op", 1)[0] for t in target]
     bkey = [b.rsplit("-op", 1)[0] for b in bench]
@@ -62,6 +73,72 @@ def main() -> None:
     c = al.counts()
     print(f"align (exact, normalized, sequence): {tt.num_rows} x {bt.num_rows} tensors in {t1 - t0:.2f} s: "
           f"sequence {c['sequence']}, unmatched target {c['unmatched_target']}, bench {c['unmatched_bench']}")
+
+    content(n)
+
+
+APIS = ("Tensor.__add__", "Functional.linear", "Tensor.__mul__", "Functional.layer_norm", "Torch.softmax",
+        "Tensor.transpose", "Functional.gelu", "Tensor.view")
+REWRITE = ("Tensor.mean", "Tensor.__sub__", "Tensor.__mul__", "Tensor.mean", "Tensor.__add__", "Torch.sqrt",
+           "Tensor.__truediv__", "Tensor.__mul__", "Tensor.__add__")
+
+
+def msprobe_run(n: int, rewrite_at: int | None, seed: int = 1) -> pa.Table:
+    """n ops (one output tensor each) with per-API counters and statistics; ``rewrite_at``:
+    the layer_norm there is replaced by the 9 calls of a hand-written LayerNorm."""
+    rng = random.Random(seed)
+    count: dict[str, int] = {}
+    rows: dict[str, list] = {k: [] for k in ("tensor_id", "op_type", "op_name", "io", "slot", "shape", "dtype",
+                                             "l2norm", "mean", "min", "max")}
+
+    def add(api: str, stats: tuple) -> None:
+        k = count.get(api, 0)
+        count[api] = k + 1
+        for key, v in zip(rows, (len(rows["tensor_id"]), api, f"{api}.{k}.forward", "output", 0, [8, 64],
+                                 "float32", *stats)):
+            rows[key].append(v)
+
+    for i in range(n):
+        api = APIS[rng.randrange(len(APIS))]
+        stats = (rng.uniform(1, 50), rng.uniform(-1, 1), rng.uniform(-9, -2), rng.uniform(2, 9))
+        if i == rewrite_at:
+            for j, part in enumerate(REWRITE):
+                add(part, (10.0 + j, 0.1 * j, -3.0 - j, 3.0 + j))
+            continue
+        add(api, stats)
+    n_rows = len(rows["tensor_id"])
+    for c in ("scope_name", "slot_path", "arg_name", "iteration", "rank", "graph_id", "timestamp"):
+        rows[c] = [None] * n_rows
+    rows["position"] = list(range(n_rows))
+    return pa.table(rows)
+
+
+def content(n: int) -> None:
+    bench = msprobe_run(n, None)
+    same = msprobe_run(n, None)
+    rewrite = msprobe_run(n, 100)
+
+    def exact_join(t: pa.Table, b: pa.Table) -> int:
+        where = dict(zip(b.column("op_name").to_pylist(), range(b.num_rows)))
+        return sum(1 for name in t.column("op_name").to_pylist() if name in where)
+
+    t0 = time.perf_counter()
+    joined = exact_join(same, bench)
+    base = time.perf_counter() - t0
+    print(f"content check, {n} msprobe calls a side; baseline (plain exact join, dict): {joined} pairs in {base:.2f} s")
+    for label, target in (("equal runs", same), ("LayerNorm by hand at call 100", rewrite)):
+        t0 = time.perf_counter()
+        al = align(target, bench, strategies=("exact", "normalized", "sequence"))
+        dt = time.perf_counter() - t0
+        c = al.counts()
+        realigned = sum(al.pairs.column("realigned").to_pylist())
+        print(f"  align, {label}: {dt:.2f} s ({dt / base:.0f}x the join): exact {c['exact']}, "
+              f"sequence {c['sequence']}, re-aligned {realigned}, suspects {al.suspects.num_rows}")
+    t0 = time.perf_counter()
+    sql = align_exact(same, bench, strategies=("exact", "normalized", "sequence"))
+    dt = time.perf_counter() - t0
+    print(f"  align_exact (SQL, with its content check), equal runs: {dt:.2f} s ({dt / base:.0f}x the join): "
+          f"{'settled' if sql is not None else 'declined'}")
 
 
 if __name__ == "__main__":

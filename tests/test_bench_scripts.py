@@ -50,3 +50,10 @@ def test_bench_delta_prints_sizes_times_and_read_cost_against_plain(tmp_path):
     for label in ("stored bytes delta", "ratio delta/plain", "delta payloads", "ingest s plain / delta",
                   "read delta / plain", "np.load"):
         assert label in out, out
+
+
+def test_bench_align_content_check_against_the_exact_join(tmp_path):
+    out = _run(str(REPO / "scripts" / "bench_align.py"), "2000", "--content-only", cwd=tmp_path)
+    assert "baseline (plain exact join, dict): 2000 pairs" in out, out
+    assert "align, equal runs:" in out and "re-aligned 0" in out, out
+    assert "align, LayerNorm by hand at call 100:" in out and "x the join" in out, out

@@ -71,7 +71,7 @@ def check_partition(al: Alignment, target: pa.Table, bench: pa.Table) -> None:
     ub = al.unmatched_bench["tensor_id"].to_pylist()
     assert sorted(tids + ut) == sorted(target["tensor_id"].to_pylist())
     assert sorted(bids + ub) == sorted(bench["tensor_id"].to_pylist())
-    assert al.pairs.schema.names == ["target_tensor_id", "bench_tensor_id", "match_strategy"]
+    assert al.pairs.schema.names == ["target_tensor_id", "bench_tensor_id", "match_strategy", "realigned"]
     assert al.unmatched_target.schema.names == ["tensor_id", "name", "io", "slot"]
     assert al.pairs.num_rows > 0 and set(al.pairs["match_strategy"].to_pylist()) <= set(STRATEGIES)
 
@@ -443,7 +443,12 @@ def test_msprobe_call_index_dropped_only_when_unique():
     # relu.2 has no partner: unique-call rule needs a call on both sides
     assert al.unmatched_target["name"].to_pylist().count("Functional.relu.2.forward") == 2
     al = align(target, bench)  # sequence (or order) then pairs the two add calls (2 vs 2 of Tensor.add)
-    assert sum(1 for _, _, s in pair_list(al) if s in ("sequence", "order")) == 4
+    by = {t: (b, s) for t, b, s in pair_list(al)}
+    assert all(by[i][1] in ("sequence", "order") for i in range(8, 12))
+    # relu ran 3x against 2x: the content check takes its name pairs back and the sequence
+    # alignment pairs them again, here with the same partners (not "realigned")
+    assert [by[i] for i in range(4)] == [(100 + i, "sequence") for i in range(4)]
+    assert not any(al.pairs["realigned"].to_pylist())
 
 
 # --------------------------------------------------------------------------- mapping files

@@ -21,6 +21,7 @@ import dumpdb
 from dumpdb.render.msprobe_csv import write_msprobe_csv
 
 ORACLE = Path(__file__).parent / "data" / "msprobe_oracle"
+REWRITE = Path(__file__).parent / "data" / "msprobe_rewrite"
 CASES = ("tensor_L1", "statistics_L1", "md5_L1", "statistics_mix", "statistics_L0", "tensor_mix")
 
 
@@ -32,6 +33,8 @@ def archive(tmp_path_factory):
             report = dumpdb.ingest(ORACLE / case / variant / "dump", archive=path, run=f"{case}_{variant}")
             assert report.ok, report.errors
     assert dumpdb.ingest(ORACLE / "naninf_L1" / "dump", archive=path, run="naninf_L1").ok
+    for case in ("handln", "none"):  # unequal op sequences (tests/data/msprobe_rewrite)
+        assert dumpdb.ingest(REWRITE / case / "dump", archive=path, run=f"rewrite_{case}").ok
     return dumpdb.open(path)
 
 
@@ -41,7 +44,7 @@ def _oracle(case: str) -> Path:
 
 
 PAIRS = {case: (f"{case}_bf16", f"{case}_fp32") for case in CASES}
-# The tensor_* dumps hold their payloads as .pt files: without PyTorch they ingest
+# The tensor_* (and msprobe_rewrite) dumps hold their payloads as .pt files: without PyTorch they ingest
 # statistics-only and msprobe's tensor metrics (cosine, errors) have nothing to compare.
 _NO_TORCH = importlib.util.find_spec("torch") is None
 _NEEDS_TORCH = pytest.mark.skipif(_NO_TORCH, reason="the tensor_* cases' payloads are .pt files: reading them needs "
@@ -50,11 +53,18 @@ _NEEDS_TORCH = pytest.mark.skipif(_NO_TORCH, reason="the tensor_* cases' payload
 
 def _cases(names) -> list:
     """``names`` as parameters, the tensor_* ones skipped without PyTorch (naming why)."""
-    return [pytest.param(n, marks=_NEEDS_TORCH) if n.startswith("tensor_") else n for n in names]
+    return [pytest.param(n, marks=_NEEDS_TORCH) if n.startswith(("tensor_", "rewrite_")) else n for n in names]
+
+
 # target with modules (mix) against a bench without them (L1): rows with no bench
 PAIRS["unmatched_mix_vs_L1"] = ("statistics_mix_bf16", "statistics_L1_fp32")
 # NaN and +-Inf statistics (edited dump.json) against the real fp32 run
 PAIRS["naninf_L1"] = ("naninf_L1", "statistics_L1_fp32")
+# unequal op sequences in tensor mode: a LayerNorm by hand shifts the call counters. msprobe
+# matches backward calls by their backward call order; rows without a bench and tensors of
+# other shapes get 'unsupported' / 'shape unmatched'; pairs dumpdb re-aligned get msprobe's
+# name-matched metrics
+PAIRS["rewrite_handln_L1"] = ("rewrite_handln", "rewrite_none")
 
 
 def _ours(archive, case: str, tmp_path: Path) -> Path:
@@ -168,6 +178,29 @@ def test_two_ranks_one_csv_per_rank_like_msprobe(tmp_path):
         (theirs,) = (ORACLE / "gloo_2rank_step1_vs_step0").glob(f"compare_result_rank{rank}_*.csv")
         ours = tmp_path / "out" / f"compare_result_rank{rank}.csv"
         assert ours.read_bytes() == theirs.read_bytes()
+
+
+@_NEEDS_TORCH
+def test_two_ranks_tensor_mode_each_rank_has_its_own_metrics(tmp_path):
+    """Tensor mode, 2 ranks: each rank's CSV carries that rank's metrics (they were keyed by
+    msprobe's tensor name alone, so rank 0's file had rank 1's metrics)."""
+    gloo = Path(__file__).parent / "data" / "msprobe" / "tensor_L1_2rank_gloo" / "dump"
+    assert dumpdb.ingest(gloo, archive=tmp_path / "a", run="gloo").ok
+    a = dumpdb.open(tmp_path / "a")
+    results = a.compare("gloo:1", "gloo:0")
+    write_msprobe_csv(results, tmp_path / "out" / "compare_result.csv", archive=a)
+    for rank in (0, 1):
+        (theirs,) = (ORACLE / "tensor_2rank_step1_vs_step0").glob(f"compare_result_rank{rank}_*.csv")
+        ours = list(csv.reader(open(tmp_path / "out" / f"compare_result_rank{rank}.csv", newline="")))
+        ref = list(csv.reader(open(theirs, newline="")))
+        assert len(ours) == len(ref)
+        for mine, want in zip(ours, ref):
+            for a_, b_ in zip(mine, want):
+                x, y = _number(a_), _number(b_)
+                if x is not None and y is not None and not (math.isnan(x) or math.isnan(y)):
+                    assert x == pytest.approx(y, rel=1e-6, abs=1e-9), (rank, want[0], a_, b_)
+                else:
+                    assert a_ == b_, (rank, want[0], a_, b_)
 
 
 @pytest.mark.parametrize("case", _cases(("statistics_L1", "tensor_L1")))

@@ -72,6 +72,18 @@ different number of times -> cannot compare or compares the wrong API").
     every fp32 tensor paired, every pair of the same op type, none with a worse partner than
     a brute-force search by cosine would find.
 
+Content check (before ``sequence``, when it is among the strategies)
+    Every ``exact`` / ``normalized`` pair is checked against what it holds: a name family
+    (:func:`family`: msprobe names without their call index, MindSpore names without
+    ``-opN``) holding another number of ops on the two sides, or a pair whose dtype class,
+    shape or statistics (:func:`stat_distance` > ``LOOKS_WRONG``) look wrong while a bench
+    tensor of the same kind nearby fits ``FAR_BETTER`` times better (within ``FITS``), has
+    its family's name pairs taken back; ``sequence`` pairs them again, content breaking ties
+    (and moving a gap among ops of one token to where content puts it). ``realigned`` marks
+    the pairs that changed partner; ``Alignment.suspects`` lists final pairs that still look
+    wrong (the same test; mapping pairs are not doubted). Real cases and thresholds:
+    docs/alignment.md.
+
 ``order``
     Within each ``(op_type, io, slot)`` (plus ``arg_name``, ``slot_path`` and ``direction``,
     which tell msprobe's weight from bias, nested leaves apart and forward from backward;
@@ -123,12 +135,15 @@ from __future__ import annotations
 
 import csv
 import io as _io
+import math
 import re
+from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import yaml
@@ -142,10 +157,13 @@ STRATEGIES = ("exact", "normalized", "sequence", "order", "mapping")
 
 _COLUMNS = ("tensor_id", "op_type", "op_name", "scope_name", "io", "slot", "arg_name", "slot_path",
             "direction", "iteration", "rank", "graph_id", "timestamp", "position", "shape", "l2norm", "mean",
-            "min", "max")
+            "min", "max", "dtype")
 
 PAIRS_SCHEMA = pa.schema([("target_tensor_id", pa.int64()), ("bench_tensor_id", pa.int64()),
-                          ("match_strategy", pa.string())])
+                          ("match_strategy", pa.string()), ("realigned", pa.bool_())])
+SUSPECTS_SCHEMA = pa.schema([("target_tensor_id", pa.int64()), ("bench_tensor_id", pa.int64()),
+                             ("better_bench_tensor_id", pa.int64()), ("distance", pa.float64()),
+                             ("better_distance", pa.float64())])
 UNMATCHED_SCHEMA = pa.schema([("tensor_id", pa.int64()), ("name", pa.string()), ("io", pa.string()),
                               ("slot", pa.int32())])
 
@@ -153,12 +171,17 @@ UNMATCHED_SCHEMA = pa.schema([("tensor_id", pa.int64()), ("name", pa.string()), 
 @dataclass
 class Alignment:
     """Result of :func:`align`. ``pairs``: ``target_tensor_id``, ``bench_tensor_id``,
-    ``match_strategy`` in the target's execution order; ``unmatched_target`` /
-    ``unmatched_bench``: ``tensor_id``, ``name`` (op name as dumped), ``io``, ``slot``."""
+    ``match_strategy``, ``realigned`` (bool: a name pair the content check took back and
+    the sequence alignment paired otherwise) in the target's execution order;
+    ``unmatched_target`` / ``unmatched_bench``: ``tensor_id``, ``name`` (op name as
+    dumped), ``io``, ``slot``; ``suspects``: pairs that still look wrong while a bench
+    tensor of the same op type, leaf, dtype class and shape fits far better
+    (:data:`SUSPECTS_SCHEMA`, statistics distances of :func:`stat_distance`)."""
 
     pairs: pa.Table
     unmatched_target: pa.Table
     unmatched_bench: pa.Table
+    suspects: pa.Table = field(default_factory=SUSPECTS_SCHEMA.empty_table)
 
     def counts(self) -> dict[str, int]:
         """Pairs per strategy (every strategy listed, 0 when unused) and unmatched per side."""
@@ -248,6 +271,7 @@ class _Side:
     mean: list
     min: list
     max: list
+    dtype: list
 
     def __init__(self, table: pa.Table, group_by: Sequence[str], label: str):
         if not isinstance(table, pa.Table):
@@ -282,6 +306,7 @@ class _Side:
             self.okey[i] = rank
         self.leafs = list(zip(self.io, self.slot, self.slot_path, self.arg_name))
         self.free = [True] * n
+        self.content: _Content | None = None  # the content check's view of this side (_content)
 
     def free_rows(self) -> Iterable[int]:
         return (i for i in range(self.n) if self.free[i])
@@ -457,6 +482,10 @@ def _sequence(p: _Pairing) -> None:
         bnames, btok = tokens(p.b, b_ops)
         matched = diff(ttok, btok)
         matched += _moved(matched, ttok, btok)
+        trows_, brows_ = [t_ops[n] for n in tnames], [b_ops[n] for n in bnames]
+        ct, cb = _content(p.t), _content(p.b)
+        matched = _shift_gaps(matched, ttok, btok,
+                              lambda ti, bi: _op_distance(ct, trows_[ti], cb, brows_[bi]))  # noqa: B023
         found.append((t_ops, b_ops, tnames, bnames, ttok, matched))
     # Ops sharing a token (the q/k/v reshapes of one attention, say) may run in another order in
     # the other graph: re-pair them by statistics and by the -opN counter as a weak hint.
@@ -521,6 +550,59 @@ def _moved(matched: list[tuple[int, int]], ttok: list, btok: list) -> list[tuple
     return out
 
 
+GAP_WINDOW = 64  # places looked at around a pair for an unpaired op of the same token
+
+
+def _shift_gaps(matched: list[tuple[int, int]], ttok: list, btok: list, cost) -> list[tuple[int, int]]:
+    """Where one side has an extra op among ops of one token (a relu computed another way,
+    one call fewer), the diff may put the gap at the wrong op: a pair that looks wrong
+    (``cost`` > LOOKS_WRONG, :func:`_op_distance`) moves to an unpaired op of the same token
+    between its neighbours' partners that fits far better (below FITS and FAR_BETTER times
+    smaller), on either side."""
+    out = sorted(matched)
+    for side in (1, 0):  # an extra bench op, then an extra target op
+        if side == 0:
+            out = sorted(out, key=lambda x: x[1])
+        used = {x[side] for x in out}
+        toks, other = (btok, ttok) if side == 1 else (ttok, btok)
+        n = len(toks)
+        for k, pair in enumerate(out):
+            lo = out[k - 1][side] if k else -1
+            hi = out[k + 1][side] if k + 1 < len(out) else n
+            cur = pair[side]
+            tok = other[pair[1 - side]]
+            old = None
+            for j in range(max(lo + 1, cur - GAP_WINDOW), min(hi, cur + GAP_WINDOW + 1)):
+                if j == cur or j in used or toks[j] != tok:
+                    continue
+                if old is None:
+                    old = cost(*pair)
+                    if not old > LOOKS_WRONG:
+                        break
+                new = cost(pair[0], j) if side == 1 else cost(j, pair[1])
+                if new < min(FITS, old / FAR_BETTER):
+                    used.discard(cur)
+                    used.add(j)
+                    out[k] = (pair[0], j) if side == 1 else (j, pair[1])
+                    break
+    return sorted(out)
+
+
+def _op_distance(ct: _Content, trows: list[int], cb: _Content, brows: list[int]) -> float:
+    """The largest :func:`stat_distance` over the tensors two ops share by (io, slot,
+    slot_path, arg_name); NaN when none is known."""
+    bleaf = {cb.s.leafs[i]: i for i in brows}
+    tis, bis = [], []
+    for i in trows:
+        j = bleaf.get(ct.s.leafs[i])
+        if j is not None:
+            tis.append(i)
+            bis.append(j)
+    d = _distances(ct, cb, tis, bis)
+    d = d[~np.isnan(d)]
+    return float(d.max()) if d.size else math.nan
+
+
 def _sizes(s: _Side, rows: list[int]) -> tuple:
     out = []
     for i in rows:
@@ -570,8 +652,6 @@ def _repair(pairs: list[tuple[int, int]], ttok: list, cost) -> list[tuple[int, i
 
 
 def _distance(t: _Side, trows: list[int], b: _Side, brows: list[int]) -> float:
-    import math
-
     bleaf = {b.leafs[i]: i for i in brows}
     d = 0.0
     for i in trows:
@@ -585,6 +665,228 @@ def _distance(t: _Side, trows: list[int], b: _Side, brows: list[int]) -> float:
             scale = max(abs(b.l2norm[j] or 0.0), 1e-30)
             d += abs(x - y) / scale
     return d
+
+
+# --------------------------------------------------------------------------- content check
+
+# A name pair "looks wrong" when the statistics distance (stat_distance) of its two tensors
+# is above LOOKS_WRONG and a bench tensor of the same op type, leaf, dtype class and shape,
+# at most NEIGHBOURS places away in that kind's execution order, fits FAR_BETTER times
+# better and within FITS (a real change of one op leaves no such partner: the softmax of a
+# changed scale, distance 0.80, has a best other partner at 0.15). Clean pairs on real dumps sit far below (fp16 O2 vs
+# fp32 MindSpore Transformer, bf16 vs fp32 msprobe: see docs/alignment.md); the crossed
+# attention Transposes of the MindSpore Transformer and the counter-shifted msprobe calls
+# of a rewritten LayerNorm sit far above with a partner near 0.
+LOOKS_WRONG = 0.25
+FAR_BETTER = 4.0
+FITS = 0.05  # a better partner must also fit: distance at most this (rounding, not another tensor)
+NEIGHBOURS = 16
+_NAME_STRATEGIES = frozenset({"exact", "normalized"})
+
+
+def stat_distance(x: tuple, y: tuple) -> float:
+    """How far two tensors' catalog statistics are apart, in units of the tensors' size.
+
+    ``x``, ``y``: ``(l2norm, mean, min, max, elements)``. The largest of
+    ``|l2norm_x - l2norm_y| / max(l2norm)`` and ``|s_x - s_y| / rms`` for s = mean, min, max,
+    where rms = max(l2norm) / sqrt(elements): 0 for equal statistics, about the relative
+    error for a pair differing by rounding, order 1 for unrelated tensors. NaN when a
+    statistic is missing or not finite (unknown: never "looks wrong"); 1.0 when one tensor
+    is all zeros and the other not.
+    """
+    if any(v is None for v in x) or any(v is None for v in y):
+        return math.nan
+    if not all(math.isfinite(v) for v in (*x[:4], *y[:4])):
+        return math.nan
+    l2 = max(abs(x[0]), abs(y[0]))
+    if l2 == 0.0:
+        return 0.0 if x[1:4] == y[1:4] else 1.0
+    rms = l2 / math.sqrt(max(x[4], y[4], 1))
+    return max(abs(x[0] - y[0]) / l2, abs(x[1] - y[1]) / rms, abs(x[2] - y[2]) / rms, abs(x[3] - y[3]) / rms)
+
+
+def _dtype_class(dtype: str | None) -> str | None:
+    if dtype is None:
+        return None
+    d = dtype.lower().removeprefix("torch.")
+    for prefix, cls in (("float", "f"), ("bfloat", "f"), ("half", "f"), ("double", "f"), ("complex", "c"),
+                        ("int", "i"), ("uint", "i"), ("long", "i"), ("bool", "b")):
+        if d.startswith(prefix):
+            return cls
+    return d
+
+
+class _Content:
+    """Per-row statistics (an n x 5 float array: l2norm, mean, min, max, elements; NaN where
+    missing), forms (dtype class, shape), kinds (group, graph, op type, leaf, form) and name
+    families (group, family) of one side, computed once for the content check."""
+
+    def __init__(self, s: _Side):
+        self.s = s
+        cols = [np.array([math.nan if v is None else v for v in col], np.float64)
+                for col in (s.l2norm, s.mean, s.min, s.max)]
+        cols.append(np.array([1 if sh is None else _prod(sh) for sh in s.shape], np.float64))
+        self.st = np.stack(cols, axis=1) if s.n else np.zeros((0, 5))
+        classes = {d: _dtype_class(d) for d in set(s.dtype)}
+        self.form = [(classes[d], None if sh is None else tuple(sh)) for d, sh in zip(s.dtype, s.shape)]
+        fam_of: dict = {}
+        self.family: list = []
+        for i in range(s.n):
+            name = s.name(i)
+            key = (s.op_type[i], name)
+            f = fam_of.get(key, _MISSING)
+            if f is _MISSING:
+                f = family(s.op_type[i], name)
+                if not _msprobe_like(name):  # msprobe names are unique per call: not worth keeping
+                    fam_of[key] = f
+            self.family.append(None if f is None else (s.group[i], f))
+        self._kinds: dict | None = None
+
+    def kind(self, i: int) -> tuple:
+        s = self.s
+        return (s.group[i], s.graph_id[i], s.op_type[i]) + s.leafs[i] + self.form[i]
+
+    def by_kind(self) -> dict:
+        """kind -> (rows in execution order, row -> place), built on first use."""
+        if self._kinds is None:
+            out: dict = defaultdict(list)
+            for i in sorted(range(self.s.n), key=self.s.okey.__getitem__):
+                out[self.kind(i)].append(i)
+            self._kinds = {k: (v, {i: x for x, i in enumerate(v)}) for k, v in out.items()}
+        return self._kinds
+
+
+_MISSING = object()
+
+
+def _msprobe_like(name: str | None) -> bool:
+    return name is not None and "." in name and name[-1] in "0123456789d"
+
+
+def _content(s: _Side) -> _Content:
+    if s.content is None:
+        s.content = _Content(s)
+    return s.content
+
+
+def family(op_type: str | None, name: str | None) -> str | None:
+    """The name family whose members a counter numbers: msprobe names without their call
+    index (``Tensor.__add__.*.forward``; a DDP ``Module.module.`` as ``Module.``), MindSpore
+    names without ``-opN`` (and ``/``, ``\\``, ``.``, space as ``_``); None for other
+    names and for cast-only ops (transparent to the sequence alignment, :func:`sequence_key`)."""
+    if name is None or op_type in _CAST_OP_TYPES:
+        return None
+    parsed = _msprobe(name)
+    if parsed is not None:
+        parts = (normalize_name(name) if name.startswith(_DDP_PREFIX) else name).split(".")
+        if len(parts) > 1 and parts[1] in _CAST_APIS:
+            return None
+        parts[-2 if parsed["kind"] == "api" else -1] = "*"
+        return ".".join(parts)
+    m = _OP_COUNTER.search(name)
+    return _SEPARATORS.sub("_", name[:m.start()]) if m else None
+
+
+def _distances(ct: _Content, cb: _Content, tis: list[int], bis: list[int]) -> np.ndarray:
+    """:func:`stat_distance` of many pairs at once (inf where dtype class or shape differ)."""
+    if not tis:
+        return np.zeros(0)
+    x, y = ct.st[tis], cb.st[bis]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        l2 = np.maximum(np.abs(x[:, 0]), np.abs(y[:, 0]))
+        rms = l2 / np.sqrt(np.maximum(np.maximum(x[:, 4], y[:, 4]), 1))
+        d = np.maximum.reduce([np.abs(x[:, 0] - y[:, 0]) / l2, np.abs(x[:, 1] - y[:, 1]) / rms,
+                               np.abs(x[:, 2] - y[:, 2]) / rms, np.abs(x[:, 3] - y[:, 3]) / rms])
+        zero = l2 == 0
+        d[zero] = np.where(np.all(x[zero, 1:4] == y[zero, 1:4], axis=1), 0.0, 1.0)
+        d[~np.isfinite(x[:, :4]).all(axis=1) | ~np.isfinite(y[:, :4]).all(axis=1)] = math.nan
+    other = [ct.form[i] != cb.form[j] for i, j in zip(tis, bis)]
+    d[np.array(other, bool)] = math.inf
+    return d
+
+
+def _better_partner(ct: _Content, cb: _Content, ti: int, bi: int, d: float) -> tuple[int, float, float] | None:
+    """(bench row, its distance, the pair's distance ``d``) of a far better partner of target
+    row ``ti`` than its bench row ``bi`` (see LOOKS_WRONG), or None."""
+    if not d > LOOKS_WRONG:  # NaN (unknown) is not wrong
+        return None
+    b = cb.s
+    found = cb.by_kind().get(ct.kind(ti))
+    if found is None:
+        return None
+    rows, at = found
+    k = at.get(bi)
+    if k is None:  # the current partner is of another kind: look around the target's place
+        k = bisect_left([b.okey[j] for j in rows], b.okey[bi])
+    best, best_d = -1, min(FITS, d / FAR_BETTER)
+    for j in rows[max(0, k - NEIGHBOURS):k + NEIGHBOURS + 1]:
+        if j == bi:
+            continue
+        dj = stat_distance(tuple(ct.st[ti].tolist()), tuple(cb.st[j].tolist()))
+        if dj < best_d:
+            best, best_d = j, dj
+    return (best, best_d, d) if best >= 0 else None
+
+
+def _take_back(p: _Pairing) -> dict[int, int]:
+    """The content check before the sequence strategy: name pairs of a family whose counts
+    differ between the sides, or with a pair that looks wrong while a far better partner
+    exists, are taken back (both tensors free again). Returns {target row: its old bench row}."""
+    named = [(ti, bi) for ti, bi, s in p.pairs if s in _NAME_STRATEGIES]
+    if not named:
+        return {}
+    ct, cb = _content(p.t), _content(p.b)
+    calls_t: dict = defaultdict(set)
+    calls_b: dict = defaultdict(set)
+    for c, calls in ((ct, calls_t), (cb, calls_b)):
+        for i, f in enumerate(c.family):
+            if f is not None:
+                calls[f].add((c.s.graph_id[i], c.s.name(i)))
+    # only pairs within one graph on both sides: the sequence alignment pairs within a graph
+    named = [(ti, bi) for ti, bi in named if p.t.graph_id[ti] == p.b.graph_id[bi]]
+    suspect = set()
+    for ti, _ in named:
+        f = ct.family[ti]
+        if f is not None and len(calls_t[f]) != len(calls_b.get(f, ())):
+            suspect.add(f)
+    bench_family = {bi: ct.family[ti] for ti, bi in named}
+    dist = _distances(ct, cb, [ti for ti, _ in named], [bi for _, bi in named])
+    for (ti, bi), d in zip(named, dist.tolist()):
+        f = ct.family[ti]
+        if f is None or f in suspect or not d > LOOKS_WRONG:
+            continue
+        better = _better_partner(ct, cb, ti, bi, d)
+        if better is not None:
+            suspect.add(f)
+            other = bench_family.get(better[0])
+            if other is not None:
+                suspect.add(other)
+    if not suspect:
+        return {}
+    old: dict[int, int] = {}
+    kept = []
+    for ti, bi, strategy in p.pairs:
+        if strategy in _NAME_STRATEGIES and ct.family[ti] in suspect and p.t.graph_id[ti] == p.b.graph_id[bi]:
+            p.t.free[ti] = p.b.free[bi] = True
+            old[ti] = bi
+        else:
+            kept.append((ti, bi, strategy))
+    p.pairs = kept
+    return old
+
+
+def _suspects(p: _Pairing) -> list[tuple[int, int, int, float, float]]:
+    """Final pairs (mapping excepted: what the user wrote wins) that look wrong while a far
+    better partner exists: (target row, bench row, better bench row, distance, better distance)."""
+    ct, cb = _content(p.t), _content(p.b)
+    out = []
+    pairs = [(ti, bi) for ti, bi, strategy in p.pairs if strategy != "mapping"]
+    dist = _distances(ct, cb, [ti for ti, _ in pairs], [bi for _, bi in pairs])
+    for (ti, bi), d in zip(pairs, dist.tolist()):
+        better = _better_partner(ct, cb, ti, bi, d) if d > LOOKS_WRONG else None
+        if better is not None:
+            out.append((ti, bi, better[0], better[2], better[1]))
+    return out
 
 
 def _order(p: _Pairing) -> None:
@@ -722,6 +1024,7 @@ def align(target: pa.Table, bench: pa.Table, *, group_by: Sequence[str] = (),
 
     run = ["mapping"] if mapping and "mapping" in strategies else []
     run += [s for s in strategies if s != "mapping"]
+    old: dict[int, int] = {}
     for strategy in run:
         if strategy == "mapping":
             _mapping(p, mapping)
@@ -730,6 +1033,7 @@ def align(target: pa.Table, bench: pa.Table, *, group_by: Sequence[str] = (),
         elif strategy == "normalized":
             _normalized(p)
         elif strategy == "sequence":
+            old = _take_back(p)  # name pairs the content check doubts go to the sequence alignment
             _sequence(p)
         else:
             _order(p)
@@ -738,8 +1042,16 @@ def align(target: pa.Table, bench: pa.Table, *, group_by: Sequence[str] = (),
     p.pairs.sort(key=lambda x: t.okey[x[0]])
     pairs = pa.table([pa.array([t.tensor_id[x[0]] for x in p.pairs], pa.int64()),
                       pa.array([b.tensor_id[x[1]] for x in p.pairs], pa.int64()),
-                      pa.array([x[2] for x in p.pairs], pa.string())], schema=PAIRS_SCHEMA)
-    return Alignment(pairs, _unmatched(t), _unmatched(b))
+                      pa.array([x[2] for x in p.pairs], pa.string()),
+                      pa.array([x[0] in old and old[x[0]] != x[1] for x in p.pairs], pa.bool_())],
+                     schema=PAIRS_SCHEMA)
+    found = _suspects(p)
+    suspects = pa.table([pa.array([t.tensor_id[x[0]] for x in found], pa.int64()),
+                         pa.array([b.tensor_id[x[1]] for x in found], pa.int64()),
+                         pa.array([b.tensor_id[x[2]] for x in found], pa.int64()),
+                         pa.array([x[3] for x in found], pa.float64()),
+                         pa.array([x[4] for x in found], pa.float64())], schema=SUSPECTS_SCHEMA)
+    return Alignment(pairs, _unmatched(t), _unmatched(b), suspects)
 
 
 def _unmatched(s: _Side) -> pa.Table:

@@ -4,9 +4,12 @@ of 500,000 tensors align without a Python loop per tensor).
 :func:`align_exact` gives what :func:`dumpdb.compare.align.align` gives when ``exact`` is
 the first strategy and no mapping is given, **whenever exact pairing leaves nothing for a
 later strategy** (no tensor is left unpaired on both sides, or ``exact`` is the only
-strategy); otherwise it returns None and the caller runs :func:`~dumpdb.compare.align.align`,
-whose later strategies (normalized, sequence, order) are Python. Training dumps compared
-run to run (same model, same dump settings) pair entirely by ``exact``.
+strategy) **and align()'s content check would doubt no pair** (:func:`_doubted`: a name
+family with another op count on the two sides, a pair of other shapes or statistics
+farther apart than ``align.LOOKS_WRONG``); otherwise it returns None and the caller runs
+:func:`~dumpdb.compare.align.align`, whose later strategies (normalized, sequence, order)
+and content check are Python. Training dumps compared run to run (same model, same dump
+settings) pair entirely by ``exact``.
 
 The rule is align.py's ``exact``: same ``(group_by columns, op_name, io, slot, slot_path,
 arg_name)`` with NULL equal to NULL, plus the element count for a name ending in a
@@ -27,12 +30,13 @@ from collections.abc import Sequence
 import duckdb
 import pyarrow as pa
 
-from dumpdb.compare.align import PAIRS_SCHEMA, UNMATCHED_SCHEMA, Alignment
+from dumpdb.compare.align import LOOKS_WRONG, PAIRS_SCHEMA, UNMATCHED_SCHEMA, Alignment, family
 
 __all__ = ["align_exact", "exact_paired"]
 
 _KEY = ("op_name", "size", "io", "slot", "slot_path", "arg_name")
 _ORDER = ("iteration", "rank", "graph_id", "position", "timestamp", "tensor_id")
+_CHECKED = ("op_type", "l2norm", "mean", "min", "max")
 _NEEDED = ("tensor_id", "op_name", "scope_name", "shape", "io", "slot", "slot_path", "arg_name", *_ORDER)
 
 
@@ -92,7 +96,8 @@ def align_exact(target: pa.Table, bench: pa.Table, *, group_by: Sequence[str] = 
         if left is None:
             return None
         order = ", ".join(f't."{c}" ASC NULLS LAST' for c in _ORDER)
-        pairs = con.sql("SELECT p.target_tensor_id, p.bench_tensor_id, 'exact' AS match_strategy FROM paired p "
+        pairs = con.sql("SELECT p.target_tensor_id, p.bench_tensor_id, 'exact' AS match_strategy, false AS realigned "
+                        "FROM paired p "
                         f"JOIN target t ON t.tensor_id = p.target_tensor_id ORDER BY {order}").to_arrow_table()
     finally:
         con.close()
@@ -121,13 +126,60 @@ def exact_paired(con: duckdb.DuckDBPyConnection, target: pa.Table, bench: pa.Tab
             return None
     cols = list(dict.fromkeys((*_NEEDED, *group_by)))
     for name, table in (("target", target), ("bench", bench)):
-        con.register(name, table.select(list(dict.fromkeys((*cols, *(c for c in keep if c in table.column_names))))))
+        extra = (*keep, *_CHECKED)  # what the content check reads (_doubted), where the table has it
+        con.register(name, table.select(list(dict.fromkeys((*cols, *(c for c in extra if c in table.column_names))))))
     con.execute(_sql(group_by))
     left_t = con.sql(_unmatched_sql("target", "target_tensor_id")).to_arrow_table()
     left_b = con.sql(_unmatched_sql("bench", "bench_tensor_id")).to_arrow_table()
-    if left_t.num_rows and left_b.num_rows and len(run) > 1:
+    if (left_t.num_rows and left_b.num_rows and len(run) > 1) or _doubted(con, group_by):
         con.execute("DROP TABLE paired")
         con.unregister("target")
         con.unregister("bench")
-        return None  # a later strategy may pair some of them: align() decides
+        return None  # a later strategy may pair some of them, or the content check doubts a pair: align() decides
     return left_t.cast(UNMATCHED_SCHEMA), left_b.cast(UNMATCHED_SCHEMA)
+
+
+def _doubted(con: duckdb.DuckDBPyConnection, group_by: Sequence[str]) -> bool:
+    """Would align()'s content check take back some exact pairs? A cheap, conservative test
+    on ``con`` (after the ``paired`` table is made): a name family
+    (:func:`~dumpdb.compare.align.family`) holding paired ops has another number of ops on
+    the two sides, or a pair's shapes differ or its statistics distance exceeds
+    :data:`~dumpdb.compare.align.LOOKS_WRONG` (then align() decides, with the full check)."""
+    keys = list(group_by)  # ops counted per (graph, name): a counter is per graph
+    cols = ", ".join(f'"{k}"' for k in (*keys, "graph_id", "op_type", "op_name"))
+    have = {name: set(con.sql(f"SELECT * FROM {name} LIMIT 0").columns) for name in ("target", "bench")}
+    if any("op_type" not in cols_ for cols_ in have.values()):
+        return False
+    counts = []
+    for side in ("target", "bench"):
+        n: dict = {}
+        for row in con.sql(f"SELECT DISTINCT {cols} FROM {side} WHERE op_name IS NOT NULL").fetchall():
+            f = family(row[-2], row[-1])
+            if f is not None:
+                k = (*row[:-3], f)
+                n[k] = n.get(k, 0) + 1
+        counts.append(n)
+    tcols = ", ".join(f't."{k}"' for k in (*keys, "op_type", "op_name"))
+    for row in con.sql(f"SELECT DISTINCT {tcols} FROM paired p JOIN target t ON t.tensor_id = p.target_tensor_id "
+                       "WHERE t.op_name IS NOT NULL").fetchall():
+        f = family(row[-2], row[-1])
+        if f is not None and counts[0].get((*row[:-2], f)) != counts[1].get((*row[:-2], f)):
+            return True
+    stats = ("l2norm", "mean", "min", "max")
+    if not all(c in have[side] for c in stats for side in have):
+        return con.sql("SELECT count(*) FROM paired p JOIN target t ON t.tensor_id = p.target_tensor_id "
+                       "JOIN bench b ON b.tensor_id = p.bench_tensor_id "
+                       "WHERE t.shape IS DISTINCT FROM b.shape").fetchall()[0][0] > 0
+    # stat_distance > LOOKS_WRONG (align.stat_distance's formula; NULL or non-finite: not doubted)
+    return con.sql(f"""
+        WITH x AS (
+          SELECT t.shape AS ts, b.shape AS bs, t.l2norm AS tl, b.l2norm AS bl, t.mean AS tm, b.mean AS bm,
+                 t.min AS tn, b.min AS bn, t.max AS tx, b.max AS bx,
+                 greatest(abs(t.l2norm), abs(b.l2norm)) AS l2,
+                 greatest(coalesce(list_aggregate(t.shape, 'product'), 1), 1) AS k
+          FROM paired p JOIN target t ON t.tensor_id = p.target_tensor_id
+          JOIN bench b ON b.tensor_id = p.bench_tensor_id)
+        SELECT count(*) FROM x WHERE ts IS DISTINCT FROM bs OR (
+          l2 > 0 AND isfinite(tl + bl + tm + bm + tn + bn + tx + bx) AND greatest(
+            abs(tl - bl) / l2, abs(tm - bm) / (l2 / sqrt(k)), abs(tn - bn) / (l2 / sqrt(k)),
+            abs(tx - bx) / (l2 / sqrt(k))) > {LOOKS_WRONG})""").fetchall()[0][0] > 0

@@ -131,6 +131,8 @@ CONTEXT_COLUMNS = (
     # precision-aware rules (dumpdb.compare.precision)
     "target_dtype_declared", "bench_dtype_declared", "scaled_err", "precision_floor", "precision_ratio",
     "precision_dtype", "precision_result", "precision_reason",
+    # alignment evidence (dumpdb.compare.align, dumpdb.compare.args)
+    "realigned", "arg_diff",
 )
 RULES = ("precision", "msprobe")
 
@@ -444,7 +446,11 @@ def compare(archive, target: str | Selection, bench: str | Selection, *, iterati
     except ValueError as exc:
         raise DumpdbError(f"compare: {exc}") from exc
     if stats is None:
-        t, b, strategy = _pair_sides(trows, brows, alignment.pairs)
+        t, b, strategy, realigned = _pair_sides(trows, brows, alignment.pairs)
+    else:
+        realigned = _one_chunk(alignment.pairs.column("realigned"))
+    trows_names, brows_names = _leaf_names(trows, alignment.suspects, ("target_tensor_id",)), \
+        _leaf_names(brows, alignment.suspects, ("bench_tensor_id", "better_bench_tensor_id"))
     # what the precision rules' producers need of the whole target selection (nothing when
     # no target tensor has a payload: no input then has a producer); the rest goes
     trows = trows.select(["tensor_id", "io", "content_hash", "op_name", "iteration", "rank", "graph_id", "position",
@@ -462,6 +468,8 @@ def compare(archive, target: str | Selection, bench: str | Selection, *, iterati
     else:
         res = _compute(archive, t, b, mode, workers, progress)
     view = _view(t, b, strategy, res)
+    view.context["realigned"] = realigned
+    view.context["arg_diff"] = _arg_diff(archive, tsel, bsel, view)
     view.result, view.err_message = _judge(view, thresholds)
     departure = _judge_precision(view, trows, precision or PrecisionRules())
     column = view.result if rules == "msprobe" else view.precision["precision_result"]
@@ -479,6 +487,9 @@ def compare(archive, target: str | Selection, bench: str | Selection, *, iterati
         "unmatched_target": alignment.unmatched_target.num_rows,
         "unmatched_bench": alignment.unmatched_bench.num_rows,
         "strategies": {s: int(pc.sum(pc.equal(strategy, s)).as_py() or 0) for s in strategies},
+        "realigned": int(pc.sum(realigned).as_py() or 0),
+        "suspected_mispairs": _suspected(alignment.suspects, trows_names, brows_names),
+        "arg_diffs": _arg_diff_ops(view),
         "thresholds": thresholds.__dict__ if hasattr(thresholds, "__dict__") else str(thresholds),
         "dumpdb_version": __version__,
     }
@@ -495,15 +506,61 @@ def compare(archive, target: str | Selection, bench: str | Selection, *, iterati
     return outcome
 
 
+def _arg_diff(archive, tsel: Selection, bsel: Selection, view: _View) -> pa.Array:
+    """The ``arg_diff`` column (:func:`dumpdb.compare.args.arg_diff_column`): NULL where no
+    scalar argument is recorded or the two calls' scalars agree."""
+    from dumpdb.compare.args import arg_diff_column
+
+    ctx = view.context
+    with archive.reader() as con:
+        col = arg_diff_column(con, tsel.run, bsel.run, {k: ctx[k].to_pylist() for k in (
+            "target_name", "bench_name", "rank", "iteration", "bench_rank", "bench_iteration", "scope_name",
+            "bench_scope_name", "graph_id", "bench_graph_id")})
+    return pa.nulls(view.n, pa.string()) if col is None else pa.array(col, pa.string())
+
+
+def _arg_diff_ops(view: _View) -> list[dict]:
+    """Each compared op whose scalar arguments differ, once, in execution order: target
+    name, bench name, ``arg_diff``."""
+    col = view.context["arg_diff"]
+    if col.null_count == view.n:
+        return []
+    out: dict[tuple, dict] = {}
+    at = np.flatnonzero(pc.is_valid(col).to_numpy(zero_copy_only=False))
+    tn, bn = view.context["target_name"], view.context["bench_name"]
+    for i in at.tolist():
+        key = (tn[i].as_py(), bn[i].as_py())
+        out.setdefault(key, {"target": key[0], "bench": key[1], "arg_diff": col[i].as_py()})
+    return list(out.values())
+
+
+def _leaf_names(rows: pa.Table, suspects: pa.Table, columns: Sequence[str]) -> dict[int, str]:
+    """tensor_id -> ``op_name io slot`` of the rows the suspects name in ``columns``."""
+    if not suspects.num_rows:
+        return {}
+    ids = pa.concat_arrays([suspects.column(c).combine_chunks() for c in columns])
+    found = rows.filter(pc.is_in(rows.column("tensor_id"), ids)).select(["tensor_id", "op_name", "io", "slot"])
+    return {r["tensor_id"]: f"{r['op_name']} {r['io']} {r['slot']}" for r in found.to_pylist()}
+
+
+def _suspected(suspects: pa.Table, target_names: dict, bench_names: dict) -> list[dict]:
+    """The alignment's suspected mispairs (:attr:`~dumpdb.compare.align.Alignment.suspects`)
+    by name, for the summary: target, bench, the better bench partner, both distances."""
+    return [{"target": target_names.get(r["target_tensor_id"]), "bench": bench_names.get(r["bench_tensor_id"]),
+             "better_bench": bench_names.get(r["better_bench_tensor_id"]),
+             "distance": r["distance"], "better_distance": r["better_distance"]} for r in suspects.to_pylist()]
+
+
 def _overall_mode(modes: np.ndarray) -> str:
     found = {str(m) for m in set(modes.tolist())}
     return found.pop() if len(found) == 1 else ("mixed" if found else "none")
 
 
-def _pair_sides(trows: pa.Table, brows: pa.Table, pairs: pa.Table) -> tuple[pa.Table, pa.Table, pa.Array]:
+def _pair_sides(trows: pa.Table, brows: pa.Table,
+                pairs: pa.Table) -> tuple[pa.Table, pa.Table, pa.Array, pa.Array]:
     """Both sides' rows of the aligned pairs (``pairs``: target_tensor_id, bench_tensor_id,
-    match_strategy) and their strategies, in target execution order
-    (:func:`~dumpdb.compare.columns.execution_order` over the paired target rows)."""
+    match_strategy, realigned), their strategies and realigned flags, in target execution
+    order (:func:`~dumpdb.compare.columns.execution_order` over the paired target rows)."""
     def positions(ids, wanted) -> np.ndarray:
         have = ints(ids, -1)
         sorter = np.argsort(have, kind="stable")
@@ -522,7 +579,8 @@ def _pair_sides(trows: pa.Table, brows: pa.Table, pairs: pa.Table) -> tuple[pa.T
         return table.take(at)
 
     return rows(trows, tpos[order], 0), rows(brows, bpos[order], 1), \
-        pairs.column("match_strategy").combine_chunks().take(order)
+        pairs.column("match_strategy").combine_chunks().take(order), \
+        pairs.column("realigned").combine_chunks().take(order)
 
 
 def _pool(archive, tensor_bytes: int, mode, workers: int):
@@ -814,6 +872,8 @@ _ROW_FIELDS = (
     ("target_shape", 0, "shape"), ("bench_shape", 1, "shape"), ("target_dtype_declared", 0, "dtype_declared"),
     ("bench_dtype_declared", 1, "dtype_declared"), ("target_requires_grad", 0, "requires_grad"),
     ("bench_requires_grad", 1, "requires_grad"), ("code_file", 0, "code_file"), ("code_line", 0, "code_line"),
+    ("bench_rank", 1, "rank"), ("bench_iteration", 1, "iteration"), ("bench_scope_name", 1, "scope_name"),
+    ("bench_graph_id", 1, "graph_id"),
     ("code_text", 0, "code_text"), ("target_source_file", 0, "source_file"),
     *((f"{side}_{k}", n, k) for n, side in enumerate(("target", "bench")) for k in ("max", "min", "mean", "l2norm")),
 )
@@ -1027,7 +1087,7 @@ def _result_schema() -> pa.Schema:
     strings = {"target_name", "bench_name", "io", "match_strategy", "mode", "result", "err_message", "op_type",
                "scope_name", "target_dtype", "bench_dtype", "code_file", "code_text", "target_source_file",
                "target_content_hash", "bench_content_hash", "precision_dtype", "precision_result",
-               "precision_reason", "target_dtype_declared", "bench_dtype_declared"}
+               "precision_reason", "target_dtype_declared", "bench_dtype_declared", "arg_diff"}
     fields = []
     for c in (*RESULT_COLUMNS, *CONTEXT_COLUMNS, *_plugin_metrics()):
         if c in ints:
@@ -1038,7 +1098,7 @@ def _result_schema() -> pa.Schema:
             t = pa.string()
         elif c.endswith("_shape"):
             t = pa.list_(pa.int64())
-        elif c.endswith("requires_grad"):
+        elif c.endswith("requires_grad") or c == "realigned":
             t = pa.bool_()
         else:
             t = pa.float64()
@@ -1124,8 +1184,8 @@ def first_divergence_of(results: pa.Table, context: int = 10) -> dict[str, Any] 
     return {
         **{k: first[k] for k in ("pair_index", "target_name", "bench_name", "scope_name", "op_type", "io", "slot",
                                  "iteration", "rank", "position", "result", "err_message", "code_file",
-                                 "code_line", "code_text", "target_tensor_id", "bench_tensor_id",
-                                 *TENSOR_METRICS, *STAT_METRICS)},
+                                 "code_line", "code_text", "target_tensor_id", "bench_tensor_id", "arg_diff",
+                                 "realigned", *TENSOR_METRICS, *STAT_METRICS)},
         "path": ops[-context:],
     }
 
@@ -1145,7 +1205,8 @@ def _departure_report(results: pa.Table, departure: dict | None, context: int = 
         **{k: first[k] for k in ("pair_index", "target_name", "bench_name", "scope_name", "op_type", "io", "slot",
                                  "iteration", "rank", "position", "code_file", "code_line", "code_text",
                                  "target_tensor_id", "bench_tensor_id", "scaled_err", "precision_floor",
-                                 "precision_ratio", "precision_dtype", *TENSOR_METRICS, *STAT_METRICS)},
+                                 "precision_ratio", "precision_dtype", "arg_diff", "realigned", *TENSOR_METRICS,
+                                 *STAT_METRICS)},
         "result": first["precision_result"], "err_message": first["precision_reason"],
         "origin_op": departure["origin_op"], "inputs": departure["inputs"], "outputs": departure["outputs"],
         "rules": "precision", "path": ops[-context:],

@@ -86,5 +86,6 @@ def statistics_pairs(target: pa.Table, bench: pa.Table, *, group_by: Sequence[st
     b = bench.select(bcols).take(out.column("bench_row").combine_chunks())
     metrics = out.select([*STAT_METRICS, "err_message"])
     pairs = pa.table({"target_tensor_id": t.column("tensor_id"), "bench_tensor_id": b.column("tensor_id"),
-                      "match_strategy": pa.repeat(pa.scalar("exact"), n)}).cast(PAIRS_SCHEMA)
+                      "match_strategy": pa.repeat(pa.scalar("exact"), n),
+                      "realigned": pa.repeat(pa.scalar(False), n)}).cast(PAIRS_SCHEMA)
     return Alignment(pairs, *left), t, b, metrics

@@ -122,6 +122,48 @@ def _user_frame(trace: list[str]) -> dict | None:
     return None
 
 
+_SCALAR_RE = re.compile(r"^(Bool|[IUF](?:8|16|32|64)|BF16)\((.*)\)$")
+
+
+def _split_args(text: str) -> list[str]:
+    """Top-level comma-separated arguments of a node's argument list (``text`` starts right
+    after the opening parenthesis; stops at its closing one)."""
+    out, depth, start = [], 0, 0
+    for i, c in enumerate(text):
+        if c in "([{<":
+            depth += 1
+        elif c in ")]}>":
+            if depth == 0:
+                out.append(text[start:i].strip())
+                return out
+            depth -= 1
+        elif c == "," and depth == 0:
+            out.append(text[start:i].strip())
+            start = i + 1
+    return out
+
+
+def scalar_args(text: str) -> str | None:
+    """The constant scalar arguments of an IR node line, by position, as JSON
+    ``{"input.N": value}`` (``I64(-1)`` -> -1, ``F32(1e-05)`` -> 1e-05, ``Bool(1)`` -> true);
+    None when there is none. ``text``: the line after ``= OpType(``. Source: MindSpore 2.10
+    IR text (tests/data/transformer, ``PrimFunc_LayerNorm(%53, %54, %55, I64(-1), I64(-1),
+    F32(1e-05))``)."""
+    import json
+
+    out: dict = {}
+    for i, arg in enumerate(_split_args(text)):
+        m = _SCALAR_RE.match(arg)
+        if not m:
+            continue
+        kind, value = m.groups()
+        try:
+            out[f"input.{i}"] = bool(int(value)) if kind == "Bool" else float(value) if kind[0] in "FB" else int(value)
+        except ValueError:
+            out[f"input.{i}"] = value
+    return json.dumps(out) if out else None
+
+
 def parse_ir(path: Path) -> tuple[list[dict], list[str]]:
     """Nodes and parameter names of one ``.ir`` file.
 
@@ -153,6 +195,7 @@ def parse_ir(path: Path) -> tuple[list[dict], list[str]]:
                 "node": f"%{nm.group(1)}" if nm else None,
                 "ir_op_type": op,
                 "op_type": op.removeprefix("PrimFunc_"),
+                "scalar_args": scalar_args(line[nm.end():]) if nm else None,
                 "scope_name": None,
                 "input_shapes": None, "input_dtypes": None,
                 "output_shapes": None, "output_dtypes": None,

@@ -200,6 +200,35 @@ def _walk(value: Any, path: tuple) -> Iterator[tuple[tuple, Any]]:
             yield from _walk(item, path + (str(k),))
 
 
+def scalar_args(record: dict) -> dict[str, Any]:
+    """The non-tensor arguments a forward dump.json record holds: ``input_args`` leaves by
+    position (``input.4``; nested: ``input.1.0``) and ``input_kwargs`` by name
+    (``input.dim``), each the leaf's ``value`` (``{"type": "float", "value": 1e-05}``: a
+    LayerNorm epsilon; a softmax scale; ``torch.Size`` and slices as their value lists).
+    Tensor leaves, ``None`` arguments and leaves without a ``value`` are left out.
+    Source: msprobe 26.2 dump.json (reference formats.md 1.3, seed layouts)."""
+    out: dict[str, Any] = {}
+
+    def walk(value: Any, path: str) -> None:
+        if is_tensor_leaf(value):
+            return
+        if isinstance(value, dict) and isinstance(value.get("type"), str):
+            if "value" in value:
+                out[path] = value["value"]
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                walk(item, f"{path}.{i}")
+        elif isinstance(value, dict):
+            for k, item in value.items():
+                walk(item, f"{path}.{k}")
+
+    for section in ("input_args", "input_kwargs"):
+        value = record.get(section)
+        if isinstance(value, (list, dict)):
+            walk(value, "input")
+    return out
+
+
 def record_leaves(key: str, record: dict) -> Iterator[dict]:
     """Tensor leaves of one dump.json record with their catalog position.
 

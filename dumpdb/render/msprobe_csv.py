@@ -149,14 +149,16 @@ def msprobe_rows_csv(archive, results: pa.Table, path: str | Path) -> bool:
     sides = _sides(archive, results)
     if not sides:
         return False
-    ids = [i for i in results["target_tensor_id"].to_pylist() if i is not None]
+    ids = [i for c in ("target_tensor_id", "bench_tensor_id") for i in results[c].to_pylist() if i is not None]
     keys = {r["tensor_id"]: r["tensor_key"] for r in archive.sql(
         "SELECT tensor_id, tensor_key FROM tensors WHERE tensor_id IN (SELECT unnest($ids))", {"ids": ids}).to_pylist()}
-    metrics = {}
+    # msprobe's tensor name is unique within one rank and step only: key by those too (a
+    # multi-rank compare would otherwise give rank 0's rows another rank's metrics)
+    metrics: dict[tuple, dict[str, tuple[str, dict]]] = {}
     for r in results.to_pylist():
-        key = keys.get(r["target_tensor_id"])
-        if key and "#" in key:
-            metrics[key.split("#", 1)[1]] = r
+        key, bkey = keys.get(r["target_tensor_id"]), keys.get(r["bench_tensor_id"])
+        if key and "#" in key and bkey and "#" in bkey:
+            metrics.setdefault((r["rank"], r["iteration"]), {})[key.split("#", 1)[1]] = (bkey.split("#", 1)[1], r)
     by_rank: dict[Any, list[list]] = {}
     mode = None
     for t_run, t_rank, t_it, b_run, b_rank, b_it in sides:
@@ -169,7 +171,9 @@ def msprobe_rows_csv(archive, results: pa.Table, path: str | Path) -> bool:
             "SELECT op_name, any_value(frames) AS frames FROM call_stacks WHERE run = $run "
             "AND rank IS NOT DISTINCT FROM $rank AND iteration IS NOT DISTINCT FROM $it GROUP BY op_name",
             {"run": t_run, "rank": t_rank, "it": t_it}).to_pylist()}
-        by_rank.setdefault(t_rank, []).extend(build_rows(mode, target, bench, stacks, metrics))
+        compute = _pair_metrics(archive, (t_run, t_rank, t_it), (b_run, b_rank, b_it)) if mode == "tensor" else None
+        by_rank.setdefault(t_rank, []).extend(build_rows(mode, target, bench, stacks, metrics.get((t_rank, t_it), {}),
+                                                         compute))
     path = Path(path)
     for rank, rows in by_rank.items():
         # msprobe writes one compare_result_rank{R}_*.csv per rank: so do we, beside ``path``
@@ -180,6 +184,33 @@ def msprobe_rows_csv(archive, results: pa.Table, path: str | Path) -> bool:
             w.writerow(header(mode or "statistics"))
             w.writerows(rows)
     return True
+
+
+def _pair_metrics(archive, target: tuple, bench: tuple):
+    """``compute(target name, bench name)`` for :func:`~dumpdb.render.msprobe_rows.build_rows`:
+    the tensor metrics (:func:`dumpdb.compare.metrics.tensor_metrics`) of two msprobe tensors
+    of (run, rank, iteration) ``target`` / ``bench`` by their msprobe tensor names, for a
+    pair msprobe matches by name that dumpdb's alignment paired otherwise; None when either
+    has no payload."""
+    from dumpdb.compare.metrics import tensor_metrics
+
+    def ids(run, rank, it) -> dict[str, int]:
+        rows = archive.sql("SELECT tensor_id, tensor_key FROM tensors WHERE run = $run AND rank IS NOT DISTINCT FROM "
+                           "$rank AND iteration IS NOT DISTINCT FROM $it AND content_hash IS NOT NULL",
+                           {"run": run, "rank": rank, "it": it}).to_pylist()
+        return {r["tensor_key"].split("#", 1)[1]: r["tensor_id"] for r in rows if "#" in (r["tensor_key"] or "")}
+
+    found: dict[str, dict[str, int]] = {}
+
+    def compute(tname: str, bname: str) -> dict | None:
+        if not found:
+            found["t"], found["b"] = ids(*target), ids(*bench)
+        ti, bi = found["t"].get(tname), found["b"].get(bname)
+        if ti is None or bi is None:
+            return None
+        return tensor_metrics(archive.tensor(ti), archive.tensor(bi))[0]
+
+    return compute
 
 
 def write_parquet(results: pa.Table, path: str | Path) -> Path:

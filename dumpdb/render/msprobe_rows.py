@@ -21,11 +21,15 @@ from __future__ import annotations
 import json
 import math
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from dumpdb.compare.verdict import ALL_IGNORE, INPUT_IGNORE, Thresholds
+
 N_A, NAN, INF, NEG_INF, UNSUPPORTED, NONE_STR = "N/A", "Nan", "inf", "-inf", "unsupported", "None"
+SHAPE_UNMATCHED = "shape unmatched"
 
 HEAD = ["NPU Name", "Bench Name", "NPU Dtype", "Bench Dtype", "NPU Tensor Shape", "Bench Tensor Shape",
         "NPU Requires_grad", "Bench Requires_grad"]
@@ -41,9 +45,6 @@ _SECTIONS = (("input_args", ".input", "input"), ("input_kwargs", ".input", "inpu
              ("input", ".input", "input"), ("output", ".output", "output"),
              ("parameters", ".parameters", "parameters"))
 _STATS = ("Max", "Min", "Mean", "Norm")
-_IGNORE_ALL = {"empty", "empty_like", "numpy", "to", "__setitem__", "empty_with_format", "new_empty_strided",
-               "new_empty", "empty_strided"}
-_IGNORE_INPUT = {"_reduce_scatter_base", "_all_gather_base", "all_to_all_single", "batch_isend_irecv"}
 _RESULT_COLUMN = {"tensor": ("cosine", "euc_dist", "max_abs_err", "max_rel_err", "one_thousandth_err_ratio",
                              "five_thousandths_err_ratio")}
 
@@ -219,28 +220,60 @@ def _str_or_na(v: Any) -> Any:
     return N_A if v is None else v
 
 
+def _compare_keys(records: list[tuple[str, Any]]) -> dict[str, str]:
+    """msprobe's compare key of each record key: a backward record's call index replaced by
+    its backward call order, the count of earlier backward records of the same name without
+    the index (``Tensor.__add__.5.backward`` -> ``Tensor.__add__.3.backward`` when it is the
+    fourth backward ``Tensor.__add__``); other keys unchanged. msprobe 26.2
+    ``ParseData.split_data_name_components`` / ``gen_data_df`` (backward call order) and
+    ``ProcessDf.update_backward_call`` (without ``--fuzzy_match``, its default)."""
+    count: dict[str, int] = {}
+    out = {}
+    for key, _ in records:
+        parts = key.split(".")
+        if len(parts) >= 3 and "backward" in parts[-2:] and "parameters_grad" not in parts[-2:]:
+            base = ".".join(parts[:-2])
+            order = count.get(base, 0)
+            count[base] = order + 1
+            head, tail = parts[-2], parts[-1]
+            out[key] = ".".join((base, str(order) if head.isdigit() else head, str(order) if tail.isdigit() else tail))
+        else:
+            out[key] = key
+    return out
+
+
+MetricsFn = Callable[[str, str], "dict | None"]
+
+
 def build_rows(mode: str, target: list[tuple[str, Any]], bench: list[tuple[str, Any]],
-               stacks: dict[str, list[str]], metrics: dict[str, dict] | None = None) -> list[list]:
+               stacks: dict[str, list[str]], metrics: dict[str, tuple[str, dict]] | None = None,
+               compute: MetricsFn | None = None) -> list[list]:
     """msprobe's CSV rows (cells as msprobe writes them, before CSV quoting).
 
     ``target`` / ``bench``: ``(record key, record)`` of each side's dump.json in dump order;
     ``stacks``: record key -> call-stack lines (stack.json); ``metrics``: tensor mode only,
-    msprobe tensor name -> dumpdb compare result row (``cosine``, ``euc_dist``, ...).
-    Target rows without a bench row of the same name get ``N/A`` and "No bench data matched.".
+    target msprobe tensor name -> (bench tensor name, dumpdb compare result row: ``cosine``,
+    ``euc_dist``, ...); ``compute(target name, bench name)``: the metrics of a pair msprobe
+    matches that dumpdb paired otherwise (its alignment re-aligned it), None if unreadable.
+    Rows match by msprobe's compare key (:func:`_compare_keys`). A target row without a
+    bench row gets ``N/A`` cells (tensor metrics: ``unsupported``, as msprobe's
+    ``error_value_process`` writes for data with no bench) and tensors of other shapes
+    ``shape unmatched``.
     """
+    bkeys, tkeys = _compare_keys(bench), _compare_keys(target)
     bench_items: dict[str, dict] = {}
     for key, rec in bench:
         for it in record_items(key, rec):
-            bench_items.setdefault(it["name"], it)
+            bench_items.setdefault(bkeys[key] + it["name"][len(key):], it)
     out: list[list] = []
     for key, rec in target:
         items = record_items(key, rec)
         rows = []
         for i, t in enumerate(items):
-            b = bench_items.get(t["name"])
+            b = bench_items.get(tkeys[key] + t["name"][len(key):])
             if b is not None and not _dtypes_match(t, b):
                 b = None  # msprobe blanks the bench side (gen_dtype_condition)
-            rows.append(_row(mode, t, b, stacks.get(key) if i == 0 else None, metrics or {}))
+            rows.append(_row(mode, t, b, stacks.get(key) if i == 0 else None, metrics or {}, compute))
         _judge(mode, rows)
         out.extend(r["cells"] for r in rows)
     return out
@@ -256,7 +289,7 @@ def _dtypes_match(t: dict, b: dict) -> bool:
     return x == y or any(x in group and y in group for group in _FLOATS)
 
 
-def _row(mode: str, t: dict, b: dict | None, stack, metrics: dict) -> dict:
+def _row(mode: str, t: dict, b: dict | None, stack, metrics: dict, compute: MetricsFn | None = None) -> dict:
     none = t.get("none", False)
 
     def dtype_shape(it):
@@ -285,13 +318,16 @@ def _row(mode: str, t: dict, b: dict | None, stack, metrics: dict) -> dict:
         cells += [d for d, _ in diffs] + [r for _, r in diffs] + tsum + bsum
         row["norm_rel"] = diffs[3][1]
     else:
-        m = metrics.get(t["name"])
-        if b is None:
-            values: list[Any] = [N_A] * 6
-        elif none or m is None or "class" in td:
-            values = [UNSUPPORTED] * 6
+        if b is None or none or b.get("none") or "class" in td:
+            values: list[Any] = [UNSUPPORTED] * 6  # msprobe: no bench data, no real data, a non-tensor
+        elif ts != bs:
+            values = [SHAPE_UNMATCHED] * 6
         else:
-            values = [_format_metric(c, m.get(c)) for c in _RESULT_COLUMN["tensor"]]
+            found = metrics.get(t["name"])
+            m = found[1] if found is not None and found[0] == b["name"] else None
+            if m is None and compute is not None:
+                m = compute(t["name"], b["name"])
+            values = [UNSUPPORTED] * 6 if m is None else [_format_metric(c, m.get(c)) for c in _RESULT_COLUMN["tensor"]]
         cells += values + tsum + bsum
         row["cosine"], row["one_k"] = values[0], values[4]
     cells += [trg == brg]
@@ -330,8 +366,12 @@ def _inf_or_nan(v: Any) -> bool:
     return isinstance(v, str) and v.strip().lower() in ("inf", "-inf", "nan")
 
 
-def _judge(mode: str, rows: list[dict]) -> None:
-    """Result and Err_message of one record's rows, as msprobe's checkers set them."""
+def _judge(mode: str, rows: list[dict], th: Thresholds = Thresholds()) -> None:
+    """Result and Err_message of one record's rows, as msprobe's checkers set them: the
+    rules of :mod:`dumpdb.compare.verdict` (its thresholds and ignore lists, the one home
+    of msprobe's rules) over the CSV's cells (msprobe's strings: ``N/A``, ``Nan``,
+    percentages), with msprobe's message texts; plus what only the CSV has, msprobe's
+    ``ParametersErrChecker`` (non-tensor arguments) and the md5 mode."""
     if not rows:
         return
     inputs = [r for r in rows if ".output." not in r["npu_name"]]
@@ -345,7 +385,7 @@ def _judge(mode: str, rows: list[dict]) -> None:
 
     name_split = inputs[0]["npu_name"].split(".") if inputs else []
     api = name_split[1] if len(name_split) >= 2 else None
-    ignore = "all" if api in _IGNORE_ALL else "input" if api in _IGNORE_INPUT else None
+    ignore = "all" if api in ALL_IGNORE else "input" if api in INPUT_IGNORE else None
     per_row = [] if ignore == "all" else outputs if ignore == "input" else inputs + outputs
     whole = ignore is None
 
@@ -401,9 +441,9 @@ def _judge(mode: str, rows: list[dict]) -> None:
     elif mode == "statistics":
         inf_nan()
         if whole:
-            if abs(_extreme(inputs, "norm_rel", smallest=False)) < 0.1:
+            if abs(_extreme(inputs, "norm_rel", smallest=False)) < th.rel_err_input:
                 for r in outputs:
-                    if abs(_pct(r["norm_rel"])) > 0.5:
+                    if abs(_pct(r["norm_rel"])) > th.rel_err_output:
                         flag(r, "error", "error: The NormRelativeErr of output is greater than 0.5.")
         requires_grad()
         parameters()
@@ -412,12 +452,13 @@ def _judge(mode: str, rows: list[dict]) -> None:
         if whole and outputs:
             max_in = abs(_extreme(inputs, "norm_rel", smallest=False))
             max_out = abs(_extreme(outputs, "norm_rel", smallest=False))
-            if (max_out > 0.1) if max_in == 0 else (max_out / max_in > 10):
+            if (max_out > th.rel_warn_zero_input) if max_in == 0 else (max_out / max_in > th.rel_warn_ratio):
                 flag(outputs[0], "warning", "warning: The norm relative error of output is 10 times that of input.")
     else:
         inf_nan()
         if whole and outputs:
-            if _extreme(inputs, "one_k", True) > 0.9 and _extreme(outputs, "one_k", True) < 0.1:
+            if _extreme(inputs, "one_k", True) > th.one_thousandth_input and \
+                    _extreme(outputs, "one_k", True) < th.one_thousandth_output:
                 flag(outputs[0], "error",
                      "error: The input/parameters of One Thousandth Err Ratio > 0.9 while the output < 0.6.")
         requires_grad()
@@ -426,7 +467,7 @@ def _judge(mode: str, rows: list[dict]) -> None:
         shape()
         if whole and outputs:
             cin, cout = _extreme(inputs, "cosine", True), _extreme(outputs, "cosine", True)
-            if cin > 0.9 and cin - cout > 0.1:
+            if cin > th.cosine_warn_input and cin - cout > th.cosine_warn_drop:
                 flag(outputs[0], "warning",
                      "warning: The input/parameters of Cosine > 0.9, and input/parameters - output > 0.1")
     for r in rows:  # msprobe's checkers reset every row's message, "No bench data matched." included

@@ -1,0 +1,125 @@
+"""Scalar arguments as evidence: the ``arg_diff`` column of a comparison (issue 26).
+
+A dump that records an op call's non-tensor arguments lets a compare say *why* an op
+departs: msprobe's dump.json keeps ``input_args`` / ``input_kwargs`` scalars (a softmax
+scale 0.0625 against 0.25, a LayerNorm epsilon 0.1 against 1e-05), read from the
+``msprobe_records`` table with :func:`dumpdb.layouts.msprobe.scalar_args`; a MindSpore
+dump's IR text gives each node's constant scalar arguments (``F32(1e-05)``), kept in
+``ops.scalar_args`` (:func:`dumpdb.layouts.mindspore_ir.scalar_args`).
+
+:func:`arg_diff` writes the difference of two calls' scalars as a short text,
+``input.4: 1e-05 -> 0.1`` (bench value first, then the target's, as a change from the
+baseline), several joined by ``; `` (at most :data:`MAX_ITEMS`, then ``(+N more)``); None
+when they agree. A scalar only one side records reads ``-`` on the other side. Values are
+compared as dumped (``1e-05`` and ``1e-05`` agree; ``1`` and ``1.0`` do too).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from dumpdb.layouts.msprobe import scalar_args
+
+__all__ = ["MAX_ITEMS", "arg_diff", "arg_diff_column"]
+
+MAX_ITEMS = 3
+
+
+def _same(x: Any, y: Any) -> bool:
+    if isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y):
+        return True
+    if isinstance(x, bool) != isinstance(y, bool):  # True == 1 in Python; not as arguments
+        return False
+    return bool(x == y)
+
+
+def _text(v: Any) -> str:
+    return "-" if v is _MISSING else json.dumps(v) if isinstance(v, (str, list, dict)) else str(v)
+
+
+_MISSING = object()
+
+
+def arg_diff(target: Mapping[str, Any], bench: Mapping[str, Any]) -> str | None:
+    """``name: bench -> target`` for each scalar argument that differs (module docstring);
+    None when every recorded scalar agrees."""
+    items = []
+    for name in dict.fromkeys((*bench, *target)):
+        t, b = target.get(name, _MISSING), bench.get(name, _MISSING)
+        if t is _MISSING or b is _MISSING or not _same(t, b):
+            items.append(f"{name}: {_text(b)} -> {_text(t)}")
+    if not items:
+        return None
+    more = len(items) - MAX_ITEMS
+    return "; ".join(items[:MAX_ITEMS]) + (f" (+{more} more)" if more > 0 else "")
+
+
+def _records(con, run: str, names: list[str]) -> dict[tuple, dict[str, Any]]:
+    """(rank, iteration, op_name) -> scalar arguments of ``run``'s msprobe records named in ``names``."""
+    rows = con.execute("SELECT rank, iteration, op_name, record FROM msprobe_records WHERE run = ? "
+                       "AND op_name IN (SELECT unnest(?))", [run, names]).fetchall()
+    out = {}
+    for rank, iteration, op_name, record in rows:
+        try:
+            parsed = json.loads(record) if record else None
+        except ValueError:
+            parsed = None
+        out[(rank, iteration, op_name)] = scalar_args(parsed) if isinstance(parsed, dict) else {}
+    return out
+
+
+def _ir_args(con, run: str, scopes: list[str]) -> dict[tuple, dict[str, Any]]:
+    """(rank, graph_id, scope_name) -> constant scalar arguments of ``run``'s IR nodes
+    (``ops.scalar_args``, dumpdb.layouts.mindspore_ir.scalar_args)."""
+    rows = con.execute("SELECT rank, graph_id, scope_name, scalar_args FROM ops WHERE run = ? "
+                       "AND scope_name IN (SELECT unnest(?))", [run, scopes]).fetchall()
+    out: dict[tuple, dict[str, Any]] = {}
+    for rank, graph_id, scope, args in rows:
+        try:
+            parsed = json.loads(args) if args else {}
+        except ValueError:
+            parsed = {}
+        out[(rank, graph_id, scope)] = parsed if isinstance(parsed, dict) else {}
+    return out
+
+
+def arg_diff_column(con, target_run: str, bench_run: str, pairs: Mapping[str, list]) -> np.ndarray | None:
+    """``arg_diff`` of each compared pair (an object array of str/None, one per pair), or
+    None when neither run records scalar arguments (the column is then NULL).
+
+    ``con``: a catalog connection. ``pairs``: per-pair lists ``target_name``,
+    ``bench_name``, ``rank``, ``iteration``, ``bench_rank``, ``bench_iteration`` (msprobe:
+    the records' keys) and ``scope_name``, ``bench_scope_name``, ``graph_id``,
+    ``bench_graph_id`` (MindSpore: the IR node of each side, ``ops.scalar_args``). A pair
+    whose op has no record or node on either side gets None."""
+    n = len(pairs["target_name"])
+    out = np.full(n, None, dtype=object)
+    has = con.execute("SELECT count(*) FROM msprobe_records WHERE run IN (?, ?)", [target_run, bench_run]).fetchall()
+    if has[0][0]:
+        tn, bn = pairs["target_name"], pairs["bench_name"]
+        trec = _records(con, target_run, sorted({x for x in tn if x is not None}))
+        brec = _records(con, bench_run, sorted({x for x in bn if x is not None}))
+        tkeys = list(zip(pairs["rank"], pairs["iteration"], tn))
+        bkeys = list(zip(pairs["bench_rank"], pairs["bench_iteration"], bn))
+    else:
+        has = con.execute("SELECT count(*) FROM ops WHERE run IN (?, ?) AND scalar_args IS NOT NULL",
+                          [target_run, bench_run]).fetchall()
+        if not has[0][0]:
+            return None
+        ts, bs = pairs["scope_name"], pairs["bench_scope_name"]
+        trec = _ir_args(con, target_run, sorted({x for x in ts if x is not None}))
+        brec = _ir_args(con, bench_run, sorted({x for x in bs if x is not None}))
+        tkeys = list(zip(pairs["rank"], pairs["graph_id"], ts))
+        bkeys = list(zip(pairs["bench_rank"], pairs["bench_graph_id"], bs))
+    cache: dict[tuple, str | None] = {}
+    for i, key in enumerate(zip(tkeys, bkeys)):
+        if key not in cache:
+            t, b = trec.get(key[0]), brec.get(key[1])
+            cache[key] = None if t is None or b is None else arg_diff(t, b)
+        out[i] = cache[key]
+    return out

@@ -1,0 +1,197 @@
+"""Alignment checked by content and scalar arguments as evidence (issue 26), on real msprobe
+26.2 dumps of a small Transformer (tests/data/msprobe_rewrite, README there): a LayerNorm
+computed by hand shifts msprobe's call counters; an epsilon and a softmax scale differ."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import DATA
+from typer.testing import CliRunner
+
+import dumpdb
+from dumpdb.cli import app
+from dumpdb.compare.align import align, stat_distance
+from dumpdb.compare.args import arg_diff
+from dumpdb.compare.engine import compare
+from dumpdb.layouts.msprobe import scalar_args
+
+RW = DATA / "msprobe_rewrite"
+
+
+@pytest.fixture(scope="module")
+def rw(tmp_path_factory):
+    archive = tmp_path_factory.mktemp("rw") / "a.dumpdb"
+    for case in ("none", "handln", "eps", "scale"):
+        assert dumpdb.ingest(RW / case, archive=archive, run=case).ok
+    return archive
+
+
+def _cos(x: np.ndarray, y: np.ndarray) -> float:
+    x, y = x.astype(np.float64).ravel(), y.astype(np.float64).ravel()
+    nx, ny = np.linalg.norm(x), np.linalg.norm(y)
+    if nx == 0 or ny == 0:
+        return 1.0 if nx == ny else 0.0
+    return float(x @ y / (nx * ny))
+
+
+def _mispaired(archive, out, target: str, bench: str) -> list[tuple]:
+    """Brute force: forward float tensors paired at cosine <= 0.99 while a bench tensor of
+    the same op type, io and shape has cosine > 0.99 with them."""
+    a = dumpdb.open(archive)
+    with a:
+        arrays = {r["tensor_id"]: x for r, x in
+                  a.tensors(f"SELECT tensor_id FROM tensors WHERE run IN ('{target}', '{bench}')")}
+    bench_rows = a.sql("SELECT tensor_id, op_type, io, shape FROM tensors WHERE run = ?", [bench]).to_pylist()
+    bad = []
+    for r in out.results.to_pylist():
+        if r["target_name"].endswith(".backward") or r["io"] not in ("input", "output"):
+            continue
+        t, b = arrays[r["target_tensor_id"]], arrays[r["bench_tensor_id"]]
+        if t.size <= 1 or not np.issubdtype(t.dtype, np.floating):
+            continue
+        if t.size == b.size and _cos(t, b) > 0.99:
+            continue
+        better = [x["tensor_id"] for x in bench_rows if x["tensor_id"] != r["bench_tensor_id"]
+                  and (x["op_type"], x["io"]) == (r["op_type"], r["io"]) and tuple(x["shape"]) == t.shape
+                  and _cos(t, arrays[x["tensor_id"]]) > 0.99]
+        if better:
+            bad.append((r["target_name"], r["io"], r["slot"], r["bench_name"], better))
+    return bad
+
+
+def test_hand_written_layernorm_leaves_no_forward_tensor_mispaired(rw):
+    out = compare(dumpdb.open(rw), "handln", "none", store_results=False)
+    assert _mispaired(rw, out, "handln", "none") == []
+    assert out.first_divergence is None  # the rewrite is equivalent
+    rows = out.results.to_pylist()
+    realigned = [r for r in rows if r["realigned"]]
+    assert realigned and out.summary["realigned"] == len(realigned)
+    # re-aligned pairs cross the shifted counters: target call N pairs with bench call N - k
+    assert any(r["target_name"] != r["bench_name"] for r in realigned)
+    assert all(r["match_strategy"] == "sequence" for r in realigned)
+    assert out.summary["suspected_mispairs"] == []
+    # the hand-written ops themselves have no partner
+    assert {"Tensor.mean.0.forward", "Tensor.__sub__.0.forward"} <= set(out.unmatched["name"].to_pylist())
+
+
+def test_exact_names_alone_leave_suspected_mispairs(rw):
+    """Without the sequence strategy nothing is re-aligned: the counter-shifted name pairs
+    are reported as suspected mispairs, each with the far better bench partner."""
+    out = compare(dumpdb.open(rw), "handln", "none", strategies=("exact",), store_results=False)
+    assert _mispaired(rw, out, "handln", "none")
+    assert not any(out.results["realigned"].to_pylist())
+    suspects = out.summary["suspected_mispairs"]
+    assert suspects and all(s["better_distance"] < s["distance"] for s in suspects)
+    assert any(s["target"].startswith("Tensor.__add__.") for s in suspects)
+    r = CliRunner().invoke(app, ["compare", "handln", "none", "-a", str(rw), "--strategy", "exact", "--no-store"])
+    assert "suspected mispairs" in r.output
+
+
+def test_clean_and_changed_pairs_keep_their_name_pairs(rw):
+    """A real change of one op (an epsilon, a scale) is not a mispair: exact names stand."""
+    for target in ("eps", "scale", "none"):
+        out = compare(dumpdb.open(rw), target, "none", store_results=False)
+        assert set(out.results["match_strategy"].to_pylist()) == {"exact"}
+        assert not any(out.results["realigned"].to_pylist())
+        assert out.summary["suspected_mispairs"] == []
+
+
+@pytest.mark.parametrize("target, op, text", [
+    ("eps", "Functional.layer_norm.2.forward", "input.4: 1e-05 -> 0.1"),
+    ("scale", "Tensor.__mul__.1.forward", "input.1: 0.5 -> 0.25"),
+])
+def test_arg_diff_names_the_changed_scalar_argument(rw, target, op, text):
+    a = dumpdb.open(rw)
+    out = compare(a, target, "none", store_results=False)
+    diffs = {(r["target_name"], r["arg_diff"]) for r in out.results.to_pylist() if r["arg_diff"] is not None}
+    assert diffs == {(op, text)}
+    assert out.summary["arg_diffs"] == [{"target": op, "bench": op, "arg_diff": text}]
+    # the recorded scalar is what the catalog keeps (msprobe_records): queryable in SQL
+    slot = int(text.split(":")[0].split(".")[1])
+    value = a.sql(f"SELECT record->'input_args'->{slot}->>'value' AS v FROM msprobe_records "
+                  "WHERE run = ? AND op_name = ?", [target, op]).to_pylist()
+    assert [float(v["v"]) for v in value] == [float(text.rsplit(" ", 1)[1])]
+    r = CliRunner().invoke(app, ["first-divergence", target, "none", "-a", str(rw)])
+    assert text in r.output
+
+
+def test_arg_diff_is_null_for_a_clean_pair(rw):
+    out = compare(dumpdb.open(rw), "none", "none", store_results=False)
+    assert out.results["arg_diff"].null_count == out.results.num_rows
+    assert out.summary["arg_diffs"] == []
+
+
+def test_arg_diff_and_scalar_args_rules():
+    record = {"input_args": [{"type": "torch.Tensor", "dtype": "torch.float32", "shape": [2]},
+                             [{"type": "int", "value": 8}], None, {"type": "float", "value": 1e-05}],
+              "input_kwargs": {"dim": {"type": "int", "value": -1}, "flag": {"type": "bool", "value": True}},
+              "output": [{"type": "float", "value": 3.0}]}
+    assert scalar_args(record) == {"input.1.0": 8, "input.3": 1e-05, "input.dim": -1, "input.flag": True}
+    assert arg_diff({"a": 1.0}, {"a": 1}) is None
+    assert arg_diff({"a": True}, {"a": 1}) == "a: 1 -> True"
+    assert arg_diff({"a": 1, "b": 2}, {"a": 1}) == "b: - -> 2"
+    many = arg_diff({str(i): i for i in range(5)}, {str(i): -i - 1 for i in range(5)})
+    assert many is not None and many.endswith("(+2 more)") and many.count(";") == 2
+
+
+def test_stat_distance_scale():
+    assert stat_distance((2.0, 0.5, -1.0, 1.0, 4), (2.0, 0.5, -1.0, 1.0, 4)) == 0.0
+    assert 0 < stat_distance((2.0, 0.5, -1.0, 1.0, 4), (2.002, 0.5, -1.0, 1.0, 4)) < 0.01
+    assert stat_distance((0.0, 0.0, 0.0, 0.0, 4), (1.0, 0.5, 0.0, 0.5, 4)) == 1.0
+    assert np.isnan(stat_distance((None, 0.0, 0.0, 0.0, 4), (1.0, 0.5, 0.0, 0.5, 4)))
+
+
+def test_crossed_pair_of_one_family_is_realigned():
+    """Two ops of one name family whose exact names are crossed (a per-graph -opN counter
+    that another graph numbers otherwise): each pair looks wrong while the other's partner
+    fits, so the family is re-aligned and the pairs follow content."""
+    import pyarrow as pa
+
+    def side(prefix, names, stats):
+        rows = {"tensor_id": [], "op_name": [], "op_type": [], "io": [], "slot": [], "shape": [], "l2norm": [],
+                "mean": [], "min": [], "max": [], "dtype": [], "graph_id": [], "position": []}
+        for k, (name, st) in enumerate(zip(names, stats)):
+            for key, v in zip(("tensor_id", "op_name", "op_type", "io", "slot", "shape", "graph_id", "position",
+                               "dtype"), (prefix + k, name, "Transpose", "output", 0, [4, 4], 0, k, "float32")):
+                rows[key].append(v)
+            for key, v in zip(("l2norm", "mean", "min", "max"), st):
+                rows[key].append(v)
+        return pa.table(rows)
+
+    a_stats, b_stats = (4.0, 0.1, -2.0, 2.0), (9.0, -1.0, -5.0, 1.0)
+    target = side(0, ["s/Transpose-op1", "s/Transpose-op2"], [a_stats, b_stats])
+    bench = side(100, ["s/Transpose-op1", "s/Transpose-op2"], [b_stats, a_stats])  # scheduled the other way
+    al = align(target, bench)
+    got = dict(zip(al.pairs["target_tensor_id"].to_pylist(), al.pairs["bench_tensor_id"].to_pylist()))
+    assert got == {0: 101, 1: 100}
+    assert al.pairs["realigned"].to_pylist() == [True, True]
+    exact_only = align(target, bench, strategies=("exact",))
+    assert exact_only.suspects.num_rows == 2
+
+
+@pytest.fixture(scope="module")
+def tf(tmp_path_factory):
+    archive = tmp_path_factory.mktemp("tf") / "a.dumpdb"
+    for case in ("fp32", "fp16", "fp32_ln1", "fp16_ln1"):
+        assert dumpdb.ingest(DATA / "transformer" / case, archive=archive, run=case).ok
+    return archive
+
+
+@pytest.mark.parametrize("target", ["fp32_ln1", "fp16_ln1"])
+def test_mindspore_ir_constant_epsilon_is_an_arg_diff(tf, target):
+    """MindSpore IR: layer 1's norm1 LayerNorm is `F32(0.5)` against `F32(1e-05)`
+    (tests/data/transformer/README.md): the one op with an arg_diff, also under O2."""
+    a = dumpdb.open(tf)
+    out = compare(a, target, "fp32", store_results=False)
+    diffs = out.summary["arg_diffs"]
+    assert [d["arg_diff"] for d in diffs] == ["input.5: 1e-05 -> 0.5"]
+    assert "1-TransformerEncoderLayer_norm1-" in diffs[0]["target"] and diffs[0]["target"].endswith("LayerNorm-op0")
+    stored = a.sql("SELECT scalar_args FROM ops WHERE run = ? AND op_type = 'LayerNorm' AND scope_name LIKE "
+                   "'%1-TransformerEncoderLayer/norm1-%'", [target])["scalar_args"].to_pylist()
+    assert stored and '"input.5": 0.5' in stored[0]
+
+
+def test_mindspore_clean_amp_pair_has_no_arg_diff(tf):
+    out = compare(dumpdb.open(tf), "fp16", "fp32", store_results=False)
+    assert out.summary["arg_diffs"] == []

@@ -402,12 +402,13 @@ def _kernel_takes(rel: _RelErr) -> bool:
 
 
 def _native(a: np.ndarray) -> np.ndarray:
-    """A 1-D chunk as the kernel reads it: bool as uint8, float16 and the ml_dtypes floats as
-    float32 (exact), the other dtypes unchanged."""
+    """A 1-D chunk as the kernel reads it (kernel.NATIVE): float16 and the ml_dtypes floats as
+    float32, integers and bool as float64 (both exact, as buf.load widens them), float32 and
+    float64 unchanged."""
     if a.dtype in kernel.NATIVE:
         return a
-    if a.dtype == np.bool_:
-        return a.view(np.uint8) if a.flags.c_contiguous else a.astype(np.uint8)
+    if a.dtype.kind in "biu":
+        return a.astype(np.float64)
     return a.astype(np.float32)
 
 
@@ -564,8 +565,7 @@ def _accumulate(acc: _Acc, x: np.ndarray, y: np.ndarray, tc: np.ndarray, bc: np.
     np.maximum(y, eps32, out=y)
     acc.kl_sx += kernel.lane_sum(x)
     acc.kl_sy += kernel.lane_sum(y)
-    ratio = np.divide(x, y, out=w1)
-    np.log(ratio, out=ratio)
+    ratio = kernel.log_numpy(np.divide(x, y, out=w1))
     acc.kl_t += _lane_dot(x, ratio, w2)
 
 
@@ -1059,7 +1059,6 @@ def _segment_sums(x: np.ndarray, y: np.ndarray, starts: np.ndarray, sizes: np.nd
         v /= np.repeat(span, sizes)
         np.maximum(v, EPS32, out=v)
         acc[name] = sums(v)
-    ratio = np.divide(x, y, out=d)
-    np.log(ratio, out=ratio)
+    ratio = kernel.log_numpy(np.divide(x, y, out=d))
     acc["kl_t"] = dots(x, ratio)
     return acc

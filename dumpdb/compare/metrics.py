@@ -131,6 +131,8 @@ target is not 0, and ``0`` for equal values, where we also give None if both are
 When some ``|diff| / (max(|target|, |bench|) + 1e-10) > 0.5`` the
 message asks for a double check (msprobe's warning ``Need double check api
 accuracy.``); it does not set a verdict.
+These rules are one table, :data:`dumpdb.compare.stats_spec.CASES`: this function and the
+DuckDB query of :mod:`dumpdb.compare.stats_sql` are generated from it.
 """
 
 from __future__ import annotations
@@ -142,6 +144,7 @@ import ml_dtypes
 import numpy as np
 
 from dumpdb.compare import kernel, registry
+from dumpdb.compare.stats_spec import python_stat
 
 # The built-in metrics of the registry (dumpdb.compare.registry), in stored column order.
 TENSOR_METRICS = registry.names("tensor", builtin=True)
@@ -154,8 +157,6 @@ EPS64 = float(np.finfo(np.float64).eps)     # Const.FLOAT_EPSILON, ConstManager.
 EPS32 = float(np.finfo(np.float32).eps)     # alg_KullbackLeiblerDivergence.FLOAT_EPSILON
 THOUSAND_RATIO_THRESHOLD = 0.001
 FIVE_THOUSAND_RATIO_THRESHOLD = 0.005
-MAGNITUDE = 0.5                             # CompareConst.MAGNITUDE
-MAGNITUDE_EPSILON = 1e-10                   # CompareConst.EPSILON
 
 # Elements per pass: about 10 float64 work arrays of this size stay in the CPU cache
 # (measured: 64 Ki runs ~25 % faster than 1 Mi and bounds scratch to ~5 MiB).
@@ -746,29 +747,10 @@ def stats_metrics(target: dict, bench: dict) -> tuple[dict[str, float | None], s
     """
     metrics: dict[str, float | None] = dict.fromkeys(STAT_METRICS)
     flagged: list[str] = []
-    for name in STATS:
-        tv, bv = _stat_value(target.get(name)), _stat_value(bench.get(name))
-        if tv is None or bv is None:
-            continue
-        t_nan, b_nan = math.isnan(tv), math.isnan(bv)
-        if tv == bv or (t_nan and b_nan):
-            metrics[f"{name}_diff"] = 0.0
-            metrics[f"{name}_rel_diff"] = None if bv == 0 else 0.0
-            continue
-        if t_nan or b_nan:
-            continue
-        diff = tv - bv
-        metrics[f"{name}_diff"] = diff
-        if bv == 0:
-            rel = None
-        elif math.isinf(diff):
-            rel = math.inf
-        else:
-            rel = abs(diff / bv)
-        metrics[f"{name}_rel_diff"] = rel
-        with np.errstate(all="ignore"):
-            magnitude = abs(diff) / (max(abs(tv), abs(bv)) + MAGNITUDE_EPSILON)
-        if magnitude > MAGNITUDE:  # NaN (inf/inf) compares False, as in msprobe
+    for name in STATS:  # the rules: dumpdb.compare.stats_spec.CASES (also the SQL form's)
+        diff, rel, flag = python_stat(_stat_value(target.get(name)), _stat_value(bench.get(name)))
+        metrics[f"{name}_diff"], metrics[f"{name}_rel_diff"] = diff, rel
+        if flag:
             flagged.append(name)
     msg = MSG_STATS_MAGNITUDE.format(names=", ".join(flagged)) if flagged else None
     return metrics, msg

@@ -203,3 +203,15 @@ def test_log_is_within_one_ulp_of_libm_and_the_same_in_both_forms():
         out = np.empty_like(q)
         kernel._log_block(q.copy(), q.copy().view(np.int64), iw[0], work[0], work[1], out, q.size)
         assert repr(out.tolist()) == repr(got.tolist())
+
+
+@settings(max_examples=30, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(cases=st.lists(pairs(), min_size=1, max_size=6))
+def test_batch_is_tensor_metrics_pair_by_pair_in_both_forms(form, cases):
+    """tensor_metrics_batch (the compiled segment kernel, or the numpy segment form) gives each
+    pair's tensor_metrics bits; pairs with NaN/Inf, 0-d or one element go one by one."""
+    targets, benches = [c[0] for c in cases], [c[1] for c in cases]
+    got = M.tensor_metrics_batch(targets, benches)
+    for i, (t, b) in enumerate(zip(targets, benches)):
+        assert repr(got[i]) == repr(M.tensor_metrics(t, b))

@@ -141,6 +141,22 @@ def log_numpy(q: np.ndarray) -> np.ndarray:
 
 
 @_jit
+def _lanes8(w, m8, lanes):
+    """lanes[j] += w[i0 + j] for every i0 < m8 step 8, in order (eight scalars in registers)."""
+    l0, l1, l2, l3, l4, l5, l6, l7 = lanes[0], lanes[1], lanes[2], lanes[3], lanes[4], lanes[5], lanes[6], lanes[7]
+    for i0 in range(0, m8, 8):
+        l0 += w[i0]
+        l1 += w[i0 + 1]
+        l2 += w[i0 + 2]
+        l3 += w[i0 + 3]
+        l4 += w[i0 + 4]
+        l5 += w[i0 + 5]
+        l6 += w[i0 + 6]
+        l7 += w[i0 + 7]
+    lanes[0], lanes[1], lanes[2], lanes[3], lanes[4], lanes[5], lanes[6], lanes[7] = l0, l1, l2, l3, l4, l5, l6, l7
+
+
+@_jit
 def _chunk(x, y, s, e, row, zero_invalid, rt32, eps, thr1, thr5, xmin, xrange, ymin, yrange, work, iwork):
     """Accumulators of elements [s, e) of x and y into ``row`` (FIELDS order). ``work`` is
     float64 scratch ``(14, BLOCK)``, ``iwork`` its int64 view."""
@@ -227,10 +243,8 @@ def _chunk(x, y, s, e, row, zero_invalid, rt32, eps, thr1, thr5, xmin, xrange, y
             work[8, i] = work[6, i] * logs[i]
         # lanes: element i of the chunk into lane (i - s) % 8; maxima and NaN flags per lane
         m8 = min(m, n8 - b0) if n8 > b0 else 0
-        for i0 in range(0, m8, 8):
-            for k in range(9):
-                for j in range(8):
-                    lanes[k, j] += work[k, i0 + j]
+        for k in range(9):
+            _lanes8(work[k], m8, lanes[k])
         for i0 in range(0, m - m % 8, 8):
             for j in range(8):
                 a = work[4, i0 + j]

@@ -1,9 +1,11 @@
-"""The tensor metric kernel against a straightforward reference (issue 13, compare speed).
+"""The tensor metric kernel against a straightforward reference (issues 13 and 29, compare speed).
 
-``metrics.tensor_metrics`` reuses work arrays, skips copies and cuts a large pair into
-segments folded in order (``metrics.split_pair``); every such shortcut must leave the
-results bit for bit what the module docstring's formulas give when applied chunk by chunk
-with plain numpy expressions (:func:`_reference`). Hypothesis draws the arrays: every
+``metrics.tensor_metrics`` runs the compiled kernel (``dumpdb.compare.kernel``, numba) or its
+numpy form, reuses work arrays, skips copies and cuts a large pair into segments folded in
+order (``metrics.split_pair``); every such shortcut, in both forms, must leave the results
+bit for bit what the module docstring's formulas give when applied chunk by chunk with plain
+expressions and the kernel's summation order written out in Python (:func:`_reference`;
+its logarithm is the kernel's fdlibm formula, checked against libm below). Hypothesis draws the arrays: every
 supported float dtype and a few integer ones, zeros (bench zeros: msprobe's eps rule),
 signed zeros, denormals, huge values, constant tensors, NaN/Inf at the same positions on
 both sides (zeroed, noted) and at different ones (no metrics)."""
@@ -19,11 +21,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from threadpoolctl import threadpool_limits
 
+from dumpdb.compare import kernel
 from dumpdb.compare import metrics as M
 
 pytestmark = pytest.mark.timeout(300)
 
-SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=60, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 DTYPES = [np.float16, np.float32, np.float64, ml_dtypes.bfloat16, np.int32, np.int8, np.bool_]
 SPECIAL = [0.0, -0.0, 1e-40, 5e-324, 6e-8, 1e30, -1e30, 65504.0, 1.0, -1.0]
 
@@ -54,6 +58,21 @@ def pairs(draw, finite: bool = False):
     return t, b, chunk
 
 
+def _lsum(terms: np.ndarray) -> float:
+    """The kernel's order: lane i % 8 for the first 8 * (n // 8) elements (a reduction over
+    the leading axis of a C-ordered (n // 8, 8) array adds row after row), lanes folded
+    ((l0+l4)+(l2+l6))+((l1+l5)+(l3+l7)), then the rest one by one in order."""
+    terms = np.asarray(terms, np.float64)
+    n8 = terms.size // 8 * 8
+    lanes = [0.0] * 8
+    for row in terms[:n8].reshape(-1, 8):
+        lanes = [a + float(v) for a, v in zip(lanes, row)]
+    total = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]))
+    for v in terms[n8:].tolist():
+        total += v
+    return total
+
+
 def _reference(t: np.ndarray, b: np.ndarray, chunk: int):
     """The module docstring's formulas, chunk by chunk, one plain expression each."""
     out = dict.fromkeys(M.TENSOR_METRICS)
@@ -80,12 +99,12 @@ def _reference(t: np.ndarray, b: np.ndarray, chunk: int):
     with np.errstate(all="ignore"):
         for s in range(0, t.size, chunk):
             x, y = x_all[s:s + chunk], y_all[s:s + chunk]
-            acc.dot += float(np.dot(x, y))
-            acc.xx += float(np.dot(x, x))
-            acc.yy += float(np.dot(y, y))
+            acc.dot += _lsum(x * y)
+            acc.xx += _lsum(x * x)
+            acc.yy += _lsum(y * y)
             d = x - y
-            acc.dd += float(np.dot(d, d))
-            acc.abs_sum += float(np.abs(d).sum())
+            acc.dd += _lsum(d * d)
+            acc.abs_sum += _lsum(np.abs(d))
             acc.max_abs = float(np.maximum(acc.max_abs, np.abs(d).max()))
             n, bb = x.astype(rt), y.astype(rt)
             add = np.where(bb == 0, eps, rt.type(0)).astype(rt)
@@ -94,28 +113,51 @@ def _reference(t: np.ndarray, b: np.ndarray, chunk: int):
             acc.cnt1 += int(np.count_nonzero(r < rt.type(M.THOUSAND_RATIO_THRESHOLD)))
             acc.cnt5 += int(np.count_nonzero(r < rt.type(M.FIVE_THOUSAND_RATIO_THRESHOLD)))
             valid = np.abs(y) > M.EPS64
-            acc.acc_rel += float(np.where(valid, np.abs(x / np.where(valid, y, 1.0) - 1.0), 0.0).sum())
+            acc.acc_rel += _lsum(np.where(valid, np.abs(x / np.where(valid, y, 1.0) - 1.0), 0.0))
             vx = (x - xmin) / (xmax - xmin) if xmax != xmin else x
             vy = (y - ymin) / (ymax - ymin) if ymax != ymin else y
             vx, vy = np.maximum(vx, M.EPS32), np.maximum(vy, M.EPS32)
-            acc.kl_sx += float(vx.sum())
-            acc.kl_sy += float(vy.sum())
-            acc.kl_t += float(np.dot(vx, np.log(vx / vy)))
+            acc.kl_sx += _lsum(vx)
+            acc.kl_sy += _lsum(vy)
+            acc.kl_t += _lsum(vx * kernel.log_numpy(vx / vy))
     M._finish(out, msgs, acc, t.size, False)
     return out, "; ".join(msgs) if msgs else None
 
 
+@pytest.fixture(params=["numba", "numpy"])
+def form(request, monkeypatch):
+    """Each test runs with the compiled kernel and with its numpy form."""
+    if request.param == "numba" and kernel.numba is None:
+        pytest.skip("numba is not installed: the compiled kernel cannot run")
+    monkeypatch.setattr(kernel, "AVAILABLE", request.param == "numba")
+    return request.param
+
+
+def _same(got, want, form: str = "") -> None:
+    assert repr(got) == repr(want)
+
+
 @SETTINGS
-@given(pairs())
-def test_kernel_is_the_reference_bit_for_bit(case):
+@given(case=pairs())
+def test_kernel_is_the_reference_bit_for_bit(form, case):
     t, b, chunk = case
-    with threadpool_limits(1, user_api="blas"):
-        assert repr(M.tensor_metrics(t, b, chunk=chunk)) == repr(_reference(t, b, chunk))
+    _same(M.tensor_metrics(t, b, chunk=chunk), _reference(t, b, chunk), form)
 
 
 @SETTINGS
-@given(pairs(finite=True), st.integers(1, 6))
-def test_split_pair_folds_to_tensor_metrics_bit_for_bit(case, segment):
+@given(case=pairs())
+def test_compiled_and_numpy_forms_agree(monkeypatch, case):
+    """The numpy fallback is the kernel's twin, bit for bit."""
+    t, b, chunk = case
+    compiled = M.tensor_metrics(t, b, chunk=chunk)
+    with monkeypatch.context() as m:
+        m.setattr(kernel, "AVAILABLE", False)
+        _same(M.tensor_metrics(t, b, chunk=chunk), compiled, "numpy")
+
+
+@SETTINGS
+@given(case=pairs(finite=True), segment=st.integers(1, 6))
+def test_split_pair_folds_to_tensor_metrics_bit_for_bit(form, case, segment):
     t, b, chunk = case
     x, y = t.astype(np.float64), b.astype(np.float64)
     ranges = (float(x.min()), float(x.max()), float(y.min()), float(y.max()))
@@ -126,7 +168,7 @@ def test_split_pair_folds_to_tensor_metrics_bit_for_bit(case, segment):
     with threadpool_limits(1, user_api="blas"):
         got = split.finish([task() for task in reversed(tasks)][::-1])  # run in any order, folded in order
         assert repr(got) == repr(M.tensor_metrics(t, b, chunk=chunk, ranges=ranges))
-        assert repr(got) == repr(_reference(t, b, chunk))
+        _same(got, _reference(t, b, chunk), form)
 
 
 def test_split_pair_declines_what_tensor_metrics_takes_whole():
@@ -140,3 +182,36 @@ def test_split_pair_declines_what_tensor_metrics_takes_whole():
     assert M.split_pair(x[:0], x[:0], r) is None
     with pytest.raises(ValueError):
         M.split_pair(x, x, r, chunk=0)
+
+
+def test_log_is_within_one_ulp_of_libm_and_the_same_in_both_forms():
+    rng = np.random.default_rng(7)
+    q = np.concatenate([rng.uniform(0.5, 2.0, 20000), 1 + rng.standard_normal(20000) * 1e-6,
+                        10.0 ** rng.uniform(-300, 300, 20000),
+                        [1.0, np.nextafter(1.0, 2), np.nextafter(1.0, 0), 2.0, 0.5, 1e-310, 0.0, np.inf, np.nan]])
+    got = kernel.log_numpy(q)
+    with np.errstate(all="ignore"):
+        libm = np.array([math.log(v) if v > 0 and math.isfinite(v) else np.log(v) for v in q.tolist()])
+    finite = np.isfinite(libm)
+    ulps = np.abs(got[finite] - libm[finite]) / np.spacing(np.abs(libm[finite]) + 1e-300)
+    assert ulps.max() <= 1.0
+    assert np.array_equal(got[~finite], libm[~finite], equal_nan=True)
+    assert got[q == 1.0].tolist() == [0.0]
+    if kernel.numba is not None:
+        work = np.zeros((4, q.size))
+        iw = work.view(np.int64)
+        out = np.empty_like(q)
+        kernel._log_block(q.copy(), q.copy().view(np.int64), iw[0], work[0], work[1], out, q.size)
+        assert repr(out.tolist()) == repr(got.tolist())
+
+
+@settings(max_examples=30, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(cases=st.lists(pairs(), min_size=1, max_size=6))
+def test_batch_is_tensor_metrics_pair_by_pair_in_both_forms(form, cases):
+    """tensor_metrics_batch (the compiled segment kernel, or the numpy segment form) gives each
+    pair's tensor_metrics bits; pairs with NaN/Inf, 0-d or one element go one by one."""
+    targets, benches = [c[0] for c in cases], [c[1] for c in cases]
+    got = M.tensor_metrics_batch(targets, benches)
+    for i, (t, b) in enumerate(zip(targets, benches)):
+        assert repr(got[i]) == repr(M.tensor_metrics(t, b))

@@ -5,6 +5,16 @@ CSV msprobe wrote for them. dumpdb ingests both, compares, and its CSV must equa
 same header, same rows in the same order, every string cell identical, numbers within
 display rounding; byte for byte where no dumpdb-computed float is involved (statistics and
 md5 modes, and tensor mode on these pairs).
+
+The byte-identity holds on any processor (issue 26, item 9): msprobe's ``EucDist`` is printed
+with 17 significant digits and comes from OpenBLAS ``ddot``, whose summation order depends on
+the kernel OpenBLAS picks for the CPU (``OPENBLAS_CORETYPE``); dumpdb does not call BLAS for
+any metric but sums in one fixed order (``dumpdb.compare.kernel``, the order of the SSE2
+``ddot`` that made these CSVs), so the CSV is the same bytes whatever BLAS kernel numpy would
+use. We chose this over running msprobe live in the test because a live msprobe would itself
+print the BLAS kernel's digits of the machine, so the comparison would need dumpdb to follow
+that BLAS again, and the frozen CSVs stay the oracle. Checked with ``OPENBLAS_CORETYPE`` unset,
+``Haswell``, ``Sandybridge`` and ``Prescott`` (before: only ``Prescott`` passed on an AVX2 CPU).
 """
 
 from __future__ import annotations

@@ -98,10 +98,19 @@ msprobe's readers ``np.squeeze`` every tensor before these checks, so in its CSV
 tensor of one element is 0-d (no euc_dist, no ratios); we judge the array as given:
 shape ``(1,)`` or ``(1, 1)`` gets everything but the cosine (``validate_numpy``'s rule).
 
+Computation: the compiled kernel of :mod:`dumpdb.compare.kernel` (numba) computes every
+accumulator of a chunk in one pass over both tensors, reading float32/float64/integer/bool
+data in place (float16, bfloat16 and float8 chunks are first widened to float32, exactly);
+without numba (or with ``DUMPDB_METRICS_KERNEL=numpy``) the numpy form below does the same
+arithmetic. Both sum in the kernel's fixed 8-lane order, never through BLAS, whose order
+depends on the processor; the last bits this moves against dumpdb's earlier np.dot/pairwise
+sums, and why the order matches msprobe's CSVs, are in that module's docstring.
+
 Memory: the tensors are read in chunks of ``chunk`` elements (two passes); every
 temporary is O(chunk): four float64 work arrays allocated once per call plus a few
 chunk-sized masks and float32/longdouble copies (peak measured at 5.5 x 8 x ``chunk``
-bytes: 176 MiB for the default 4 Mi elements, whatever the tensor size). Sums, dot
+bytes: 176 MiB for the default 4 Mi elements, whatever the tensor size; the compiled kernel
+needs no chunk-sized work array but for the float32 copy of a non-native chunk). Sums, dot
 products, maxima and counts are accumulated in float64/int. Arrays that are not
 C-contiguous are cut along their leading axes into blocks of at most ``chunk`` elements.
 
@@ -122,6 +131,8 @@ target is not 0, and ``0`` for equal values, where we also give None if both are
 When some ``|diff| / (max(|target|, |bench|) + 1e-10) > 0.5`` the
 message asks for a double check (msprobe's warning ``Need double check api
 accuracy.``); it does not set a verdict.
+These rules are one table, :data:`dumpdb.compare.stats_spec.CASES`: this function and the
+DuckDB query of :mod:`dumpdb.compare.stats_sql` are generated from it.
 """
 
 from __future__ import annotations
@@ -132,7 +143,8 @@ from collections.abc import Iterator
 import ml_dtypes
 import numpy as np
 
-from dumpdb.compare import registry
+from dumpdb.compare import kernel, registry
+from dumpdb.compare.stats_spec import python_stat
 
 # The built-in metrics of the registry (dumpdb.compare.registry), in stored column order.
 TENSOR_METRICS = registry.names("tensor", builtin=True)
@@ -145,8 +157,6 @@ EPS64 = float(np.finfo(np.float64).eps)     # Const.FLOAT_EPSILON, ConstManager.
 EPS32 = float(np.finfo(np.float32).eps)     # alg_KullbackLeiblerDivergence.FLOAT_EPSILON
 THOUSAND_RATIO_THRESHOLD = 0.001
 FIVE_THOUSAND_RATIO_THRESHOLD = 0.005
-MAGNITUDE = 0.5                             # CompareConst.MAGNITUDE
-MAGNITUDE_EPSILON = 1e-10                   # CompareConst.EPSILON
 
 # Elements per pass: about 10 float64 work arrays of this size stay in the CPU cache
 # (measured: 64 Ki runs ~25 % faster than 1 Mi and bounds scratch to ~5 MiB).
@@ -334,13 +344,17 @@ def tensor_metrics(target: np.ndarray, bench: np.ndarray, chunk: int = DEFAULT_C
     elif t.size == 1:
         msgs.append(MSG_ONE_ELEMENT)
 
+    rel = _RelErr(t.dtype, b.dtype)
+    known = ranges is not None and not scalar and all(math.isfinite(v) for v in ranges)
+    if not scalar and _kernel_takes(rel):
+        return _kernel_metrics(t, b, chunk, ranges if known else None, rel, metrics, msgs)
+
     buf = _Buffers(chunk, t.size)
     # Pass 1: NaN/Inf positions (not for 0-d, as msprobe) and min/max for KL.
     check_invalid = not scalar and (_may_hold_nan_inf(t.dtype) or _may_hold_nan_inf(b.dtype))
     has_invalid = False
     xmin = ymin = math.inf
     xmax = ymax = -math.inf
-    known = ranges is not None and not scalar and all(math.isfinite(v) for v in ranges)
     if known:
         xmin, xmax, ymin, ymax = (float(v) for v in ranges)
     with np.errstate(all="ignore"):
@@ -365,7 +379,6 @@ def tensor_metrics(target: np.ndarray, bench: np.ndarray, chunk: int = DEFAULT_C
     if t.dtype != b.dtype:
         msgs.append(MSG_DTYPE.format(t=t.dtype, b=b.dtype))
 
-    rel = _RelErr(t.dtype, b.dtype)
     kl = (xmin, xmax - xmin, ymin, ymax - ymin)
 
     # Pass 2: every accumulation.
@@ -380,6 +393,83 @@ def tensor_metrics(target: np.ndarray, bench: np.ndarray, chunk: int = DEFAULT_C
             _accumulate(acc, x, y, tc, bc, rel, kl, buf)
 
     _finish(metrics, msgs, acc, t.size, scalar)
+    return metrics, "; ".join(msgs) if msgs else None
+
+
+def _kernel_takes(rel: _RelErr) -> bool:
+    """True when the compiled kernel computes this dtype pair (msprobe's relative-error type
+    float32 or float64; a longdouble side stays with numpy)."""
+    return kernel.AVAILABLE and rel.rt in (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _native(a: np.ndarray) -> np.ndarray:
+    """A 1-D chunk as the kernel reads it (kernel.NATIVE): float16 and the ml_dtypes floats as
+    float32, integers and bool as float64 (both exact, as buf.load widens them), float32 and
+    float64 unchanged."""
+    if a.dtype in kernel.NATIVE:
+        return a
+    if a.dtype.kind in "biu":
+        return a.astype(np.float64)
+    return a.astype(np.float32)
+
+
+def _kernel_parts(t: np.ndarray, b: np.ndarray, chunk: int) -> Iterator[tuple[np.ndarray, np.ndarray, int]]:
+    """``(x, y, part_chunk)``: 1-D runs of the pair in C order that the kernel cuts into chunks
+    of ``part_chunk`` elements; the whole pair at once when both are C-contiguous and of a
+    kernel dtype, else :func:`_chunk_pairs`' chunks one by one (converted)."""
+    if (t.flags.c_contiguous and b.flags.c_contiguous and t.dtype in kernel.NATIVE
+            and b.dtype in kernel.NATIVE):
+        yield t.reshape(-1), b.reshape(-1), chunk
+        return
+    for tc, bc in _chunk_pairs(t, b, chunk):
+        yield _native(tc), _native(bc), max(tc.size, 1)
+
+
+def _kernel_rows(x: np.ndarray, y: np.ndarray, part_chunk: int, zero_invalid: bool, rel: _RelErr,
+                 kl: tuple[float, float, float, float]) -> np.ndarray:
+    """kernel.chunk_rows of one part: a ``(n_chunks, 13)`` float64 array."""
+    rows = np.empty((-(-x.size // part_chunk), len(kernel.FIELDS)))
+    xmin, xrange_, ymin, yrange = kl
+    kernel.chunk_rows(x, y, part_chunk, rows, zero_invalid, rel.rt == np.float32, float(rel.eps),
+                      float(THOUSAND_RATIO_THRESHOLD), float(FIVE_THOUSAND_RATIO_THRESHOLD),
+                      xmin, xrange_, ymin, yrange)
+    return rows
+
+
+def _acc_of(a: np.ndarray) -> _Acc:
+    """An :class:`_Acc` from the kernel's folded accumulators (kernel.FIELDS order)."""
+    acc = _Acc()
+    (acc.dot, acc.xx, acc.yy, acc.dd, acc.abs_sum, acc.max_abs, acc.max_rel, cnt1, cnt5, acc.acc_rel,
+     acc.kl_sx, acc.kl_sy, acc.kl_t) = a.tolist()
+    acc.cnt1, acc.cnt5 = int(cnt1), int(cnt5)
+    return acc
+
+
+def _kernel_metrics(t: np.ndarray, b: np.ndarray, chunk: int, ranges, rel: _RelErr,
+                    metrics: dict[str, float | None], msgs: list[str]):
+    """tensor_metrics of a pair (at least 1-d, checks passed) by the compiled kernel."""
+    has_invalid = False
+    if ranges is None:
+        check_invalid = _may_hold_nan_inf(t.dtype) or _may_hold_nan_inf(b.dtype)
+        xmin = ymin = math.inf
+        xmax = ymax = -math.inf
+        for x, y, _ in _kernel_parts(t, b, chunk):
+            status, x0, x1, y0, y1 = kernel.scan(x, y, check_invalid)
+            if status == 2:
+                return dict.fromkeys(TENSOR_METRICS), MSG_NAN_INF_MISMATCH
+            has_invalid = has_invalid or status == 1
+            xmin, xmax, ymin, ymax = min(xmin, x0), max(xmax, x1), min(ymin, y0), max(ymax, y1)
+    else:
+        xmin, xmax, ymin, ymax = (float(v) for v in ranges)
+    if has_invalid:
+        msgs.append(MSG_NAN_INF_ZEROED)
+    if t.dtype != b.dtype:
+        msgs.append(MSG_DTYPE.format(t=t.dtype, b=b.dtype))
+    kl = (xmin, xmax - xmin, ymin, ymax - ymin)
+    acc = kernel.new_acc()
+    for x, y, part_chunk in _kernel_parts(t, b, chunk):
+        kernel.fold_rows(acc, _kernel_rows(x, y, part_chunk, has_invalid, rel, kl))
+    _finish(metrics, msgs, _acc_of(acc), t.size, False)
     return metrics, "; ".join(msgs) if msgs else None
 
 
@@ -403,13 +493,14 @@ def _accumulate(acc: _Acc, x: np.ndarray, y: np.ndarray, tc: np.ndarray, bc: np.
     w1, w2 = buf.w1[:x.size], buf.w2[:x.size]
 
     # msprobe cosine / euc_dist / max_abs_err; msaccucmp mean_abs_err / rmse / rel_euc_dist.
-    acc.dot += float(np.dot(x, y))
-    acc.xx += float(np.dot(x, x))
-    acc.yy += float(np.dot(y, y))
+    # Sums in dumpdb.compare.kernel's lane order (not np.dot: its BLAS order depends on the CPU).
+    acc.dot += _lane_dot(x, y, w1)
+    acc.xx += _lane_dot(x, x, w1)
+    acc.yy += _lane_dot(y, y, w1)
     d = np.subtract(x, y, out=w1)
-    acc.dd += float(np.dot(d, d))
+    acc.dd += _lane_dot(d, d, w2)
     np.abs(d, out=d)
-    acc.abs_sum += float(d.sum())
+    acc.abs_sum += kernel.lane_sum(d)
     acc.max_abs = float(np.maximum(acc.max_abs, d.max()))  # NaN propagates
 
     # msprobe get_relative_err: in rt, eps added to both sides where bench == 0.
@@ -460,7 +551,7 @@ def _accumulate(acc: _Acc, x: np.ndarray, y: np.ndarray, tc: np.ndarray, bc: np.
         q -= 1.0
         np.abs(q, out=q)
         q = np.where(valid, q, 0.0)
-    acc.acc_rel += float(q.sum())
+    acc.acc_rel += kernel.lane_sum(q)
 
     # msaccucmp KL: min-max normalise with the global min/max, clamp at eps32 (in place).
     xmin, xrange_, ymin, yrange = kl
@@ -473,11 +564,15 @@ def _accumulate(acc: _Acc, x: np.ndarray, y: np.ndarray, tc: np.ndarray, bc: np.
     eps32 = buf.eps32(x.size)
     np.maximum(x, eps32, out=x)
     np.maximum(y, eps32, out=y)
-    acc.kl_sx += float(x.sum())
-    acc.kl_sy += float(y.sum())
-    ratio = np.divide(x, y, out=w1)
-    np.log(ratio, out=ratio)
-    acc.kl_t += float(np.dot(x, ratio))
+    acc.kl_sx += kernel.lane_sum(x)
+    acc.kl_sy += kernel.lane_sum(y)
+    ratio = kernel.log_numpy(np.divide(x, y, out=w1))
+    acc.kl_t += _lane_dot(x, ratio, w2)
+
+
+def _lane_dot(u: np.ndarray, v: np.ndarray, out: np.ndarray) -> float:
+    """sum(u * v) in the kernel's order (products rounded first); ``out`` is scratch."""
+    return kernel.lane_sum(np.multiply(u, v, out=out))
 
 
 def _finish(metrics: dict, msgs: list[str], acc: _Acc, n_total: int, scalar: bool) -> None:
@@ -550,6 +645,7 @@ class SplitPair:
         xmin, xmax, ymin, ymax = (float(v) for v in ranges)
         self.kl = (xmin, xmax - xmin, ymin, ymax - ymin)
         self.chunks = list(_chunk_pairs(t, b, chunk))
+        self.compiled = _kernel_takes(self.rel)
 
     def tasks(self, segment: int | None = None) -> list:
         """One callable per ``segment`` (default :data:`SEGMENT_CHUNKS`) consecutive chunks
@@ -557,7 +653,10 @@ class SplitPair:
         segment = segment or SEGMENT_CHUNKS
         return [lambda s=s: self._segment(s, s + segment) for s in range(0, len(self.chunks), segment)]
 
-    def _segment(self, start: int, end: int) -> list[_Acc]:
+    def _segment(self, start: int, end: int) -> list[_Acc] | np.ndarray:
+        if self.compiled:  # one row of kernel accumulators per chunk
+            return np.concatenate([_kernel_rows(_native(tc), _native(bc), max(tc.size, 1), False, self.rel, self.kl)
+                                   for tc, bc in self.chunks[start:end]])
         buf = _Buffers(self.chunk, self.size)
         found = []
         with np.errstate(all="ignore"):
@@ -568,9 +667,15 @@ class SplitPair:
                 found.append(acc)
         return found
 
-    def finish(self, parts: list[list[_Acc]]) -> tuple[dict[str, float | None], str | None]:
+    def finish(self, parts: list) -> tuple[dict[str, float | None], str | None]:
         """``(metrics, err_message)`` from every task's result, in task order."""
         acc = _Acc()
+        if self.compiled:
+            folded = kernel.new_acc()
+            for part in parts:
+                kernel.fold_rows(folded, part)
+            acc = _acc_of(folded)
+            parts = []
         for part in parts:
             for c in part:
                 acc.dot += c.dot
@@ -642,29 +747,10 @@ def stats_metrics(target: dict, bench: dict) -> tuple[dict[str, float | None], s
     """
     metrics: dict[str, float | None] = dict.fromkeys(STAT_METRICS)
     flagged: list[str] = []
-    for name in STATS:
-        tv, bv = _stat_value(target.get(name)), _stat_value(bench.get(name))
-        if tv is None or bv is None:
-            continue
-        t_nan, b_nan = math.isnan(tv), math.isnan(bv)
-        if tv == bv or (t_nan and b_nan):
-            metrics[f"{name}_diff"] = 0.0
-            metrics[f"{name}_rel_diff"] = None if bv == 0 else 0.0
-            continue
-        if t_nan or b_nan:
-            continue
-        diff = tv - bv
-        metrics[f"{name}_diff"] = diff
-        if bv == 0:
-            rel = None
-        elif math.isinf(diff):
-            rel = math.inf
-        else:
-            rel = abs(diff / bv)
-        metrics[f"{name}_rel_diff"] = rel
-        with np.errstate(all="ignore"):
-            magnitude = abs(diff) / (max(abs(tv), abs(bv)) + MAGNITUDE_EPSILON)
-        if magnitude > MAGNITUDE:  # NaN (inf/inf) compares False, as in msprobe
+    for name in STATS:  # the rules: dumpdb.compare.stats_spec.CASES (also the SQL form's)
+        diff, rel, flag = python_stat(_stat_value(target.get(name)), _stat_value(bench.get(name)))
+        metrics[f"{name}_diff"], metrics[f"{name}_rel_diff"] = diff, rel
+        if flag:
             flagged.append(name)
     msg = MSG_STATS_MAGNITUDE.format(names=", ".join(flagged)) if flagged else None
     return metrics, msg
@@ -766,8 +852,9 @@ class MetricColumns:
 def tensor_metrics_batch(targets: list[np.ndarray], benches: list[np.ndarray]) -> MetricColumns:
     """:func:`tensor_metrics` of many (small) pairs at once: ``targets[i]`` vs ``benches[i]``.
 
-    The same results as :func:`tensor_metrics` on each pair, bit for bit for pairs of at
-    most :data:`DEFAULT_CHUNK` elements (one chunk there; tested): the pairs of one dtype
+    The same results as :func:`tensor_metrics` on each pair, bit for bit (the compiled
+    kernel folds each pair's chunks as tensor_metrics does; the numpy form for pairs of at
+    most :data:`DEFAULT_CHUNK` elements, one chunk there; tested): the pairs of one dtype
     pair are concatenated and converted to float64 once, every element-wise step of the
     module docstring runs once over the concatenation, maxima and counts are segment
     reductions and sums/dot products the same numpy calls per segment, so a pair costs
@@ -814,7 +901,7 @@ def _batch_group(targets: list[np.ndarray], benches: list[np.ndarray], idx: list
     y = np.empty_like(x)
     np.copyto(x, np.concatenate([targets[i].reshape(-1) for i in idx]), casting="unsafe")
     np.copyto(y, np.concatenate([benches[i].reshape(-1) for i in idx]), casting="unsafe")
-    if _may_hold_nan_inf(tdt) or _may_hold_nan_inf(bdt):
+    if (_may_hold_nan_inf(tdt) or _may_hold_nan_inf(bdt)) and not _kernel_takes(_RelErr(tdt, bdt)):
         finite = np.isfinite(x)
         finite &= np.isfinite(y)
         good = np.logical_and.reduceat(finite, starts)
@@ -826,8 +913,18 @@ def _batch_group(targets: list[np.ndarray], benches: list[np.ndarray], idx: list
                 _batch_group(targets, benches, keep, tdt, bdt, out)
             return
     rel = _RelErr(tdt, bdt)
-    with np.errstate(all="ignore"):
-        sums = _segment_sums(x, y, starts, sizes, rel)
+    if _kernel_takes(rel):
+        sums, status = _kernel_segments(x, y, starts, sizes, rel)
+        if status.any():  # NaN/Inf: computed one by one (tensor_metrics' messages and rules)
+            for k in np.flatnonzero(status).tolist():
+                out.put(idx[k], *tensor_metrics(targets[idx[k]], benches[idx[k]]))
+            keep = [i for i, st in zip(idx, status.tolist()) if not st]
+            if keep:
+                _batch_group(targets, benches, keep, tdt, bdt, out)
+            return
+    else:
+        with np.errstate(all="ignore"):
+            sums = _segment_sums(x, y, starts, sizes, rel)
     dtype_msg = MSG_DTYPE.format(t=tdt, b=bdt) if tdt != bdt else None
     with np.errstate(all="ignore"):
         columns, notes = _finish_columns(sums, sizes)
@@ -872,6 +969,17 @@ def _finish_columns(acc: dict[str, np.ndarray], sizes: np.ndarray) -> tuple[dict
     return cols, notes
 
 
+def _kernel_segments(x: np.ndarray, y: np.ndarray, starts: np.ndarray, sizes: np.ndarray,
+                     rel: _RelErr) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """kernel.segment_rows of the concatenated pairs: the accumulator columns (as
+    :func:`_segment_sums`) and each segment's scan status (non-zero: NaN/Inf in it)."""
+    rows = np.empty((len(starts), len(kernel.FIELDS)))
+    status = np.zeros(len(starts), np.int64)
+    kernel.segment_rows(x, y, starts, sizes, DEFAULT_CHUNK, rows, status, rel.rt == np.float32,
+                        float(rel.eps), float(THOUSAND_RATIO_THRESHOLD), float(FIVE_THOUSAND_RATIO_THRESHOLD))
+    return {name: rows[:, k] for k, name in enumerate(kernel.FIELDS)}, status
+
+
 def _segment_sums(x: np.ndarray, y: np.ndarray, starts: np.ndarray, sizes: np.ndarray,
                   rel: _RelErr) -> dict[str, np.ndarray]:
     """Every accumulator of :class:`_Acc` for each segment ``[starts[k], starts[k] + sizes[k])``
@@ -879,18 +987,18 @@ def _segment_sums(x: np.ndarray, y: np.ndarray, starts: np.ndarray, sizes: np.nd
     the whole concatenation, element-wise results reduced per segment. Overwrites x and y.
 
     Maxima and counts are segment reductions (``reduceat``: exact in any order). Sums and
-    dot products are taken per segment with the calls :func:`_accumulate` makes on a
-    chunk (``np.dot``, ``ndarray.sum``: BLAS and pairwise summation), so a pair of at most
+    dot products are taken per segment in the kernel's lane order, as :func:`_accumulate`
+    takes them on a chunk (``kernel.lane_sum``), so a pair of at most
     :data:`DEFAULT_CHUNK` elements gets the same bits as from :func:`tensor_metrics`
     (msprobe's CSV is compared byte for byte)."""
     bounds = list(zip(starts.tolist(), (starts + sizes).tolist()))
     m = len(bounds)
 
     def dots(u: np.ndarray, v: np.ndarray) -> np.ndarray:
-        return np.fromiter((np.dot(u[i:j], v[i:j]) for i, j in bounds), np.float64, m)
+        return sums(u * v)
 
     def sums(u: np.ndarray) -> np.ndarray:
-        return np.fromiter((u[i:j].sum() for i, j in bounds), np.float64, m)
+        return np.fromiter((kernel.lane_sum(u[i:j]) for i, j in bounds), np.float64, m)
 
     acc = {"dot": dots(x, y), "xx": dots(x, x), "yy": dots(y, y)}
     d = x - y
@@ -933,7 +1041,6 @@ def _segment_sums(x: np.ndarray, y: np.ndarray, starts: np.ndarray, sizes: np.nd
         v /= np.repeat(span, sizes)
         np.maximum(v, EPS32, out=v)
         acc[name] = sums(v)
-    ratio = np.divide(x, y, out=d)
-    np.log(ratio, out=ratio)
+    ratio = kernel.log_numpy(np.divide(x, y, out=d))
     acc["kl_t"] = dots(x, ratio)
     return acc

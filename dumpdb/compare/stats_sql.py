@@ -6,12 +6,11 @@ magnitude message for every statistics-mode pair at once: the pairs (an Arrow ta
 ``tensors`` rows (``max``, ``min``, ``mean``, ``l2norm``: the columns the engine selected
 from the catalog), each difference a column expression. No Python per pair.
 
-The rules are :func:`dumpdb.compare.metrics.stats_metrics`' (msprobe's
-``calc_summary_diff`` / ``get_rela_diff_summary_mode``; see that module's docstring),
-written for DuckDB's floating-point semantics, which differ from Python's in two places
-handled explicitly: NaN = NaN is true and NaN sorts above every number (so NaN > 0.5 is
-true), and ``greatest`` returns NaN when one argument is NaN. DuckDB 1.x+ doubles follow
-IEEE 754 otherwise (``1e308 * 10`` is ``inf``, not an error). ``tests/test_compare_stats_sql.py``
+The rules are generated from :data:`dumpdb.compare.stats_spec.CASES`, the one table that
+:func:`dumpdb.compare.metrics.stats_metrics` also follows (msprobe's ``calc_summary_diff`` /
+``get_rela_diff_summary_mode``; DuckDB's floating-point differences from Python, NaN = NaN
+true, NaN above every number, are in that module's condition forms). DuckDB 1.x+ doubles
+follow IEEE 754 otherwise (``1e308 * 10`` is ``inf``, not an error). ``tests/test_compare_stats_sql.py``
 checks the query against ``stats_metrics`` pair by pair on the corpus statistics dumps and
 on synthetic statistics with NaN, +-Inf, zeros, -0.0 and missing values.
 """
@@ -23,31 +22,16 @@ from collections.abc import Sequence
 import duckdb
 import pyarrow as pa
 
-from dumpdb.compare.metrics import MAGNITUDE, MAGNITUDE_EPSILON, MSG_STATS_MAGNITUDE, STAT_METRICS, STATS
+from dumpdb.compare.metrics import MSG_STATS_MAGNITUDE, STAT_METRICS, STATS
+from dumpdb.compare.stats_spec import sql_stat
 
 __all__ = ["statistics_metrics", "statistics_sql", "STATISTICS_SQL"]
 
 
 def _stat_sql(name: str) -> str:
-    """Columns ``{name}_diff``, ``{name}_rel_diff`` and flag ``{name}_flag`` of one statistic."""
-    t, b = f"t.{name}", f"b.{name}"
-    equal = f"({t} = {b})"  # DuckDB: NaN = NaN is true (Python: both NaN count as equal too)
-    one_nan = f"(isnan({t}) OR isnan({b}))"
-    diff = f"({t} - {b})"
-    magnitude = f"(abs({diff}) / (greatest(abs({t}), abs({b})) + {MAGNITUDE_EPSILON!r}))"
-    return f"""
-    CASE WHEN {t} IS NULL OR {b} IS NULL THEN NULL
-         WHEN {equal} THEN 0.0
-         WHEN {one_nan} THEN NULL
-         ELSE {diff} END AS {name}_diff,
-    CASE WHEN {t} IS NULL OR {b} IS NULL THEN NULL
-         WHEN {equal} THEN CASE WHEN {b} = 0 THEN NULL ELSE 0.0 END
-         WHEN {one_nan} THEN NULL
-         WHEN {b} = 0 THEN NULL
-         WHEN isinf({diff}) THEN 'inf'::DOUBLE
-         ELSE abs({diff} / {b}) END AS {name}_rel_diff,
-    coalesce(NOT {equal} AND NOT {one_nan} AND NOT isnan({magnitude}) AND {magnitude} > {MAGNITUDE!r},
-             false) AS {name}_flag"""
+    """Columns ``{name}_diff``, ``{name}_rel_diff`` and flag ``{name}_flag`` of one statistic
+    (generated from dumpdb.compare.stats_spec.CASES, the rules stats_metrics also follows)."""
+    return "\n    " + sql_stat(name, f"t.{name}", f"b.{name}")
 
 
 _PREFIX, _SUFFIX = MSG_STATS_MAGNITUDE.split("{names}")

@@ -1,0 +1,406 @@
+"""The fused tensor-metric kernel: every accumulator of a pair in one pass, compiled with numba.
+
+:func:`dumpdb.compare.metrics.tensor_metrics` (and its split and batch forms) call this module
+when numba imports (:data:`AVAILABLE`); otherwise, or with ``DUMPDB_METRICS_KERNEL=numpy`` in
+the environment, they run their numpy form, which gives the same bits (tested in
+``tests/test_compare_kernel.py``; ``kl_divergence`` to 1e-12, see below).
+
+Summation order (the one definition both forms follow, :data:`LANES`): within a chunk, element
+``i`` goes to lane ``i % 8`` of each sum, the lanes start at +0.0 and are added in element
+order; the lanes of the first ``8 * (n // 8)`` elements are folded as
+``((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))`` and the last ``n % 8`` elements are then
+added one by one; products are rounded before they are added (no fused multiply-add:
+numba/LLVM contract ``a * b + c`` only under ``fastmath``, which is not used). Chunks are
+folded in chunk order by the caller. The order is fixed by the code, not by the processor:
+numpy's ``np.dot`` calls OpenBLAS, whose ``ddot`` kernel is chosen at run time by CPU type
+(``OPENBLAS_CORETYPE``) and sums in a different order on each, so msprobe's ``EucDist``
+(``np.linalg.norm`` of the difference, printed with 17 significant digits) moves in its 17th
+digit from one machine to another. This 8-lane order is the order of the SSE2 ``ddot`` kernel
+that produced the msprobe 26.2.0 CSVs of ``tests/data/msprobe_oracle`` (all 135 Euclidean
+distances there equal it, and 6 of them differ from the AVX2 kernel's and from numpy's
+pairwise ``sum``), so those CSVs are reproduced byte for byte on any processor.
+
+Difference from dumpdb before this kernel (numpy ``np.dot`` for dot products, numpy's pairwise
+``sum`` for the other sums): ``cosine``, ``euc_dist``, ``rmse``, ``rel_euc_dist``,
+``mean_abs_err``, ``accumulated_rel_err``, ``mean_rel_err`` and ``kl_divergence`` may differ in
+their last bits, because a sum of ``n`` terms taken in another order moves by up to about
+``n * 2**-53`` times the sum of the absolute terms. Measured on the MindSpore Transformer pair
+(fp16 O2 vs fp32, one step, 2,164 computed pairs; ``make_big_dump.sh``): at most 2e-14
+relative on every summed metric; at msprobe's 12 printed decimals 2 of 1,536 cosines and 2 of
+1,697 Euclidean distances end one unit apart (values on a rounding boundary, as msprobe's own
+print moves between CPUs); ``kl_divergence`` at most 2.4e-13 absolute, which is up to 8.5e-6
+relative where the KL is near 1e-8 (its formula subtracts two terms of order 1). Maxima and
+counts are exact in any order and unchanged.
+
+``kl_divergence`` takes the logarithm of each ``v_x / v_y`` by fdlibm's formula written out
+here (:func:`log_numpy`, :func:`_log_block`: plain IEEE operations, so the same bits on every
+CPU and in both forms, and vectorisable; error below 1 ulp, tested against libm). Before, it
+was numpy's ``np.log`` (libm's on AVX2, numpy's own vector log with AVX512F): a term moves by at
+most an ulp, the KL sum in its last one or two bits.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+
+# Accumulators of one chunk, in the order of a row of the kernel's output.
+FIELDS = ("dot", "xx", "yy", "dd", "abs_sum", "max_abs", "max_rel", "cnt1", "cnt5", "acc_rel",
+          "kl_sx", "kl_sy", "kl_t")
+LANES = 8
+
+try:  # numba is a dependency; the numpy form stays for platforms without a wheel of it
+    import numba
+except ImportError:  # pragma: no cover - exercised by DUMPDB_METRICS_KERNEL=numpy
+    numba = None
+
+AVAILABLE = numba is not None and os.environ.get("DUMPDB_METRICS_KERNEL", "numba") != "numpy"
+
+# dtypes the kernel reads directly; others are converted chunk by chunk first: float16,
+# bfloat16 and float8 to float32, integers and bool to float64 (exact but for integers beyond
+# 2**53, which every form widens to float64 alike). Four compiled signatures, not forty.
+NATIVE = frozenset((np.dtype(np.float32), np.dtype(np.float64)))
+
+EPS64 = float(np.finfo(np.float64).eps)
+EPS32 = float(np.finfo(np.float32).eps)
+
+
+def _jit(fn):
+    if numba is None:
+        return fn
+    return numba.njit(cache=True, nogil=True, error_model="numpy")(fn)
+
+
+@_jit
+def _fold(lanes):
+    return ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]))
+
+
+# fdlibm's e_log.c (Sun Microsystems, 1993): log(1 + f) = f - hfsq + s * (hfsq + R), with
+# s = f / (2 + f) and R a polynomial in s**2; error below 1 ulp.
+LN2_HI = 6.93147180369123816490e-01
+LN2_LO = 1.90821492927058770002e-10
+LG1, LG2, LG3, LG4 = 6.666666666666735130e-01, 3.999999999940941908e-01, 2.857142874366239149e-01, \
+    2.222219843214978396e-01
+LG5, LG6, LG7 = 1.818357216161805012e-01, 1.531383769920937332e-01, 1.479819860511658591e-01
+SQRT2 = 1.4142135623730951
+_MANTISSA = 0x000FFFFFFFFFFFFF
+_ONE_BITS = 0x3FF0000000000000
+# Elements per block of a chunk: the per-element terms of a block (14 float64 rows, 28 KiB) stay in L1.
+BLOCK = 256
+
+
+@_jit
+def _log_block(q, qi, mi, mf, kf, out, m):
+    """out[:m] = log(q[:m]) by fdlibm's formula (pure IEEE arithmetic, the same bits on any
+    CPU and in :func:`log_numpy`); qi is q's int64 view, mi/mf one scratch row's int64/float64
+    views, kf scratch. Zero, subnormal, Inf and NaN inputs go to libm's log."""
+    for i in range(m):
+        bits = qi[i]
+        kf[i] = np.float64((bits >> 52) - 1023)
+        mi[i] = (bits & _MANTISSA) | _ONE_BITS
+    for i in range(m):
+        mm = mf[i]
+        k = kf[i]
+        if mm > SQRT2:
+            mm = mm * 0.5
+            k = k + 1.0
+        f = mm - 1.0
+        s = f / (2.0 + f)
+        z = s * s
+        w = z * z
+        r = z * (LG1 + w * (LG3 + w * (LG5 + w * LG7))) + w * (LG2 + w * (LG4 + w * LG6))
+        hfsq = 0.5 * f * f
+        out[i] = k * LN2_HI - ((hfsq - (s * (hfsq + r) + k * LN2_LO)) - f)
+    for i in range(m):
+        e = (qi[i] >> 52) & 0x7FF
+        if e == 0 or e == 0x7FF:
+            out[i] = math.log(q[i])
+
+
+def log_numpy(q: np.ndarray) -> np.ndarray:
+    """:func:`_log_block`'s log of a float64 array, in numpy (the same operations, so the
+    same bits; positive normal values by the formula, the rest by np.log)."""
+    bits = q.view(np.int64)
+    k = ((bits >> 52) - 1023).astype(np.float64)
+    mm = ((bits & _MANTISSA) | _ONE_BITS).view(np.float64)
+    big = mm > SQRT2
+    mm = np.where(big, mm * 0.5, mm)
+    k = np.where(big, k + 1.0, k)
+    f = mm - 1.0
+    s = f / (2.0 + f)
+    z = s * s
+    w = z * z
+    r = z * (LG1 + w * (LG3 + w * (LG5 + w * LG7))) + w * (LG2 + w * (LG4 + w * LG6))
+    hfsq = 0.5 * f * f
+    out = k * LN2_HI - ((hfsq - (s * (hfsq + r) + k * LN2_LO)) - f)
+    e = (bits >> 52) & 0x7FF
+    special = (e == 0) | (e == 0x7FF)
+    if special.any():
+        with np.errstate(all="ignore"):
+            out[special] = np.log(q[special])
+    return out
+
+
+@_jit
+def _lanes8(w, m8, lanes):
+    """lanes[j] += w[i0 + j] for every i0 < m8 step 8, in order (eight scalars in registers)."""
+    l0, l1, l2, l3, l4, l5, l6, l7 = lanes[0], lanes[1], lanes[2], lanes[3], lanes[4], lanes[5], lanes[6], lanes[7]
+    for i0 in range(0, m8, 8):
+        l0 += w[i0]
+        l1 += w[i0 + 1]
+        l2 += w[i0 + 2]
+        l3 += w[i0 + 3]
+        l4 += w[i0 + 4]
+        l5 += w[i0 + 5]
+        l6 += w[i0 + 6]
+        l7 += w[i0 + 7]
+    lanes[0], lanes[1], lanes[2], lanes[3], lanes[4], lanes[5], lanes[6], lanes[7] = l0, l1, l2, l3, l4, l5, l6, l7
+
+
+@_jit
+def _chunk(x, y, s, e, row, zero_invalid, rt32, eps, thr1, thr5, xmin, xrange, ymin, yrange, work, iwork):
+    """Accumulators of elements [s, e) of x and y into ``row`` (FIELDS order). ``work`` is
+    float64 scratch ``(14, BLOCK)``, ``iwork`` its int64 view."""
+    lanes = np.zeros((9, 8))  # dot xx yy dd abs_sum acc_rel kl_sx kl_sy kl_t
+    mx = np.full(8, -np.inf)  # max_abs lanes
+    mr = np.full(8, -np.inf)  # max_rel lanes
+    nan_abs = 0
+    nan_rel = 0
+    cnt1 = 0
+    cnt5 = 0
+    eps32 = np.float32(eps)
+    thr1_32 = np.float32(thr1)
+    thr5_32 = np.float32(thr5)
+    n8 = s + (e - s) // 8 * 8
+    rel = work[9]
+    ratio = work[10]
+    logs = work[11]
+    kf = work[12]
+    for b0 in range(s, e, BLOCK):
+        m = min(e, b0 + BLOCK) - b0
+        for i in range(m):
+            xv = np.float64(x[b0 + i])
+            yv = np.float64(y[b0 + i])
+            if zero_invalid:  # NaN/Inf at the same positions on both sides (checked before)
+                if not np.isfinite(xv):
+                    xv = 0.0
+                    yv = 0.0
+            d = xv - yv
+            ad = abs(d)
+            work[0, i] = xv * yv
+            work[1, i] = xv * xv
+            work[2, i] = yv * yv
+            work[3, i] = d * d
+            work[4, i] = ad
+            q = 0.0
+            if abs(yv) > 2.220446049250313e-16:
+                q = abs(xv / yv - 1.0)
+            work[5, i] = q
+            vx = xv
+            if xrange != 0:
+                vx = (xv - xmin) / xrange
+            if vx < 1.1920928955078125e-07:
+                vx = 1.1920928955078125e-07
+            vy = yv
+            if yrange != 0:
+                vy = (yv - ymin) / yrange
+            if vy < 1.1920928955078125e-07:
+                vy = 1.1920928955078125e-07
+            work[6, i] = vx
+            work[7, i] = vy
+            ratio[i] = vx / vy
+        if rt32:  # msprobe get_relative_err in float32: eps added to both sides where bench == 0
+            for i in range(m):
+                n32 = np.float32(np.float64(x[b0 + i]))
+                b32 = np.float32(np.float64(y[b0 + i]))
+                if zero_invalid:
+                    if not np.isfinite(n32):
+                        n32 = np.float32(0.0)
+                        b32 = np.float32(0.0)
+                if b32 == 0:
+                    n32 = n32 + eps32
+                    b32 = b32 + eps32
+                r32 = abs((n32 - b32) / b32)
+                cnt1 += r32 < thr1_32
+                cnt5 += r32 < thr5_32
+                rel[i] = np.float64(r32)
+        else:
+            for i in range(m):
+                nv = np.float64(x[b0 + i])
+                bv = np.float64(y[b0 + i])
+                if zero_invalid:
+                    if not np.isfinite(nv):
+                        nv = 0.0
+                        bv = 0.0
+                if bv == 0:
+                    nv = nv + eps
+                    bv = bv + eps
+                r = abs((nv - bv) / bv)
+                cnt1 += r < thr1
+                cnt5 += r < thr5
+                rel[i] = r
+        _log_block(ratio, iwork[10], iwork[13], work[13], kf, logs, m)
+        for i in range(m):
+            work[8, i] = work[6, i] * logs[i]
+        # lanes: element i of the chunk into lane (i - s) % 8; maxima and NaN flags per lane
+        m8 = min(m, n8 - b0) if n8 > b0 else 0
+        for k in range(9):
+            _lanes8(work[k], m8, lanes[k])
+        for i0 in range(0, m - m % 8, 8):
+            for j in range(8):
+                a = work[4, i0 + j]
+                r = rel[i0 + j]
+                nan_abs |= a != a
+                nan_rel |= r != r
+                mx[j] = a if a > mx[j] else mx[j]
+                mr[j] = r if r > mr[j] else mr[j]
+        for i in range(m - m % 8, m):
+            a = work[4, i]
+            r = rel[i]
+            nan_abs |= a != a
+            nan_rel |= r != r
+            mx[0] = a if a > mx[0] else mx[0]
+            mr[0] = r if r > mr[0] else mr[0]
+        if b0 + m == e:  # the last block: fold, then the elements after the last full 8
+            for k in range(9):
+                row_k = _fold(lanes[k])
+                for i in range(m8, m):
+                    row_k += work[k, i]
+                lanes[k, 0] = row_k
+    max_abs = mx.max()
+    max_rel = mr.max()
+    row[0] = lanes[0, 0]
+    row[1] = lanes[1, 0]
+    row[2] = lanes[2, 0]
+    row[3] = lanes[3, 0]
+    row[4] = lanes[4, 0]
+    row[5] = np.nan if nan_abs else max_abs
+    row[6] = np.nan if nan_rel else max_rel
+    row[7] = cnt1
+    row[8] = cnt5
+    row[9] = lanes[5, 0]
+    row[10] = lanes[6, 0]
+    row[11] = lanes[7, 0]
+    row[12] = lanes[8, 0]
+
+
+@_jit
+def chunk_rows(x, y, chunk, out, zero_invalid, rt32, eps, thr1, thr5, xmin, xrange, ymin, yrange):
+    """One row of accumulators per chunk of ``chunk`` elements of the 1-D arrays x and y
+    (same length; float32 or float64, :data:`NATIVE`) into ``out`` (float64, ``(n_chunks, 13)``).
+
+    ``zero_invalid``: set NaN/Inf positions (the same on both sides, checked before) to 0;
+    ``rt32``: msprobe's relative error in float32 (else float64) with ``eps``/``thr1``/``thr5``
+    its epsilon and thresholds; ``xmin``, ``xrange``, ``ymin``, ``yrange``: the KL
+    normalisation (a range of 0 leaves the values as they are). The GIL is released."""
+    n = x.shape[0]
+    work = np.zeros((14, BLOCK))
+    iwork = work.view(np.int64)
+    for c in range(out.shape[0]):
+        s = c * chunk
+        _chunk(x, y, s, min(n, s + chunk), out[c], zero_invalid, rt32, eps, thr1, thr5,
+               xmin, xrange, ymin, yrange, work, iwork)
+
+
+@_jit
+def scan(x, y, check_invalid):
+    """First pass over two 1-D arrays of the same length: ``(status, xmin, xmax, ymin, ymax)``
+    with status 0 (all finite), 1 (NaN/Inf at the same positions on both sides: msprobe
+    zeroes them; min/max are of the zeroed values) or 2 (NaN or Inf positions differ: no
+    metrics). Without ``check_invalid`` (integer dtypes) status is 0."""
+    xmin = np.inf
+    xmax = -np.inf
+    ymin = np.inf
+    ymax = -np.inf
+    status = 0
+    for i in range(x.shape[0]):
+        xv = np.float64(x[i])
+        yv = np.float64(y[i])
+        if check_invalid:
+            xb = not np.isfinite(xv)
+            yb = not np.isfinite(yv)
+            if xb or yb:
+                if np.isnan(xv) != np.isnan(yv) or np.isinf(xv) != np.isinf(yv):
+                    return 2, xmin, xmax, ymin, ymax
+                status = 1
+                xv = 0.0
+                yv = 0.0
+        if xv < xmin:
+            xmin = xv
+        if xv > xmax:
+            xmax = xv
+        if yv < ymin:
+            ymin = yv
+        if yv > ymax:
+            ymax = yv
+    return status, xmin, xmax, ymin, ymax
+
+
+@_jit
+def segment_rows(x, y, starts, sizes, chunk, out, status, rt32, eps, thr1, thr5):
+    """:func:`scan` then :func:`chunk_rows` for each segment ``k`` (``[starts[k], starts[k] +
+    sizes[k])`` of the 1-D arrays x and y), its chunks folded in order into ``out[k]``
+    (float64, ``(n_segments, 13)``); ``status[k]`` is the segment's scan status (a segment
+    with status 2 or 1 is left for the caller to compute alone). The GIL is released."""
+    row = np.zeros(13)
+    work = np.zeros((14, BLOCK))
+    iwork = work.view(np.int64)
+    for k in range(starts.shape[0]):
+        s = starts[k]
+        e = s + sizes[k]
+        st, xmin, xmax, ymin, ymax = scan(x[s:e], y[s:e], True)
+        status[k] = st
+        if st != 0:
+            continue
+        acc = out[k]
+        for f in range(13):
+            acc[f] = 0.0
+        acc[5] = -np.inf
+        acc[6] = -np.inf
+        for c in range(s, e, chunk):
+            _chunk(x, y, c, min(e, c + chunk), row, False, rt32, eps, thr1, thr5,
+                   xmin, xmax - xmin, ymin, ymax - ymin, work, iwork)
+            fold_row(acc, row)
+
+
+@_jit
+def fold_row(acc, row):
+    """``acc`` += one chunk's ``row``: sums added, maxima with NaN propagated (np.maximum)."""
+    for f in (0, 1, 2, 3, 4, 7, 8, 9, 10, 11, 12):
+        acc[f] += row[f]
+    for f in (5, 6):
+        if acc[f] != acc[f] or row[f] != row[f]:
+            acc[f] = np.nan
+        elif row[f] > acc[f]:
+            acc[f] = row[f]
+
+
+@_jit
+def fold_rows(acc, rows):
+    """:func:`fold_row` of every row of ``rows``, in order."""
+    for c in range(rows.shape[0]):
+        fold_row(acc, rows[c])
+
+
+def new_acc() -> np.ndarray:
+    """Accumulators before the first chunk: sums +0.0, maxima -inf (FIELDS order)."""
+    acc = np.zeros(len(FIELDS))
+    acc[5] = acc[6] = -np.inf
+    return acc
+
+
+def lane_sum(w: np.ndarray) -> float:
+    """The kernel's sum of the float64 1-D array ``w``, in numpy (module docstring's order)."""
+    n8 = w.size // LANES * LANES
+    total = _fold_py(np.add.reduce(w[:n8].reshape(-1, LANES), axis=0)) if n8 else 0.0
+    for v in w[n8:].tolist():
+        total += v
+    return total
+
+
+def _fold_py(lanes: np.ndarray) -> float:
+    a = lanes.tolist()
+    return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))

@@ -897,23 +897,44 @@ def _divergence_lines(fd, summary: dict | None = None) -> list[str]:
     where = f"{fd['code_file']}:{fd['code_line']}  {fd['code_text']}" if fd.get("code_file") else "-"
     shown = [m for m in registry.metrics() if m.cli]
     metric = ", ".join(f"{m.name} {format(fd[m.name], m.display)}" for m in shown if isinstance(fd.get(m.name), float))
-    lines = [f"first divergence: iteration {_v(fd['iteration'])}, position {_v(fd['position'])}: "
-             f"{_v(fd['op_type'])} {fd['io']}.{fd['slot']}",
+    rank = "" if fd.get("rank") is None else f"rank {fd['rank']}, "
+    phase = f" ({fd['phase']})" if fd.get("phase") else ""
+    lines = [f"first divergence: {rank}iteration {_v(fd['iteration'])}, position {_v(fd['position'])}: "
+             f"{_v(fd['op_type'])} {fd['io']}.{_v(fd['slot'])}{phase}",
              f"  op      {fd['target_name']}"]
     if fd.get("origin_op"):
         lines.append(f"  origin  {fd['origin_op']} (an op only the target has, produced this input)")
-    lines += [f"  scope   {fd['scope_name'] or '-'}",
-              f"  source  {where}",
+    lines += [f"  scope   {fd['scope_name'] or '-'}"]
+    if fd.get("container"):
+        lines.append(f"  within  {fd['container']}")
+    lines += [f"  source  {where}",
               f"  metrics {metric or '-'}  ({fd['err_message'] or fd['result']})"]
     for label in ("inputs", "outputs"):
         for e in fd.get(label) or []:
             err = "n/a" if e["scaled_err"] is None else f"{e['scaled_err']:.3g}"
             ratio = "" if e["ratio"] is None else f" = {e['ratio']:.3g} x floor"
-            lines.append(f"  {e['io']}.{e['slot']:<6} error {err}{ratio} ({e['target_dtype']} vs "
+            lines.append(f"  {e['io']}.{_v(e['slot']):<6} error {err}{ratio} ({e['target_dtype']} vs "
                          f"{e['bench_dtype']}, {e['result']})")
     if fd["path"]:
         lines.append("  path    " + "\n          ".join(fd["path"]))
+    phases = fd.get("phases") or {}
+    if phases:
+        lines.append("  per phase (first departure of each):")
+        lines += [f"    {name:<9} {_brief_line(phases[name])}" for name in ("forward", "backward", "optimizer")
+                  if name in phases]
+    ranks = fd.get("ranks") or []
+    if len(ranks) > 1:
+        lines.append("  per rank (in the order they departed):")
+        lines += [f"    rank {_v(b['rank']):<4} {_brief_line(b)}" for b in ranks]
+    if fd.get("sides"):
+        lines.append(f"  note    {fd['sides']}")
     return lines
+
+
+def _brief_line(b: dict) -> str:
+    """One departing op of a first-divergence report's per-phase / per-rank lists."""
+    return (f"iteration {_v(b['iteration'])}, position {_v(b['position'])}: {b['target_name']} "
+            f"{b['io']}.{_v(b['slot'])} ({b['reason'] or b['result']})")
 
 
 def _print_divergence(fd, summary: dict | None = None, stderr: bool = False) -> None:

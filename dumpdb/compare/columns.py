@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 
 __all__ = ["Shapes", "ResultColumns", "execution_order", "execution_keys", "string_codes", "group_codes", "ints",
            "floats", "strings", "join_messages", "truthy", "IO_ORDER", "ORDER_KEYS", "run_order", "run_ranks",
-           "FORWARD", "BACKWARD", "OPTIMIZER", "PHASES", "phases", "containers"]
+           "FORWARD", "BACKWARD", "OPTIMIZER", "PHASES", "phases", "containers", "keys"]
 
 # The target columns execution_order reads.
 ORDER_KEYS = ("iteration", "rank", "graph_id", "position", "timestamp", "call_index", "io", "slot", "tensor_id")
@@ -197,43 +197,47 @@ PHASES = (FORWARD, BACKWARD, OPTIMIZER)
 _CONTAINER_PREFIXES = ("Module.", "Cell.")
 
 
-def _contains(values: np.ndarray, token: str, lower: bool = False) -> np.ndarray:
-    """``token in v`` per element of an object array (None: False), once per distinct value."""
-    if values.size == 0:
+def _text(values) -> pa.Array:
+    """An object array of str / None (or an Arrow string array, as it is) as Arrow strings."""
+    return values if isinstance(values, pa.Array) else pa.array(values.tolist(), pa.string())
+
+
+def _contains(values, token: str, lower: bool = False) -> np.ndarray:
+    """``token in v`` per element of an object array of str / None (None: False)."""
+    if len(values) == 0:
         return np.zeros(0, bool)
-    memo: dict = {}
-    out = np.empty(len(values), bool)
-    for i, v in enumerate(values.tolist()):
-        hit = memo.get(v)
-        if hit is None:
-            hit = memo[v] = isinstance(v, str) and token in (v.lower() if lower else v)
-        out[i] = hit
-    return out
+    hit = pc.match_substring(_text(values), token, ignore_case=lower)
+    return pc.fill_null(hit, False).to_numpy(zero_copy_only=False)
 
 
-def containers(op_type: np.ndarray, name: np.ndarray) -> np.ndarray:
+def containers(op_type, name) -> np.ndarray:
     """Which rows are module/cell records, not ops (bool per row of object arrays): msprobe's
     ``Module.*`` / ``Cell.*`` records of levels L0 and mix (formats.md 1.3, key grammar;
     ``op_type`` = prefix + class there), except their ``parameters_grad`` records (a
     parameter's gradient, held by no op record at those levels)."""
-    out = np.zeros(len(op_type), bool)
-    memo: dict = {}
-    for i, t in enumerate(op_type.tolist()):
-        hit = memo.get(t)
-        if hit is None:
-            hit = memo[t] = isinstance(t, str) and t.startswith(_CONTAINER_PREFIXES)
-        out[i] = hit
-    return out & ~_contains(name, ".parameters_grad.")
+    if len(op_type) == 0:
+        return np.zeros(0, bool)
+    text = _text(op_type)
+    hit = pc.or_(*(pc.starts_with(text, p) for p in _CONTAINER_PREFIXES))
+    return pc.fill_null(hit, False).to_numpy(zero_copy_only=False) & ~_contains(name, ".parameters_grad.")
 
 
-def phases(name: np.ndarray, scope: np.ndarray, where: np.ndarray, run_rank: np.ndarray) -> np.ndarray:
+def keys(*columns: np.ndarray, sep: str = "|") -> pa.Array:
+    """Per row, the ``sep``-joined text of some object columns of str / None (None written
+    ``None``), as an Arrow string array: a lookup key over columns without a Python loop
+    per row."""
+    return pc.binary_join_element_wise(*(pc.fill_null(_text(c), "None") for c in columns), sep)
+
+
+def phases(name, scope, where: np.ndarray, run_rank: np.ndarray) -> np.ndarray:
     """The phase of each row (object array of :data:`PHASES`): ``backward`` for msprobe
     records named ``*.backward*`` or ``*.parameters_grad.*`` (formats.md 1.3) and MindSpore
     kernels in a ``Gradients/`` scope (the autodiff graph's scope); ``optimizer`` for a
     MindSpore scope naming an optimizer (``Default/optimizer-Adam/...``) and for any
     other op that runs (``run_rank``) after the last backward row of its iteration and
     rank (``where``: e.g. msprobe's ``Tensor.add_`` of ``SGD.step``); ``forward`` else.
-    ``name``/``scope``: target op and scope names (object arrays)."""
+    ``name``/``scope``: target op and scope names (object arrays of str / None, or Arrow
+    string arrays)."""
     n = len(name)
     back = _contains(name, ".backward") | _contains(name, ".parameters_grad.") | _contains(scope, "Gradients/")
     out = np.full(n, FORWARD, dtype=object)

@@ -97,8 +97,9 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from dumpdb.compare.columns import BACKWARD, PHASES, containers, group_codes, phases, string_codes
+from dumpdb.compare.columns import BACKWARD, PHASES, containers, group_codes, keys, phases, string_codes
 from dumpdb.compare.metrics import MSG_NAN_INF_MISMATCH
 
 __all__ = ["PrecisionRules", "dtype_floor", "lowest_precision", "Columns", "judge_precision_columns",
@@ -166,16 +167,12 @@ class PrecisionRules:
         """Each row's growth allowance (float64): the table's entry for its op type, phase
         direction and dtype, else ``growth``. Object arrays in, one lookup per distinct key."""
         table = self.allowances()
-        out = np.full(len(op_type), self.growth)
-        if not table:
-            return out
-        memo: dict = {}
-        for i, key in enumerate(zip(op_type.tolist(), phase.tolist(), dtype.tolist())):
-            v = memo.get(key)
-            if v is None:
-                v = memo[key] = table.get(growth_key(*key), self.growth)
-            out[i] = v
-        return out
+        if not table or not len(op_type):
+            return np.full(len(op_type), self.growth)
+        direction = np.where(np.equal(phase, BACKWARD).astype(bool), "backward", "forward").astype(object)
+        enc = pc.dictionary_encode(keys(op_type, direction, dtype))  # growth_key's text of every row
+        found = np.array([table.get(k, self.growth) for k in enc.dictionary.to_pylist()], np.float64)
+        return found[enc.indices.to_numpy(zero_copy_only=False)]
 
 
 def lowest_precision(a: str | None, b: str | None) -> str | None:
@@ -431,8 +428,9 @@ def judge_precision_columns(c: Columns, rules: PrecisionRules = PrecisionRules()
     result = np.full(n, PASS, dtype=object)
     origin = np.full(n, None, dtype=object)
     names, scopes, op_types = (_optional(c, k, n) for k in ("target_name", "scope_name", "op_type"))
-    container = containers(op_types, names)
-    phase = phases(names, scopes, c.where, c.run_rank)
+    text = [pa.array(v.tolist(), pa.string()) for v in (names, scopes, op_types)]  # converted once
+    container = containers(text[2], text[0])
+    phase = phases(text[0], text[1], c.where, c.run_rank)
     out = {"scaled_err": err, "scaled_err_valid": err_ok, "precision_floor": floor, "precision_floor_valid": floor_ok,
            "precision_ratio": ratio, "precision_ratio_valid": ratio_ok, "precision_dtype": low,
            "precision_result": result, "precision_reason": reason, "origin_op": origin, "phase": phase}
@@ -476,7 +474,7 @@ def judge_precision_columns(c: Columns, rules: PrecisionRules = PrecisionRules()
         idx = np.flatnonzero((g == k) & inputs)
         idx = idx[np.argsort(c.run_rank[idx], kind="stable")]
         worst_in[k] = max((float(eff[i]) if err_ok[i] else 0.0 for i in idx.tolist()), default=0.0)
-    growth = rules.growth_of(op_types, phase, low)
+    growth = rules.growth_of(text[2], phase, low)
     # departing outputs (module docstring, "Error growth"), each branch a mask: propagated
     # (within growth x the inputs' error + margin x floor), an exact-dtype result of inexact
     # inputs, NaN/Inf propagated, cancellation, else error

@@ -278,6 +278,7 @@ def judge_precision(rows: list[dict], producers: dict[str, list[tuple[tuple, str
     w_dtype = next((d for d, e in _FLOAT_EPS.items() if e / 2 == u_w), None) if floats else None
     for group in ops.values():
         _noise(group, u_w, w_dtype, rules)
+    _signature(rows, rules)
     # Ops dumped without inputs (input_output: 2): the largest error of any earlier compared
     # output of the iteration stands in for their inputs' error (never blames a propagated one).
     upstream: dict[tuple, float] = {}
@@ -303,7 +304,12 @@ def judge_precision(rows: list[dict], producers: dict[str, list[tuple[tuple, str
             if r["_departs"] and not r.get("_noise"):
                 _judge_output(r, inputs, worst_in, inf_before, rules)
         for r in group:
-            if r.get("_noise"):
+            if r.get("_sig"):
+                r["precision_result"] = NOISE
+                r["precision_reason"] = (f"rounding noise: each side at its own run's rounding level (target / bench "
+                                         f"RMS {r['target_l2norm'] / r['bench_l2norm']:.3g}, unit roundoffs "
+                                         f"{r['_q']:.3g}); error {r['scaled_err']:.3g} says nothing")
+            elif r.get("_noise"):
                 r["precision_result"] = NOISE
                 r["precision_reason"] = (f"rounding noise: both sides within {rules.noise:g} x u({w_dtype}) x the op's "
                                          f"scale (bench RMS {_rms_of(r, 'bench_l2norm'):.3g} of {r['_scale']:.3g}); "
@@ -319,7 +325,7 @@ def judge_precision(rows: list[dict], producers: dict[str, list[tuple[tuple, str
                 r["precision_result"] = WARNING
                 r["precision_reason"] = f"module/cell record, judged by the ops inside it ({r['precision_reason']})"
     for r in rows:
-        for k in ("_departs", "_noise", "_scale", "_eff", "_phase"):
+        for k in ("_departs", "_noise", "_scale", "_eff", "_phase", "_sig", "_q"):
             r.pop(k, None)
 
 
@@ -351,6 +357,33 @@ def _noise(group: list[dict], u_w: float, w_dtype, rules: PrecisionRules) -> Non
             r["_eff"] = r["scaled_err"] * mine[0] / sb
 
 
+def _signature(rows: list[dict], rules: PrecisionRules) -> None:
+    """Mark the departing rows of a mixed-precision pair that are rounding noise in each run."""
+    def unit(key):
+        return max((_FLOAT_EPS[r[key]] / 2 for r in rows if r[key] in _FLOAT_EPS), default=0.0)
+    u_t, u_b = unit("target_dtype"), unit("bench_dtype")
+    if not (u_t > 0 and u_b > 0) or max(u_t / u_b, u_b / u_t) < 64:
+        return
+    top: dict = {}
+    for r in rows:
+        rb, rt = _rms_of(r, "bench_l2norm"), _rms_of(r, "target_l2norm")
+        where = (r["iteration"], r["rank"])
+        tb, tt = top.get(where, (0.0, 0.0))
+        top[where] = (max(tb, rb) if rb is not None and math.isfinite(rb) else tb,
+                      max(tt, rt) if rt is not None and math.isfinite(rt) else tt)
+    q = u_t / u_b
+    for r in rows:
+        if not r["_departs"] or r["precision_reason"] is not None or _container(r) or r.get("_noise"):
+            continue
+        rb, rt, e = _rms_of(r, "bench_l2norm"), _rms_of(r, "target_l2norm"), r["scaled_err"]
+        if rb is None or rt is None or e is None or not (math.isfinite(rb) and math.isfinite(rt) and math.isfinite(e)):
+            continue
+        tb, tt = top[(r["iteration"], r["rank"])]
+        if e >= 0.5 and rb > 0 and q / 8 <= rt / rb <= q * 8 and rb <= rules.noise * u_b * tb \
+                and rt <= rules.noise * u_t * tt:
+            r["_noise"], r["_sig"], r["_q"], r["_eff"] = True, True, q, e * rb / tb
+
+
 def _known_sides(x: dict, sides):
     """(bench RMS, target RMS) of a row whose bench norm and shape are known (its error may be anything)."""
     rb = _rms_of(x, "bench_l2norm")
@@ -367,6 +400,8 @@ def _known_sides(x: dict, sides):
 def _growth(r: dict, rules: PrecisionRules) -> float:
     """The growth allowance of a row's op: the calibrated table's entry for its op type,
     direction and dtype, else the default."""
+    if r.get("mode") != "tensor":  # statistics: the error is a lower bound
+        return rules.growth
     direction = "backward" if r["_phase"] == "backward" else "forward"
     return rules.allowances().get(f"{r.get('op_type')}|{direction}|{r['precision_dtype']}", rules.growth)
 

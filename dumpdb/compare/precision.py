@@ -35,7 +35,8 @@ Operators pass their inputs' errors on, amplified (a condition number). An op's 
 allowance is calibrated per op type, direction (forward/backward) and dtype from clean pairs
 (``precision_growth.json`` in this package, written by ``scripts/calibrate_precision.py``:
 a safety factor over the largest growth clean pairs of that kind showed; docs/precision.md
-gives the data and the rule); an op type the table does not know gets ``growth`` (default 16:
+gives the data and the rule); a statistics-mode pair (whose error is only a lower bound,
+so growth ratios mean less) and an op type the table does not know get ``growth`` (default 16:
 LayerNorm, softmax and the matrix products of a Transformer amplify relative errors by less
 on real fp16-vs-fp32 pairs). So a LayerNorm whose error grows 3.5x where clean LayerNorms
 grow ~1.0x departs. Per row, the precision result is:
@@ -441,10 +442,13 @@ def judge_precision_columns(c: Columns, rules: PrecisionRules = PrecisionRules()
     none = np.equal(reason, None).astype(bool)
     # rounding noise (module docstring, "Noise"): both sides far below the op's own scale
     noise, scale, u_w = _noise_columns(c, departs & none & ~container, g, groups, err, err_ok, low, rules)
+    signature, step_scale, ratio_u = _signature_noise(c, departs & none & ~container & ~noise, err, err_ok, rules)
     with np.errstate(all="ignore"):
         rms = c.values["bench_l2norm"] / np.sqrt(np.maximum(c.bench_shape.size, 1).astype(np.float64))
         # what a noise row stands for in its op's error: its absolute error over the op's scale
-        eff = np.where(noise, err * rms / scale, err)
+        eff = np.where(noise, err * rms / scale, np.where(signature, err * rms / step_scale, err))
+    signature_rows = signature
+    noise = noise | signature
     departs_ = departs & ~noise
     # groups in the order their first row runs; each (iteration, rank)'s running state
     first_run = np.full(groups, np.iinfo(np.int64).max, np.int64)
@@ -474,7 +478,9 @@ def judge_precision_columns(c: Columns, rules: PrecisionRules = PrecisionRules()
         idx = np.flatnonzero((g == k) & inputs)
         idx = idx[np.argsort(c.run_rank[idx], kind="stable")]
         worst_in[k] = max((float(eff[i]) if err_ok[i] else 0.0 for i in idx.tolist()), default=0.0)
-    growth = rules.growth_of(text[2], phase, low)
+    # the table holds tensor-mode growth (relative Euclidean errors); a statistics-mode error
+    # is a lower bound (| ||x|| - ||y|| |), so its ratios say less: the default there
+    growth = np.where(c.statistics, rules.growth, rules.growth_of(text[2], phase, low))
     # departing outputs (module docstring, "Error growth"), each branch a mask: propagated
     # (within growth x the inputs' error + margin x floor), an exact-dtype result of inexact
     # inputs, NaN/Inf propagated, cancellation, else error
@@ -508,7 +514,12 @@ def judge_precision_columns(c: Columns, rules: PrecisionRules = PrecisionRules()
                          _fmts(err[at], err_ok[at]), _fmts(ratio[at], ratio_ok[at]), low[at], wi[at], growth[at])
     _judge_inputs_columns(c, departs_ & inputs, g, err, err_ok, floor_ok, floor, ratio, ratio_ok, upstream,
                           inf_before, result, reason, origin, rules)
-    at = np.flatnonzero(noise)
+    at = np.flatnonzero(signature_rows)
+    result[at] = NOISE
+    reason[at] = _format("rounding noise: each side at its own run's rounding level (target / bench RMS {:.3g}, "
+                         "unit roundoffs {:.3g}); error {:.3g} says nothing", c.values["target_l2norm"][at] /
+                         c.values["bench_l2norm"][at], np.full(at.size, ratio_u), err[at])
+    at = np.flatnonzero(noise & ~signature_rows)
     result[at] = NOISE
     reason[at] = _format("rounding noise: both sides within {:g} x u({}) x the op's scale (bench RMS {:.3g} of "
                          "{:.3g}); error {:.3g} says nothing", np.full(at.size, rules.noise),
@@ -550,6 +561,47 @@ def _noise_columns(c: Columns, rows_mask: np.ndarray, g: np.ndarray, groups: int
         noise = rows_mask & known & err_ok & np.isfinite(err) & (err >= 0.5) & (scale_b > 0) & (scale_t > 0) \
             & (rms_b <= rules.noise * u * scale_b) & (rms_t <= rules.noise * u * scale_t)
     return noise, scale_b, (u, dtype)
+
+
+def _signature_noise(c: Columns, rows_mask: np.ndarray, err, err_ok, rules: PrecisionRules,
+                     ) -> tuple[np.ndarray, np.ndarray, float]:
+    """(noise mask, each row's step scale, u_target / u_bench) of the second noise test
+    (module docstring, "Noise"): in a mixed-precision pair (the runs' unit roundoffs, each
+    the lowest-precision float of its side, differ 64x or more) a tensor that is rounding
+    noise in both runs holds values proportional to each run's unit roundoff: its sides
+    disagree by half or more, their RMS ratio is within 8x of the roundoffs' ratio, and each
+    side's RMS is at most ``noise`` x its unit roundoff x the largest RMS of its iteration
+    and rank on that side (an overflow or a blown-up tensor is the largest itself)."""
+    n = len(c.group)
+    none = np.zeros(n, bool), np.full(n, np.nan), 1.0
+    t_ok = c.valid.get("target_l2norm")
+    if t_ok is None or not rows_mask.any():
+        return none
+
+    def unit(dtypes: np.ndarray) -> float:
+        found = [_FLOATS[d][0] / 2 for d in set(dtypes.tolist()) if d in _FLOATS]
+        return max(found, default=0.0)
+
+    u_t, u_b = unit(c.target_dtype), unit(c.bench_dtype)
+    if not (u_t > 0 and u_b > 0) or max(u_t / u_b, u_b / u_t) < 64:
+        return none
+    size = np.sqrt(np.maximum(c.bench_shape.size, 1).astype(np.float64))
+    with np.errstate(all="ignore"):
+        rms_b = c.values["bench_l2norm"] / size
+        rms_t = c.values["target_l2norm"] / size
+    known_b = c.valid["bench_l2norm"] & c.bench_shape.valid & np.isfinite(rms_b)
+    known_t = t_ok & c.bench_shape.valid & np.isfinite(rms_t)
+    places = int(c.where.max()) + 1
+    top_b, top_t = np.zeros(places), np.zeros(places)
+    np.maximum.at(top_b, c.where[known_b], rms_b[known_b])
+    np.maximum.at(top_t, c.where[known_t], rms_t[known_t])
+    q = u_t / u_b
+    with np.errstate(all="ignore"):
+        r = rms_t / rms_b
+        out = rows_mask & known_b & known_t & err_ok & np.isfinite(err) & (err >= 0.5) & (rms_b > 0) \
+            & (r >= q / 8) & (r <= q * 8) & (rms_b <= rules.noise * u_b * top_b[c.where]) \
+            & (rms_t <= rules.noise * u_t * top_t[c.where])
+    return out, top_b[c.where], q
 
 
 def _other_max(g: np.ndarray, groups: int, values: np.ndarray, known: np.ndarray) -> np.ndarray:

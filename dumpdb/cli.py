@@ -986,8 +986,9 @@ def compare_cmd(
     rows_out = fmt != "table" or output is not None
     sm = outcome.summary
     say = (lambda m, style=None: _say(m, stderr=rows_out, style=style))  # noqa: E731
+    noise = f", {sm['noise']} noise" if sm.get("rules") != "msprobe" and sm.get("noise") else ""
     say(f"compare {sm['compare_id'] or '(not stored)'}: {sm['target']} vs {sm['bench']} ({sm['mode']}): "
-        f"{sm['pairs']} pairs: {sm['pass']} pass, {sm['warning']} warning, {sm['error']} error; "
+        f"{sm['pairs']} pairs: {sm['pass']} pass, {sm['warning']} warning, {sm['error']} error{noise}; "
         f"unmatched {sm['unmatched_target']} target, {sm['unmatched_bench']} bench")
     strategies = ", ".join(f"{k} {v}" for k, v in sm["strategies"].items() if v)
     say(f"  matched by {strategies or '-'}")

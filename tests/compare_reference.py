@@ -279,6 +279,11 @@ def judge_precision(rows: list[dict], producers: dict[str, list[tuple[tuple, str
     for group in ops.values():
         _noise(group, u_w, w_dtype, rules)
     _signature(rows, rules)
+    carried_by: dict = {}  # content hash -> the largest finite error of a compared output holding it
+    for r in rows:
+        e = r["scaled_err"]
+        if r["io"] == "output" and e is not None and math.isfinite(e) and r.get("target_content_hash") is not None:
+            carried_by[r["target_content_hash"]] = max(carried_by.get(r["target_content_hash"], 0.0), e)
     # Ops dumped without inputs (input_output: 2): the largest error of any earlier compared
     # output of the iteration stands in for their inputs' error (never blames a propagated one).
     upstream: dict[tuple, float] = {}
@@ -292,7 +297,7 @@ def judge_precision(rows: list[dict], producers: dict[str, list[tuple[tuple, str
             upstream_inf[where] = True
         for r in inputs:
             if r["_departs"] and not r.get("_noise"):
-                _judge_input(r, producers, rules, upstream.get(where, 0.0), inf_before)
+                _judge_input(r, producers, rules, upstream.get(where, 0.0), inf_before, carried_by)
         counted = [r for r in group if not _container(r)]
         upstream[where] = max([upstream.get(where, 0.0), *(_finite(_eff(r)) for r in inputs if r in counted)])
         if inputs:
@@ -470,20 +475,26 @@ def _fmt_precision(v) -> str:
     return "n/a" if v is None else f"{v:.3g}"
 
 
-def _judge_input(r: dict, producers, rules: PrecisionRules, upstream: float, inf_before: bool = False) -> None:
+def _judge_input(r: dict, producers, rules: PrecisionRules, upstream: float, inf_before: bool = False,
+                 carried_by: dict | None = None) -> None:
     """A departing input: explained when a compared op produced its bytes, or when an
     earlier compared tensor's error explains it (the producer is a cast or an op the dump
     or the alignment left out); otherwise the input is where the departure starts."""
     producer = None
+    carried_by = carried_by or {}
     h = r.get("target_content_hash")
     if producers and h in producers:
         before = [p for p in producers[h] if p[0] < r["_order"]] if r.get("_order") is not None else producers[h]
         producer = before[-1] if before else None
-    if producer is not None and producer[2]:
-        r["precision_result"] = WARNING
-        r["precision_reason"] = r["precision_reason"] or f"input error propagated from {producer[1]}"
-        return
     err = r["scaled_err"]
+    if producer is not None and producer[2]:
+        # the producer's compared output must carry the error (else the op reads other data)
+        carried = carried_by.get(h, math.inf)
+        judged = r["precision_reason"] is None and err is not None and math.isfinite(err)
+        if not (judged and err > rules.growth * carried + rules.margin * (r["precision_floor"] or 0.0)):
+            r["precision_result"] = WARNING
+            r["precision_reason"] = r["precision_reason"] or f"input error propagated from {producer[1]}"
+            return
     if err is not None and math.isinf(err) and inf_before:
         r["precision_result"] = WARNING
         r["precision_reason"] = f"{r['precision_reason'] or 'nan/inf'}: propagated from earlier nan/inf"
@@ -497,7 +508,10 @@ def _judge_input(r: dict, producers, rules: PrecisionRules, upstream: float, inf
     r["precision_result"] = ERROR
     what = r["precision_reason"] or \
         f"input departs: error {_fmt_precision(r['scaled_err'])} = {_fmt_precision(r['precision_ratio'])} x floor"
-    if producer is not None:
+    if producer is not None and producer[2]:
+        r["precision_reason"] = (f"{what}; produced by {producer[1]}, whose compared output does not carry this "
+                                 "error: the op reads other data than the bench's")
+    elif producer is not None:
         r["precision_reason"] = f"{what}; produced by {producer[1]}, an op only the target has"
         r["origin_op"] = producer[1]
     else:

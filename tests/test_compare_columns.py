@@ -237,12 +237,17 @@ def test_precision_columns_equal_judge_precision(seed, statistics_only):
         r["op_type"] = _OP_TYPES.get(r["target_name"])
         r["scope_name"] = r["target_name"]
         r["arg_diff"] = "eps: 1e-05 -> 0.1" if more.random() < 0.02 else None
+        if more.random() < 0.04:  # produced by a compared op whose own pair matches the bench
+            r["target_content_hash"] = "h4"
+            if r["io"] == "output":
+                r["euc_dist"] = r["flat_euc_dist"] = r["l2norm_diff"] = 0.0
         r["target_l2norm"] = more.choice([None, r["bench_l2norm"]])
         if more.random() < 0.25 and r["mode"] == "tensor":
             r["bench_l2norm"], r["target_shape"] = 1e-9, r["bench_shape"]
             r["euc_dist"] = r["flat_euc_dist"] = more.choice([1e-10, 1e-9, 3e-9, 1e-6])
             r["err_message"] = None
-    producers = {"h1": [(0, "Producer-op1", True), (301, "Inserted-op2", False)], "h2": [(5, "OnlyTarget-op3", False)]}
+    producers = {"h1": [(0, "Producer-op1", True), (301, "Inserted-op2", False)], "h2": [(5, "OnlyTarget-op3", False)],
+                 "h4": [(0, "Matching-op4", True)]}
     columns = _precision_columns(rows, producers)
     rules = PrecisionRules()
     got, departure = judge_precision_columns(columns, rules)

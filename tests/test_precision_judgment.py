@@ -133,3 +133,30 @@ def test_html_report_shows_phases_noise_realigned_and_arguments(ranks, clean_bf1
     assert 'id="noise"' in page and "rounding noise" in page
     assert 'id="realigned"' in page and "pairs 10-13" in page
     assert 'id="arg-diff"' in page and "eps: 1e-05 -&gt; 0.1" in page
+
+
+def test_input_its_matching_producer_does_not_explain_departs(clean_bf16):
+    """An op that reads other data than the bench's (a residual add dropped: the LayerNorm
+    reads the block's output alone) shows as an input whose bytes a compared op produced
+    while that op's own pair matches: the input departs, it is not 'propagated'."""
+    rows = clean_bf16.results.to_pylist()
+    producers: dict = {}
+    for r in rows:
+        r["_order"] = r["pair_index"]
+        if r["io"] == "output" and r["target_content_hash"]:
+            producers.setdefault(r["target_content_hash"], []).append((r["pair_index"], r["target_name"], True))
+    judge_precision(rows, producers)
+    assert first_departure(rows) is None
+    # the first LayerNorm of block 1 reads the residual sum; make its input differ from the
+    # bench 100x more than the producer's own pair does
+    victim = next(r for r in rows if r["target_name"] == "Functional.layer_norm.2.forward" and r["io"] == "input"
+                  and r["slot"] == 0)
+    assert victim["precision_reason"].startswith("input error propagated from")
+    for r in rows:
+        for k in ("scaled_err", "precision_floor", "precision_ratio", "precision_dtype", "precision_result",
+                  "precision_reason"):
+            r.pop(k, None)
+    victim["euc_dist"] = victim["bench_l2norm"] * 0.5
+    judge_precision(rows, producers)
+    fd = first_departure(rows)
+    assert fd["row"] is victim and "whose compared output does not carry this error" in victim["precision_reason"]

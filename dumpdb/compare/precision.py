@@ -76,7 +76,11 @@ its reason) and do not raise the running largest earlier error; the op inside th
 is the answer.
 
 The producer of an input is the last target output before it with the same content hash
-(MindSpore dumps an op's input as the bytes its producer wrote). Ops are taken in the order
+(MindSpore dumps an op's input as the bytes its producer wrote). A compared producer explains
+a departing input only if its own pair carries the error (the input's error within growth x
+the largest error of a compared output holding those bytes + margin x floor): when the
+producer's output matches the bench but the input does not, the op reads other data than
+the bench's op (a residual add dropped), and the input is where the departure starts. Ops are taken in the order
 they ran (dump timestamps, else execution order: ``columns.run_order``). The first
 departure is the first op with an ``error`` row in each iteration and rank; across ranks,
 the one that ran first (timestamps when every rank has them, else the place in its own
@@ -711,7 +715,24 @@ def _judge_inputs_columns(c: Columns, rows_mask, g, err, err_ok, floor_ok, floor
                     has[i] = True
     up, before = upstream[g], inf_before[g]
     none = ~truthy_mask(reason)
-    a1 = rows_mask & has & compared
+    # a compared producer explains the input only if its own pair carries the error: when its
+    # output matches the bench but this input does not, the op reads other data than the
+    # bench's op (a residual add dropped: LayerNorm reads the block's output alone)
+    carried = np.full(len(g), np.inf)
+    judged = rows_mask & has & compared & none & err_ok & np.isfinite(err)
+    if judged.any():
+        want = {c.target_content_hash[i] for i in np.flatnonzero(judged).tolist()}
+        outs = np.flatnonzero(c.output & err_ok & np.isfinite(err))
+        best: dict = {}
+        for i in outs.tolist():
+            h = c.target_content_hash[i]
+            if h in want:
+                best[h] = max(best.get(h, 0.0), float(err[i]))
+        for i in np.flatnonzero(judged).tolist():
+            carried[i] = best.get(c.target_content_hash[i], np.inf)
+    with np.errstate(invalid="ignore"):
+        unexplained = judged & (err > rules.growth * carried + rules.margin * np.where(floor_ok, floor, 0.0))
+    a1 = rows_mask & has & compared & ~unexplained
     with np.errstate(invalid="ignore"):
         a2 = rows_mask & ~a1 & err_ok & np.isinf(err) & before
         a3 = rows_mask & ~a1 & ~a2 & np.equal(reason, None).astype(bool) & err_ok & \
@@ -736,6 +757,10 @@ def _judge_inputs_columns(c: Columns, rows_mask, g, err, err_ok, floor_ok, floor
     by = has[at]
     reason[at] = np.where(by, _format("{}; produced by {}, an op only the target has", what, name[at]),
                           _format("{}; no compared op produced it (parameter or data input)", what))
+    mismatch = at[compared[at]]
+    reason[mismatch] = _format("{}; produced by {}, whose compared output does not carry this error: the op reads "
+                               "other data than the bench's", what[compared[at]], name[mismatch])
+    by = by & ~compared[at]
     origin[at[by]] = name[at[by]]
     result[a1 | a2 | a3] = WARNING
     result[a4] = ERROR

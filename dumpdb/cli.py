@@ -964,23 +964,38 @@ def _divergence_lines(fd, summary: dict | None = None) -> list[str]:
     where = f"{fd['code_file']}:{fd['code_line']}  {fd['code_text']}" if fd.get("code_file") else "-"
     shown = [m for m in registry.metrics() if m.cli]
     metric = ", ".join(f"{m.name} {format(fd[m.name], m.display)}" for m in shown if isinstance(fd.get(m.name), float))
-    lines = [f"first divergence: iteration {_v(fd['iteration'])}, position {_v(fd['position'])}: "
-             f"{_v(fd['op_type'])} {fd['io']}.{fd['slot']}",
+    rank = "" if fd.get("rank") is None else f"rank {fd['rank']}, "
+    phase = f" ({fd['phase']})" if fd.get("phase") else ""
+    lines = [f"first divergence: {rank}iteration {_v(fd['iteration'])}, position {_v(fd['position'])}: "
+             f"{_v(fd['op_type'])} {fd['io']}.{_v(fd['slot'])}{phase}",
              f"  op      {fd['target_name']}"
              + (f"  (scalar arguments: {fd['arg_diff']})" if fd.get("arg_diff") else "")]
     if fd.get("origin_op"):
         lines.append(f"  origin  {fd['origin_op']} (an op only the target has, produced this input)")
-    lines += [f"  scope   {fd['scope_name'] or '-'}",
-              f"  source  {where}",
+    lines += [f"  scope   {fd['scope_name'] or '-'}"]
+    if fd.get("container"):
+        lines.append(f"  within  {fd['container']}")
+    lines += [f"  source  {where}",
               f"  metrics {metric or '-'}  ({fd['err_message'] or fd['result']})"]
     for label in ("inputs", "outputs"):
         for e in fd.get(label) or []:
             err = "n/a" if e["scaled_err"] is None else f"{e['scaled_err']:.3g}"
             ratio = "" if e["ratio"] is None else f" = {e['ratio']:.3g} x floor"
-            lines.append(f"  {e['io']}.{e['slot']:<6} error {err}{ratio} ({e['target_dtype']} vs "
+            lines.append(f"  {e['io']}.{_v(e['slot']):<6} error {err}{ratio} ({e['target_dtype']} vs "
                          f"{e['bench_dtype']}, {e['result']})")
     if fd["path"]:
         lines.append("  path    " + "\n          ".join(fd["path"]))
+    phases = fd.get("phases") or {}
+    if phases:
+        lines.append("  per phase (first departure of each):")
+        lines += [f"    {name:<9} {_brief_line(phases[name])}" for name in ("forward", "backward", "optimizer")
+                  if name in phases]
+    ranks = fd.get("ranks") or []
+    if len(ranks) > 1:
+        lines.append("  per rank (in the order they departed):")
+        lines += [f"    rank {_v(b['rank']):<4} {_brief_line(b)}" for b in ranks]
+    if fd.get("sides"):
+        lines.append(f"  note    {fd['sides']}")
     return lines
 
 
@@ -1006,6 +1021,12 @@ def _alignment_lines(summary: dict | None) -> list[str]:
         if len(diffs) > 10:
             lines.append(f"  ... {len(diffs) - 10} more")
     return lines
+
+
+def _brief_line(b: dict) -> str:
+    """One departing op of a first-divergence report's per-phase / per-rank lists."""
+    return (f"iteration {_v(b['iteration'])}, position {_v(b['position'])}: {b['target_name']} "
+            f"{b['io']}.{_v(b['slot'])} ({b['reason'] or b['result']})")
 
 
 def _print_divergence(fd, summary: dict | None = None, stderr: bool = False) -> None:
@@ -1059,8 +1080,9 @@ def compare_cmd(
     rows_out = fmt != "table" or output is not None
     sm = outcome.summary
     say = (lambda m, style=None: _say(m, stderr=rows_out, style=style))  # noqa: E731
+    noise = f", {sm['noise']} noise" if sm.get("rules") != "msprobe" and sm.get("noise") else ""
     say(f"compare {sm['compare_id'] or '(not stored)'}: {sm['target']} vs {sm['bench']} ({sm['mode']}): "
-        f"{sm['pairs']} pairs: {sm['pass']} pass, {sm['warning']} warning, {sm['error']} error; "
+        f"{sm['pairs']} pairs: {sm['pass']} pass, {sm['warning']} warning, {sm['error']} error{noise}; "
         f"unmatched {sm['unmatched_target']} target, {sm['unmatched_bench']} bench")
     strategies = ", ".join(f"{k} {v}" for k, v in sm["strategies"].items() if v)
     say(f"  matched by {strategies or '-'}")

@@ -11,8 +11,12 @@ import math
 from collections import defaultdict
 from typing import Any
 
+import ml_dtypes
+import numpy as np
+
+from dumpdb.compare.columns import run_order
 from dumpdb.compare.metrics import MSG_NAN_INF_MISMATCH
-from dumpdb.compare.precision import PrecisionRules, _pair_error, run_order
+from dumpdb.compare.precision import PrecisionRules, _pair_error
 from dumpdb.compare.verdict import (  # _inf_or_nan, _num, _pair: input conversions, not rules: dumpdb's own
     ALL_IGNORE,
     ERROR,
@@ -27,6 +31,9 @@ from dumpdb.compare.verdict import (  # _inf_or_nan, _num, _pair: input conversi
 )
 
 _RANK = {PASS: 0, WARNING: 1, ERROR: 2}
+NOISE = "noise"
+_FLOAT_EPS = {"float16": float(np.finfo(np.float16).eps), "bfloat16": float(ml_dtypes.finfo(ml_dtypes.bfloat16).eps),
+              "float32": float(np.finfo(np.float32).eps), "float64": float(np.finfo(np.float64).eps)}
 
 
 # -- msprobe's verdicts (dumpdb.compare.verdict's module docstring) ----------------------------
@@ -216,18 +223,41 @@ def _num_precision(v) -> float | None:
     return None if math.isnan(f) else f
 
 
+_CONTAINERS = ("Module.", "Cell.")
+
+
+def _phase_of(r: dict, last_backward: dict) -> str:
+    name, scope = r.get("target_name") or "", r.get("scope_name") or ""
+    if ".backward" in name or ".parameters_grad." in name or "Gradients/" in scope:
+        return "backward"
+    key = (r["iteration"], r["rank"])
+    if "optimizer" in scope.lower() or (key in last_backward and run_order(r) > last_backward[key]):
+        return "optimizer"
+    return "forward"
+
+
+def _container(r: dict) -> bool:
+    t = r.get("op_type")
+    return isinstance(t, str) and t.startswith(_CONTAINERS) and ".parameters_grad." not in (r.get("target_name") or "")
+
+
+def _rms_of(r: dict, key: str) -> float | None:
+    return _rms(r.get(key), r.get("bench_shape"))
+
+
 def judge_precision(rows: list[dict], producers: dict[str, list[tuple[tuple, str, bool]]] | None = None,
                     rules: PrecisionRules = PrecisionRules()) -> None:
     """Add the precision columns to each result row (dicts, in execution order):
     ``scaled_err`` (relative Euclidean error), ``precision_floor``, ``precision_ratio``
     (err / floor), ``precision_dtype`` (the lower-precision dtype), ``precision_result``
-    (pass / warning / error) and ``precision_reason``.
+    (pass / noise / warning / error) and ``precision_reason``.
 
     ``producers``: content hash -> [(order key, op name, compared)] of the target's output
     tensors (every target op, compared or not), to find the op that produced an input.
     Rows are grouped by op call as the msprobe verdicts are; see the module docstring.
     """
     ops: dict[tuple, list[dict]] = defaultdict(list)
+    last_backward: dict[tuple, tuple] = {}
     for r in sorted(rows, key=run_order):
         err, floor, low, structural = _pair_error(r)
         ratio = None
@@ -237,6 +267,23 @@ def judge_precision(rows: list[dict], producers: dict[str, list[tuple[tuple, str
                  precision_result=PASS, precision_reason=structural)
         r["_departs"] = structural is not None or (ratio is not None and ratio > rules.margin)
         ops[(r["iteration"], r["rank"], r["graph_id"], r["call_index"], r["target_name"])].append(r)
+        name, scope = r.get("target_name") or "", r.get("scope_name") or ""
+        if ".backward" in name or ".parameters_grad." in name or "Gradients/" in scope:
+            last_backward[(r["iteration"], r["rank"])] = run_order(r)
+    for r in rows:
+        r["_phase"] = _phase_of(r, last_backward)
+    # the working precision: the lowest-precision float any pair was judged at
+    floats = [_FLOAT_EPS[r["precision_dtype"]] for r in rows if r["precision_dtype"] in _FLOAT_EPS]
+    u_w = max(floats, default=0.0) / 2
+    w_dtype = next((d for d, e in _FLOAT_EPS.items() if e / 2 == u_w), None) if floats else None
+    for group in ops.values():
+        _noise(group, u_w, w_dtype, rules)
+    _signature(rows, rules)
+    carried_by: dict = {}  # content hash -> the largest finite error of a compared output holding it
+    for r in rows:
+        e = r["scaled_err"]
+        if r["io"] == "output" and e is not None and math.isfinite(e) and r.get("target_content_hash") is not None:
+            carried_by[r["target_content_hash"]] = max(carried_by.get(r["target_content_hash"], 0.0), e)
     # Ops dumped without inputs (input_output: 2): the largest error of any earlier compared
     # output of the iteration stands in for their inputs' error (never blames a propagated one).
     upstream: dict[tuple, float] = {}
@@ -249,28 +296,129 @@ def judge_precision(rows: list[dict], producers: dict[str, list[tuple[tuple, str
         if any(r["scaled_err"] is not None and math.isinf(r["scaled_err"]) for r in group):
             upstream_inf[where] = True
         for r in inputs:
-            if r["_departs"]:
-                _judge_input(r, producers, rules, upstream.get(where, 0.0), inf_before)
-        upstream[where] = max([upstream.get(where, 0.0), *(_finite(r["scaled_err"]) for r in inputs)])
+            if r["_departs"] and not r.get("_noise"):
+                _judge_input(r, producers, rules, upstream.get(where, 0.0), inf_before, carried_by)
+        counted = [r for r in group if not _container(r)]
+        upstream[where] = max([upstream.get(where, 0.0), *(_finite(_eff(r)) for r in inputs if r in counted)])
         if inputs:
-            worst_in = max((r["scaled_err"] or 0.0 for r in inputs), default=0.0)
+            worst_in = max((_eff(r) or 0.0 for r in inputs), default=0.0)
         else:
             worst_in = upstream.get(where, 0.0)
-        upstream[where] = max([upstream.get(where, 0.0), *(_finite(r["scaled_err"]) for r in outputs)])
+        upstream[where] = max([upstream.get(where, 0.0), *(_finite(_eff(r)) for r in outputs if r in counted)])
         for r in outputs:
-            if r["_departs"]:
+            if r["_departs"] and not r.get("_noise"):
                 _judge_output(r, inputs, worst_in, inf_before, rules)
+        for r in group:
+            if r.get("_sig"):
+                r["precision_result"] = NOISE
+                r["precision_reason"] = (f"rounding noise: each side at its own run's rounding level (target / bench "
+                                         f"RMS {r['target_l2norm'] / r['bench_l2norm']:.3g}, unit roundoffs "
+                                         f"{r['_q']:.3g}); error {r['scaled_err']:.3g} says nothing")
+            elif r.get("_noise"):
+                r["precision_result"] = NOISE
+                r["precision_reason"] = (f"rounding noise: both sides within {rules.noise:g} x u({w_dtype}) x the op's "
+                                         f"scale (bench RMS {_rms_of(r, 'bench_l2norm'):.3g} of {r['_scale']:.3g}); "
+                                         f"error {r['scaled_err']:.3g} says nothing")
+        diff = next((r.get("arg_diff") for r in group if r.get("arg_diff")), None)
+        if diff:
+            for r in (outputs or group):
+                old = r["precision_reason"]
+                r["precision_result"] = ERROR
+                r["precision_reason"] = f"scalar arguments differ ({diff})" + (f"; {old}" if old else "")
+        for r in group:
+            if _container(r) and r["precision_result"] != PASS:
+                r["precision_result"] = WARNING
+                r["precision_reason"] = f"module/cell record, judged by the ops inside it ({r['precision_reason']})"
     for r in rows:
-        r.pop("_departs", None)
+        for k in ("_departs", "_noise", "_scale", "_eff", "_phase", "_sig", "_q"):
+            r.pop(k, None)
+
+
+def _eff(r: dict) -> float | None:
+    """A row's error as its op's inputs count it: a noise row's absolute error over its op's scale."""
+    return r["_eff"] if r.get("_noise") else r["scaled_err"]
+
+
+def _noise(group: list[dict], u_w: float, w_dtype, rules: PrecisionRules) -> None:
+    """Mark the departing rows of an op call that are rounding noise on both sides."""
+    def sides(r):
+        rb = _rms_of(r, "bench_l2norm")
+        if rb is None or r["scaled_err"] is None or not math.isfinite(r["scaled_err"]):
+            return None
+        rt = _rms_of(r, "target_l2norm") if r.get("target_l2norm") is not None else rb * (1 + r["scaled_err"])
+        return (rb, rt) if math.isfinite(rb) and math.isfinite(rt) else None
+    for r in group:
+        if not r["_departs"] or r["precision_reason"] is not None or _container(r):
+            continue
+        mine = sides(r)
+        if mine is None or r["scaled_err"] < 0.5:
+            continue
+        others = [s for x in group if x is not r and (s := _known_sides(x, sides)) is not None]
+        if not others:
+            continue
+        sb, st = max(o[0] for o in others), max(o[1] for o in others)
+        if sb > 0 and st > 0 and mine[0] <= rules.noise * u_w * sb and mine[1] <= rules.noise * u_w * st:
+            r["_noise"], r["_scale"] = True, sb
+            r["_eff"] = r["scaled_err"] * mine[0] / sb
+
+
+def _signature(rows: list[dict], rules: PrecisionRules) -> None:
+    """Mark the departing rows of a mixed-precision pair that are rounding noise in each run."""
+    def unit(key):
+        return max((_FLOAT_EPS[r[key]] / 2 for r in rows if r[key] in _FLOAT_EPS), default=0.0)
+    u_t, u_b = unit("target_dtype"), unit("bench_dtype")
+    if not (u_t > 0 and u_b > 0) or max(u_t / u_b, u_b / u_t) < 64:
+        return
+    top: dict = {}
+    for r in rows:
+        rb, rt = _rms_of(r, "bench_l2norm"), _rms_of(r, "target_l2norm")
+        where = (r["iteration"], r["rank"])
+        tb, tt = top.get(where, (0.0, 0.0))
+        top[where] = (max(tb, rb) if rb is not None and math.isfinite(rb) else tb,
+                      max(tt, rt) if rt is not None and math.isfinite(rt) else tt)
+    q = u_t / u_b
+    for r in rows:
+        if not r["_departs"] or r["precision_reason"] is not None or _container(r) or r.get("_noise"):
+            continue
+        rb, rt, e = _rms_of(r, "bench_l2norm"), _rms_of(r, "target_l2norm"), r["scaled_err"]
+        if rb is None or rt is None or e is None or not (math.isfinite(rb) and math.isfinite(rt) and math.isfinite(e)):
+            continue
+        tb, tt = top[(r["iteration"], r["rank"])]
+        if e >= 0.5 and rb > 0 and q / 8 <= rt / rb <= q * 8 and rb <= rules.noise * u_b * tb \
+                and rt <= rules.noise * u_t * tt:
+            r["_noise"], r["_sig"], r["_q"], r["_eff"] = True, True, q, e * rb / tb
+
+
+def _known_sides(x: dict, sides):
+    """(bench RMS, target RMS) of a row whose bench norm and shape are known (its error may be anything)."""
+    rb = _rms_of(x, "bench_l2norm")
+    if rb is None or not math.isfinite(rb):
+        return None
+    if x.get("target_l2norm") is not None:
+        rt = _rms_of(x, "target_l2norm")
+    else:
+        e = x["scaled_err"]
+        rt = rb * (1 + e) if e is not None else math.nan
+    return None if rt is None or not math.isfinite(rt) else (rb, rt)
+
+
+def _growth(r: dict, rules: PrecisionRules) -> float:
+    """The growth allowance of a row's op: the calibrated table's entry for its op type,
+    direction and dtype, else the default."""
+    if r.get("mode") != "tensor":  # statistics: the error is a lower bound
+        return rules.growth
+    direction = "backward" if r["_phase"] == "backward" else "forward"
+    return rules.allowances().get(f"{r.get('op_type')}|{direction}|{r['precision_dtype']}", rules.growth)
 
 
 def _judge_output(r: dict, inputs: list[dict], worst_in: float, inf_before: bool, rules: PrecisionRules) -> None:
     """A departing output row: explained by its inputs' error ``worst_in`` (warning) or not (error)."""
-    bound = rules.growth * worst_in + rules.margin * (r["precision_floor"] or 0.0)
+    growth = _growth(r, rules)
+    bound = growth * worst_in + rules.margin * (r["precision_floor"] or 0.0)
     err = r["scaled_err"]
     if r["precision_reason"] is None and err is not None and err <= bound:
         r["precision_result"] = WARNING
-        r["precision_reason"] = (f"error {err:.3g} propagated: within {rules.growth:g} x the inputs' "
+        r["precision_reason"] = (f"error {err:.3g} propagated: within {growth:.3g} x the inputs' "
                                  f"{worst_in:.3g} + {rules.margin:g} x floor")
     elif r["precision_reason"] is None and r["precision_floor"] == 0 and worst_in > 0:
         # an integer/bool result of inexact inputs (a comparison, an argmax mask):
@@ -281,7 +429,7 @@ def _judge_output(r: dict, inputs: list[dict], worst_in: float, inf_before: bool
     elif err is not None and math.isinf(err) and (worst_in == math.inf or inf_before):
         r["precision_result"] = WARNING
         r["precision_reason"] = f"{r['precision_reason']}: propagated from earlier nan/inf"
-    elif r["precision_reason"] is None and _cancellation(r, inputs, rules):
+    elif r["precision_reason"] is None and _cancellation(r, inputs, rules, growth):
         r["precision_result"] = WARNING
         r["precision_reason"] = (f"error {_fmt_precision(err)} relative to a result far smaller than the inputs "
                                  "(cancellation): within the inputs' absolute error")
@@ -289,7 +437,8 @@ def _judge_output(r: dict, inputs: list[dict], worst_in: float, inf_before: bool
         r["precision_result"] = ERROR
         if r["precision_reason"] is None:
             r["precision_reason"] = (f"departs: error {_fmt_precision(err)} = {_fmt_precision(r['precision_ratio'])} x the "
-                                     f"{r['precision_dtype']} floor, inputs' error {worst_in:.3g}")
+                                     f"{r['precision_dtype']} floor, inputs' error {worst_in:.3g}, growth allowed "
+                                     f"{growth:.3g}")
 
 
 def _rms(l2, shape) -> float | None:
@@ -299,7 +448,7 @@ def _rms(l2, shape) -> float | None:
     return l2 / math.sqrt(max(math.prod(shape), 1))
 
 
-def _cancellation(r: dict, inputs: list[dict], rules: PrecisionRules) -> bool:
+def _cancellation(r: dict, inputs: list[dict], rules: PrecisionRules, growth: float) -> bool:
     """An output much smaller than its inputs (a mean of centred values, a difference of
     near-equal ones) inherits their *absolute* error: explained when its RMS error stays
     within growth x the inputs' RMS error + margin x u x the inputs' RMS (Higham sec. 1.7)."""
@@ -310,12 +459,12 @@ def _cancellation(r: dict, inputs: list[dict], rules: PrecisionRules) -> bool:
         if rms is None or x.get("scaled_err") is None or not math.isfinite(x["scaled_err"]):
             continue
         in_rms = max(in_rms, rms)
-        in_err = max(in_err, x["scaled_err"] * rms)
+        in_err = max(in_err, _eff(x) * rms)
     err = r.get("scaled_err")
     if out_rms is None or err is None or not math.isfinite(err) or in_rms == 0 or out_rms >= 0.01 * in_rms:
         return False
     u = (r.get("precision_floor") or 0.0)
-    return err * out_rms <= rules.growth * in_err + rules.margin * u * in_rms
+    return err * out_rms <= growth * in_err + rules.margin * u * in_rms
 
 
 def _finite(v) -> float:
@@ -326,20 +475,26 @@ def _fmt_precision(v) -> str:
     return "n/a" if v is None else f"{v:.3g}"
 
 
-def _judge_input(r: dict, producers, rules: PrecisionRules, upstream: float, inf_before: bool = False) -> None:
+def _judge_input(r: dict, producers, rules: PrecisionRules, upstream: float, inf_before: bool = False,
+                 carried_by: dict | None = None) -> None:
     """A departing input: explained when a compared op produced its bytes, or when an
     earlier compared tensor's error explains it (the producer is a cast or an op the dump
     or the alignment left out); otherwise the input is where the departure starts."""
     producer = None
+    carried_by = carried_by or {}
     h = r.get("target_content_hash")
     if producers and h in producers:
         before = [p for p in producers[h] if p[0] < r["_order"]] if r.get("_order") is not None else producers[h]
         producer = before[-1] if before else None
-    if producer is not None and producer[2]:
-        r["precision_result"] = WARNING
-        r["precision_reason"] = r["precision_reason"] or f"input error propagated from {producer[1]}"
-        return
     err = r["scaled_err"]
+    if producer is not None and producer[2]:
+        # the producer's compared output must carry the error (else the op reads other data)
+        carried = carried_by.get(h, math.inf)
+        judged = r["precision_reason"] is None and err is not None and math.isfinite(err)
+        if not (judged and err > rules.growth * carried + rules.margin * (r["precision_floor"] or 0.0)):
+            r["precision_result"] = WARNING
+            r["precision_reason"] = r["precision_reason"] or f"input error propagated from {producer[1]}"
+            return
     if err is not None and math.isinf(err) and inf_before:
         r["precision_result"] = WARNING
         r["precision_reason"] = f"{r['precision_reason'] or 'nan/inf'}: propagated from earlier nan/inf"
@@ -353,7 +508,10 @@ def _judge_input(r: dict, producers, rules: PrecisionRules, upstream: float, inf
     r["precision_result"] = ERROR
     what = r["precision_reason"] or \
         f"input departs: error {_fmt_precision(r['scaled_err'])} = {_fmt_precision(r['precision_ratio'])} x floor"
-    if producer is not None:
+    if producer is not None and producer[2]:
+        r["precision_reason"] = (f"{what}; produced by {producer[1]}, whose compared output does not carry this "
+                                 "error: the op reads other data than the bench's")
+    elif producer is not None:
         r["precision_reason"] = f"{what}; produced by {producer[1]}, an op only the target has"
         r["origin_op"] = producer[1]
     else:
@@ -361,16 +519,47 @@ def _judge_input(r: dict, producers, rules: PrecisionRules, upstream: float, inf
 
 
 def first_departure(rows: list[dict]) -> dict[str, Any] | None:
-    """The first op (by :func:`run_order`) with a precision ``error`` row: its rows as
+    """The first op with a precision ``error`` row: the first (by :func:`run_order`) of each
+    iteration and rank, then across ranks the one that ran first (iteration, then timestamp
+    when every one has one, else its place among its own rank's rows), its rows as
     ``inputs``/``outputs`` lists of {io, slot, err, floor, ratio, dtypes, result, reason}.
     None when nothing departs beyond precision."""
     failing = [r for r in rows if r.get("precision_result") == ERROR]
     if not failing:
         return None
-    first = min(failing, key=run_order)
-    key = (first["iteration"], first["rank"], first["graph_id"], first["call_index"], first["target_name"])
-    group = [r for r in rows if (r["iteration"], r["rank"], r["graph_id"], r["call_index"], r["target_name"]) == key]
-    out = next((r for r in group if r["io"] == "output" and r["precision_result"] == ERROR), first)
+
+    def key(r):
+        return (r["iteration"], r["rank"], r["graph_id"], r["call_index"], r["target_name"])
+
+    def pick(first):
+        group = [r for r in rows if key(r) == key(first)]
+        return next((r for r in group if r["io"] == "output" and r["precision_result"] == ERROR), first)
+
+    def firsts(cands):
+        per: dict = {}
+        for r in sorted(cands, key=run_order):
+            per.setdefault((r["iteration"], r["rank"]), r)
+        ranked = sorted(rows, key=run_order)
+        start: dict = {}
+        for k, r in enumerate(ranked):
+            start.setdefault((r["iteration"], r["rank"]), k)
+        place = {id(r): k - start[(r["iteration"], r["rank"])] for k, r in enumerate(ranked)}
+        chosen = list(per.values())
+        use_ts = all(r.get("timestamp") is not None for r in chosen)
+        return sorted(chosen, key=lambda r: (-1 if r["iteration"] is None else r["iteration"],
+                                             r["timestamp"] if use_ts else place[id(r)], run_order(r)))
+
+    per_rank = [pick(r) for r in firsts(failing)]
+    last_backward: dict = {}
+    for r in sorted(rows, key=run_order):
+        name, scope = r.get("target_name") or "", r.get("scope_name") or ""
+        if ".backward" in name or ".parameters_grad." in name or "Gradients/" in scope:
+            last_backward[(r["iteration"], r["rank"])] = run_order(r)
+    phase = {id(r): _phase_of(r, last_backward) for r in rows}
+    phases = {p: pick(firsts([r for r in failing if phase[id(r)] == p])[0])["pair_index"]
+              for p in ("forward", "backward", "optimizer") if any(phase[id(r)] == p for r in failing)}
+    out = per_rank[0]
+    group = [r for r in rows if key(r) == key(out)]
 
     def side(r: dict) -> dict:
         return {"io": r["io"], "slot": r["slot"], "scaled_err": r["scaled_err"], "floor": r["precision_floor"],
@@ -379,4 +568,5 @@ def first_departure(rows: list[dict]) -> dict[str, Any] | None:
 
     return {"row": out, "origin_op": out.get("origin_op"),
             "inputs": [side(r) for r in group if r["io"] != "output"],
-            "outputs": [side(r) for r in group if r["io"] == "output"]}
+            "outputs": [side(r) for r in group if r["io"] == "output"],
+            "ranks": [r["pair_index"] for r in per_rank], "phases": phases}

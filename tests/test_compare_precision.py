@@ -257,7 +257,7 @@ def _row(io, slot, err, dtype="float16", bench_dtype="float32", **kw):
 
 
 def test_error_growth_blames_the_op_whose_inputs_do_not_explain_it():
-    from dumpdb.compare.precision import first_departure, judge_precision
+    from precision_rows import first_departure, judge_precision
 
     u = 2.0 ** -11
     rows = [

@@ -19,8 +19,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 __all__ = ["Shapes", "ResultColumns", "execution_order", "execution_keys", "string_codes", "group_codes", "ints",
-           "floats", "strings", "join_messages", "truthy", "IO_ORDER"]
+           "floats", "strings", "join_messages", "truthy", "IO_ORDER", "ORDER_KEYS", "run_order", "run_ranks",
+           "FORWARD", "BACKWARD", "OPTIMIZER", "PHASES", "phases", "containers", "keys"]
 
+# The target columns execution_order reads.
+ORDER_KEYS = ("iteration", "rank", "graph_id", "position", "timestamp", "call_index", "io", "slot", "tensor_id")
 # Sort rank of the io values in execution order (inputs before outputs); others 9.
 IO_ORDER = {"input": 0, "parameter": 1, "output": 2, "parameter_grad": 3}
 _NULL = np.iinfo(np.int64).min  # stands for NULL in grouping keys (no real id, count or time is this)
@@ -163,6 +166,89 @@ def execution_order(table: pa.Table) -> np.ndarray:
     if table.num_rows == 0:
         return np.zeros(0, np.int64)
     return np.lexsort(execution_keys(table)[::-1])
+
+
+def run_order(r: dict) -> tuple:
+    """The order ops really ran, as a sort key of one result row (a dict): iteration (NULL
+    last), rank, then dump timestamps where the dump has them (MindSpore CPU runs ops in
+    another order than ``execution_order`` lists them; NULL last), then the pair order
+    (``pair_index``: the target's :func:`execution_order`). :func:`run_ranks` is the same
+    order over columns."""
+    ts = r.get("timestamp")
+    return (r["iteration"] is None, r["iteration"] or 0, r["rank"] or 0, ts is None, ts or 0, r["pair_index"])
+
+
+def run_ranks(iteration, rank, timestamp) -> np.ndarray:
+    """Each row's place (int64, 0 upwards) in :func:`run_order` of rows already in pair
+    order; ``iteration``, ``rank``, ``timestamp``: integer Arrow columns (NULL allowed)."""
+    n = len(iteration)
+    run = np.lexsort((np.arange(n), ints(timestamp, 0), (~_array(timestamp).is_valid().to_numpy(
+        zero_copy_only=False)).astype(np.int64), ints(rank, 0), ints(iteration, 0),
+        (~_array(iteration).is_valid().to_numpy(zero_copy_only=False)).astype(np.int64)))
+    out = np.empty(n, np.int64)
+    out[run] = np.arange(n)
+    return out
+
+
+# -- phases and containers: what part of a training step an op belongs to -----------------------
+
+FORWARD, BACKWARD, OPTIMIZER = "forward", "backward", "optimizer"
+PHASES = (FORWARD, BACKWARD, OPTIMIZER)
+_CONTAINER_PREFIXES = ("Module.", "Cell.")
+
+
+def _text(values) -> pa.Array:
+    """An object array of str / None (or an Arrow string array, as it is) as Arrow strings."""
+    return values if isinstance(values, pa.Array) else pa.array(values.tolist(), pa.string())
+
+
+def _contains(values, token: str, lower: bool = False) -> np.ndarray:
+    """``token in v`` per element of an object array of str / None (None: False)."""
+    if len(values) == 0:
+        return np.zeros(0, bool)
+    hit = pc.match_substring(_text(values), token, ignore_case=lower)
+    return pc.fill_null(hit, False).to_numpy(zero_copy_only=False)
+
+
+def containers(op_type, name) -> np.ndarray:
+    """Which rows are module/cell records, not ops (bool per row of object arrays): msprobe's
+    ``Module.*`` / ``Cell.*`` records of levels L0 and mix (formats.md 1.3, key grammar;
+    ``op_type`` = prefix + class there), except their ``parameters_grad`` records (a
+    parameter's gradient, held by no op record at those levels)."""
+    if len(op_type) == 0:
+        return np.zeros(0, bool)
+    text = _text(op_type)
+    hit = pc.or_(*(pc.starts_with(text, p) for p in _CONTAINER_PREFIXES))
+    return pc.fill_null(hit, False).to_numpy(zero_copy_only=False) & ~_contains(name, ".parameters_grad.")
+
+
+def keys(*columns: np.ndarray, sep: str = "|") -> pa.Array:
+    """Per row, the ``sep``-joined text of some object columns of str / None (None written
+    ``None``), as an Arrow string array: a lookup key over columns without a Python loop
+    per row."""
+    return pc.binary_join_element_wise(*(pc.fill_null(_text(c), "None") for c in columns), sep)
+
+
+def phases(name, scope, where: np.ndarray, run_rank: np.ndarray) -> np.ndarray:
+    """The phase of each row (object array of :data:`PHASES`): ``backward`` for msprobe
+    records named ``*.backward*`` or ``*.parameters_grad.*`` (formats.md 1.3) and MindSpore
+    kernels in a ``Gradients/`` scope (the autodiff graph's scope); ``optimizer`` for a
+    MindSpore scope naming an optimizer (``Default/optimizer-Adam/...``) and for any
+    other op that runs (``run_rank``) after the last backward row of its iteration and
+    rank (``where``: e.g. msprobe's ``Tensor.add_`` of ``SGD.step``); ``forward`` else.
+    ``name``/``scope``: target op and scope names (object arrays of str / None, or Arrow
+    string arrays)."""
+    n = len(name)
+    back = _contains(name, ".backward") | _contains(name, ".parameters_grad.") | _contains(scope, "Gradients/")
+    out = np.full(n, FORWARD, dtype=object)
+    if n == 0:
+        return out
+    last = np.full(int(where.max()) + 1, -1, np.int64)
+    np.maximum.at(last, where[back], run_rank[back])
+    after = (run_rank > last[where]) & (last[where] >= 0)
+    out[(after | _contains(scope, "optimizer", lower=True)) & ~back] = OPTIMIZER
+    out[back] = BACKWARD
+    return out
 
 
 def join_messages(old: np.ndarray, new: np.ndarray) -> np.ndarray:

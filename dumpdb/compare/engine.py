@@ -85,6 +85,7 @@ from dumpdb.compare.columns import (
     group_codes,
     ints,
     join_messages,
+    run_ranks,
     string_codes,
     strings,
     truthy,
@@ -100,8 +101,8 @@ from dumpdb.compare.metrics import (
     tensor_metrics,
     tensor_metrics_batch,
 )
+from dumpdb.compare.precision import NOISE, PrecisionRules, judge_precision_columns
 from dumpdb.compare.precision import Columns as PrecisionColumns
-from dumpdb.compare.precision import PrecisionRules, judge_precision_columns
 from dumpdb.compare.stats_pairs import ORDER_KEYS, statistics_pairs
 from dumpdb.compare.stats_sql import statistics_metrics
 from dumpdb.compare.verdict import Columns as VerdictColumns
@@ -482,6 +483,7 @@ def compare(archive, target: str | Selection, bench: str | Selection, *, iterati
         "mode": _overall_mode(view.mode),
         "rules": rules,
         **{k: int(np.count_nonzero(column == k)) for k in ("pass", "warning", "error")},
+        "noise": int(np.count_nonzero(view.precision["precision_result"] == NOISE)),
         "msprobe_result": {k: int(np.count_nonzero(view.result == k)) for k in ("pass", "warning", "error")},
         "precision_dtype": _lowest_dtype(view.precision["precision_dtype"]),
         "unmatched_target": alignment.unmatched_target.num_rows,
@@ -501,7 +503,8 @@ def compare(archive, target: str | Selection, bench: str | Selection, *, iterati
                                  pa.array([compare_id] * results.num_rows, pa.int64()))
     outcome = CompareOutcome(compare_id, results, unmatched, summary)
     outcome.first_divergence = first_divergence_of(results) if rules == "msprobe" else \
-        _departure_report(results, departure)
+        _departure_report(results, departure, sides=_sides_note(tsel, bsel))
+    _add_containers(archive, tsel.run, outcome.first_divergence)
     summary["first_difference"] = first_difference_of(results)
     return outcome
 
@@ -966,18 +969,21 @@ def _judge(view: _View, thresholds: Thresholds) -> tuple[np.ndarray, np.ndarray]
 
 def _judge_precision(view: _View, trows: pa.Table, rules: PrecisionRules) -> dict | None:
     """Precision columns on ``view`` (dumpdb.compare.precision) and the first departure.
-    Producers of inputs: every target output (compared or not) by content hash."""
+    Producers of inputs: every target output (compared or not) by content hash. The
+    alignment's ``arg_diff`` column (scalar arguments that differ), when the pairs carry
+    it, is evidence the rules read."""
     n = view.n
     ctx = view.context
     it, rank, ts = ctx["iteration"], ctx["rank"], ctx["timestamp"]
-    run = np.lexsort((np.arange(n), ints(ts, 0), (~_valid(ts)).astype(np.int64), ints(rank, 0), ints(it, 0),
-                      (~_valid(it)).astype(np.int64)))
-    run_rank = np.empty(n, np.int64)
-    run_rank[run] = np.arange(n)
+    run_rank = run_ranks(it, rank, ts)
     order, producers = _producers(trows, ints(ctx["target_tensor_id"], -1), ctx["target_content_hash"].null_count < n)
     values, valid = view.numbers(("flat_euc_dist", "euc_dist", "max_abs_err", "l2norm_diff", "bench_l2norm",
-                                  "target_max", "target_min", "bench_max", "bench_min"))
+                                  "target_max", "target_min", "bench_max", "bench_min", "target_l2norm"))
     where = group_codes([ints(it, _NULL_KEY), ints(rank, _NULL_KEY)])
+    arg_diff = getattr(view, "arg_diff", None)
+    if arg_diff is None and "arg_diff" in ctx:
+        arg_diff = strings(ctx["arg_diff"])
+    ts_values, ts_valid = floats(ts)
     columns = PrecisionColumns(
         group=view.op_codes(), where=where, run_rank=run_rank,
         output=pc.fill_null(pc.equal(ctx["io"], "output"), False).to_numpy(zero_copy_only=False),
@@ -986,7 +992,10 @@ def _judge_precision(view: _View, trows: pa.Table, rules: PrecisionRules) -> dic
         target_dtype_declared=strings(ctx["target_dtype_declared"]),
         bench_dtype_declared=strings(ctx["bench_dtype_declared"]), err_message=view.err_message,
         target_content_hash=strings(ctx["target_content_hash"]), io=strings(ctx["io"]), slot=strings(ctx["slot"]),
-        target_shape=view.shapes("target_shape"), bench_shape=view.shapes("bench_shape"), producers=producers)
+        target_shape=view.shapes("target_shape"), bench_shape=view.shapes("bench_shape"), producers=producers,
+        target_name=strings(ctx["target_name"]), scope_name=strings(ctx["scope_name"]),
+        op_type=strings(ctx["op_type"]), arg_diff=arg_diff, iteration=ints(it, -1),
+        timestamp=np.where(ts_valid, ts_values, np.nan))
     view.precision, departure = judge_precision_columns(columns, rules)
     return departure
 
@@ -1190,10 +1199,14 @@ def first_divergence_of(results: pa.Table, context: int = 10) -> dict[str, Any] 
     }
 
 
-def _departure_report(results: pa.Table, departure: dict | None, context: int = 10) -> dict[str, Any] | None:
+def _departure_report(results: pa.Table, departure: dict | None, context: int = 10,
+                      sides: str | None = None) -> dict[str, Any] | None:
     """first_divergence_of's dict for the precision rules' first departing op, plus
     ``inputs``/``outputs`` (errors side by side), ``origin_op`` (an op only the target
-    has that produced a departing input) and ``rules``."""
+    has that produced a departing input), ``rules``, ``phase``, ``ranks`` (the first
+    departing op of each iteration and rank, the one that ran first across ranks first),
+    ``phases`` ({forward|backward|optimizer: its first departing op}; each of these a
+    :func:`_brief` dict) and ``sides`` (a note when nothing says which side is wrong)."""
     if departure is None:
         return None
     row = departure["row"]
@@ -1201,6 +1214,7 @@ def _departure_report(results: pa.Table, departure: dict | None, context: int = 
     before = [r for r in results.slice(0, first["pair_index"]).select(["iteration", "rank", "target_name"]).to_pylist()
               if r["iteration"] == first["iteration"] and r["rank"] == first["rank"]]
     ops = _ops_path(before)
+    ranks = [_brief(results, d) for d in departure.get("ranks", ())]
     return {
         **{k: first[k] for k in ("pair_index", "target_name", "bench_name", "scope_name", "op_type", "io", "slot",
                                  "iteration", "rank", "position", "code_file", "code_line", "code_text",
@@ -1210,7 +1224,52 @@ def _departure_report(results: pa.Table, departure: dict | None, context: int = 
         "result": first["precision_result"], "err_message": first["precision_reason"],
         "origin_op": departure["origin_op"], "inputs": departure["inputs"], "outputs": departure["outputs"],
         "rules": "precision", "path": ops[-context:],
+        "phase": ranks[0]["phase"] if ranks else None, "ranks": ranks,
+        "phases": {k: _brief(results, d) for k, d in departure.get("phases", {}).items()},
+        "sides": sides,
     }
+
+
+def _brief(results: pa.Table, d: dict) -> dict[str, Any]:
+    """A departing op in a few fields: pair_index, phase, iteration, rank, position,
+    target_name, op_type, io, slot, result, reason."""
+    r = results.slice(d["pair_index"], 1).select(
+        ["pair_index", "iteration", "rank", "position", "target_name", "op_type", "io", "slot", "precision_result",
+         "precision_reason"]).to_pylist()[0]
+    return {"pair_index": r["pair_index"], "phase": d.get("phase"), "iteration": r["iteration"], "rank": r["rank"],
+            "position": r["position"], "target_name": r["target_name"], "op_type": r["op_type"], "io": r["io"],
+            "slot": r["slot"], "result": r["precision_result"], "reason": r["precision_reason"]}
+
+
+def _add_containers(archive, run: str, fd: dict | None) -> None:
+    """Name the module/cell each reported op ran in (``container``): the parent of its
+    ``ops.node`` path (msprobe: construct.json's module chain, ``Module.blocks.2.Block.
+    forward.0/Tensor.__mul__.2.forward``); a container is reported as the scope of the op
+    that departs, never as the departure (precision module docstring, "Containers")."""
+    if fd is None:
+        return
+    entries = [fd, *fd.get("ranks", ()), *fd.get("phases", {}).values()]
+    names = sorted({e["target_name"] for e in entries if e.get("target_name")})
+    if not names:
+        return
+    with archive.reader() as con:
+        found = con.execute("SELECT scope_name, rank, node FROM ops WHERE run = ? AND node LIKE '%/%' AND "
+                            "scope_name IN (SELECT unnest(?::VARCHAR[]))", [run, names]).fetchall()
+    nodes = {(scope, rank): node.rsplit("/", 1)[0] for scope, rank, node in found}
+    for e in entries:
+        e["container"] = nodes.get((e.get("target_name"), e.get("rank")))
+
+
+def _sides_note(tsel: Selection, bsel: Selection) -> str | None:
+    """A note when two single ranks are compared one against one (two ranks of one run, or
+    a --bench-rank other than the target's): either may be the one that is wrong."""
+    if tsel.rank is None or bsel.rank is None or tsel.rank == bsel.rank:
+        return None
+    if tsel.run == bsel.run:
+        return (f"rank {tsel.rank} compared with rank {bsel.rank} of the same run: nothing says which side is wrong; "
+                "the departure may be on either rank")
+    return (f"rank {tsel.rank} of {tsel.run} compared with rank {bsel.rank} of {bsel.run}: if {bsel.run} is not a "
+            "known-good baseline, nothing says which side is wrong")
 
 
 def _ops_path(before: list[dict]) -> list[str]:

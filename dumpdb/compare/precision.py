@@ -31,42 +31,87 @@ departs.
 Error growth: which op breaks the run
 =====================================
 Operators pass their inputs' errors on, amplified (a condition number). An op's output is
-*explained* when ``err_out <= growth * max(err_in) + margin * floor_out`` (growth default
-16: LayerNorm, softmax and the matrix products of a Transformer amplify relative errors by
-less on real fp16-vs-fp32 pairs; exp/log of large arguments can amplify more, raise
-``growth`` then). Per row, the precision result is:
+*explained* when ``err_out <= growth * max(err_in) + margin * floor_out``. The growth
+allowance is calibrated per op type, direction (forward/backward) and dtype from clean pairs
+(``precision_growth.json`` in this package, written by ``scripts/calibrate_precision.py``:
+a safety factor over the largest growth clean pairs of that kind showed; docs/precision.md
+gives the data and the rule); a statistics-mode pair (whose error is only a lower bound,
+so growth ratios mean less) and an op type the table does not know get ``growth`` (default 16:
+LayerNorm, softmax and the matrix products of a Transformer amplify relative errors by less
+on real fp16-vs-fp32 pairs). So a LayerNorm whose error grows 3.5x where clean LayerNorms
+grow ~1.0x departs. Per row, the precision result is:
 
 ``pass``     no departure;
+``noise``    both sides are rounding noise (below): the error says nothing, never departs;
 ``warning``  departs, explained by its inputs (error propagated from earlier ops; an
              integer/bool result, e.g. a comparison, of inputs that carry any error);
+             every departing row of a module/cell record (below);
 ``error``    departs and not explained: the op's output when its inputs do not explain it;
              an input when no compared op produced it (a parameter or data input, or the
-             output of an op only the target has: an inserted op, named in the reason).
+             output of an op only the target has: an inserted op, named in the reason);
+             the outputs of an op call whose recorded scalar arguments differ (``arg_diff``,
+             when the alignment gives that column: ``eps: 1e-05 -> 0.1``).
+
+Noise
+=====
+A tensor that is zero in exact arithmetic (a sum or gradient whose terms cancel: the bias
+gradient of an attention key projection, since softmax ignores a per-query constant) holds
+only rounding noise on both sides, of the size of one rounding of the operands that
+cancelled (Higham sec. 1.7); its relative error is meaningless. A departing row is
+``noise`` when its two sides disagree by half or more (``err >= 0.5``) and both sides' RMS
+(bench RMS x (1 + err) bounds the target's) is at most ``noise`` (default 4) x ``u_w`` x the
+op's scale, where the op's scale is the largest bench RMS among the *other* tensors of its
+op call and ``u_w`` the unit roundoff of the working precision: the lowest-precision float
+any pair of the compare was judged at (a bfloat16-autocast run's float32 gradients are
+computed in bfloat16). Where its op's inputs count its error (the largest input error, the
+running largest earlier error), a noise row counts by its absolute error over the op's
+scale.
+
+Containers
+==========
+Module and cell records (msprobe levels L0 and mix: ``Module.*``, ``Cell.*``; not their
+``parameters_grad`` records) hold what the ops inside them computed, at the container's
+boundary dtype: they are never an ``error`` (a departing row becomes a ``warning`` naming
+its reason) and do not raise the running largest earlier error; the op inside that departs
+is the answer.
 
 The producer of an input is the last target output before it with the same content hash
-(MindSpore dumps an op's input as the bytes its producer wrote). Ops are taken in the order
-they ran (dump timestamps, else execution order); ``first_departure`` is the first op with an
-``error`` row.
+(MindSpore dumps an op's input as the bytes its producer wrote). A compared producer explains
+a departing input only if its own pair carries the error (the input's error within growth x
+the largest error of a compared output holding those bytes + margin x floor): when the
+producer's output matches the bench but the input does not, the op reads other data than
+the bench's op (a residual add dropped), and the input is where the departure starts. Ops are taken in the order
+they ran (dump timestamps, else execution order: ``columns.run_order``). The first
+departure is the first op with an ``error`` row in each iteration and rank; across ranks,
+the one that ran first (timestamps when every rank has them, else the place in its own
+rank's order), not the lowest rank number; per phase (``columns.phases``: forward,
+backward, optimizer) the same.
 """
 
 from __future__ import annotations
 
 import bisect
+import functools
+import json
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib import resources
 from typing import Any
 
 import ml_dtypes
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from dumpdb.compare.columns import Shapes, group_codes, string_codes
+from dumpdb.compare.columns import BACKWARD, PHASES, containers, group_codes, keys, phases, string_codes
 from dumpdb.compare.metrics import MSG_NAN_INF_MISMATCH
 
-__all__ = ["PrecisionRules", "dtype_floor", "judge_precision", "first_departure", "lowest_precision",
-           "Columns", "judge_precision_columns"]
+__all__ = ["PrecisionRules", "dtype_floor", "lowest_precision", "Columns", "judge_precision_columns",
+           "first_departures", "growth_table", "RESULTS", "NOISE"]
 
-PASS, WARNING, ERROR = "pass", "warning", "error"
+PASS, WARNING, ERROR, NOISE = "pass", "warning", "error", "noise"
+RESULTS = (PASS, WARNING, ERROR, NOISE)  # precision_result values
 
 # (eps, smallest subnormal) per float dtype name, as the catalog names dtypes.
 _FLOATS: dict[str, tuple[float, float]] = {}
@@ -83,13 +128,56 @@ _DECLARED = {"float16": "float16", "bfloat16": "bfloat16", "float32": "float32",
              "fp16": "float16", "bf16": "bfloat16", "half": "float16"}
 
 
+GROWTH_TABLE = "precision_growth.json"  # the calibrated allowances, in this package (scripts/calibrate_precision.py)
+
+
+@functools.lru_cache(maxsize=1)
+def growth_table() -> dict[str, float]:
+    """The packaged calibrated growth allowances: ``"op_type|direction|dtype"`` -> factor
+    (``direction`` forward or backward, ``dtype`` the pair's lower precision), read from
+    ``dumpdb/compare/precision_growth.json`` (written by ``scripts/calibrate_precision.py``
+    from clean pairs; docs/precision.md). Empty when the file is absent."""
+    try:
+        text = resources.files("dumpdb.compare").joinpath(GROWTH_TABLE).read_text()
+    except (FileNotFoundError, OSError):
+        return {}
+    return {k: float(v["allowance"]) for k, v in json.loads(text)["growth"].items()}
+
+
+def growth_key(op_type: str | None, phase: str | None, dtype: str | None) -> str:
+    """The growth table's key of an op: ``op_type|forward|dtype`` or ``op_type|backward|dtype``
+    (an optimizer op is a forward computation)."""
+    return f"{op_type}|{'backward' if phase == BACKWARD else 'forward'}|{dtype}"
+
+
 @dataclass(frozen=True)
 class PrecisionRules:
     """``margin``: a pair departs when its error exceeds ``margin`` x the precision floor;
-    ``growth``: how much an op may amplify its inputs' relative error (module docstring)."""
+    ``growth``: how much an op may amplify its inputs' relative error when ``table`` has no
+    allowance for its op type, direction and dtype; ``table``: calibrated allowances
+    (:func:`growth_key` -> factor; None: the packaged :func:`growth_table`, ``{}``: none);
+    ``noise``: a pair whose both sides' RMS is within ``noise`` x the working precision's
+    unit roundoff x its op's scale is rounding noise (module docstring)."""
 
     margin: float = 64.0
     growth: float = 16.0
+    noise: float = 4.0
+    table: Mapping[str, float] | None = field(default=None, compare=False, hash=False)
+
+    def allowances(self) -> Mapping[str, float]:
+        """The calibrated allowances in force."""
+        return growth_table() if self.table is None else self.table
+
+    def growth_of(self, op_type: np.ndarray, phase: np.ndarray, dtype: np.ndarray) -> np.ndarray:
+        """Each row's growth allowance (float64): the table's entry for its op type, phase
+        direction and dtype, else ``growth``. Object arrays in, one lookup per distinct key."""
+        table = self.allowances()
+        if not table or not len(op_type):
+            return np.full(len(op_type), self.growth)
+        direction = np.where(np.equal(phase, BACKWARD).astype(bool), "backward", "forward").astype(object)
+        enc = pc.dictionary_encode(keys(op_type, direction, dtype))  # growth_key's text of every row
+        found = np.array([table.get(k, self.growth) for k in enc.dictionary.to_pylist()], np.float64)
+        return found[enc.indices.to_numpy(zero_copy_only=False)]
 
 
 def lowest_precision(a: str | None, b: str | None) -> str | None:
@@ -198,94 +286,10 @@ def _nan_inf_reason(r: dict, low: str | None) -> str:
     return "nan/inf at different positions in target and bench"
 
 
-def judge_precision(rows: list[dict], producers: dict[str, list[tuple[int, str, bool]]] | None = None,
-                    rules: PrecisionRules = PrecisionRules()) -> None:
-    """Add the precision columns to each result row (dicts, in execution order):
-    ``scaled_err`` (relative Euclidean error), ``precision_floor``, ``precision_ratio``
-    (err / floor), ``precision_dtype`` (the lower-precision dtype), ``precision_result``
-    (pass / warning / error) and ``precision_reason`` (and ``origin_op`` on an input row
-    an op only the target has produced).
-
-    ``producers``: content hash -> [(order rank, op name, compared)] of the target's output
-    tensors (every target op, compared or not; the rank an int, the tensor's place in the
-    target's execution order), to find the op that produced an input (a row's ``_order``
-    rank, an int, if any, limits it to producers before it). Rows are grouped
-    by op call as the msprobe verdicts are; see the module docstring. The rows become
-    :class:`Columns` and :func:`judge_precision_columns` judges them: the rules live there only.
-    """
-    if not rows:
-        return
-    out, _ = judge_precision_columns(_columns_of(rows, producers), rules)
-    for i, r in enumerate(rows):
-        for name in ("scaled_err", "precision_floor", "precision_ratio"):
-            r[name] = float(out[name][i]) if out[f"{name}_valid"][i] else None
-        r.update(precision_dtype=out["precision_dtype"][i], precision_result=out["precision_result"][i],
-                 precision_reason=out["precision_reason"][i])
-        if out["origin_op"][i] is not None:
-            r["origin_op"] = out["origin_op"][i]
-
-
 def _objects(values) -> np.ndarray:
     out = np.empty(len(values), dtype=object)
     out[:] = values
     return out
-
-
-def _codes(keys: list[tuple]) -> np.ndarray:
-    """One code per distinct key (Python equality: None equal to None)."""
-    index: dict = {}
-    return np.array([index.setdefault(k, len(index)) for k in keys], np.int64)
-
-
-def _columns_of(rows: list[dict], producers: dict[str, list] | None = None) -> Columns:
-    """:class:`Columns` of result rows (dicts as :func:`judge_precision` takes them)."""
-    n = len(rows)
-    ranked = sorted(range(n), key=lambda i: run_order(rows[i]))
-    run_rank = np.empty(n, np.int64)
-    run_rank[ranked] = np.arange(n)
-    values = {k: np.array([np.nan if r.get(k) is None else float(r[k]) for r in rows], np.float64) for k in _NUMBERS}
-    valid = {k: np.array([r.get(k) is not None for r in rows], bool) for k in _NUMBERS}
-    found = producers or {}
-    return Columns(
-        group=_codes([(r["iteration"], r["rank"], r["graph_id"], r["call_index"], r["target_name"]) for r in rows]),
-        where=_codes([(r["iteration"], r["rank"]) for r in rows]), run_rank=run_rank,
-        output=np.array([r.get("io") == "output" for r in rows], bool),
-        statistics=np.array([r.get("mode") != "tensor" for r in rows], bool),
-        order=np.array([np.iinfo(np.int64).max if r.get("_order") is None else r["_order"] for r in rows], np.int64),
-        values=values, valid=valid, **{k: _objects([r.get(k) for r in rows]) for k in (*_TEXTS, "io", "slot")},
-        **{k: Shapes(pa.array([None if r.get(k) is None else list(r[k]) for r in rows], pa.list_(pa.int64())))
-           for k in ("target_shape", "bench_shape")},
-        producers=lambda hashes: {h: found[h] for h in hashes if h in found})
-
-
-def run_order(r: dict) -> tuple:
-    """The order ops really ran: dump timestamps where the dump has them (MindSpore CPU runs
-    ops in another order than ``execution_order`` lists them), then the pair order."""
-    ts = r.get("timestamp")
-    return (r["iteration"] is None, r["iteration"] or 0, r["rank"] or 0, ts is None, ts or 0, r["pair_index"])
-
-
-def _fmt(v) -> str:
-    return "n/a" if v is None else f"{v:.3g}"
-
-
-def first_departure(rows: list[dict]) -> dict[str, Any] | None:
-    """The first op (by :func:`run_order`) with a precision ``error`` row: its rows as
-    ``inputs``/``outputs`` lists of {io, slot, err, floor, ratio, dtypes, result, reason},
-    ``row`` (its first error output, else its first error row) and ``origin_op``. None when
-    nothing departs beyond precision. ``rows``: judged by :func:`judge_precision`; found by
-    the engine's rule (``_first_departure_columns``) over their columns."""
-    if not any(r.get("precision_result") == ERROR for r in rows):
-        return None
-    out: dict[str, np.ndarray] = {k: _objects([r.get(k) for r in rows])
-                                  for k in ("precision_result", "precision_reason", "origin_op")}
-    for name in ("scaled_err", "precision_floor", "precision_ratio"):
-        out[name] = np.array([np.nan if r.get(name) is None else float(r[name]) for r in rows], np.float64)
-        out[f"{name}_valid"] = np.array([r.get(name) is not None for r in rows], bool)
-    found = _first_departure_columns(_columns_of(rows), out, out["scaled_err_valid"])
-    assert found is not None
-    row = rows[found["row"]["pair_index"]]
-    return {**found, "row": row, "origin_op": row.get("origin_op")}
 
 
 # -- the same judgment over columns (the compare engine: no dict per pair) -------------------
@@ -302,7 +306,7 @@ class Columns:
     """What :func:`judge_precision_columns` reads, one entry per result row (numpy):
     ``group`` (int64 op-call code: same iteration, rank, graph_id, call_index and target
     name), ``where`` (int64 code of the row's (iteration, rank)), ``run_rank`` (int64: the
-    row's place in :func:`run_order`), ``output`` (bool: io is 'output'), ``statistics``
+    row's place in :func:`dumpdb.compare.columns.run_order`), ``output`` (bool: io is 'output'), ``statistics``
     (bool: the row's mode), ``order`` (int64: the target tensor's place among all target
     tensors in the producers' order), ``values``/``valid`` (float64 and validity) of
     ``flat_euc_dist``, ``euc_dist``, ``max_abs_err``, ``l2norm_diff``, ``bench_l2norm``,
@@ -310,13 +314,21 @@ class Columns:
     ``bench_dtype``, ``target_dtype_declared``, ``bench_dtype_declared``, ``err_message``,
     ``target_content_hash``, ``io``, ``slot``; ``target_shape``/``bench_shape``
     (:class:`dumpdb.compare.columns.Shapes`); ``producers``: a function from a set of
-    content hashes to :func:`judge_precision`'s ``producers`` for those hashes."""
+    content hashes to {hash: [(order rank, op name, compared)]} of the target's output
+    tensors with those hashes (every target op, compared or not; ascending order ranks:
+    the tensor's place in the target's execution order).
+
+    Optional (absent: the rules that read them do not apply): object arrays
+    ``target_name``, ``scope_name``, ``op_type`` (phases, containers, the growth table),
+    ``arg_diff`` (the alignment's scalar-argument difference, None where they agree);
+    ``iteration`` (int64) and ``timestamp`` (float64, NaN where NULL) for the order across
+    ranks."""
 
     def __init__(self, **kw) -> None:
         self.__dict__.update(kw)
 
     def row(self, i: int) -> dict:
-        """Row ``i`` as the dicts :func:`judge_precision` judges (None for NULL)."""
+        """Row ``i`` as a dict, as :func:`_pair_error` reads it (None for NULL)."""
         r = {k: (float(self.values[k][i]) if self.valid[k][i] else None) for k in _NUMBERS}
         r.update({k: getattr(self, k)[i] for k in _TEXTS})
         for side in ("target", "bench"):
@@ -399,17 +411,18 @@ def _errors_columns(c: Columns) -> tuple[np.ndarray, ...]:
 def judge_precision_columns(c: Columns, rules: PrecisionRules = PrecisionRules(),
                             ) -> tuple[dict[str, np.ndarray], dict[str, Any] | None]:
     """The precision rules (module docstring) over columns (:class:`Columns`): the one
-    implementation, which :func:`judge_precision` and :func:`first_departure` call for rows.
+    implementation (``tests/precision_rows.py`` wraps it for rows of dicts).
 
     Returns ({column: array} for ``scaled_err``, ``precision_floor``, ``precision_ratio``
     (float64, NaN where None, with ``<name>_valid`` masks) and ``precision_dtype``,
-    ``precision_result``, ``precision_reason``, ``origin_op`` (object arrays), the first
-    departure (as :func:`first_departure`, its ``row`` a dict with ``pair_index`` = row
-    number and ``origin_op``)). The per-row error, floor and ratio, the running state of
-    each iteration and rank (the largest earlier error, an earlier NaN/Inf) and the
-    branches judging a departing row are array operations; Python runs only for rows
-    :func:`_pair_error` settles by a special case (a reshape, NaN/Inf on one side), for the
-    producers of departing inputs and to write the reasons."""
+    ``precision_result``, ``precision_reason``, ``origin_op``, ``phase`` (object arrays),
+    ``inputs_error`` and ``growth`` (float64: the error of each row's op's inputs and the
+    growth allowance its output is judged with),
+    the first departure (:func:`first_departures`)). The per-row error, floor and ratio,
+    the running state of each iteration and rank (the largest earlier error, an earlier
+    NaN/Inf) and the branches judging a departing row are array operations; Python runs
+    only for rows :func:`_pair_error` settles by a special case (a reshape, NaN/Inf on one
+    side), for the producers of departing inputs and to write the reasons."""
     n = len(c.group)
     err, err_ok, floor, floor_ok, low, reason = _errors_columns(c)
     ratio, ratio_ok = np.full(n, np.nan), err_ok & floor_ok
@@ -419,20 +432,35 @@ def judge_precision_columns(c: Columns, rules: PrecisionRules = PrecisionRules()
     departs = np.not_equal(reason, None) | (ratio_ok & (ratio > rules.margin))
     result = np.full(n, PASS, dtype=object)
     origin = np.full(n, None, dtype=object)
+    names, scopes, op_types = (_optional(c, k, n) for k in ("target_name", "scope_name", "op_type"))
+    text = [pa.array(v.tolist(), pa.string()) for v in (names, scopes, op_types)]  # converted once
+    container = containers(text[2], text[0])
+    phase = phases(text[0], text[1], c.where, c.run_rank)
     out = {"scaled_err": err, "scaled_err_valid": err_ok, "precision_floor": floor, "precision_floor_valid": floor_ok,
            "precision_ratio": ratio, "precision_ratio_valid": ratio_ok, "precision_dtype": low,
-           "precision_result": result, "precision_reason": reason, "origin_op": origin}
+           "precision_result": result, "precision_reason": reason, "origin_op": origin, "phase": phase}
     if n == 0:
         return out, None
     g = c.group
     groups = int(g.max()) + 1
+    none = np.equal(reason, None).astype(bool)
+    # rounding noise (module docstring, "Noise"): both sides far below the op's own scale
+    noise, scale, u_w = _noise_columns(c, departs & none & ~container, g, groups, err, err_ok, low, rules)
+    signature, step_scale, ratio_u = _signature_noise(c, departs & none & ~container & ~noise, err, err_ok, rules)
+    with np.errstate(all="ignore"):
+        rms = c.values["bench_l2norm"] / np.sqrt(np.maximum(c.bench_shape.size, 1).astype(np.float64))
+        # what a noise row stands for in its op's error: its absolute error over the op's scale
+        eff = np.where(noise, err * rms / scale, np.where(signature, err * rms / step_scale, err))
+    signature_rows = signature
+    noise = noise | signature
+    departs_ = departs & ~noise
     # groups in the order their first row runs; each (iteration, rank)'s running state
     first_run = np.full(groups, np.iinfo(np.int64).max, np.int64)
     np.minimum.at(first_run, g, c.run_rank)
     where = np.zeros(groups, np.int64)
     where[g] = c.where
     inputs = ~c.output
-    finite = np.where(err_ok & np.isfinite(err), err, 0.0)
+    finite = np.where(err_ok & np.isfinite(eff) & ~container, eff, 0.0)  # a container repeats its ops' errors
     gmax = np.zeros(groups)
     np.maximum.at(gmax, g, finite)
     ginf = np.zeros(groups, bool)
@@ -448,30 +476,34 @@ def judge_precision_columns(c: Columns, rules: PrecisionRules = PrecisionRules()
         inf_before[part[1:]] = anyinf[:-1]
     has_in = np.bincount(g[inputs], minlength=groups) > 0
     worst = np.zeros(groups)
-    np.maximum.at(worst, g[inputs], np.where(err_ok, err, 0.0)[inputs])
+    np.maximum.at(worst, g[inputs], np.where(err_ok, eff, 0.0)[inputs])
     worst_in = np.where(has_in, worst, upstream)
     for k in np.unique(g[inputs & err_ok & np.isnan(err)]).tolist():  # Python's max, NaN and all
         idx = np.flatnonzero((g == k) & inputs)
         idx = idx[np.argsort(c.run_rank[idx], kind="stable")]
-        worst_in[k] = max((float(err[i]) if err_ok[i] else 0.0 for i in idx.tolist()), default=0.0)
+        worst_in[k] = max((float(eff[i]) if err_ok[i] else 0.0 for i in idx.tolist()), default=0.0)
+    # the table holds tensor-mode growth (relative Euclidean errors); a statistics-mode error
+    # is a lower bound (| ||x|| - ||y|| |), so its ratios say less: the default there
+    growth = np.where(c.statistics, rules.growth, rules.growth_of(text[2], phase, low))
     # departing outputs (module docstring, "Error growth"), each branch a mask: propagated
     # (within growth x the inputs' error + margin x floor), an exact-dtype result of inexact
     # inputs, NaN/Inf propagated, cancellation, else error
     wi, before = worst_in[g], inf_before[g]
-    none = np.equal(reason, None).astype(bool)
-    dep_out = departs & c.output
+    out["inputs_error"], out["growth"] = wi, growth  # what the growth rule read (scripts/calibrate_precision.py)
+    dep_out = departs_ & c.output
     with np.errstate(invalid="ignore"):
-        bound = rules.growth * wi + rules.margin * np.where(floor_ok, floor, 0.0)
+        bound = growth * wi + rules.margin * np.where(floor_ok, floor, 0.0)
         b1 = dep_out & none & err_ok & (err <= bound)
         b2 = dep_out & ~b1 & none & floor_ok & (floor == 0) & (wi > 0)
         b3 = dep_out & ~b1 & ~b2 & err_ok & np.isinf(err) & ((wi == np.inf) | before)
     rest = dep_out & ~b1 & ~b2 & ~b3
     # the rest: explained by cancellation (an op with inputs, no structural reason), else error
-    cancel = _cancellation_columns(c, rest & none & has_in[g], g, groups, err, err_ok, floor, floor_ok, rules)
+    cancel = _cancellation_columns(c, rest & none & has_in[g], g, groups, eff, err, err_ok, floor, floor_ok, growth,
+                                   rules)
     fails = rest & ~cancel
     at = np.flatnonzero(b1)
-    reason[at] = _format(f"error {{:.3g}} propagated: within {rules.growth:g} x the inputs' {{:.3g}} + "
-                         f"{rules.margin:g} x floor", err[at], wi[at])
+    reason[at] = _format(f"error {{:.3g}} propagated: within {{:.3g}} x the inputs' {{:.3g}} + {rules.margin:g} "
+                         "x floor", err[at], growth[at], wi[at])
     at = np.flatnonzero(b2)
     reason[at] = _format("exact-dtype result of inputs with error {:.3g}: rounding decides its ties", wi[at])
     at = np.flatnonzero(b3)
@@ -482,11 +514,135 @@ def judge_precision_columns(c: Columns, rules: PrecisionRules = PrecisionRules()
     result[b1 | b2 | b3 | cancel] = WARNING
     result[fails] = ERROR
     at = np.flatnonzero(fails & none)
-    reason[at] = _format("departs: error {} = {} x the {} floor, inputs' error {:.3g}", _fmts(err[at], err_ok[at]),
-                         _fmts(ratio[at], ratio_ok[at]), low[at], wi[at])
-    _judge_inputs_columns(c, departs & inputs, g, err, err_ok, floor_ok, floor, ratio, ratio_ok, upstream,
+    reason[at] = _format("departs: error {} = {} x the {} floor, inputs' error {:.3g}, growth allowed {:.3g}",
+                         _fmts(err[at], err_ok[at]), _fmts(ratio[at], ratio_ok[at]), low[at], wi[at], growth[at])
+    _judge_inputs_columns(c, departs_ & inputs, g, err, err_ok, floor_ok, floor, ratio, ratio_ok, upstream,
                           inf_before, result, reason, origin, rules)
-    return out, _first_departure_columns(c, out, err_ok)
+    at = np.flatnonzero(signature_rows)
+    result[at] = NOISE
+    reason[at] = _format("rounding noise: each side at its own run's rounding level (target / bench RMS {:.3g}, "
+                         "unit roundoffs {:.3g}); error {:.3g} says nothing", c.values["target_l2norm"][at] /
+                         c.values["bench_l2norm"][at], np.full(at.size, ratio_u), err[at])
+    at = np.flatnonzero(noise & ~signature_rows)
+    result[at] = NOISE
+    reason[at] = _format("rounding noise: both sides within {:g} x u({}) x the op's scale (bench RMS {:.3g} of "
+                         "{:.3g}); error {:.3g} says nothing", np.full(at.size, rules.noise),
+                         np.full(at.size, u_w[1], dtype=object), rms[at], scale[at], err[at])
+    _arg_diff_columns(c, g, groups, result, reason)
+    at = np.flatnonzero(container & (result != PASS))
+    result[at] = WARNING
+    reason[at] = _format("module/cell record, judged by the ops inside it ({})", reason[at])
+    return out, first_departures(c, out)
+
+
+def _optional(c: Columns, name: str, n: int) -> np.ndarray:
+    """An optional :class:`Columns` object column (all None when the producer gave none)."""
+    v = getattr(c, name, None)
+    return np.full(n, None, dtype=object) if v is None else v
+
+
+def _noise_columns(c: Columns, rows_mask: np.ndarray, g: np.ndarray, groups: int, err, err_ok, low,
+                   rules: PrecisionRules) -> tuple[np.ndarray, np.ndarray, tuple[float, str | None]]:
+    """(noise mask, the op's bench-side scale per row, (u, dtype) of the working precision)
+    (module docstring, "Noise"). The op's scale of a row, per side: the largest RMS among
+    the *other* rows of its op call on that side (NaN when it has none; the target side's
+    RMS from ``target_l2norm`` when the columns have it, else bench RMS x (1 + err), an
+    upper bound). The working precision: the lowest-precision float any pair was judged at
+    (a mixed-precision run's float32 tensors carry its low-precision rounding: a float32
+    gradient computed in bfloat16)."""
+    floats = [d for d in set(low.tolist()) if d in _FLOATS]
+    dtype = max(floats, key=lambda d: _FLOATS[d][0], default=None)
+    u = _FLOATS[dtype][0] / 2 if dtype is not None else 0.0
+    size = np.sqrt(np.maximum(c.bench_shape.size, 1).astype(np.float64))
+    with np.errstate(all="ignore"):
+        rms_b = c.values["bench_l2norm"] / size
+        t_ok = c.valid.get("target_l2norm")
+        rms_t = np.where(t_ok, c.values["target_l2norm"] / size, rms_b * (1 + err)) if t_ok is not None \
+            else rms_b * (1 + err)
+    known = c.valid["bench_l2norm"] & c.bench_shape.valid & np.isfinite(rms_b) & np.isfinite(rms_t)
+    scale_b, scale_t = _other_max(g, groups, rms_b, known), _other_max(g, groups, rms_t, known)
+    with np.errstate(all="ignore"):
+        noise = rows_mask & known & err_ok & np.isfinite(err) & (err >= 0.5) & (scale_b > 0) & (scale_t > 0) \
+            & (rms_b <= rules.noise * u * scale_b) & (rms_t <= rules.noise * u * scale_t)
+    return noise, scale_b, (u, dtype)
+
+
+def _signature_noise(c: Columns, rows_mask: np.ndarray, err, err_ok, rules: PrecisionRules,
+                     ) -> tuple[np.ndarray, np.ndarray, float]:
+    """(noise mask, each row's step scale, u_target / u_bench) of the second noise test
+    (module docstring, "Noise"): in a mixed-precision pair (the runs' unit roundoffs, each
+    the lowest-precision float of its side, differ 64x or more) a tensor that is rounding
+    noise in both runs holds values proportional to each run's unit roundoff: its sides
+    disagree by half or more, their RMS ratio is within 8x of the roundoffs' ratio, and each
+    side's RMS is at most ``noise`` x its unit roundoff x the largest RMS of its iteration
+    and rank on that side (an overflow or a blown-up tensor is the largest itself)."""
+    n = len(c.group)
+    none = np.zeros(n, bool), np.full(n, np.nan), 1.0
+    t_ok = c.valid.get("target_l2norm")
+    if t_ok is None or not rows_mask.any():
+        return none
+
+    def unit(dtypes: np.ndarray) -> float:
+        found = [_FLOATS[d][0] / 2 for d in set(dtypes.tolist()) if d in _FLOATS]
+        return max(found, default=0.0)
+
+    u_t, u_b = unit(c.target_dtype), unit(c.bench_dtype)
+    if not (u_t > 0 and u_b > 0) or max(u_t / u_b, u_b / u_t) < 64:
+        return none
+    size = np.sqrt(np.maximum(c.bench_shape.size, 1).astype(np.float64))
+    with np.errstate(all="ignore"):
+        rms_b = c.values["bench_l2norm"] / size
+        rms_t = c.values["target_l2norm"] / size
+    known_b = c.valid["bench_l2norm"] & c.bench_shape.valid & np.isfinite(rms_b)
+    known_t = t_ok & c.bench_shape.valid & np.isfinite(rms_t)
+    places = int(c.where.max()) + 1
+    top_b, top_t = np.zeros(places), np.zeros(places)
+    np.maximum.at(top_b, c.where[known_b], rms_b[known_b])
+    np.maximum.at(top_t, c.where[known_t], rms_t[known_t])
+    q = u_t / u_b
+    with np.errstate(all="ignore"):
+        r = rms_t / rms_b
+        out = rows_mask & known_b & known_t & err_ok & np.isfinite(err) & (err >= 0.5) & (rms_b > 0) \
+            & (r >= q / 8) & (r <= q * 8) & (rms_b <= rules.noise * u_b * top_b[c.where]) \
+            & (rms_t <= rules.noise * u_t * top_t[c.where])
+    return out, top_b[c.where], q
+
+
+def _other_max(g: np.ndarray, groups: int, values: np.ndarray, known: np.ndarray) -> np.ndarray:
+    """Per row, the largest known value among the *other* rows of its group (NaN: none)."""
+    val = np.where(known, values, -1.0)
+    top1, top2 = np.full(groups, -1.0), np.full(groups, -1.0)
+    np.maximum.at(top1, g, val)
+    is_top = known & (val == top1[g])
+    holder = np.zeros(len(g), bool)  # one row per group holds the top; the others see it
+    at = np.flatnonzero(is_top)
+    _, first = np.unique(g[at], return_index=True)
+    holder[at[first]] = True
+    np.maximum.at(top2, g[~holder], val[~holder])
+    out = np.where(holder, top2[g], top1[g])
+    return np.where(out > 0, out, np.nan)
+
+
+def _arg_diff_columns(c: Columns, g: np.ndarray, groups: int, result: np.ndarray, reason: np.ndarray) -> None:
+    """An op call whose recorded scalar arguments differ (``arg_diff``, the align step's
+    column: NULL when they agree, else e.g. ``eps: 1e-05 -> 0.1``) departs: its output rows
+    (its rows when it has no output) become errors naming the difference."""
+    diff = getattr(c, "arg_diff", None)
+    if diff is None:
+        return
+    has = truthy_mask(diff)
+    if not has.any():
+        return
+    text = np.full(groups, None, dtype=object)
+    for i in np.flatnonzero(has).tolist():
+        text[g[i]] = text[g[i]] or diff[i]
+    marked = np.not_equal(text, None).astype(bool)
+    outputs = np.bincount(g[c.output], minlength=groups) > 0
+    rows = marked[g] & (c.output | ~outputs[g])
+    at = np.flatnonzero(rows)
+    reason[at] = _objects([f"scalar arguments differ ({t})" + (f"; {r}" if r else "")
+                           for t, r in zip(text[g[at]].tolist(), reason[at].tolist())])
+    result[at] = ERROR
 
 
 def _format(template: str, *columns: np.ndarray) -> np.ndarray:
@@ -504,13 +660,15 @@ def _fmts(values: np.ndarray, valid: np.ndarray) -> np.ndarray:
     return out
 
 
-def _cancellation_columns(c: Columns, rows_mask: np.ndarray, g: np.ndarray, groups: int, err, err_ok, floor,
-                          floor_ok, rules: PrecisionRules) -> np.ndarray:
+def _cancellation_columns(c: Columns, rows_mask: np.ndarray, g: np.ndarray, groups: int, eff, err, err_ok, floor,
+                          floor_ok, growth: np.ndarray, rules: PrecisionRules) -> np.ndarray:
     """Which of the departing output rows ``rows_mask`` cancellation explains (an output much
     smaller than its inputs, a mean of centred values or a difference of near-equal ones,
     inherits their *absolute* error; Higham sec. 1.7): the output's RMS (bench L2 norm /
     sqrt(elements)) below 1 % of the largest input RMS of its op, and its RMS error within
-    growth x the inputs' largest RMS error + margin x floor x that input RMS."""
+    growth x the inputs' largest RMS error + margin x floor x that input RMS. ``eff``: each
+    row's error as its op's inputs count it (a noise row's absolute error over its op's
+    scale); ``growth``: each row's allowance."""
     out = np.zeros(len(g), bool)
     if not rows_mask.any():
         return out
@@ -520,14 +678,14 @@ def _cancellation_columns(c: Columns, rows_mask: np.ndarray, g: np.ndarray, grou
         rms = l2 / np.sqrt(np.maximum(shape.size, 1).astype(np.float64))
         known = l2_ok & shape.valid
         finite = err_ok & np.isfinite(err)
-        use = ~c.output & known & finite  # the inputs that count
+        use = ~c.output & known & finite & np.isfinite(eff)  # the inputs that count
         in_rms, in_err = np.zeros(groups), np.zeros(groups)
         np.fmax.at(in_rms, g[use], rms[use])  # fmax: a NaN product is skipped, as Python's max(in_err, nan)
-        np.fmax.at(in_err, g[use], (err * rms)[use])
+        np.fmax.at(in_err, g[use], (eff * rms)[use])
         gi_rms, gi_err = in_rms[g], in_err[g]
         u = np.where(floor_ok, floor, 0.0)
         out = rows_mask & known & finite & (gi_rms != 0) & ~(rms >= 0.01 * gi_rms) \
-            & (err * rms <= rules.growth * gi_err + rules.margin * u * gi_rms)
+            & (err * rms <= growth * gi_err + rules.margin * u * gi_rms)
     return out
 
 
@@ -557,7 +715,24 @@ def _judge_inputs_columns(c: Columns, rows_mask, g, err, err_ok, floor_ok, floor
                     has[i] = True
     up, before = upstream[g], inf_before[g]
     none = ~truthy_mask(reason)
-    a1 = rows_mask & has & compared
+    # a compared producer explains the input only if its own pair carries the error: when its
+    # output matches the bench but this input does not, the op reads other data than the
+    # bench's op (a residual add dropped: LayerNorm reads the block's output alone)
+    carried = np.full(len(g), np.inf)
+    judged = rows_mask & has & compared & none & err_ok & np.isfinite(err)
+    if judged.any():
+        want = {c.target_content_hash[i] for i in np.flatnonzero(judged).tolist()}
+        outs = np.flatnonzero(c.output & err_ok & np.isfinite(err))
+        best: dict = {}
+        for i in outs.tolist():
+            h = c.target_content_hash[i]
+            if h in want:
+                best[h] = max(best.get(h, 0.0), float(err[i]))
+        for i in np.flatnonzero(judged).tolist():
+            carried[i] = best.get(c.target_content_hash[i], np.inf)
+    with np.errstate(invalid="ignore"):
+        unexplained = judged & (err > rules.growth * carried + rules.margin * np.where(floor_ok, floor, 0.0))
+    a1 = rows_mask & has & compared & ~unexplained
     with np.errstate(invalid="ignore"):
         a2 = rows_mask & ~a1 & err_ok & np.isinf(err) & before
         a3 = rows_mask & ~a1 & ~a2 & np.equal(reason, None).astype(bool) & err_ok & \
@@ -582,6 +757,10 @@ def _judge_inputs_columns(c: Columns, rows_mask, g, err, err_ok, floor_ok, floor
     by = has[at]
     reason[at] = np.where(by, _format("{}; produced by {}, an op only the target has", what, name[at]),
                           _format("{}; no compared op produced it (parameter or data input)", what))
+    mismatch = at[compared[at]]
+    reason[mismatch] = _format("{}; produced by {}, whose compared output does not carry this error: the op reads "
+                               "other data than the bench's", what[compared[at]], name[mismatch])
+    by = by & ~compared[at]
     origin[at[by]] = name[at[by]]
     result[a1 | a2 | a3] = WARNING
     result[a4] = ERROR
@@ -602,13 +781,56 @@ def _runs(values: np.ndarray) -> tuple[list[int], list[int]]:
     return [0, *cut.tolist()], [*cut.tolist(), int(values.size)]
 
 
-def _first_departure_columns(c: Columns, out: dict[str, np.ndarray], err_ok) -> dict[str, Any] | None:
-    failing = np.flatnonzero(out["precision_result"] == ERROR)
+def _cross_rank_order(c: Columns, rows: np.ndarray) -> np.ndarray:
+    """``rows`` (row numbers, at most one per iteration and rank) sorted by when they ran
+    across ranks: iteration, then the dump timestamp when every one of them has one (ranks
+    of one host share a clock), else the row's place in its own rank's run order (ranks
+    of a data-parallel run execute the same op sequence), then rank order."""
+    n = len(c.group)
+    iteration = getattr(c, "iteration", None)
+    it = np.zeros(n, np.int64) if iteration is None else iteration
+    ts = getattr(c, "timestamp", None)
+    start = np.full(int(c.where.max()) + 1, np.iinfo(np.int64).max, np.int64)
+    np.minimum.at(start, c.where, c.run_rank)
+    step = (c.run_rank - start[c.where]).astype(np.float64)
+    when = step[rows]
+    if ts is not None and rows.size and not np.isnan(ts[rows]).any():
+        when = ts[rows]
+    return rows[np.lexsort((c.run_rank[rows], when, it[rows]))]
+
+
+def _firsts(c: Columns, rows: np.ndarray) -> np.ndarray:
+    """The first of ``rows`` (row numbers) in each iteration and rank (by run order),
+    in :func:`_cross_rank_order`."""
+    if not rows.size:
+        return rows
+    rows = rows[np.argsort(c.run_rank[rows], kind="stable")]
+    _, at = np.unique(c.where[rows], return_index=True)
+    return _cross_rank_order(c, rows[at])
+
+
+def first_departures(c: Columns, out: dict[str, np.ndarray]) -> dict[str, Any] | None:
+    """The first departing op: the first op call with a precision ``error`` row in each
+    iteration and rank (by run order), and among those the one that ran first across ranks
+    (:func:`_cross_rank_order`: not the lowest rank number). None when nothing departs.
+
+    Keys: ``row`` ({``pair_index``: its first error output, else its first error row;
+    ``origin_op``}), ``origin_op``, ``inputs``/``outputs`` (its rows: {io, slot,
+    scaled_err, floor, ratio, target_dtype, bench_dtype, result, reason}), ``ranks`` (the
+    first departing row of each iteration and rank, in cross-rank order, as {pair_index:
+    row number, phase}) and ``phases`` ({phase: {pair_index, phase}: the first departing
+    row of that phase (columns.PHASES), found the same way}).
+    """
+    result = out["precision_result"]
+    failing = np.flatnonzero(result == ERROR)
     if not failing.size:
         return None
-    first = int(failing[np.argmin(c.run_rank[failing])])
-    group = np.flatnonzero(c.group == c.group[first]).tolist()
-    pick = next((i for i in group if c.output[i] and out["precision_result"][i] == ERROR), first)
+    per_rank = [_pick(c, out, int(i)) for i in _firsts(c, failing).tolist()]  # row numbers
+    phase = out["phase"]
+    by_phase = {}
+    for name in [p for p in PHASES if p in set(phase[failing].tolist())]:
+        firsts = _firsts(c, failing[phase[failing] == name])
+        by_phase[name] = _pick(c, out, int(firsts[0]))
 
     def value(name: str, i: int):
         return float(out[name][i]) if out[f"{name}_valid"][i] else None
@@ -617,8 +839,18 @@ def _first_departure_columns(c: Columns, out: dict[str, np.ndarray], err_ok) -> 
         return {"io": c.io[i], "slot": c.slot[i], "scaled_err": value("scaled_err", i),
                 "floor": value("precision_floor", i), "ratio": value("precision_ratio", i),
                 "target_dtype": c.target_dtype[i], "bench_dtype": c.bench_dtype[i],
-                "result": out["precision_result"][i], "reason": out["precision_reason"][i]}
+                "result": result[i], "reason": out["precision_reason"][i]}
 
+    pick = per_rank[0]
+    group = np.flatnonzero(c.group == c.group[pick]).tolist()
     return {"row": {"pair_index": pick, "origin_op": out["origin_op"][pick]}, "origin_op": out["origin_op"][pick],
             "inputs": [side(i) for i in group if not c.output[i]],
-            "outputs": [side(i) for i in group if c.output[i]]}
+            "outputs": [side(i) for i in group if c.output[i]],
+            "ranks": [{"pair_index": i, "phase": phase[i]} for i in per_rank],
+            "phases": {k: {"pair_index": i, "phase": k} for k, i in by_phase.items()}}
+
+
+def _pick(c: Columns, out: dict[str, np.ndarray], row: int) -> int:
+    """The row a departing op is reported by: its first error output, else ``row``."""
+    group = np.flatnonzero(c.group == c.group[row]).tolist()
+    return next((i for i in group if c.output[i] and out["precision_result"][i] == ERROR), row)

@@ -25,14 +25,12 @@ import pyarrow as pa
 
 from dumpdb.compare.align import PAIRS_SCHEMA, Alignment
 from dumpdb.compare.align_sql import exact_paired
-from dumpdb.compare.columns import execution_order
+from dumpdb.compare.columns import ORDER_KEYS, execution_order
 from dumpdb.compare.metrics import STAT_METRICS
 from dumpdb.compare.stats_sql import statistics_sql
 
 __all__ = ["statistics_pairs", "ORDER_KEYS"]
 
-# The target columns execution_order reads.
-ORDER_KEYS = ("iteration", "rank", "graph_id", "position", "timestamp", "call_index", "io", "slot", "tensor_id")
 
 
 def statistics_pairs(target: pa.Table, bench: pa.Table, *, group_by: Sequence[str] = (),

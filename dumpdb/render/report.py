@@ -75,8 +75,8 @@ UNMATCHED_COLUMNS = ("side", "tensor_id", "name", "op_type", "io", "slot")
 MAX_PLOT_GROUPS = 8     # iterations plotted; the table always has every pair
 PLOT_DPI = 80           # raster resolution of the scatter inside each SVG
 TABLE_PAGE = 1000       # rows the JS draws before a "show all" button
-COLOURS = {"pass": "#4c72b0", "warning": "#e08a1e", "error": "#c8102e", "other": "#8c8c8c"}
-RESULT_ORDER = ("pass", "other", "warning", "error")  # drawing order: errors on top
+COLOURS = {"pass": "#4c72b0", "noise": "#7fb685", "warning": "#e08a1e", "error": "#c8102e", "other": "#8c8c8c"}
+RESULT_ORDER = ("pass", "noise", "other", "warning", "error")  # drawing order: errors on top
 
 
 # --------------------------------------------------------------------------- text helpers
@@ -174,7 +174,7 @@ def _results(table: pa.Table) -> list[str]:
     out = []
     for v in table.column(column).to_pylist():
         v = str(v).strip().lower() if v is not None else ""
-        out.append(v if v in ("pass", "warning", "error") else "other")
+        out.append(v if v in ("pass", "noise", "warning", "error") else "other")
     return out
 
 
@@ -580,7 +580,7 @@ h3 small{font-weight:normal;color:var(--muted)}
 .badges span{display:inline-block;margin:8px 8px 0 0;padding:2px 10px;border-radius:12px;background:#3e4c59;
  font-size:13px}
 .badges .b-error{background:var(--error)}.badges .b-warning{background:var(--warning)}
-.badges .b-pass{background:var(--pass)}
+.badges .b-pass{background:var(--pass)}.badges .b-noise{background:#7fb685}
 .r-pass{color:var(--pass)}.r-warning{color:var(--warning)}.r-error{color:var(--error)}
 td.r-pass,td.r-warning,td.r-error{font-weight:600}
 td.r-pass{background:#e8f5e9}td.r-warning{background:#fff3e0}td.r-error{background:#fde8ea}
@@ -768,7 +768,7 @@ def _ordered_columns(table: pa.Table, head: Sequence[str], tail: Sequence[str], 
 # --------------------------------------------------------------------------- compare report
 
 _FD_HANDLED = frozenset({"name", "target_name", "path", "metrics", "code_file", "code_line", "code_text", "inputs",
-                         "outputs", *METRICS})
+                         "outputs", "phases", "ranks", "sides", *METRICS})
 
 
 def _fmt_num(v: Any) -> str:
@@ -840,9 +840,16 @@ def _divergence_section(fd: Mapping[str, Any] | None, results: pa.Table, row: in
     if name is not None and n_pairs:
         parts.append(f'<p><a href="#pairs" data-table="pairs" data-filter="{_esc(name)}">show its rows in the '
                      f"table</a></p>")
+    if fd.get("sides"):
+        parts.append(f'<p class="note">{_esc(_text(fd["sides"]))}</p>')
     rest = {k: v for k, v in fd.items() if k not in _FD_HANDLED and v is not None}
     if rest:
         parts.append(_dl(rest))
+    parts.append(_firsts_table("First departure of each phase", [fd["phases"][p] for p in ("forward", "backward",
+                                                                                           "optimizer")
+                                                                  if p in (fd.get("phases") or {})], "phase"))
+    if len(fd.get("ranks") or []) > 1:
+        parts.append(_firsts_table("First departure of each rank, in the order they ran", fd["ranks"], "rank"))
     sides = [e for key in ("inputs", "outputs") for e in (fd.get(key) or []) if isinstance(e, Mapping)]
     if sides:  # precision rules: the op's inputs' and outputs' errors side by side
         head = ("io", "slot", "error", "floor", "error / floor", "target dtype", "bench dtype", "result", "reason")
@@ -888,6 +895,71 @@ def _divergence_section(fd: Mapping[str, Any] | None, results: pa.Table, row: in
     return "".join(parts)
 
 
+def _firsts_table(title: str, entries: Sequence[Mapping[str, Any]], first: str) -> str:
+    """A small table of departing ops (engine._brief dicts): per phase or per rank."""
+    if not entries:
+        return ""
+    cols = (first, *(c for c in ("phase", "rank") if c != first), "iteration", "position", "target_name", "io",
+            "slot", "container", "reason")
+    cells = "".join("<tr>" + "".join(f"<td>{_esc(_text(e.get(c)))}</td>" for c in cols) + "</tr>" for e in entries)
+    return (f'<h3>{_esc(title)}</h3><table class="metrics firsts"><thead><tr>'
+            + "".join(f"<th>{_esc(c)}</th>" for c in cols) + f"</tr></thead><tbody>{cells}</tbody></table>")
+
+
+def _evidence_section(results: pa.Table) -> str:
+    """Rows the precision rules labelled rounding noise, pairs the alignment re-aligned by
+    content (``realigned``, regions of consecutive pairs) and scalar-argument differences
+    (``arg_diff``): each shown when its column is there and has any."""
+    cols = results.column_names
+    parts = []
+    if "precision_result" in cols:
+        noise = results.filter(pc.fill_null(pc.equal(results.column("precision_result"), "noise"), False))
+        if noise.num_rows:
+            parts.append(f'<h3 id="noise">Rounding noise <small class="muted">({noise.num_rows} pairs)</small></h3>'
+                         '<p class="note">Both sides at the level of rounding noise of their op (a sum or gradient '
+                         "that is zero in exact arithmetic): their relative error says nothing and they never "
+                         "depart.</p>" + _rows_table(noise, ("pair_index", "target_name", "io", "slot",
+                                                             "precision_reason")))
+    if "realigned" in cols:
+        flags = [bool(v) for v in results.column("realigned").to_pylist()]
+        names = results.column("target_name").to_pylist() if "target_name" in cols else [None] * len(flags)
+        bench = results.column("bench_name").to_pylist() if "bench_name" in cols else [None] * len(flags)
+        regions, i = [], 0
+        while i < len(flags):
+            if flags[i]:
+                j = i
+                while j + 1 < len(flags) and flags[j + 1]:
+                    j += 1
+                regions.append((i, j))
+                i = j + 1
+            else:
+                i += 1
+        if regions:
+            items = "".join(f"<li>pairs {a}-{b}: <code>{_esc(_text(names[a]))}</code> &hellip; "
+                            f"<code>{_esc(_text(names[b]))}</code> (bench <code>{_esc(_text(bench[a]))}</code> "
+                            f"&hellip; <code>{_esc(_text(bench[b]))}</code>)</li>" for a, b in regions)
+            parts.append(f'<h3 id="realigned">Re-aligned regions <small class="muted">({len(regions)}, '
+                         f"{sum(flags)} pairs)</small></h3><p class=\"note\">Pairs the alignment matched by content, "
+                         f"not by name.</p><ul>{items}</ul>")
+    if "arg_diff" in cols:
+        diff = results.filter(pc.invert(pc.is_null(results.column("arg_diff"))))
+        if diff.num_rows:
+            parts.append(f'<h3 id="arg-diff">Scalar arguments that differ <small class="muted">({diff.num_rows} '
+                         "pairs)</small></h3>" + _rows_table(diff, ("pair_index", "target_name", "io", "slot",
+                                                                     "arg_diff")))
+    if not parts:
+        return ""
+    return '<h2 id="evidence">Noise, re-alignment and scalar arguments</h2>' + "".join(parts)
+
+
+def _rows_table(table: pa.Table, columns: Sequence[str]) -> str:
+    cols = [c for c in columns if c in table.column_names]
+    rows = table.select(cols).to_pylist()
+    cells = "".join("<tr>" + "".join(f"<td>{_esc(_text(r[c]))}</td>" for c in cols) + "</tr>" for r in rows)
+    return (f'<table class="metrics"><thead><tr>{"".join(f"<th>{_esc(c)}</th>" for c in cols)}</tr></thead>'
+            f"<tbody>{cells}</tbody></table>")
+
+
 def write_compare_report(path: str | os.PathLike[str], *, summary: Mapping[str, Any], results: pa.Table,
                          unmatched: pa.Table, first_divergence: Mapping[str, Any] | None) -> Path:
     """Write the HTML report of one comparison; returns the path written.
@@ -906,8 +978,8 @@ def write_compare_report(path: str | os.PathLike[str], *, summary: Mapping[str, 
     target = summary.get("target_run") or summary.get("target")
     bench = summary.get("bench_run") or summary.get("bench")
     title = f"dumpdb compare: {target} vs {bench}" if target and bench else "dumpdb compare report"
-    badges = [("", f"{n} pairs")] + [(f"b-{c}", f"{cats[c]} {c}") for c in ("pass", "warning", "error", "other")
-                                     if cats.get(c)]
+    badges = [("", f"{n} pairs")] + [(f"b-{c}", f"{cats[c]} {c}") for c in ("pass", "noise", "warning", "error",
+                                                                             "other") if cats.get(c)]
     if unmatched.num_rows:
         order = {"target": 0, "bench": 1}
         ordered = sorted(sides.items(), key=lambda kv: (order.get(kv[0], 2), str(kv[0])))
@@ -926,6 +998,7 @@ def write_compare_report(path: str | os.PathLike[str], *, summary: Mapping[str, 
                '<p class="note">Relative Euclidean error of every pair (log scale) and the floor x margin it is '
                "judged against (dumpdb.compare.precision); pairs above the line depart.</p>",
                _precision_svg(results)] if "scaled_err" in results.column_names else []),
+            _evidence_section(results),
             f'<h2 id="pairs-h">Pairs <small class="muted">({n})</small></h2>',
             '<p class="note">Click a column header to sort (again to reverse); type words to filter rows.</p>',
             _table_block("pairs", results, _ordered_columns(results, PAIR_COLUMNS_HEAD, PAIR_COLUMNS_TAIL),

@@ -11,8 +11,10 @@ explicit gradient all-reduce across ranks, SGD):
 * ``mlp``: an input linear, blocks of ``layer_norm -> fc1 -> gelu -> fc2 -> x*alpha ->
   residual add``, final norm, head.
 
-Every op is written as an explicit ``torch`` / ``F`` call so that a variant changes
-exactly one op (or, for a rewrite, replaces one op by an equivalent sequence). The
+Layers (linear, layer_norm, group_norm, conv, embedding) are nn modules called as
+modules (msprobe's mix level records them, with their parameters); everything else is
+an explicit ``torch`` / ``F`` call, so that a variant changes exactly one op (or, for a
+rewrite, replaces one op by an equivalent sequence). The
 ``x*alpha`` op (alpha 1.0 in a clean run) is the site of the ``scale`` and ``overflow``
 kinds.
 
@@ -35,6 +37,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 
 ARCHS = ("cnn", "transformer", "mlp")
+MODEL_VERSION = 2  # part of every dump's cache key: bump when a model or variant changes what it dumps
 
 # kinds of target run, what they change and which architectures have the site
 CHANGED_KINDS = {
@@ -115,6 +118,7 @@ class Spec:
     size: str = "small"
     variant: Variant = field(default_factory=Variant)
     rerun: int = 0  # a second run of the same config (clean rerun pairs)
+    version: int = MODEL_VERSION
 
     def key(self) -> str:
         d = asdict(self)
@@ -159,23 +163,23 @@ def build(arch: str, size: str, variant: Variant, rank: int, probe: Probe):
         return v.changes(kind, block, rank)
 
     def linear(x, mod, block, site):
-        """F.linear, or its rewrite at the chosen block (rw_linear)."""
+        """The nn.Linear module (F.linear inside), or its rewrite at the chosen block (rw_linear)."""
         if chg("rw_linear", block) and site == "fc1":
             if x.dim() == 2:
                 return torch.addmm(mod.bias, x, mod.weight.t())
             return torch.matmul(x, mod.weight.t()) + mod.bias
-        y = F.linear(x, mod.weight, mod.bias)
+        y = mod(x)
         if at("weight", block) and site == "fc1":
             probe("weight:first-consumer", y)
         return y
 
     def norm(x, mod, block):
-        eps = v.mag if chg("eps", block) else mod.eps
+        """The nn.LayerNorm module (its eps set by the eps kind at build), or by hand (rw_layernorm)."""
         if chg("rw_layernorm", block):
             mean = x.mean(-1, keepdim=True)
             var = ((x - mean) ** 2).mean(-1, keepdim=True)
-            return (x - mean) * torch.rsqrt(var + eps) * mod.weight + mod.bias
-        y = F.layer_norm(x, mod.normalized_shape, mod.weight, mod.bias, eps)
+            return (x - mean) * torch.rsqrt(var + mod.eps) * mod.weight + mod.bias
+        y = mod(x)
         if at("eps", block):
             probe("eps:changed-op", y)
         if probe.pending:
@@ -230,7 +234,7 @@ def build(arch: str, size: str, variant: Variant, rank: int, probe: Probe):
             h = norm(x, self.ln, self.i)
             h = gelu(linear(h, self.fc1, self.i, "fc1"), self.i)
             h = noop(h, self.i)
-            h = scale(F.linear(h, self.fc2.weight, self.fc2.bias), self.i)
+            h = scale(self.fc2(h), self.i)
             return residual(x, h, self.i)
 
     class Attn(nn.Module):
@@ -243,9 +247,9 @@ def build(arch: str, size: str, variant: Variant, rank: int, probe: Probe):
         def forward(self, x):
             B, T, D = x.shape  # noqa: N806
             h = norm(x, self.ln1, -1)  # the eps / rw_layernorm sites are the FFN's norm
-            q = F.linear(h, self.q.weight, self.q.bias).view(B, T, self.h, self.hd).transpose(1, 2)
-            k = F.linear(h, self.k.weight, self.k.bias).view(B, T, self.h, self.hd).transpose(1, 2)
-            vv = F.linear(h, self.v.weight, self.v.bias).view(B, T, self.h, self.hd).transpose(1, 2)
+            q = self.q(h).view(B, T, self.h, self.hd).transpose(1, 2)
+            k = self.k(h).view(B, T, self.h, self.hd).transpose(1, 2)
+            vv = self.v(h).view(B, T, self.h, self.hd).transpose(1, 2)
             sc = 1.0 / math.sqrt(self.hd)
             if chg("softmax_scale", self.i):
                 sc = sc * (1.0 + v.mag)
@@ -263,7 +267,7 @@ def build(arch: str, size: str, variant: Variant, rank: int, probe: Probe):
             else:
                 p = F.softmax(s, dim=-1)
             y = torch.matmul(p, vv).transpose(1, 2).reshape(B, T, D)
-            return x + F.linear(y, self.o.weight, self.o.bias)
+            return x + self.o(y)
 
     class Transformer(nn.Module):
         def __init__(self):
@@ -277,14 +281,13 @@ def build(arch: str, size: str, variant: Variant, rank: int, probe: Probe):
             self.head = nn.Linear(d, z["vocab"])
 
         def forward(self, ids):
-            x = F.embedding(ids, self.emb.weight)
+            x = self.emb(ids)
             if at("input", 0):
                 probe("input:first-consumer", x)
-            x = x + F.embedding(torch.arange(ids.shape[1]), self.pos.weight)
+            x = x + self.pos(torch.arange(ids.shape[1]))
             for a, f in zip(self.attn, self.ffn):
                 x = f(a(x))
-            x = norm(x, self.lnf, -1)
-            return F.linear(x, self.head.weight, self.head.bias)
+            return self.head(norm(x, self.lnf, -1))
 
     class MLP(nn.Module):
         def __init__(self):
@@ -296,13 +299,12 @@ def build(arch: str, size: str, variant: Variant, rank: int, probe: Probe):
             self.head = nn.Linear(d, z["classes"])
 
         def forward(self, x):
-            x = F.linear(x, self.inp.weight, self.inp.bias)
+            x = self.inp(x)
             if at("input", 0):
                 probe("input:first-consumer", x)
             for b in self.blocks:
                 x = b(x)
-            x = norm(x, self.lnf, -1)
-            return F.linear(x, self.head.weight, self.head.bias)
+            return self.head(norm(x, self.lnf, -1))
 
     class ConvBlock(nn.Module):
         def __init__(self, cin, cout, i):
@@ -312,11 +314,10 @@ def build(arch: str, size: str, variant: Variant, rank: int, probe: Probe):
             self.gn = nn.GroupNorm(2, cout)
 
         def forward(self, x):
-            y = F.conv2d(x, self.conv.weight, self.conv.bias, padding=1)
+            y = self.conv(x)
             if at("weight", self.i) or (self.i == 0 and at("input", 0)):
                 probe(f"{v.kind}:first-consumer", y)
-            eps = v.mag if chg("eps", self.i) else self.gn.eps
-            y = F.group_norm(y, 2, self.gn.weight, self.gn.bias, eps)
+            y = self.gn(y)
             if at("eps", self.i):
                 probe("eps:changed-op", y)
             if at("act", self.i):
@@ -341,12 +342,15 @@ def build(arch: str, size: str, variant: Variant, rank: int, probe: Probe):
             for b in self.blocks:
                 x = b(x)
             x = F.adaptive_avg_pool2d(x, 2).flatten(1)
-            x = F.relu(F.linear(x, self.fc.weight, self.fc.bias))
+            x = F.relu(self.fc(x))
             if chg("rw_linear", 0):  # the CNN's rewritable linear is its head (block 0)
                 return torch.addmm(self.head.bias, x, self.head.weight.t())
-            return F.linear(x, self.head.weight, self.head.bias)
+            return self.head(x)
 
     model = {"cnn": CNN, "transformer": Transformer, "mlp": MLP}[arch]()
+    if chg("eps", v.block):  # the norm of the block: the FFN's layer_norm, the conv block's group_norm
+        blocks = model.blocks if arch != "transformer" else model.ffn
+        (blocks[v.block].gn if arch == "cnn" else blocks[v.block].ln).eps = v.mag
     if chg("weight", v.block):
         with torch.no_grad():
             blocks = model.blocks if arch != "transformer" else model.ffn
@@ -397,8 +401,7 @@ def forward_loss(arch, model, x, y, precision):
 
 
 def dry_probe(spec: Spec, variant: Variant, precision: str, rank: int):
-    """The first probe's tensor (float32) of a forward run without msprobe, None if no
-    probe fires: what the magnitude calibration and the truth's noise figures use."""
+    """The first probe's tensor of a forward run without msprobe, None if no probe fires: what the magnitude calibration and the truth's noise figures use."""
     torch, _ = _torch()
     torch.manual_seed(spec.seed)
     probe = Probe()
@@ -406,7 +409,7 @@ def dry_probe(spec: Spec, variant: Variant, precision: str, rank: int):
     x, y = batch(spec.arch, spec.size, spec.seed, rank, variant)
     with torch.no_grad():
         forward_loss(spec.arch, model, x, y, precision)
-    return probe.items[0][1].float() if probe.items else None
+    return probe.items[0][1] if probe.items else None
 
 
 def rel(a, b) -> float:
@@ -426,6 +429,11 @@ def rel(a, b) -> float:
 
 
 FLOOR = {"fp32": 2.0 ** -23, "bf16": 2.0 ** -8, "fp16": 2.0 ** -11}  # one unit in the last place, relative
+
+
+def floor_of(t) -> float:
+    """One ulp (relative) of the dtype the op computed in: what a zero clean noise stands for."""
+    return {"bfloat16": FLOOR["bf16"], "float16": FLOOR["fp16"]}.get(str(t.dtype).replace("torch.", ""), FLOOR["fp32"])
 
 
 def _replace(v: Variant, **kw) -> Variant:
@@ -451,13 +459,13 @@ def calibrate(spec: Spec, rank: int) -> dict:
     if v.kind in CONTINUOUS and v.option.startswith("x"):
         want = float(v.option[1:])
         unit = rel(dry_probe(spec, _replace(v, mag=1e-3), "fp32", rank), ref32) / 1e-3
-        v.mag = want * (noise if noise > 0 else FLOOR[spec.precision]) / unit if unit else 1e-3
+        v.mag = want * (noise if noise > 0 else floor_of(refp)) / unit if unit else 1e-3
         out["wanted_ratio"] = want
     changed = dry_probe(spec, v, spec.precision, rank)
     change = rel(changed, refp) if changed is not None else None
     # a clean pair of the same config holds the noise; bit-identical (fp32 against fp32):
     # one ulp of the dtype stands for it
-    den = noise if noise > 0 else FLOOR[spec.precision]
+    den = noise if noise > 0 else floor_of(refp)
     ratio = None if change is None else (change / den if math.isfinite(change) else math.inf)
     out.update(noise_at_op=noise, change_at_op=change, mag=v.mag, ratio=ratio)
     return out

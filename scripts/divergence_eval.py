@@ -91,6 +91,37 @@ def featured(size: str = "small") -> list[dict]:
     ]
 
 
+def _ms(kind: str, arch: str, precision: str, scale: str = "", rerun: int = 0) -> dict:
+    """A MindSpore spec (``divergence_ms.py``: the shared corpus scripts, one step, e2e dump)."""
+    return {"framework": "mindspore", "arch": arch, "level": "e2e", "precision": precision, "world": 1, "seed": 1,
+            "size": "small", "scale": scale, "rerun": rerun}
+
+
+MS_CASES = [
+    # kind, arch, target precision, scaled parameter (suffix=factor); the bench: fp32 unchanged
+    ("amp", "transformer", "fp16", ""),  # AMP O2 vs fp32: issue 26's crossed attention Transposes
+    ("amp", "lenet", "fp16", ""),
+    ("rerun", "transformer", "fp32", ""),
+    ("weight", "transformer", "fp32", "encoder.layers.0.dense1.weight=1.1"),
+    ("weight", "transformer", "fp16", "encoder.layers.1.dense1.weight=1.5"),
+    ("weight", "lenet", "fp32", "fc1.weight=1.05"),
+    ("weight", "lenet", "fp16", "conv2.weight=1.2"),
+    ("weight", "transformer", "fp32", "encoder.layers.1.self_attn.out_proj.weight=1.02"),
+    ("rerun", "lenet", "fp32", ""),
+]
+
+
+def plan_ms(n: int) -> list[dict]:
+    """The first ``n`` MindSpore cases (MS_CASES), ids ``ms-NN-...``."""
+    out = []
+    for i, (kind, arch, precision, scale) in enumerate(MS_CASES[:n]):
+        bench = _ms(kind, arch, precision if kind == "rerun" else "fp32")
+        target = _ms(kind, arch, precision, scale, rerun=int(kind == "rerun"))
+        out.append({"kind": kind, "target": target, "bench": bench,
+                    "case_id": f"ms-{i:02d}-{kind}-{arch}-e2e-{precision}-w1"})
+    return out
+
+
 def plan(n: int, seed: int, size: str = "small") -> list[dict]:
     """``n`` cases from ``seed``: the featured ones, then random draws (a pure function of
     its arguments: the same cases every time)."""
@@ -183,7 +214,7 @@ class DumpServer:
         self.proc.wait(timeout=60)
 
 
-def generate(root: Path, cases: list[dict], jobs: int, python: str, progress=None) -> dict:
+def generate(root: Path, cases: list[dict], jobs: int, python: str, progress=None, ms_python: str = "python3") -> dict:
     """Make every dump the cases need (skipping those already made), then each case's
     truth. Returns counts and seconds."""
     dumps: dict[str, dict] = {}
@@ -191,8 +222,18 @@ def generate(root: Path, cases: list[dict], jobs: int, python: str, progress=Non
         for side in ("target", "bench"):
             dumps.setdefault(dump_key(c[side]), c[side])
     todo = [(k, s) for k, s in dumps.items() if not (root / "dumps" / k / "_done.json").exists()]
+    ms_todo = [(k, s) for k, s in todo if s.get("framework") == "mindspore"]
+    todo = [(k, s) for k, s in todo if s.get("framework") != "mindspore"]
     t0 = time.monotonic()
-    failed = []
+    failed: list[str] = []
+    ms_thread = None
+    if ms_todo:  # one slot of --jobs makes the MindSpore dumps, one after the other
+        import threading
+
+        ms_task = progress.add_task("MindSpore dumps", total=len(ms_todo)) if progress else None
+        ms_thread = threading.Thread(target=_make_ms_dumps, args=(root, ms_todo, ms_python, failed, progress, ms_task))
+        ms_thread.start()
+        jobs = max(1, jobs - 1)
     if todo:
         servers = [DumpServer(python) for _ in range(max(1, min(jobs, len(todo))))]
         busy: dict[int, str] = {}
@@ -219,13 +260,37 @@ def generate(root: Path, cases: list[dict], jobs: int, python: str, progress=Non
         finally:
             for srv in servers:
                 srv.close()
+    if ms_thread is not None:
+        ms_thread.join()
     seconds = time.monotonic() - t0
     resolved = 0
     for c in cases:
         truth = make_truth(root, c)
         resolved += truth.get("expected") is not None or truth["category"] != "changed"
-    return {"dumps": len(dumps), "made": len(todo) - len(failed), "failed": failed, "seconds": round(seconds, 1),
+    return {"dumps": len(dumps), "made": len(todo) + len(ms_todo) - len(failed), "failed": failed,
+            "seconds": round(seconds, 1),
             "cases": len(cases), "truth_resolved": resolved}
+
+
+def _make_ms_dumps(root: Path, todo: list, ms_python: str, failed: list, progress, task) -> None:
+    for key, spec in todo:
+        out = root / "dumps" / key
+        if out.exists():
+            shutil.rmtree(out)
+        out.mkdir(parents=True)
+        (out / "spec.json").write_text(json.dumps(spec, indent=1, sort_keys=True))
+        cmd = [ms_python, str(HERE / "divergence_ms.py"), str(out), "--arch", spec["arch"], "--seed", str(spec["seed"])]
+        cmd += ["--fp16"] if spec["precision"] == "fp16" else []
+        cmd += ["--scale", spec["scale"]] if spec["scale"] else []
+        t0 = time.monotonic()
+        with open(out / "_log_rank0.txt", "w") as log:
+            rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=out, timeout=1200).returncode
+        if rc:
+            failed.append(key)
+        else:
+            (out / "_done.json").write_text(json.dumps({"rcs": [rc], "seconds": round(time.monotonic() - t0, 2)}))
+        if progress:
+            progress.advance(task)
 
 
 def _submit(srv: DumpServer, root: Path, key: str, spec: dict) -> str:
@@ -322,6 +387,8 @@ def make_truth(root: Path, case: dict) -> dict:
     tkey, bkey = dump_key(case["target"]), dump_key(case["bench"])
     tdir, bdir = root / "dumps" / tkey, root / "dumps" / bkey
     t = case["target"]
+    if t.get("framework") == "mindspore":
+        return _ms_truth(root, case, tdir, bdir)
     v = t["variant"]
     cat = category(case["kind"])
     truth = {
@@ -363,6 +430,60 @@ def make_truth(root: Path, case: dict) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     (out / "truth.json").write_text(json.dumps(truth, indent=1, sort_keys=True, default=_json_default))
     return truth
+
+
+def _ms_truth(root: Path, case: dict, tdir: Path, bdir: Path) -> dict:
+    """make_truth for a MindSpore case: the expected op of a scaled parameter is its first
+    consumer in the target's execution order (the first op with an input holding the
+    scaled values: shape, max, min to 1e-6, norm to 1e-4), named as the dump's file names
+    name it (dumpdb's ``op_name``)."""
+    cid, t = case["case_id"], case["target"]
+    cat = category(case["kind"])
+    truth = {
+        "case_id": cid, "kind": case["kind"], "category": cat, "framework": "mindspore",
+        "description": ALL_KINDS[case["kind"]] + " (MindSpore: the shared corpus scripts, scripts/divergence_ms.py)",
+        "config": {**{k: t[k] for k in ("level", "precision", "world", "seed", "size")}, "arch": f"ms-{t['arch']}"},
+        "bench_config": {**{k: case["bench"][k] for k in ("level", "precision", "world", "seed", "size")},
+                         "arch": f"ms-{t['arch']}"},
+        "target_dump": os.path.relpath(tdir, root / "cases" / cid), "bench_dump": os.path.relpath(bdir, root / "cases" / cid),
+        "target_key": tdir.name, "bench_key": bdir.name, "departure_expected": cat == "changed", "expected": None,
+    }
+    if cat == "changed":
+        param, factor = t["scale"].split("=")
+        truth.update(changed={"param": param, "mag": float(factor) - 1, "rank": 0}, expected_phase="forward",
+                     expected_rank=0, containers=[], expected_role="first-consumer")
+        probes_file = tdir / "probes.rank0.json"
+        if probes_file.exists() and json.loads(probes_file.read_text())["probes"]:
+            probe = json.loads(probes_file.read_text())["probes"][0]
+            truth["probe"] = probe
+            truth["expected"] = _ms_first_consumer(tdir / "dump" / "rank_0", probe)
+    out = root / "cases" / cid
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "truth.json").write_text(json.dumps(truth, indent=1, sort_keys=True, default=_json_default))
+    return truth
+
+
+def _ms_first_consumer(rank_dir: Path, probe: dict) -> str | None:
+    import numpy as np
+
+    order: dict[str, int] = {}
+    for csv in sorted((rank_dir / "execution_order").glob("ms_execution_order_graph_*.csv")):
+        for i, line in enumerate(csv.read_text().splitlines()[1:]):
+            order.setdefault(line.strip().replace("/", "_"), i)
+    found = []
+    for f in rank_dir.rglob("*.input.*.npy"):
+        parts = f.name.split(".")
+        try:
+            a = np.load(f, mmap_mode="r")
+        except (OSError, ValueError):
+            continue
+        if list(a.shape) != probe["shape"]:
+            continue
+        a = np.asarray(a, dtype=np.float64)
+        if _close(a.max(), probe["max"], 1e-6) and _close(a.min(), probe["min"], 1e-6) and \
+                _close(np.linalg.norm(a), probe["norm"], 1e-4):
+            found.append((order.get(parts[1], 1 << 30), int(parts[4]) if parts[4].isdigit() else 0, parts[1]))
+    return min(found)[2] if found else None
 
 
 def _json_default(x):
@@ -423,13 +544,16 @@ def mispairs(archive, results, target_run: str, bench_run: str, min_cos: float =
     """Brute-force alignment check of one compare: every forward target tensor whose pair
     has cosine below ``min_cos`` (or a different shape) while a bench tensor of the same
     op_type, io, shape and rank, not its partner, has cosine above ``min_cos``: mispaired.
-    Unmatched forward target tensors with such a partner are counted apart."""
+    Unmatched forward target tensors with such a partner are counted apart. Forward: msprobe's
+    ``direction``; MindSpore (no direction): ops under ``Default/`` outside the optimizer
+    (the backward is under ``Gradients/``)."""
     import numpy as np
 
     pair = {r["target_tensor_id"]: (r["bench_tensor_id"], r["cosine"]) for r in
             results.select(["target_tensor_id", "bench_tensor_id", "cosine"]).to_pylist()}
     q = ("SELECT tensor_id, op_type, op_name, io, coalesce(rank, 0) AS rank, shape FROM tensors "
-         "WHERE run = ? AND direction = 'forward' AND content_hash IS NOT NULL")
+         "WHERE run = ? AND content_hash IS NOT NULL AND (direction = 'forward' OR (direction IS NULL "
+         "AND scope_name LIKE 'Default/%' AND scope_name NOT LIKE '%optimizer%'))")
     side = {}
     for run in (target_run, bench_run):
         rows = archive.sql(q, [run]).to_pylist()
@@ -499,30 +623,34 @@ FD_KEYS = ("target_name", "bench_name", "op_type", "io", "slot", "rank", "positi
            "precision_ratio", "cosine", "max_rel_err")
 
 
-def evaluate_group(root: str, cases: list[dict], archive_dir: str, check_mispairs: str, progress_q=None) -> list[dict]:
-    """Evaluate ``cases`` in one archive (each dump ingested once): one result dict per case."""
+def evaluate_group(root: str, cases: list[dict], archive_path: str, check_mispairs: str, progress_q=None) -> list[dict]:
+    """Evaluate ``cases`` in the archive at ``archive_path`` (created if missing; a dump
+    whose run (its key) the archive already holds complete is not ingested again): one
+    result dict per case."""
     import warnings
 
     import dumpdb
 
     warnings.simplefilter("ignore")
-    Path(archive_dir).mkdir(parents=True, exist_ok=True)
-    archive_path = Path(archive_dir) / "eval.dumpdb"
+    Path(archive_path).parent.mkdir(parents=True, exist_ok=True)
     ingested: set[str] = set()
+    if Path(archive_path).exists():
+        ingested = {r["run"] for r in dumpdb.open(archive_path).runs().to_pylist() if r["status"] == "complete"}
     out = []
     a = None
     for truth in cases:
         res = {"case_id": truth["case_id"], "kind": truth["kind"], "category": truth["category"],
                **{k: truth["config"][k] for k in ("arch", "level", "precision", "world")},
                "ratio_bucket": ratio_bucket(truth) if truth["category"] == "changed" else None,
+               "ratio": (truth.get("magnitude") or {}).get("ratio"),
                "expected": truth.get("expected"), "expected_rank": truth.get("expected_rank")}
         t0 = time.monotonic()
         try:
             for key in (truth["target_key"], truth["bench_key"]):
                 if key not in ingested:
-                    dumpdb.ingest(str(Path(root) / "dumps" / key / "dump"), archive=str(archive_path), run=key)
+                    dumpdb.ingest(str(Path(root) / "dumps" / key / "dump"), archive=archive_path, run=key)
                     ingested.add(key)
-            a = a or dumpdb.open(str(archive_path))
+            a = a or dumpdb.open(archive_path)
             outcome = _compare(a, truth["target_key"], truth["bench_key"])
             fd = outcome.first_divergence
             tdir = rank_dirs(Path(root) / "dumps" / truth["target_key"])
@@ -531,7 +659,9 @@ def evaluate_group(root: str, cases: list[dict], archive_dir: str, check_mispair
             res.update(classify(truth, fd, phases))
             res["fd"] = None if fd is None else {k: fd.get(k) for k in FD_KEYS}
             res["pairs"] = outcome.summary.get("pairs")
-            if check_mispairs == "all" or (check_mispairs == "rewrite" and truth["category"] == "rewrite"):
+            if check_mispairs == "all" or (check_mispairs == "rewrite" and (
+                    truth["category"] == "rewrite" or (truth.get("framework") == "mindspore"
+                                                       and truth["category"] == "clean"))):
                 res["alignment"] = mispairs(a, outcome.results, truth["target_key"], truth["bench_key"])
         except Exception as exc:  # one broken case must not end the evaluation: it is reported
             res.update(verdict="error", error=f"{type(exc).__name__}: {exc}"[:500])
@@ -549,9 +679,11 @@ def _compare(a, target: str, bench: str):
 
 
 def evaluate(root: Path, cases: list[dict], jobs: int, check_mispairs: str, progress=None,
-             keep_archive: Path | None = None) -> list[dict]:
+             archive: Path | None = None) -> list[dict]:
     """Run every case (``jobs`` processes, cases grouped by bench dump so that each
-    process ingests a bench once); results in case order."""
+    process ingests a bench once); results in case order. ``archive``: one archive kept
+    and reused by later evaluations (its runs are the dump keys); default: a fresh
+    temporary archive per process, removed at the end."""
     groups: dict[str, list[dict]] = defaultdict(list)
     for c in cases:
         groups[c["bench_key"]].append(c)
@@ -559,7 +691,11 @@ def evaluate(root: Path, cases: list[dict], jobs: int, check_mispairs: str, prog
     for g in sorted(groups.values(), key=len, reverse=True):
         min(parts, key=len).extend(g)
     parts = [p for p in parts if p]
-    base = Path(tempfile.mkdtemp(prefix="divergence-eval-", dir=keep_archive))
+    base = Path(tempfile.mkdtemp(prefix="divergence-eval-"))
+    paths = [str(archive) if archive else str(base / str(i) / "eval.dumpdb") for i in range(len(parts))]
+    if archive and len(parts) > 1:
+        # the first process ingests every dump, so that two never ingest the same one
+        parts = [[c for p in parts for c in p]]
     task = progress.add_task("evaluating", total=len(cases)) if progress else None
     try:
         if len(parts) == 1:
@@ -567,7 +703,7 @@ def evaluate(root: Path, cases: list[dict], jobs: int, check_mispairs: str, prog
                 def put(self, n):
                     if progress:
                         progress.advance(task, n)
-            results = evaluate_group(str(root), parts[0], str(base / "0"), check_mispairs, _Q())
+            results = evaluate_group(str(root), parts[0], paths[0], check_mispairs, _Q())
         else:
             import multiprocessing as mp
             from concurrent.futures import ProcessPoolExecutor
@@ -576,7 +712,7 @@ def evaluate(root: Path, cases: list[dict], jobs: int, check_mispairs: str, prog
             manager = ctx.Manager()
             q = manager.Queue()
             with ProcessPoolExecutor(len(parts), mp_context=ctx) as pool:
-                futs = [pool.submit(evaluate_group, str(root), p, str(base / str(i)), check_mispairs, q)
+                futs = [pool.submit(evaluate_group, str(root), p, paths[i], check_mispairs, q)
                         for i, p in enumerate(parts)]
                 done = 0
                 while done < len(cases):
@@ -586,8 +722,7 @@ def evaluate(root: Path, cases: list[dict], jobs: int, check_mispairs: str, prog
                         progress.advance(task)
                 results = [r for f in futs for r in f.result()]
     finally:
-        if keep_archive is None:
-            shutil.rmtree(base, ignore_errors=True)
+        shutil.rmtree(base, ignore_errors=True)
     order = {c["case_id"]: i for i, c in enumerate(cases)}
     return sorted(results, key=lambda r: order[r["case_id"]])
 
@@ -686,6 +821,19 @@ def print_table(summary: dict) -> None:
     Console().print(Markdown(markdown(summary)))
 
 
+def export(root: Path, cases: list[dict], dest: Path) -> int:
+    """Copy ``cases`` (truth.json) and the dumps they use into ``dest`` (same layout, so
+    the truth's relative paths hold), without msprobe's logs and configs. Returns bytes."""
+    keys = {c[k] for c in cases for k in ("target_key", "bench_key")}
+    for key in keys:
+        shutil.copytree(root / "dumps" / key, dest / "dumps" / key, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("_log_rank*", "config.rank*.json"))
+    for c in cases:
+        (dest / "cases" / c["case_id"]).mkdir(parents=True, exist_ok=True)
+        shutil.copy2(Path(c["_dir"]) / "truth.json", dest / "cases" / c["case_id"] / "truth.json")
+    return sum(f.stat().st_size for f in dest.rglob("*") if f.is_file())
+
+
 # -- command line -----------------------------------------------------------------------------
 
 def main(argv=None) -> int:
@@ -705,7 +853,15 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="where results.json, summary.json, table.md go")
     ap.add_argument("--mispairs", choices=["rewrite", "all", "none"], default="rewrite",
                     help="brute-force alignment check on these pairs (default: rewrites)")
-    ap.add_argument("--keep-archive", type=Path, default=None, help="keep the evaluation archive below this directory")
+    ap.add_argument("--archive", type=Path, default=None,
+                    help="an archive kept between evaluations: dumps it holds are not ingested again (use one per "
+                         "dumpdb version whose ingest differs); default: a temporary archive, removed")
+    ap.add_argument("--export", type=Path, default=None,
+                    help="copy the selected cases (--only, --cases) and their dumps here, then stop (the test sample)")
+    ap.add_argument("--ms-cases", type=int, default=0,
+                    help=f"also the first N of the {len(MS_CASES)} MindSpore cases (slow: a minute a dump)")
+    ap.add_argument("--ms-python", default=os.environ.get("MSPY", "python3"),
+                    help="Python with mindspore 2.10 for the MindSpore cases (default $MSPY)")
     ap.add_argument("--python", default=sys.executable, help="Python with torch and msprobe for the generate step")
     args = ap.parse_args(argv)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -717,10 +873,10 @@ def main(argv=None) -> int:
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   transient=False) as progress:
         if not args.evaluate_only:
-            planned = plan(args.cases, args.seed, args.size)
+            planned = plan(args.cases, args.seed, args.size) + plan_ms(args.ms_cases)
             if args.only:
                 planned = [c for c in planned if c["kind"] == args.only or category(c["kind"]) == args.only]
-            gen = generate(root, planned, args.jobs, args.python, progress)
+            gen = generate(root, planned, args.jobs, args.python, progress, args.ms_python)
             timing["generate"] = gen
             (root / "plan.json").write_text(json.dumps({"seed": args.seed, "cases": args.cases, "size": args.size,
                                                         "case_ids": [c["case_id"] for c in planned]}, indent=1))
@@ -729,12 +885,16 @@ def main(argv=None) -> int:
                 progress.console.print(f"[red]{len(gen['failed'])} dumps failed: see their _log_rank*.txt[/red]")
         if args.generate_only:
             return 0
-        cases = load_cases(root, args.only, args.cases if cases_given or not args.evaluate_only else None)
+        cases = load_cases(root, args.only, args.cases if cases_given and args.evaluate_only else None)
         if not args.evaluate_only:
             ids = set(json.loads((root / "plan.json").read_text())["case_ids"])
             cases = [c for c in cases if c["case_id"] in ids]
+        if args.export:
+            size = export(root, cases, args.export)
+            progress.console.print(f"exported {len(cases)} cases to {args.export}: {size / 1e6:.1f} MB")
+            return 0
         t0 = time.monotonic()
-        results = evaluate(root, cases, args.jobs, args.mispairs, progress, args.keep_archive)
+        results = evaluate(root, cases, args.jobs, args.mispairs, progress, args.archive)
         timing["evaluate_seconds"] = round(time.monotonic() - t0, 1)
     summary = summarize(results)
     import dumpdb

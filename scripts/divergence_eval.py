@@ -233,9 +233,9 @@ def generate(root: Path, cases: list[dict], jobs: int, python: str, progress=Non
         ms_task = progress.add_task("MindSpore dumps", total=len(ms_todo)) if progress else None
         ms_thread = threading.Thread(target=_make_ms_dumps, args=(root, ms_todo, ms_python, failed, progress, ms_task))
         ms_thread.start()
-        jobs = max(1, jobs - 1)
     if todo:
-        servers = [DumpServer(python) for _ in range(max(1, min(jobs, len(todo))))]
+        # while the MindSpore dumps run they hold one of the --jobs slots
+        servers = [DumpServer(python) for _ in range(max(1, min(jobs - (ms_thread is not None), len(todo))))]
         busy: dict[int, str] = {}
         queue = list(todo)
         task = progress.add_task("generating dumps", total=len(todo)) if progress else None
@@ -257,6 +257,10 @@ def generate(root: Path, cases: list[dict], jobs: int, python: str, progress=Non
                         progress.advance(task)
                     if queue:
                         busy[i] = _submit(servers[i], root, *queue.pop(0))
+                if ms_thread is not None and not ms_thread.is_alive() and len(servers) < min(jobs, len(todo)) \
+                        and queue:  # the MindSpore slot is free: one more dump server
+                    servers.append(DumpServer(python))
+                    busy[len(servers) - 1] = _submit(servers[-1], root, *queue.pop(0))
         finally:
             for srv in servers:
                 srv.close()
@@ -345,12 +349,30 @@ def phase_of(names: list[str]) -> dict[str, str]:
     return out
 
 
-def match_probe(recs: dict[str, dict], probe: dict) -> list[str]:
-    """Names of the forward records whose first output holds the probed tensor (same
-    shape; max and min equal to 1e-6, L2 norm to 1e-3 relative), in dump order."""
+ACT_API = {"tanh": "Functional.gelu", "silu": "Functional.silu", "relu": "Functional.relu",
+           "leaky": "Functional.leaky_relu", "gelu": "Functional.gelu"}
+
+
+def api_family(kind: str, option: str = "") -> tuple[str, ...]:
+    """The msprobe API names (without counter) the probed op of ``kind`` can have: a
+    small change leaves the op's output statistics equal to those of its neighbours (the
+    relu before ``x*alpha``), so the family is matched too."""
+    return {"scale": ("Tensor.__mul__",), "overflow": ("Tensor.__mul__",), "softmax_scale": ("Tensor.__mul__",),
+            "eps": ("Functional.layer_norm", "Functional.group_norm"), "act": (ACT_API.get(option, "Functional."),),
+            "residual": ("Functional.layer_norm",), "mask": ("Tensor.masked_fill",),
+            "weight": ("Functional.linear", "Functional.conv2d"),
+            "input": ("Functional.linear", "Functional.conv2d", "Functional.embedding"),
+            "lr": ("Tensor.add_",)}.get(kind, ("",))
+
+
+def match_probe(recs: dict[str, dict], probe: dict, family: tuple[str, ...] = ("",)) -> list[str]:
+    """Names of the forward records of an API in ``family`` (any record: ``("",)``) whose
+    first output holds the probed tensor, in dump order: same shape, max and min equal (to
+    1e-6), L2 norm to 1e-3 relative (2e-2 for a bfloat16 / float16 output: msprobe
+    computes the norm in the tensor's dtype; an fp16 norm that overflowed to inf matches)."""
     found = []
     for name, rec in recs.items():
-        if ".backward" in name:
+        if ".backward" in name or not name.startswith(family):
             continue
         outs = rec.get("output") or []
         if isinstance(outs, dict):
@@ -360,8 +382,10 @@ def match_probe(recs: dict[str, dict], probe: dict) -> list[str]:
         o = outs[0]
         if list(o.get("shape") or []) != probe["shape"]:
             continue
-        if _close(o.get("Max"), probe["max"], 1e-6) and _close(o.get("Min"), probe["min"], 1e-6) and \
-                _close(o.get("Norm"), probe["norm"], 1e-3):
+        half = str(o.get("dtype", "")).endswith(("bfloat16", "float16"))
+        norm_ok = _close(o.get("Norm"), probe["norm"], 2e-2 if half else 1e-3) or \
+            (half and o.get("Norm") is not None and math.isinf(float(o["Norm"])))
+        if _close(o.get("Max"), probe["max"], 1e-6) and _close(o.get("Min"), probe["min"], 1e-6) and norm_ok:
             found.append(name)
     return found
 
@@ -417,8 +441,8 @@ def make_truth(root: Path, case: dict) -> dict:
                 rd = dirs[v["rank"]]
                 recs = records(rd)
                 names = match_probe(recs, probe)
-                apis = [n for n in names if not n.startswith("Module.")]
-                first = apis[0] if apis else (names[0] if names else None)
+                apis = match_probe(recs, probe, api_family(case["kind"], v["option"]))
+                first = apis[0] if apis else None
                 truth["probe"] = probe
                 truth["expected"] = first
                 truth["expected_role"] = probe["tag"].split(":", 1)[1]  # changed-op | first-consumer | first-update
@@ -494,12 +518,20 @@ def _json_default(x):
 
 # -- evaluation -------------------------------------------------------------------------------
 
-def load_cases(root: Path, only: str | None = None, limit: int | None = None) -> list[dict]:
+def load_cases(root: Path, only: str | None = None, limit: int | None = None, ready_only: bool = True) -> list[dict]:
+    """The cases under ``root`` whose two dumps are made (``_done.json``) and whose truth
+    was written after them (a generation still running leaves the others for later), in
+    case-id order; ``only`` a kind or a
+    category; ``limit`` the first N; ``ready_only=False``: every truth file."""
     out = []
     for f in sorted((root / "cases").glob("*/truth.json")):
         truth = json.loads(f.read_text())
         if only and truth["kind"] != only and truth["category"] != only:
             continue
+        done = [root / "dumps" / truth[k] / "_done.json" for k in ("target_key", "bench_key")]
+        if ready_only and (not all(d.exists() for d in done) or any(d.stat().st_mtime > f.stat().st_mtime
+                                                                     for d in done)):
+            continue  # a dump not made yet, or the truth written before it was (--truth-only writes it again)
         truth["_dir"] = str(f.parent)
         out.append(truth)
     return out[:limit] if limit else out
@@ -584,6 +616,11 @@ def mispairs(archive, results, target_run: str, bench_run: str, min_cos: float =
         u = unit(r["tensor_id"])
         if not u.any():
             continue
+        if partner is not None and cos is None:  # no cosine in the compare row (a 0-d loss): computed here
+            w = unit(partner)
+            cos = float(u @ w) if w.shape == u.shape else None
+            if cos is not None and cos >= min_cos:
+                continue
         best, best_id = -2.0, None
         for c in cands:
             if c == partner:
@@ -848,6 +885,8 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=1, help="concurrent dump servers / evaluation processes")
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--generate-only", action="store_true")
+    mode.add_argument("--truth-only", action="store_true",
+                      help="only write the planned cases' truth.json again from their dumps (no dump is made)")
     mode.add_argument("--evaluate-only", action="store_true",
                       help="evaluate the cases under --root as they are (all of them unless --cases is given)")
     ap.add_argument("--out", type=Path, default=None, help="where results.json, summary.json, table.md go")
@@ -876,6 +915,12 @@ def main(argv=None) -> int:
             planned = plan(args.cases, args.seed, args.size) + plan_ms(args.ms_cases)
             if args.only:
                 planned = [c for c in planned if c["kind"] == args.only or category(c["kind"]) == args.only]
+            if args.truth_only:
+                made = [make_truth(root, c) for c in planned]
+                progress.console.print(
+                    f"truth of {len(made)} cases written; changed cases without an expected op: "
+                    f"{[t['case_id'] for t in made if t['category'] == 'changed' and not t['expected']]}")
+                return 0
             gen = generate(root, planned, args.jobs, args.python, progress, args.ms_python)
             timing["generate"] = gen
             (root / "plan.json").write_text(json.dumps({"seed": args.seed, "cases": args.cases, "size": args.size,

@@ -902,7 +902,25 @@ def main(argv=None) -> int:
     ap.add_argument("--ms-python", default=os.environ.get("MSPY", "python3"),
                     help="Python with mindspore 2.10 for the MindSpore cases (default $MSPY)")
     ap.add_argument("--python", default=sys.executable, help="Python with torch and msprobe for the generate step")
+    ap.add_argument("--merge", type=Path, nargs="+", default=None, metavar="RESULTS_JSON",
+                    help="only print and write (--out) the table of these results.json files together "
+                         "(a later file's verdict of a case wins): evaluations made in parts")
+    ap.add_argument("--skip", type=Path, nargs="+", default=None, metavar="RESULTS_JSON",
+                    help="leave out the cases these results.json files hold (evaluate the new ones; --merge after)")
     args = ap.parse_args(argv)
+    if args.merge:
+        merged: dict[str, dict] = {}
+        for f in args.merge:
+            for r in json.loads(f.read_text()):
+                merged[r["case_id"]] = r
+        summary = summarize(sorted(merged.values(), key=lambda r: r["case_id"]))
+        if args.out:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "results.json").write_text(json.dumps(list(merged.values()), indent=1))
+            (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
+            (args.out / "table.md").write_text(markdown(summary))
+        print_table(summary)
+        return 0
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     root = args.root or Path(tempfile.mkdtemp(prefix="divergence-cases-"))
@@ -934,6 +952,9 @@ def main(argv=None) -> int:
         if not args.evaluate_only:
             ids = set(json.loads((root / "plan.json").read_text())["case_ids"])
             cases = [c for c in cases if c["case_id"] in ids]
+        if args.skip:
+            seen = {r["case_id"] for f in args.skip for r in json.loads(f.read_text())}
+            cases = [c for c in cases if c["case_id"] not in seen]
         if args.export:
             size = export(root, cases, args.export)
             progress.console.print(f"exported {len(cases)} cases to {args.export}: {size / 1e6:.1f} MB")

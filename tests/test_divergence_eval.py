@@ -206,8 +206,8 @@ def test_generate_one_case(tmp_path):
     """The generate step: a real msprobe dump pair and its truth, from scratch."""
     for mod in ("torch", "msprobe"):
         if importlib.util.find_spec(mod) is None:
-            pytest.skip(f"generating dumps needs {mod} (mindstudio-probe is not in the test extras: "
-                        "it does not install within a minute)")
+            pytest.skip(f"generating dumps needs {mod} (pip install torch mindstudio-probe: optional "
+                        "parts, not in the test extras; .ci/run installs both)")
     case = de._case("scale", "mlp", "L1", "fp32", 1, size="tiny", block=1, mag=0.5)
     case["case_id"] = "0000-scale-mlp-L1-fp32-w1"
     gen = de.generate(tmp_path, [case], jobs=1, python=sys.executable)

@@ -140,7 +140,9 @@ def test_quiet_gc_keeps_a_freeze_the_process_made_itself():
         frozen = gc.get_freeze_count()
         with pipeline.quiet_gc():
             pass
-        assert gc.get_freeze_count() == frozen > 0
+        # an unfreeze would empty the permanent generation; the count itself may drop by the
+        # few frozen objects another thread of this test process frees meanwhile
+        assert frozen > 0 and gc.get_freeze_count() > frozen // 2
     finally:
         gc.unfreeze()
 

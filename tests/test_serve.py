@@ -280,7 +280,18 @@ def test_served_while_ingesting(served, tmp_path):
     _tiny_dump(tmp_path / "dump", files)
     env = {**os.environ, "PYTHONPATH": str(Path(dumpdb.__file__).parent.parent)}
     # the real `dumpdb ingest`, committing every 400 files instead of 5,000 (a smaller dump grows visibly)
-    code = ("import sys; import dumpdb.ingestion.pipeline as p; p.COMMIT_ROWS = 400; "
+    # After each commit the ingest waits (at most 10 s) until the server has answered a query
+    # (the flag file removed below): the run is seen between commits however fast the machine.
+    flag = tmp_path / "committed"
+    env["DUMPDB_TEST_COMMIT_FLAG"] = str(flag)
+    code = ("import os, sys, time; import dumpdb.ingestion.pipeline as p; p.COMMIT_ROWS = 400\n"
+            "write = p._Pipeline._write_commit\n"
+            "def hooked(self, *a, **k):\n"
+            "    out = write(self, *a, **k)\n"
+            "    flag = os.environ['DUMPDB_TEST_COMMIT_FLAG']; open(flag, 'w').close(); t = time.monotonic()\n"
+            "    while os.path.exists(flag) and time.monotonic() - t < 10: time.sleep(0.02)\n"
+            "    return out\n"
+            "p._Pipeline._write_commit = hooked\n"
             "from dumpdb.__main__ import main; sys.argv[0] = 'dumpdb'; main()")
     proc = subprocess.Popen([sys.executable, "-c", code, "ingest", str(tmp_path / "dump"), "--archive",
                              str(archive_path), "--run", "growing", "--workers", "1"], env=env,
@@ -293,6 +304,8 @@ def test_served_while_ingesting(served, tmp_path):
             seen.append(get(client, "/api/sql", q="SELECT count(*) FROM tensors WHERE run = 'growing'")["rows"][0][0])
             if len(seen) % 10 == 0 and "growing" in {r["run"] for r in get(client, "/api/runs")["runs"]}:
                 get(client, "/api/tree", run="growing")
+            if flag.exists():
+                flag.unlink()
             time.sleep(0.2)
         out = proc.communicate()[0].decode()
     finally:

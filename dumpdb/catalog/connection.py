@@ -55,6 +55,10 @@ STORAGE_COMPATIBILITY = "v1.4.0"
 PORTABLE_STORAGE_NUMBER = 67
 
 
+class CatalogTruncated(CatalogCorrupt):
+    """The catalog file is shorter than the blocks its header counts in use."""
+
+
 def storage_number(path: Path) -> int | None:
     """The storage version number in a DuckDB file's header; None if it is not one."""
     try:
@@ -266,7 +270,7 @@ class Catalog:
         except OSError:
             return
         if size < block_size * used_blocks:
-            raise CatalogCorrupt(f"{self.path}: catalog is damaged: the file has {size} bytes but its header counts "
+            raise CatalogTruncated(f"{self.path}: catalog is damaged: the file has {size} bytes but its header counts "
                                  f"{used_blocks} blocks of {block_size} bytes in use ({block_size * used_blocks} "
                                  "bytes): truncated; nothing was changed; restore it from backups/ or a bundle")
 
@@ -310,13 +314,8 @@ class Catalog:
         # Nothing but the migrations' own rows: what verify compares later commits with.
         write_summary(self.path, {t: 0 for t in expected_tables()} | {"schema_version": len(migrations)})
 
-    def check(self, writable: bool) -> int:
-        """Make sure the schema is current; upgrade it if older.
-
-        Returns the schema version. Raises :class:`CatalogVersionError` when the
-        catalog is newer than this dumpdb, or older and ``writable`` is False.
-        """
-        latest = latest_version()
+    def _checked_version(self, latest: int) -> int:
+        """The schema version, the file checked intact and, when current, complete."""
         with self.reader() as con:
             self.check_intact(con)
             current = self.schema_version(con)
@@ -329,6 +328,31 @@ class Catalog:
                 if missing:
                     raise CatalogCorrupt(f"{self.path}: catalog lacks the table(s) {', '.join(sorted(missing))} "
                                          "(damaged); restore it from backups/ or a bundle")
+        return current
+
+    def _wait_for_migration(self) -> None:
+        """Return once no process holds the migrate lock (none held or no lock file: at once)."""
+        try:
+            with open(self.path.parent / "locks" / "migrate.lock", "rb") as lock:
+                fcntl.flock(lock.fileno(), fcntl.LOCK_SH)
+        except OSError:
+            return
+
+    def check(self, writable: bool) -> int:
+        """Make sure the schema is current; upgrade it if older.
+
+        Returns the schema version. Raises :class:`CatalogVersionError` when the
+        catalog is newer than this dumpdb, or older and ``writable`` is False.
+        """
+        latest = latest_version()
+        try:
+            current = self._checked_version(latest)
+        except CatalogTruncated:
+            # The file may have been replaced since the reader opened it (another process's
+            # migration or portable rewrite renames a new file into place): judge it again
+            # once no migration holds the lock.
+            self._wait_for_migration()
+            current = self._checked_version(latest)
         if current == latest:
             if writable:
                 self.make_portable()

@@ -1193,8 +1193,10 @@ def first_divergence_of(results: pa.Table, context: int = 10) -> dict[str, Any] 
     return {
         **{k: first[k] for k in ("pair_index", "target_name", "bench_name", "scope_name", "op_type", "io", "slot",
                                  "iteration", "rank", "position", "result", "err_message", "code_file",
-                                 "code_line", "code_text", "target_tensor_id", "bench_tensor_id", "arg_diff",
-                                 "realigned", *TENSOR_METRICS, *STAT_METRICS)},
+                                 "code_line", "code_text", "target_tensor_id", "bench_tensor_id",
+                                 *TENSOR_METRICS, *STAT_METRICS)},
+        # the align step's columns: absent from compare_results rows stored before they existed
+        "arg_diff": first.get("arg_diff"), "realigned": first.get("realigned"),
         "path": ops[-context:],
     }
 

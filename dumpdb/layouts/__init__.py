@@ -155,8 +155,8 @@ def locate(root: Path, layout: str | None = None) -> Detection:
         # bounded (issue 30: every layout's description made it 1,639 characters): the
         # names only; `dumpdb layouts` describes each
         raise LayoutError(f"{root}: not a dump dumpdb recognises (looked up to {MAX_WALK_DEPTH} levels down for "
-                          f"{', '.join(lay.name for lay in LAYOUTS)}); 'dumpdb layouts' shows what each looks like, "
-                          "--layout NAME names the reader's missing files")
+                          f"{', '.join(lay.name for lay in LAYOUTS)}); ingest --layout NAME names the reader's missing "
+                          "files; 'dumpdb layouts' shows what each looks like")
     if len(found) > 1:
         paths = [d.path for d in found]
         listed = "; ".join(_where(root, d, paths.count(d.path) > 1) for d in found)

@@ -195,3 +195,22 @@ def test_mindspore_ir_constant_epsilon_is_an_arg_diff(tf, target):
 def test_mindspore_clean_amp_pair_has_no_arg_diff(tf):
     out = compare(dumpdb.open(tf), "fp16", "fp32", store_results=False)
     assert out.summary["arg_diffs"] == []
+
+
+def test_ir_arguments_not_recorded_on_one_side_are_no_difference():
+    """ops.scalar_args NULL (a run ingested before migration 010 recorded none) is unknown:
+    no arg_diff against the other run's recorded constants; a recorded change still is one."""
+    import duckdb
+
+    from dumpdb.compare.args import arg_diff_column
+
+    con = duckdb.connect()
+    con.execute("CREATE TABLE msprobe_records (run VARCHAR, rank INT, iteration INT, op_name VARCHAR, record VARCHAR)")
+    con.execute("CREATE TABLE ops (run VARCHAR, rank INT, graph_id INT, scope_name VARCHAR, scalar_args VARCHAR)")
+    con.execute("INSERT INTO ops VALUES ('t', 0, 1, 'a', '{\"input.2\": false}'), ('b', 0, 1, 'a', NULL), "
+                "('t', 0, 1, 'c', '{\"input.4\": 0.5}'), ('b', 0, 1, 'c', '{\"input.4\": 1e-05}')")
+    pairs = {"target_name": ["a", "c"], "bench_name": ["a", "c"], "rank": [0, 0], "iteration": [0, 0],
+             "bench_rank": [0, 0], "bench_iteration": [0, 0], "scope_name": ["a", "c"],
+             "bench_scope_name": ["a", "c"], "graph_id": [1, 1], "bench_graph_id": [1, 1]}
+    column = arg_diff_column(con, "t", "b", pairs)
+    assert column is not None and list(column) == [None, "input.4: 1e-05 -> 0.5"]

@@ -80,11 +80,14 @@ def _ir_args(con, run: str, scopes: list[str]) -> dict[tuple, dict[str, Any]]:
                        "AND scope_name IN (SELECT unnest(?))", [run, scopes]).fetchall()
     out: dict[tuple, dict[str, Any]] = {}
     for rank, graph_id, scope, args in rows:
+        if args is None:  # not recorded (a run ingested before migration 010): unknown, not "none"
+            continue
         try:
             parsed = json.loads(args) if args else {}
         except ValueError:
-            parsed = {}
-        out[(rank, graph_id, scope)] = parsed if isinstance(parsed, dict) else {}
+            continue
+        if isinstance(parsed, dict):
+            out[(rank, graph_id, scope)] = parsed
     return out
 
 

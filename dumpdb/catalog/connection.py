@@ -23,6 +23,7 @@ import json
 import os
 import re
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -345,14 +346,18 @@ class Catalog:
         catalog is newer than this dumpdb, or older and ``writable`` is False.
         """
         latest = latest_version()
-        try:
-            current = self._checked_version(latest)
-        except CatalogTruncated:
-            # The file may have been replaced since the reader opened it (another process's
-            # migration or portable rewrite renames a new file into place): judge it again
-            # once no migration holds the lock.
-            self._wait_for_migration()
-            current = self._checked_version(latest)
+        for attempt in range(5):
+            try:
+                current = self._checked_version(latest)
+                break
+            except CatalogTruncated:
+                # The file may have been replaced since the reader opened it (another
+                # process's migration or portable rewrite renames a new file into place):
+                # judge it again once no migration holds the lock; a real truncation stays.
+                if attempt == 4:
+                    raise
+                self._wait_for_migration()
+                time.sleep(0.1 * (attempt + 1))
         if current == latest:
             if writable:
                 self.make_portable()
@@ -386,6 +391,22 @@ class Catalog:
         if number is None or number <= PORTABLE_STORAGE_NUMBER:
             return False
         tmp = self.path.with_name(f"{self.path.name}.portable-{os.getpid()}")
+        # under the migrate lock, like a migration: a process opening the archive meanwhile
+        # waits for it before it judges the file (check's truncation re-check)
+        try:
+            (self.path.parent / "locks").mkdir(exist_ok=True)
+            lock = open(self.path.parent / "locks" / "migrate.lock", "a+")  # noqa: SIM115
+        except OSError:
+            lock = None
+        try:
+            if lock is not None:
+                fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+            return self._rewrite_portable(tmp)
+        finally:
+            if lock is not None:
+                lock.close()
+
+    def _rewrite_portable(self, tmp: Path) -> bool:
         con = self.connect(read_only=False)
         try:
             with self._errors_mapped():

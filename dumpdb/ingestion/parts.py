@@ -47,7 +47,7 @@ import pyarrow.parquet as pq
 
 from dumpdb import __version__
 from dumpdb.archival.bundle_check import sha256
-from dumpdb.archive import CATALOG, check_marker, create_archive, is_archive, open_tensor_store
+from dumpdb.archive_dir import CATALOG, check_marker, create_archive, is_archive, open_tensor_store
 from dumpdb.catalog import DEFAULT_LOCK_TIMEOUT, Catalog, insert_arrow, schema
 from dumpdb.catalog.locks import SHARED, store_lock
 from dumpdb.dumpio import confine

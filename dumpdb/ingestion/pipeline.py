@@ -45,7 +45,7 @@ import numpy as np
 import pyarrow as pa
 
 from dumpdb import __version__
-from dumpdb.archive import (
+from dumpdb.archive_dir import (
     CATALOG,
     check_marker,
     check_store_url,

@@ -39,7 +39,15 @@ from dumpdb.archive_dir import (  # re-exported: the archive directory's names s
 )
 from dumpdb.catalog import DEFAULT_LOCK_TIMEOUT, Catalog, one
 from dumpdb.catalog.locations import LocationIndex, TensorLocation
-from dumpdb.errors import ArchiveError, DumpdbError, PayloadCorrupt, PayloadMissing, TensorNotFound, no_such_run
+from dumpdb.errors import (
+    ArchiveError,
+    DumpdbError,
+    PayloadCorrupt,
+    PayloadMissing,
+    TensorNotFound,
+    no_such_run,
+    require_run,
+)
 from dumpdb.sql_sandbox import PrivateTemp, SqlLimits, configure, lock_down, refuse_file_functions, run_interruptible
 
 if TYPE_CHECKING:  # numpy and pyarrow are imported where used: a query CLI starts without them
@@ -726,6 +734,12 @@ class Archive:
             raise TensorNotFound(f"{len(rows) if len(rows) < 6 else 'several'} tensors match {key}: {where}; "
                                  "narrow it with iteration=, graph_id= or rank=")
         return rows[0][0]
+
+    def require_run(self, run: str) -> None:
+        """Raise :class:`~dumpdb.errors.RunNotFound` (listing the runs there are) unless the
+        archive has a run named ``run`` (:func:`dumpdb.errors.require_run`)."""
+        with self.reader() as con:
+            require_run(con, run, self.path)
 
     def only_run(self) -> str:
         """The name of the archive's one run (what ``run=`` defaults to). Raises

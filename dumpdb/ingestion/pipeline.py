@@ -58,7 +58,7 @@ from dumpdb.catalog import DEFAULT_LOCK_TIMEOUT, Catalog, insert_arrow, schema
 from dumpdb.catalog.locks import SHARED, store_lock
 from dumpdb.catalog.runstate import run_lock_path, touch
 from dumpdb.dumpio import ReadBuffer, confine, reason
-from dumpdb.errors import ArchiveError, DumpdbError, DumpFileError, SourceChanged
+from dumpdb.errors import ArchiveError, DumpdbError, DumpFileError, SourceChanged, require_run
 from dumpdb.ingestion import identity
 from dumpdb.ingestion.ranges import check_ranges
 from dumpdb.ingestion.statistics import estimate_rows, statistics_parts
@@ -390,8 +390,8 @@ class _Pipeline:
                                    [self.run_name]).fetchone()
             if existing is None:
                 if self.moved:
-                    raise DumpdbError(f"--moved: no run {self.run_name!r} in {report.archive} to continue; "
-                                      "drop --moved to ingest a new run")
+                    require_run(con, self.run_name, report.archive, "--moved: ",
+                                " to continue; drop --moved to ingest a new run")
                 return identity.IdentityPlan()
             if existing[0] != report.source_path and not self.moved:
                 raise ArchiveError(

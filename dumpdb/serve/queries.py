@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from dumpdb.errors import DumpdbError, RunNotFound
+from dumpdb.errors import DumpdbError
 
 QUERY_TIMEOUT = 10.0  # seconds a catalog query of a page may run (Archive.sql(timeout=))
 MAX_CHILDREN = 2000  # rows of one tree / compare-tree request
@@ -62,8 +62,8 @@ def runs(archive) -> list[dict[str, Any]]:
 
 
 def check_run(archive, run: str) -> None:
-    if not archive.sql("SELECT 1 FROM runs WHERE run = $run", {"run": run}, timeout=QUERY_TIMEOUT).num_rows:
-        raise RunNotFound(f"no run {run!r} in {archive.path}")
+    """RunNotFound (listing the runs) unless the archive has ``run``."""
+    archive.require_run(run)
 
 
 # -- the model tree ---------------------------------------------------------------------------------------

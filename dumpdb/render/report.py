@@ -61,7 +61,6 @@ def _plot_kind(metric: str) -> str:
     return entry.plot if entry else "log"
 
 
-PRIMARY_METRICS = tuple(m.name for m in registry.metrics() if m.primary)
 METRICS = _metric_names()
 
 # Column order of the pairs table; columns not listed follow, all-NULL columns are left out.

@@ -18,7 +18,6 @@ otherwise its op name, top-level. A node aggregates every tensor below it.
 from __future__ import annotations
 
 import base64
-import math
 from typing import Any
 
 import numpy as np
@@ -409,5 +408,3 @@ def sql_export(archive, query: str, fmt: str) -> tuple[bytes, str]:
     return as_text(table, fmt).encode("utf-8"), "text/csv" if fmt == "csv" else "application/json"
 
 
-def finite_or_none(v: Any) -> Any:
-    return v if not isinstance(v, float) or math.isfinite(v) else None

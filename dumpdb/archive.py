@@ -262,7 +262,9 @@ class Archive:
         weakref.finalize(self, _remove_temps, self._temps)  # an Archive dropped without close()
         self.storage_options = dict(storage_options or {})  # secrets allowed: never stored or printed
         if source is None:
-            if isinstance(path, str) and "://" in path:  # an object-storage URL: a bundle
+            from dumpdb.storage.backends import is_url  # (no zarr import: sql starts fast)
+
+            if is_url(path):  # an object-storage URL: a bundle
                 from dumpdb.archival.remote_bundle import BundleCatalog
 
                 source = BundleCatalog(str(path), self.storage_options)
@@ -845,7 +847,7 @@ class Archive:
     def export(self, runs: list[str] | str, to: str | os.PathLike) -> Path | str:
         """Write runs as a self-describing bundle (directory, or ``.zip``, or ``s3://BUCKET/PREFIX``:
         :mod:`dumpdb.archival.remote_bundle`); see :mod:`dumpdb.archival.bundle`. Returns where."""
-        from dumpdb.storage.remote import is_url
+        from dumpdb.storage.backends import is_url
 
         runs = [runs] if isinstance(runs, str) else list(runs)
         if is_url(to):
@@ -860,7 +862,7 @@ class Archive:
         """Bring a bundle's runs in (checked whole before the archive changes, idempotent;
         ``max_bundle_size`` bytes); ``path`` may be ``s3://BUCKET/PREFIX``. See
         :mod:`dumpdb.archival.bundle` and :mod:`dumpdb.archival.remote_bundle`."""
-        from dumpdb.storage.remote import is_url
+        from dumpdb.storage.backends import is_url
 
         self.refuse_writes()
         if is_url(path):

@@ -78,10 +78,10 @@ def check_store_url(path: Path, store: str | None) -> None:
     it is the store the archive already has. Raises ArchiveError naming both."""
     if store is None:
         return
-    from dumpdb.storage import remote
+    from dumpdb.storage import backends
 
     url = store_config(path)[0]
-    if url != remote.parse_url(store).url:
+    if url != backends.canonical(store):
         raise ArchiveError(f"{path}: its tensor store is {url or 'the local ' + STORE}, not {store}; "
                            "an archive keeps the store it was created with (omit --store)")
 
@@ -97,20 +97,23 @@ def create_archive(path: Path, store: str | None = None, storage_options: dict[s
     archive, or cannot be created; StorageError if the store cannot be reached or
     already holds a tensor store.
     """
-    if str(path).startswith("s3:/"):  # (a Path has folded the URL's '//')
+    from dumpdb.storage import backends
+
+    url = backends.unfold(path)  # (a Path has folded the URL's '//')
+    if url is not None:
+        scheme = url.partition("://")[0]
         raise ArchiveError(f"{path}: an archive's catalog lives in a local directory; give --archive DIR "
-                           "with --store s3://BUCKET/PREFIX for the tensors (an s3:// --archive is a bundle, "
-                           "opened read-only)")
+                           f"with --store {scheme}://BUCKET/PREFIX for the tensors (an {scheme}:// --archive is a "
+                           "bundle, opened read-only)")
     path = Path(path)
     if is_archive(path):
         return  # made meanwhile by a concurrent ingest
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise ArchiveError(f"{path}: exists and is not a dumpdb archive (no {MARKER}); refusing to write into it")
-    from dumpdb.storage import remote
     from dumpdb.storage.store import TensorStore
 
     if store is not None:
-        store = remote.parse_url(store).url  # StorageError for a malformed URL
+        store = backends.canonical(store)  # StorageError for a malformed URL or an unknown scheme
         TensorStore.create(store, storage_options)  # first contact: an unreachable endpoint fails here
 
     # Built aside and renamed into place, so two ingests creating the same new archive
@@ -131,7 +134,7 @@ def create_archive(path: Path, store: str | None = None, storage_options: dict[s
             "created_by": f"dumpdb {__version__}",
         }
         if store is not None:
-            marker["store"] = {"url": store, "options": remote.public_options(storage_options)}
+            marker["store"] = {"url": store, "options": backends.public_options(store, storage_options)}
         (tmp / MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
         try:
             os.rename(tmp, path)  # replaces an empty directory; fails if another process won

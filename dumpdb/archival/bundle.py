@@ -73,7 +73,8 @@ def export_runs(archive, runs: list[str], to: str | os.PathLike) -> Path:
     run or an existing destination, PayloadMissing / PayloadCorrupt (naming the shard
     and a tensor) for a payload whose shard is gone or whose bytes no longer hash to
     its content hash; nothing is written at ``to`` then."""
-    from dumpdb.storage.payloads import array_table, blob_table, copy_payloads
+    from dumpdb.catalog.payload_rows import array_table, blob_table
+    from dumpdb.storage.payloads import copy_payloads
     from dumpdb.storage.store import StoreWriter, TensorStore
 
     to = Path(to)
@@ -568,7 +569,8 @@ def _plan(archive, bundle: Path, manifest: dict, path: Path, rename: dict[str, s
 
 def _store(archive, bundle: Path, plan: _Plan) -> ImportReport:
     """Write the checked payloads, then the rows, in one catalog transaction."""
-    from dumpdb.storage.payloads import copy_payloads, record_payloads
+    from dumpdb.catalog.payload_rows import record_payloads
+    from dumpdb.storage.payloads import copy_payloads
     from dumpdb.storage.store import StoreWriter, TensorStore
 
     report, tables, wanted, first, tensors = plan.report, plan.tables, plan.wanted, plan.first, plan.tensors

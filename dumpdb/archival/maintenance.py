@@ -173,7 +173,8 @@ def gc(archive, compact_below: float = 0.5, grace: float = GRACE_SECONDS) -> GcR
 
 
 def _gc(archive, compact_below: float, grace: float) -> GcReport:
-    from dumpdb.storage.payloads import copy_payloads, record_payloads
+    from dumpdb.catalog.payload_rows import record_payloads
+    from dumpdb.storage.payloads import copy_payloads
     from dumpdb.storage.store import StoreWriter
 
     store = archive.writable_store()

@@ -18,7 +18,7 @@ A bundle at ``s3://BUCKET/PREFIX`` is the same tree as a bundle directory
   httpfs extension is not used), tensors through the bundle's ``tensors.zarr`` on S3.
   A team keeps one bucket of bundles and everyone queries it without copying.
 
-Endpoint and credentials as for stores (:mod:`dumpdb.storage.remote`).
+Endpoint and credentials as for stores (:mod:`dumpdb.storage.backends`, S3: :mod:`dumpdb.storage.remote`).
 """
 
 from __future__ import annotations
@@ -35,13 +35,13 @@ import duckdb
 from dumpdb.archival import bundle_check as chk
 from dumpdb.catalog.locations import LocationIndex
 from dumpdb.errors import ArchiveError, BundleError, DumpdbError, PayloadMissing, StorageError
-from dumpdb.storage import remote
+from dumpdb.storage import backends
 
 
 def _objects(url: str, options: dict[str, Any] | None, read_only: bool):
     from dumpdb.storage.objects import ObjectStore
 
-    return ObjectStore(remote.open_store(url, options, read_only=read_only), url, remote.endpoint(options))
+    return ObjectStore(backends.open_store(url, options, read_only=read_only), url, backends.endpoint(url, options))
 
 
 def export_to_url(archive, runs: list[str], url: str, storage_options: dict[str, Any] | None = None) -> str:
@@ -50,7 +50,7 @@ def export_to_url(archive, runs: list[str], url: str, storage_options: dict[str,
     reached, and what :func:`dumpdb.archival.bundle.export_runs` raises (nothing is uploaded then)."""
     from dumpdb.archival.bundle import export_runs
 
-    url = remote.parse_url(url).url
+    url = backends.canonical(url)
     objects = _objects(url, storage_options, read_only=False)
     if objects.exists(chk.MANIFEST):
         raise DumpdbError(f"{url}: already holds a bundle; export writes a new bundle")
@@ -94,7 +94,7 @@ def fetch_bundle(url: str, dest: Path, max_bundle_size: int = chk.MAX_BUNDLE_BYT
     exactly the files it lists, each refused if its object is larger than declared.
     Returns ``dest``. Raises BundleError (foreign/oversized/inconsistent bundle),
     StorageError (unreachable store)."""
-    url = remote.parse_url(url).url
+    url = backends.canonical(url)
     objects = _objects(url, storage_options, read_only=True)
     manifest = _manifest(objects, url)
     dest.mkdir(parents=True)
@@ -133,7 +133,7 @@ class BundleCatalog:
 
     Queries (``sql``, ``runs``, ``show``, ``tensor``, ``tensors``, compare reads...) see the
     bundle's tables (runs, tensors, blobs, arrays, ops, ...) as DuckDB views over its Parquet
-    objects, scanned through ``pyarrow.fs.S3FileSystem``; tensors are read from its
+    objects, scanned through the storage backend's ``pyarrow.fs`` filesystem; tensors are read from its
     ``tensors.zarr`` on S3. Anything that writes raises ArchiveError (import the bundle to
     change it). Raises BundleError when ``url`` holds no bundle, StorageError when the store
     cannot be reached.
@@ -142,13 +142,13 @@ class BundleCatalog:
     writable = False
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None):
-        self.url = remote.parse_url(url).url
+        self.url = backends.canonical(url)
         self.path = self.url  # messages name the URL
         self.storage_options = dict(storage_options or {})
         self.manifest = _manifest(_objects(self.url, self.storage_options, read_only=True), self.url)
         self.schema_version = int(self.manifest["schema_version"])
         self.refusal = f"{self.url}: a bundle opened in place is read-only; import it to change it"
-        self._fs: Any = None
+        self._fs: tuple[Any, str] | None = None  # (pyarrow filesystem, base path), made on first use
 
     @property
     def catalog(self) -> Any:
@@ -172,38 +172,20 @@ class BundleCatalog:
         """The payload locations of the bundle's tensors, loaded once (a bundle never changes)."""
         return LocationIndex(None, reader)
 
-    def _filesystem(self) -> Any:
-        if self._fs is None:
-            import pyarrow.fs
-
-            conf = remote.settings(self.storage_options)
-            kwargs: dict[str, Any] = {"region": conf["region"],
-                                      "retry_strategy": pyarrow.fs.AwsStandardS3RetryStrategy(
-                                          max_attempts=int(conf["retries"])),
-                                      "connect_timeout": float(conf["connect_timeout"]),
-                                      "request_timeout": float(conf["timeout"])}
-            endpoint = conf.get("endpoint")
-            if endpoint:
-                scheme, _, host = str(endpoint).partition("://")
-                kwargs.update(endpoint_override=host or scheme, scheme=scheme if host else "https")
-            if conf.get("access_key_id"):
-                kwargs.update(access_key=conf["access_key_id"], secret_key=conf.get("secret_access_key"),
-                              session_token=conf.get("session_token"))
-            self._fs = pyarrow.fs.S3FileSystem(**kwargs)
-        return self._fs
-
     def prepare(self, con: duckdb.DuckDBPyConnection) -> None:
         """Register the bundle's tables as views of ``con`` (Arrow datasets over its Parquet
         objects; the httpfs extension is not used)."""
         import pyarrow.dataset as ds
 
-        loc = remote.parse_url(self.url)
+        if self._fs is None:
+            self._fs = backends.backend(self.url).filesystem(self.url, self.storage_options)
+        fs, base = self._fs
         for name, meta in self.manifest["tables"].items():
-            path = f"{loc.bucket}/{loc.prefix}/{meta['file']}".replace("//", "/")
+            path = f"{base}/{meta['file']}".replace("//", "/")
             try:
-                dataset = ds.dataset(path, filesystem=self._filesystem(), format="parquet")
+                dataset = ds.dataset(path, filesystem=fs, format="parquet")
             except OSError as exc:
-                raise StorageError(f"{self.url}/{meta['file']} at {remote.endpoint(self.storage_options)}: "
+                raise StorageError(f"{self.url}/{meta['file']} at {backends.endpoint(self.url, self.storage_options)}: "
                                    f"cannot read: {str(exc).splitlines()[0]}") from exc
             con.register(f"_{name}_arrow", dataset)
             con.execute(f'CREATE VIEW "{name}" AS SELECT * FROM "_{name}_arrow"')

@@ -50,6 +50,7 @@ from dumpdb.archival.bundle_check import sha256
 from dumpdb.archive_dir import CATALOG, check_marker, create_archive, is_archive, open_tensor_store
 from dumpdb.catalog import DEFAULT_LOCK_TIMEOUT, Catalog, insert_arrow, schema
 from dumpdb.catalog.locks import SHARED, store_lock
+from dumpdb.catalog.payload_rows import array_table, blob_table
 from dumpdb.dumpio import confine
 from dumpdb.errors import ArchiveError, DumpdbError
 from dumpdb.ingestion import pipeline as pl
@@ -57,7 +58,6 @@ from dumpdb.ingestion.ranges import check_ranges
 from dumpdb.layouts import Layout, TensorEntry, locate
 from dumpdb.progress import Reporter
 from dumpdb.storage.local import durable_put
-from dumpdb.storage.payloads import array_table, blob_table
 
 PARTS = "parts"
 MANIFEST = "manifest.json"

@@ -56,6 +56,7 @@ from dumpdb.archive_dir import (
 )
 from dumpdb.catalog import DEFAULT_LOCK_TIMEOUT, Catalog, insert_arrow, schema
 from dumpdb.catalog.locks import SHARED, store_lock
+from dumpdb.catalog.payload_rows import record_payloads
 from dumpdb.catalog.runstate import run_lock_path, touch
 from dumpdb.dumpio import ReadBuffer, confine, reason
 from dumpdb.errors import ArchiveError, DumpdbError, DumpFileError, SourceChanged, require_run
@@ -85,7 +86,6 @@ from dumpdb.ingestion.workers import (
 from dumpdb.layouts import DumpScan, Layout, TensorEntry, locate
 from dumpdb.layouts.base import StatisticsFile, display_name, encodable
 from dumpdb.progress import Reporter
-from dumpdb.storage.payloads import record_payloads
 from dumpdb.storage.store import BlobLocation, StoreWriter, TensorStore, payload_hash
 
 # Catalog commits: each opens the catalog read-write (~20 ms alone, far more while

@@ -281,11 +281,11 @@ def _commit_part(con, directory: Path, manifest: dict) -> int:
     run = manifest["run"]
     row = manifest["runs_row"]
     if con.execute("SELECT count(*) FROM runs WHERE run = ?", [run]).fetchall()[0][0] == 0:
-        cols = ["run", "source_path", "layout", "framework", "framework_version", "device_target",
+        run_cols = ["run", "source_path", "layout", "framework", "framework_version", "device_target",
                 "dump_config", "metadata"]
-        con.execute(f"INSERT INTO runs ({', '.join(cols)}, status, ingest_started, dumpdb_version) "
-                    f"VALUES ({', '.join('?' * len(cols))}, 'ingesting', ?, ?)",
-                    [row.get(c) for c in cols] + [datetime.now(), __version__])
+        con.execute(f"INSERT INTO runs ({', '.join(run_cols)}, status, ingest_started, dumpdb_version) "
+                    f"VALUES ({', '.join('?' * len(run_cols))}, 'ingesting', ?, ?)",
+                    [row.get(c) for c in run_cols] + [datetime.now(), __version__])
     elif row.get("metadata"):  # each node read its own ranks' metadata files: the run has them all
         (old,) = con.execute("SELECT metadata FROM runs WHERE run = ?", [run]).fetchall()[0]
         merged = {**(json.loads(old) if old else {}), **json.loads(row["metadata"])}

@@ -472,7 +472,7 @@ class _Pipeline:
                 if existing[1] in ("ingesting", "interrupted"):
                     # everything was committed before the stop: settle the status
                     failed = con.execute("SELECT count(*) FROM ingest_errors WHERE run = ?",
-                                         [self.run_name]).fetchone()[0]
+                                         [self.run_name]).fetchall()[0][0]
                     con.execute("UPDATE runs SET status = ?, ingest_finished = ? WHERE run = ?",
                                 ["complete_with_errors" if failed else "complete", datetime.now(), self.run_name])
                 return []  # nothing to do
@@ -685,7 +685,7 @@ class _Pipeline:
                         # dump-directory confinement (dumpio.confine)
                         ctx = contextvars.copy_context()
                         nbytes = sum(batch[1])
-                        inflight.append((pool.submit(ctx.run, self._load_many, *batch), nbytes))
+                        inflight.append((pool.submit(ctx.run, self._load_many, batch[0], batch[1]), nbytes))
                         inflight_bytes += nbytes
                         inflight_files += len(batch[0])
                     if not inflight:
@@ -804,6 +804,7 @@ class _Pipeline:
             return
         self.report.bytes_in += payload.nbytes
         h = item.content_hash
+        assert h is not None  # a loaded payload is hashed (workers.load_entry)
         if h in self.known:
             self.report.deduplicated += 1
             self.rows.append(row)

@@ -817,8 +817,10 @@ class StoreWriter:
         """Payload bytes added but not yet written to a pack shard."""
         return sum(b.nbytes for b in self._buffers.values())
 
-    def add(self, content_hash: str, payload: np.ndarray) -> list[BlobLocation]:
-        """Queue one payload (any shape/dtype). Returns newly durable locations."""
+    def add(self, content_hash: str, payload: Any) -> list[BlobLocation]:
+        """Queue one payload (any shape/dtype): a numpy array, or a reference with its ``nbytes``,
+        ``dtype`` and ``shape`` that a worker process writes (``ingestion.workers.PayloadRef``).
+        Returns newly durable locations."""
         nbytes = payload.nbytes
         if nbytes == 0:
             return [BlobLocation(content_hash, 0, None, None, 0, 0)] + self.poll()

@@ -1,14 +1,7 @@
-"""An archive on disk and the Python query API.
+"""The Python query API over an archive: :class:`Archive` and :func:`open`.
 
-An archive is a directory::
-
-    dumpdb.json      marker: format name and version, who created it
-    catalog.duckdb   the catalog (see migrations/ and README "Catalog schema")
-    tensors.zarr/    the tensor store (see dumpdb.storage.store), unless the marker's
-                     ``store`` names an object-storage URL (``s3://BUCKET/PREFIX``,
-                     see dumpdb.storage.remote): then the tensors live there
-    locks/           per-run ingest locks
-    backups/         catalog copies made before migrations
+The directory itself (layout, marker, creation, checks, the tensor store) is
+:mod:`dumpdb.archive_dir`; its names are re-exported here.
 
 Queries go through DuckDB and come back as Arrow tables (``Archive.sql``);
 tensors come back as numpy arrays (``Archive.tensor``, ``Archive.tensors``).
@@ -19,24 +12,43 @@ calls (faster, but it holds off writers until the block ends).
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import threading
 import weakref
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from datetime import datetime, timezone
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import duckdb
 
-from dumpdb import __version__
+from dumpdb.archive_dir import (  # re-exported: the archive directory's names stay reachable here
+    CATALOG,
+    DEFAULT_ARCHIVE,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    MARKER,
+    STORE,
+    check_marker,
+    check_store_url,
+    create_archive,
+    default_archive_path,
+    is_archive,
+    open_tensor_store,
+    store_config,
+)
 from dumpdb.catalog import DEFAULT_LOCK_TIMEOUT, Catalog, one
 from dumpdb.catalog.locations import LocationIndex, TensorLocation
-from dumpdb.errors import ArchiveError, DumpdbError, PayloadCorrupt, PayloadMissing, TensorNotFound, no_such_run
-from dumpdb.sql_sandbox import PrivateTemp, SqlLimits, configure, refuse_file_functions, run_interruptible
+from dumpdb.errors import (
+    ArchiveError,
+    DumpdbError,
+    PayloadCorrupt,
+    PayloadMissing,
+    TensorNotFound,
+    no_such_run,
+    require_run,
+)
+from dumpdb.sql_sandbox import PrivateTemp, SqlLimits, configure, lock_down, refuse_file_functions, run_interruptible
 
 if TYPE_CHECKING:  # numpy and pyarrow are imported where used: a query CLI starts without them
     import numpy as np
@@ -44,142 +56,9 @@ if TYPE_CHECKING:  # numpy and pyarrow are imported where used: a query CLI star
 
     from dumpdb.storage.store import TensorStore
 
-MARKER = "dumpdb.json"
-CATALOG = "catalog.duckdb"
-STORE = "tensors.zarr"
-FORMAT_NAME = "dumpdb-archive"
-FORMAT_VERSION = 1
-DEFAULT_ARCHIVE = "dumpdb.archive"
-
-
-def default_archive_path() -> Path:
-    """``$DUMPDB_ARCHIVE`` if set, else ``./dumpdb.archive``."""
-    return Path(os.environ.get("DUMPDB_ARCHIVE") or DEFAULT_ARCHIVE)
-
-
-def is_archive(path: Path) -> bool:
-    """True if ``path`` is a directory holding a dumpdb archive marker (``dumpdb.json``)."""
-    return (Path(path) / MARKER).is_file()
-
-
-def store_config(path: Path) -> tuple[str | None, dict[str, str]]:
-    """``(url, options)`` of the archive at ``path``'s tensor store as its marker records it:
-    ``(None, {})`` for the local ``tensors.zarr``, else the ``s3://`` URL and the non-secret
-    ``--storage-option`` values given at creation (credentials come from the environment)."""
-    try:
-        marker = json.loads((Path(path) / MARKER).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return None, {}
-    store = marker.get("store") or {}
-    return store.get("url"), dict(store.get("options") or {})
-
-
-def open_tensor_store(path: Path, read_only: bool = True,
-                      storage_options: dict[str, Any] | None = None) -> TensorStore:
-    """The :class:`~dumpdb.storage.store.TensorStore` of the archive at ``path``: its local
-    ``tensors.zarr`` or the object store its marker names (options: the remembered ones,
-    overlaid by ``storage_options``). Nothing is contacted until the first read."""
-    from dumpdb.storage.store import TensorStore
-
-    url, options = store_config(path)
-    if url is None:
-        return TensorStore(Path(path) / STORE, read_only=read_only)
-    return TensorStore(url, read_only=read_only, storage_options={**options, **(storage_options or {})})
-
-
-def check_store_url(path: Path, store: str | None) -> None:
-    """Refuse ``store`` (a ``--store`` URL given for the existing archive at ``path``) unless
-    it is the store the archive already has. Raises ArchiveError naming both."""
-    if store is None:
-        return
-    from dumpdb.storage import remote
-
-    url = store_config(path)[0]
-    if url != remote.parse_url(store).url:
-        raise ArchiveError(f"{path}: its tensor store is {url or 'the local ' + STORE}, not {store}; "
-                           "an archive keeps the store it was created with (omit --store)")
-
-
-def create_archive(path: Path, store: str | None = None, storage_options: dict[str, Any] | None = None) -> None:
-    """Create an empty archive at ``path`` (a new or empty directory).
-
-    ``store``: an object-storage URL (``s3://BUCKET/PREFIX``) for the tensor store; the
-    catalog stays in ``path`` (DuckDB writes its database file locally) and the marker
-    remembers the URL and the non-secret ``storage_options``. None: ``path/tensors.zarr``.
-
-    Raises ArchiveError if ``path`` is a non-empty directory that is not an
-    archive, or cannot be created; StorageError if the store cannot be reached or
-    already holds a tensor store.
-    """
-    if str(path).startswith("s3:/"):  # (a Path has folded the URL's '//')
-        raise ArchiveError(f"{path}: an archive's catalog lives in a local directory; give --archive DIR "
-                           "with --store s3://BUCKET/PREFIX for the tensors (an s3:// --archive is a bundle, "
-                           "opened read-only)")
-    path = Path(path)
-    if is_archive(path):
-        return  # made meanwhile by a concurrent ingest
-    if path.exists() and (not path.is_dir() or any(path.iterdir())):
-        raise ArchiveError(f"{path}: exists and is not a dumpdb archive (no {MARKER}); refusing to write into it")
-    from dumpdb.storage import remote
-    from dumpdb.storage.store import TensorStore
-
-    if store is not None:
-        store = remote.parse_url(store).url  # StorageError for a malformed URL
-        TensorStore.create(store, storage_options)  # first contact: an unreachable endpoint fails here
-
-    # Built aside and renamed into place, so two ingests creating the same new archive
-    # never see a half-made one: the loser of the rename finds a complete archive.
-    tmp = path.parent / f".{path.name}.creating-{os.getpid()}"
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        Catalog(tmp / CATALOG).create()
-        if store is None:
-            TensorStore.create(tmp / STORE)
-        (tmp / "locks").mkdir()
-        marker: dict[str, Any] = {
-            "format": FORMAT_NAME,
-            "format_version": FORMAT_VERSION,
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "created_by": f"dumpdb {__version__}",
-        }
-        if store is not None:
-            marker["store"] = {"url": store, "options": remote.public_options(storage_options)}
-        (tmp / MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
-        try:
-            os.rename(tmp, path)  # replaces an empty directory; fails if another process won
-        except OSError:
-            if not is_archive(path):
-                raise
-    except OSError as exc:
-        raise ArchiveError(f"{path}: cannot create archive: {exc.strerror or exc}") from exc
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def check_marker(path: Path) -> None:
-    """Check that ``path`` is an archive this dumpdb can open (its ``dumpdb.json`` marker).
-
-    Raises ArchiveError (one line naming the path) when it does not exist, has no or an
-    unreadable marker, or was written by a newer archive format.
-    """
-    if not path.exists():
-        raise ArchiveError(f"{path}: no such archive (create one with 'dumpdb ingest DUMP_DIR --archive {path}')")
-    if not is_archive(path):
-        raise ArchiveError(f"{path}: not a dumpdb archive (no {MARKER})")
-    try:
-        marker = json.loads((path / MARKER).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ArchiveError(f"{path / MARKER}: unreadable archive marker: {exc}") from exc
-    if marker.get("format") != FORMAT_NAME:
-        raise ArchiveError(f"{path / MARKER}: not a dumpdb archive marker")
-    if int(marker.get("format_version", 0)) > FORMAT_VERSION:
-        raise ArchiveError(
-            f"{path}: archive format version {marker.get('format_version')} is newer than "
-            f"dumpdb {__version__} supports ({FORMAT_VERSION}); upgrade dumpdb"
-        )
-
+__all__ = ["CATALOG", "DEFAULT_ARCHIVE", "FORMAT_NAME", "FORMAT_VERSION", "MARKER", "STORE", "Archive",
+           "CatalogFile", "CatalogSource", "check_marker", "check_store_url", "create_archive",
+           "default_archive_path", "is_archive", "lock_down", "open", "open_tensor_store", "store_config"]
 
 # Per-run tensor counts (README "Run state"): stored + statistics_only + pruned = tensors.
 _STORED = "content_hash IS NOT NULL AND pruned_at IS NULL"
@@ -231,15 +110,133 @@ def _refuse_attach(query: str) -> None:
                               "only (--allow-files / allow_files=True permits file access)")
 
 
-def lock_down(con: duckdb.DuckDBPyConnection) -> None:
-    """Sandbox a query connection (README "Safety"): no file or network access from SQL
-    (``COPY ... TO``, ``read_csv``, ``ATTACH`` refused) and no ``SET`` to undo it."""
-    con.execute("SET enable_external_access = false")
-    con.execute("SET lock_configuration = true")
+class CatalogSource(Protocol):
+    """Where an :class:`Archive`'s catalog comes from: the archive directory's DuckDB file
+    (:class:`CatalogFile`) or a bundle's Parquet files as DuckDB views
+    (:class:`dumpdb.archival.remote_bundle.BundleCatalog`). The facade is the same over both.
+
+    ``path`` names it in messages; ``refusal`` is None for a writable source, else the
+    one-line reason every write is refused (:class:`ArchiveError`)."""
+
+    @property
+    def path(self) -> Path | str: ...
+
+    @property
+    def schema_version(self) -> int: ...
+
+    @property
+    def refusal(self) -> str | None: ...
+
+    @property
+    def catalog(self) -> Catalog: ...  # the writable Catalog; ArchiveError when there is none
+
+    @property
+    def writable(self) -> bool: ...
+
+    def connect(self) -> duckdb.DuckDBPyConnection: ...  # a plain read-only connection, caller closes
+
+    def reader(self) -> AbstractContextManager[duckdb.DuckDBPyConnection]: ...  # one for a block
+
+    def prepare(self, con: duckdb.DuckDBPyConnection) -> None: ...  # a new sandbox instance, before lock_down
+
+    def attach(self, con: duckdb.DuckDBPyConnection) -> None: ...  # make the catalog the instance's default
+
+    def detach(self, con: duckdb.DuckDBPyConnection) -> None: ...  # after a query on a kept instance
+
+    def locations(self, reader: Callable[[], Any]) -> LocationIndex: ...
+
+    def open_store(self, read_only: bool, storage_options: dict[str, Any]) -> TensorStore: ...
+
+    @property
+    def store_url(self) -> str | None: ...
+
+
+class CatalogFile:
+    """The catalog source of an archive directory: its ``catalog.duckdb`` (checked, and
+    upgraded when writable, on construction), attached READ_ONLY to sandbox instances for one
+    query at a time. Raises ArchiveError (not an archive) and CatalogVersionError (newer)."""
+
+    refusal: str | None = None
+
+    def __init__(self, path: Path, lock_timeout: float = DEFAULT_LOCK_TIMEOUT, on_wait: Any = None):
+        self.path = Path(path)
+        check_marker(self.path)
+        self._catalog = Catalog(self.path / CATALOG, lock_timeout=lock_timeout, on_wait=on_wait)
+        self.schema_version = self._catalog.check(writable=self.writable)
+
+    @property
+    def catalog(self) -> Catalog:
+        """The archive's :class:`~dumpdb.catalog.Catalog`."""
+        return self._catalog
+
+    @property
+    def writable(self) -> bool:
+        """True if this process may write the archive (directory and catalog writable)."""
+        return os.access(self.path, os.W_OK) and os.access(self.path / CATALOG, os.W_OK)
+
+    def connect(self) -> duckdb.DuckDBPyConnection:
+        """A read-only connection to the catalog file (waits for a writer's lock)."""
+        return self._catalog.connect(read_only=True)
+
+    def reader(self) -> AbstractContextManager[duckdb.DuckDBPyConnection]:
+        """:meth:`Catalog.reader`: a read-only connection for one block."""
+        return self._catalog.reader()
+
+    def prepare(self, con: duckdb.DuckDBPyConnection) -> None:
+        """Let the sandbox instance open only the catalog and the WAL files DuckDB 2 may read
+        when it attaches one a writer left."""
+        paths = ", ".join(_sql_literal(f"{self._catalog.path}{suffix}")
+                          for suffix in ("", ".wal", ".wal.checkpoint", ".wal.recovery"))
+        con.execute(f"SET allowed_paths = [{paths}]")
+
+    def attach(self, con: duckdb.DuckDBPyConnection) -> None:
+        """ATTACH the catalog READ_ONLY as ``catalog`` and make it the default database,
+        waiting (``lock_timeout``) while another process holds it for writing."""
+        from dumpdb.catalog.connection import is_lock_error
+        from dumpdb.catalog.waiting import Waiter, duckdb_holder
+
+        catalog = self._catalog
+        waiter = Waiter(catalog.lock_timeout, catalog.on_wait)
+        while True:
+            try:
+                con.execute(f"ATTACH {_sql_literal(str(catalog.path))} AS catalog (READ_ONLY)")
+                break
+            except duckdb.Error as exc:
+                if not is_lock_error(exc):
+                    raise ArchiveError(f"{catalog.path}: cannot open catalog: "
+                                       f"{str(exc).splitlines()[0]}") from exc
+                holder = duckdb_holder(exc, self.path)
+                waiter.again(  # another process commits: wait as Catalog.connect does
+                    lambda: f"waiting for the catalog lock held by {holder} ({waiter.limit()})",  # noqa: B023
+                    lambda: f"{catalog.path}: catalog is locked by another process: {holder}; "  # noqa: B023
+                            f"gave up after {catalog.lock_timeout:g} s (--wait SECONDS waits longer)")
+        con.execute("USE catalog")
+
+    def detach(self, con: duckdb.DuckDBPyConnection) -> None:
+        """DETACH the catalog: a kept instance holds no lock between queries."""
+        con.execute("USE memory")
+        con.execute("DETACH catalog")
+
+    def locations(self, reader: Callable[[], Any]) -> LocationIndex:
+        """The location index, reloaded when the catalog file changes."""
+        return LocationIndex(self._catalog.path, reader)
+
+    def open_store(self, read_only: bool, storage_options: dict[str, Any]) -> TensorStore:
+        """:func:`~dumpdb.archive_dir.open_tensor_store` of the directory."""
+        return open_tensor_store(self.path, read_only, storage_options)
+
+    @property
+    def store_url(self) -> str | None:
+        """The object-storage URL of the tensor store, or None for the local ``tensors.zarr``."""
+        return store_config(self.path)[0]
 
 
 class Archive:
     """An open archive. Create with :func:`dumpdb.open`.
+
+    ``path`` is an archive directory, or an object-storage URL of a bundle opened read-only
+    in place (``s3://BUCKET/PREFIX``: :class:`dumpdb.archival.remote_bundle.BundleCatalog`;
+    every write raises ArchiveError); ``source`` gives the catalog source explicitly.
 
     Raises :class:`ArchiveError` if ``path`` is not an archive, and
     :class:`~dumpdb.errors.CatalogVersionError` if its schema is newer than
@@ -256,8 +253,7 @@ class Archive:
 
     def __init__(self, path: str | os.PathLike, *, lock_timeout: float = DEFAULT_LOCK_TIMEOUT, on_wait=None,
                  storage_options: dict[str, Any] | None = None, sql_limits: SqlLimits | None = None,
-                 verify_reads: bool = True):
-        self.path = Path(path)
+                 verify_reads: bool = True, source: CatalogSource | None = None):
         self.verify_reads = verify_reads
         if sql_limits is not None:
             sql_limits.check()
@@ -265,9 +261,18 @@ class Archive:
         self._temps: dict[int, PrivateTemp] = {}  # spill directory of each sandbox instance, by id()
         weakref.finalize(self, _remove_temps, self._temps)  # an Archive dropped without close()
         self.storage_options = dict(storage_options or {})  # secrets allowed: never stored or printed
-        check_marker(self.path)
-        self.catalog = Catalog(self.path / CATALOG, lock_timeout=lock_timeout, on_wait=on_wait)
-        self.schema_version = self.catalog.check(writable=self.writable)
+        if source is None:
+            from dumpdb.storage.backends import is_url  # (no zarr import: sql starts fast)
+
+            if is_url(path):  # an object-storage URL: a bundle
+                from dumpdb.archival.remote_bundle import BundleCatalog
+
+                source = BundleCatalog(str(path), self.storage_options)
+            else:
+                source = CatalogFile(Path(path), lock_timeout, on_wait)
+        self.source: CatalogSource = source
+        self.path: Path = source.path  # type: ignore[assignment]  # a bundle's URL: messages name it
+        self.schema_version: int = source.schema_version
         self._store: TensorStore | None = None  # opened on first tensor read: zarr costs ~0.2 s to import
         self._held: duckdb.DuckDBPyConnection | None = None
         self._held_sandbox: duckdb.DuckDBPyConnection | None = None  # sql()'s, while held
@@ -280,33 +285,45 @@ class Archive:
         return f"<dumpdb.Archive {str(self.path)!r}>"
 
     @property
+    def catalog(self) -> Catalog:
+        """The writable :class:`~dumpdb.catalog.Catalog` (ArchiveError for a bundle opened in place)."""
+        return self.source.catalog
+
+    def refuse_writes(self) -> None:
+        """Raise ArchiveError if this archive cannot be changed (a bundle opened in place)."""
+        if self.source.refusal is not None:
+            raise ArchiveError(self.source.refusal)
+
+    @property
     def store(self) -> TensorStore:
         """The :class:`~dumpdb.storage.store.TensorStore` (read-only), opened on first use."""
         if self._store is None:
-            self._store = open_tensor_store(self.path, True, self.storage_options)
+            self._store = self.source.open_store(True, self.storage_options)
             self._store.verify = self.verify_reads
         return self._store
 
     @property
     def store_url(self) -> str | None:
-        """The ``s3://`` URL of the tensor store, or None for the local ``tensors.zarr``."""
-        return store_config(self.path)[0]
+        """The object-storage URL of the tensor store, or None for the local ``tensors.zarr``."""
+        return self.source.store_url
 
     def writable_store(self) -> TensorStore:
         """A :class:`~dumpdb.storage.store.TensorStore` open for writing (for a
         :class:`~dumpdb.storage.store.StoreWriter`; gc, import). Its writes are
-        durable when they return (:mod:`dumpdb.storage.local`; an object store's PUT)."""
-        return open_tensor_store(self.path, False, self.storage_options)
+        durable when they return (:mod:`dumpdb.storage.local`; an object store's PUT).
+        ArchiveError for a bundle opened in place."""
+        self.refuse_writes()
+        return self.source.open_store(False, self.storage_options)
 
     @property
     def writable(self) -> bool:
         """True if this process may write the archive (directory and catalog writable)."""
-        return os.access(self.path, os.W_OK) and os.access(self.path / CATALOG, os.W_OK)
+        return self.source.writable
 
     # -- connections -------------------------------------------------------
     def __enter__(self) -> Archive:
         if self._held is None:
-            self._held = self.catalog.connect(read_only=True)
+            self._held = self.source.connect()
         return self
 
     def __exit__(self, *exc) -> None:
@@ -338,7 +355,7 @@ class Archive:
         if self._held is not None:
             yield self._held
         else:
-            with self.catalog.reader() as con:
+            with self.source.reader() as con:
                 yield con
 
     # -- queries -----------------------------------------------------------
@@ -475,13 +492,12 @@ class Archive:
             if self._query_db is None:
                 self._query_db = self._locked_instance()
             con = self._query_db
-            self._attach_catalog(con)
+            self.source.attach(con)
             try:
                 yield con
             finally:
                 try:
-                    con.execute("USE memory")
-                    con.execute("DETACH catalog")
+                    self.source.detach(con)
                 except Exception:  # noqa: BLE001 - e.g. "Query interrupted" after a Ctrl-C: the
                     # first error (or the KeyboardInterrupt) is the one to report; start anew
                     self._query_db = None
@@ -490,7 +506,7 @@ class Archive:
     def _open_sandbox(self) -> duckdb.DuckDBPyConnection:
         con = self._locked_instance()
         try:
-            self._attach_catalog(con)
+            self.source.attach(con)
         except BaseException:
             self._close_instance(con)
             raise
@@ -504,44 +520,19 @@ class Archive:
             temp.remove()
 
     def _locked_instance(self) -> duckdb.DuckDBPyConnection:
-        """A new in-memory DuckDB that may open only the catalog and its WAL, with its
-        configuration locked (README "Safety")."""
+        """A new in-memory DuckDB that may open only the catalog (:meth:`CatalogSource.prepare`),
+        with its configuration locked (README "Safety")."""
         con = duckdb.connect(":memory:")
         temp = PrivateTemp()
         self._temps[id(con)] = temp
         try:
-            # the catalog and the WAL files DuckDB 2 may read when it attaches one a writer left
-            paths = ", ".join(_sql_literal(f"{self.catalog.path}{suffix}")
-                              for suffix in ("", ".wal", ".wal.checkpoint", ".wal.recovery"))
-            con.execute(f"SET allowed_paths = [{paths}]")
+            self.source.prepare(con)
             configure(con, self._limits(), temp)  # private spill directory, memory and threads
             lock_down(con)
         except BaseException:
             self._close_instance(con)
             raise
         return con
-
-    def _attach_catalog(self, con: duckdb.DuckDBPyConnection) -> None:
-        """ATTACH the catalog READ_ONLY as ``catalog`` and make it the default database,
-        waiting (``lock_timeout``) while another process holds it for writing."""
-        from dumpdb.catalog.connection import is_lock_error
-        from dumpdb.catalog.waiting import Waiter, duckdb_holder
-
-        waiter = Waiter(self.catalog.lock_timeout, self.catalog.on_wait)
-        while True:
-            try:
-                con.execute(f"ATTACH {_sql_literal(str(self.catalog.path))} AS catalog (READ_ONLY)")
-                break
-            except duckdb.Error as exc:
-                if not is_lock_error(exc):
-                    raise ArchiveError(f"{self.catalog.path}: cannot open catalog: "
-                                       f"{str(exc).splitlines()[0]}") from exc
-                holder = duckdb_holder(exc, self.path)
-                waiter.again(  # another process commits: wait as Catalog.connect does
-                    lambda: f"waiting for the catalog lock held by {holder} ({waiter.limit()})",  # noqa: B023
-                    lambda: f"{self.catalog.path}: catalog is locked by another process: {holder}; "  # noqa: B023
-                            f"gave up after {self.catalog.lock_timeout:g} s (--wait SECONDS waits longer)")
-        con.execute("USE catalog")
 
     def runs(self) -> pa.Table:
         """One row per run (in ingest order) with what happened to its tensors.
@@ -686,7 +677,7 @@ class Archive:
         (:class:`~dumpdb.catalog.locations.LocationIndex`): reads by ``tensor_id`` need no
         catalog query, and it reloads itself after any commit to the catalog."""
         if self._locations is None:
-            self._locations = LocationIndex(self.catalog.path, self.reader)
+            self._locations = self.source.locations(self.reader)
         return self._locations
 
     def _read_located(self, tensor_id: int, loc: TensorLocation | None, host_format: bool,
@@ -745,6 +736,12 @@ class Archive:
             raise TensorNotFound(f"{len(rows) if len(rows) < 6 else 'several'} tensors match {key}: {where}; "
                                  "narrow it with iteration=, graph_id= or rank=")
         return rows[0][0]
+
+    def require_run(self, run: str) -> None:
+        """Raise :class:`~dumpdb.errors.RunNotFound` (listing the runs there are) unless the
+        archive has a run named ``run`` (:func:`dumpdb.errors.require_run`)."""
+        with self.reader() as con:
+            require_run(con, run, self.path)
 
     def only_run(self) -> str:
         """The name of the archive's one run (what ``run=`` defaults to). Raises
@@ -829,12 +826,14 @@ class Archive:
         DumpdbError naming what it has. See :func:`dumpdb.archival.maintenance.prune`."""
         from dumpdb.archival.maintenance import prune
 
+        self.refuse_writes()
         return prune(self, run, iterations, ranks)
 
     def remove_run(self, run: str) -> int:
         """Delete a run's rows; returns tensors removed (space: :meth:`gc`)."""
         from dumpdb.archival.maintenance import remove_run
 
+        self.refuse_writes()
         return remove_run(self, run)
 
     def gc(self, compact_below: float = 0.5, **options):
@@ -842,12 +841,13 @@ class Archive:
         files); returns a GcReport. See :func:`dumpdb.archival.maintenance.gc`."""
         from dumpdb.archival.maintenance import gc
 
+        self.refuse_writes()
         return gc(self, compact_below, **options)
 
     def export(self, runs: list[str] | str, to: str | os.PathLike) -> Path | str:
         """Write runs as a self-describing bundle (directory, or ``.zip``, or ``s3://BUCKET/PREFIX``:
         :mod:`dumpdb.archival.remote_bundle`); see :mod:`dumpdb.archival.bundle`. Returns where."""
-        from dumpdb.storage.remote import is_url
+        from dumpdb.storage.backends import is_url
 
         runs = [runs] if isinstance(runs, str) else list(runs)
         if is_url(to):
@@ -862,8 +862,9 @@ class Archive:
         """Bring a bundle's runs in (checked whole before the archive changes, idempotent;
         ``max_bundle_size`` bytes); ``path`` may be ``s3://BUCKET/PREFIX``. See
         :mod:`dumpdb.archival.bundle` and :mod:`dumpdb.archival.remote_bundle`."""
-        from dumpdb.storage.remote import is_url
+        from dumpdb.storage.backends import is_url
 
+        self.refuse_writes()
         if is_url(path):
             from dumpdb.archival.remote_bundle import import_from_url
 
@@ -878,6 +879,8 @@ class Archive:
         fraction, ``seed``, ``progress``, ``repair``, ``grace``). Returns a VerifyReport."""
         from dumpdb.archival.verify import verify
 
+        if self.source.refusal is not None:  # verify a bundle by importing it: every file is checked then
+            raise ArchiveError(f"{self.path}: verify an S3 bundle by importing it (dumpdb import {self.path})")
         return verify(self, run, **options)
 
     def _read(self, loc: tuple, host_format: bool = False, verify: bool | None = None) -> np.ndarray:
@@ -980,10 +983,6 @@ def open(path: str | os.PathLike | None = None, **kwargs) -> Archive:  # noqa: A
     Keyword arguments go to :class:`Archive` (``lock_timeout`` seconds,
     ``on_wait`` callback, ``storage_options`` for an object-storage store). Raises
     :class:`ArchiveError` if it is not an archive. ``path`` ``s3://BUCKET/PREFIX`` opens the
-    bundle there read-only in place (:class:`dumpdb.archival.remote_bundle.BundleArchive`).
+    bundle there read-only in place (:class:`dumpdb.archival.remote_bundle.BundleCatalog`).
     """
-    if isinstance(path, str) and path.startswith("s3://"):
-        from dumpdb.archival.remote_bundle import open_bundle
-
-        return open_bundle(path, **kwargs)
     return Archive(path if path is not None else default_archive_path(), **kwargs)

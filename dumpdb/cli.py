@@ -258,11 +258,10 @@ def _archive_path(path: Optional[Path]) -> Path:
 
 
 def _url(path: Any) -> Optional[str]:
-    """``s3://...`` if ``path`` is an object-storage URL (typer's Path turned ``//`` into ``/``)."""
-    text = str(path) if path is not None else ""
-    if text.startswith("s3:/"):
-        return "s3://" + text[len("s3:/"):].lstrip("/")
-    return None
+    """``SCHEME://...`` if ``path`` is an object-storage URL (typer's Path turned ``//`` into ``/``)."""
+    from dumpdb.storage.backends import unfold
+
+    return unfold(path)
 
 
 def _open(path: Optional[Path], on_wait=None):

@@ -53,14 +53,22 @@ class RunNotFound(DumpdbError, LookupError):
     """No run of that name in the archive (see :func:`no_such_run`)."""
 
 
-def no_such_run(run: str, where: object, con) -> RunNotFound:
+def no_such_run(run: str, where: object, con, prefix: str = "", hint: str = "") -> RunNotFound:
     """The one error for a run name the archive at ``where`` lacks, listing the runs it
     has (the first 10, then how many more) so a mistyped name is fixed at once (issue 30).
-    ``con`` is a DuckDB connection to the catalog (anything with ``execute``)."""
+    ``con`` is a DuckDB connection to the catalog (anything with ``execute``); ``prefix``
+    (e.g. ``"--moved: "``) and ``hint`` (``"; drop --moved ..."``) frame the message."""
     known = [r[0] for r in con.execute("SELECT run FROM runs ORDER BY run LIMIT 11").fetchall()]
     total = con.execute("SELECT count(*) FROM runs").fetchone()[0] if len(known) > 10 else len(known)
     shown = ", ".join(known[:10]) + (f", ... ({total} in all)" if total > 10 else "")
-    return RunNotFound(f"no run {run!r} in {where} (runs: {shown or 'none'})")
+    return RunNotFound(f"{prefix}no run {run!r} in {where} (runs: {shown or 'none'}){hint}")
+
+
+def require_run(con, run: str, where: object, prefix: str = "", hint: str = "") -> None:
+    """Raise :func:`no_such_run`'s :class:`RunNotFound` unless the catalog behind ``con`` (a
+    DuckDB connection) has a run named ``run``: the one check for a run name."""
+    if con.execute("SELECT count(*) FROM runs WHERE run = ?", [run]).fetchall()[0][0] == 0:  # all: no open result
+        raise no_such_run(run, where, con, prefix, hint)
 
 
 class TensorNotFound(DumpdbError, LookupError):

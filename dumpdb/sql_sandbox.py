@@ -2,7 +2,7 @@
 query may use, how long it may run, and stopping it on Ctrl-C (issue 30, item 13).
 
 ``dumpdb sql`` / :meth:`dumpdb.Archive.sql` run in their own in-memory DuckDB instance with
-file access disabled (:func:`dumpdb.archive.lock_down`). DuckDB's defaults leave that
+file access disabled (:func:`lock_down`). DuckDB's defaults leave that
 instance open and unbounded in ways this module closes:
 
 * temporary files: DuckDB spills to ``.tmp/`` under the *current directory* and puts that
@@ -171,3 +171,10 @@ def _stop(con: Any, done: threading.Event) -> None:
             return
         if done.wait(0.05):
             return
+
+
+def lock_down(con: Any) -> None:
+    """Sandbox a query connection (README "Safety"): no file or network access from SQL
+    (``COPY ... TO``, ``read_csv``, ``ATTACH`` refused) and no ``SET`` to undo it."""
+    con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")

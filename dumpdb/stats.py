@@ -78,7 +78,7 @@ def _accumulate(flat: np.ndarray, n: int, floating: bool) -> TensorStats:
     scratch = np.empty(min(n, CHUNK), np.float32) if narrow else None
     for start in range(0, n, CHUNK):
         x = flat[start : start + CHUNK]
-        if narrow:  # float16/bfloat16: numpy is slow on them, widen once into scratch
+        if scratch is not None:  # float16/bfloat16: numpy is slow on them, widen once into scratch
             x = scratch[: x.size]
             np.copyto(x, flat[start : start + CHUNK], casting="unsafe")
         cmin, cmax = x.min(), x.max()

@@ -25,10 +25,12 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the test servers (storage_servers)
+
+from storage_servers import moto_server, open_s3fs, seaweedfs_server  # noqa: E402
 
 from dumpdb.storage.objects import ObjectStore  # noqa: E402
 from dumpdb.storage.remote import open_store  # noqa: E402
-from dumpdb.storage.testing import moto_server, seaweedfs_server  # noqa: E402
 
 
 def pct(values: list[float], q: float) -> float:
@@ -37,7 +39,7 @@ def pct(values: list[float], q: float) -> float:
 
 def bench_client(client: str, url: str, small_n: int, large_mb: int, conc: int) -> dict[str, float]:
     """Put/get figures of one client on ``url`` (the same server for both clients)."""
-    objects = ObjectStore(open_store(url, client=client), url)
+    objects = ObjectStore(open_s3fs(url) if client == "s3fs" else open_store(url), url)
     rng = np.random.default_rng(0)
     big = rng.integers(0, 255, large_mb << 20, dtype=np.uint8).tobytes()
     out: dict[str, float] = {}

@@ -72,7 +72,7 @@ def moto_s3():
     """moto's ThreadedMotoServer on a free 127.0.0.1 port for the session (stopped at its end)."""
     import logging
 
-    from dumpdb.storage.testing import moto_server
+    from storage_servers import moto_server
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     with moto_server() as server:

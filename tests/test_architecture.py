@@ -55,3 +55,19 @@ def test_layouts_use_only_the_shared_modules_not_each_other():
                 if hasattr(layouts_base, name) or name in SHARED_LAYOUT_MODULES:
                     continue
                 assert (path.stem, name) in REFINES, f"{path.name} imports layout module {name}"
+
+
+def test_the_import_layers_of_pyproject_hold():
+    """`lint-imports` (import-linter, contracts in pyproject.toml ``[tool.importlinter]``): each
+    package imports only the layers below it, so no import circle runs through them; function-level
+    and TYPE_CHECKING imports count, which the AST rules above do not follow."""
+    import os
+    import subprocess
+    import sys
+
+    repo = PACKAGE.parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([str(Path(sys.executable).with_name("lint-imports")), "--no-cache"], cwd=repo, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "0 broken" in done.stdout

@@ -8,9 +8,10 @@ import math
 import ml_dtypes
 import numpy as np
 import pytest
+from formats_writer import from_host
 
 from dumpdb.errors import DumpdbError
-from dumpdb.formats import SUPPORTED, from_host, normalize_format, to_host
+from dumpdb.formats import SUPPORTED, normalize_format, to_host
 
 DTYPES = {
     "float16": np.dtype(np.float16),

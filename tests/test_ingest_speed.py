@@ -236,7 +236,7 @@ def test_rows_table_equals_arrow_from_pylist():
 def test_blob_table_equals_the_rows_of_each_location():
     import pyarrow as pa
 
-    from dumpdb.storage.payloads import BLOB_SCHEMA, blob_table
+    from dumpdb.catalog.payload_rows import BLOB_SCHEMA, blob_table
     from dumpdb.storage.store import BlobLocation
 
     locs = [BlobLocation("h1", 64, "packs/float32/p", 0, 16, 40), BlobLocation("h2", 0, None, None, 0, 0),

@@ -14,6 +14,7 @@ import json
 import tracemalloc
 from pathlib import Path
 
+import cann_wire
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -163,7 +164,7 @@ def test_npy_header_dicts(header, descr, payload):
 
 # -- CANN .bin headers -----------------------------------------------------------------------------
 def _container() -> bytes:
-    return cann_pb.encode_dump(inputs=[np.arange(12, dtype=np.float32).reshape(3, 4)],
+    return cann_wire.container(inputs=[np.arange(12, dtype=np.float32).reshape(3, 4)],
                                outputs=[np.ones((2, 2), np.float16)], op_name="Default/Add-op1")
 
 

@@ -15,6 +15,7 @@ import google_crc32c
 import numpy as np
 import pytest
 from conftest import ms_case, npy_files, npy_payload
+from storage_servers import free_port, moto_server
 from typer.testing import CliRunner
 
 import dumpdb
@@ -24,7 +25,6 @@ from dumpdb.errors import PayloadCorrupt, PayloadMissing, StorageError
 from dumpdb.storage.objects import ObjectStore
 from dumpdb.storage.remote import open_store
 from dumpdb.storage.store import shard_key
-from dumpdb.storage.testing import free_port, moto_server
 
 runner = CliRunner()
 CASES = {"fp32": "d1_compare_fp32_iter0", "fp16": "d2_compare_fp16_bf16_iter0", "c1": "c1_inputs_kernels_iter"}

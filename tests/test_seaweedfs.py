@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import ms_case, npy_files, npy_payload
+from storage_servers import seaweedfs_server
 from typer.testing import CliRunner
 
 import dumpdb
@@ -16,7 +17,6 @@ from dumpdb.cli import app
 from dumpdb.storage.objects import ObjectStore
 from dumpdb.storage.remote import open_store
 from dumpdb.storage.store import shard_key
-from dumpdb.storage.testing import seaweedfs_server
 
 runner = CliRunner()
 CASE = "c1_inputs_kernels_iter"

@@ -49,7 +49,7 @@ from dumpdb.archival import bundle_check as chk
 from dumpdb.archival import bundle_readme
 from dumpdb.catalog import insert_arrow, latest_version, schema
 from dumpdb.catalog.locks import SHARED, archive_lock, pid_alive
-from dumpdb.errors import BundleError, DumpdbError, PayloadCorrupt, PayloadMissing
+from dumpdb.errors import BundleError, DumpdbError, PayloadCorrupt, PayloadMissing, require_run
 from dumpdb.stats import STAT_COLUMNS
 
 FORMAT = "dumpdb-bundle"
@@ -73,7 +73,8 @@ def export_runs(archive, runs: list[str], to: str | os.PathLike) -> Path:
     run or an existing destination, PayloadMissing / PayloadCorrupt (naming the shard
     and a tensor) for a payload whose shard is gone or whose bytes no longer hash to
     its content hash; nothing is written at ``to`` then."""
-    from dumpdb.storage.payloads import array_table, blob_table, copy_payloads
+    from dumpdb.catalog.payload_rows import array_table, blob_table
+    from dumpdb.storage.payloads import copy_payloads
     from dumpdb.storage.store import StoreWriter, TensorStore
 
     to = Path(to)
@@ -93,10 +94,8 @@ def export_runs(archive, runs: list[str], to: str | os.PathLike) -> Path:
         with _sigint_held():  # zarr writes from its own thread: an interrupted call would go on writing
             TensorStore.create(bundle / "tensors.zarr")
         with archive.reader() as con:
-            known = {r[0] for r in con.execute("SELECT run FROM runs").fetchall()}
-            missing = [r for r in runs if r not in known]
-            if missing:
-                raise DumpdbError(f"no run {missing[0]!r} in {archive.path} (runs: {', '.join(sorted(known))})")
+            for run in runs:
+                require_run(con, run, archive.path)
             tables = {t: con.sql(f"SELECT * FROM {t} WHERE run IN (SELECT unnest(?))", params=[runs])
                       .to_arrow_table() for t in RUN_TABLES}
             live = con.execute(
@@ -570,7 +569,8 @@ def _plan(archive, bundle: Path, manifest: dict, path: Path, rename: dict[str, s
 
 def _store(archive, bundle: Path, plan: _Plan) -> ImportReport:
     """Write the checked payloads, then the rows, in one catalog transaction."""
-    from dumpdb.storage.payloads import copy_payloads, record_payloads
+    from dumpdb.catalog.payload_rows import record_payloads
+    from dumpdb.storage.payloads import copy_payloads
     from dumpdb.storage.store import StoreWriter, TensorStore
 
     report, tables, wanted, first, tensors = plan.report, plan.tables, plan.wanted, plan.first, plan.tensors

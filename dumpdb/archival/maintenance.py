@@ -33,7 +33,7 @@ from datetime import datetime
 
 from dumpdb.catalog import schema
 from dumpdb.catalog.locks import EXCLUSIVE, SHARED, archive_lock
-from dumpdb.errors import DumpdbError, DumpdbWarning
+from dumpdb.errors import DumpdbError, DumpdbWarning, require_run
 from dumpdb.storage.leftovers import Leftover, find_leftovers, reclaim_leftovers  # noqa: F401 (re-exported)
 
 _RANGE_RE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
@@ -94,13 +94,6 @@ def _check_selection(con, run: str, column: str, ranges: list[tuple[int, int]] |
     warnings.warn(f"{what}; pruning the {word} it has", DumpdbWarning, stacklevel=3)
 
 
-def _require_run(con, run: str) -> None:
-    if not con.execute("SELECT count(*) FROM runs WHERE run = ?", [run]).fetchone()[0]:
-        from dumpdb.errors import no_such_run
-
-        raise no_such_run(run, "the archive", con)
-
-
 def prune(archive, run: str, iterations: str | None = None, ranks: str | None = None) -> int:
     """Drop the payloads of ``run`` (or of its ``iterations`` and/or ``ranks``, MindSpore
     syntax ``"0|5-8"``), keeping rows and statistics. Returns the number of tensors
@@ -116,7 +109,7 @@ def prune(archive, run: str, iterations: str | None = None, ranks: str | None = 
     rank_where, rank_params = _iteration_sql(rank_ranges, "rank")
     where, params = where + rank_where, params + rank_params
     with archive_lock(archive, SHARED, f"prune of run {run!r}"), archive.catalog.writer() as con:
-        _require_run(con, run)
+        require_run(con, run, archive.path)
         _check_selection(con, run, "iteration", ranges, iterations)
         _check_selection(con, run, "rank", rank_ranges, ranks)
         n = con.execute(f"SELECT count(*) FROM tensors WHERE run = ? AND pruned_at IS NULL "
@@ -130,7 +123,7 @@ def remove_run(archive, run: str) -> int:
     """Delete every row of ``run`` (tensors, graph relations, errors, comparisons that
     involve it). Returns the number of tensors removed. Space comes back with :func:`gc`."""
     with archive_lock(archive, SHARED, f"rm of run {run!r}"), archive.catalog.writer() as con:
-        _require_run(con, run)
+        require_run(con, run, archive.path)
         n = con.execute("SELECT count(*) FROM tensors WHERE run = ?", [run]).fetchone()[0]
         ids = "SELECT compare_id FROM compares WHERE target_run = ? OR bench_run = ?"
         con.execute(f"DELETE FROM compare_results WHERE compare_id IN ({ids})", [run, run])
@@ -180,7 +173,8 @@ def gc(archive, compact_below: float = 0.5, grace: float = GRACE_SECONDS) -> GcR
 
 
 def _gc(archive, compact_below: float, grace: float) -> GcReport:
-    from dumpdb.storage.payloads import copy_payloads, record_payloads
+    from dumpdb.catalog.payload_rows import record_payloads
+    from dumpdb.storage.payloads import copy_payloads
     from dumpdb.storage.store import StoreWriter
 
     store = archive.writable_store()

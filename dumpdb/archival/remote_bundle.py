@@ -11,13 +11,14 @@ A bundle at ``s3://BUCKET/PREFIX`` is the same tree as a bundle directory
   downloads exactly the files it lists (each no larger than declared) into the archive
   directory, and imports that copy with every check of a local import (sizes, sha256,
   payload hashes); the copy is removed afterwards.
-* :class:`BundleArchive` (``dumpdb.open("s3://...")``, ``dumpdb sql --archive s3://...``):
+* :class:`BundleCatalog` (``dumpdb.open("s3://...")``, ``dumpdb sql --archive s3://...``): the
+  catalog source of an :class:`dumpdb.archive.Archive`,
   read-only, nothing copied. SQL runs in DuckDB over the bundle's Parquet files read
   through ``pyarrow.fs.S3FileSystem`` (Arrow datasets registered as DuckDB views; the
   httpfs extension is not used), tensors through the bundle's ``tensors.zarr`` on S3.
   A team keeps one bucket of bundles and everyone queries it without copying.
 
-Endpoint and credentials as for stores (:mod:`dumpdb.storage.remote`).
+Endpoint and credentials as for stores (:mod:`dumpdb.storage.backends`, S3: :mod:`dumpdb.storage.remote`).
 """
 
 from __future__ import annotations
@@ -32,17 +33,15 @@ from typing import Any
 import duckdb
 
 from dumpdb.archival import bundle_check as chk
-from dumpdb.archive import Archive, lock_down
 from dumpdb.catalog.locations import LocationIndex
 from dumpdb.errors import ArchiveError, BundleError, DumpdbError, PayloadMissing, StorageError
-from dumpdb.sql_sandbox import PrivateTemp, configure
-from dumpdb.storage import remote
+from dumpdb.storage import backends
 
 
 def _objects(url: str, options: dict[str, Any] | None, read_only: bool):
     from dumpdb.storage.objects import ObjectStore
 
-    return ObjectStore(remote.open_store(url, options, read_only=read_only), url, remote.endpoint(options))
+    return ObjectStore(backends.open_store(url, options, read_only=read_only), url, backends.endpoint(url, options))
 
 
 def export_to_url(archive, runs: list[str], url: str, storage_options: dict[str, Any] | None = None) -> str:
@@ -51,7 +50,7 @@ def export_to_url(archive, runs: list[str], url: str, storage_options: dict[str,
     reached, and what :func:`dumpdb.archival.bundle.export_runs` raises (nothing is uploaded then)."""
     from dumpdb.archival.bundle import export_runs
 
-    url = remote.parse_url(url).url
+    url = backends.canonical(url)
     objects = _objects(url, storage_options, read_only=False)
     if objects.exists(chk.MANIFEST):
         raise DumpdbError(f"{url}: already holds a bundle; export writes a new bundle")
@@ -95,7 +94,7 @@ def fetch_bundle(url: str, dest: Path, max_bundle_size: int = chk.MAX_BUNDLE_BYT
     exactly the files it lists, each refused if its object is larger than declared.
     Returns ``dest``. Raises BundleError (foreign/oversized/inconsistent bundle),
     StorageError (unreachable store)."""
-    url = remote.parse_url(url).url
+    url = backends.canonical(url)
     objects = _objects(url, storage_options, read_only=True)
     manifest = _manifest(objects, url)
     dest.mkdir(parents=True)
@@ -128,156 +127,90 @@ def import_from_url(archive, url: str, rename: dict[str, str] | None = None, *,
         return import_bundle(archive, bundle, rename, max_bundle_size=max_bundle_size)
 
 
-class BundleArchive(Archive):
-    """A bundle on object storage opened read-only in place (``dumpdb.open("s3://B/P")``).
+class BundleCatalog:
+    """The catalog source (:class:`dumpdb.archive.CatalogSource`) of a bundle on object
+    storage opened read-only in place (``dumpdb.open("s3://B/P")``).
 
-    Queries (:meth:`sql`, :meth:`runs`, :meth:`show`, :meth:`tensor`, :meth:`tensors`,
-    compare reads...) see the bundle's tables (runs, tensors, blobs, arrays, ops, ...) as
-    DuckDB views over its Parquet objects, scanned through ``pyarrow.fs.S3FileSystem``;
-    tensors are read from its ``tensors.zarr`` on S3. Anything that writes raises
-    ArchiveError (import the bundle to change it). Raises BundleError when ``url`` holds no
-    bundle, StorageError when the store cannot be reached.
+    Queries (``sql``, ``runs``, ``show``, ``tensor``, ``tensors``, compare reads...) see the
+    bundle's tables (runs, tensors, blobs, arrays, ops, ...) as DuckDB views over its Parquet
+    objects, scanned through the storage backend's ``pyarrow.fs`` filesystem; tensors are read from its
+    ``tensors.zarr`` on S3. Anything that writes raises ArchiveError (import the bundle to
+    change it). Raises BundleError when ``url`` holds no bundle, StorageError when the store
+    cannot be reached.
     """
 
-    def __init__(self, url: str, *, storage_options: dict[str, Any] | None = None, **_ignored: Any):
-        self.url = remote.parse_url(url).url
-        self.path = self.url  # type: ignore[assignment]  # messages name the URL
+    writable = False
+
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None):
+        self.url = backends.canonical(url)
+        self.path = self.url  # messages name the URL
         self.storage_options = dict(storage_options or {})
         self.manifest = _manifest(_objects(self.url, self.storage_options, read_only=True), self.url)
         self.schema_version = int(self.manifest["schema_version"])
-        self._store = None
-        self._held = None
-        self._held_sandbox = None
-        self._query_db = None  # not used: each query opens the bundle's views (_query_instance)
-        self._temps = {}  # spill directory of each sandboxed connection (dumpdb.sql_sandbox)
-        self._fs = None
-        self._locations = None
-
-    def __repr__(self) -> str:
-        return f"<dumpdb.BundleArchive {self.url!r}>"
+        self.refusal = f"{self.url}: a bundle opened in place is read-only; import it to change it"
+        self._fs: tuple[Any, str] | None = None  # (pyarrow filesystem, base path), made on first use
 
     @property
-    def locations(self) -> LocationIndex:
-        """The payload locations of the bundle's tensors, loaded once (a bundle never changes)."""
-        if self._locations is None:
-            self._locations = LocationIndex(None, self.reader)
-        return self._locations
-
-    @property
-    def store(self):
-        """The bundle's ``tensors.zarr`` on object storage (read-only TensorStore)."""
-        if self._store is None:
-            from dumpdb.storage.store import TensorStore
-
-            self._store = TensorStore(f"{self.url}/tensors.zarr", read_only=True,
-                                      storage_options=self.storage_options)
-        return self._store
-
-    @property
-    def store_url(self) -> str | None:
-        """The bundle's tensor store URL."""
-        return f"{self.url}/tensors.zarr"
-
-    @property
-    def catalog(self):  # type: ignore[override]
+    def catalog(self) -> Any:
         """Refused: a bundle opened in place has no catalog to write (``compare --no-store``
         compares without storing; import the bundle to keep results). ArchiveError."""
         raise ArchiveError(f"{self.url}: a bundle opened in place is read-only (compare --no-store, or import "
                            "it to store results)")
 
     @property
-    def writable(self) -> bool:
-        """Always False: a bundle is opened read-only."""
-        return False
+    def store_url(self) -> str | None:
+        """The bundle's tensor store URL."""
+        return f"{self.url}/tensors.zarr"
 
-    def writable_store(self):
-        """Refused: ArchiveError (a bundle opened in place is read-only)."""
-        raise ArchiveError(f"{self.url}: a bundle opened in place is read-only; import it to change it")
+    def open_store(self, read_only: bool, storage_options: dict[str, Any]) -> Any:
+        """The bundle's ``tensors.zarr`` on object storage (a read-only TensorStore)."""
+        from dumpdb.storage.store import TensorStore
 
-    def _filesystem(self):
-        if self._fs is None:
-            import pyarrow.fs
+        return TensorStore(f"{self.url}/tensors.zarr", read_only=True, storage_options=storage_options)
 
-            conf = remote.settings(self.storage_options)
-            kwargs: dict[str, Any] = {"region": conf["region"],
-                                      "retry_strategy": pyarrow.fs.AwsStandardS3RetryStrategy(
-                                          max_attempts=int(conf["retries"])),
-                                      "connect_timeout": float(conf["connect_timeout"]),
-                                      "request_timeout": float(conf["timeout"])}
-            endpoint = conf.get("endpoint")
-            if endpoint:
-                scheme, _, host = str(endpoint).partition("://")
-                kwargs.update(endpoint_override=host or scheme, scheme=scheme if host else "https")
-            if conf.get("access_key_id"):
-                kwargs.update(access_key=conf["access_key_id"], secret_key=conf.get("secret_access_key"),
-                              session_token=conf.get("session_token"))
-            self._fs = pyarrow.fs.S3FileSystem(**kwargs)
-        return self._fs
+    def locations(self, reader: Any) -> LocationIndex:
+        """The payload locations of the bundle's tensors, loaded once (a bundle never changes)."""
+        return LocationIndex(None, reader)
 
-    def _connection(self, sandbox: bool) -> duckdb.DuckDBPyConnection:
+    def prepare(self, con: duckdb.DuckDBPyConnection) -> None:
+        """Register the bundle's tables as views of ``con`` (Arrow datasets over its Parquet
+        objects; the httpfs extension is not used)."""
         import pyarrow.dataset as ds
 
-        loc = remote.parse_url(self.url)
+        if self._fs is None:
+            self._fs = backends.backend(self.url).filesystem(self.url, self.storage_options)
+        fs, base = self._fs
+        for name, meta in self.manifest["tables"].items():
+            path = f"{base}/{meta['file']}".replace("//", "/")
+            try:
+                dataset = ds.dataset(path, filesystem=fs, format="parquet")
+            except OSError as exc:
+                raise StorageError(f"{self.url}/{meta['file']} at {backends.endpoint(self.url, self.storage_options)}: "
+                                   f"cannot read: {str(exc).splitlines()[0]}") from exc
+            con.register(f"_{name}_arrow", dataset)
+            con.execute(f'CREATE VIEW "{name}" AS SELECT * FROM "_{name}_arrow"')
+
+    def attach(self, con: duckdb.DuckDBPyConnection) -> None:
+        """Nothing to attach: the views :meth:`prepare` made stay (a bundle never changes)."""
+
+    def detach(self, con: duckdb.DuckDBPyConnection) -> None:
+        """Nothing to detach (see :meth:`attach`)."""
+
+    def connect(self) -> duckdb.DuckDBPyConnection:
+        """A plain in-memory connection whose views are the bundle's tables."""
         con = duckdb.connect(":memory:")
         try:
-            for name, meta in self.manifest["tables"].items():
-                path = f"{loc.bucket}/{loc.prefix}/{meta['file']}".replace("//", "/")
-                try:
-                    dataset = ds.dataset(path, filesystem=self._filesystem(), format="parquet")
-                except OSError as exc:
-                    raise StorageError(f"{self.url}/{meta['file']} at {remote.endpoint(self.storage_options)}: "
-                                       f"cannot read: {str(exc).splitlines()[0]}") from exc
-                con.register(f"_{name}_arrow", dataset)
-                con.execute(f'CREATE VIEW "{name}" AS SELECT * FROM "_{name}_arrow"')
-            if sandbox:  # bounded like an archive's sandbox: private spill directory, memory, threads
-                temp = PrivateTemp()
-                self._temps[id(con)] = temp
-                configure(con, self._limits(), temp)
-                lock_down(con)
+            self.prepare(con)
         except BaseException:
-            self._close_instance(con)
+            con.close()
             raise
         return con
 
-    def __enter__(self) -> BundleArchive:
-        if self._held is None:
-            self._held = self._connection(sandbox=False)
-        return self
-
     @contextmanager
     def reader(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        """A connection whose views are the bundle's tables (see the class docstring)."""
-        if self._held is not None:
-            yield self._held
-            return
-        con = self._connection(sandbox=False)
+        """A connection whose views are the bundle's tables, closed after the block."""
+        con = self.connect()
         try:
             yield con
         finally:
             con.close()
-
-    def _open_sandbox(self) -> duckdb.DuckDBPyConnection:
-        return self._connection(sandbox=True)
-
-    @contextmanager
-    def _query_instance(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        """A sandboxed connection over the bundle's views for one query (no catalog file to attach)."""
-        con = self._open_sandbox()
-        try:
-            yield con
-        finally:
-            self._close_instance(con)
-
-    def _refuse(self, *_args: Any, **_kwargs: Any) -> Any:
-        raise ArchiveError(f"{self.url}: a bundle opened in place is read-only; import it to change it")
-
-    import_bundle = prune = rm = gc = _refuse
-
-    def verify(self, run: str | None = None, **options: Any) -> Any:
-        """Refused (verify a bundle by importing it: every file and payload is checked)."""
-        raise ArchiveError(f"{self.url}: verify an S3 bundle by importing it (dumpdb import {self.url})")
-
-
-def open_bundle(url: str, **kwargs: Any) -> BundleArchive:
-    """:class:`BundleArchive` of the bundle at ``url`` (``storage_options=`` as for stores)."""
-    return BundleArchive(url, **kwargs)

@@ -36,7 +36,7 @@ import numpy as np
 import pyarrow as pa
 import xxhash
 
-from dumpdb.errors import DumpdbError
+from dumpdb.errors import DumpdbError, require_run
 
 
 @dataclass
@@ -107,10 +107,7 @@ def _verify(archive, run, sample, seed, progress, repair: bool, grace: float | N
     where, params = "", []
     with archive.reader() as con:
         if run is not None:
-            if not con.execute("SELECT count(*) FROM runs WHERE run = ?", [run]).fetchone()[0]:
-                from dumpdb.errors import no_such_run
-
-                raise no_such_run(run, archive.path, con)
+            require_run(con, run, archive.path)
             # the payloads of its stored tensors; pruned tensors' payloads are not the run's any more
             where = "WHERE content_hash IN (SELECT content_hash FROM tensors WHERE run = ? AND pruned_at IS NULL)"
             params = [run]

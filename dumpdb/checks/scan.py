@@ -67,8 +67,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -78,8 +78,22 @@ from dumpdb.checks.registry import CHECKS, Check
 from dumpdb.checks.registry import ThresholdTest as _Test
 from dumpdb.errors import DumpdbError
 
-if TYPE_CHECKING:  # pragma: no cover
-    from dumpdb.archive import Archive
+
+class ArchiveReads(Protocol):
+    """What a scan reads of an archive: :class:`dumpdb.archive.Archive` (the facade sits above
+    ``checks/`` in the import layers, pyproject.toml ``[tool.importlinter]``, so it is not imported)."""
+
+    path: Any
+
+    def sql(self, query: str, params: Any = None) -> pa.Table: ...
+
+    def tensors(self, query: str, params: Any = None) -> Iterator[tuple[dict[str, Any], np.ndarray | None]]: ...
+
+    def reader(self) -> AbstractContextManager[Any]: ...
+
+    def __enter__(self) -> Any: ...
+
+    def __exit__(self, *exc: Any) -> None: ...
 
 __all__ = ["CHECKS", "DEFAULT_CHECKS", "FP16_MAX", "RESULT_SCHEMA", "Check", "parse_check_spec", "scan"]
 
@@ -493,7 +507,7 @@ def _pair_metrics_(cur: np.ndarray, prev: np.ndarray, needed: set[str], p: Mappi
     return out
 
 
-def _read(archive: Archive, ids: list[int]) -> Iterator[tuple[int, np.ndarray | None]]:
+def _read(archive: ArchiveReads, ids: list[int]) -> Iterator[tuple[int, np.ndarray | None]]:
     if not ids:
         return
     for row, array in archive.tensors("SELECT unnest(?::BIGINT[]) AS tensor_id", [ids]):
@@ -542,7 +556,7 @@ SELECT * FROM scored
     return sql + f"ORDER BY {_ORDER}"
 
 
-def _run_check(archive: Archive, name: str, p: Mapping[str, float], order: int, run: str,
+def _run_check(archive: ArchiveReads, name: str, p: Mapping[str, float], order: int, run: str,
                iteration: int | None, rank: int | None, first_only: bool) -> list[dict[str, Any]]:
     tests = _tests(name, p)
     value_metric = _value_metric(name)
@@ -640,7 +654,7 @@ def _run_check(archive: Archive, name: str, p: Mapping[str, float], order: int, 
 
 # --------------------------------------------------------------------------- public entry point
 @contextmanager
-def _hold(archive: Archive) -> Iterator[None]:
+def _hold(archive: ArchiveReads) -> Iterator[None]:
     """One catalog connection for the whole scan (each Archive.sql call otherwise opens one)."""
     if getattr(archive, "_held", "missing") is None:
         with archive:
@@ -649,7 +663,7 @@ def _hold(archive: Archive) -> Iterator[None]:
         yield
 
 
-def _check_selection(archive: Archive, run: str, iteration: int | None, rank: int | None) -> None:
+def _check_selection(archive: ArchiveReads, run: str, iteration: int | None, rank: int | None) -> None:
     if archive.sql("SELECT 1 FROM runs WHERE run = $run", {"run": run}).num_rows == 0:
         from dumpdb.errors import no_such_run
 
@@ -669,7 +683,7 @@ def _check_selection(archive: Archive, run: str, iteration: int | None, rank: in
                               f"{', '.join(map(str, have)) or 'none'})")
 
 
-def scan(archive: Archive, run: str, checks: Sequence[str] | None = None, *, iteration: int | None = None,
+def scan(archive: ArchiveReads, run: str, checks: Sequence[str] | None = None, *, iteration: int | None = None,
          rank: int | None = None, params: Mapping[str, Mapping[str, float]] | None = None,
          first_only: bool = True) -> pa.Table:
     """Run ``checks`` over run ``run`` of ``archive``; one row per hit (:data:`RESULT_SCHEMA`).

@@ -83,7 +83,7 @@ def plan(held: Iterable[Held], entries: Iterable[TensorEntry], *, moved: bool, v
     """
     by_key = {e.key: e for e in entries}
     result = IdentityPlan()
-    to_hash: list[tuple[Held, TensorEntry, tuple[int, int] | None]] = []
+    to_hash: list[tuple[Held, TensorEntry, tuple[int, int]]] = []
     size_differs: list[tuple[Held, tuple[int, int]]] = []
     for h in held:
         entry = by_key.get(h.tensor_key)

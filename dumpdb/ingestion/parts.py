@@ -47,9 +47,10 @@ import pyarrow.parquet as pq
 
 from dumpdb import __version__
 from dumpdb.archival.bundle_check import sha256
-from dumpdb.archive import CATALOG, check_marker, create_archive, is_archive, open_tensor_store
+from dumpdb.archive_dir import CATALOG, check_marker, create_archive, is_archive, open_tensor_store
 from dumpdb.catalog import DEFAULT_LOCK_TIMEOUT, Catalog, insert_arrow, schema
 from dumpdb.catalog.locks import SHARED, store_lock
+from dumpdb.catalog.payload_rows import array_table, blob_table
 from dumpdb.dumpio import confine
 from dumpdb.errors import ArchiveError, DumpdbError
 from dumpdb.ingestion import pipeline as pl
@@ -57,7 +58,6 @@ from dumpdb.ingestion.ranges import check_ranges
 from dumpdb.layouts import Layout, TensorEntry, locate
 from dumpdb.progress import Reporter
 from dumpdb.storage.local import durable_put
-from dumpdb.storage.payloads import array_table, blob_table
 
 PARTS = "parts"
 MANIFEST = "manifest.json"
@@ -281,11 +281,11 @@ def _commit_part(con, directory: Path, manifest: dict) -> int:
     run = manifest["run"]
     row = manifest["runs_row"]
     if con.execute("SELECT count(*) FROM runs WHERE run = ?", [run]).fetchall()[0][0] == 0:
-        cols = ["run", "source_path", "layout", "framework", "framework_version", "device_target",
+        run_cols = ["run", "source_path", "layout", "framework", "framework_version", "device_target",
                 "dump_config", "metadata"]
-        con.execute(f"INSERT INTO runs ({', '.join(cols)}, status, ingest_started, dumpdb_version) "
-                    f"VALUES ({', '.join('?' * len(cols))}, 'ingesting', ?, ?)",
-                    [row.get(c) for c in cols] + [datetime.now(), __version__])
+        con.execute(f"INSERT INTO runs ({', '.join(run_cols)}, status, ingest_started, dumpdb_version) "
+                    f"VALUES ({', '.join('?' * len(run_cols))}, 'ingesting', ?, ?)",
+                    [row.get(c) for c in run_cols] + [datetime.now(), __version__])
     elif row.get("metadata"):  # each node read its own ranks' metadata files: the run has them all
         (old,) = con.execute("SELECT metadata FROM runs WHERE run = ?", [run]).fetchall()[0]
         merged = {**(json.loads(old) if old else {}), **json.loads(row["metadata"])}

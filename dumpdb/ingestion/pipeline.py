@@ -45,7 +45,7 @@ import numpy as np
 import pyarrow as pa
 
 from dumpdb import __version__
-from dumpdb.archive import (
+from dumpdb.archive_dir import (
     CATALOG,
     check_marker,
     check_store_url,
@@ -56,9 +56,10 @@ from dumpdb.archive import (
 )
 from dumpdb.catalog import DEFAULT_LOCK_TIMEOUT, Catalog, insert_arrow, schema
 from dumpdb.catalog.locks import SHARED, store_lock
+from dumpdb.catalog.payload_rows import record_payloads
 from dumpdb.catalog.runstate import run_lock_path, touch
 from dumpdb.dumpio import ReadBuffer, confine, reason
-from dumpdb.errors import ArchiveError, DumpdbError, DumpFileError, SourceChanged
+from dumpdb.errors import ArchiveError, DumpdbError, DumpFileError, SourceChanged, require_run
 from dumpdb.ingestion import identity
 from dumpdb.ingestion.ranges import check_ranges
 from dumpdb.ingestion.statistics import estimate_rows, statistics_parts
@@ -85,7 +86,6 @@ from dumpdb.ingestion.workers import (
 from dumpdb.layouts import DumpScan, Layout, TensorEntry, locate
 from dumpdb.layouts.base import StatisticsFile, display_name, encodable
 from dumpdb.progress import Reporter
-from dumpdb.storage.payloads import record_payloads
 from dumpdb.storage.store import BlobLocation, StoreWriter, TensorStore, payload_hash
 
 # Catalog commits: each opens the catalog read-write (~20 ms alone, far more while
@@ -390,8 +390,8 @@ class _Pipeline:
                                    [self.run_name]).fetchone()
             if existing is None:
                 if self.moved:
-                    raise DumpdbError(f"--moved: no run {self.run_name!r} in {report.archive} to continue; "
-                                      "drop --moved to ingest a new run")
+                    require_run(con, self.run_name, report.archive, "--moved: ",
+                                " to continue; drop --moved to ingest a new run")
                 return identity.IdentityPlan()
             if existing[0] != report.source_path and not self.moved:
                 raise ArchiveError(
@@ -472,7 +472,7 @@ class _Pipeline:
                 if existing[1] in ("ingesting", "interrupted"):
                     # everything was committed before the stop: settle the status
                     failed = con.execute("SELECT count(*) FROM ingest_errors WHERE run = ?",
-                                         [self.run_name]).fetchone()[0]
+                                         [self.run_name]).fetchall()[0][0]
                     con.execute("UPDATE runs SET status = ?, ingest_finished = ? WHERE run = ?",
                                 ["complete_with_errors" if failed else "complete", datetime.now(), self.run_name])
                 return []  # nothing to do
@@ -685,7 +685,7 @@ class _Pipeline:
                         # dump-directory confinement (dumpio.confine)
                         ctx = contextvars.copy_context()
                         nbytes = sum(batch[1])
-                        inflight.append((pool.submit(ctx.run, self._load_many, *batch), nbytes))
+                        inflight.append((pool.submit(ctx.run, self._load_many, batch[0], batch[1]), nbytes))
                         inflight_bytes += nbytes
                         inflight_files += len(batch[0])
                     if not inflight:
@@ -804,6 +804,7 @@ class _Pipeline:
             return
         self.report.bytes_in += payload.nbytes
         h = item.content_hash
+        assert h is not None  # a loaded payload is hashed (workers.load_entry)
         if h in self.known:
             self.report.deduplicated += 1
             self.rows.append(row)

@@ -301,6 +301,8 @@ def tensor_row(item: Loaded, run: str, stats_label: str, entry_columns: tuple[st
     else:
         stats = computed or {}
     payload = item.payload
+    dtype: str | None
+    shape: list[Any] | None
     if payload is not None:
         dtype, shape, nbytes = _dtype_name(payload.dtype), list(payload.shape), payload.nbytes
     else:
@@ -443,7 +445,8 @@ def dask_executor(scheduler: str, workers: int, on_start: Callable[[str], None] 
             cluster.close()
         raise DumpdbError(f"dask scheduler {scheduler}: cannot connect: {one_line(exc)}") from None
     if on_start is not None:
-        on_start(f"dask: {len(client.scheduler_info().get('workers', {}))} workers at {client.scheduler.address}")
+        address = client.scheduler.address if client.scheduler is not None else scheduler
+        on_start(f"dask: {len(client.scheduler_info().get('workers', {}))} workers at {address}")
     try:
         yield client.get_executor(pure=False)
     finally:

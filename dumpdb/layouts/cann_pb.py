@@ -40,7 +40,6 @@ import os
 import struct
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,7 +80,6 @@ DT_UINT1 = 29
 # OutputFormat (formats.md 3.3), the table dumpdb.formats converts with. Stored with the
 # proto's FORMAT_ prefix; catalog names drop it.
 FORMATS: dict[int, str] = OUTPUT_FORMAT
-_FORMAT_CODES = {name: code for code, name in FORMATS.items()}
 
 # Overflow record of one output slot of an Opdebug.Node_OpDebug file (formats.md 3.4;
 # mstt AclDumpDataProcessor.cpp DumpOpDebugDataToDisk): byte offsets, little-endian.
@@ -338,15 +336,6 @@ def tensor_array(t: TensorSlot, raw: bytes, where: str) -> tuple[np.ndarray, str
     return array, note
 
 
-def read_slot(path: str | os.PathLike, t: TensorSlot, where: str) -> tuple[np.ndarray, str | None]:
-    """Read one slot's bytes from the file and return :func:`tensor_array`."""
-    fd = open_dump_file(path, where)
-    try:
-        return tensor_array(t, _pread(fd, t, where), where)
-    finally:
-        os.close(fd)
-
-
 def _pread(fd: int, t: TensorSlot, where: str) -> bytes:
     """The slot's bytes at their offset (one pread; bounded by the slot's checked size)."""
     try:
@@ -447,81 +436,3 @@ def read_overflow(path: str | os.PathLike, where: str) -> list[tuple[int, str]]:
                                 f"needs {OVERFLOW_RECORD_SIZE}")
         records.append((slot, json.dumps(decode_overflow(data[offset:offset + size]))))
     return records
-
-
-# -- writing (tests and tools) ------------------------------------------------------------
-_CANONICAL_CODES: dict[np.dtype, int] = {}
-for _code, _dt in NUMPY_DTYPES.items():
-    if _code not in _BORROWED and _code != DT_UINT1:
-        _CANONICAL_CODES.setdefault(_dt, _code)
-
-
-def data_type_code(dtype: np.dtype) -> int:
-    """``OutputDataType`` number of a numpy dtype (ValueError if it has none)."""
-    dtype = np.dtype(dtype)
-    key = dtype if dtype == BFLOAT16 else dtype.newbyteorder("<") if dtype.byteorder == ">" else dtype
-    for dt, code in _CANONICAL_CODES.items():
-        if dt == key:
-            return code
-    raise ValueError(f"no OutputDataType for numpy dtype {dtype}")
-
-
-@dataclass
-class TensorSpec:
-    """What to write for one input/output. Overrides let tests write lying headers."""
-
-    array: np.ndarray
-    format: str = "ND"
-    original_shape: Sequence[int] | None = None
-    data_type: int | None = None  # default: from the array's dtype
-    shape: Sequence[int] | None = None  # default: the array's shape
-    size: int | None = None  # default: the array's byte count
-    original_op: str | None = None
-
-
-def _fill(msg, spec: TensorSpec) -> bytes:
-    array = np.asarray(spec.array)  # not ascontiguousarray: it turns a 0-d array into shape (1,)
-    data = array.tobytes(order="C")
-    msg.data_type = spec.data_type if spec.data_type is not None else data_type_code(array.dtype)
-    msg.format = _FORMAT_CODES[spec.format] if isinstance(spec.format, str) else int(spec.format)
-    msg.shape.dim.extend(int(d) for d in (spec.shape if spec.shape is not None else array.shape))
-    if spec.original_shape is not None:
-        msg.original_shape.SetInParent()
-        msg.original_shape.dim.extend(int(d) for d in spec.original_shape)
-    msg.size = spec.size if spec.size is not None else len(data)
-    if spec.original_op is not None:
-        msg.original_op.name = spec.original_op.encode()
-    return data
-
-
-def encode_dump(inputs: Sequence[TensorSpec | np.ndarray] = (), outputs: Sequence[TensorSpec | np.ndarray] = (),
-                buffers: Sequence[bytes] = (), *, version: str = "2.0", dump_time: int = 0, op_name: str = "",
-                trailing: bytes = b"") -> bytes:
-    """A complete container: uint64 header length, ``DumpData`` header, then the
-    inputs', outputs' and buffers' bytes in that order (formats.md 3.2)."""
-    msg = DumpData(version=version.encode(), dump_time=dump_time, op_name=op_name.encode())
-    chunks = []
-    for spec in inputs:
-        spec = spec if isinstance(spec, TensorSpec) else TensorSpec(spec)
-        chunks.append(_fill(msg.input.add(), spec))
-    for spec in outputs:
-        spec = spec if isinstance(spec, TensorSpec) else TensorSpec(spec)
-        chunks.append(_fill(msg.output.add(), spec))
-    for raw in buffers:
-        msg.buffer.add(buffer_type=0, size=len(raw))
-        chunks.append(bytes(raw))
-    header = msg.SerializeToString()
-    return struct.pack("<Q", len(header)) + header + b"".join(chunks) + trailing
-
-
-def encode_overflow_record(dha: dict, l2: dict, core: dict) -> bytes:
-    """The inverse of :func:`decode_overflow` (integers; addresses as ints)."""
-    raw = bytearray(OVERFLOW_RECORD_SIZE)
-    for base, info in ((_DHA_INFO, dha), (_L2_INFO, l2), (_AICORE_INFO, core)):
-        for i, name in enumerate(_OVERFLOW_INFO_FIELDS):
-            struct.pack_into("<Q", raw, base + 8 * i, int(info.get(name, 0)))
-    struct.pack_into("<Q", raw, _DHA_STATUS, int(dha.get("status", 0)))
-    struct.pack_into("<Q", raw, _L2_STATUS, int(l2.get("status", 0)))
-    struct.pack_into("<QQQ", raw, _AICORE_STATUS, int(core.get("kernel_code", 0)), int(core.get("block_idx", 0)),
-                     int(core.get("status", 0)))
-    return bytes(raw)

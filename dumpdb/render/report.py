@@ -61,7 +61,6 @@ def _plot_kind(metric: str) -> str:
     return entry.plot if entry else "log"
 
 
-PRIMARY_METRICS = tuple(m.name for m in registry.metrics() if m.primary)
 METRICS = _metric_names()
 
 # Column order of the pairs table; columns not listed follow, all-NULL columns are left out.
@@ -437,7 +436,7 @@ def _metric_svg(metric: str, x: np.ndarray, y: np.ndarray, present: np.ndarray, 
         n = int((present & sel).sum())
         if not n:
             continue
-        label = f"{cat} ({n})"
+        label: str | None = f"{cat} ({n})"
         big = cat in ("warning", "error")
         if m.any():
             ax.scatter(x[m], yplot[m], s=14 if big else 5, c=COLOURS[cat], linewidths=0, rasterized=True,
@@ -501,7 +500,7 @@ def _find_divergence_row(results: pa.Table, fd: Mapping[str, Any] | None) -> int
     candidates = [i for i, v in enumerate(results.column("target_name").to_pylist())
                   if v == name and all(columns[k][i] == fd[k] for k in keys)]
     failing = [i for i in candidates if cats[i] != "pass"]
-    return (failing or candidates or [None])[0]
+    return failing[0] if failing else candidates[0] if candidates else None
 
 
 def _plots_section(results: pa.Table, summary: Mapping[str, Any], divergence_row: int | None) -> str:
@@ -543,7 +542,8 @@ def _plots_section(results: pa.Table, summary: Mapping[str, Any], divergence_row
         div_x = None
         if divergence_row is not None and divergence_row in set(rows.tolist()):
             div_x = float(x[int(np.nonzero(rows == divergence_row)[0][0])])
-        primary, secondary = [], []
+        primary: list[str] = []
+        secondary: list[str] = []
         for metric in metrics:
             y, present = series[metric]
             if not present[rows].any():
@@ -1044,8 +1044,8 @@ def _hits_svg(hits: pa.Table) -> str:
     ax.set_title("hits per iteration per check", fontsize=9, loc="left")
     ax.tick_params(labelsize=7)
     ax.grid(True, axis="y", lw=0.3, alpha=0.5)
-    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, borderaxespad=0.0)
-    for text in [ax.title, *ax.get_legend().get_texts(), *ax.get_xticklabels()]:
+    legend = ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, borderaxespad=0.0)
+    for text in [ax.title, *legend.get_texts(), *ax.get_xticklabels()]:
         text.set_parse_math(False)  # check names / labels are data: no mathtext
     return _svg(fig, "hits", "hits per iteration per check")
 

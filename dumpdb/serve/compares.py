@@ -4,7 +4,7 @@ or a new one run through :func:`dumpdb.compare.engine.compare` with ``store_resu
 tensors with both sides' tree paths (:data:`dumpdb.serve.queries.PATHS_SQL`).
 
 The two trees, the error plot and the filters are DuckDB queries over that table, on a private
-in-memory DuckDB with file access disabled (:func:`dumpdb.archive.lock_down`).
+in-memory DuckDB with file access disabled (:func:`dumpdb.sql_sandbox.lock_down`).
 
 Verdicts: a new compare shows the precision rules' ``precision_result`` and plots ``scaled_err``
 (relative Euclidean error) against ``precision_floor`` (:mod:`dumpdb.compare.precision`); a
@@ -44,7 +44,7 @@ class CompareView:
         self.verdict_rule, self.error_metric = verdict_rule, error_metric
         self._lock = threading.Lock()
         self._con = duckdb.connect(":memory:")
-        from dumpdb.archive import lock_down
+        from dumpdb.sql_sandbox import lock_down
 
         self._con.register("pairs", pairs)
         lock_down(self._con)

@@ -18,13 +18,12 @@ otherwise its op name, top-level. A node aggregates every tensor below it.
 from __future__ import annotations
 
 import base64
-import math
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from dumpdb.errors import DumpdbError, RunNotFound
+from dumpdb.errors import DumpdbError
 
 QUERY_TIMEOUT = 10.0  # seconds a catalog query of a page may run (Archive.sql(timeout=))
 MAX_CHILDREN = 2000  # rows of one tree / compare-tree request
@@ -62,8 +61,8 @@ def runs(archive) -> list[dict[str, Any]]:
 
 
 def check_run(archive, run: str) -> None:
-    if not archive.sql("SELECT 1 FROM runs WHERE run = $run", {"run": run}, timeout=QUERY_TIMEOUT).num_rows:
-        raise RunNotFound(f"no run {run!r} in {archive.path}")
+    """RunNotFound (listing the runs) unless the archive has ``run``."""
+    archive.require_run(run)
 
 
 # -- the model tree ---------------------------------------------------------------------------------------
@@ -409,5 +408,3 @@ def sql_export(archive, query: str, fmt: str) -> tuple[bytes, str]:
     return as_text(table, fmt).encode("utf-8"), "text/csv" if fmt == "csv" else "application/json"
 
 
-def finite_or_none(v: Any) -> Any:
-    return v if not isinstance(v, float) or math.isfinite(v) else None

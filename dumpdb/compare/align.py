@@ -141,6 +141,7 @@ from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import compress
 from pathlib import Path
 
 import numpy as np
@@ -288,10 +289,10 @@ class _Side:
         self.table, self._names, self.group_by = table, names, group_by
         # self.tensor_id, self.op_name, ...: one Python list per column, made on first use
         # (__getattr__): the vectorised exact pairing and content check read Arrow columns
-        ids = self.tensor_id
-        if any(i is None for i in ids):
+        ids = table.column("tensor_id")
+        if ids.null_count:
             raise ValueError(f"{label} has NULL tensor_id values")
-        if len(set(ids)) != n:
+        if pc.count_distinct(ids).as_py() != n:
             raise ValueError(f"{label} lists a tensor_id more than once")
         if group_by:
             gcols = [[_hashable(v) for v in table.column(c).to_pylist()] for c in group_by]
@@ -333,7 +334,7 @@ class _Side:
         return have[0] if len(have) == 1 else pc.coalesce(*[h.cast(have[0].type) for h in have])
 
     def free_rows(self) -> Iterable[int]:
-        return (i for i in range(self.n) if self.free[i])
+        return compress(range(self.n), self.free)
 
     def name(self, i: int) -> str | None:
         return self.op_name[i] if self.op_name[i] is not None else self.scope_name[i]
@@ -1341,11 +1342,21 @@ def align(target: pa.Table, bench: pa.Table, *, group_by: Sequence[str] = (),
             _order(p)
 
     t, b = p.t, p.b
-    p.pairs.sort(key=lambda x: t.okey[x[0]])
-    pairs = pa.table([pa.array([t.tensor_id[x[0]] for x in p.pairs], pa.int64()),
-                      pa.array([b.tensor_id[x[1]] for x in p.pairs], pa.int64()),
-                      pa.array([x[2] for x in p.pairs], pa.string()),
-                      pa.array([x[0] in old and old[x[0]] != x[1] for x in p.pairs], pa.bool_())],
+    if p.pairs:
+        tis, bis, strategy = (list(x) for x in zip(*p.pairs))
+    else:
+        tis, bis, strategy = [], [], []
+    ti, bi = np.array(tis, np.int64), np.array(bis, np.int64)
+    order = np.argsort(t.okey_np[ti], kind="stable")  # okey is a permutation: no ties
+    ti, bi = ti[order], bi[order]
+    p.pairs = list(zip(ti.tolist(), bi.tolist(), np.array(strategy, object)[order].tolist()))
+    was = np.full(t.n, -1, np.int64)
+    if old:
+        was[np.fromiter(old.keys(), np.int64, len(old))] = np.fromiter(old.values(), np.int64, len(old))
+    pairs = pa.table([pc.take(_int64(t.table.column("tensor_id")), pa.array(ti)),
+                      pc.take(_int64(b.table.column("tensor_id")), pa.array(bi)),
+                      pa.array(np.array(strategy, object)[order], pa.string()),
+                      pa.array((was[ti] >= 0) & (was[ti] != bi), pa.bool_())],
                      schema=PAIRS_SCHEMA)
     found = _suspects(p)
     suspects = pa.table([pa.array([t.tensor_id[x[0]] for x in found], pa.int64()),
@@ -1354,6 +1365,12 @@ def align(target: pa.Table, bench: pa.Table, *, group_by: Sequence[str] = (),
                          pa.array([x[3] for x in found], pa.float64()),
                          pa.array([x[4] for x in found], pa.float64())], schema=SUSPECTS_SCHEMA)
     return Alignment(pairs, _unmatched(t), _unmatched(b), suspects)
+
+
+def _int64(col) -> pa.Array:
+    """A tensor_id column as one int64 Arrow array."""
+    col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    return col.cast(pa.int64())
 
 
 def _unmatched(s: _Side) -> pa.Table:

@@ -275,6 +275,7 @@ class _Side:
     dtype: list
     leafs: list  # (io, slot, slot_path, arg_name) per row
     _api_tok: list | None = None  # _api_tokens()
+    sizes: list  # element count per row, None for a NULL shape (_size_list)
 
     def __init__(self, table: pa.Table, group_by: Sequence[str], label: str):
         if not isinstance(table, pa.Table):
@@ -316,6 +317,8 @@ class _Side:
             v = self.table.column(c).to_pylist() if c in self._names else [None] * self.n
         elif c == "leafs":
             v = list(zip(self.io, self.slot, self.slot_path, self.arg_name))
+        elif c == "sizes":
+            v = _size_list(self)
         else:
             raise AttributeError(c)
         setattr(self, c, v)
@@ -600,7 +603,12 @@ def _sequence(p: _Pairing) -> None:
     def tokens(s: _Side, op_rows: dict) -> tuple[list, list]:
         names, toks = [], []
         api = _api_tokens(s)
-        for name, rows in sorted(op_rows.items(), key=lambda kv: min(s.okey[i] for i in kv[1])):
+        okey = s.okey
+
+        def first(kv) -> int:  # the op's first place in execution order
+            return okey[kv[1][0]] if len(kv[1]) == 1 else min(map(okey.__getitem__, kv[1]))
+
+        for name, rows in sorted(op_rows.items(), key=first):
             i = rows[0]
             f = api[i]
             if f is _MISSING:
@@ -716,6 +724,8 @@ def _shift_gaps(matched: list[tuple[int, int]], ttok: list, btok: list, cost) ->
             lo = out[k - 1][side] if k else -1
             hi = out[k + 1][side] if k + 1 < len(out) else n
             cur = pair[side]
+            if lo + 1 >= cur and hi <= cur + 1:
+                continue  # no unpaired place between the neighbours' partners
             tok = other[pair[1 - side]]
             old = None
             for j in range(max(lo + 1, cur - GAP_WINDOW), min(hi, cur + GAP_WINDOW + 1)):
@@ -758,18 +768,23 @@ def _api_tokens(s: _Side) -> list:
 
 
 def _sizes(s: _Side, rows: list[int]) -> tuple:
+    size = s.sizes
     if len(rows) == 1:
         i = rows[0]
-        if s.io[i] != "output":
-            return ()
-        shape = s.shape[i]
-        return ((s.slot[i], None if shape is None else _prod(shape)),)
+        return ((s.slot[i], size[i]),) if s.io[i] == "output" else ()
     out = []
     for i in rows:
         if s.io[i] == "output":
-            shape = s.shape[i]
-            out.append((s.slot[i], None if shape is None else _prod(shape)))
+            out.append((s.slot[i], size[i]))
     return tuple(sorted(out, key=repr))
+
+
+def _size_list(s: _Side) -> list:
+    """Element count of each row's shape (:func:`_prod`), None where the shape is NULL."""
+    prod = _products(s)
+    if prod is None:
+        return [None if x is None else _prod(x) for x in s.shape]
+    return [int(x) if v else None for x, v in zip(prod[0].tolist(), prod[1].tolist())]
 
 
 def _prod(shape) -> int:
@@ -947,20 +962,28 @@ def _shapes(s: _Side) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     return valid, offsets, dims.to_numpy(zero_copy_only=False).astype(np.int64)
 
 
-def _elements(s: _Side) -> np.ndarray:
-    """Element count per row as float64 (1 for an unknown shape), as _prod."""
+def _products(s: _Side) -> tuple[np.ndarray, np.ndarray] | None:
+    """(element count as int64, 1 for a 0-d shape; shape not NULL) per row, or None when
+    the shape column is not a list of integers or a count reaches 2**62."""
     sh = _shapes(s)
     if sh is None:
-        return np.array([1 if x is None else _prod(x) for x in s.shape], np.float64)
+        return None
     valid, offsets, dims = sh
     out = np.ones(s.n, np.int64)
     nonempty = np.flatnonzero(offsets[1:] > offsets[:-1])
     if nonempty.size:
         if np.abs(np.multiply.reduceat(dims.astype(np.float64), offsets[nonempty])).max() >= 2.0**62:
-            return np.array([1 if x is None else _prod(x) for x in s.shape], np.float64)  # beyond int64
+            return None
         out[nonempty] = np.multiply.reduceat(dims, offsets[nonempty])
-    out[~valid] = 1
-    return out.astype(np.float64)
+    return out, valid
+
+
+def _elements(s: _Side) -> np.ndarray:
+    """Element count per row as float64 (1 for an unknown shape), as _prod."""
+    prod = _products(s)
+    if prod is None:
+        return np.array([1 if x is None else _prod(x) for x in s.shape], np.float64)
+    return np.where(prod[1], prod[0], 1).astype(np.float64)
 
 
 def _form_keys(s: _Side) -> np.ndarray:
@@ -1029,15 +1052,24 @@ def api_families(names: pa.Array | pa.ChunkedArray) -> list:
     return [(None if c else f) if a else _MISSING for a, c, f in zip(api.tolist(), cast.tolist(), fam)]
 
 
+def family_column(op_type: list, names: pa.Array | pa.ChunkedArray) -> list:
+    """:func:`family` of each (op type, name): ``op_type`` a list, ``names`` an Arrow string
+    column of the same length; msprobe API record keys vectorised (:func:`api_families`)."""
+    return _family_list(op_type, names, names.to_pylist().__getitem__)
+
+
 def _families(s: _Side, names) -> list:
     """:func:`family` of each row's (op type, name), ``names`` (Arrow) the row's
-    :meth:`_Side.name`; API record keys vectorised."""
+    :meth:`_Side.name`."""
+    return _family_list(s.op_type, names, s.name)
+
+
+def _family_list(op_type: list, names, name_of) -> list:
     out = api_families(names)
-    op_type = s.op_type
     fam_of: dict = {}
     for i, f in enumerate(out):
         if f is _MISSING or op_type[i] in _CAST_OP_TYPES:
-            key = (op_type[i], s.name(i))
+            key = (op_type[i], name_of(i))
             f = fam_of.get(key, _MISSING)
             if f is _MISSING:
                 f = fam_of[key] = family(*key)

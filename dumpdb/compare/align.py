@@ -1077,9 +1077,9 @@ def _family_list(op_type: list, names, name_of) -> list:
     return out
 
 
-def _distances(ct: _Content, cb: _Content, tis: list[int], bis: list[int]) -> np.ndarray:
+def _distances(ct: _Content, cb: _Content, tis: list[int] | np.ndarray, bis: list[int] | np.ndarray) -> np.ndarray:
     """:func:`stat_distance` of many pairs at once (inf where dtype class or shape differ)."""
-    if not tis:
+    if len(tis) == 0:
         return np.zeros(0)
     x, y = ct.st[tis], cb.st[bis]
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -1210,15 +1210,17 @@ def _family_codes(p: _Pairing) -> tuple[np.ndarray, np.ndarray]:
     return t, b
 
 
-def _suspects(p: _Pairing) -> list[tuple[int, int, int, float, float]]:
-    """Final pairs (mapping excepted: what the user wrote wins) that look wrong while a far
-    better partner exists: (target row, bench row, better bench row, distance, better distance)."""
+def _suspects(p: _Pairing, tis: np.ndarray, bis: np.ndarray, checked: np.ndarray) -> list[tuple]:
+    """Final pairs (rows ``tis``/``bis`` in the target's execution order; ``checked``: not a
+    mapping pair, since what the user wrote wins) that look wrong while a far better partner
+    exists: (target row, bench row, better bench row, distance, better distance)."""
     ct, cb = _content(p.t), _content(p.b)
     out = []
-    pairs = [(ti, bi) for ti, bi, strategy in p.pairs if strategy != "mapping"]
-    dist = _distances(ct, cb, [ti for ti, _ in pairs], [bi for _, bi in pairs])
-    for (ti, bi), d in zip(pairs, dist.tolist()):
-        better = _better_partner(ct, cb, ti, bi, d) if d > LOOKS_WRONG else None
+    tis, bis = tis[checked], bis[checked]
+    dist = _distances(ct, cb, tis, bis)
+    for k in np.flatnonzero(dist > LOOKS_WRONG).tolist():
+        ti, bi = int(tis[k]), int(bis[k])
+        better = _better_partner(ct, cb, ti, bi, float(dist[k]))
         if better is not None:
             out.append((ti, bi, better[0], better[2], better[1]))
     return out
@@ -1380,17 +1382,16 @@ def align(target: pa.Table, bench: pa.Table, *, group_by: Sequence[str] = (),
         tis, bis, strategy = [], [], []
     ti, bi = np.array(tis, np.int64), np.array(bis, np.int64)
     order = np.argsort(t.okey_np[ti], kind="stable")  # okey is a permutation: no ties
-    ti, bi = ti[order], bi[order]
-    p.pairs = list(zip(ti.tolist(), bi.tolist(), np.array(strategy, object)[order].tolist()))
+    ti, bi, strategy_ = ti[order], bi[order], np.array(strategy, object)[order]
     was = np.full(t.n, -1, np.int64)
     if old:
         was[np.fromiter(old.keys(), np.int64, len(old))] = np.fromiter(old.values(), np.int64, len(old))
     pairs = pa.table([pc.take(_int64(t.table.column("tensor_id")), pa.array(ti)),
                       pc.take(_int64(b.table.column("tensor_id")), pa.array(bi)),
-                      pa.array(np.array(strategy, object)[order], pa.string()),
+                      pa.array(strategy_, pa.string()),
                       pa.array((was[ti] >= 0) & (was[ti] != bi), pa.bool_())],
                      schema=PAIRS_SCHEMA)
-    found = _suspects(p)
+    found = _suspects(p, ti, bi, strategy_ != "mapping")
     suspects = pa.table([pa.array([t.tensor_id[x[0]] for x in found], pa.int64()),
                          pa.array([b.tensor_id[x[1]] for x in found], pa.int64()),
                          pa.array([b.tensor_id[x[2]] for x in found], pa.int64()),

@@ -3,8 +3,11 @@
 :func:`align` takes two Arrow tables of ``tensors`` rows (plus ``position``, the op's place
 in ``execution_order``, joined by the caller) and returns an :class:`Alignment`: one row per
 pair (each tensor used at most once, with the strategy that matched it) and every tensor
-that found no partner. Pure functions: no archive I/O; dicts over column lists and one
-Arrow sort per side, linear in the rows (100k rows per side: 1-3 s on a 2-core VM).
+that found no partner. Pure functions: no archive I/O. The exact strategy and the content
+check run vectorised (joint integer keys in numpy, msprobe call names parsed by Arrow's RE2
+over the whole column, statistics and forms as arrays); the other strategies use dicts over
+column lists made on first use, and the sequence alignment runs only on the ops left
+unpaired or taken back. Cost: ``scripts/bench_align.py`` (docs/alignment.md).
 
 Strategies
 ----------

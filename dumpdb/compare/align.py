@@ -412,7 +412,7 @@ def _exact(p: _Pairing) -> None:
 
 # Python's '\\d' in a str pattern is any Unicode decimal digit (\\p{Nd} in RE2); its '$'
 # also matches before a final newline
-_OP_COUNTER_RE2 = r"-op\p{Nd}+\n?$"
+_OP_COUNTER_RE2 = r"-op\p{Nd}+(\n?)$"
 
 
 def _encode(t_col, b_col) -> tuple[np.ndarray, np.ndarray] | None:
@@ -518,6 +518,9 @@ def _pair_codes(p: _Pairing, tcode: np.ndarray, bcode: np.ndarray, strategy: str
 
 def _normalized(p: _Pairing) -> None:
     cache: dict[str, str] = {}
+    for side in (p.t, p.b):  # names without a '.', vectorised
+        names = side.first("scope_name", "op_name")
+        cache.update((k, v) for k, v in zip(names.to_pylist(), plain_names(names, "normalized")) if v is not _MISSING)
 
     def norm(name: str | None) -> str | None:
         if name is None:
@@ -540,7 +543,7 @@ def _normalized(p: _Pairing) -> None:
         out: dict = defaultdict(lambda: defaultdict(list))
         for i in s.free_rows():
             name = s.op_name[i]
-            if name is None:
+            if name is None or "." not in name:  # not an msprobe key, nor is its normalised name
                 continue
             base = _without_call_index(norm(name))
             if base is not None:
@@ -616,7 +619,7 @@ def _sequence(p: _Pairing) -> None:
             f = api[i]
             if f is _MISSING:
                 tok = sequence_key(s.op_type[i], s.scope_name[i] if s.scope_name[i] is not None else name)
-            else:  # an msprobe API key: sequence_key is (op_type, its family), None for a cast
+            else:  # an msprobe API key (its family, None for a cast) or a plain name
                 tok = None if f is None or s.op_type[i] in _CAST_OP_TYPES else (s.op_type[i], f)
             if tok is not None:
                 names.append(name)
@@ -670,9 +673,16 @@ class _Cost:
 
     def __init__(self, t: _Side, trows: list, tnames: list, b: _Side, brows: list, bnames: list):
         self.t, self.trows, self.tnames, self.b, self.brows, self.bnames = t, trows, tnames, b, brows, bnames
+        self.counters: dict = {}
+
+    def counter(self, name: str) -> str | None:
+        c = self.counters.get(name, _MISSING)
+        if c is _MISSING:
+            c = self.counters[name] = _counter(name)
+        return c
 
     def __call__(self, ti: int, bi: int) -> float:
-        differ = _counter(self.tnames[ti]) != _counter(self.bnames[bi]) if W_COUNTER else False
+        differ = self.counter(self.tnames[ti]) != self.counter(self.bnames[bi]) if W_COUNTER else False
         return _distance(self.t, self.trows[ti], self.b, self.brows[bi]) + W_COUNTER * differ
 
 
@@ -763,10 +773,16 @@ def _op_distance(ct: _Content, trows: list[int], cb: _Content, brows: list[int])
 
 
 def _api_tokens(s: _Side) -> list:
-    """:func:`api_families` of each row's sequence name (scope_name, else op_name), once per side."""
+    """The name part of :func:`sequence_key` of each row's sequence name (scope_name, else
+    op_name) for msprobe API keys (:func:`api_families`) and names without a '.'
+    (:func:`plain_names`), :data:`_MISSING` for others; once per side."""
     v = s._api_tok
     if v is None:
-        v = s._api_tok = api_families(s.first("scope_name", "op_name"))
+        names = s.first("scope_name", "op_name")
+        v = s._api_tok = api_families(names)
+        for i, f in enumerate(plain_names(names, "sequence")):
+            if f is not _MISSING:
+                v[i] = f
     return v
 
 
@@ -1055,6 +1071,35 @@ def api_families(names: pa.Array | pa.ChunkedArray) -> list:
     return [(None if c else f) if a else _MISSING for a, c, f in zip(api.tolist(), cast.tolist(), fam)]
 
 
+# Names without a '.' (MindSpore / CANN scopes and file names) are never msprobe record keys:
+# normalize_name, family and sequence_key are then regular expressions alone, the same ones
+# in RE2 over the whole column (Python's \\d: \\p{Nd}; its '$' also before a final newline)
+_SEPARATORS_RE2 = r"[/\\. ]"
+
+
+def plain_names(names: pa.Array | pa.ChunkedArray, what: str) -> list:
+    """Per name without a '.': ``what`` = ``'normalized'`` (:func:`normalize_name`),
+    ``'family'`` (:func:`family` for an op type that is not a cast) or ``'sequence'`` (the
+    name part of :func:`sequence_key`); :data:`_MISSING` for other names and NULL."""
+    if isinstance(names, pa.ChunkedArray):
+        names = names.combine_chunks()
+    n = len(names)
+    if not n or not (pa.types.is_string(names.type) or pa.types.is_large_string(names.type)):
+        return [_MISSING] * n
+    plain = pc.fill_null(pc.invert(pc.match_substring(names, ".")), False).to_numpy(zero_copy_only=False)
+    if not plain.any():
+        return [_MISSING] * n
+    if what == "family":
+        has = pc.fill_null(pc.match_substring_regex(names, _OP_COUNTER_RE2), False).to_numpy(zero_copy_only=False)
+        out = pc.replace_substring_regex(pc.replace_substring_regex(names, _OP_COUNTER_RE2, ""), _SEPARATORS_RE2, "_")
+        return [(f if h else None) if p else _MISSING for p, h, f in zip(plain.tolist(), has.tolist(), out.to_pylist())]
+    out = pc.replace_substring_regex(pc.replace_substring_regex(names, _OP_COUNTER_RE2, r"\1"), _SEPARATORS_RE2, "_")
+    if what == "sequence":
+        out = pc.replace_substring_regex(pc.replace_substring_regex(out, _AMP_WRAPPER.pattern, "-"),
+                                         _AMP_PARAM.pattern, "_")
+    return [f if p else _MISSING for p, f in zip(plain.tolist(), out.to_pylist())]
+
+
 def family_column(op_type: list, names: pa.Array | pa.ChunkedArray) -> list:
     """:func:`family` of each (op type, name): ``op_type`` a list, ``names`` an Arrow string
     column of the same length; msprobe API record keys vectorised (:func:`api_families`)."""
@@ -1069,6 +1114,10 @@ def _families(s: _Side, names) -> list:
 
 def _family_list(op_type: list, names, name_of) -> list:
     out = api_families(names)
+    plain = plain_names(names, "family")
+    for i, f in enumerate(plain):
+        if f is not _MISSING:
+            out[i] = f
     fam_of: dict = {}
     for i, f in enumerate(out):
         if f is _MISSING or op_type[i] in _CAST_OP_TYPES:

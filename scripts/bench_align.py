@@ -57,21 +57,23 @@ def main() -> None:
     target, bench = sequences(n)
     key = [t.replace("net-_OutputTo32/_backbone-LM", "net-LM").rsplit("-op", 1)[0] for t in target]
     bkey = [b.rsplit("-op", 1)[0] for b in bench]
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     pairs = diff(key, bkey)
-    t1 = time.perf_counter()
-    print(f"diff: {len(key)} x {len(bkey)} tokens -> {len(pairs)} pairs in {t1 - t0:.2f} s")
+    base, cbase = time.perf_counter() - t0, time.process_time() - c0
+    print(f"diff (the baseline here): {len(key)} x {len(bkey)} tokens -> {len(pairs)} pairs in {base:.2f} s "
+          f"(CPU {cbase:.2f} s)")
     tt, bt = table(target, 1), table(bench, 10 * n)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     alone = align(tt, bt, strategies=("sequence",))
-    t1 = time.perf_counter()
-    print(f"align (sequence alone): {tt.num_rows} x {bt.num_rows} tensors in {t1 - t0:.2f} s: "
-          f"{alone.counts()['sequence']} pairs")
-    t0 = time.perf_counter()
+    dt, ct = time.perf_counter() - t0, time.process_time() - c0
+    print(f"align (sequence alone): {tt.num_rows} x {bt.num_rows} tensors in {dt:.2f} s ({dt / base:.1f}x the diff), "
+          f"CPU {ct:.2f} s ({ct / cbase:.1f}x): {alone.counts()['sequence']} pairs")
+    t0, c0 = time.perf_counter(), time.process_time()
     al = align(tt, bt, strategies=("exact", "normalized", "sequence"))
-    t1 = time.perf_counter()
+    dt, ct = time.perf_counter() - t0, time.process_time() - c0
     c = al.counts()
-    print(f"align (exact, normalized, sequence): {tt.num_rows} x {bt.num_rows} tensors in {t1 - t0:.2f} s: "
+    print(f"align (exact, normalized, sequence): {tt.num_rows} x {bt.num_rows} tensors in {dt:.2f} s "
+          f"({dt / base:.1f}x the diff), CPU {ct:.2f} s ({ct / cbase:.1f}x): "
           f"sequence {c['sequence']}, unmatched target {c['unmatched_target']}, bench {c['unmatched_bench']}")
 
     content(n)

@@ -673,22 +673,25 @@ class _Cost:
 
     def __init__(self, t: _Side, trows: list, tnames: list, b: _Side, brows: list, bnames: list):
         self.t, self.trows, self.tnames, self.b, self.brows, self.bnames = t, trows, tnames, b, brows, bnames
-        self.counters: dict = {}
-
-    def counter(self, name: str) -> str | None:
-        c = self.counters.get(name, _MISSING)
-        if c is _MISSING:
-            c = self.counters[name] = _counter(name)
-        return c
+        self.tcount: list | None = None
+        self.bcount: list | None = None
 
     def __call__(self, ti: int, bi: int) -> float:
-        differ = self.counter(self.tnames[ti]) != self.counter(self.bnames[bi]) if W_COUNTER else False
+        if self.tcount is None or self.bcount is None:  # each name's -opN counter, once per window
+            self.tcount, self.bcount = _counters(self.tnames), _counters(self.bnames)
+        differ = self.tcount[ti] != self.bcount[bi] if W_COUNTER else False
         return _distance(self.t, self.trows[ti], self.b, self.brows[bi]) + W_COUNTER * differ
 
 
 def _counter(name: str) -> str | None:
     m = _OP_COUNTER.search(name)
     return m.group(0) if m else None
+
+
+def _counters(names: list[str]) -> list[str | None]:
+    """:func:`_counter` of each name (RE2 over the list: the '-opN' before the end or a final newline)."""
+    found = pc.extract_regex(pa.array(names, pa.string()), r"(?P<c>-op\p{Nd}+)\n?$")
+    return pc.struct_field(found, "c").to_pylist()
 
 
 def _op_name(s: _Side, i: int) -> str | None:

@@ -12,7 +12,7 @@ the same run, the plain exact join (a dict from name to row, the pairs it gives)
 taken back) and on a rewrite (target computes one op by 9 calls near the start, so every
 later counter of those APIs shifts: their families are re-aligned by sequence).
 
-Usage: python scripts/bench_align.py [N] [--content-only]
+Usage: python scripts/bench_align.py [N] [--content-only]   (N first: 100000 by default)
 """
 
 from __future__ import annotations
@@ -57,21 +57,23 @@ def main() -> None:
     target, bench = sequences(n)
     key = [t.replace("net-_OutputTo32/_backbone-LM", "net-LM").rsplit("-op", 1)[0] for t in target]
     bkey = [b.rsplit("-op", 1)[0] for b in bench]
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     pairs = diff(key, bkey)
-    t1 = time.perf_counter()
-    print(f"diff: {len(key)} x {len(bkey)} tokens -> {len(pairs)} pairs in {t1 - t0:.2f} s")
+    base, cbase = time.perf_counter() - t0, time.process_time() - c0
+    print(f"diff (the baseline here): {len(key)} x {len(bkey)} tokens -> {len(pairs)} pairs in {base:.2f} s "
+          f"(CPU {cbase:.2f} s)")
     tt, bt = table(target, 1), table(bench, 10 * n)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     alone = align(tt, bt, strategies=("sequence",))
-    t1 = time.perf_counter()
-    print(f"align (sequence alone): {tt.num_rows} x {bt.num_rows} tensors in {t1 - t0:.2f} s: "
-          f"{alone.counts()['sequence']} pairs")
-    t0 = time.perf_counter()
+    dt, ct = time.perf_counter() - t0, time.process_time() - c0
+    print(f"align (sequence alone): {tt.num_rows} x {bt.num_rows} tensors in {dt:.2f} s ({dt / base:.1f}x the diff), "
+          f"CPU {ct:.2f} s ({ct / cbase:.1f}x): {alone.counts()['sequence']} pairs")
+    t0, c0 = time.perf_counter(), time.process_time()
     al = align(tt, bt, strategies=("exact", "normalized", "sequence"))
-    t1 = time.perf_counter()
+    dt, ct = time.perf_counter() - t0, time.process_time() - c0
     c = al.counts()
-    print(f"align (exact, normalized, sequence): {tt.num_rows} x {bt.num_rows} tensors in {t1 - t0:.2f} s: "
+    print(f"align (exact, normalized, sequence): {tt.num_rows} x {bt.num_rows} tensors in {dt:.2f} s "
+          f"({dt / base:.1f}x the diff), CPU {ct:.2f} s ({ct / cbase:.1f}x): "
           f"sequence {c['sequence']}, unmatched target {c['unmatched_target']}, bench {c['unmatched_bench']}")
 
     content(n)
@@ -122,23 +124,30 @@ def content(n: int) -> None:
         where = dict(zip(b.column("op_name").to_pylist(), range(b.num_rows)))
         return sum(1 for name in t.column("op_name").to_pylist() if name in where)
 
-    t0 = time.perf_counter()
+    # wall time and CPU time of this process (the CPU ratio is the steadier one on a shared machine)
+    t0, c0 = time.perf_counter(), time.process_time()
     joined = exact_join(same, bench)
-    base = time.perf_counter() - t0
-    print(f"content check, {n} msprobe calls a side; baseline (plain exact join, dict): {joined} pairs in {base:.2f} s")
+    base, cbase = time.perf_counter() - t0, time.process_time() - c0
+    print(f"content check, {n} msprobe calls a side; baseline (plain exact join, dict): {joined} pairs in "
+          f"{base:.2f} s (CPU {cbase:.2f} s)")
+
+    def timed(label: str, what: str, run) -> object:
+        t0, c0 = time.perf_counter(), time.process_time()
+        out = run()
+        dt, ct = time.perf_counter() - t0, time.process_time() - c0
+        print(f"  {label}: {dt:.2f} s ({dt / base:.0f}x the join), CPU {ct:.2f} s ({ct / cbase:.0f}x): {what(out)}")
+        return out
+
     for label, target in (("equal runs", same), ("LayerNorm by hand at call 100", rewrite)):
-        t0 = time.perf_counter()
-        al = align(target, bench, strategies=("exact", "normalized", "sequence"))
-        dt = time.perf_counter() - t0
-        c = al.counts()
-        realigned = sum(al.pairs.column("realigned").to_pylist())
-        print(f"  align, {label}: {dt:.2f} s ({dt / base:.0f}x the join): exact {c['exact']}, "
-              f"sequence {c['sequence']}, re-aligned {realigned}, suspects {al.suspects.num_rows}")
-    t0 = time.perf_counter()
-    sql = align_exact(same, bench, strategies=("exact", "normalized", "sequence"))
-    dt = time.perf_counter() - t0
-    print(f"  align_exact (SQL, with its content check), equal runs: {dt:.2f} s ({dt / base:.0f}x the join): "
-          f"{'settled' if sql is not None else 'declined'}")
+        def what(al) -> str:
+            c = al.counts()
+            return (f"exact {c['exact']}, sequence {c['sequence']}, "
+                    f"re-aligned {sum(al.pairs.column('realigned').to_pylist())}, suspects {al.suspects.num_rows}")
+        timed(f"align, {label}", what,
+              lambda target=target: align(target, bench, strategies=("exact", "normalized", "sequence")))
+    timed("align_exact (SQL, with its content check), equal runs",
+          lambda sql: "settled" if sql is not None else "declined",
+          lambda: align_exact(same, bench, strategies=("exact", "normalized", "sequence")))
 
 
 if __name__ == "__main__":

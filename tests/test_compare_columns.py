@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from precision_rows import first_departure, judge_precision
+from verdict_rows import op_results
 
 import dumpdb
 from dumpdb.compare import registry
@@ -33,7 +34,7 @@ from dumpdb.compare.metrics import MSG_NAN_INF_MISMATCH
 from dumpdb.compare.precision import Columns as PrecisionColumns
 from dumpdb.compare.precision import PrecisionRules, judge_precision_columns
 from dumpdb.compare.verdict import Columns as VerdictColumns
-from dumpdb.compare.verdict import Thresholds, op_results, op_results_columns
+from dumpdb.compare.verdict import Thresholds, op_results_columns
 
 
 @pytest.mark.parametrize("target,bench", [("fp16", "fp32"), ("fp32", "fp32")])

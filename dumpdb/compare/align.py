@@ -3,8 +3,11 @@
 :func:`align` takes two Arrow tables of ``tensors`` rows (plus ``position``, the op's place
 in ``execution_order``, joined by the caller) and returns an :class:`Alignment`: one row per
 pair (each tensor used at most once, with the strategy that matched it) and every tensor
-that found no partner. Pure functions: no archive I/O; dicts over column lists and one
-Arrow sort per side, linear in the rows (100k rows per side: 1-3 s on a 2-core VM).
+that found no partner. Pure functions: no archive I/O. The exact strategy and the content
+check run vectorised (joint integer keys in numpy, msprobe call names parsed by Arrow's RE2
+over the whole column, statistics and forms as arrays); the other strategies use dicts over
+column lists made on first use, and the sequence alignment runs only on the ops left
+unpaired or taken back. Cost: ``scripts/bench_align.py`` (docs/alignment.md).
 
 Strategies
 ----------
@@ -141,6 +144,7 @@ from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import compress
 from pathlib import Path
 
 import numpy as np
@@ -272,6 +276,9 @@ class _Side:
     min: list
     max: list
     dtype: list
+    leafs: list  # (io, slot, slot_path, arg_name) per row
+    _api_tok: list | None = None  # _api_tokens()
+    sizes: list  # element count per row, None for a NULL shape (_size_list)
 
     def __init__(self, table: pa.Table, group_by: Sequence[str], label: str):
         if not isinstance(table, pa.Table):
@@ -283,12 +290,13 @@ class _Side:
         if missing:
             raise ValueError(f"group_by column(s) {', '.join(missing)} not in {label}")
         self.n = n = table.num_rows
-        for c in _COLUMNS:  # self.tensor_id, self.op_name, ...: one Python list per column
-            setattr(self, c, table.column(c).to_pylist() if c in names else [None] * n)
-        ids = self.tensor_id
-        if any(i is None for i in ids):
+        self.table, self._names, self.group_by = table, names, group_by
+        # self.tensor_id, self.op_name, ...: one Python list per column, made on first use
+        # (__getattr__): the vectorised exact pairing and content check read Arrow columns
+        ids = table.column("tensor_id")
+        if ids.null_count:
             raise ValueError(f"{label} has NULL tensor_id values")
-        if len(set(ids)) != n:
+        if pc.count_distinct(ids).as_py() != n:
             raise ValueError(f"{label} lists a tensor_id more than once")
         if group_by:
             gcols = [[_hashable(v) for v in table.column(c).to_pylist()] for c in group_by]
@@ -300,16 +308,39 @@ class _Side:
         order_cols = [c for c in ("iteration", "rank", "graph_id", "position", "timestamp", "tensor_id")
                       if c in names]
         perm = pc.sort_indices(table.select(order_cols),  # NULLs sort last (Arrow's default)
-                               sort_keys=[(c, "ascending") for c in order_cols]).to_pylist()
-        self.okey = [0] * n
-        for rank, i in enumerate(perm):
-            self.okey[i] = rank
-        self.leafs = list(zip(self.io, self.slot, self.slot_path, self.arg_name))
+                               sort_keys=[(c, "ascending") for c in order_cols]).to_numpy()
+        self.okey_np = np.empty(n, np.int64)
+        self.okey_np[perm] = np.arange(n)
+        self.okey = self.okey_np.tolist()
         self.free = [True] * n
         self.content: _Content | None = None  # the content check's view of this side (_content)
 
+    def __getattr__(self, c: str):
+        if c in _COLUMNS:  # one Python list per column, on first use
+            v = self.table.column(c).to_pylist() if c in self._names else [None] * self.n
+        elif c == "leafs":
+            v = list(zip(self.io, self.slot, self.slot_path, self.arg_name))
+        elif c == "sizes":
+            v = _size_list(self)
+        else:
+            raise AttributeError(c)
+        setattr(self, c, v)
+        return v
+
+    def arrow(self, c: str) -> pa.ChunkedArray | pa.Array:
+        """Column ``c`` as Arrow (all NULL when the table has none)."""
+        return self.table.column(c) if c in self._names else pa.nulls(self.n)
+
+    def first(self, *cols: str) -> pa.Array | pa.ChunkedArray:
+        """The first non-NULL of string columns ``cols`` per row (Arrow), NULL where none."""
+        have = [self.table.column(c) for c in cols
+                if c in self._names and not pa.types.is_null(self.table.column(c).type)]
+        if not have:
+            return pa.nulls(self.n, pa.string())
+        return have[0] if len(have) == 1 else pc.coalesce(*[h.cast(have[0].type) for h in have])
+
     def free_rows(self) -> Iterable[int]:
-        return (i for i in range(self.n) if self.free[i])
+        return compress(range(self.n), self.free)
 
     def name(self, i: int) -> str | None:
         return self.op_name[i] if self.op_name[i] is not None else self.scope_name[i]
@@ -362,6 +393,11 @@ def _exact(p: _Pairing) -> None:
     # A MindSpore '-opN' name is a per-graph counter: the same name in another graph can be
     # another op (fp16 vs fp32: 'Default/network-LossCell/Reshape-op0' reshapes the logits in
     # one, the labels in the other). Such names also need the same element count.
+    codes = _exact_codes(p)
+    if codes is not None:  # vectorised: the same keys as key() below, as joint integer codes
+        _pair_codes(p, *codes, "exact")
+        return
+
     def key(s: _Side):
         def f(i):
             name = s.op_name[i]
@@ -374,8 +410,117 @@ def _exact(p: _Pairing) -> None:
     p.buckets(_index(p.t, key(p.t)), _index(p.b, key(p.b)), "exact")
 
 
+# Python's '\\d' in a str pattern is any Unicode decimal digit (\\p{Nd} in RE2); its '$'
+# also matches before a final newline
+_OP_COUNTER_RE2 = r"-op\p{Nd}+(\n?)$"
+
+
+def _encode(t_col, b_col) -> tuple[np.ndarray, np.ndarray] | None:
+    """Joint integer codes of one key column of both sides (equal values, NULL with NULL,
+    get equal codes), or None when the column's values are not plain scalars (lists, or
+    floats, whose NaN Python's dict would keep apart)."""
+    t_arr = t_col.combine_chunks() if isinstance(t_col, pa.ChunkedArray) else t_col
+    b_arr = b_col.combine_chunks() if isinstance(b_col, pa.ChunkedArray) else b_col
+    types = {a.type for a in (t_arr, b_arr) if not pa.types.is_null(a.type)}
+    if len(types) > 1:
+        if not all(pa.types.is_integer(x) for x in types):
+            return None
+        t_arr, b_arr = t_arr.cast(pa.int64()), b_arr.cast(pa.int64())
+        types = {pa.int64()}
+    typ = types.pop() if types else pa.null()
+    if not (pa.types.is_null(typ) or pa.types.is_integer(typ) or pa.types.is_string(typ)
+            or pa.types.is_large_string(typ) or pa.types.is_boolean(typ)):
+        return None
+    if pa.types.is_null(typ):
+        return np.zeros(len(t_arr), np.int64), np.zeros(len(b_arr), np.int64)
+    both = pa.concat_arrays([t_arr.cast(typ), b_arr.cast(typ)])
+    codes = pc.dictionary_encode(both, null_encoding="encode").indices.to_numpy().astype(np.int64)
+    return codes[:len(t_arr)], codes[len(t_arr):]
+
+
+def _combine(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """Joint codes of several key columns: equal tuples, equal codes."""
+    t, b = parts[0]
+    for x, y in parts[1:]:
+        both = np.concatenate([t, b]) * (int(max(x.max(initial=0), y.max(initial=0))) + 1) + np.concatenate([x, y])
+        _, inv = np.unique(both, return_inverse=True)
+        t, b = inv[:len(t)], inv[len(t):]
+    return t, b
+
+
+def _exact_codes(p: _Pairing) -> tuple[np.ndarray, np.ndarray] | None:
+    """The exact strategy's keys (group, op_name, element count of an '-opN' name, io, slot,
+    slot_path, arg_name) as joint integer codes of both sides, or None where a key column
+    holds other than plain scalars (then the Python keys decide)."""
+    t, b = p.t, p.b
+    parts = []
+    for c in ("op_name", "io", "slot", "slot_path", "arg_name"):
+        e = _encode(t.arrow(c), b.arrow(c))
+        if e is None:
+            return None
+        parts.append(e)
+    for c in t.group_by:
+        e = _encode(t.table.column(c), b.table.column(c))
+        if e is None:
+            return None
+        parts.append(e)
+    sizes = [_counter_sizes(s) for s in (t, b)]
+    if sizes[0] is None or sizes[1] is None:
+        return None
+    parts.append(_encode(pa.array(sizes[0], pa.int64()), pa.array(sizes[1], pa.int64())))  # type: ignore[arg-type]
+    return _combine(parts)
+
+
+def _counter_sizes(s: _Side) -> np.ndarray | None:
+    """Element count of each row whose op_name ends in a MindSpore '-opN' counter and whose
+    shape is known; the least int64 elsewhere (None as a key); None for a count beyond
+    2**62 (left to the Python keys)."""
+    out = np.full(s.n, np.iinfo(np.int64).min, np.int64)
+    if "op_name" not in s._names or "shape" not in s._names or not s.n:
+        return out
+    hit = pc.fill_null(pc.match_substring_regex(s.arrow("op_name"), _OP_COUNTER_RE2), False)
+    hit = pc.and_(hit, pc.is_valid(s.arrow("shape"))).to_numpy(zero_copy_only=False)
+    rows = np.flatnonzero(hit)
+    if rows.size:
+        for k, i in enumerate(rows.tolist()):
+            size = _prod(s.shape[i])
+            if abs(size) >= 2**62:
+                return None
+            out[rows[k]] = size
+    return out
+
+
+def _pair_codes(p: _Pairing, tcode: np.ndarray, bcode: np.ndarray, strategy: str) -> None:
+    """:meth:`_Pairing.buckets` on joint integer keys: among the free rows, the k-th target
+    row of a key (execution order) pairs with the k-th bench row, equal counts only."""
+    t, b = p.t, p.b
+    tf = np.flatnonzero(np.array(t.free, bool))
+    bf = np.flatnonzero(np.array(b.free, bool))
+    if not tf.size or not bf.size:
+        return
+    tc, bc = tcode[tf], bcode[bf]
+    k = int(max(tc.max(), bc.max())) + 1
+    nt, nb = np.bincount(tc, minlength=k), np.bincount(bc, minlength=k)
+    good = (nt == nb) & (nt > 0)
+    # buckets() order: keys by their first free target row, rows by execution order
+    first = np.full(k, len(t.free), np.int64)
+    np.minimum.at(first, tc, tf)
+    ts = tf[np.lexsort((t.okey_np[tf], first[tc]))]
+    bs = bf[np.lexsort((b.okey_np[bf], first[bc]))]
+    ts, bs = ts[good[tcode[ts]]], bs[good[bcode[bs]]]
+    tfree, bfree = t.free, b.free
+    for ti in ts.tolist():
+        tfree[ti] = False
+    for bi in bs.tolist():
+        bfree[bi] = False
+    p.pairs.extend(zip(ts.tolist(), bs.tolist(), [strategy] * len(ts)))
+
+
 def _normalized(p: _Pairing) -> None:
     cache: dict[str, str] = {}
+    for side in (p.t, p.b):  # names without a '.', vectorised
+        names = side.first("scope_name", "op_name")
+        cache.update((k, v) for k, v in zip(names.to_pylist(), plain_names(names, "normalized")) if v is not _MISSING)
 
     def norm(name: str | None) -> str | None:
         if name is None:
@@ -398,7 +543,7 @@ def _normalized(p: _Pairing) -> None:
         out: dict = defaultdict(lambda: defaultdict(list))
         for i in s.free_rows():
             name = s.op_name[i]
-            if name is None:
+            if name is None or "." not in name:  # not an msprobe key, nor is its normalised name
                 continue
             base = _without_call_index(norm(name))
             if base is not None:
@@ -463,9 +608,19 @@ def _sequence(p: _Pairing) -> None:
 
     def tokens(s: _Side, op_rows: dict) -> tuple[list, list]:
         names, toks = [], []
-        for name, rows in sorted(op_rows.items(), key=lambda kv: min(s.okey[i] for i in kv[1])):
+        api = _api_tokens(s)
+        okey = s.okey
+
+        def first(kv) -> int:  # the op's first place in execution order
+            return okey[kv[1][0]] if len(kv[1]) == 1 else min(map(okey.__getitem__, kv[1]))
+
+        for name, rows in sorted(op_rows.items(), key=first):
             i = rows[0]
-            tok = sequence_key(s.op_type[i], s.scope_name[i] if s.scope_name[i] is not None else name)
+            f = api[i]
+            if f is _MISSING:
+                tok = sequence_key(s.op_type[i], s.scope_name[i] if s.scope_name[i] is not None else name)
+            else:  # an msprobe API key (its family, None for a cast) or a plain name
+                tok = None if f is None or s.op_type[i] in _CAST_OP_TYPES else (s.op_type[i], f)
             if tok is not None:
                 names.append(name)
                 # element counts of the outputs: invariant under the reshapes AMP adds
@@ -493,6 +648,11 @@ def _sequence(p: _Pairing) -> None:
         trows = [t_ops[n] for n in tnames]
         brows = [b_ops[n] for n in bnames]
         for ti, bi in _repair(matched, ttok, _Cost(p.t, trows, tnames, p.b, brows, bnames)):
+            if len(trows[ti]) == 1 and len(brows[bi]) == 1:  # one tensor each: buckets() in short
+                i, j = trows[ti][0], brows[bi][0]
+                if p.t.leafs[i] == p.b.leafs[j] and p.t.free[i] and p.b.free[j]:
+                    p.add(i, j, "sequence")
+                continue
             tb: dict = defaultdict(list)
             bb: dict = defaultdict(list)
             for i in trows[ti]:
@@ -513,15 +673,25 @@ class _Cost:
 
     def __init__(self, t: _Side, trows: list, tnames: list, b: _Side, brows: list, bnames: list):
         self.t, self.trows, self.tnames, self.b, self.brows, self.bnames = t, trows, tnames, b, brows, bnames
+        self.tcount: list | None = None
+        self.bcount: list | None = None
 
     def __call__(self, ti: int, bi: int) -> float:
-        differ = _counter(self.tnames[ti]) != _counter(self.bnames[bi]) if W_COUNTER else False
+        if self.tcount is None or self.bcount is None:  # each name's -opN counter, once per window
+            self.tcount, self.bcount = _counters(self.tnames), _counters(self.bnames)
+        differ = self.tcount[ti] != self.bcount[bi] if W_COUNTER else False
         return _distance(self.t, self.trows[ti], self.b, self.brows[bi]) + W_COUNTER * differ
 
 
 def _counter(name: str) -> str | None:
     m = _OP_COUNTER.search(name)
     return m.group(0) if m else None
+
+
+def _counters(names: list[str]) -> list[str | None]:
+    """:func:`_counter` of each name (RE2 over the list: the '-opN' before the end or a final newline)."""
+    found = pc.extract_regex(pa.array(names, pa.string()), r"(?P<c>-op\p{Nd}+)\n?$")
+    return pc.struct_field(found, "c").to_pylist()
 
 
 def _op_name(s: _Side, i: int) -> str | None:
@@ -570,6 +740,8 @@ def _shift_gaps(matched: list[tuple[int, int]], ttok: list, btok: list, cost) ->
             lo = out[k - 1][side] if k else -1
             hi = out[k + 1][side] if k + 1 < len(out) else n
             cur = pair[side]
+            if lo + 1 >= cur and hi <= cur + 1:
+                continue  # no unpaired place between the neighbours' partners
             tok = other[pair[1 - side]]
             old = None
             for j in range(max(lo + 1, cur - GAP_WINDOW), min(hi, cur + GAP_WINDOW + 1)):
@@ -603,13 +775,38 @@ def _op_distance(ct: _Content, trows: list[int], cb: _Content, brows: list[int])
     return float(d.max()) if d.size else math.nan
 
 
+def _api_tokens(s: _Side) -> list:
+    """The name part of :func:`sequence_key` of each row's sequence name (scope_name, else
+    op_name) for msprobe API keys (:func:`api_families`) and names without a '.'
+    (:func:`plain_names`), :data:`_MISSING` for others; once per side."""
+    v = s._api_tok
+    if v is None:
+        names = s.first("scope_name", "op_name")
+        v = s._api_tok = api_families(names)
+        for i, f in enumerate(plain_names(names, "sequence")):
+            if f is not _MISSING:
+                v[i] = f
+    return v
+
+
 def _sizes(s: _Side, rows: list[int]) -> tuple:
+    size = s.sizes
+    if len(rows) == 1:
+        i = rows[0]
+        return ((s.slot[i], size[i]),) if s.io[i] == "output" else ()
     out = []
     for i in rows:
         if s.io[i] == "output":
-            shape = s.shape[i]
-            out.append((s.slot[i], None if shape is None else _prod(shape)))
+            out.append((s.slot[i], size[i]))
     return tuple(sorted(out, key=repr))
+
+
+def _size_list(s: _Side) -> list:
+    """Element count of each row's shape (:func:`_prod`), None where the shape is NULL."""
+    prod = _products(s)
+    if prod is None:
+        return [None if x is None else _prod(x) for x in s.shape]
+    return [int(x) if v else None for x, v in zip(prod[0].tolist(), prod[1].tolist())]
 
 
 def _prod(shape) -> int:
@@ -723,24 +920,23 @@ class _Content:
 
     def __init__(self, s: _Side):
         self.s = s
-        cols = [np.array([math.nan if v is None else v for v in col], np.float64)
-                for col in (s.l2norm, s.mean, s.min, s.max)]
-        cols.append(np.array([1 if sh is None else _prod(sh) for sh in s.shape], np.float64))
-        self.st = np.stack(cols, axis=1) if s.n else np.zeros((0, 5))
-        classes = {d: _dtype_class(d) for d in set(s.dtype)}
-        self.form = [(classes[d], None if sh is None else tuple(sh)) for d, sh in zip(s.dtype, s.shape)]
-        fam_of: dict = {}
-        self.family: list = []
-        for i in range(s.n):
-            name = s.name(i)
-            key = (s.op_type[i], name)
-            f = fam_of.get(key, _MISSING)
-            if f is _MISSING:
-                f = family(s.op_type[i], name)
-                if not _msprobe_like(name):  # msprobe names are unique per call: not worth keeping
-                    fam_of[key] = f
-            self.family.append(None if f is None else (s.group[i], f))
+        self.st = np.stack([*(_floats(s, c) for c in ("l2norm", "mean", "min", "max")), _elements(s)], axis=1) \
+            if s.n else np.zeros((0, 5))
+        self.fkey = _form_keys(s)
+        names = s.first("op_name", "scope_name")  # s.name(i)
+        fams = _families(s, names)
+        self.fam: list = fams  # family() of each row, None for none (_family_codes adds the group)
         self._kinds: dict | None = None
+        self._form: list | None = None
+
+    @property
+    def form(self) -> list:
+        """(dtype class, shape tuple) per row."""
+        if self._form is None:
+            s = self.s
+            classes = {d: _dtype_class(d) for d in set(s.dtype)}
+            self._form = [(classes[d], None if sh is None else tuple(sh)) for d, sh in zip(s.dtype, s.shape)]
+        return self._form
 
     def kind(self, i: int) -> tuple:
         s = self.s
@@ -759,8 +955,72 @@ class _Content:
 _MISSING = object()
 
 
-def _msprobe_like(name: str | None) -> bool:
-    return name is not None and "." in name and name[-1] in "0123456789d"
+def _floats(s: _Side, c: str) -> np.ndarray:
+    """Column ``c`` as float64, NaN where NULL or missing."""
+    if c not in s._names:
+        return np.full(s.n, math.nan)
+    col = s.arrow(c)
+    if pa.types.is_integer(col.type) or pa.types.is_floating(col.type) or pa.types.is_null(col.type):
+        return np.asarray(pc.cast(col, pa.float64()).to_numpy(zero_copy_only=False), np.float64)
+    return np.array([math.nan if v is None else v for v in getattr(s, c)], np.float64)
+
+
+def _shapes(s: _Side) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(valid, offsets, int64 dims) of the shape column, or None when it is not a list of integers."""
+    if "shape" not in s._names:
+        return np.zeros(s.n, bool), np.zeros(s.n + 1, np.int64), np.zeros(0, np.int64)
+    col = s.arrow("shape")
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    if not (pa.types.is_list(col.type) or pa.types.is_large_list(col.type)) or \
+            not pa.types.is_integer(col.type.value_type):
+        return None
+    valid = col.is_valid().to_numpy(zero_copy_only=False)
+    lengths = pc.fill_null(pc.list_value_length(col), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    dims = pc.list_flatten(col)
+    if dims.null_count:
+        return None
+    return valid, offsets, dims.to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def _products(s: _Side) -> tuple[np.ndarray, np.ndarray] | None:
+    """(element count as int64, 1 for a 0-d shape; shape not NULL) per row, or None when
+    the shape column is not a list of integers or a count reaches 2**62."""
+    sh = _shapes(s)
+    if sh is None:
+        return None
+    valid, offsets, dims = sh
+    out = np.ones(s.n, np.int64)
+    nonempty = np.flatnonzero(offsets[1:] > offsets[:-1])
+    if nonempty.size:
+        if np.abs(np.multiply.reduceat(dims.astype(np.float64), offsets[nonempty])).max() >= 2.0**62:
+            return None
+        out[nonempty] = np.multiply.reduceat(dims, offsets[nonempty])
+    return out, valid
+
+
+def _elements(s: _Side) -> np.ndarray:
+    """Element count per row as float64 (1 for an unknown shape), as _prod."""
+    prod = _products(s)
+    if prod is None:
+        return np.array([1 if x is None else _prod(x) for x in s.shape], np.float64)
+    return np.where(prod[1], prod[0], 1).astype(np.float64)
+
+
+def _form_keys(s: _Side) -> np.ndarray:
+    """Per row a string standing for (dtype class, shape): equal strings, equal forms."""
+    dtypes = s.arrow("dtype")
+    classes = {d: _dtype_class(d) for d in (pc.unique(dtypes).to_pylist() if s.n else [])}
+    cls = [("\x00" if classes[d] is None else classes[d]) for d in s.dtype]
+    sh = _shapes(s)
+    if sh is None:
+        shp = ["\x00" if x is None else ",".join(str(d) for d in x) for x in s.shape]
+    else:
+        col = s.arrow("shape")
+        text = pc.binary_join(pc.cast(col, pa.list_(pa.string())), ",")
+        shp = pc.fill_null(text, "\x00").to_pylist()
+    return np.array([f"{a}|{b}" for a, b in zip(cls, shp)], object)
 
 
 def _content(s: _Side) -> _Content:
@@ -787,9 +1047,94 @@ def family(op_type: str | None, name: str | None) -> str | None:
     return _SEPARATORS.sub("_", name[:m.start()]) if m else None
 
 
-def _distances(ct: _Content, cb: _Content, tis: list[int], bis: list[int]) -> np.ndarray:
+# msprobe API record keys ('{api}.{N}.{direction}'), the bulk of a dump.json: parse_record_key
+# calls them 'api' whatever their prefix, and their family is the key with N as '*' (no DDP
+# rewrite: normalize_name leaves API keys alone). The same rules as family(), in RE2 on a
+# whole column; every other name goes through family() itself.
+_API_KEY_RE2 = r"(?s)^.*\.[0-9]+\.(forward|backward)$"
+_API_INDEX_RE2 = r"\.[0-9]+\.(forward|backward)$"
+_SECOND_RE2 = r"(?s)^[^.]*\.(?P<api>[^.]*)"
+
+
+def api_families(names: pa.Array | pa.ChunkedArray) -> list:
+    """Per name: the :func:`family` of an msprobe API record key (None for a cast-only API
+    such as ``Tensor.to.0.forward``), or :data:`_MISSING` for any other name (and NULL),
+    which the caller gives to :func:`family`. Vectorised over the column (Arrow RE2)."""
+    if isinstance(names, pa.ChunkedArray):
+        names = names.combine_chunks()
+    if not len(names) or not (pa.types.is_string(names.type) or pa.types.is_large_string(names.type)):
+        return [_MISSING] * len(names)
+    api = pc.fill_null(pc.match_substring_regex(names, _API_KEY_RE2), False).to_numpy(zero_copy_only=False)
+    if not api.any():
+        return [_MISSING] * len(names)
+    second = pc.struct_field(pc.extract_regex(names, _SECOND_RE2), "api")
+    cast = pc.fill_null(pc.is_in(second, value_set=pa.array(sorted(_CAST_APIS))), False).to_numpy(
+        zero_copy_only=False)
+    fam = pc.replace_substring_regex(names, _API_INDEX_RE2, r".*.\1").to_pylist()
+    return [(None if c else f) if a else _MISSING for a, c, f in zip(api.tolist(), cast.tolist(), fam)]
+
+
+# Names without a '.' (MindSpore / CANN scopes and file names) are never msprobe record keys:
+# normalize_name, family and sequence_key are then regular expressions alone, the same ones
+# in RE2 over the whole column (Python's \\d: \\p{Nd}; its '$' also before a final newline)
+_SEPARATORS_RE2 = r"[/\\. ]"
+
+
+def plain_names(names: pa.Array | pa.ChunkedArray, what: str) -> list:
+    """Per name without a '.': ``what`` = ``'normalized'`` (:func:`normalize_name`),
+    ``'family'`` (:func:`family` for an op type that is not a cast) or ``'sequence'`` (the
+    name part of :func:`sequence_key`); :data:`_MISSING` for other names and NULL."""
+    if isinstance(names, pa.ChunkedArray):
+        names = names.combine_chunks()
+    n = len(names)
+    if not n or not (pa.types.is_string(names.type) or pa.types.is_large_string(names.type)):
+        return [_MISSING] * n
+    plain = pc.fill_null(pc.invert(pc.match_substring(names, ".")), False).to_numpy(zero_copy_only=False)
+    if not plain.any():
+        return [_MISSING] * n
+    if what == "family":
+        has = pc.fill_null(pc.match_substring_regex(names, _OP_COUNTER_RE2), False).to_numpy(zero_copy_only=False)
+        out = pc.replace_substring_regex(pc.replace_substring_regex(names, _OP_COUNTER_RE2, ""), _SEPARATORS_RE2, "_")
+        return [(f if h else None) if p else _MISSING for p, h, f in zip(plain.tolist(), has.tolist(), out.to_pylist())]
+    out = pc.replace_substring_regex(pc.replace_substring_regex(names, _OP_COUNTER_RE2, r"\1"), _SEPARATORS_RE2, "_")
+    if what == "sequence":
+        out = pc.replace_substring_regex(pc.replace_substring_regex(out, _AMP_WRAPPER.pattern, "-"),
+                                         _AMP_PARAM.pattern, "_")
+    return [f if p else _MISSING for p, f in zip(plain.tolist(), out.to_pylist())]
+
+
+def family_column(op_type: list, names: pa.Array | pa.ChunkedArray) -> list:
+    """:func:`family` of each (op type, name): ``op_type`` a list, ``names`` an Arrow string
+    column of the same length; msprobe API record keys vectorised (:func:`api_families`)."""
+    return _family_list(op_type, names, names.to_pylist().__getitem__)
+
+
+def _families(s: _Side, names) -> list:
+    """:func:`family` of each row's (op type, name), ``names`` (Arrow) the row's
+    :meth:`_Side.name`."""
+    return _family_list(s.op_type, names, s.name)
+
+
+def _family_list(op_type: list, names, name_of) -> list:
+    out = api_families(names)
+    plain = plain_names(names, "family")
+    for i, f in enumerate(plain):
+        if f is not _MISSING:
+            out[i] = f
+    fam_of: dict = {}
+    for i, f in enumerate(out):
+        if f is _MISSING or op_type[i] in _CAST_OP_TYPES:
+            key = (op_type[i], name_of(i))
+            f = fam_of.get(key, _MISSING)
+            if f is _MISSING:
+                f = fam_of[key] = family(*key)
+            out[i] = f
+    return out
+
+
+def _distances(ct: _Content, cb: _Content, tis: list[int] | np.ndarray, bis: list[int] | np.ndarray) -> np.ndarray:
     """:func:`stat_distance` of many pairs at once (inf where dtype class or shape differ)."""
-    if not tis:
+    if len(tis) == 0:
         return np.zeros(0)
     x, y = ct.st[tis], cb.st[bis]
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -800,8 +1145,7 @@ def _distances(ct: _Content, cb: _Content, tis: list[int], bis: list[int]) -> np
         zero = l2 == 0
         d[zero] = np.where(np.all(x[zero, 1:4] == y[zero, 1:4], axis=1), 0.0, 1.0)
         d[~np.isfinite(x[:, :4]).all(axis=1) | ~np.isfinite(y[:, :4]).all(axis=1)] = math.nan
-    other = [ct.form[i] != cb.form[j] for i, j in zip(tis, bis)]
-    d[np.array(other, bool)] = math.inf
+    d[ct.fkey[tis] != cb.fkey[bis]] = math.inf
     return d
 
 
@@ -836,37 +1180,45 @@ def _take_back(p: _Pairing) -> dict[int, int]:
     if not named:
         return {}
     ct, cb = _content(p.t), _content(p.b)
-    calls_t: dict = defaultdict(set)
-    calls_b: dict = defaultdict(set)
-    for c, calls in ((ct, calls_t), (cb, calls_b)):
-        for i, f in enumerate(c.family):
-            if f is not None:
-                calls[f].add((c.s.graph_id[i], c.s.name(i)))
+    fam_t, fam_b = _family_codes(p)  # -1: no family
+    gt, gb = _joint(p, "graph_id")
+    # ops per family on each side: distinct (graph_id, name)
+    nt, nb = _joint(p, None)
+    counts = []
+    k = int(max(fam_t.max(initial=-1), fam_b.max(initial=-1))) + 1
+    for fam, g, n in ((fam_t, gt, nt), (fam_b, gb, nb)):
+        rows = fam >= 0
+        fr = fam[rows]
+        ng, nn = int(g.max(initial=0)) + 1, int(n.max(initial=0)) + 1
+        fg = np.unique(fr * ng + g[rows], return_inverse=True)[1].reshape(-1)  # codes < rows: no overflow
+        ops = fr[np.unique(fg * nn + n[rows], return_index=True)[1]]  # the family of each distinct op
+        counts.append(np.bincount(ops, minlength=k + 1))
     # only pairs within one graph on both sides: the sequence alignment pairs within a graph
-    named = [(ti, bi) for ti, bi in named if p.t.graph_id[ti] == p.b.graph_id[bi]]
-    suspect = set()
-    for ti, _ in named:
-        f = ct.family[ti]
-        if f is not None and len(calls_t[f]) != len(calls_b.get(f, ())):
-            suspect.add(f)
-    bench_family = {bi: ct.family[ti] for ti, bi in named}
-    dist = _distances(ct, cb, [ti for ti, _ in named], [bi for _, bi in named])
-    for (ti, bi), d in zip(named, dist.tolist()):
-        f = ct.family[ti]
-        if f is None or f in suspect or not d > LOOKS_WRONG:
+    tis, bis = np.array([x[0] for x in named], np.int64), np.array([x[1] for x in named], np.int64)
+    same = gt[tis] == gb[bis]
+    tis, bis = tis[same], bis[same]
+    f = fam_t[tis]
+    has = f >= 0
+    suspect = set(np.unique(f[has & (counts[0][np.maximum(f, 0)] != counts[1][np.maximum(f, 0)])]).tolist())
+    bench_family = np.full(p.b.n, -1, np.int64)
+    bench_family[bis] = f
+    dist = _distances(ct, cb, tis.tolist(), bis.tolist())
+    for x in np.flatnonzero(has & (dist > LOOKS_WRONG)).tolist():  # in pair order: suspect grows
+        ti, bi, fx = int(tis[x]), int(bis[x]), int(f[x])
+        if fx in suspect:
             continue
-        better = _better_partner(ct, cb, ti, bi, d)
+        better = _better_partner(ct, cb, ti, bi, float(dist[x]))
         if better is not None:
-            suspect.add(f)
-            other = bench_family.get(better[0])
-            if other is not None:
+            suspect.add(fx)
+            other = int(bench_family[better[0]])
+            if other >= 0:
                 suspect.add(other)
     if not suspect:
         return {}
     old: dict[int, int] = {}
     kept = []
     for ti, bi, strategy in p.pairs:
-        if strategy in _NAME_STRATEGIES and ct.family[ti] in suspect and p.t.graph_id[ti] == p.b.graph_id[bi]:
+        if strategy in _NAME_STRATEGIES and int(fam_t[ti]) in suspect and gt[ti] == gb[bi]:
             p.t.free[ti] = p.b.free[bi] = True
             old[ti] = bi
         else:
@@ -875,15 +1227,55 @@ def _take_back(p: _Pairing) -> dict[int, int]:
     return old
 
 
-def _suspects(p: _Pairing) -> list[tuple[int, int, int, float, float]]:
-    """Final pairs (mapping excepted: what the user wrote wins) that look wrong while a far
-    better partner exists: (target row, bench row, better bench row, distance, better distance)."""
+def _joint(p: _Pairing, column: str | None) -> tuple[np.ndarray, np.ndarray]:
+    """Joint integer codes of both sides' ``column`` (None: the row's name, op_name else
+    scope_name): equal values (NULL with NULL), equal codes."""
+    t, b = p.t, p.b
+    if column is None:
+        e = _encode(t.first("op_name", "scope_name"), b.first("op_name", "scope_name"))
+    else:
+        e = _encode(t.arrow(column), b.arrow(column))
+    if e is not None:
+        return e
+    lists = (t.name(i) for i in range(t.n)), (b.name(i) for i in range(b.n))
+    if column is not None:
+        lists = getattr(t, column), getattr(b, column)
+    return _codes_of(*lists)
+
+
+def _codes_of(a: Iterable, b: Iterable) -> tuple[np.ndarray, np.ndarray]:
+    """Joint integer codes of two sequences of hashable values (a Python dict)."""
+    seen: dict = {}
+    out = [np.array([seen.setdefault(v, len(seen)) for v in x], np.int64) for x in (a, b)]
+    return out[0], out[1]
+
+
+def _family_codes(p: _Pairing) -> tuple[np.ndarray, np.ndarray]:
+    """Joint codes of each row's (group, family) on both sides; -1 where it has no family."""
+    ct, cb = _content(p.t), _content(p.b)
+    ft = pa.array(ct.fam, pa.string())
+    fb = pa.array(cb.fam, pa.string())
+    parts = [_encode(ft, fb)]
+    for c in p.t.group_by:
+        e = _encode(p.t.table.column(c), p.b.table.column(c))
+        parts.append(e if e is not None else _codes_of(p.t.group, p.b.group))
+    t, b = _combine(parts)  # type: ignore[arg-type]
+    t[ft.is_null().to_numpy(zero_copy_only=False)] = -1
+    b[fb.is_null().to_numpy(zero_copy_only=False)] = -1
+    return t, b
+
+
+def _suspects(p: _Pairing, tis: np.ndarray, bis: np.ndarray, checked: np.ndarray) -> list[tuple]:
+    """Final pairs (rows ``tis``/``bis`` in the target's execution order; ``checked``: not a
+    mapping pair, since what the user wrote wins) that look wrong while a far better partner
+    exists: (target row, bench row, better bench row, distance, better distance)."""
     ct, cb = _content(p.t), _content(p.b)
     out = []
-    pairs = [(ti, bi) for ti, bi, strategy in p.pairs if strategy != "mapping"]
-    dist = _distances(ct, cb, [ti for ti, _ in pairs], [bi for _, bi in pairs])
-    for (ti, bi), d in zip(pairs, dist.tolist()):
-        better = _better_partner(ct, cb, ti, bi, d) if d > LOOKS_WRONG else None
+    tis, bis = tis[checked], bis[checked]
+    dist = _distances(ct, cb, tis, bis)
+    for k in np.flatnonzero(dist > LOOKS_WRONG).tolist():
+        ti, bi = int(tis[k]), int(bis[k])
+        better = _better_partner(ct, cb, ti, bi, float(dist[k]))
         if better is not None:
             out.append((ti, bi, better[0], better[2], better[1]))
     return out
@@ -1039,19 +1431,34 @@ def align(target: pa.Table, bench: pa.Table, *, group_by: Sequence[str] = (),
             _order(p)
 
     t, b = p.t, p.b
-    p.pairs.sort(key=lambda x: t.okey[x[0]])
-    pairs = pa.table([pa.array([t.tensor_id[x[0]] for x in p.pairs], pa.int64()),
-                      pa.array([b.tensor_id[x[1]] for x in p.pairs], pa.int64()),
-                      pa.array([x[2] for x in p.pairs], pa.string()),
-                      pa.array([x[0] in old and old[x[0]] != x[1] for x in p.pairs], pa.bool_())],
+    if p.pairs:
+        tis, bis, strategy = (list(x) for x in zip(*p.pairs))
+    else:
+        tis, bis, strategy = [], [], []
+    ti, bi = np.array(tis, np.int64), np.array(bis, np.int64)
+    order = np.argsort(t.okey_np[ti], kind="stable")  # okey is a permutation: no ties
+    ti, bi, strategy_ = ti[order], bi[order], np.array(strategy, object)[order]
+    was = np.full(t.n, -1, np.int64)
+    if old:
+        was[np.fromiter(old.keys(), np.int64, len(old))] = np.fromiter(old.values(), np.int64, len(old))
+    pairs = pa.table([pc.take(_int64(t.table.column("tensor_id")), pa.array(ti)),
+                      pc.take(_int64(b.table.column("tensor_id")), pa.array(bi)),
+                      pa.array(strategy_, pa.string()),
+                      pa.array((was[ti] >= 0) & (was[ti] != bi), pa.bool_())],
                      schema=PAIRS_SCHEMA)
-    found = _suspects(p)
+    found = _suspects(p, ti, bi, strategy_ != "mapping")
     suspects = pa.table([pa.array([t.tensor_id[x[0]] for x in found], pa.int64()),
                          pa.array([b.tensor_id[x[1]] for x in found], pa.int64()),
                          pa.array([b.tensor_id[x[2]] for x in found], pa.int64()),
                          pa.array([x[3] for x in found], pa.float64()),
                          pa.array([x[4] for x in found], pa.float64())], schema=SUSPECTS_SCHEMA)
     return Alignment(pairs, _unmatched(t), _unmatched(b), suspects)
+
+
+def _int64(col) -> pa.Array:
+    """A tensor_id column as one int64 Arrow array."""
+    col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    return col.cast(pa.int64())
 
 
 def _unmatched(s: _Side) -> pa.Table:

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 import duckdb
 import pyarrow as pa
 
-from dumpdb.compare.align import LOOKS_WRONG, PAIRS_SCHEMA, UNMATCHED_SCHEMA, Alignment, family
+from dumpdb.compare.align import LOOKS_WRONG, PAIRS_SCHEMA, UNMATCHED_SCHEMA, Alignment, family_column
 
 __all__ = ["align_exact", "exact_paired"]
 
@@ -150,20 +150,26 @@ def _doubted(con: duckdb.DuckDBPyConnection, group_by: Sequence[str]) -> bool:
     have = {name: set(con.sql(f"SELECT * FROM {name} LIMIT 0").columns) for name in ("target", "bench")}
     if any("op_type" not in cols_ for cols_ in have.values()):
         return False
+    def with_family(sql: str) -> list[tuple]:
+        """The rows of ``sql`` (op_type, op_name last) with the family in place of those two
+        (align.family, vectorised); rows without a family left out."""
+        rows = con.sql(sql).to_arrow_table()
+        fams = family_column(rows.column("op_type").to_pylist(), rows.column("op_name"))
+        head = list(zip(*(rows.column(i).to_pylist() for i in range(rows.num_columns - 2)))) \
+            if rows.num_columns > 2 else [()] * rows.num_rows
+        return [(*h, f) for h, f in zip(head, fams) if f is not None]
+
     counts = []
     for side in ("target", "bench"):
         n: dict = {}
-        for row in con.sql(f"SELECT DISTINCT {cols} FROM {side} WHERE op_name IS NOT NULL").fetchall():
-            f = family(row[-2], row[-1])
-            if f is not None:
-                k = (*row[:-3], f)
-                n[k] = n.get(k, 0) + 1
+        for row in with_family(f"SELECT DISTINCT {cols} FROM {side} WHERE op_name IS NOT NULL"):
+            k = (*row[:-2], row[-1])  # the graph_id out: ops per family over the graphs
+            n[k] = n.get(k, 0) + 1
         counts.append(n)
     tcols = ", ".join(f't."{k}"' for k in (*keys, "op_type", "op_name"))
-    for row in con.sql(f"SELECT DISTINCT {tcols} FROM paired p JOIN target t ON t.tensor_id = p.target_tensor_id "
-                       "WHERE t.op_name IS NOT NULL").fetchall():
-        f = family(row[-2], row[-1])
-        if f is not None and counts[0].get((*row[:-2], f)) != counts[1].get((*row[:-2], f)):
+    for k in with_family(f"SELECT DISTINCT {tcols} FROM paired p JOIN target t ON t.tensor_id = p.target_tensor_id "
+                         "WHERE t.op_name IS NOT NULL"):
+        if counts[0].get(k) != counts[1].get(k):
             return True
     stats = ("l2norm", "mean", "min", "max")
     if not all(c in have[side] for c in stats for side in have):

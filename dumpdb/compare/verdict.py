@@ -46,10 +46,15 @@ Statistics mode (msprobe ``STATISTICS_CHECKERS``): ``InfNanErrChecker``,
     ``max_out(l2norm_rel_diff) / max_in(...) > rel_warn_ratio`` (10), or, when
     ``max_in == 0``, ``max_out > rel_warn_zero_input`` (0.1).
 
-msprobe's ``ParametersErrChecker`` (non-tensor arguments) has no counterpart: dumpdb
-compares tensors only. Its ignore lists apply when the rows carry the op name
-(``target_name``; msprobe's rule reads the second dot-separated field of the first input's
-name): ops ``empty``, ``empty_like``, ``numpy``, ``to``, ``__setitem__``,
+msprobe's ``ParametersErrChecker`` (error, each input row of an op checked whole: a scalar
+argument whose value differs) and its md5 mode (a CRC-32 that differs is an error, a
+missing one a warning; that checker alone) run when the columns carry them (optional
+``parameter``/``parameter_differs`` and ``md5_target``/``md5_bench``: the msprobe CSV,
+:mod:`dumpdb.render.msprobe_rows`, which also gives ``rel_row``, the per-row L2-norm
+relative diff as msprobe's RelativeErrChecker reads its cell); dumpdb's compare judges
+tensors only. :func:`msprobe_results` gives msprobe's own message texts. The ignore lists
+apply when the rows carry the op name (``target_name``; msprobe's rule reads the second
+dot-separated field of the first input's name): ops ``empty``, ``empty_like``, ``numpy``, ``to``, ``__setitem__``,
 ``empty_with_format``, ``new_empty_strided``, ``new_empty``, ``empty_strided`` get no
 check; communication ops ``_reduce_scatter_base``, ``_all_gather_base``,
 ``all_to_all_single``, ``batch_isend_irecv`` only the per-row checks on their outputs.
@@ -71,25 +76,20 @@ only ``cosine < cosine_error_max``; NaN/Inf at different positions
 as msprobe's ``N/A`` is "No". To switch the rule off, set ``cosine_error`` and
 ``cosine_error_max`` to -2 and both ``max_abs_err_*`` to ``inf``.
 
-Rows are dicts (extra keys ignored) with: ``io`` (``'output'`` or anything else);
-metrics ``cosine``, ``one_thousandth_err_ratio``, ``max_abs_err`` (tensor mode),
-``l2norm_rel_diff`` (statistics mode); ``target_dtype``/``bench_dtype`` and
-``target_shape``/``bench_shape`` (or ``dtype``/``shape`` as a (target, bench) pair);
-``target_max``, ``target_min``, ``bench_max``, ``bench_min``; optional
-``target_requires_grad``/``bench_requires_grad``, ``target_name``, ``bench_name``,
-``err_message``. Missing values skip the checks that need them.
+The rules run over columns (:class:`Columns`, :func:`op_results_columns`: the engine's
+result columns; the msprobe CSV's cells); missing values skip the checks that need them.
+A row-by-row wrapper for tests is ``tests/verdict_rows.py``.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dumpdb.compare.columns import Shapes
 from dumpdb.compare.metrics import MSG_NAN_INF_MISMATCH
 
 PASS, WARNING, ERROR = "pass", "warning", "error"
@@ -160,93 +160,6 @@ def _pair(row: dict, name: str):
     return None, None
 
 
-_NUMBERS = ("cosine", "one_thousandth_err_ratio", "max_abs_err", "l2norm_rel_diff", "target_max", "target_min",
-            "bench_max", "bench_min", "target_requires_grad", "bench_requires_grad")
-
-
-def _number(v) -> float:
-    """A row's metric as float64 for :class:`Columns` (NaN where not a number: None, bool,
-    strings other than msprobe's inf/nan)."""
-    if v is None or isinstance(v, bool):
-        return math.nan
-    if isinstance(v, str):
-        return float(v.strip().lower()) if v.strip().lower() in ("inf", "-inf", "nan") else math.nan
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return math.nan
-
-
-def _extremum(v) -> tuple[float, bool]:
-    """A max/min as (value, valid): msprobe's inf/nan strings count (as ``is_inf_or_nan`` reads them)."""
-    if isinstance(v, str) or (v is not None and not isinstance(v, bool)):
-        x = _number(v)
-        return x, not math.isnan(x) or _inf_or_nan(v)
-    return math.nan, False
-
-
-def _shape_list(s) -> list[int] | None:
-    """A shape as a list of ints: lists/tuples, or text such as ``[2, 3]``; None if unknown."""
-    if s is None:
-        return None
-    if isinstance(s, (list, tuple)):
-        return [int(d) for d in s]
-    text = str(s).replace(" ", "").strip("[]()")
-    return [int(d) for d in text.split(",") if d] if text else []
-
-
-def op_results(rows: list[dict], thresholds: Thresholds = Thresholds(),
-               mode: str = "tensor") -> list[tuple[str, str | None]]:
-    """Verdict of each row of one op (rows: the compared tensors of one target op).
-
-    ``mode`` is ``'tensor'`` or ``'statistics'`` (which checkers run; module docstring).
-    Returns, in row order, ``(result, reason)`` with result ``'pass'``, ``'warning'`` or
-    ``'error'`` and reason None or the "; "-joined reasons of the checkers that fired on
-    the row. Raises ValueError for an unknown mode.
-
-    The rows' values become :class:`Columns` of one op and :func:`op_results_columns`
-    judges them: the rules live there only.
-    """
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    n = len(rows)
-    if n == 0:
-        return []
-    values = {k: np.full(n, np.nan) for k in _NUMBERS}
-    valid = {k: np.zeros(n, bool) for k in _NUMBERS}
-    sides: dict[str, list] = {k: [] for k in ("target_dtype", "bench_dtype", "target_shape", "bench_shape")}
-    for i, r in enumerate(rows):
-        for k in ("cosine", "one_thousandth_err_ratio", "max_abs_err", "l2norm_rel_diff"):
-            v = _num(r.get(k))  # None for missing, non-numeric (msprobe's strings) and NaN
-            values[k][i], valid[k][i] = (math.nan, False) if v is None else (v, True)
-        for k in ("target_max", "target_min", "bench_max", "bench_min"):
-            values[k][i], valid[k][i] = _extremum(r.get(k))
-        for name in ("requires_grad", "dtype", "shape"):
-            t, b = _pair(r, name)
-            if name == "requires_grad":
-                for side, v in (("target", t), ("bench", b)):
-                    if v is not None:
-                        values[f"{side}_requires_grad"][i], valid[f"{side}_requires_grad"][i] = float(bool(v)), True
-            else:
-                sides[f"target_{name}"].append(t if name == "dtype" else _shape_list(t))
-                sides[f"bench_{name}"].append(b if name == "dtype" else _shape_list(b))
-
-    def objects(values) -> np.ndarray:
-        out = np.empty(n, dtype=object)
-        out[:] = list(values)
-        return out
-
-    columns = Columns(
-        group=np.zeros(n, np.int64), output=np.array([r.get("io") == "output" for r in rows], bool),
-        statistics=np.full(n, mode == "statistics"), target_name=objects(r.get("target_name") for r in rows),
-        bench_name=objects(r.get("bench_name") for r in rows), target_dtype=objects(sides["target_dtype"]),
-        bench_dtype=objects(sides["bench_dtype"]), err_message=objects(r.get("err_message") for r in rows),
-        values=values, valid=valid, target_shape=Shapes(pa.array(sides["target_shape"], pa.list_(pa.int64()))),
-        bench_shape=Shapes(pa.array(sides["bench_shape"], pa.list_(pa.int64()))))
-    result, reason = op_results_columns(columns, thresholds)
-    return list(zip(result.tolist(), reason.tolist()))
-
-
 def _fmt(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.6g}"
 
@@ -297,16 +210,68 @@ def _name_class(name) -> int:
 
 
 def op_results_columns(c: Columns, thresholds: Thresholds = Thresholds()) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`op_results` of every op at once, over columns (:class:`Columns`): each
+    """The verdict of every row of every op at once, over columns (:class:`Columns`): each
     op's mode is ``statistics`` when all its rows are, else ``tensor`` (as the engine
-    judges). Returns (result, reason): object arrays per row, the values op_results gives
-    row by row (the same checkers in the same order; Python only for the rows a checker
-    flags, to write their reasons)."""
-    th = thresholds
-    g = c.group
-    n = len(g)
+    judges). Returns (result, reason): object arrays per row, result ``'pass'``,
+    ``'warning'`` or ``'error'``, reason None or the "; "-joined reasons of the checkers
+    that fired on the row (the checkers in msprobe's order; Python only for the rows a
+    checker flags, to write their reasons)."""
+    n = len(c.group)
     if n == 0:
         return np.zeros(0, object), np.zeros(0, object)
+    levels, fired = _checks(c, thresholds)
+    names = np.array([PASS, WARNING, ERROR], dtype=object)
+    reasons: dict[int, list[str]] = {}
+    for _, rows, level, why in fired:
+        label = names[level]
+        for k, i in enumerate(rows.tolist()):
+            reasons.setdefault(i, []).append(f"{label}: {why if isinstance(why, str) else why[k]}")
+    reason = np.full(n, None, dtype=object)
+    for i, texts in reasons.items():
+        reason[i] = "; ".join(texts)
+    return names[levels], reason
+
+
+# msprobe 26.2's Err_message text of each checker (indicator_analysis/algorithm.py), as its
+# compare CSV writes them (dumpdb.render.msprobe_rows)
+MSPROBE_MESSAGES = {
+    "inf_nan": "error: There is nan/inf/-inf in the maximum or minimum value of NPU.",
+    "one_thousandth": "error: The input/parameters of One Thousandth Err Ratio > 0.9 while the output < 0.6.",
+    "relative_err": "error: The NormRelativeErr of output is greater than 0.5.",
+    "requires_grad": "error: The Required_Grad of NPU and Bench are inconsistent",
+    "parameters": "error: The scalar parameters of NPU and Bench are inconsistent.",
+    "dtype": "error: The dtype of NPU and Bench are inconsistent.",
+    "shape": "error: The shape of NPU and Bench are inconsistent.",
+    "cosine_warn": "warning: The input/parameters of Cosine > 0.9, and input/parameters - output > 0.1",
+    "relative_warn": "warning: The norm relative error of output is 10 times that of input.",
+    "md5_missing": "warning: The parameter of NPU does not match the bench.",
+    "md5_differs": "error: The CRC-32 value of NPU differs from that of the bench.",
+}
+
+
+def msprobe_results(c: Columns, thresholds: Thresholds = Thresholds()) -> tuple[list[str], list[list[str]]]:
+    """The verdicts of :func:`op_results_columns` with msprobe's texts: per row its result
+    and the list of msprobe's messages of the checkers that fired on it
+    (:data:`MSPROBE_MESSAGES`, in checker order). msprobe's CSV judges API records, so
+    the MindSpore outputs-only rule is off (thresholds as the module docstring says)."""
+    th = replace(thresholds, cosine_error=-2.0, cosine_error_max=-2.0, max_abs_err_error=math.inf,
+                 max_abs_err_error_max=math.inf)
+    n = len(c.group)
+    msgs: list[list[str]] = [[] for _ in range(n)]
+    if n == 0:
+        return [], msgs
+    levels, fired = _checks(c, th)
+    for checker, rows, _, _ in fired:
+        for i in rows.tolist():
+            msgs[i].append(MSPROBE_MESSAGES[checker])
+    return np.array([PASS, WARNING, ERROR], dtype=object)[levels].tolist(), msgs
+
+
+def _checks(c: Columns, th: Thresholds) -> tuple[np.ndarray, list[tuple[str, np.ndarray, int, list[str] | str]]]:
+    """The checkers over columns: (level per row, 0 pass / 1 warning / 2 error; and what
+    fired: (checker, rows, level, reason or one reason per row), in checker order)."""
+    g = c.group
+    n = len(g)
     groups = int(g.max()) + 1
     out = c.output
     has_in = np.bincount(g[~out], minlength=groups) > 0
@@ -335,12 +300,24 @@ def op_results_columns(c: Columns, thresholds: Thresholds = Thresholds()) -> tup
     per_row = (row_ignore == 0) | ((row_ignore == 2) & out)
     whole = ignore == 0
     levels = np.zeros(n, np.int8)
-    fired: list[tuple[np.ndarray, int, list[str] | str]] = []
+    fired: list[tuple[str, np.ndarray, int, list[str] | str]] = []
+    checker = ""
 
     def flag(rows: np.ndarray, level: int, reasons) -> None:
         if rows.size:
             levels[rows] = np.maximum(levels[rows], level)
-            fired.append((rows, level, reasons))
+            fired.append((checker, rows, level, reasons))
+
+    md5 = getattr(c, "md5_target", None)
+    if md5 is not None:  # msprobe's md5 mode: the CRC-32 checker alone
+        tm, bm = md5, c.md5_bench
+        missing = ("N/A", "Nan", "")
+        for i in np.flatnonzero(per_row).tolist():
+            if tm[i] != bm[i]:
+                checker = "md5_missing" if tm[i] in missing or bm[i] in missing else "md5_differs"
+                flag(np.array([i]), 1 if checker == "md5_missing" else 2,
+                     "target and bench md5 differ" if checker == "md5_differs" else "no md5 to compare")
+        return levels, fired
 
     def num(name: str) -> tuple[np.ndarray, np.ndarray]:
         v = c.values[name]
@@ -367,10 +344,10 @@ def op_results_columns(c: Columns, thresholds: Thresholds = Thresholds()) -> tup
         return c.valid[name] & ~np.isfinite(c.values[name])
 
     tensor_group = ~stats_group
-    # InfNanErrChecker
+    checker = "inf_nan"  # InfNanErrChecker
     flag(np.flatnonzero(per_row & ~(bad("bench_max") | bad("bench_min")) & (bad("target_max") | bad("target_min"))),
          2, "target max/min is nan or inf while bench's are finite")
-    # OneThousandthErrChecker (tensor) / RelativeErrChecker (statistics)
+    checker = "one_thousandth"  # OneThousandthErrChecker (tensor)
     min_in = extreme("one_thousandth_err_ratio", ~out, True)
     min_out = extreme("one_thousandth_err_ratio", out, True)
     hit = np.flatnonzero(tensor_group & whole & has_out & (min_in > th.one_thousandth_input)
@@ -378,18 +355,27 @@ def op_results_columns(c: Columns, thresholds: Thresholds = Thresholds()) -> tup
     flag(first_out[hit], 2, [f"One Thousandth Err Ratio is {float(min_out[k]):.6g} on the outputs while above "
                              f"{th.one_thousandth_input:g} on the inputs (output limit {th.one_thousandth_output:g})"
                              for k in hit.tolist()])
+    checker = "relative_err"  # RelativeErrChecker (statistics)
     rel_max_in = np.abs(extreme("l2norm_rel_diff", ~out, False))
-    rel_v, rel_ok = num("l2norm_rel_diff")
-    rel = np.where(rel_ok, rel_v, 0.0)
-    rows = np.flatnonzero(out & stats_group[g] & whole[g] & (rel_max_in[g] < th.rel_err_input)
-                          & (np.abs(rel) > th.rel_err_output))
+    rel = getattr(c, "rel_row", None)  # msprobe's CSV reads its cells twice: see msprobe_rows
+    if rel is None:
+        rel_v, rel_ok = num("l2norm_rel_diff")
+        rel = np.where(rel_ok, rel_v, 0.0)
+    with np.errstate(invalid="ignore"):
+        rows = np.flatnonzero(out & stats_group[g] & whole[g] & (rel_max_in[g] < th.rel_err_input)
+                              & (np.abs(rel) > th.rel_err_output))
     flag(rows, 2, [f"output L2-norm relative diff {float(rel[i]):.6g} > {th.rel_err_output:g} "
                    f"while the inputs' stay below {th.rel_err_input:g}" for i in rows.tolist()])
-    # RequiresGradErrChecker
+    checker = "requires_grad"  # RequiresGradErrChecker
     tg, bg = c.values["target_requires_grad"], c.values["bench_requires_grad"]
     rows = np.flatnonzero(per_row & c.valid["target_requires_grad"] & c.valid["bench_requires_grad"] & (tg != bg))
     flag(rows, 2, [f"requires_grad differs (target {bool(tg[i])}, bench {bool(bg[i])})" for i in rows.tolist()])
-    # DTypeErrChecker
+    parameter = getattr(c, "parameter", None)
+    if parameter is not None:  # ParametersErrChecker: a scalar argument of another value
+        checker = "parameters"
+        rows = np.flatnonzero(whole[g] & ~out & parameter & c.parameter_differs)
+        flag(rows, 2, "scalar argument differs")
+    checker = "dtype"  # DTypeErrChecker
     td, bd = c.target_dtype, c.bench_dtype
     texts = _texts(c.bench_name, td, bd)
     if texts is not None:  # all strings or None: Arrow kernels
@@ -406,11 +392,11 @@ def op_results_columns(c: Columns, thresholds: Thresholds = Thresholds()) -> tup
         differ[sel] = np.fromiter((str(td[i]) != str(bd[i]) for i in sel.tolist()), bool, sel.size)
     rows = np.flatnonzero(differ)
     flag(rows, 2, [f"dtypes differ (target {td[i]}, bench {bd[i]})" for i in rows.tolist()])
-    # ShapeErrChecker
+    checker = "shape"  # ShapeErrChecker
     ts, bs = c.target_shape, c.bench_shape
     rows = np.flatnonzero(per_row & ts.valid & bs.valid & ~ts.equal(bs))
     flag(rows, 2, [f"shapes differ (target {ts.text(i)}, bench {bs.text(i)})" for i in rows.tolist()])
-    # CosineWarnChecker (tensor) / RelativeWarnChecker (statistics)
+    checker = "cosine_warn"  # CosineWarnChecker (tensor)
     cos_in = extreme("cosine", ~out, True)
     cos_out = extreme("cosine", out, True)
     with np.errstate(invalid="ignore"):
@@ -419,7 +405,9 @@ def op_results_columns(c: Columns, thresholds: Thresholds = Thresholds()) -> tup
                          & (drop > th.cosine_warn_drop))
     flag(first_out[hit], 1, [f"cosine drops from {float(cos_in[k]):.6g} (inputs) to {float(cos_out[k]):.6g} "
                              f"(outputs), more than {th.cosine_warn_drop:g}" for k in hit.tolist()])
+    checker = "accuracy"
     _accuracy_columns(c, np.flatnonzero(out & (tensor_group & ~has_in)[g]), th, flag)
+    checker = "relative_warn"  # RelativeWarnChecker (statistics)
     rel_max_out = np.abs(extreme("l2norm_rel_diff", out, False))
     cand = stats_group & whole & has_out
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -432,16 +420,7 @@ def op_results_columns(c: Columns, thresholds: Thresholds = Thresholds()) -> tup
         if rel_max_in[k] == 0 else
         f"output L2-norm relative diff {float(rel_max_out[k]):.6g} is more than {th.rel_warn_ratio:g} times the "
         f"inputs' {float(rel_max_in[k]):.6g}" for k in warn.tolist()])
-    names = np.array([PASS, WARNING, ERROR], dtype=object)
-    reasons: dict[int, list[str]] = {}
-    for rows, level, why in fired:
-        label = names[level]
-        for k, i in enumerate(rows.tolist()):
-            reasons.setdefault(i, []).append(f"{label}: {why if isinstance(why, str) else why[k]}")
-    reason = np.full(n, None, dtype=object)
-    for i, texts in reasons.items():
-        reason[i] = "; ".join(texts)
-    return names[levels], reason
+    return levels, fired
 
 
 def _accuracy_columns(c: Columns, rows: np.ndarray, th: Thresholds, flag) -> None:

@@ -25,8 +25,10 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
-from dumpdb.compare.verdict import ALL_IGNORE, INPUT_IGNORE, Thresholds
+from dumpdb.compare.columns import Shapes
+from dumpdb.compare.verdict import Columns, Thresholds, msprobe_results
 
 N_A, NAN, INF, NEG_INF, UNSUPPORTED, NONE_STR = "N/A", "Nan", "inf", "-inf", "unsupported", "None"
 SHAPE_UNMATCHED = "shape unmatched"
@@ -265,18 +267,18 @@ def build_rows(mode: str, target: list[tuple[str, Any]], bench: list[tuple[str, 
     for key, rec in bench:
         for it in record_items(key, rec):
             bench_items.setdefault(bkeys[key] + it["name"][len(key):], it)
-    out: list[list] = []
-    for key, rec in target:
+    rows: list[dict] = []
+    groups: list[int] = []
+    for record, (key, rec) in enumerate(target):
         items = record_items(key, rec)
-        rows = []
         for i, t in enumerate(items):
             b = bench_items.get(tkeys[key] + t["name"][len(key):])
             if b is not None and not _dtypes_match(t, b):
                 b = None  # msprobe blanks the bench side (gen_dtype_condition)
             rows.append(_row(mode, t, b, stacks.get(key) if i == 0 else None, metrics or {}, compute))
-        _judge(mode, rows)
-        out.extend(r["cells"] for r in rows)
-    return out
+            groups.append(record)
+    _judge(mode, rows, groups)
+    return [r["cells"] for r in rows]
 
 
 _FLOATS = ({"float16", "float32", "float64", "bfloat16"},
@@ -340,24 +342,22 @@ def _row(mode: str, t: dict, b: dict | None, stack, metrics: dict, compute: Metr
 
 # -- verdicts (msprobe indicator_analysis, per API / module) -----------------------------------
 def _pct(v: Any) -> float:
+    """A relative-error cell as a fraction, as msprobe reads it (``'12.5%'`` -> 0.125,
+    ``'inf'`` -> inf, ``'Nan'`` -> NaN; other text 0)."""
     try:
         return float(str(v).strip("%")) / 100
     except ValueError:
         return 0.0
 
 
-def _extreme(rows: list[dict], key: str, smallest: bool) -> float:
-    value = 1.0 if smallest else 0.0
-    for r in rows:
-        v = r.get(key)
-        if v is None or v in (NAN, N_A):
-            continue
-        if isinstance(v, str) and v.endswith("%"):
-            v = _pct(v)
-        if isinstance(v, str):
-            continue
-        value = min(value, v) if smallest else max(value, v)
-    return value
+def _extreme_value(v: Any) -> float:
+    """A metric cell as msprobe's min/max over a record reads it: numbers and percentages
+    count, NaN, ``N/A`` and other text do not (NaN here)."""
+    if isinstance(v, str):
+        return _pct(v) if v.endswith("%") else math.nan
+    if v is None or isinstance(v, bool):
+        return math.nan
+    return float(v)
 
 
 def _inf_or_nan(v: Any) -> bool:
@@ -366,111 +366,64 @@ def _inf_or_nan(v: Any) -> bool:
     return isinstance(v, str) and v.strip().lower() in ("inf", "-inf", "nan")
 
 
-def _judge(mode: str, rows: list[dict], th: Thresholds = Thresholds()) -> None:
-    """Result and Err_message of one record's rows, as msprobe's checkers set them: the
-    rules of :mod:`dumpdb.compare.verdict` (its thresholds and ignore lists, the one home
-    of msprobe's rules) over the CSV's cells (msprobe's strings: ``N/A``, ``Nan``,
-    percentages), with msprobe's message texts; plus what only the CSV has, msprobe's
-    ``ParametersErrChecker`` (non-tensor arguments) and the md5 mode."""
-    if not rows:
+def _judge(mode: str, rows: list[dict], groups: list[int], th: Thresholds = Thresholds()) -> None:
+    """Result and Err_message of every row (``groups``: the record of each row), by the
+    rules of :mod:`dumpdb.compare.verdict` (:func:`~dumpdb.compare.verdict.msprobe_results`,
+    the one home of msprobe's checkers, its thresholds, ignore lists and message texts).
+    Here the CSV's cells (msprobe's strings: ``N/A``, ``Nan``, percentages) become the
+    values msprobe's checkers read from them."""
+    n = len(rows)
+    if not n:
         return
-    inputs = [r for r in rows if ".output." not in r["npu_name"]]
-    outputs = [r for r in rows if ".output." in r["npu_name"]]
-    levels = {"pass": 0, "warning": 1, "error": 2}
 
-    def flag(r, level, msg):
-        if levels[level] > levels[r["result"]]:
-            r["result"] = level
-        r["msgs"].append(msg)
+    def objects(values) -> np.ndarray:
+        out = np.empty(n, dtype=object)
+        out[:] = list(values)
+        return out
 
-    name_split = inputs[0]["npu_name"].split(".") if inputs else []
-    api = name_split[1] if len(name_split) >= 2 else None
-    ignore = "all" if api in ALL_IGNORE else "input" if api in INPUT_IGNORE else None
-    per_row = [] if ignore == "all" else outputs if ignore == "input" else inputs + outputs
-    whole = ignore is None
-
-    def inf_nan():
-        for r in per_row:
-            if _inf_or_nan(r["bench_sum"][0]) or _inf_or_nan(r["bench_sum"][1]):
-                continue
-            if _inf_or_nan(r["npu_sum"][0]) or _inf_or_nan(r["npu_sum"][1]):
-                flag(r, "error", "error: There is nan/inf/-inf in the maximum or minimum value of NPU.")
-
-    def requires_grad():
-        for r in per_row:
-            if r["bench_name"] in ("", N_A) or not r["npu_rg"] or not r["bench_rg"]:
-                continue
-            if r["npu_rg"] != r["bench_rg"]:
-                flag(r, "error", "error: The Required_Grad of NPU and Bench are inconsistent")
-
-    def parameters():
-        if not whole:
-            return
-        for r in inputs:
-            if r["bench_name"] in ("", N_A) or "class" not in r["npu_dtype"] or "class" not in r["bench_dtype"]:
-                continue
-            if str(r["npu_shape"]) != "[]":
-                continue
-            if r["npu_sum"][0] != r["bench_sum"][0]:
-                flag(r, "error", "error: The scalar parameters of NPU and Bench are inconsistent.")
-
-    def dtype():
-        for r in per_row:
-            if r["bench_name"] in ("", N_A) or r["npu_name"] == N_A:
-                continue
-            if "qkv" in r["bench_name"] or "gate_up" in r["bench_name"]:
-                continue
-            if r["npu_dtype"] and r["bench_dtype"] and r["npu_dtype"] != r["bench_dtype"]:
-                flag(r, "error", "error: The dtype of NPU and Bench are inconsistent.")
-
-    def shape():
-        for r in per_row:
-            if r["bench_name"] in ("", N_A):
-                continue
-            if r["npu_shape"] != r["bench_shape"]:
-                flag(r, "error", "error: The shape of NPU and Bench are inconsistent.")
-
+    has_bench = np.array([r["bench_name"] not in ("", N_A) for r in rows], bool)
+    values: dict[str, np.ndarray] = {}
+    valid: dict[str, np.ndarray] = {}
+    for key, cell in (("cosine", "cosine"), ("one_thousandth_err_ratio", "one_k"), ("l2norm_rel_diff", "norm_rel")):
+        values[key] = np.array([_extreme_value(r.get(cell)) for r in rows], np.float64)
+        valid[key] = ~np.isnan(values[key])
+    values["max_abs_err"], valid["max_abs_err"] = np.full(n, math.nan), np.zeros(n, bool)
+    for side, cells in (("target", "npu_sum"), ("bench", "bench_sum")):  # only "is it nan/inf" matters
+        for key, k in (("max", 0), ("min", 1)):
+            values[f"{side}_{key}"] = np.array([math.inf if _inf_or_nan(r[cells][k]) else 0.0 for r in rows])
+            valid[f"{side}_{key}"] = np.ones(n, bool)
+    # requires_grad cells compared as written ('True', 'False', 'N/A'), where both are given
+    codes: dict = {}
+    rg_known = has_bench & np.array([bool(r["npu_rg"]) and bool(r["bench_rg"]) for r in rows], bool)
+    for side, cell in (("target", "npu_rg"), ("bench", "bench_rg")):
+        values[f"{side}_requires_grad"] = np.array([codes.setdefault(r[cell], len(codes)) for r in rows], np.float64)
+        valid[f"{side}_requires_grad"] = rg_known
+    # shapes compared as written: each distinct text one code
+    shape_codes: dict = {}
+    tshape = [[shape_codes.setdefault(str(r["npu_shape"]), len(shape_codes))] for r in rows]
+    bshape = [[shape_codes.setdefault(str(r["bench_shape"]), len(shape_codes))] if b else None
+              for r, b in zip(rows, has_bench.tolist())]
+    columns = Columns(
+        group=np.array(groups, np.int64), output=np.array([".output." in r["npu_name"] for r in rows], bool),
+        statistics=np.full(n, mode == "statistics"), target_name=objects(r["npu_name"] for r in rows),
+        bench_name=objects(r["bench_name"] for r in rows), target_dtype=objects(r["npu_dtype"] for r in rows),
+        bench_dtype=objects(r["bench_dtype"] if b and r["npu_name"] != N_A else None
+                            for r, b in zip(rows, has_bench.tolist())),
+        err_message=np.full(n, None, dtype=object), values=values, valid=valid,
+        target_shape=Shapes(pa.array(tshape, pa.list_(pa.int64()))),
+        bench_shape=Shapes(pa.array(bshape, pa.list_(pa.int64()))),
+        # msprobe's RelativeErrChecker reads each output's cell as a number (inf counts), its
+        # min/max over a record only the percentages
+        rel_row=np.array([_pct(r.get("norm_rel")) for r in rows], np.float64),
+        parameter=has_bench & np.array([
+            "class" in r["npu_dtype"] and "class" in r["bench_dtype"] and str(r["npu_shape"]) == "[]" for r in rows],
+            bool),
+        parameter_differs=np.array([r["npu_sum"][0] != r["bench_sum"][0] for r in rows], bool))
     if mode == "md5":
-        for r in per_row:
-            tm, bm = r["md5"]
-            if tm != bm:
-                if tm in (N_A, NAN, "") or bm in (N_A, NAN, ""):
-                    flag(r, "warning", "warning: The parameter of NPU does not match the bench.")
-                else:
-                    flag(r, "error", "error: The CRC-32 value of NPU differs from that of the bench.")
-    elif mode == "statistics":
-        inf_nan()
-        if whole:
-            if abs(_extreme(inputs, "norm_rel", smallest=False)) < th.rel_err_input:
-                for r in outputs:
-                    if abs(_pct(r["norm_rel"])) > th.rel_err_output:
-                        flag(r, "error", "error: The NormRelativeErr of output is greater than 0.5.")
-        requires_grad()
-        parameters()
-        dtype()
-        shape()
-        if whole and outputs:
-            max_in = abs(_extreme(inputs, "norm_rel", smallest=False))
-            max_out = abs(_extreme(outputs, "norm_rel", smallest=False))
-            if (max_out > th.rel_warn_zero_input) if max_in == 0 else (max_out / max_in > th.rel_warn_ratio):
-                flag(outputs[0], "warning", "warning: The norm relative error of output is 10 times that of input.")
-    else:
-        inf_nan()
-        if whole and outputs:
-            if _extreme(inputs, "one_k", True) > th.one_thousandth_input and \
-                    _extreme(outputs, "one_k", True) < th.one_thousandth_output:
-                flag(outputs[0], "error",
-                     "error: The input/parameters of One Thousandth Err Ratio > 0.9 while the output < 0.6.")
-        requires_grad()
-        parameters()
-        dtype()
-        shape()
-        if whole and outputs:
-            cin, cout = _extreme(inputs, "cosine", True), _extreme(outputs, "cosine", True)
-            if cin > th.cosine_warn_input and cin - cout > th.cosine_warn_drop:
-                flag(outputs[0], "warning",
-                     "warning: The input/parameters of Cosine > 0.9, and input/parameters - output > 0.1")
-    for r in rows:  # msprobe's checkers reset every row's message, "No bench data matched." included
-        r["cells"] += [r["result"], json.dumps(r["msgs"]), r["stack"]]
+        columns.md5_target = objects(r["md5"][0] for r in rows)
+        columns.md5_bench = objects(r["md5"][1] for r in rows)
+    result, msgs = msprobe_results(columns, th)
+    for r, level, texts in zip(rows, result, msgs):  # every row's message reset, "No bench data matched." too
+        r["cells"] += [level, json.dumps(texts), r["stack"]]
         if mode == "tensor":
             r["cells"].append(r["data_name"])

@@ -1224,13 +1224,14 @@ def ranks_cmd(
     html: Optional[Path] = typer.Option(None, "--html", help="Write a self-contained HTML report (with NaN/Inf)."),
     fmt: str = FormatOpt,
     output: Optional[Path] = OutputOpt,
+    scheduler: Optional[str] = SchedulerOpt,
 ) -> None:
     """Group the ranks of a run by fingerprint; name the odd ranks and where they depart."""
     from dumpdb.checks.ranks import first_bad_across_ranks, rank_groups
 
     _check_format(fmt, output)
     a = _open(archive)
-    table = rank_groups(a, run, iteration=iteration)
+    table = rank_groups(a, run, iteration=iteration, scheduler=scheduler)
     if html:
         from dumpdb.render.ranks_report import write_ranks_report
 

@@ -22,8 +22,8 @@ from typer.testing import CliRunner
 import dumpdb
 import dumpdb.compare.distributed as dist
 import dumpdb.compare.engine as engine
+from dumpdb.checks.ranks import rank_groups
 from dumpdb.cli import app
-from dumpdb.compare.engine import RESULT_COLUMNS
 from dumpdb.ingestion.pipeline import ingest
 
 distributed = pytest.importorskip("distributed", reason="dask.distributed is the [dask] extra these tests exercise")
@@ -94,20 +94,25 @@ def _same_bits(x: pa.Table, y: pa.Table) -> None:
             assert a.equals(b), name
 
 
-def _local_and_cluster(path, scheduler: str, **options):
-    with dumpdb.open(path) as a:
-        local = engine.compare(a, "fp16", "fp32", **options)
+@pytest.fixture(scope="module")
+def local(archive):
+    """The local compare (stored): the oracle of every cluster run."""
+    with dumpdb.open(archive) as a:
+        return engine.compare(a, "fp16", "fp32")
+
+
+def _on_cluster(path, scheduler: str, **options):
     dist._OPEN.clear()
     with dumpdb.open(path) as a:
-        remote = engine.compare(a, "fp16", "fp32", scheduler=scheduler, **options)
-    return local, remote
+        return engine.compare(a, "fp16", "fp32", scheduler=scheduler, **options)
 
 
 @pytest.mark.parametrize("small_elements", [engine.SMALL_ELEMENTS, 1024], ids=["batched", "large-pairs"])
-def test_compare_on_the_cluster_stores_the_local_rows(archive, cluster, monkeypatch, small_elements):
-    # 1024: every pair above 1 Ki elements takes the large-pair path (tasks of whole pairs)
+def test_compare_on_the_cluster_stores_the_local_rows(archive, local, cluster, monkeypatch, small_elements):
+    # 1024: every pair above 1 Ki elements takes the large-pair path on the cluster (tasks of
+    # whole pairs), against the local run's batched path: the same bits either way
     monkeypatch.setattr(engine, "SMALL_ELEMENTS", small_elements)
-    local, remote = _local_and_cluster(archive, cluster.scheduler_address)
+    remote = _on_cluster(archive, cluster.scheduler_address)
     assert dist._OPEN, "no task opened the store on a worker"
     assert remote.summary["pairs"] == local.summary["pairs"] > 8 * 60
     assert local.summary["error"] + local.summary["warning"] > 0  # fp16 vs fp32: something to find
@@ -127,22 +132,21 @@ def test_partition_keeps_a_pack_in_one_task_and_bounds_task_bytes():
     assert [t.tolist() for t in tasks] == [[0, 2, 3], [1]]
 
 
-def test_compare_with_local_worker_processes(archive, env):
+def test_compare_with_local_worker_processes(archive, env, local):
     """``scheduler="local"``: a LocalCluster of 2 worker processes, each opening the S3
     store from its own environment."""
-    local, remote = _local_and_cluster(archive, "local", workers=2)
+    remote = _on_cluster(archive, "local", workers=2)
     assert not dist._OPEN  # nothing was read in this process: the workers did it
     _same_bits(local.results.drop_columns(["compare_id"]), remote.results.drop_columns(["compare_id"]))
     with dumpdb.open(archive) as a:
         _same_bits(_stored(a, local.compare_id), _stored(a, remote.compare_id))
 
 
-def test_first_divergence_and_scan_on_the_cluster(archive, cluster):
+def test_first_divergence_and_scan_on_the_cluster(archive, local, cluster):
     address = cluster.scheduler_address
     with dumpdb.open(archive) as a:
-        for rules in ("precision", "msprobe"):
-            assert a.first_divergence("fp16", "fp32", rules=rules, store_results=False, scheduler=address) == \
-                a.first_divergence("fp16", "fp32", rules=rules, store_results=False)
+        found = a.first_divergence("fp16", "fp32", store_results=False, scheduler=address)
+        assert found is not None and found == local.first_divergence
         checks = ["tensor_too_large:abs_mean_gt=0.01", "tensor_range:range_start_inclusive=-0.01,"
                   "range_end_inclusive=0.01,range_percentage_gt=50"]
         local = a.scan("fp32", checks, first_only=False)
@@ -157,10 +161,18 @@ def test_first_divergence_and_scan_on_the_cluster(archive, cluster):
 def test_cli_compare_and_first_divergence_take_scheduler(archive, cluster):
     runner = CliRunner()
     address = cluster.scheduler_address
-    for cmd in (["compare", "fp16", "fp32", "--no-store", "-f", "csv"], ["first-divergence", "fp16", "fp32"],
+    for cmd in (["first-divergence", "fp16", "fp32", "--rules", "msprobe"], ["ranks", "fp16", "-f", "csv"],
                 ["scan", "fp32", "-c", "tensor_too_large:abs_mean_gt=0.01", "--all", "-f", "csv"]):
         local = runner.invoke(app, [*cmd, "-a", str(archive)], catch_exceptions=False)
         remote = runner.invoke(app, [*cmd, "-a", str(archive), "--scheduler", address], catch_exceptions=False)
         assert (remote.exit_code, remote.stdout) == (local.exit_code, local.stdout), cmd
-    stored = [c for c in RESULT_COLUMNS if c != "compare_id"]
-    assert stored  # the columns compared above are compare_results' columns plus context
+        assert local.stdout.count("\n") > 3  # found something, said it
+
+
+def test_ranks_on_the_cluster(archive, cluster):
+    with dumpdb.open(archive) as a:
+        local = rank_groups(a, "fp32")
+        remote = rank_groups(a, "fp32", scheduler=cluster.scheduler_address)
+    assert remote.equals(local)
+    rows = local.to_pylist()
+    assert len(rows) == RANKS and rows[0]["reference"] and sum(r["departs_at"] == "value" for r in rows) == RANKS - 1

@@ -47,7 +47,8 @@ def dask_client(scheduler: str, workers: int, on_start: Callable[[str], None] | 
         reason = " ".join(str(exc).split())[:300]
         raise DumpdbError(f"dask scheduler {scheduler}: cannot connect: {reason}") from None
     if on_start is not None:
-        on_start(f"dask: {len(client.scheduler_info().get('workers', {}))} workers at {client.scheduler.address}")
+        address = getattr(client.scheduler, "address", scheduler)
+        on_start(f"dask: {len(client.scheduler_info().get('workers', {}))} workers at {address}")
     try:
         yield client
     finally:

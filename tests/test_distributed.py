@@ -149,20 +149,20 @@ def test_first_divergence_and_scan_on_the_cluster(archive, local, cluster):
         assert found is not None and found == local.first_divergence
         checks = ["tensor_too_large:abs_mean_gt=0.01", "tensor_range:range_start_inclusive=-0.01,"
                   "range_end_inclusive=0.01,range_percentage_gt=50"]
-        local = a.scan("fp32", checks, first_only=False)
+        hits = a.scan("fp32", checks, first_only=False)
         dist._OPEN.clear()
         remote = a.scan("fp32", checks, first_only=False, scheduler=address)
-        assert dist._OPEN and local.num_rows > RANKS
-        _same_bits(local, remote)
+        assert dist._OPEN and hits.num_rows > RANKS
+        _same_bits(hits, remote)
         first = a.scan("fp16", checks, scheduler=address)
         _same_bits(a.scan("fp16", checks), first)
 
 
-def test_cli_compare_and_first_divergence_take_scheduler(archive, cluster):
+def test_cli_first_divergence_ranks_and_scan_take_scheduler(archive, cluster):
     runner = CliRunner()
     address = cluster.scheduler_address
     for cmd in (["first-divergence", "fp16", "fp32", "--rules", "msprobe"], ["ranks", "fp16", "-f", "csv"],
-                ["scan", "fp32", "-c", "tensor_too_large:abs_mean_gt=0.01", "--all", "-f", "csv"]):
+                ["scan", "fp32", "-c", "tensor_too_large:abs_mean_gt=0.01", "-f", "csv"]):
         local = runner.invoke(app, [*cmd, "-a", str(archive)], catch_exceptions=False)
         remote = runner.invoke(app, [*cmd, "-a", str(archive), "--scheduler", address], catch_exceptions=False)
         assert (remote.exit_code, remote.stdout) == (local.exit_code, local.stdout), cmd

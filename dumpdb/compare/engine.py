@@ -441,9 +441,11 @@ def compare(archive, target: str | Selection, bench: str | Selection, *, iterati
             alignment, t, b, metrics = stats
             strategy = _one_chunk(alignment.pairs.column("match_strategy"))
         else:
-            # the exact strategy in SQL when it settles the alignment (align_sql), else align()
-            alignment = None if mapping_dict else align_exact(trows, brows, group_by=_group_by(tsel, bsel),
-                                                              strategies=strategies)
+            # the exact strategy in SQL when it settles the alignment (align_sql), else align();
+            # not again when statistics_pairs just found it does not (align gives the same pairs)
+            tried = statistics_only and not mapping_dict
+            alignment = None if mapping_dict or tried else align_exact(trows, brows, group_by=_group_by(tsel, bsel),
+                                                                       strategies=strategies)
             if alignment is None:
                 alignment = align(trows, brows, group_by=_group_by(tsel, bsel), mapping=mapping_dict,
                                   strategies=strategies)

@@ -779,7 +779,7 @@ class Archive:
         yield from _read_ahead(self._read_located, self.path, ids, locations, rows, host_format, verify)
 
     # -- comparison ------------------------------------------------------------
-    def compare(self, target: str, bench: str, **options) -> pa.Table:
+    def compare(self, target: str, bench: str, *, scheduler: str | None = None, **options) -> pa.Table:
         """Compare two selections (``RUN[:ITERATION[:RANK]]``) tensor by tensor.
 
         Returns one row per aligned pair, in target execution order, with every
@@ -787,28 +787,31 @@ class Archive:
         the comparison is stored in ``compares``/``compare_results`` (its
         ``compare_id`` is in the rows). Options are those of
         :func:`dumpdb.compare.engine.compare` (iteration, rank, mapping,
-        strategies, thresholds, mode, workers, store_results).
+        strategies, thresholds, mode, workers, store_results). ``scheduler``: the payloads
+        read and compared on the dask cluster at that address or ``"local"``, the same rows.
         """
         from dumpdb.compare.engine import compare
 
-        return compare(self, target, bench, **options).results
+        return compare(self, target, bench, scheduler=scheduler, **options).results
 
-    def first_divergence(self, target: str, bench: str, **options) -> dict[str, Any] | None:
+    def first_divergence(self, target: str, bench: str, *, scheduler: str | None = None,
+                         **options) -> dict[str, Any] | None:
         """The first op, in the order ops ran, that departs beyond its dtypes' precision
         and is not explained by its inputs' errors (``rules="msprobe"``: the first output
         failing msprobe's rules): scope name, source line, metrics, ``inputs``/``outputs``
         errors, and ``path``: the ops compared before it. None when nothing departs.
-        Options as :meth:`compare` (:func:`dumpdb.compare.engine.compare`)."""
+        Options as :meth:`compare` (:func:`dumpdb.compare.engine.compare`), ``scheduler`` too."""
         from dumpdb.compare.engine import compare
 
-        return compare(self, target, bench, **options).first_divergence
+        return compare(self, target, bench, scheduler=scheduler, **options).first_divergence
 
-    def scan(self, run: str, checks=None, **options) -> pa.Table:
+    def scan(self, run: str, checks=None, *, scheduler: str | None = None, **options) -> pa.Table:
         """Run checks (first NaN/Inf, fp16 overflow, all-zero, MindInsight watch
-        conditions) over one run; see :func:`dumpdb.checks.scan.scan`."""
+        conditions) over one run; see :func:`dumpdb.checks.scan.scan` (``scheduler``: the
+        payloads it reads, read on the dask cluster at that address or ``"local"``)."""
         from dumpdb.checks.scan import scan
 
-        return scan(self, run, checks, **options)
+        return scan(self, run, checks, scheduler=scheduler, **options)
 
     def serve(self, host: str = "127.0.0.1", port: int = 8765, open_browser: bool = False) -> None:
         """Browse this archive in a web browser until Ctrl-C: a local, read-only web

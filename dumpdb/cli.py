@@ -913,11 +913,16 @@ ThresholdOpt = typer.Option([], "--threshold", "-t", metavar="NAME=VALUE",
                             help="Verdict threshold NAME=VALUE (repeatable).")
 WorkersOpt = typer.Option(None, "--workers", "-j", min=1,
                           help="Metric workers (default: cores; processes for comparisons >= 64 MB).")
+SchedulerOpt = typer.Option(None, "--scheduler", metavar="ADDRESS|local",
+                            help="Read and compute the payloads on the dask.distributed cluster at ADDRESS "
+                                 "(tcp://host:8786; its workers read the archive's store themselves: S3, or the "
+                                 "same path), or 'local' for a LocalCluster of --workers processes. Same answer. "
+                                 "Needs dumpdb[dask].")
 
 
 def _run_compare(archive, target, bench, iteration, rank, mapping, strategy, mode, threshold, workers,
                  store: bool = True, bench_rank: int | None = None,
-                 rules: str = "precision"):
+                 rules: str = "precision", scheduler: str | None = None):
     """Run a comparison for the CLI (``store``: keep the results in the archive).
 
     Raises DumpdbError (exit 2) when no pair is formed: there is nothing to judge,
@@ -929,7 +934,7 @@ def _run_compare(archive, target, bench, iteration, rank, mapping, strategy, mod
     strategies = tuple(s.strip() for s in strategy.split(",")) if strategy else None
     options = dict(iteration=iteration, rank=rank, mapping=mapping, mode=mode,
                    thresholds=_thresholds(threshold), workers=workers, store_results=store, bench_rank=bench_rank,
-                   rules=rules)
+                   rules=rules, scheduler=scheduler)
     if strategies:
         options["strategies"] = strategies
     with _progress("comparing") as bar:
@@ -1063,6 +1068,7 @@ def compare_cmd(
                             help=FORMAT_HELP + " table: summary and failing pairs; others: every pair's row."),
     output: Optional[Path] = OutputOpt,
     rules: str = RulesOpt,
+    scheduler: Optional[str] = SchedulerOpt,
 ) -> None:
     """Compare two runs, or two iterations/ranks of one run, tensor by tensor.
 
@@ -1075,7 +1081,7 @@ def compare_cmd(
     if os.path.isdir(target) and os.path.isdir(bench):
         archive, target, bench = _ingest_pair(Path(target), Path(bench), archive)
     outcome = _run_compare(archive, target, bench, iteration, rank, mapping, strategy, mode, threshold, workers,
-                           store, bench_rank, rules)
+                           store, bench_rank, rules, scheduler)
     rows_out = fmt != "table" or output is not None
     sm = outcome.summary
     say = (lambda m, style=None: _say(m, stderr=rows_out, style=style))  # noqa: E731
@@ -1217,13 +1223,14 @@ def ranks_cmd(
     html: Optional[Path] = typer.Option(None, "--html", help="Write a self-contained HTML report (with NaN/Inf)."),
     fmt: str = FormatOpt,
     output: Optional[Path] = OutputOpt,
+    scheduler: Optional[str] = SchedulerOpt,
 ) -> None:
     """Group the ranks of a run by fingerprint; name the odd ranks and where they depart."""
     from dumpdb.checks.ranks import first_bad_across_ranks, rank_groups
 
     _check_format(fmt, output)
     a = _open(archive)
-    table = rank_groups(a, run, iteration=iteration)
+    table = rank_groups(a, run, iteration=iteration, scheduler=scheduler)
     if html:
         from dumpdb.render.ranks_report import write_ranks_report
 
@@ -1271,6 +1278,7 @@ def first_divergence_cmd(
     fmt: str = typer.Option("table", "--format", "-f",
                             help=FORMAT_HELP + " Non-table formats: one row, or none if nothing departs."),
     output: Optional[Path] = OutputOpt,
+    scheduler: Optional[str] = SchedulerOpt,
 ) -> None:
     """The first op, in execution order, that departs: by default the first whose error
     exceeds its dtypes' precision and is not explained by its inputs' errors (--rules
@@ -1279,7 +1287,7 @@ def first_divergence_cmd(
     2 if no pair is formed. (Nothing is stored: use 'dumpdb compare' to keep results.)"""
     _check_format(fmt, output)
     outcome = _run_compare(archive, target, bench, iteration, rank, mapping, strategy, mode, threshold, workers,
-                           store=False, rules=rules)
+                           store=False, rules=rules, scheduler=scheduler)
     fd = outcome.first_divergence
     if fmt == "table" and output is None:
         _print_divergence(fd, outcome.summary)
@@ -1304,6 +1312,8 @@ def scan_cmd(
     output: Optional[Path] = OutputOpt,
     across_ranks: bool = typer.Option(False, "--across-ranks",
                                       help="Which rank went bad (NaN/Inf) first, then the others."),
+    scheduler: Optional[str] = SchedulerOpt,
+    workers: Optional[int] = typer.Option(None, "--workers", "-j", min=1, help="Workers of --scheduler local."),
 ) -> None:
     """First NaN/Inf per iteration and rank, fp16 overflow, all-zero tensors and
     MindInsight watch conditions, answered from the catalog's statistics.
@@ -1326,7 +1336,7 @@ def scan_cmd(
         if values:
             params[name] = values
     hits = _open(archive).scan(run, names or None, iteration=iteration, rank=rank,
-                               params=params or None, first_only=not all_hits)
+                               params=params or None, first_only=not all_hits, scheduler=scheduler, workers=workers)
     if fmt == "table" and output is None:
         cols = [c for c in ("check", "iteration", "rank", "position", "op_type", "op_name", "io", "slot", "value",
                             "code_line", "code_text") if c in hits.column_names]

@@ -9,6 +9,15 @@ Cases (``--case``, repeatable; default all):
   ``--workers 1`` and 2, side by side with ``tar`` of the dump.
 * ``tensors``: ``--size-mb`` of float32 tensors, ingested with ``--workers 1``, 2 and
   ``--scheduler local``, side by side with ``tar | zstd -T2``.
+* ``compare`` (issue 29): an 8-rank pair of runs (``--compare-ranks``; simulated ranks of the real
+  MindSpore LeNet5 pair of the corpus, ``--target``/``--bench``: rank r's floating-point
+  payloads scaled by 1 + r/1024) ingested into a local SeaweedFS S3 store
+  (``weed server -s3``, ``-master.volumeSizeLimitMB=64``, an ``-s3.config`` identity), then
+  ``dumpdb compare`` run locally and with ``--scheduler local -j 2`` (a 2-worker
+  LocalCluster whose workers read S3 themselves), the same rows; beside them the figures of
+  ARCHITECTURE.md's cost model (the fixed part measured by a ``--mode statistics`` compare
+  that reads no payload, the cluster's start by starting one): its prediction of the
+  cluster compare's time against the measured one.
 
 Every ingest runs ``python -m dumpdb ingest`` in a fresh archive; peak RSS is the largest of
 the process and its workers, CPU the user + system seconds of the process and its workers
@@ -30,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+CORPUS = Path("/work/shared/corpus/mindspore-cpu")
 HEADER = ("Op Type,Op Name,Task ID,Stream ID,Timestamp,IO,Slot,Data Size,Data Type,Shape,Max Value,Min Value,"
           "Avg Value,Count,Negative Zero Count,Positive Zero Count,NaN Count,Negative Inf Count,"
           "Positive Inf Count,Zero Count\n")
@@ -38,7 +48,12 @@ HEADER = ("Op Type,Op Name,Task ID,Stream ID,Timestamp,IO,Slot,Data Size,Data Ty
 def parse_args() -> argparse.Namespace:
     """Command-line options."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--case", action="append", choices=("stats", "tiny", "tensors"), help="cases to run (default all)")
+    p.add_argument("--case", action="append", choices=("stats", "tiny", "tensors", "compare"),
+                   help="cases to run (default stats, tiny, tensors)")
+    p.add_argument("--target", type=Path, default=CORPUS / "d2_compare_fp16_bf16",
+                   help="compare case: the real dump whose ranks are simulated (target)")
+    p.add_argument("--bench", type=Path, default=CORPUS / "d1_compare_fp32", help="compare case: bench dump")
+    p.add_argument("--compare-ranks", type=int, default=8, help="compare case: simulated ranks (default 8)")
     p.add_argument("--ranks", type=int, default=2, help="rank directories R (default 2)")
     p.add_argument("--iterations", type=int, default=2, help="iteration directories per rank I (default 2)")
     p.add_argument("--rows", type=int, default=1_000_000, help="statistic.csv rows in all (default 10^6)")
@@ -126,6 +141,69 @@ def report(name: str, base: tuple[float, float, float], base_name: str,
               f"{secs / base[0]:6.2f}x {base_name}")
 
 
+def simulate_ranks(src: Path, out: Path, ranks: int) -> int:
+    """``src``'s rank_0 copied as rank_0..rank_{ranks-1}; rank r's floating-point .npy payloads
+    scaled by 1 + r/1024 (each rank its own content; bfloat16 files, which numpy cannot
+    parse, stay as they are). Returns the payload bytes written."""
+    total = 0
+    for r in range(ranks):
+        dst = out / f"rank_{r}"
+        shutil.copytree(src / "rank_0", dst)
+        for f in dst.rglob("*.npy"):
+            total += f.stat().st_size
+            if r == 0:
+                continue
+            try:
+                a = np.load(f)
+            except ValueError:
+                continue
+            if a.dtype.kind == "f":
+                with np.errstate(all="ignore"):
+                    np.save(f, (a * (1 + r / 1024)).astype(a.dtype))
+    return total
+
+
+def compare_case(args, work: Path) -> None:
+    """The ``compare`` case (module docstring)."""
+    from dumpdb.storage.testing import seaweedfs_server
+
+    nbytes = sum(simulate_ranks(src, work / name, args.compare_ranks) for name, src in (("target", args.target),
+                                                                               ("bench", args.bench)))
+    files = sum(1 for _ in work.rglob("*.npy"))
+    with seaweedfs_server(work / "weed") as s3:
+        env = {**os.environ, **s3.env()}
+        url = f"s3://{s3.bucket()}/archive"
+        archive = work / "archive"
+        for run_name in ("target", "bench"):
+            run([sys.executable, "-m", "dumpdb", "ingest", str(work / run_name), "-a", str(archive), "--run", run_name,
+                 "-q", "--store", url], env=env)
+        objects = sum(page.get("KeyCount", 0) for page in s3.client().get_paginator("list_objects_v2").paginate(
+            Bucket=url.split("/")[2]))
+        base = [sys.executable, "-m", "dumpdb", "compare", "target", "bench", "-a", str(archive), "--no-store",
+                "--show", "0"]
+        fixed = run([*base, "--mode", "statistics"], env=env)
+        start = run([sys.executable, "-c", "from dumpdb.cluster import dask_client\n"
+                     "with dask_client('local', 2) as c: c.submit(int, 1).result()"], env=env)
+        imports = run([sys.executable, "-c", "import dumpdb.compare.engine, dumpdb.compare.distributed"], env=env)
+        local = run(base, env=env)
+        cluster = run([*base, "--scheduler", "local", "-j", "2"], env=env)
+    payload = local[0] - fixed[0]  # the local compare's payload part: reads and metrics
+    cores = os.cpu_count() or 1
+    predicted = fixed[0] + start[0] + payload / min(2, cores)
+    print(f"compare: {args.compare_ranks} simulated ranks x 2 runs, {files} files, {nbytes / 1e6:.0f} MB of .npy, "
+          f"{objects} S3 objects (SeaweedFS)")
+    print(f"  local compare                  {local[0]:7.2f} s  cpu {local[2]:6.2f} s  peak {local[1]:5.0f} MB")
+    print(f"  --scheduler local -j 2         {cluster[0]:7.2f} s  cpu {cluster[2]:6.2f} s  peak {cluster[1]:5.0f} MB"
+          f"  = {cluster[0] / local[0]:.2f}x the local compare's time")
+    print(f"  model, wall: fixed (--mode statistics) {fixed[0]:.2f} s + cluster start {start[0]:.2f} s + payload "
+          f"part {payload:.2f} s / min(2 workers, {cores} cores) = {predicted:.2f} s predicted, "
+          f"{cluster[0]:.2f} s measured ({cluster[0] / predicted:.2f}x the prediction)")
+    predicted_cpu = local[2] + start[2] + 2 * imports[2]
+    print(f"  model, cpu: local {local[2]:.2f} s + cluster start {start[2]:.2f} s + 2 workers x engine imports "
+          f"{imports[2]:.2f} s = {predicted_cpu:.2f} s predicted, {cluster[2]:.2f} s measured "
+          f"({cluster[2] / predicted_cpu:.2f}x the prediction)")
+
+
 def main() -> None:
     args = parse_args()
     cases = args.case or ["stats", "tiny", "tensors"]
@@ -165,6 +243,8 @@ def main() -> None:
             if len(rows) >= 2:
                 print(f"  2 workers vs 1: {rows[0][1][0] / rows[1][1][0]:.2f}x the throughput")
             shutil.rmtree(dump)
+        if "compare" in cases:
+            compare_case(args, work / "compare")
     finally:
         if args.out is None:
             shutil.rmtree(work, ignore_errors=True)

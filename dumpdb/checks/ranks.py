@@ -95,14 +95,21 @@ def _digest(items) -> str:
     return h.hexdigest()[:16]
 
 
-def _rank_rows(archive, run: str, iteration: int | None, bad_only: bool = False) -> dict[Any, list[dict]]:
+_ALL = object()  # every rank
+
+
+def _rank_rows(archive, run: str, iteration: int | None, bad_only: bool = False,
+               rank: Any = _ALL) -> dict[Any, list[dict]]:
     if not archive.sql("SELECT 1 FROM runs WHERE run = $run", {"run": run}).num_rows:
         with archive.reader() as con:
             raise no_such_run(run, archive.path, con)
-    where = ("" if iteration is None else "AND t.iteration = $it") + (f" AND {_BAD}" if bad_only else "")
+    where = ("" if iteration is None else "AND t.iteration = $it") + (f" AND {_BAD}" if bad_only else "") + \
+        ("" if rank is _ALL else " AND t.rank IS NOT DISTINCT FROM $rank")
     params: dict[str, Any] = {"run": run}
     if iteration is not None:
         params["it"] = iteration
+    if rank is not _ALL:
+        params["rank"] = rank
     by_rank: dict[Any, list[dict]] = defaultdict(list)
     for r in archive.sql(_TENSORS_SQL.format(where=where), params).to_pylist():
         by_rank[r["rank"]].append(r)
@@ -135,7 +142,8 @@ def _first_departure(mine: list[dict], ref: list[dict]) -> tuple[dict, str] | No
     return None
 
 
-def rank_groups(archive, run: str, *, iteration: int | None = None) -> pa.Table:
+def rank_groups(archive, run: str, *, iteration: int | None = None, scheduler: str | None = None,
+                workers: int | None = None) -> pa.Table:
     """Group the ranks of ``run`` by fingerprint (module docstring), one row per rank.
 
     Columns (:data:`GROUP_SCHEMA`): ``rank`` (NULL for a ``proc<PID>`` dump), ``group``
@@ -147,37 +155,65 @@ def rank_groups(archive, run: str, *, iteration: int | None = None) -> pa.Table:
     first differing tensor: ``first_diff_iteration``, ``first_diff_position`` (execution
     position), ``first_diff_op``, ``first_diff_io``, ``first_diff_slot`` and its source line
     (``first_diff_code_*``). ``iteration`` restricts to one iteration/step.
+    ``scheduler``: each rank's rows are read and fingerprinted by a task of the
+    ``dask.distributed`` cluster at that address, or ``"local"`` (``workers`` processes),
+    then each odd rank's departure by another; the workers open the catalog read-only at the
+    archive's path (a shared file system). The same table.
     Raises :class:`RunNotFound` for an unknown run.
     """
+    if scheduler is not None:
+        return _rank_groups_on(archive, run, iteration, scheduler, workers)
     by_rank = _rank_rows(archive, run, iteration)
-    ranks = sorted(by_rank, key=lambda r: -1 if r is None else r)
-    data_fp = {k: _digest((_key(r), _value(r)) for r in by_rank[k]) for k in ranks}
-    seq_fp = {k: _digest((_key(r), r["dtype"], tuple(r["shape"] or ())) for r in by_rank[k]) for k in ranks}
-    hash_ranks: dict[str, set] = defaultdict(set)
-    for k in ranks:
-        for r in by_rank[k]:
-            if r["content_hash"] is not None:
-                hash_ranks[r["content_hash"]].add(k)
+    summaries = {k: _summary(tensors) for k, tensors in by_rank.items()}
+    ref, odd = _reference(summaries)
+    return _grouped(summaries, ref, {k: _first_departure(by_rank[k], by_rank[ref]) for k in odd})
+
+
+def _summary(tensors: list[dict]) -> dict[str, Any]:
+    """One rank's fingerprints, tensor count and payload bytes per content hash."""
+    per_hash: dict[str, int] = defaultdict(int)
+    for r in tensors:
+        if r["content_hash"] is not None:
+            per_hash[r["content_hash"]] += r["nbytes"] or 0
+    return {"data_fp": _digest((_key(r), _value(r)) for r in tensors),
+            "seq_fp": _digest((_key(r), r["dtype"], tuple(r["shape"] or ())) for r in tensors),
+            "tensors": len(tensors), "per_hash": dict(per_hash)}
+
+
+def _reference(summaries: dict[Any, dict]) -> tuple[Any, list]:
+    """(the reference rank: the lowest of the largest data group, the ranks outside that group)."""
+    ranks = sorted(summaries, key=lambda r: -1 if r is None else r)
+    sizes = Counter(summaries[k]["data_fp"] for k in ranks)
+    if not ranks:
+        return None, []
+    ref = min(ranks, key=lambda k: (-sizes[summaries[k]["data_fp"]], ranks.index(k)))
+    return ref, [k for k in ranks if summaries[k]["data_fp"] != summaries[ref]["data_fp"]]
+
+
+def _grouped(summaries: dict[Any, dict], ref_rank: Any, departures: dict[Any, tuple[dict, str] | None]) -> pa.Table:
+    """The :data:`GROUP_SCHEMA` table from each rank's :func:`_summary`, the reference rank
+    and the :func:`_first_departure` of each rank outside its group (:func:`_reference`)."""
+    ranks = sorted(summaries, key=lambda r: -1 if r is None else r)
+    data_fp = {k: summaries[k]["data_fp"] for k in ranks}
+    seq_fp = {k: summaries[k]["seq_fp"] for k in ranks}
+    hash_ranks: dict[str, int] = Counter(h for k in ranks for h in summaries[k]["per_hash"])
     sizes = Counter(data_fp.values())
     order = sorted(dict.fromkeys(data_fp[k] for k in ranks), key=lambda fp: -sizes[fp])  # stable: lowest rank
     group_no = {fp: i + 1 for i, fp in enumerate(order)}
     seq_no = {fp: i + 1 for i, fp in enumerate(dict.fromkeys(seq_fp[k] for k in ranks))}
     members = {fp: [k for k in ranks if data_fp[k] == fp] for fp in order}
-    ref_rank = members[order[0]][0] if order else None
     rows = []
     for k in ranks:
-        tensors = by_rank[k]
-        payload = sum(r["nbytes"] or 0 for r in tensors if r["content_hash"] is not None)
-        shared = sum(r["nbytes"] or 0 for r in tensors
-                     if r["content_hash"] is not None and len(hash_ranks[r["content_hash"]]) > 1)
+        per_hash = summaries[k]["per_hash"]
         row: dict[str, Any] = {
             "rank": k, "group": group_no[data_fp[k]], "group_ranks": members[data_fp[k]],
-            "sequence_group": seq_no[seq_fp[k]], "reference": data_fp[k] == order[0], "tensors": len(tensors),
-            "payload_bytes": payload, "shared_bytes": shared, "data_fingerprint": data_fp[k],
-            "sequence_fingerprint": seq_fp[k],
+            "sequence_group": seq_no[seq_fp[k]], "reference": data_fp[k] == order[0],
+            "tensors": summaries[k]["tensors"], "payload_bytes": sum(per_hash.values()),
+            "shared_bytes": sum(v for h, v in per_hash.items() if hash_ranks[h] > 1),
+            "data_fingerprint": data_fp[k], "sequence_fingerprint": seq_fp[k],
         }
         if data_fp[k] != order[0]:
-            found = _first_departure(tensors, by_rank[ref_rank])
+            found = departures[k]
             row["reference_rank"] = ref_rank
             if found is not None:
                 r, kind = found
@@ -188,6 +224,41 @@ def rank_groups(archive, run: str, *, iteration: int | None = None) -> pa.Table:
                            first_diff_code_line=r["code_line"], first_diff_code_text=r["code_text"])
         rows.append(row)
     return pa.Table.from_pylist(rows, GROUP_SCHEMA)
+
+
+def rank_summary_task(path: str, run: str, iteration: int | None, rank: Any) -> dict[str, Any]:
+    """A cluster task: :func:`_summary` of one rank, read from the archive at ``path``."""
+    import dumpdb
+
+    with dumpdb.open(path) as archive:
+        return _summary(_rank_rows(archive, run, iteration, rank=rank).get(rank, []))
+
+
+def rank_departure_task(path: str, run: str, iteration: int | None, rank: Any, ref: Any) -> tuple[dict, str] | None:
+    """A cluster task: :func:`_first_departure` of ``rank`` from ``ref``, read at ``path``."""
+    import dumpdb
+
+    with dumpdb.open(path) as archive:
+        mine = _rank_rows(archive, run, iteration, rank=rank).get(rank, [])
+        return _first_departure(mine, _rank_rows(archive, run, iteration, rank=ref).get(ref, []))
+
+
+def _rank_groups_on(archive, run: str, iteration: int | None, scheduler: str, workers: int | None) -> pa.Table:
+    from dumpdb.cluster import dask_client, workers_for
+
+    path = str(archive.path)
+    if not archive.sql("SELECT 1 FROM runs WHERE run = $run", {"run": run}).num_rows:
+        with archive.reader() as con:
+            raise no_such_run(run, archive.path, con)
+    where, params = ("", {"run": run}) if iteration is None else ("AND iteration = $it", {"run": run, "it": iteration})
+    ranks = archive.sql(f"SELECT DISTINCT rank FROM tensors WHERE run = $run {where}", params).column("rank")
+    with dask_client(scheduler, workers_for(workers)) as client:
+        futures = {k: client.submit(rank_summary_task, path, run, iteration, k, pure=False)
+                   for k in ranks.to_pylist()}
+        summaries = {k: f.result() for k, f in futures.items()}
+        ref, odd = _reference(summaries)
+        departures = {k: client.submit(rank_departure_task, path, run, iteration, k, ref, pure=False) for k in odd}
+        return _grouped(summaries, ref, {k: f.result() for k, f in departures.items()})
 
 
 _BAD = """(coalesce(t.nan_count, 0) + coalesce(t.pos_inf_count, 0) + coalesce(t.neg_inf_count, 0) > 0

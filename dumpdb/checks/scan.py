@@ -76,6 +76,7 @@ import pyarrow as pa
 from dumpdb.checks.conditions import FP16_MAX
 from dumpdb.checks.registry import CHECKS, Check
 from dumpdb.checks.registry import ThresholdTest as _Test
+from dumpdb.cluster import StoreSpec, gathered, partition, store_spec
 from dumpdb.errors import DumpdbError
 
 
@@ -98,6 +99,7 @@ class ArchiveReads(Protocol):
 __all__ = ["CHECKS", "DEFAULT_CHECKS", "FP16_MAX", "RESULT_SCHEMA", "Check", "parse_check_spec", "scan"]
 
 READ_BATCH = 32  # tensors per Archive.tensors() call
+REMOTE_READ_BATCH = 512  # tensors per window on a dask cluster (tasks per pack; the answer does not depend on it)
 CHUNK = 1 << 20  # elements per float64 pass over a payload
 _SLACK = 1e-9  # relative widening of statistics-derived bounds (float64 rounding)
 
@@ -514,6 +516,50 @@ def _read(archive: ArchiveReads, ids: list[int]) -> Iterator[tuple[int, np.ndarr
         yield row["tensor_id"], array
 
 
+def tensor_check_metrics(store, kind: str, items: list[tuple], needed: set[str],
+                         p: Mapping[str, float]) -> list[dict[str, float]]:
+    """The payload metrics ``needed`` of each item, read from ``store`` (a
+    :class:`~dumpdb.storage.store.TensorStore`): ``(tensor_id, location)`` for ``kind``
+    ``single``, ``(tensor_id, location, previous iteration's location)`` for ``pair``; a
+    location is ``(array_path, elem_offset, elem_count, dtype, shape, content_hash)``. The
+    functions of the local scan on the same bytes: the same values. A cluster task
+    (:mod:`dumpdb.compare.distributed`); a read error is raised (the caller reads again
+    locally for its message)."""
+    from dumpdb.dtypes import from_catalog_name
+
+    def read(loc: tuple) -> np.ndarray:
+        path, offset, count, dtype, shape, content_hash = loc
+        return store.read(path, offset, count or 0, from_catalog_name(dtype), tuple(shape), content_hash)
+
+    if kind == "pair":
+        return [_pair_metrics(read(loc), read(prev), needed, p) for _, loc, prev in items]
+    return [_single_metrics(read(loc), needed, p) for _, loc in items]
+
+
+def _location(loc) -> tuple | None:
+    """A readable TensorLocation as a cluster task's location tuple, else None."""
+    if loc is None or not loc.readable:
+        return None
+    return (loc.array_path, loc.elem_offset, loc.elem_count, loc.dtype, loc.shape, loc.content_hash)
+
+
+def _read_remote(archive: ArchiveReads, client, pair: bool, to_read: list[dict[str, Any]], needed: set[str],
+                 p: Mapping[str, float]) -> dict[int, dict[str, float]] | None:
+    """:func:`tensor_check_metrics` of ``to_read`` on the dask ``client``
+    (:func:`scan_reads`); None when a tensor cannot be read there
+    or a task failed (the caller reads locally: the same values, or the local error)."""
+
+    ids = [i for row in to_read for i in ((row["p_id"], row["tensor_id"]) if pair else (row["tensor_id"],))]
+    locs = [_location(loc) for loc in archive.locations.many([int(i) for i in ids])]
+    if any(loc is None for loc in locs):
+        return None
+    items = [(ids[k + 1], locs[k + 1], locs[k]) for k in range(0, len(ids), 2)] if pair else list(zip(ids, locs))
+    try:
+        return dict(scan_reads(archive, client, "pair" if pair else "single", items, needed, dict(p)))
+    except Exception:  # noqa: BLE001 - any failure on the cluster: the local read says what it is
+        return None
+
+
 # --------------------------------------------------------------------------- running one check
 def _candidates_sql(name: str, p: Mapping[str, float], tests: list[_Test], metrics: list[str],
                     pair: bool, first_only: bool, iteration: int | None, rank: int | None) -> str:
@@ -557,7 +603,7 @@ SELECT * FROM scored
 
 
 def _run_check(archive: ArchiveReads, name: str, p: Mapping[str, float], order: int, run: str,
-               iteration: int | None, rank: int | None, first_only: bool) -> list[dict[str, Any]]:
+               iteration: int | None, rank: int | None, first_only: bool, client=None) -> list[dict[str, Any]]:
     tests = _tests(name, p)
     value_metric = _value_metric(name)
     metrics = sorted({t.metric for t in tests} | ({value_metric} if value_metric else set()))
@@ -589,7 +635,7 @@ def _run_check(archive: ArchiveReads, name: str, p: Mapping[str, float], order: 
     while start < len(rows):
         # a window of rows holding at most READ_BATCH rows that need a read
         end, reads = start, 0
-        while end < len(rows) and (reads < READ_BATCH or rows[end]["_exact"]):
+        while end < len(rows) and (reads < (REMOTE_READ_BATCH if client else READ_BATCH) or rows[end]["_exact"]):
             reads += not rows[end]["_exact"]
             end += 1
         window = rows[start:end]
@@ -605,15 +651,16 @@ def _run_check(archive: ArchiveReads, name: str, p: Mapping[str, float], order: 
                 to_read.append(row)
             if row["definite"]:
                 seen_hit.add(g)
-        computed: dict[int, dict[str, float]] = {}
         needed = set(metrics)
-        if pair:
+        found = _read_remote(archive, client, pair, to_read, needed, p) if client is not None and to_read else None
+        computed: dict[int, dict[str, float]] = found if found is not None else {}
+        if found is None and pair:
             ids = [i for row in to_read for i in (row["p_id"], row["tensor_id"])]
             it = _read(archive, ids)
             for (_, prev), (tid, cur) in zip(it, it):
                 if prev is not None and cur is not None:
                     computed[tid] = _pair_metrics(cur, prev, needed, p)
-        else:
+        elif found is None:
             for tid, array in _read(archive, [row["tensor_id"] for row in to_read]):
                 if array is not None:
                     computed[tid] = _single_metrics(array, needed, p)
@@ -663,6 +710,18 @@ def _hold(archive: ArchiveReads) -> Iterator[None]:
         yield
 
 
+@contextmanager
+def _cluster(scheduler: str | None, workers: int | None) -> Iterator[Any]:
+    """The dask client of ``scheduler`` (:func:`dumpdb.cluster.dask_client`), or None."""
+    if scheduler is None:
+        yield None
+        return
+    from dumpdb.cluster import dask_client, workers_for
+
+    with dask_client(scheduler, workers_for(workers)) as client:
+        yield client
+
+
 def _check_selection(archive: ArchiveReads, run: str, iteration: int | None, rank: int | None) -> None:
     if archive.sql("SELECT 1 FROM runs WHERE run = $run", {"run": run}).num_rows == 0:
         from dumpdb.errors import no_such_run
@@ -685,7 +744,7 @@ def _check_selection(archive: ArchiveReads, run: str, iteration: int | None, ran
 
 def scan(archive: ArchiveReads, run: str, checks: Sequence[str] | None = None, *, iteration: int | None = None,
          rank: int | None = None, params: Mapping[str, Mapping[str, float]] | None = None,
-         first_only: bool = True) -> pa.Table:
+         first_only: bool = True, scheduler: str | None = None, workers: int | None = None) -> pa.Table:
     """Run ``checks`` over run ``run`` of ``archive``; one row per hit (:data:`RESULT_SCHEMA`).
 
     ``checks``: names from :data:`CHECKS` or specs ``NAME:PARAM=VALUE,...`` (see
@@ -694,18 +753,47 @@ def scan(archive: ArchiveReads, run: str, checks: Sequence[str] | None = None, *
     tensors scanned (the between-iteration checks still compare with earlier iterations;
     ``rank`` also matches tensors of layouts without ranks). ``first_only``: keep only the
     first hit per (check, iteration, rank) in execution order (module docstring).
+    ``scheduler``: the payloads checks read are read and reduced on the ``dask.distributed``
+    cluster at that address, or ``"local"`` (a LocalCluster of ``workers`` processes), in
+    windows of :data:`REMOTE_READ_BATCH` tensors: the same rows
+    (:mod:`dumpdb.compare.distributed`). No cluster is started when no check reads payloads.
 
     Raises :class:`DumpdbError` (one line) for an unknown check (listing the known ones), an
     unknown or invalid parameter, an unknown run, or an iteration/rank the run does not have.
     """
     selected = _selection(checks, params)
     rows: list[dict[str, Any]] = []
-    with _hold(archive):
+    remote = scheduler is not None and any(CHECKS[name].needs_tensors for name, _ in selected)
+    with _hold(archive), _cluster(scheduler if remote else None, workers) as client:
         _check_selection(archive, run, iteration, rank)
         for order, (name, p) in enumerate(selected):
             rows.extend(_run_check(archive, name, p, order, run, iteration,
-                                   int(rank) if rank is not None else None, first_only))
+                                   int(rank) if rank is not None else None, first_only, client))
     keys = ("iteration", "rank", "graph_start", "graph_id", "position", "timestamp", "io_order", "slot",
             "tensor_id", "check_order")
     rows.sort(key=lambda r: tuple((r[k] is None, r[k] if r[k] is not None else 0) for k in keys))  # NULLs last
     return pa.Table.from_pylist([{k: r[k] for k in RESULT_SCHEMA.names} for r in rows], schema=RESULT_SCHEMA)
+
+
+# --------------------------------------------------------------------------- on a cluster
+def _scan_task(spec: StoreSpec, kind: str, items: list[tuple], needed: list[str], params: dict) -> list:
+    store = spec.open()
+    return tensor_check_metrics(store, kind, items, set(needed), params)
+
+
+def scan_reads(archive, client, kind: str, items: list[tuple], needed: set[str],
+               params: dict) -> Iterator[tuple[Any, Any]]:
+    """A scan's payload metrics on ``client`` (:func:`dumpdb.checks.scan.tensor_check_metrics`):
+    ``items`` are ``(tensor_id, location[, previous location])`` (``kind``: ``single`` or
+    ``pair``), grouped by the array the tensor lies in; yields ``(tensor_id, metrics)``."""
+    spec = store_spec(archive)
+    arrays = [it[1][0] for it in items]
+    others = [it[2][0] if kind == "pair" else None for it in items]
+    sizes = [int(it[1][2] or 0) * (2 if kind == "pair" else 1) for it in items]
+    futures = {}
+    for group in partition(arrays, others, sizes):
+        members = [items[k] for k in group.tolist()]
+        fut = client.submit(_scan_task, spec, kind, members, sorted(needed), dict(params), pure=False)
+        futures[fut] = ("scan", [m[0] for m in members])
+    for _, ids, found in gathered(client, futures):
+        yield from zip(ids, found)

@@ -277,7 +277,7 @@ class _Side:
     max: list
     dtype: list
     leafs: list  # (io, slot, slot_path, arg_name) per row
-    _api_tok: list | None = None  # _api_tokens()
+    api_tok: list | None = None  # _api_tokens()
     sizes: list  # element count per row, None for a NULL shape (_size_list)
 
     def __init__(self, table: pa.Table, group_by: Sequence[str], label: str):
@@ -290,7 +290,7 @@ class _Side:
         if missing:
             raise ValueError(f"group_by column(s) {', '.join(missing)} not in {label}")
         self.n = n = table.num_rows
-        self.table, self._names, self.group_by = table, names, group_by
+        self.table, self.column_names, self.group_by = table, names, group_by
         # self.tensor_id, self.op_name, ...: one Python list per column, made on first use
         # (__getattr__): the vectorised exact pairing and content check read Arrow columns
         ids = table.column("tensor_id")
@@ -317,7 +317,7 @@ class _Side:
 
     def __getattr__(self, c: str):
         if c in _COLUMNS:  # one Python list per column, on first use
-            v = self.table.column(c).to_pylist() if c in self._names else [None] * self.n
+            v = self.table.column(c).to_pylist() if c in self.column_names else [None] * self.n
         elif c == "leafs":
             v = list(zip(self.io, self.slot, self.slot_path, self.arg_name))
         elif c == "sizes":
@@ -329,12 +329,12 @@ class _Side:
 
     def arrow(self, c: str) -> pa.ChunkedArray | pa.Array:
         """Column ``c`` as Arrow (all NULL when the table has none)."""
-        return self.table.column(c) if c in self._names else pa.nulls(self.n)
+        return self.table.column(c) if c in self.column_names else pa.nulls(self.n)
 
     def first(self, *cols: str) -> pa.Array | pa.ChunkedArray:
         """The first non-NULL of string columns ``cols`` per row (Arrow), NULL where none."""
         have = [self.table.column(c) for c in cols
-                if c in self._names and not pa.types.is_null(self.table.column(c).type)]
+                if c in self.column_names and not pa.types.is_null(self.table.column(c).type)]
         if not have:
             return pa.nulls(self.n, pa.string())
         return have[0] if len(have) == 1 else pc.coalesce(*[h.cast(have[0].type) for h in have])
@@ -476,7 +476,7 @@ def _counter_sizes(s: _Side) -> np.ndarray | None:
     shape is known; the least int64 elsewhere (None as a key); None for a count beyond
     2**62 (left to the Python keys)."""
     out = np.full(s.n, np.iinfo(np.int64).min, np.int64)
-    if "op_name" not in s._names or "shape" not in s._names or not s.n:
+    if "op_name" not in s.column_names or "shape" not in s.column_names or not s.n:
         return out
     hit = pc.fill_null(pc.match_substring_regex(s.arrow("op_name"), _OP_COUNTER_RE2), False)
     hit = pc.and_(hit, pc.is_valid(s.arrow("shape"))).to_numpy(zero_copy_only=False)
@@ -779,10 +779,10 @@ def _api_tokens(s: _Side) -> list:
     """The name part of :func:`sequence_key` of each row's sequence name (scope_name, else
     op_name) for msprobe API keys (:func:`api_families`) and names without a '.'
     (:func:`plain_names`), :data:`_MISSING` for others; once per side."""
-    v = s._api_tok
+    v = s.api_tok
     if v is None:
         names = s.first("scope_name", "op_name")
-        v = s._api_tok = api_families(names)
+        v = s.api_tok = api_families(names)
         for i, f in enumerate(plain_names(names, "sequence")):
             if f is not _MISSING:
                 v[i] = f
@@ -957,7 +957,7 @@ _MISSING = object()
 
 def _floats(s: _Side, c: str) -> np.ndarray:
     """Column ``c`` as float64, NaN where NULL or missing."""
-    if c not in s._names:
+    if c not in s.column_names:
         return np.full(s.n, math.nan)
     col = s.arrow(c)
     if pa.types.is_integer(col.type) or pa.types.is_floating(col.type) or pa.types.is_null(col.type):
@@ -967,7 +967,7 @@ def _floats(s: _Side, c: str) -> np.ndarray:
 
 def _shapes(s: _Side) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """(valid, offsets, int64 dims) of the shape column, or None when it is not a list of integers."""
-    if "shape" not in s._names:
+    if "shape" not in s.column_names:
         return np.zeros(s.n, bool), np.zeros(s.n + 1, np.int64), np.zeros(0, np.int64)
     col = s.arrow("shape")
     if isinstance(col, pa.ChunkedArray):

@@ -61,8 +61,10 @@ def arg_diff(target: Mapping[str, Any], bench: Mapping[str, Any]) -> str | None:
 
 def _records(con, run: str, names: list[str]) -> dict[tuple, dict[str, Any]]:
     """(rank, iteration, op_name) -> scalar arguments of ``run``'s msprobe records named in ``names``."""
-    rows = con.execute("SELECT rank, iteration, op_name, record FROM msprobe_records WHERE run = ? "
-                       "AND op_name IN (SELECT unnest(?))", [run, names]).fetchall()
+    # a record without the text "value" has no scalar leaf (scalar_args keeps only leaves with a
+    # "value" key): {} without sending or parsing it (most records of a statistics dump)
+    rows = con.execute("SELECT rank, iteration, op_name, CASE WHEN contains(record, '\"value\"') THEN record END "
+                       "FROM msprobe_records WHERE run = ? AND op_name IN (SELECT unnest(?))", [run, names]).fetchall()
     out = {}
     for rank, iteration, op_name, record in rows:
         try:

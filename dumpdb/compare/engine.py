@@ -385,7 +385,8 @@ def compare(archive, target: str | Selection, bench: str | Selection, *, iterati
             strategies: Sequence[str] = STRATEGIES, thresholds: Thresholds | None = None,
             mode: str = "auto", workers: int | None = None, store_results: bool = True,
             progress: Callable[[int, int], None] | None = None, bench_rank: int | None = None,
-            rules: str = "precision", precision: PrecisionRules | None = None) -> CompareOutcome:
+            rules: str = "precision", precision: PrecisionRules | None = None,
+            scheduler: str | None = None) -> CompareOutcome:
     """Compare two selections of an archive (see module docstring).
 
     ``target``/``bench``: ``RUN[:ITERATION[:RANK]]`` or :class:`Selection`;
@@ -401,7 +402,9 @@ def compare(archive, target: str | Selection, bench: str | Selection, *, iterati
     (default: :mod:`dumpdb.compare.precision`, tuned by ``precision``) or ``msprobe``
     (msprobe's verdicts, column ``result``) decide the summary counts and the first
     divergence; both are always computed (``result`` and ``precision_result``), and the
-    msprobe CSV always carries msprobe's.
+    msprobe CSV always carries msprobe's. ``scheduler``: read and compute the payloads on
+    the ``dask.distributed`` cluster at that address, or ``"local"`` (a LocalCluster of
+    ``workers`` processes): the same rows, bit for bit (:mod:`dumpdb.compare.distributed`).
 
     Returns a :class:`CompareOutcome`; with ``store_results`` the comparison is
     also stored (``compares``, ``compare_results``, ``compare_unmatched``).
@@ -438,9 +441,11 @@ def compare(archive, target: str | Selection, bench: str | Selection, *, iterati
             alignment, t, b, metrics = stats
             strategy = _one_chunk(alignment.pairs.column("match_strategy"))
         else:
-            # the exact strategy in SQL when it settles the alignment (align_sql), else align()
-            alignment = None if mapping_dict else align_exact(trows, brows, group_by=_group_by(tsel, bsel),
-                                                              strategies=strategies)
+            # the exact strategy in SQL when it settles the alignment (align_sql), else align();
+            # not again when statistics_pairs just found it does not (align gives the same pairs)
+            tried = statistics_only and not mapping_dict
+            alignment = None if mapping_dict or tried else align_exact(trows, brows, group_by=_group_by(tsel, bsel),
+                                                                       strategies=strategies)
             if alignment is None:
                 alignment = align(trows, brows, group_by=_group_by(tsel, bsel), mapping=mapping_dict,
                                   strategies=strategies)
@@ -467,7 +472,7 @@ def compare(archive, target: str | Selection, bench: str | Selection, *, iterati
                                                            & _valid(b.column("content_hash"))).any()):
         res = _compute_statistics_only(t, b, progress)  # no payload to read: the store is not opened
     else:
-        res = _compute(archive, t, b, mode, workers, progress)
+        res = _compute(archive, t, b, mode, workers, progress, scheduler)
     view = _view(t, b, strategy, res)
     view.context["realigned"] = realigned
     view.context["arg_diff"] = _arg_diff(archive, tsel, bsel, view)
@@ -608,7 +613,8 @@ def _pool(archive, tensor_bytes: int, mode, workers: int):
 _NO_PAYLOAD = "no payload on one side: statistics compared instead"
 
 
-def _compute(archive, t: pa.Table, b: pa.Table, mode: str, workers, progress) -> ResultColumns:
+def _compute(archive, t: pa.Table, b: pa.Table, mode: str, workers, progress,
+             scheduler: str | None = None) -> ResultColumns:
     """Metric columns of the pairs ``t[i]``/``b[i]`` (plus ``mode`` per pair in
     ``res.mode``): statistics pairs in one DuckDB query, identical payloads from the
     definitions, small pairs batched, the rest one by one in a pool."""
@@ -646,6 +652,9 @@ def _compute(archive, t: pa.Table, b: pa.Table, mode: str, workers, progress) ->
     if progress and done:
         progress(done, n)
     small_sizes = tshape.size[small_mask]
+    if scheduler is not None and (small.size or large.size):
+        _compute_remote(archive, scheduler, workers, t, b, small, small_sizes, large, fast, res, done, progress)
+        return res
     if not large.size:
         with threadpool_limits(1, user_api="blas"):  # as the per-pair paths: the same BLAS sums, bit for bit
             _compute_small(archive.store, t, b, small, small_sizes, res, done, progress)
@@ -669,20 +678,8 @@ def _compute_large(archive, t: pa.Table, b: pa.Table, large: np.ndarray, mode: s
     """The pairs ``large`` one by one on the pool (:func:`_pool`), into ``res``; repeats of a
     pair computed once. Returns ``done``."""
     n = res.n
-    keys = (*_LOC_KEYS, "nbytes", "stats_source", "nan_count", "pos_inf_count", "neg_inf_count", "min", "max")
-    tl, bl = (side.select(list(keys)).take(large).to_pylist() for side in (t, b))  # dicts: large pairs only
-    # pairs of the same two payloads (dtype, shape, ranges) are computed once: repeated
-    # layers and unchanged parameters make most large pairs of a training dump repeats
-    leaders: dict[tuple, int] = {}
-    repeats: list[tuple[int, int]] = []  # (pair, the pair computed for it)
+    todo, repeats = _plan_large(t, b, large, fast)
     computed: dict[int, tuple[dict, str | None]] = {}
-    todo = []
-    for i, x, y in zip(large.tolist(), tl, bl):
-        lead = leaders.setdefault(_pair_key(x, y), i) if fast else i
-        if lead == i:
-            todo.append((i, x, y))
-        else:
-            repeats.append((i, lead))
     tensor_bytes = sum((x["nbytes"] or 0) + (y["nbytes"] or 0) for _, x, y in todo)
     pool, submit = _pool(archive, tensor_bytes, mode, workers)
     with pool:
@@ -708,6 +705,75 @@ def _compute_large(archive, t: pa.Table, b: pa.Table, large: np.ndarray, mode: s
     if progress and repeats:
         progress(done, n)
     return done
+
+
+def _plan_large(t: pa.Table, b: pa.Table, large: np.ndarray, fast: bool) -> tuple[list, list]:
+    """The large pairs to compute, ``[(row, target row dict, bench row dict)]``, and the
+    repeats ``[(row, the row computed for it)]``: pairs of the same two payloads (dtype,
+    shape, ranges) are computed once (``fast``: no plug-in metric needs every pair);
+    repeated layers and unchanged parameters make most large pairs of a training dump repeats."""
+    keys = (*_LOC_KEYS, "nbytes", "stats_source", "nan_count", "pos_inf_count", "neg_inf_count", "min", "max")
+    tl, bl = (side.select(list(keys)).take(large).to_pylist() for side in (t, b))  # dicts: large pairs only
+    leaders: dict[tuple, int] = {}
+    repeats: list[tuple[int, int]] = []  # (pair, the pair computed for it)
+    todo = []
+    for i, x, y in zip(large.tolist(), tl, bl):
+        lead = leaders.setdefault(_pair_key(x, y), i) if fast else i
+        if lead == i:
+            todo.append((i, x, y))
+        else:
+            repeats.append((i, lead))
+    return todo, repeats
+
+
+def _compute_remote(archive, scheduler: str, workers, t: pa.Table, b: pa.Table, small: np.ndarray,
+                    small_sizes: np.ndarray, large: np.ndarray, fast: bool, res: ResultColumns, done: int,
+                    progress) -> None:
+    """The small and large pairs' payload work on a dask cluster
+    (:func:`dumpdb.compare.distributed.compare_pairs`), into ``res``; repeats of a large pair
+    take its metrics here, as in :func:`_compute_large`."""
+    from dumpdb.compare.distributed import compare_pairs
+
+    n = res.n
+    todo, repeats = _plan_large(t, b, large, fast)
+    at = pa.array(small, pa.int64())
+    small_bytes = ints(t.column("nbytes").take(at), 0) + ints(b.column("nbytes").take(at), 0)
+    jobs = [(i, _loc(x), _loc(y), _ranges(x, y), (x["nbytes"] or 0) + (y["nbytes"] or 0)) for i, x, y in todo]
+    computed: dict[int, tuple[dict, str | None]] = {}
+    locs = (t.select(list(_LOC_KEYS)), b.select(list(_LOC_KEYS)))
+    for kind, rows, found in compare_pairs(archive, scheduler, workers, *locs, small, small_sizes, small_bytes, jobs):
+        if kind == "small":
+            for local, metrics in found:
+                _put_small(res, rows[local], metrics)
+        else:
+            for i, one in zip(rows.tolist(), found):
+                computed[i] = one
+                res.put_row(i, *one)
+        done += rows.size
+        if progress:
+            progress(done, n)
+    for i, lead in repeats:
+        res.put_row(i, *computed[lead])
+    if progress and repeats:
+        progress(done + len(repeats), n)
+
+
+def small_pairs_metrics(store, t: pa.Table, b: pa.Table, sizes: np.ndarray) -> list[tuple[np.ndarray, MetricColumns]]:
+    """Metrics of the small pairs ``t[i]``/``b[i]`` (payload locations: ``array_path``,
+    ``elem_offset``, ``elem_count``, ``dtype``, ``shape``, ``content_hash``; ``sizes[i]``
+    elements a side) read from ``store``, as the local engine computes them: ``[(positions,
+    MetricColumns)]`` per batch. A cluster task (:mod:`dumpdb.compare.distributed`)."""
+    with threadpool_limits(1, user_api="blas"):  # as the local path: the same sums, bit for bit
+        return list(_small_batches(store, t, b, np.arange(t.num_rows), sizes))
+
+
+def large_pairs_metrics(store, pairs: list[tuple]) -> list[tuple[dict, str | None]]:
+    """``(metrics, err_message)`` of each ``(target loc, bench loc, ranges)`` pair, each read
+    whole from ``store`` and computed by :func:`_metrics_of` (tensor_metrics and the plug-ins:
+    the bits of the local engine's segments). A cluster task (:mod:`dumpdb.compare.distributed`)."""
+    registry.load_plugins()
+    with threadpool_limits(1, user_api="blas"):
+        return [_pair_metrics(store, t, b, ranges) for t, b, ranges in pairs]
 
 
 def _pair_key(x: dict, y: dict) -> tuple:

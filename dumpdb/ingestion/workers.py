@@ -420,36 +420,10 @@ def process_pool(workers: int) -> Iterator[Executor]:
 
 @contextmanager
 def dask_executor(scheduler: str, workers: int, on_start: Callable[[str], None] | None = None) -> Iterator[Executor]:
-    """A ``concurrent.futures`` executor over a ``dask.distributed`` cluster: the one at
-    ``scheduler`` (``tcp://host:8786``), or with ``"local"`` a ``LocalCluster`` of
-    ``workers`` single-threaded worker processes started here and stopped at the end.
+    """A ``concurrent.futures`` executor over :func:`dumpdb.cluster.dask_client` (the
+    cluster at ``scheduler``, or ``"local"``: ``workers`` worker processes started here).
+    Workers of a remote cluster must see the dump directory at the same path."""
+    from dumpdb.cluster import dask_client
 
-    Workers of a remote cluster must see the dump directory at the same path. Raises
-    :class:`~dumpdb.errors.DumpdbError` if ``dask.distributed`` is not installed
-    (``pip install 'dumpdb[dask]'``) or the scheduler cannot be reached.
-    """
-    try:
-        from distributed import Client, LocalCluster
-    except ImportError:
-        raise DumpdbError("--scheduler needs dask.distributed: pip install 'dumpdb[dask]'") from None
-    cluster = None
-    try:
-        if scheduler == "local":
-            cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                                   host="127.0.0.1", dashboard_address=None)
-            client = Client(cluster)
-        else:
-            client = Client(scheduler, timeout=30)
-    except (OSError, TimeoutError) as exc:
-        if cluster is not None:
-            cluster.close()
-        raise DumpdbError(f"dask scheduler {scheduler}: cannot connect: {one_line(exc)}") from None
-    if on_start is not None:
-        address = client.scheduler.address if client.scheduler is not None else scheduler
-        on_start(f"dask: {len(client.scheduler_info().get('workers', {}))} workers at {address}")
-    try:
+    with dask_client(scheduler, workers, on_start) as client:
         yield client.get_executor(pure=False)
-    finally:
-        client.close()
-        if cluster is not None:
-            cluster.close()

@@ -104,7 +104,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dumpdb.compare.columns import BACKWARD, PHASES, containers, group_codes, keys, phases, string_codes
+from dumpdb.compare.columns import BACKWARD, PHASES, collectives, containers, group_codes, keys, phases, string_codes
 from dumpdb.compare.metrics import MSG_NAN_INF_MISMATCH
 
 __all__ = ["PrecisionRules", "dtype_floor", "lowest_precision", "Columns", "judge_precision_columns",
@@ -453,6 +453,12 @@ def judge_precision_columns(c: Columns, rules: PrecisionRules = PrecisionRules()
         eff = np.where(noise, err * rms / scale, np.where(signature, err * rms / step_scale, err))
     signature_rows = signature
     noise = noise | signature
+    collective = collectives(text[2])
+    call = _collective_calls(c, text[0], collective)
+    coll_noise, coll_scale = _collective_noise(c, call, departs & none & ~container & ~noise, departs & ~noise, noise)
+    with np.errstate(all="ignore"):
+        eff = np.where(coll_noise, err * rms / coll_scale, eff)
+    noise = noise | coll_noise
     departs_ = departs & ~noise
     # groups in the order their first row runs; each (iteration, rank)'s running state
     first_run = np.full(groups, np.iinfo(np.int64).max, np.int64)
@@ -478,6 +484,8 @@ def judge_precision_columns(c: Columns, rules: PrecisionRules = PrecisionRules()
     worst = np.zeros(groups)
     np.maximum.at(worst, g[inputs], np.where(err_ok, eff, 0.0)[inputs])
     worst_in = np.where(has_in, worst, upstream)
+    if (call >= 0).any():  # a collective's output combines every rank's input of the same call
+        worst_in = _across_ranks(g, groups, call, worst_in, has_in)
     for k in np.unique(g[inputs & err_ok & np.isnan(err)]).tolist():  # Python's max, NaN and all
         idx = np.flatnonzero((g == k) & inputs)
         idx = idx[np.argsort(c.run_rank[idx], kind="stable")]
@@ -523,16 +531,70 @@ def judge_precision_columns(c: Columns, rules: PrecisionRules = PrecisionRules()
     reason[at] = _format("rounding noise: each side at its own run's rounding level (target / bench RMS {:.3g}, "
                          "unit roundoffs {:.3g}); error {:.3g} says nothing", c.values["target_l2norm"][at] /
                          c.values["bench_l2norm"][at], np.full(at.size, ratio_u), err[at])
-    at = np.flatnonzero(noise & ~signature_rows)
+    at = np.flatnonzero(coll_noise)
+    result[at] = NOISE
+    reason[at] = _format("rounding noise: a collective's result of rank inputs that are rounding noise (or equal); "
+                         "error {:.3g} says nothing", err[at])
+    at = np.flatnonzero(noise & ~signature_rows & ~coll_noise)
     result[at] = NOISE
     reason[at] = _format("rounding noise: both sides within {:g} x u({}) x the op's scale (bench RMS {:.3g} of "
                          "{:.3g}); error {:.3g} says nothing", np.full(at.size, rules.noise),
                          np.full(at.size, u_w[1], dtype=object), rms[at], scale[at], err[at])
     _arg_diff_columns(c, g, groups, result, reason)
+    _misattributed_backward(c, text[0], result, reason)
     at = np.flatnonzero(container & (result != PASS))
     result[at] = WARNING
     reason[at] = _format("module/cell record, judged by the ops inside it ({})", reason[at])
     return out, first_departures(c, out)
+
+
+def _forward_name(name: str) -> str:
+    """The forward record of an msprobe backward record: the last ``.backward`` becomes
+    ``.forward`` (``Tensor.float.0.backward``, ``Module.fc.Linear.backward.0``)."""
+    head, _, tail = name.rpartition(".backward")
+    return f"{head}.forward{tail}"
+
+
+def _misattributed_backward(c: Columns, names: pa.Array, result: np.ndarray, reason: np.ndarray) -> None:
+    """A backward record's outputs are the gradients of its op's inputs, so each has the
+    shape of one of that op's forward inputs (msprobe's data_dump: ``X.backward`` output k is
+    the gradient of ``X.forward`` input k). A departing output pair whose shapes differ, where
+    one side's record keeps that rule and the other side's breaks it, compares two different
+    things: the breaking side's hook caught another op's backward (an op that returned its
+    input unchanged has no autograd node of its own; ``x.float()`` of a float32 tensor in the
+    fp32 run, where the autocast run's ``float()`` is a real cast: its ``Tensor.float.0.
+    backward`` holds the preceding linear's gradients). Such a row is a ``warning`` naming
+    this, never a departure (rows changed in place)."""
+    n = len(c.group)
+    ts, bs = c.target_shape, c.bench_shape
+    cand = np.flatnonzero(c.output & (result == ERROR) & ts.valid & bs.valid & ~ts.equal(bs))
+    if not cand.size:
+        return
+    text = names.to_pylist() if n else []
+    cand = [i for i in cand.tolist() if isinstance(text[i], str) and ".backward" in text[i]]
+    if not cand:
+        return
+    wanted = {_forward_name(text[i]) for i in cand}
+    rows = np.flatnonzero(pc.is_in(names, value_set=pa.array(sorted(wanted), pa.string()))
+                          .fill_null(False).to_numpy(zero_copy_only=False) & ~c.output)
+    inputs: dict[tuple, tuple[set, set]] = {}
+    for j in rows.tolist():
+        t_in, b_in = inputs.setdefault((int(c.where[j]), text[j]), (set(), set()))
+        t_in.add(ts.shape(j))
+        b_in.add(bs.shape(j))
+    for i in cand:
+        found = inputs.get((int(c.where[i]), _forward_name(text[i])))
+        if found is None:
+            continue
+        t_ok, b_ok = ts.shape(i) in found[0], bs.shape(i) in found[1]
+        if t_ok == b_ok:
+            continue
+        side, shape, fwd = ("bench", bs.shape(i), found[1]) if t_ok else ("target", ts.shape(i), found[0])
+        result[i] = WARNING
+        reason[i] = (f"not comparable: the {side}'s {text[i]} output has shape {list(shape)}, none of its forward "
+                     f"inputs' ({', '.join(str(list(x)) for x in sorted(x for x in fwd if x is not None))}): that side's "
+                     "record holds another op's gradients (an op that returned its input unchanged has no "
+                     f"backward of its own); {reason[i]}")
 
 
 def _optional(c: Columns, name: str, n: int) -> np.ndarray:
@@ -570,12 +632,14 @@ def _noise_columns(c: Columns, rows_mask: np.ndarray, g: np.ndarray, groups: int
 def _signature_noise(c: Columns, rows_mask: np.ndarray, err, err_ok, rules: PrecisionRules,
                      ) -> tuple[np.ndarray, np.ndarray, float]:
     """(noise mask, each row's step scale, u_target / u_bench) of the second noise test
-    (module docstring, "Noise"): in a mixed-precision pair (the runs' unit roundoffs, each
-    the lowest-precision float of its side, differ 64x or more) a tensor that is rounding
-    noise in both runs holds values proportional to each run's unit roundoff: its sides
-    disagree by half or more, their RMS ratio is within 8x of the roundoffs' ratio, and each
-    side's RMS is at most ``noise`` x its unit roundoff x the largest RMS of its iteration
-    and rank on that side (an overflow or a blown-up tensor is the largest itself)."""
+    (module docstring, "Noise"): a tensor that is rounding noise in both runs holds values
+    proportional to each run's unit roundoff (each the lowest-precision float of its side):
+    its sides disagree by half or more, their RMS ratio is within 8x of the roundoffs' ratio
+    (1 when both runs have the same precision: a rewrite's or a rank's other summation
+    order), and each side's RMS is at most ``noise`` x its unit roundoff x the largest RMS of
+    its iteration and rank on that side (an overflow or a blown-up tensor is the largest
+    itself). It needs no other tensor in the op call: a parameter gradient's per-parameter
+    ``all_reduce`` has none."""
     n = len(c.group)
     none = np.zeros(n, bool), np.full(n, np.nan), 1.0
     t_ok = c.valid.get("target_l2norm")
@@ -587,7 +651,7 @@ def _signature_noise(c: Columns, rows_mask: np.ndarray, err, err_ok, rules: Prec
         return max(found, default=0.0)
 
     u_t, u_b = unit(c.target_dtype), unit(c.bench_dtype)
-    if not (u_t > 0 and u_b > 0) or max(u_t / u_b, u_b / u_t) < 64:
+    if not (u_t > 0 and u_b > 0):
         return none
     size = np.sqrt(np.maximum(c.bench_shape.size, 1).astype(np.float64))
     with np.errstate(all="ignore"):
@@ -606,6 +670,62 @@ def _signature_noise(c: Columns, rows_mask: np.ndarray, err, err_ok, rules: Prec
             & (r >= q / 8) & (r <= q * 8) & (rms_b <= rules.noise * u_b * top_b[c.where]) \
             & (rms_t <= rules.noise * u_t * top_t[c.where])
     return out, top_b[c.where], q
+
+
+def _collective_calls(c: Columns, names: pa.Array, collective: np.ndarray) -> np.ndarray:
+    """Per row, a code shared by the rows of one collective call on every rank (same
+    iteration and op name: data-parallel ranks issue the same collectives in the same
+    order, msprobe numbers them alike); -1 for rows of other ops."""
+    call = np.full(len(c.group), -1, np.int64)
+    if not collective.any():
+        return call
+    iteration = getattr(c, "iteration", None)
+    it = np.zeros(len(c.group), np.int64) if iteration is None else iteration
+    codes = group_codes([it, string_codes(names)])
+    call[collective] = codes[collective]
+    return call
+
+
+def _across_ranks(g: np.ndarray, groups: int, call: np.ndarray, worst_in: np.ndarray, has_in: np.ndarray,
+                  ) -> np.ndarray:
+    """``worst_in`` (per op call) with each collective call that has inputs given the
+    largest input error of that call on every rank: rank 0's all_reduce output carries
+    rank 1's input error."""
+    gcall = np.full(groups, -1, np.int64)
+    gcall[g] = call
+    at = (gcall >= 0) & has_in
+    top = np.zeros(int(gcall.max()) + 1)
+    np.fmax.at(top, gcall[at], worst_in[at])
+    out = worst_in.copy()
+    out[at] = top[gcall[at]]
+    return out
+
+
+def _collective_noise(c: Columns, call: np.ndarray, rows_mask: np.ndarray, departing: np.ndarray,
+                      noise: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(mask, scale): the departing output rows (``rows_mask``) of collective calls whose
+    inputs, on every rank, are rounding noise or do not depart, with at least one noise: a
+    sum or gather of noise is noise (its relative error, diluted by the ranks whose input is
+    equal, can fall below the noise tests' 0.5). The scale its error counts by (as a noise
+    row's absolute error): the largest bench RMS of its iteration and rank."""
+    out = np.zeros(len(call), bool)
+    coll = call >= 0
+    if not (coll & rows_mask & c.output).any():
+        return out, np.ones(len(call))
+    size = int(call.max()) + 1
+    inputs = coll & ~c.output
+    bad = np.bincount(call[inputs & departing], minlength=size) > 0
+    some = np.bincount(call[inputs & noise], minlength=size) > 0
+    at = coll & rows_mask & c.output
+    out[at] = some[call[at]] & ~bad[call[at]]
+    size_ = np.sqrt(np.maximum(c.bench_shape.size, 1).astype(np.float64))
+    with np.errstate(all="ignore"):
+        rms = c.values["bench_l2norm"] / size_
+    known = c.valid["bench_l2norm"] & c.bench_shape.valid & np.isfinite(rms)
+    top = np.zeros(int(c.where.max()) + 1)
+    np.maximum.at(top, c.where[known], rms[known])
+    out &= (top[c.where] > 0) & known
+    return out, np.where(top[c.where] > 0, top[c.where], 1.0)
 
 
 def _other_max(g: np.ndarray, groups: int, values: np.ndarray, known: np.ndarray) -> np.ndarray:

@@ -18,9 +18,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["Shapes", "collectives", "ResultColumns", "execution_order", "execution_keys", "string_codes", "group_codes", "ints",
+__all__ = ["Shapes", "ResultColumns", "execution_order", "execution_keys", "string_codes", "group_codes", "ints",
            "floats", "strings", "join_messages", "truthy", "IO_ORDER", "ORDER_KEYS", "run_order", "run_ranks",
-           "FORWARD", "BACKWARD", "OPTIMIZER", "PHASES", "phases", "containers", "keys"]
+           "FORWARD", "BACKWARD", "OPTIMIZER", "PHASES", "phases", "containers", "collectives", "keys"]
 
 # The target columns execution_order reads.
 ORDER_KEYS = ("iteration", "rank", "graph_id", "position", "timestamp", "call_index", "io", "slot", "tensor_id")

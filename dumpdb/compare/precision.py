@@ -590,9 +590,10 @@ def _misattributed_backward(c: Columns, names: pa.Array, result: np.ndarray, rea
         if t_ok == b_ok:
             continue
         side, shape, fwd = ("bench", bs.shape(i), found[1]) if t_ok else ("target", ts.shape(i), found[0])
+        shapes = ", ".join(str(list(x)) for x in sorted(x for x in fwd if x is not None))
         result[i] = WARNING
         reason[i] = (f"not comparable: the {side}'s {text[i]} output has shape {list(shape)}, none of its forward "
-                     f"inputs' ({', '.join(str(list(x)) for x in sorted(x for x in fwd if x is not None))}): that side's "
+                     f"inputs' ({shapes}): that side's "
                      "record holds another op's gradients (an op that returned its input unchanged has no "
                      f"backward of its own); {reason[i]}")
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from dumpdb.compare.columns import run_order
 from dumpdb.compare.metrics import MSG_NAN_INF_MISMATCH
-from dumpdb.compare.precision import PrecisionRules, _pair_error
+from dumpdb.compare.precision import PrecisionRules, _pair_error, target_unit
 from dumpdb.compare.verdict import (  # _inf_or_nan, _num, _pair: input conversions, not rules: dumpdb's own
     ALL_IGNORE,
     ERROR,
@@ -280,6 +280,7 @@ def judge_precision(rows: list[dict], producers: dict[str, list[tuple[tuple, str
     for group in ops.values():
         _noise(group, u_w, w_dtype, rules)
     _signature(rows, rules)
+    unit = target_unit([r.get("target_dtype") for r in rows], [r.get("target_dtype_declared") for r in rows])
     call_max = _collectives(rows, ops)
     forward_inputs: dict[tuple, tuple[list, list]] = defaultdict(lambda: ([], []))
     for r in rows:
@@ -305,7 +306,7 @@ def judge_precision(rows: list[dict], producers: dict[str, list[tuple[tuple, str
             upstream_inf[where] = True
         for r in inputs:
             if r["_departs"] and not r.get("_noise"):
-                _judge_input(r, producers, rules, upstream.get(where, 0.0), inf_before, carried_by)
+                _judge_input(r, producers, rules, upstream.get(where, 0.0), inf_before, carried_by, unit)
         counted = [r for r in group if not _container(r)]
         upstream[where] = max([upstream.get(where, 0.0), *(_finite(_eff(r)) for r in inputs if r in counted)])
         if inputs:
@@ -563,7 +564,7 @@ def _fmt_precision(v) -> str:
 
 
 def _judge_input(r: dict, producers, rules: PrecisionRules, upstream: float, inf_before: bool = False,
-                 carried_by: dict | None = None) -> None:
+                 carried_by: dict | None = None, unit: tuple = (0.0, None)) -> None:
     """A departing input: explained when a compared op produced its bytes, or when an
     earlier compared tensor's error explains it (the producer is a cast or an op the dump
     or the alignment left out); otherwise the input is where the departure starts."""
@@ -591,6 +592,12 @@ def _judge_input(r: dict, producers, rules: PrecisionRules, upstream: float, inf
         r["precision_result"] = WARNING
         r["precision_reason"] = (f"input error {err:.3g} within {rules.growth:g} x the largest earlier error "
                                  f"{upstream:.3g}" + (f" (produced by {producer[1]})" if producer else ""))
+        return
+    if producer is not None and not producer[2] and r["precision_reason"] is None and err is not None \
+            and err <= rules.margin * unit[0]:
+        r["precision_result"] = WARNING
+        r["precision_reason"] = (f"input error {err:.3g} within {rules.margin:g} x the target's {unit[1]} precision "
+                                 f"after {producer[1]}, an op only the target has (a cast of a mixed-precision run)")
         return
     r["precision_result"] = ERROR
     what = r["precision_reason"] or \

@@ -108,7 +108,7 @@ from dumpdb.compare.columns import BACKWARD, PHASES, collectives, containers, gr
 from dumpdb.compare.metrics import MSG_NAN_INF_MISMATCH
 
 __all__ = ["PrecisionRules", "dtype_floor", "lowest_precision", "Columns", "judge_precision_columns",
-           "first_departures", "growth_table", "RESULTS", "NOISE"]
+           "first_departures", "growth_table", "target_unit", "RESULTS", "NOISE"]
 
 PASS, WARNING, ERROR, NOISE = "pass", "warning", "error", "noise"
 RESULTS = (PASS, WARNING, ERROR, NOISE)  # precision_result values
@@ -525,7 +525,7 @@ def judge_precision_columns(c: Columns, rules: PrecisionRules = PrecisionRules()
     reason[at] = _format("departs: error {} = {} x the {} floor, inputs' error {:.3g}, growth allowed {:.3g}",
                          _fmts(err[at], err_ok[at]), _fmts(ratio[at], ratio_ok[at]), low[at], wi[at], growth[at])
     _judge_inputs_columns(c, departs_ & inputs, g, err, err_ok, floor_ok, floor, ratio, ratio_ok, upstream,
-                          inf_before, result, reason, origin, rules)
+                          inf_before, result, reason, origin, rules, target_unit(c.target_dtype, c.target_dtype_declared))
     at = np.flatnonzero(signature_rows)
     result[at] = NOISE
     reason[at] = _format("rounding noise: each side at its own run's rounding level (target / bench RMS {:.3g}, "
@@ -810,8 +810,20 @@ def _cancellation_columns(c: Columns, rows_mask: np.ndarray, g: np.ndarray, grou
     return out
 
 
+def target_unit(dtypes, declared) -> tuple[float, str | None]:
+    """(unit roundoff, dtype) of the lowest-precision float a side holds or declares (a
+    MindSpore CPU file declared Float16 whose payload is float32 was computed in float16);
+    (0.0, None) without floats. Object arrays (or lists) of catalog dtype names and declared
+    dtypes."""
+    found = {d for d in set(list(dtypes)) if d in _FLOATS}
+    found |= {_DECLARED.get(str(d).lower()) for d in set(list(declared)) if d} - {None}
+    dtype = max(found, key=lambda d: _FLOATS[d][0], default=None)
+    return (_FLOATS[dtype][0] / 2, dtype) if dtype is not None else (0.0, None)
+
+
 def _judge_inputs_columns(c: Columns, rows_mask, g, err, err_ok, floor_ok, floor, ratio, ratio_ok, upstream,
-                          inf_before, result, reason, origin, rules: PrecisionRules) -> None:
+                          inf_before, result, reason, origin, rules: PrecisionRules,
+                          unit: tuple[float, str | None] = (0.0, None)) -> None:
     """The departing input rows ``rows_mask``: explained (warning) when a compared op
     produced its bytes, or when NaN/Inf or an earlier compared tensor's error explains it
     (the producer is a cast or an op the dump or the alignment left out); otherwise the
@@ -858,7 +870,14 @@ def _judge_inputs_columns(c: Columns, rows_mask, g, err, err_ok, floor_ok, floor
         a2 = rows_mask & ~a1 & err_ok & np.isinf(err) & before
         a3 = rows_mask & ~a1 & ~a2 & np.equal(reason, None).astype(bool) & err_ok & \
             (err <= rules.growth * up + rules.margin * np.where(floor_ok, floor, 0.0))
-    a4 = rows_mask & ~a1 & ~a2 & ~a3
+    # an op only the target has produced it (an AMP run's Cast) and its error is within the
+    # target's own lowest precision: rounding of that precision, not a departure beyond it
+    with np.errstate(invalid="ignore"):
+        a5 = rows_mask & ~a1 & ~a2 & ~a3 & has & ~compared & none & err_ok & (err <= rules.margin * unit[0])
+    a4 = rows_mask & ~a1 & ~a2 & ~a3 & ~a5
+    at = np.flatnonzero(a5)
+    reason[at] = _format(f"input error {{:.3g}} within {rules.margin:g} x the target's {unit[1]} precision after "
+                         "{}, an op only the target has (a cast of a mixed-precision run)", err[at], name[at])
     at = np.flatnonzero(a1 & none)
     reason[at] = _format("input error propagated from {}", name[at])
     at = np.flatnonzero(a2)
@@ -883,7 +902,7 @@ def _judge_inputs_columns(c: Columns, rows_mask, g, err, err_ok, floor_ok, floor
                                "other data than the bench's", what[compared[at]], name[mismatch])
     by = by & ~compared[at]
     origin[at[by]] = name[at[by]]
-    result[a1 | a2 | a3] = WARNING
+    result[a1 | a2 | a3 | a5] = WARNING
     result[a4] = ERROR
 
 

@@ -524,8 +524,9 @@ def judge_precision_columns(c: Columns, rules: PrecisionRules = PrecisionRules()
     at = np.flatnonzero(fails & none)
     reason[at] = _format("departs: error {} = {} x the {} floor, inputs' error {:.3g}, growth allowed {:.3g}",
                          _fmts(err[at], err_ok[at]), _fmts(ratio[at], ratio_ok[at]), low[at], wi[at], growth[at])
+    unit = target_unit(c.target_dtype, c.target_dtype_declared)
     _judge_inputs_columns(c, departs_ & inputs, g, err, err_ok, floor_ok, floor, ratio, ratio_ok, upstream,
-                          inf_before, result, reason, origin, rules, target_unit(c.target_dtype, c.target_dtype_declared))
+                          inf_before, result, reason, origin, rules, unit)
     at = np.flatnonzero(signature_rows)
     result[at] = NOISE
     reason[at] = _format("rounding noise: each side at its own run's rounding level (target / bench RMS {:.3g}, "

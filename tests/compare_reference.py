@@ -291,7 +291,8 @@ def judge_precision(rows: list[dict], producers: dict[str, list[tuple[tuple, str
     carried_by: dict = {}  # content hash -> the largest finite error of a compared output holding it
     for r in rows:
         e = r["scaled_err"]
-        if r["io"] == "output" and e is not None and math.isfinite(e) and r.get("target_content_hash") is not None:
+        if r["io"] == "output" and e is not None and math.isfinite(e) and r.get("target_content_hash") is not None \
+                and not _container(r):
             carried_by[r["target_content_hash"]] = max(carried_by.get(r["target_content_hash"], 0.0), e)
     # Ops dumped without inputs (input_output: 2): the largest error of any earlier compared
     # output of the iteration stands in for their inputs' error (never blames a propagated one).
@@ -572,7 +573,8 @@ def _judge_input(r: dict, producers, rules: PrecisionRules, upstream: float, inf
     carried_by = carried_by or {}
     h = r.get("target_content_hash")
     if producers and h in producers:
-        before = [p for p in producers[h] if p[0] < r["_order"]] if r.get("_order") is not None else producers[h]
+        ops = [p for p in producers[h] if not _container({"op_type": p[1], "target_name": p[1]})]
+        before = [p for p in ops if p[0] < r["_order"]] if r.get("_order") is not None else ops
         producer = before[-1] if before else None
     err = r["scaled_err"]
     if producer is not None and producer[2]:

@@ -34,8 +34,10 @@ def _picked(cases: list[dict]) -> list[dict]:
 
 def _judged(cases: list[dict]) -> list[dict]:
     """The cases the judgment test reads beside the picked ones: fp16 autocast against fp32
-    at L1 with risk_level ALL (the bench's ``Tensor.float`` of a float32 tensor)."""
-    return [_one(cases, lambda c: c["kind"] == "amp" and c["config"]["level"] == "L1all")]
+    at L1 with risk_level ALL (the bench's ``Tensor.float`` of a float32 tensor); a block's
+    residual add dropped at mix level (module records hold the block's output)."""
+    return [_one(cases, lambda c: c["kind"] == "amp" and c["config"]["level"] == "L1all"),
+            _one(cases, lambda c: c["kind"] == "residual" and c["config"]["level"] == "mix")]
 
 
 @pytest.fixture(scope="module")
@@ -229,7 +231,7 @@ def test_judgment_of_collectives_and_misattributed_backward_records(evaluated, s
     assert any(r["precision_reason"].startswith("error") and "propagated" in r["precision_reason"] for r in healthy)
     assert any(r["precision_result"] == "noise" for r in healthy)
     assert out.first_divergence["rank"] == ranks["expected_rank"]
-    amp = _judged(_cases(sample))[0]
+    amp, residual = _judged(_cases(sample))
     for key in (amp["target_key"], amp["bench_key"]):
         dumpdb.ingest(str(sample / "dumps" / key / "dump"), archive=str(archive), run=key)
     out = de._compare(dumpdb.open(str(archive)), amp["target_key"], amp["bench_key"])
@@ -237,6 +239,24 @@ def test_judgment_of_collectives_and_misattributed_backward_records(evaluated, s
     (row,) = [r for r in out.results.to_pylist() if r["target_name"] == "Tensor.float.0.backward" and r["io"] == "output"]
     assert row["target_shape"] != row["bench_shape"] and row["precision_result"] == "warning"
     assert row["precision_reason"].startswith("not comparable: the bench's Tensor.float.0.backward output")
+
+
+def test_a_dropped_residual_names_the_next_norm_not_the_module_record(evaluated, sample):
+    """At mix level the block's module record holds the bytes the next norm reads (the
+    block's output without its residual add): the producer of that input is the op inside
+    the module (its output matches the bench), so the norm reads other data and is named;
+    the module record used to explain the input as propagated, and a backward norm came
+    first."""
+    import dumpdb
+
+    _, _, archive = evaluated
+    residual = _judged(_cases(sample))[1]
+    for key in (residual["target_key"], residual["bench_key"]):
+        dumpdb.ingest(str(sample / "dumps" / key / "dump"), archive=str(archive), run=key)
+    fd = de._compare(dumpdb.open(str(archive)), residual["target_key"], residual["bench_key"]).first_divergence
+    assert de.classify(residual, fd)["verdict"] == "named", fd and fd["err_message"]
+    assert fd["io"] == "input" and "reads other data" in fd["err_message"]
+    assert not fd["err_message"].split("produced by ")[1].startswith("Module.")
 
 
 def _cos(a, i: int, j: int) -> float:

@@ -526,7 +526,7 @@ def judge_precision_columns(c: Columns, rules: PrecisionRules = PrecisionRules()
                          _fmts(err[at], err_ok[at]), _fmts(ratio[at], ratio_ok[at]), low[at], wi[at], growth[at])
     unit = target_unit(c.target_dtype, c.target_dtype_declared)
     _judge_inputs_columns(c, departs_ & inputs, g, err, err_ok, floor_ok, floor, ratio, ratio_ok, upstream,
-                          inf_before, result, reason, origin, rules, unit)
+                          inf_before, result, reason, origin, rules, unit, container)
     at = np.flatnonzero(signature_rows)
     result[at] = NOISE
     reason[at] = _format("rounding noise: each side at its own run's rounding level (target / bench RMS {:.3g}, "
@@ -824,7 +824,7 @@ def target_unit(dtypes, declared) -> tuple[float, str | None]:
 
 def _judge_inputs_columns(c: Columns, rows_mask, g, err, err_ok, floor_ok, floor, ratio, ratio_ok, upstream,
                           inf_before, result, reason, origin, rules: PrecisionRules,
-                          unit: tuple[float, str | None] = (0.0, None)) -> None:
+                          unit: tuple[float, str | None] = (0.0, None), boxed_rows: np.ndarray | None = None) -> None:
     """The departing input rows ``rows_mask``: explained (warning) when a compared op
     produced its bytes, or when NaN/Inf or an earlier compared tensor's error explains it
     (the producer is a cast or an op the dump or the alignment left out); otherwise the
@@ -834,8 +834,18 @@ def _judge_inputs_columns(c: Columns, rows_mask, g, err, err_ok, floor_ok, floor
     rows = np.flatnonzero(rows_mask)
     if not rows.size:
         return
+    if boxed_rows is None:
+        boxed_rows = np.zeros(len(g), bool)
     hashes = {c.target_content_hash[i] for i in rows.tolist()} - {None}
     producers = c.producers(hashes) if hashes else {}
+    # a module/cell record holds a copy of what an op inside it computed: the producer is
+    # that op (a block whose residual add was dropped: its module output holds the bytes of
+    # the last op inside, which matches the bench, and the next norm reads other data)
+    listed = sorted({p[1] for v in producers.values() for p in v if p[1] is not None})
+    if listed:
+        boxed = set(np.array(listed, dtype=object)[containers(_objects(listed), _objects(listed))].tolist())
+        if boxed:
+            producers = {h: kept for h, v in producers.items() if (kept := [p for p in v if p[1] not in boxed])}
     name = np.full(len(g), None, dtype=object)
     has, compared = np.zeros(len(g), bool), np.zeros(len(g), bool)
     if producers:
@@ -856,7 +866,7 @@ def _judge_inputs_columns(c: Columns, rows_mask, g, err, err_ok, floor_ok, floor
     judged = rows_mask & has & compared & none & err_ok & np.isfinite(err)
     if judged.any():
         want = {c.target_content_hash[i] for i in np.flatnonzero(judged).tolist()}
-        outs = np.flatnonzero(c.output & err_ok & np.isfinite(err))
+        outs = np.flatnonzero(c.output & err_ok & np.isfinite(err) & ~boxed_rows)  # ops, not their containers
         best: dict = {}
         for i in outs.tolist():
             h = c.target_content_hash[i]

@@ -48,7 +48,9 @@ grow ~1.0x departs. Per row, the precision result is:
              every departing row of a module/cell record (below);
 ``error``    departs and not explained: the op's output when its inputs do not explain it;
              an input when no compared op produced it (a parameter or data input, or the
-             output of an op only the target has: an inserted op, named in the reason);
+             output of an op only the target has: an inserted op, named in the reason,
+             unless its error is within ``margin`` x the target's own lowest precision:
+             the Casts a mixed-precision run inserts);
              the outputs of an op call whose recorded scalar arguments differ (``arg_diff``,
              when the alignment gives that column: ``eps: 1e-05 -> 0.1``).
 
@@ -65,7 +67,23 @@ op call and ``u_w`` the unit roundoff of the working precision: the lowest-preci
 any pair of the compare was judged at (a bfloat16-autocast run's float32 gradients are
 computed in bfloat16). Where its op's inputs count its error (the largest input error, the
 running largest earlier error), a noise row counts by its absolute error over the op's
-scale.
+scale. A tensor without such a scale (a per-parameter ``all_reduce``) is noise when each
+side's RMS is within ``noise`` x its own run's unit roundoff x the largest RMS of its
+iteration and rank, the ratio of the sides' RMS within 8x of the ratio of the runs' unit
+roundoffs (1 for two runs of one precision: a rewrite's or another rank's summation order)
+and the sides disagree by half or more; a collective's output is noise when its inputs on
+every rank are noise or do not depart.
+
+Collectives and misattributed records
+=====================================
+A collective's output (``all_reduce``, ``all_gather``, ``reduce_scatter``, ``broadcast``,
+``all_to_all``; ``columns.collectives``) combines every rank's input of the same call (same
+iteration and op name): its inputs' error is the largest over all ranks, so rank 0's
+``all_reduce`` of rank 1's changed gradient is propagated, not a departure of rank 0. A
+backward record's output ``k`` is the gradient of its forward record's input ``k`` and has
+its shape; a departing output pair of different shapes where one side keeps that and the
+other does not (the fp32 run's ``x.float()`` of a float32 tensor returns ``x``: msprobe's
+backward hook then records the preceding op's gradients) is not comparable: a ``warning``.
 
 Containers
 ==========
@@ -75,8 +93,9 @@ boundary dtype: they are never an ``error`` (a departing row becomes a ``warning
 its reason) and do not raise the running largest earlier error; the op inside that departs
 is the answer.
 
-The producer of an input is the last target output before it with the same content hash
-(MindSpore dumps an op's input as the bytes its producer wrote). A compared producer explains
+The producer of an input is the last target op output (not a module/cell record: it holds a
+copy of what an op inside computed) before it with the same content hash (MindSpore dumps an
+op's input as the bytes its producer wrote). A compared producer explains
 a departing input only if its own pair carries the error (the input's error within growth x
 the largest error of a compared output holding those bytes + margin x floor): when the
 producer's output matches the bench but the input does not, the op reads other data than

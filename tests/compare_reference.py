@@ -17,7 +17,7 @@ import numpy as np
 
 from dumpdb.compare.columns import run_order
 from dumpdb.compare.metrics import MSG_NAN_INF_MISMATCH
-from dumpdb.compare.precision import PrecisionRules, _pair_error, target_unit
+from dumpdb.compare.precision import CAST_ROUNDINGS, PrecisionRules, _pair_error, target_unit
 from dumpdb.compare.verdict import (  # _inf_or_nan, _num, _pair: input conversions, not rules: dumpdb's own
     ALL_IGNORE,
     ERROR,
@@ -596,10 +596,11 @@ def _judge_input(r: dict, producers, rules: PrecisionRules, upstream: float, inf
                                  f"{upstream:.3g}" + (f" (produced by {producer[1]})" if producer else ""))
         return
     if producer is not None and not producer[2] and r["precision_reason"] is None and err is not None \
-            and err <= rules.margin * unit[0]:
+            and err <= CAST_ROUNDINGS * unit[0]:
         r["precision_result"] = WARNING
-        r["precision_reason"] = (f"input error {err:.3g} within {rules.margin:g} x the target's {unit[1]} precision "
-                                 f"after {producer[1]}, an op only the target has (a cast of a mixed-precision run)")
+        r["precision_reason"] = (f"input error {err:.3g} within {CAST_ROUNDINGS:g} x the target's {unit[1]} unit "
+                                 f"roundoff after {producer[1]}, an op only the target has (a cast of a mixed-precision "
+                                 "run)")
         return
     r["precision_result"] = ERROR
     what = r["precision_reason"] or \

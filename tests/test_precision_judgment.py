@@ -189,6 +189,6 @@ def test_an_amp_cast_within_the_targets_precision_does_not_depart(tmp_path):
     out = compare(dumpdb.open(archive), "fp16", "fp32", store_results=False)
     assert out.first_divergence is None and out.summary["error"] == 0
     cast = [r for r in _rows(out, io="input") if "an op only the target has" in (r["precision_reason"] or "")]
-    assert cast and all(r["precision_result"] == "warning" and "float16 precision after" in r["precision_reason"]
+    assert cast and all(r["precision_result"] == "warning" and "float16 unit roundoff after" in r["precision_reason"]
                         and "_Cast-op" in r["precision_reason"] and r["scaled_err"] > 64 * 2.0 ** -24
                         for r in cast)

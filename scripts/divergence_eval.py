@@ -555,7 +555,7 @@ def classify(truth: dict, fd: dict | None, phases: dict[str, str] | None = None)
     """The verdict on one case: changed -> named | container | wrong | missed
     (``unresolved`` when the truth names no op); clean / rewrite -> ok | false-departure."""
     got = None if fd is None else {"name": fd.get("target_name"), "rank": fd.get("rank"), "io": fd.get("io"),
-                                   "phase": (phases or {}).get(fd.get("target_name"))}
+                                   "phase": (phases or {}).get(fd.get("target_name")), "origin_op": fd.get("origin_op")}
     if truth["category"] != "changed":
         return {"verdict": "ok" if fd is None else "false-departure", "got": got}
     if truth.get("expected") is None:
@@ -563,7 +563,10 @@ def classify(truth: dict, fd: dict | None, phases: dict[str, str] | None = None)
     if fd is None:
         return {"verdict": "missed", "got": None}
     rank_ok = truth["config"]["world"] == 1 or (fd.get("rank") or 0) == truth["expected_rank"]
-    name = fd.get("target_name")
+    # the op the report names as where the departure starts: an op only the target has that
+    # produced the departing input (``origin_op``: a swapped activation, whose consumer is the
+    # first compared op), else the departing op itself
+    name = fd.get("origin_op") or fd.get("target_name")
     if rank_ok and name == truth["expected"]:
         return {"verdict": "named", "got": got}
     if rank_ok and name in truth.get("containers", []):
@@ -657,7 +660,7 @@ def _json_safe(x):
 
 
 FD_KEYS = ("target_name", "bench_name", "op_type", "io", "slot", "rank", "position", "result", "err_message",
-           "precision_ratio", "cosine", "max_rel_err")
+           "precision_ratio", "cosine", "max_rel_err", "origin_op")
 
 
 def evaluate_group(root: str, cases: list[dict], archive_path: str, check_mispairs: str, progress_q=None) -> list[dict]:

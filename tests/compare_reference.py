@@ -8,6 +8,7 @@ generated rows that reach every checker and branch; not used by dumpdb itself.
 from __future__ import annotations
 
 import math
+import re
 from collections import defaultdict
 from typing import Any
 
@@ -16,7 +17,7 @@ import numpy as np
 
 from dumpdb.compare.columns import run_order
 from dumpdb.compare.metrics import MSG_NAN_INF_MISMATCH
-from dumpdb.compare.precision import PrecisionRules, _pair_error
+from dumpdb.compare.precision import CAST_ROUNDINGS, PrecisionRules, _pair_error, target_unit
 from dumpdb.compare.verdict import (  # _inf_or_nan, _num, _pair: input conversions, not rules: dumpdb's own
     ALL_IGNORE,
     ERROR,
@@ -279,10 +280,19 @@ def judge_precision(rows: list[dict], producers: dict[str, list[tuple[tuple, str
     for group in ops.values():
         _noise(group, u_w, w_dtype, rules)
     _signature(rows, rules)
+    unit = target_unit([r.get("target_dtype") for r in rows], [r.get("target_dtype_declared") for r in rows])
+    call_max = _collectives(rows, ops)
+    forward_inputs: dict[tuple, tuple[list, list]] = defaultdict(lambda: ([], []))
+    for r in rows:
+        if r["io"] != "output" and r.get("target_name"):
+            t_in, b_in = forward_inputs[(r["iteration"], r["rank"], r["target_name"])]
+            t_in.append(_shape(r.get("target_shape")))
+            b_in.append(_shape(r.get("bench_shape")))
     carried_by: dict = {}  # content hash -> the largest finite error of a compared output holding it
     for r in rows:
         e = r["scaled_err"]
-        if r["io"] == "output" and e is not None and math.isfinite(e) and r.get("target_content_hash") is not None:
+        if r["io"] == "output" and e is not None and math.isfinite(e) and r.get("target_content_hash") is not None \
+                and not _container(r):
             carried_by[r["target_content_hash"]] = max(carried_by.get(r["target_content_hash"], 0.0), e)
     # Ops dumped without inputs (input_output: 2): the largest error of any earlier compared
     # output of the iteration stands in for their inputs' error (never blames a propagated one).
@@ -297,11 +307,14 @@ def judge_precision(rows: list[dict], producers: dict[str, list[tuple[tuple, str
             upstream_inf[where] = True
         for r in inputs:
             if r["_departs"] and not r.get("_noise"):
-                _judge_input(r, producers, rules, upstream.get(where, 0.0), inf_before, carried_by)
+                _judge_input(r, producers, rules, upstream.get(where, 0.0), inf_before, carried_by, unit)
         counted = [r for r in group if not _container(r)]
         upstream[where] = max([upstream.get(where, 0.0), *(_finite(_eff(r)) for r in inputs if r in counted)])
         if inputs:
             worst_in = max((_eff(r) or 0.0 for r in inputs), default=0.0)
+            key = _call_key(group[0])
+            if key in call_max:  # a collective: every rank's inputs of the call
+                worst_in = call_max[key]
         else:
             worst_in = upstream.get(where, 0.0)
         upstream[where] = max([upstream.get(where, 0.0), *(_finite(_eff(r)) for r in outputs if r in counted)])
@@ -309,7 +322,11 @@ def judge_precision(rows: list[dict], producers: dict[str, list[tuple[tuple, str
             if r["_departs"] and not r.get("_noise"):
                 _judge_output(r, inputs, worst_in, inf_before, rules)
         for r in group:
-            if r.get("_sig"):
+            if r.get("_coll"):
+                r["precision_result"] = NOISE
+                r["precision_reason"] = (f"rounding noise: a collective's result of rank inputs that are rounding "
+                                         f"noise (or equal); error {r['scaled_err']:.3g} says nothing")
+            elif r.get("_sig"):
                 r["precision_result"] = NOISE
                 r["precision_reason"] = (f"rounding noise: each side at its own run's rounding level (target / bench "
                                          f"RMS {r['target_l2norm'] / r['bench_l2norm']:.3g}, unit roundoffs "
@@ -325,13 +342,85 @@ def judge_precision(rows: list[dict], producers: dict[str, list[tuple[tuple, str
                 old = r["precision_reason"]
                 r["precision_result"] = ERROR
                 r["precision_reason"] = f"scalar arguments differ ({diff})" + (f"; {old}" if old else "")
+        for r in outputs:
+            _misattributed(r, forward_inputs)
         for r in group:
             if _container(r) and r["precision_result"] != PASS:
                 r["precision_result"] = WARNING
                 r["precision_reason"] = f"module/cell record, judged by the ops inside it ({r['precision_reason']})"
     for r in rows:
-        for k in ("_departs", "_noise", "_scale", "_eff", "_phase", "_sig", "_q"):
+        for k in ("_departs", "_noise", "_scale", "_eff", "_phase", "_sig", "_q", "_coll"):
             r.pop(k, None)
+
+
+_COLLECTIVE = re.compile(r"(^|[._])(hcom)?(all_?reduce|all_?gather\w*|reduce_?scatter\w*|broadcast|all_?to_?all\w*)$",
+                         re.IGNORECASE)
+
+
+def _call_key(r: dict) -> tuple | None:
+    """A collective call on every rank: (iteration, op name); None for other ops."""
+    if not _COLLECTIVE.search(r.get("op_type") or ""):
+        return None
+    return (r["iteration"] or 0, r["target_name"])
+
+
+def _collectives(rows: list[dict], ops: dict) -> dict:
+    """Mark the departing outputs of collective calls whose inputs on every rank are noise
+    or do not depart (one noise at least) as noise; return each collective call's largest
+    input error over its ranks (calls with inputs)."""
+    calls: dict = defaultdict(list)
+    for group in ops.values():
+        key = _call_key(group[0])
+        if key is not None:
+            calls[key].append(group)
+    top: dict = {}
+    for r in rows:
+        rb = _rms_of(r, "bench_l2norm")
+        if rb is not None and math.isfinite(rb):
+            where = (r["iteration"], r["rank"])
+            top[where] = max(top.get(where, 0.0), rb)
+    call_max = {}
+    for key, groups in calls.items():
+        inputs = [r for grp in groups for r in grp if r["io"] != "output"]
+        bad = any(r["_departs"] and not r.get("_noise") for r in inputs)
+        some = any(r.get("_noise") for r in inputs)
+        worsts = [max((_eff(r) or 0.0 for r in grp if r["io"] != "output"), default=0.0)
+                  for grp in groups if any(r["io"] != "output" for r in grp)]
+        if worsts:
+            call_max[key] = max(w for w in worsts if not math.isnan(w)) if any(not math.isnan(w) for w in worsts) \
+                else 0.0
+        if not some or bad:
+            continue
+        for grp in groups:
+            for r in grp:
+                rb, e = _rms_of(r, "bench_l2norm"), r["scaled_err"]
+                t = top.get((r["iteration"], r["rank"]), 0.0)
+                if r["io"] == "output" and r["_departs"] and r["precision_reason"] is None and not _container(r) \
+                        and not r.get("_noise") and rb is not None and math.isfinite(rb) and t > 0:
+                    r["_noise"], r["_coll"], r["_eff"] = True, True, e * rb / t
+    return call_max
+
+
+def _misattributed(r: dict, forward_inputs: dict) -> None:
+    """A backward output pair of different shapes where one side's record holds no gradient
+    of its op's forward inputs (its shape is none of theirs) and the other's does."""
+    name = r.get("target_name") or ""
+    ts, bs = _shape(r.get("target_shape")), _shape(r.get("bench_shape"))
+    if r["precision_result"] != ERROR or ".backward" not in name or ts is None or bs is None or ts == bs:
+        return
+    head, _, tail = name.rpartition(".backward")
+    found = forward_inputs.get((r["iteration"], r["rank"], f"{head}.forward{tail}"))
+    if found is None:
+        return
+    t_ok, b_ok = ts in found[0], bs in found[1]
+    if t_ok == b_ok:
+        return
+    side, shape, fwd = ("bench", bs, found[1]) if t_ok else ("target", ts, found[0])
+    r["precision_result"] = WARNING
+    r["precision_reason"] = (f"not comparable: the {side}'s {name} output has shape {list(shape)}, none of its forward "
+                             f"inputs' ({', '.join(str(list(x)) for x in sorted({x for x in fwd if x is not None}))}): "
+                             "that side's record holds another op's gradients (an op that returned its input unchanged "
+                             f"has no backward of its own); {r['precision_reason']}")
 
 
 def _eff(r: dict) -> float | None:
@@ -367,7 +456,7 @@ def _signature(rows: list[dict], rules: PrecisionRules) -> None:
     def unit(key):
         return max((_FLOAT_EPS[r[key]] / 2 for r in rows if r[key] in _FLOAT_EPS), default=0.0)
     u_t, u_b = unit("target_dtype"), unit("bench_dtype")
-    if not (u_t > 0 and u_b > 0) or max(u_t / u_b, u_b / u_t) < 64:
+    if not (u_t > 0 and u_b > 0):
         return
     top: dict = {}
     for r in rows:
@@ -476,7 +565,7 @@ def _fmt_precision(v) -> str:
 
 
 def _judge_input(r: dict, producers, rules: PrecisionRules, upstream: float, inf_before: bool = False,
-                 carried_by: dict | None = None) -> None:
+                 carried_by: dict | None = None, unit: tuple = (0.0, None)) -> None:
     """A departing input: explained when a compared op produced its bytes, or when an
     earlier compared tensor's error explains it (the producer is a cast or an op the dump
     or the alignment left out); otherwise the input is where the departure starts."""
@@ -484,7 +573,8 @@ def _judge_input(r: dict, producers, rules: PrecisionRules, upstream: float, inf
     carried_by = carried_by or {}
     h = r.get("target_content_hash")
     if producers and h in producers:
-        before = [p for p in producers[h] if p[0] < r["_order"]] if r.get("_order") is not None else producers[h]
+        ops = [p for p in producers[h] if not _container({"op_type": p[1], "target_name": p[1]})]
+        before = [p for p in ops if p[0] < r["_order"]] if r.get("_order") is not None else ops
         producer = before[-1] if before else None
     err = r["scaled_err"]
     if producer is not None and producer[2]:
@@ -504,6 +594,13 @@ def _judge_input(r: dict, producers, rules: PrecisionRules, upstream: float, inf
         r["precision_result"] = WARNING
         r["precision_reason"] = (f"input error {err:.3g} within {rules.growth:g} x the largest earlier error "
                                  f"{upstream:.3g}" + (f" (produced by {producer[1]})" if producer else ""))
+        return
+    if producer is not None and not producer[2] and r["precision_reason"] is None and err is not None \
+            and err <= CAST_ROUNDINGS * unit[0]:
+        r["precision_result"] = WARNING
+        r["precision_reason"] = (f"input error {err:.3g} within {CAST_ROUNDINGS:g} x the target's {unit[1]} unit "
+                                 f"roundoff after {producer[1]}, an op only the target has (a cast of a mixed-precision "
+                                 "run)")
         return
     r["precision_result"] = ERROR
     what = r["precision_reason"] or \

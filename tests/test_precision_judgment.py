@@ -172,3 +172,23 @@ def test_input_its_matching_producer_does_not_explain_departs(clean_bf16):
     judge_precision(rows, producers)
     fd = first_departure(rows)
     assert fd["row"] is victim and "whose compared output does not carry this error" in victim["precision_reason"]
+
+
+def test_an_amp_cast_within_the_targets_precision_does_not_depart(tmp_path):
+    """MindSpore LeNet with fc2 in float16 against float32 (tests/data/mindspore_amp): the
+    fp16 run's MatMul reads its inputs through Casts only it has; their error (2e-4, below
+    one float16 rounding) is rounding of the target's own precision, not a departure (it
+    was one, with that Cast as its origin, when judged against the float32 floor)."""
+    import tarfile
+
+    with tarfile.open(DATA / "mindspore_amp" / "lenet_fc2_fp16_vs_fp32.tar.xz") as tar:
+        tar.extractall(tmp_path, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+    archive = tmp_path / "a.dumpdb"
+    for run, key in (("fp16", "264036218fc14ffb"), ("fp32", "937533f2ffa12517")):
+        assert dumpdb.ingest(tmp_path / key / "dump", archive=archive, run=run).ok
+    out = compare(dumpdb.open(archive), "fp16", "fp32", store_results=False)
+    assert out.first_divergence is None and out.summary["error"] == 0
+    cast = [r for r in _rows(out, io="input") if "an op only the target has" in (r["precision_reason"] or "")]
+    assert cast and all(r["precision_result"] == "warning" and "float16 unit roundoff after" in r["precision_reason"]
+                        and "_Cast-op" in r["precision_reason"] and r["scaled_err"] > 64 * 2.0 ** -24
+                        for r in cast)

@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 
 __all__ = ["Shapes", "ResultColumns", "execution_order", "execution_keys", "string_codes", "group_codes", "ints",
            "floats", "strings", "join_messages", "truthy", "IO_ORDER", "ORDER_KEYS", "run_order", "run_ranks",
-           "FORWARD", "BACKWARD", "OPTIMIZER", "PHASES", "phases", "containers", "keys"]
+           "FORWARD", "BACKWARD", "OPTIMIZER", "PHASES", "phases", "containers", "collectives", "keys"]
 
 # The target columns execution_order reads.
 ORDER_KEYS = ("iteration", "rank", "graph_id", "position", "timestamp", "call_index", "io", "slot", "tensor_id")
@@ -220,6 +220,22 @@ def containers(op_type, name) -> np.ndarray:
     text = _text(op_type)
     hit = pc.or_(*(pc.starts_with(text, p) for p in _CONTAINER_PREFIXES))
     return pc.fill_null(hit, False).to_numpy(zero_copy_only=False) & ~_contains(name, ".parameters_grad.")
+
+
+# collective communication ops, whose output combines the inputs of every rank of the same
+# call: msprobe's torch.distributed records (``Distributed.all_reduce``, ``all_gather``,
+# ``reduce_scatter``, ``broadcast``, ``all_to_all``), MindSpore / CANN kernels (``AllReduce``,
+# ``HcomAllGather``, ``ReduceScatter``, ``Broadcast``, ``AlltoAll``)
+_COLLECTIVE = r"(?i)(^|[._])(hcom)?(all_?reduce|all_?gather\w*|reduce_?scatter\w*|broadcast|all_?to_?all\w*)$"
+
+
+def collectives(op_type) -> np.ndarray:
+    """Which rows are collective communication ops (bool per row of an object array of op
+    types): their outputs combine the inputs of every rank's call of the same name."""
+    if len(op_type) == 0:
+        return np.zeros(0, bool)
+    hit = pc.match_substring_regex(_text(op_type), _COLLECTIVE)
+    return pc.fill_null(hit, False).to_numpy(zero_copy_only=False)
 
 
 def keys(*columns: np.ndarray, sep: str = "|") -> pa.Array:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.csv as pacsv
 
 from dumpdb.dumpio import MAX_TEXT_BYTES, open_dump_file, read_dump_bytes, reason
 from dumpdb.errors import DumpdbError, DumpFileError
@@ -583,33 +584,123 @@ def _csv_field_limit() -> None:
         csv.field_size_limit(_MAX_CELL_CHARS)
 
 
-class _Lines:
-    """The physical lines of a text file (CR, LF or CRLF ends: ``newline=''``), NULs dropped,
-    each at most :data:`MAX_STATISTIC_LINE_CHARS`; a longer line is read to its end in
-    pieces, recorded in ``overlong`` and given as an empty line (so line numbers hold)."""
+_LINE_RE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
 
-    def __init__(self, f) -> None:
-        self.f = f
-        self.number = 0
-        self.chars = 0
-        self.overlong: list[int] = []
 
-    def __iter__(self) -> Iterator[str]:
-        readline = self.f.readline
+def _physical_lines(chunk: bytes) -> int:
+    """Lines of ``chunk`` (CR, LF or CRLF ends; a last line without an end counts)."""
+    n = chunk.count(b"\n") + chunk.count(b"\r") - chunk.count(b"\r\n")
+    return n + (1 if chunk and chunk[-1:] not in (b"\n", b"\r") else 0)
+
+
+def _line_ends_at(buf: bytes, end: int) -> int:
+    """The index just past the last line end in ``buf[:end]``, or 0 (a CR as the very last
+    byte of ``buf`` may be half of a CRLF: not an end yet)."""
+    i = max(buf.rfind(b"\n", 0, end), buf.rfind(b"\r", 0, end))
+    if i >= 0 and buf[i:i + 1] == b"\r" and i + 1 == len(buf):
+        return _line_ends_at(buf, i)
+    return i + 1
+
+
+def _safe_cut(buf: bytes, end: int) -> int:
+    """Where ``buf`` can be cut between two records, at most at ``end``: past the last line end
+    with an even number of quote characters before it (not inside a quoted cell); 0 if none."""
+    for _ in range(64):
+        cut = _line_ends_at(buf, end)
+        if cut <= 0:
+            return 0
+        if buf.count(b'"', 0, cut) % 2 == 0:
+            return cut
+        end = cut - 1
+    return 0
+
+
+class _Parser:
+    """The records of one statistic.csv after its header, chunk by chunk (see
+    :func:`statistic_batches`): each chunk ends at a record boundary; Arrow's csv reader
+    takes a chunk whose every line is one well-formed record (the usual file), the csv
+    module the rest, record by record, so every record gets its exact line."""
+
+    def __init__(self, where: str, cols: list[str]) -> None:
+        self.where, self.cols = where, cols
+        self.index = {name: i for i, name in enumerate(cols)}  # the last of equal names, as dict(zip())
+        self.names = [f"c{i}" for i in range(len(cols))]
+
+    def chunk(self, chunk: bytes, first_line: int) -> StatisticBatch:
+        lines = _physical_lines(chunk)
+        fast = self._fast(chunk, first_line, lines)
+        return fast if fast is not None else self._slow(chunk, first_line, lines)
+
+    def _fast(self, chunk: bytes, first_line: int, lines: int) -> StatisticBatch | None:
+        if b"\x00" in chunk or not self.cols:
+            return None
+        invalid: list[object] = []
+
+        def odd(row) -> str:
+            invalid.append(row)
+            return "skip"
+
+        try:
+            table = pacsv.read_csv(io.BytesIO(chunk), read_options=pacsv.ReadOptions(
+                column_names=self.names, block_size=1 << 20),
+                parse_options=pacsv.ParseOptions(newlines_in_values=True, invalid_row_handler=odd),
+                convert_options=pacsv.ConvertOptions(column_types={n: pa.string() for n in self.names},
+                                                     strings_can_be_null=False, quoted_strings_can_be_null=False))
+        except (pa.ArrowInvalid, pa.ArrowTypeError):  # undecodable bytes, a broken quote: record by record
+            return None
+        if invalid or table.num_rows != lines:  # blank lines, odd records or cells across lines
+            return None
+        if len(chunk) > MAX_STATISTIC_LINE_CHARS:
+            widths = [pc.binary_length(c) for c in table.columns]
+            total = widths[0]
+            for w in widths[1:]:
+                total = pc.add(total, w)
+            if (pc.max(total).as_py() or 0) + len(self.cols) > MAX_STATISTIC_LINE_CHARS:
+                return None  # an over-long line: refused record by record
+        batch = pa.RecordBatch.from_arrays([c.combine_chunks() for c in table.columns], names=self.names) \
+            if table.num_rows else batch_empty(len(self.cols))
+        starts = pa.array(range(first_line, first_line + table.num_rows), pa.int64())
+        out = _convert(batch, self.cols, self.index, [], starts)
+        out.records = lines
+        return out
+
+    def _slow(self, chunk: bytes, first_line: int, lines: int) -> StatisticBatch:
+        text = chunk.decode("utf-8", errors="replace").replace("\x00", "")
+        physical = _LINE_RE.findall(text)
+        refused: list[str] = []
+        for i, line in enumerate(physical):
+            if len(line) > MAX_STATISTIC_LINE_CHARS:
+                refused.append(f"{self.where} line {first_line + i}: longer than {MAX_STATISTIC_LINE_CHARS:,} "
+                               "characters; row skipped")
+                physical[i] = "\n"
+        reader = csv.reader(physical)
+        records: list[list[str]] = []
+        starts: list[int] = []
+        rows: list[dict] = []
+        ncols = len(self.cols)
         while True:
-            line = readline(MAX_STATISTIC_LINE_CHARS)
-            if not line:
-                return
-            self.number += 1
-            self.chars += len(line)
-            if len(line) >= MAX_STATISTIC_LINE_CHARS and line[-1] not in "\r\n":
-                while (more := readline(MAX_STATISTIC_LINE_CHARS)) and more[-1] not in "\r\n":
-                    self.chars += len(more)
-                self.chars += len(more)
-                self.overlong.append(self.number)
-                yield "\n"
+            start = first_line + reader.line_num
+            try:
+                rec = next(reader)
+            except StopIteration:
+                break
+            except csv.Error as exc:
+                refused.append(f"{self.where} line {start}: not a csv record ({exc}); row skipped")
                 continue
-            yield line.replace("\x00", "") if "\x00" in line else line
+            if len(rec) == ncols:
+                records.append(rec)
+                starts.append(start)
+            elif rec:
+                row = statistic_row(self.cols, rec)
+                if row is not None:
+                    row["line"] = start
+                    rows.append(row)
+        batch = pa.RecordBatch.from_arrays([pa.array(c, pa.string()) for c in zip(*records)], names=self.names) \
+            if records else batch_empty(ncols)
+        out = _convert(batch, self.cols, self.index, rows, pa.array(starts, pa.int64()))
+        out.records = lines
+        out.refused = refused
+        return out
 
 
 def statistic_batches(path: Path, where: str, block_bytes: int = STATISTIC_BATCH_BYTES) -> Iterator[StatisticBatch]:
@@ -620,87 +711,105 @@ def statistic_batches(path: Path, where: str, block_bytes: int = STATISTIC_BATCH
 
     Rules (sources: seed 001 同步Dump数据文件介绍, columns and "每个张量一行"; corpus
     mindspore-cpu README, column titles): UTF-8 (a byte-order mark dropped, UTF-16 refused:
-    :func:`check_statistic_encoding`); a line ends at CR, LF or CRLF; the first record is the
+    :func:`check_statistic_encoding`); a line ends at CR, LF or CRLF; the first line is the
     header, matched by name (:func:`statistic_columns`); a line over
     :data:`MAX_STATISTIC_LINE_CHARS` or a record the csv grammar refuses is one ``refused``
-    message naming the file and line, and the rest is read.
+    message naming the file and line, and the rest is read. The text is cut into chunks at
+    record boundaries (a line end outside quotes); memory holds one chunk.
 
     Raises :class:`~dumpdb.errors.DumpFileError` for a FIFO/device, a file outside the
-    dump, or an unreadable file.
+    dump, an unreadable file, or one whose header line is over-long or not csv.
     """
     _csv_field_limit()
     fd = open_dump_file(path, where)
     with os.fdopen(fd, "rb") as raw:
         try:
-            check_statistic_encoding(raw.read(4096), where)
-            raw.seek(0)
-            text = io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="")
-            lines = _Lines(text)
-            reader = csv.reader(lines)
-            header = None
-            while header is None:
-                try:
-                    header = next(reader)
-                except csv.Error as exc:
-                    raise DumpFileError(f"{where}: not a readable csv header: {exc}") from None
-                except StopIteration:
-                    return
-                if lines.overlong:
-                    raise DumpFileError(f"{where}: header line longer than {MAX_STATISTIC_LINE_CHARS:,} "
-                                        "characters; not a statistic.csv")
-                if not header:
-                    header = None  # blank lines before the header
-            cols = statistic_columns(header)
-            index = {name: i for i, name in enumerate(cols)}  # the last of equal names, as dict(zip())
-            ncols = len(cols)
+            head = raw.read(MAX_STATISTIC_LINE_CHARS + 2)
+            check_statistic_encoding(head, where)
+            header_end = _line_ends_at(head, len(head)) if len(head) > MAX_STATISTIC_LINE_CHARS else len(head)
+            first = _LINE_RE.match(head.decode("utf-8", errors="replace"))
+            if first is None or not head:
+                return
+            line = first.group(0)
+            if len(line) > MAX_STATISTIC_LINE_CHARS or header_end == 0:
+                raise DumpFileError(f"{where}: header line longer than {MAX_STATISTIC_LINE_CHARS:,} characters; "
+                                    "not a statistic.csv")
+            try:
+                header = next(csv.reader([line.replace("\x00", "")]), None)
+            except csv.Error as exc:
+                raise DumpFileError(f"{where}: not a readable csv header: {exc}") from None
+            if not header:
+                return
+            parser = _Parser(where, statistic_columns(header))
+            buf = head[_header_bytes(head):]
+            line_no = 2
+            eof = False
+            skipping = False  # inside an over-long line without an end yet
             while True:
-                records: list[list[str]] = []
-                starts: list[int] = []
-                odd: list[tuple[int, list[str]]] = []
-                refused: list[str] = []
-                count = 0
-                limit = lines.chars + block_bytes
-                done = False
-                while lines.chars < limit:
-                    start = lines.number + 1
-                    try:
-                        rec = next(reader)
-                    except StopIteration:
-                        done = True
-                        break
-                    except csv.Error as exc:
-                        count += 1
-                        refused.append(f"{where} line {start}: not a csv record ({exc}); row skipped")
-                        continue
-                    count += 1
-                    if lines.overlong:
-                        refused.extend(f"{where} line {n}: longer than {MAX_STATISTIC_LINE_CHARS:,} characters; "
-                                       "row skipped" for n in lines.overlong)
-                        lines.overlong.clear()
-                        continue
-                    if len(rec) == ncols:
-                        records.append(rec)
-                        starts.append(start)
-                    elif rec:
-                        odd.append((start, rec))
-                rows = []
-                for start, rec in odd:
-                    row = statistic_row(cols, rec)
-                    if row is not None:
-                        row["line"] = start
-                        rows.append(row)
-                if records or rows or refused or count:
-                    batch = pa.RecordBatch.from_arrays(
-                        [pa.array(c, pa.string()) for c in zip(*records)] if records
-                        else [pa.array([], pa.string())] * ncols, names=[f"c{i}" for i in range(ncols)])
-                    converted = _convert(batch, cols, index, rows, pa.array(starts, pa.int64()))
-                    converted.records = count
-                    converted.refused = refused
-                    yield converted
-                if done:
+                while not eof and len(buf) < block_bytes:
+                    more = raw.read(block_bytes)
+                    eof = not more
+                    buf += more
+                if not buf:
                     return
+                if skipping:  # the rest of an over-long line, already refused
+                    cut = _first_line_end(buf)
+                    if cut <= 0:
+                        buf = b""
+                        if eof:
+                            return
+                        more = raw.read(block_bytes)
+                        eof = not more
+                        buf = more
+                        continue
+                    buf, skipping = buf[cut:], False
+                    line_no += 1
+                    continue
+                if eof and len(buf) <= block_bytes:
+                    cut = len(buf)
+                else:  # about block_bytes a chunk, cut at a record boundary
+                    cut = _safe_cut(buf, min(len(buf), block_bytes)) or _safe_cut(buf, len(buf))
+                    if cut <= 0 and eof:
+                        cut = len(buf)
+                if cut <= 0:
+                    if len(buf) < block_bytes + 2 * MAX_STATISTIC_LINE_CHARS:
+                        more = raw.read(block_bytes)
+                        eof = not more
+                        buf += more
+                        continue
+                    cut = _first_line_end(buf)  # no record boundary: a broken quote or an over-long line
+                    if cut <= 0 or cut > MAX_STATISTIC_LINE_CHARS + 2:
+                        batch = StatisticBatch(_convert(batch_empty(len(parser.cols)), parser.cols, parser.index, [],
+                                                        pa.array([], pa.int64())).table, [], 1)
+                        batch.refused = [f"{where} line {line_no}: longer than {MAX_STATISTIC_LINE_CHARS:,} "
+                                         "characters; row skipped"]
+                        yield batch
+                        if cut <= 0:
+                            buf, skipping = b"", True
+                        else:
+                            buf = buf[cut:]
+                            line_no += 1
+                        continue
+                chunk, buf = buf[:cut], buf[cut:]
+                batch = parser.chunk(chunk, line_no)
+                line_no += batch.records  # its physical lines
+                yield batch
         except OSError as exc:
             raise DumpFileError(f"{where}: cannot read: {exc.strerror or exc}") from None
+
+
+def _first_line_end(buf: bytes) -> int:
+    """The index just past the first line end of ``buf`` (CRLF whole), or 0."""
+    ends = [i for i in (buf.find(b"\n"), buf.find(b"\r")) if i >= 0]
+    if not ends:
+        return 0
+    i = min(ends)
+    return i + 2 if buf[i:i + 2] == b"\r\n" else i + 1
+
+
+def _header_bytes(head: bytes) -> int:
+    """Bytes of the first line of ``head`` (its end included)."""
+    return _first_line_end(head) or len(head)
 
 
 def batch_empty(ncols: int) -> pa.RecordBatch:

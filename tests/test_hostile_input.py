@@ -496,3 +496,23 @@ def test_a_100_megabyte_dump_json_field_is_one_error_within_3_gb(msp, tmp_path, 
     one_line_naming(r.stdout + r.stderr, "dump.json", "over", "skipped")
     assert run_status(tmp_path / "a").startswith("complete")
     assert tensor_count(tmp_path / "a") >= 190
+
+
+# -- item 12: statistic.csv beside tensor files is streamed ------------------------------------------
+STREAMED_ROWS = 200_000
+STREAMED_LIMIT_MB = 2900  # today's VmPeak ~2,850 MB here; the per-row reader (before) went beyond it
+
+
+def test_a_large_statistic_csv_beside_tensor_files_is_streamed_in_bounded_memory(c1, tmp_path):
+    # before: one TensorEntry per row (a 10^6-row file: 2 GB, the whole ingest failed after 237 s)
+    with open(c1 / IT3 / "statistic.csv", "w") as f:
+        f.write(STAT_HEADER)
+        for i in range(STREAMED_ROWS):
+            f.write(f"Add,Default/fc{i % 97}-Dense/Add-op{i},7,0,{1795336648170001 + i},output,0,16,float32,"
+                    "\"(2,2)\",1.5,-0.25,0.5,4,0,0,0,0,0,1\n")
+    r = ingest_with_address_space(c1, tmp_path / "a", STREAMED_LIMIT_MB)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert run_status(tmp_path / "a") == "complete"
+    (got,) = sql(tmp_path / "a", "SELECT count(*) FILTER (content_hash IS NULL) AS rows, "
+                                 "count(*) FILTER (content_hash IS NOT NULL) AS files FROM tensors")
+    assert got == {"rows": STREAMED_ROWS, "files": C1_TENSORS}

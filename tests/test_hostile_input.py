@@ -498,6 +498,16 @@ def test_a_100_megabyte_dump_json_field_is_one_error_within_3_gb(msp, tmp_path, 
     assert tensor_count(tmp_path / "a") >= 190
 
 
+@pytest.mark.parametrize("where", WHERES)
+def test_ingesting_the_same_statistic_csv_again_adds_nothing(c1, tmp_path, where):
+    # before: an unchanged complete run streamed its csv rows again, every re-ingest doubling them
+    src = _stat_dump(c1, tmp_path, where, STAT_HEADER + _stat_row("A-op0", "(2,2)") + _stat_row("B-op1", "(3,)"))
+    assert ingest(src, tmp_path / "a").exit_code == 0
+    again = ingest(src, tmp_path / "a")
+    assert again.exit_code == 0 and " 0 added" in again.output, again.output
+    assert len(_statistics_rows(tmp_path / "a")) == 2
+
+
 # -- item 12: statistic.csv beside tensor files is streamed ------------------------------------------
 STREAMED_ROWS = 200_000
 STREAMED_LIMIT_MB = 2900  # today's VmPeak ~2,850 MB here; the per-row reader (before) went beyond it

@@ -447,8 +447,10 @@ class _Pipeline:
         if found.fill:  # statistics-only rows whose payload is readable now (e.g. .pt once torch is installed)
             self.replacing.update(found.fill)
             report.payloads_filled = len(found.fill)
+        # streamed statistics csv rows are not entries: only the normal path (self.done) skips the
+        # committed ones; this early exit streamed them all again (issue 30: a re-ingest doubled them)
         if (self.settled and not found.touched and not self.replacing and not scan.errors
-                and all(e.key in self.held_keys for e in scan.entries)):
+                and not scan.statistics_files and all(e.key in self.held_keys for e in scan.entries)):
             report.tensors_skipped = len(scan.entries)
             return []  # a complete run, every file unchanged: nothing to write (the catalog is not locked)
         with self.catalog.writer() as con:

@@ -58,6 +58,23 @@ def case_copy(tmp_path):
     return _copy
 
 
+def ingest_with_address_space(src: Path, archive: Path, megabytes: int, *extra: str):
+    """``dumpdb ingest SRC --archive ARCHIVE --run r -q EXTRA...`` in a subprocess whose address
+    space is limited to ``megabytes`` (RLIMIT_AS): a memory bound a test can check without
+    timing (issue 30 item 12). Returns the ``subprocess.CompletedProcess`` (text output)."""
+    import resource
+    import subprocess
+    import sys
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (megabytes << 20, megabytes << 20))
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    return subprocess.run([sys.executable, "-m", "dumpdb", "ingest", str(src), "--archive", str(archive),
+                           "--run", "r", "-q", *extra], env=env, preexec_fn=limit, capture_output=True, text=True,
+                          timeout=300)
+
+
 def file_count(path: Path) -> int:
     return sum(len(files) for _, _, files in os.walk(path))
 

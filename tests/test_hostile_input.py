@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import DATA
+from conftest import DATA, ingest_with_address_space
 from typer.testing import CliRunner
 
 import dumpdb
@@ -373,8 +373,8 @@ def test_statistic_csv_shapes_that_are_not_sizes_are_refused_per_row(c1, tmp_pat
         src = _statistics_only(tmp_path, text)
     r = ingest(src, tmp_path / "a")
     assert r.exit_code == 1, r.output
-    for op, shape in BAD_SHAPES.items():  # the line names the row (op_name) and its cell
-        one_line_naming(r.output, "statistic.csv", op, shape, "not a shape")
+    for line, (op, shape) in enumerate(BAD_SHAPES.items(), start=3):  # the line names the row and its cell
+        one_line_naming(r.output, "statistic.csv", op, shape, "not a shape", f"(line {line})")
     recorded = [e for _, e in errors(tmp_path / "a")]
     assert sum("not a shape" in e for e in recorded) == 3, recorded
     rows = sql(tmp_path / "a", "SELECT op_name, shape FROM tensors WHERE run = 'r' "
@@ -405,23 +405,80 @@ def test_utf16_statistic_csv_is_refused_in_one_line(c1, tmp_path, where):
         assert tensor_count(tmp_path / "a") == C1_TENSORS  # the tensors, and no statistics-only extras
 
 
+# One statistic.csv parser for both paths (issue 30 item 10): the same text gives the same rows and
+# the same refusals beside tensor files (saved_data "full") and alone (saved_data "statistic").
+WHERES = ["beside tensors", "statistics only"]
+
+
+def _stat_dump(c1: Path, tmp_path: Path, where: str, text: str) -> Path:
+    data = text.encode("utf-8")
+    if where == "beside tensors":
+        (c1 / IT3 / "statistic.csv").write_bytes(data)
+        return c1
+    return _statistics_only(tmp_path, data)
+
+
+def _statistics_rows(archive: Path) -> list[dict]:
+    return sql(archive, "SELECT op_name, max, shape FROM tensors WHERE run = 'r' AND op_type = 'Add' "
+                        "AND content_hash IS NULL ORDER BY op_name")
+
+
+@pytest.mark.parametrize("where", WHERES)
+def test_a_second_statistic_row_of_a_tensor_is_refused_and_the_first_kept(c1, tmp_path, where):
+    # seed 001: one row per tensor; before: beside tensors the last row won, alone the first, both silently
+    first = _stat_row("Dup-op0", "(2,2)")
+    second = first.replace(",1,0,0.5,", ",9,0,0.5,")
+    src = _stat_dump(c1, tmp_path, where, STAT_HEADER + first + _stat_row("Other-op1", "(3,)") + second)
+    r = ingest(src, tmp_path / "a")
+    assert r.exit_code == 1, r.output
+    one_line_naming(r.output, "statistic.csv", "line 4", "Dup-op0", "second row", "first one is kept")
+    assert _statistics_rows(tmp_path / "a") == [{"op_name": "Dup-op0", "max": 1.0, "shape": [2, 2]},
+                                                {"op_name": "Other-op1", "max": 1.0, "shape": [3]}]
+
+
+def test_a_second_statistic_row_of_a_tensor_file_is_refused_and_the_first_kept(c1, tmp_path):
+    npy = sorted((c1 / IT3).glob("Conv2D.*.npy"))[0]
+    op_type, rest = npy.name.split(".", 1)
+    op_name, task, stream, ts, io, slot = rest.split(".")[:6]
+    row = f"{op_type},{op_name},{task},{stream},{ts},{io},{slot},16,float32,\"(1,)\",{{}},0,0.5,4,0,0,0,0,0,1\n"
+    (c1 / IT3 / "statistic.csv").write_text(STAT_HEADER + row.format(7) + row.format(9))
+    r = ingest(c1, tmp_path / "a")
+    assert r.exit_code == 1, r.output
+    one_line_naming(r.output, "statistic.csv", "line 3", op_name, "second row")
+    (got,) = sql(tmp_path / "a", f"SELECT max, stats_source FROM tensors WHERE source_file LIKE '%{npy.name}'")
+    assert got["max"] == 7.0 and got["stats_source"].startswith("statistic.csv")
+    assert tensor_count(tmp_path / "a") == C1_TENSORS  # the duplicate is no statistics-only tensor either
+
+
+@pytest.mark.parametrize("where", WHERES)
+@pytest.mark.parametrize("end", ["\r", "\r\n"], ids=["CR", "CRLF"])
+def test_statistic_csv_lines_may_end_in_cr_or_crlf(c1, tmp_path, where, end):
+    # before: a CR-only file alone was one header line, its whole content refused
+    text = STAT_HEADER + _stat_row("A-op0", "(2,2)") + _stat_row("B-op1", "(3,)")
+    src = _stat_dump(c1, tmp_path, where, text.replace("\n", end))
+    r = ingest(src, tmp_path / "a")
+    assert r.exit_code == 0, r.output
+    assert _statistics_rows(tmp_path / "a") == [{"op_name": "A-op0", "max": 1.0, "shape": [2, 2]},
+                                                {"op_name": "B-op1", "max": 1.0, "shape": [3]}]
+
+
+@pytest.mark.parametrize("where", WHERES)
+def test_long_op_names_are_kept_whole_and_an_over_long_line_is_refused_alone(c1, tmp_path, where):
+    # MindSpore writes the whole op name here (it shortens only file names, at 255 bytes, seed 001
+    # mapping.csv); before: a 200,000-character name made the csv beside tensors unreadable (the csv
+    # module's 131,072 limit) and a 1 MiB line alone was stored whole
+    names = ["L" * 300, "M" * 200_000]
+    huge = _stat_row("H" * (1 << 20), "(2,)")
+    text = STAT_HEADER + "".join(_stat_row(n, "(2,)") for n in names) + huge + _stat_row("After-op3", "(2,)")
+    r = ingest(_stat_dump(c1, tmp_path, where, text), tmp_path / "a")
+    assert r.exit_code == 1, r.output
+    one_line_naming(r.output, "statistic.csv", "line 4", "longer than", "row skipped")
+    got = sql(tmp_path / "a", "SELECT length(op_name) AS n FROM tensors WHERE run = 'r' AND op_type = 'Add' "
+                              "AND content_hash IS NULL ORDER BY n")
+    assert [g["n"] for g in got] == [len("After-op3"), 300, 200_000]
+
+
 # -- item 12: every dump.json field is bounded ---------------------------------------------------------
-def _ingest_with_address_space(src: Path, archive: Path, megabytes: int):
-    """``dumpdb ingest`` in a subprocess whose address space is limited (RLIMIT_AS)."""
-    import os
-    import resource
-    import subprocess
-    import sys
-
-    def limit() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (megabytes << 20, megabytes << 20))
-
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    return subprocess.run([sys.executable, "-m", "dumpdb", "ingest", str(src), "--archive", str(archive),
-                           "--run", "r", "-q"], env=env, preexec_fn=limit, capture_output=True, text=True,
-                          timeout=300)
-
-
 @pytest.mark.parametrize("field", ["key", "md5"])
 def test_a_100_megabyte_dump_json_field_is_one_error_within_3_gb(msp, tmp_path, field):
     dj = sorted(msp.rglob("dump.json"))[0]
@@ -434,8 +491,40 @@ def test_a_100_megabyte_dump_json_field_is_one_error_within_3_gb(msp, tmp_path, 
         leaf = next(v for v in record["input_args"] if isinstance(v, dict) and "md5" in v)
         leaf["md5"] = "0" * 100_000_000
     dj.write_text(json.dumps(dump))
-    r = _ingest_with_address_space(msp, tmp_path / "a", 3000)  # before the bounds: MemoryError, 0 tensors
+    r = ingest_with_address_space(msp, tmp_path / "a", 3000)  # before the bounds: MemoryError, 0 tensors
     assert r.returncode == 1, r.stderr
     one_line_naming(r.stdout + r.stderr, "dump.json", "over", "skipped")
     assert run_status(tmp_path / "a").startswith("complete")
     assert tensor_count(tmp_path / "a") >= 190
+
+
+@pytest.mark.parametrize("where", WHERES)
+def test_ingesting_the_same_statistic_csv_again_adds_nothing(c1, tmp_path, where):
+    # before: an unchanged complete run streamed its csv rows again, every re-ingest doubling them
+    src = _stat_dump(c1, tmp_path, where, STAT_HEADER + _stat_row("A-op0", "(2,2)") + _stat_row("B-op1", "(3,)"))
+    assert ingest(src, tmp_path / "a").exit_code == 0
+    again = ingest(src, tmp_path / "a")
+    assert again.exit_code == 0 and " 0 added" in again.output, again.output
+    assert len(_statistics_rows(tmp_path / "a")) == 2
+
+
+# -- item 12: statistic.csv beside tensor files is streamed ------------------------------------------
+STREAMED_ROWS = 400_000
+# peak address space here: ~2,850-2,920 MB at 2*10^5..10^6 rows now; before: 2,940 MB at 2*10^5 rows,
+# growing ~1.7 KB a row (a 10^6-row file took 2 GB of RSS)
+STREAMED_LIMIT_MB = 3100
+
+
+def test_a_large_statistic_csv_beside_tensor_files_is_streamed_in_bounded_memory(c1, tmp_path):
+    # before: one TensorEntry per row (a 10^6-row file: 2 GB, the whole ingest failed after 237 s)
+    with open(c1 / IT3 / "statistic.csv", "w") as f:
+        f.write(STAT_HEADER)
+        for i in range(STREAMED_ROWS):
+            f.write(f"Add,Default/fc{i % 97}-Dense/Add-op{i},7,0,{1795336648170001 + i},output,0,16,float32,"
+                    "\"(2,2)\",1.5,-0.25,0.5,4,0,0,0,0,0,1\n")
+    r = ingest_with_address_space(c1, tmp_path / "a", STREAMED_LIMIT_MB)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert run_status(tmp_path / "a") == "complete"
+    (got,) = sql(tmp_path / "a", "SELECT count(*) FILTER (content_hash IS NULL) AS rows, "
+                                 "count(*) FILTER (content_hash IS NOT NULL) AS files FROM tensors")
+    assert got == {"rows": STREAMED_ROWS, "files": C1_TENSORS}

@@ -96,7 +96,8 @@ def test_streamed_statistics_equal_the_per_entry_path(tmp_path):
     # 'nan' count is an error line and its row stays without that statistic
     assert len(rows_b) == records - 3 and b.statistics_only == len(rows_b)
     assert rows_a == rows_b
-    assert _errors(tmp_path / "a") == _errors(tmp_path / "b") and len(_errors(tmp_path / "b")) == 2
+    # the 'nan' count, the empty shape and the second Dup-op6 row (issue 30 item 10: one line per duplicate)
+    assert _errors(tmp_path / "a") == _errors(tmp_path / "b") and len(_errors(tmp_path / "b")) == 3
     # a value the csv spelled: the Parameter row, linked to the graph's parameter
     param = [r for r in rows_b if r["op_name"] == "conv1_weight" and r["timestamp"] == 7]
     assert len(param) == 1 and param[0]["max"] == 0.3 and param[0]["shape"] == [6, 1, 5, 5]

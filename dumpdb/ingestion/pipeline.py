@@ -85,6 +85,7 @@ from dumpdb.ingestion.workers import (
 )
 from dumpdb.layouts import DumpScan, Layout, TensorEntry, locate
 from dumpdb.layouts.base import StatisticsFile, display_name, encodable
+from dumpdb.layouts.mindspore_kit import duplicate_row
 from dumpdb.progress import Reporter
 from dumpdb.storage.store import BlobLocation, StoreWriter, TensorStore, payload_hash
 
@@ -371,6 +372,8 @@ class _Pipeline:
         self.settled = False  # the run exists, complete (or with errors), at this path (set by _identity)
         self.held_keys: set[str] = set()  # tensor keys the run held when the ingest began
         self.tables: list[pa.Table] = []  # statistics-only rows (Arrow), not yet in the catalog
+        self.done_seen: set[str] = set()  # keys of self.done met again while streaming a csv
+        self.duplicates = 0  # duplicate csv rows refused in the current batch (not 'already there')
         self.done: set[str] = set()  # tensor keys the run held when this ingest began
         self.executor: _Executors | None = None  # worker processes / Dask; None: threads here
         self.accepted = 0  # entries taken since the packs were last cut
@@ -444,8 +447,10 @@ class _Pipeline:
         if found.fill:  # statistics-only rows whose payload is readable now (e.g. .pt once torch is installed)
             self.replacing.update(found.fill)
             report.payloads_filled = len(found.fill)
+        # streamed statistics csv rows are not entries: only the normal path (self.done) skips the
+        # committed ones; this early exit streamed them all again (issue 30: a re-ingest doubled them)
         if (self.settled and not found.touched and not self.replacing and not scan.errors
-                and all(e.key in self.held_keys for e in scan.entries)):
+                and not scan.statistics_files and all(e.key in self.held_keys for e in scan.entries)):
             report.tensors_skipped = len(scan.entries)
             return []  # a complete run, every file unchanged: nothing to write (the catalog is not locked)
         with self.catalog.writer() as con:
@@ -572,25 +577,31 @@ class _Pipeline:
             self.report.status = "interrupted"
 
     def _statistics(self, sf: StatisticsFile) -> None:
-        """Stream one statistics-only csv: each batch of rows is committed as one Arrow
-        table (bounded memory, rows visible while the ingest goes on)."""
+        """Stream one statistics csv: each batch of rows is committed as one Arrow
+        table (bounded memory, rows visible while the ingest goes on). Refused records and
+        duplicate rows are one error line each, naming the csv and line."""
         seen: list[np.ndarray] = []  # sorted hashes of the keys of this file already taken
         try:
             for part in statistics_parts(sf, self.run_name, TENSOR_SCHEMA, self.layout.stats_label,
                                          STATISTIC_BATCH_BYTES):
+                for message in part.errors:
+                    self._error(sf.source_file, message)
                 self.report.tensors_in_dump += part.table.num_rows + len(part.entries)
-                table = self._new_rows(part.table, seen)
+                table = self._new_rows(part.table, seen, part.lines, sf.source_file)
                 rows = []
                 if part.entries:
                     mini = DumpScan(layout=self.layout.name, root=Path(sf.path), entries=part.entries)
                     check_ranges(mini, TENSOR_SCHEMA, {})
                     for source_file, message in mini.errors:
                         self._error(source_file, message)
-                    fresh = self._new_rows(pa.table({"tensor_key": [e.key for e in mini.entries]}), seen)
+                    fresh = self._new_rows(pa.table({"tensor_key": [e.key for e in mini.entries]}), seen,
+                                           np.array([e.csv_line or 0 for e in mini.entries], dtype=np.int64),
+                                           sf.source_file)
                     keep = set(fresh["tensor_key"].to_pylist())
                     rows = [self._row(_Loaded(e)) for e in mini.entries if e.key in keep]
                 added = table.num_rows + len(rows)
-                self.report.tensors_skipped += part.table.num_rows + len(part.entries) - added
+                self.report.tensors_skipped += part.table.num_rows + len(part.entries) - added - self.duplicates
+                self.duplicates = 0
                 self.report.statistics_only += added
                 self.tables.append(table)
                 self.rows.extend(rows)
@@ -599,11 +610,13 @@ class _Pipeline:
         except (OSError, DumpdbError) as exc:
             self._error(sf.source_file, reason(exc, sf.path))
 
-    def _new_rows(self, table: pa.Table, seen: list[np.ndarray]) -> pa.Table:
-        """``table`` without rows whose ``tensor_key`` the run already has (an earlier
-        ingest, an earlier batch, or an earlier row of this batch: the first one wins).
-        ``seen`` holds sorted 64-bit hashes of the keys taken so far (8 bytes a row); a
-        hash hit is checked against the catalog, so a collision never drops a row."""
+    def _new_rows(self, table: pa.Table, seen: list[np.ndarray], lines: np.ndarray, where: str) -> pa.Table:
+        """``table`` without rows whose ``tensor_key`` the run already has: an earlier
+        ingest's (skipped, counted as already there), or an earlier row of this file in this
+        ingest (an earlier batch or this one: the first one wins, each later one is an error
+        line, :func:`~dumpdb.layouts.mindspore_kit.duplicate_row`). ``lines``: the csv line of
+        each row. ``seen`` holds sorted 64-bit hashes of the keys taken so far (8 bytes a
+        row); a hash hit is checked against the catalog, so a collision never drops a row."""
         keys = table["tensor_key"].to_pylist()
         hashes = np.fromiter((hash(k) for k in keys), dtype=np.int64, count=len(keys))
         hit = np.zeros(len(keys), dtype=bool)
@@ -616,8 +629,16 @@ class _Pipeline:
         taken: set[str] = set()
         keep = np.ones(len(keys), dtype=bool)
         for i, k in enumerate(keys):
-            if k in taken or (hit[i] and k in committed) or (self.done and k in self.done):
+            if self.done and k in self.done:
                 keep[i] = False
+                if k in self.done_seen:  # a second row of what an earlier ingest committed
+                    self._error(where, duplicate_row(where, int(lines[i]), k.partition("#")[2]))
+                    self.duplicates += 1
+                self.done_seen.add(k)
+            elif k in taken or (hit[i] and k in committed):
+                keep[i] = False
+                self._error(where, duplicate_row(where, int(lines[i]), k.partition("#")[2]))
+                self.duplicates += 1
             else:
                 taken.add(k)
         if keep.any():

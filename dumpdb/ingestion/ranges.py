@@ -43,6 +43,11 @@ _ENTRY_FIELDS = frozenset(f.name for f in dataclass_fields(TensorEntry))
 _DECLARED = {"shape_declared": pa.list_(pa.int64()), "original_shape": pa.list_(pa.int64())}
 
 
+def _row(e: TensorEntry) -> str:
+    """The tensor an error line names: its key, and its statistics csv line if it is a row."""
+    return e.key[:200] + (f" (line {e.csv_line})" if e.csv_line else "")
+
+
 def check_ranges(scan: DumpScan, tensor_schema: pa.Schema, relation_schemas: dict[str, pa.Schema]) -> None:
     """Drop what the catalog's columns cannot hold, one error line each (issue 14).
 
@@ -67,7 +72,7 @@ def check_ranges(scan: DumpScan, tensor_schema: pa.Schema, relation_schemas: dic
                and _bad_value(value, typ)]
         if bad:
             if isinstance(e.shape_declared, str):  # a statistic.csv Shape cell parse_shape_cell refused
-                scan.errors.append((e.source_file, f"shape {e.shape_declared[:40]!r} of {e.key[:200]} is not a "
+                scan.errors.append((e.source_file, f"shape {e.shape_declared[:40]!r} of {_row(e)} is not a "
                                     "shape (non-negative integer sizes, e.g. (2,3)); row skipped"))
                 continue
             scan.errors.append((e.source_file, f"{', '.join(bad)} out of range for the catalog "
@@ -92,7 +97,7 @@ def check_ranges(scan: DumpScan, tensor_schema: pa.Schema, relation_schemas: dic
                     e.stats[k] = float(v)
             if wrong:
                 scan.errors.append((e.source_file, f"statistic {', '.join(wrong)} is not a valid value "
-                                    f"for {e.key}; ignored (computed from the payload if there is one)"))
+                                    f"for {_row(e)}; ignored (computed from the payload if there is one)"))
         kept.append(e)
     scan.entries[:] = kept
     for table, schema in relation_schemas.items():

@@ -387,11 +387,13 @@ class _CannLayout(Layout):
                 npy_entries.append(TensorEntry(source_file=source_file, path=str(path), size=sizes[name],
                                                note=mapped_note, **fields, **parsed))
             else:  # statistics csv
+                refused: list[str] = []
                 try:
-                    rows = read_stats_csv(path)
+                    rows = read_stats_csv(path, refused)
                 except (OSError, DumpdbError) as exc:
                     scan.errors.append((source_file, reason(exc, path)))
                     continue
+                scan.errors.extend((source_file, message) for message in refused)
                 from_name = self._parse_bin_name(original[:-4]) if original != "statistic.csv" else None
                 for row in rows:
                     for k, v in (from_name or {}).items():
@@ -403,6 +405,7 @@ class _CannLayout(Layout):
             stats.attach(entry)
             scan.entries.append(entry)
         scan.entries.extend(stats.statistics_only(**fields))
+        scan.errors.extend(stats.errors)
 
     def _overflow_row(self, fields: dict, parsed: dict, slot: int, source_file: str, content: str) -> dict:
         return {

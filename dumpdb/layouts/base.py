@@ -70,6 +70,7 @@ class TensorEntry:
     arg_name: str | None = None
     slot_path: str | None = None
     requires_grad: bool | None = None
+    csv_line: int | None = None  # the statistics csv line of a statistics-only row (error lines name it)
 
     @property
     def key(self) -> str:
@@ -87,14 +88,17 @@ class LoadedTensor:
 
 @dataclass
 class StatisticsFile:
-    """A statistics csv whose rows are all statistics-only tensors (no tensor file
-    beside it), left for the ingest to stream in Arrow batches instead of one
-    :class:`TensorEntry` per row (issue 12: a 10^7-row statistic.csv in bounded memory).
+    """A statistics csv whose rows are statistics-only tensors (but those of ``claimed``),
+    left for the ingest to stream in Arrow batches instead of one :class:`TensorEntry` per row
+    (issue 12: a 10^7-row statistic.csv in bounded memory).
 
     ``source_file``: the csv relative to the ingested directory; ``fields``: the
     directory's catalog fields (rank, net_name, graph_id, iteration); ``scopes``:
     ``{op_name: scope_name}`` for non-Parameter rows and ``params``: ``{op_name:
-    scope_name}`` for Parameter rows (what linking to the graph found); ``size``: bytes.
+    scope_name}`` for Parameter rows (what linking to the graph found); ``size``: bytes;
+    ``claimed``: identities (:func:`dumpdb.layouts.mindspore_kit.row_identity`) of the tensor
+    files beside the csv, whose rows already gave those files their statistics (a csv beside
+    tensor files, issue 30 item 12): not statistics-only rows.
     """
 
     path: str
@@ -103,6 +107,7 @@ class StatisticsFile:
     scopes: dict[str, str] = field(default_factory=dict)
     params: dict[str, str] = field(default_factory=dict)
     size: int = 0
+    claimed: frozenset[str] = frozenset()
 
 
 @dataclass

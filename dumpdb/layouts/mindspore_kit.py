@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from dumpdb.dumpio import MAX_TEXT_BYTES, open_dump_file, read_dump_bytes, read_dump_text, reason
+from dumpdb.dumpio import MAX_TEXT_BYTES, open_dump_file, read_dump_bytes, reason
 from dumpdb.errors import DumpdbError, DumpFileError
 from dumpdb.layouts import mindspore_ir as ir
 from dumpdb.layouts.base import DumpScan, StatisticsFile, TensorEntry, display_name
@@ -49,6 +49,7 @@ _CSV_STATS = {
     "max value": "max",
     "min value": "min",
     "avg value": "mean",
+    "l2 norm value": "l2norm",  # CANN (mstt AclDumpDataProcessor.cpp kStatsHeaderL2Norm)
     "l2norm value": "l2norm",
     "count": "count",
     "nan count": "nan_count",
@@ -64,6 +65,7 @@ _CSV_KEYS = {
     "timestamp": "timestamp",
     "io": "io",
     "input/output": "io",
+    "index": "slot",  # CANN (mstt AclDumpDataProcessor.cpp kStatsHeaderId); Slot wins when both are there
     "slot": "slot",
     "data type": "dtype",
     "shape": "shape",
@@ -107,35 +109,43 @@ def read_mapping_csv(path: Path) -> dict[str, str]:
     return mapping
 
 
-def read_statistic_csv(path: Path) -> list[dict]:
-    """Rows of a statistic.csv, keyed by catalog names, parsed by header names.
+def read_statistic_csv(path: Path, errors: list[str] | None = None) -> list[dict]:
+    """Rows of a statistic.csv, keyed by catalog names, parsed by header names, in file order.
 
-    Extra and reordered columns are tolerated; a missing key column gives
-    None. Each row: the key fields (op_type, op_name, task_id, stream_id,
-    timestamp, io, slot), ``dtype``/``shape``/``format`` as written, ``stats``
-    (catalog statistic columns present) and ``checksum``/``checksum_algo``.
-    A statistic that is not a number (or a count that is not a non-negative
-    integer: ``nan``, ``1e400``, ``-3``) is kept as its text, which the ingest
-    reports as one error line and ignores (:func:`dumpdb.ingestion.ranges.check_ranges`).
+    The rows :func:`statistic_batches` reads (the one statistic.csv parser), as
+    :func:`statistic_row` dicts, for callers that want every row at once (Ascend's small
+    per-directory csv files). Extra and reordered columns are tolerated; a missing key column
+    gives None. Each row: the key fields (op_type, op_name, task_id, stream_id, timestamp, io,
+    slot), ``dtype``/``shape``/``format`` as written, ``stats`` (catalog statistic columns
+    present), ``checksum``/``checksum_algo`` and ``line``. A statistic that is not a number (or
+    a count that is not a non-negative integer: ``nan``, ``1e400``, ``-3``) is kept as its text,
+    which the ingest reports as one error line and ignores
+    (:func:`dumpdb.ingestion.ranges.check_ranges`). Records the parser refused (an over-long
+    line, a broken quote) add one message each to ``errors``.
     Raises :class:`~dumpdb.errors.DumpFileError` for a FIFO/device or an unreadable file.
     """
     rows: list[dict] = []
-    raw = read_dump_bytes(path, str(path), MAX_TEXT_BYTES)  # regular file, bounded (dumpdb.dumpio)
-    check_statistic_encoding(raw, str(path))
-    text = raw.decode("utf-8", errors="replace")
-    reader = csv.reader(io.StringIO(text.replace("\x00", ""), newline=""))
-    try:
-        header = next(reader, None)
-        if not header:
-            return rows
-        cols = statistic_columns(header)
-        for rec in reader:
-            row = statistic_row(cols, rec)
-            if row is not None:
-                rows.append(row)
-    except csv.Error as exc:
-        raise DumpFileError(f"{path}: not a readable csv: {exc}") from None
+    for batch in statistic_batches(path, str(path)):
+        rows.extend(batch_rows(batch))
+        if errors is not None:
+            errors.extend(batch.refused)
+    rows.sort(key=lambda r: r["line"])
     return rows
+
+
+def batch_rows(batch: StatisticBatch) -> list[dict]:
+    """Every record of ``batch`` as a :func:`statistic_row` dict (with ``line``), the columnar
+    ones converted back (shape a tuple, statistics present in ``stats``)."""
+    out = list(batch.rows)
+    stat_fields = list(_CSV_STATS.values())
+    for r in batch.table.to_pylist():
+        row = {k: r[k] for k in ("op_type", "op_name", "task_id", "stream_id", "timestamp", "io", "slot", "format",
+                                 "checksum", "checksum_algo", "line")}
+        row["dtype"] = r["dtype_declared"]
+        row["shape"] = tuple(r["shape_declared"]) if r["shape_declared"] is not None else None
+        row["stats"] = {f: r[f] for f in stat_fields if r[f] is not None}
+        out.append(row)
+    return out
 
 
 def statistic_columns(header: list[str]) -> list[str]:
@@ -241,40 +251,50 @@ def parse_tensor_name(name: str) -> dict | None:
     }
 
 
-def read_stats_csv(path: Path) -> list[dict]:
-    """Rows of a statistics csv: :func:`read_statistic_csv` (MindSpore's statistic.csv
-    headers) plus the CANN spellings it does not know: ``Index`` for the slot and
-    ``L2 Norm Value`` (mstt AclDumpDataProcessor.cpp kStatsHeaderId / kStatsHeaderL2Norm)."""
-    rows = read_statistic_csv(path)
-    text = read_dump_text(path, str(path)).replace("\x00", "")  # regular file, bounded
-    try:
-        reader = csv.reader(io.StringIO(text, newline=""))
-        header = next(reader, None) or []
-        cols = [h.strip().lower() for h in header]
-        if not ({"index", "l2 norm value"} & set(cols)):
-            return rows
-        raw = [rec for rec in reader if rec and any(c.strip() for c in rec)]
-    except csv.Error as exc:
-        raise DumpFileError(f"{path}: not a readable csv: {exc}") from None
-    for row, rec in zip(rows, raw):
-        values = dict(zip(cols, (c.strip() for c in rec)))
-        if row.get("slot") is None and "index" in values:
-            row["slot"] = _int(values["index"])
-        if "l2 norm value" in values and row["stats"].get("l2norm") is None:
-            row["stats"]["l2norm"] = _float(values["l2 norm value"])
-    return rows
-
-
+def read_stats_csv(path: Path, errors: list[str] | None = None) -> list[dict]:
+    """Rows of a statistics csv (CANN, TorchAir): :func:`read_statistic_csv`, whose header map
+    also knows the CANN spellings ``Index`` for the slot and ``L2 Norm Value`` (mstt
+    AclDumpDataProcessor.cpp kStatsHeaderId / kStatsHeaderL2Norm)."""
+    return read_statistic_csv(path, errors)
 
 
 # -- statistic.csv joined to the tensor files of a directory ---------------------------
-def _row_identity(row: dict) -> tuple:
-    return (row.get("op_type"), row.get("op_name"), row.get("task_id"), row.get("stream_id"),
-            row.get("timestamp"), row.get("io"), row.get("slot"))
+IDENTITY_FIELDS = ("op_type", "op_name", "task_id", "stream_id", "timestamp", "io", "slot")
 
 
-def _entry_identity(e: TensorEntry) -> tuple:
-    return (e.op_type, e.op_name, e.task_id, e.stream_id, e.timestamp, e.io, e.slot)
+def row_identity(parts: Sequence) -> str:
+    """The identity of a statistic.csv row or tensor file as text: (op_type, op_name, task_id,
+    stream_id, timestamp, io, slot) joined by ``.``, None as empty (the part of
+    :func:`statistic_key` after ``#``)."""
+    return ".".join("" if p is None else str(p) for p in parts)
+
+
+def dict_identity(row: dict) -> str:
+    """:func:`row_identity` of a :func:`statistic_row` dict."""
+    return row_identity([row.get(k) for k in IDENTITY_FIELDS])
+
+
+def _entry_identity(e: TensorEntry) -> str:
+    return row_identity([getattr(e, k) for k in IDENTITY_FIELDS])
+
+
+def table_identities(table: pa.Table) -> pa.Array:
+    """:func:`row_identity` of each row of a :class:`StatisticBatch` table."""
+    parts = [pc.fill_null(pc.cast(table[c], pa.string()), "") for c in IDENTITY_FIELDS]
+    return pc.binary_join_element_wise(*parts, ".")
+
+
+def duplicate_row(where: str, line: int | None, identity: str) -> str:
+    """The one error line for a statistics csv row whose identity an earlier row of the same
+    file already gave. The rule, for every statistics csv path: the first row is kept, every
+    later one refused. Source: seed 001 (同步Dump数据文件介绍) "每个张量一行" - one row per
+    tensor - and the tensor file name is made of the same fields
+    (``{op_type}.{op_name}.{task_id}.{stream_id}.{timestamp}.{io}.{slot}``), so a second row
+    can only describe the same tensor again; keeping the first agrees with what a resumed
+    ingest has already committed."""
+    at = f" line {line}" if line else ""
+    return (f"{where}{at}: a second row for {identity[:300]} (seed 001: one row per tensor); "
+            "row skipped, the first one is kept")
 
 
 class StatisticJoin:
@@ -284,38 +304,78 @@ class StatisticJoin:
     stream_id, timestamp, io, slot) (seed 001: statistic.csv lists every tensor of
     the directory); :meth:`attach` gives that file the row's statistics and checksum.
     Rows no file claimed become statistics-only entries (:meth:`statistics_only`).
+    A second row of the same identity in one file is refused (:func:`duplicate_row`,
+    in ``errors`` as ``(source_file, message)``).
     """
 
     def __init__(self) -> None:
         self._rows: dict[tuple, tuple[str, dict]] = {}
+        self.errors: list[tuple[str, str]] = []
 
     def add(self, source_file: str, rows: list[dict], per_file: bool = False) -> None:
-        """Rows read from ``source_file``. ``per_file``: the rows only describe tensors
-        named after that file (per-op csv statistics of TorchAir/CANN), never a
+        """Rows read from ``source_file`` (in file order). ``per_file``: the rows only describe
+        tensors named after that file (per-op csv statistics of TorchAir/CANN), never a
         tensor file of the directory."""
         for row in rows:
-            key = _row_identity(row)
-            self._rows[(source_file, *key) if per_file else key] = (source_file, row)
+            ident = dict_identity(row)
+            key = (source_file, ident) if per_file else (ident,)
+            if key in self._rows and self._rows[key][0] == source_file:
+                self.errors.append((source_file, duplicate_row(source_file, row.get("line"), ident)))
+                continue
+            self._rows[key] = (source_file, row)
 
     def attach(self, entry: TensorEntry) -> None:
         """Give ``entry`` the statistics and checksum of its row, if there is one."""
-        hit = self._rows.pop(_entry_identity(entry), None)
+        hit = self._rows.pop((_entry_identity(entry),), None)
         if hit is not None:
-            row = hit[1]
-            entry.stats = row["stats"] or None
-            entry.checksum, entry.checksum_algo = row["checksum"], row["checksum_algo"]
+            _give(entry, hit[1])
 
     def statistics_only(self, **fields) -> list[TensorEntry]:
         """Entries for the rows no tensor file claimed (``path`` None, ``tensor_key`` from
         :func:`statistic_key`); ``fields`` are the directory's (rank, iteration, ...)."""
-        return [TensorEntry(
-            source_file=source_file, path=None, tensor_key=statistic_key(source_file, row), **fields,
-            op_type=row.get("op_type"), op_name=row.get("op_name"), task_id=row.get("task_id"),
-            stream_id=row.get("stream_id"), timestamp=row.get("timestamp"), io=row.get("io"),
-            slot=row.get("slot"), format=row.get("format"), dtype_declared=row.get("dtype"),
-            shape_declared=row.get("shape"), stats=row["stats"] or None,
-            checksum=row["checksum"], checksum_algo=row["checksum_algo"],
-        ) for source_file, row in self._rows.values()]
+        return [statistics_entry(source_file, row, fields) for source_file, row in self._rows.values()]
+
+
+def _give(entry: TensorEntry, row: dict) -> None:
+    entry.stats = row["stats"] or None
+    entry.checksum, entry.checksum_algo = row["checksum"], row["checksum_algo"]
+
+
+def statistics_entry(source_file: str, row: dict, fields: dict) -> TensorEntry:
+    """A statistics-only entry for a :func:`statistic_row` dict of ``source_file``."""
+    return TensorEntry(
+        source_file=source_file, path=None, tensor_key=statistic_key(source_file, row), **fields,
+        op_type=row.get("op_type"), op_name=row.get("op_name"), task_id=row.get("task_id"),
+        stream_id=row.get("stream_id"), timestamp=row.get("timestamp"), io=row.get("io"),
+        slot=row.get("slot"), format=row.get("format"), dtype_declared=row.get("dtype"),
+        shape_declared=row.get("shape"), stats=row["stats"] or None,
+        checksum=row["checksum"], checksum_algo=row["checksum_algo"], csv_line=row.get("line"),
+    )
+
+
+def claim_statistics(sf: StatisticsFile, entries: list[TensorEntry]) -> None:
+    """Give each tensor file ``entries`` of a directory the statistics of its row in the
+    directory's statistic.csv ``sf`` (the first row of its identity), reading the csv in
+    batches (:func:`statistic_batches`, bounded memory: issue 30 item 12), and set
+    ``sf.claimed`` so the ingest streams the other rows as statistics-only tensors.
+    Later rows of a claimed identity, and every refused record, are reported when the
+    ingest streams the file. Raises :class:`~dumpdb.errors.DumpFileError` for a file that
+    cannot be read."""
+    by_identity = {_entry_identity(e): e for e in entries}
+    sf.claimed = frozenset(by_identity)
+    if not by_identity:
+        return
+    wanted = pa.array(list(by_identity), pa.string())
+    given: set[str] = set()
+    for batch in statistic_batches(Path(sf.path), sf.source_file):
+        hit = pc.is_in(table_identities(batch.table), wanted)
+        matched = StatisticBatch(batch.table.filter(hit), [r for r in batch.rows
+                                                         if dict_identity(r) in by_identity], 0)
+        for row in sorted(batch_rows(matched), key=lambda r: r["line"]):
+            ident = dict_identity(row)
+            if ident not in given:
+                given.add(ident)
+                _give(by_identity[ident], row)
 
 
 # -- graphs/ and execution_order/ of a rank or device directory ------------------------
@@ -473,16 +533,20 @@ class StatisticBatch:
 
     ``table``: one row per record, columns ``op_type, op_name, task_id, stream_id,
     timestamp, io, slot, format, dtype_declared, shape_declared`` (list<int64>), the
-    catalog statistic columns (double / int64), ``checksum, checksum_algo`` and
-    ``has_stats`` (bool: the record had at least one statistic), with exactly the values
+    catalog statistic columns (double / int64), ``checksum, checksum_algo``,
+    ``has_stats`` (bool: the record had at least one statistic) and ``line`` (int64: the
+    file line the record starts on, the header being line 1), with exactly the values
     :func:`statistic_row` gives. ``rows``: records the columnar path does not decide
-    (unusual spellings, out-of-range values, undecodable bytes, short or long records),
-    as :func:`statistic_row` dicts, so every rule stays in one place.
+    (unusual spellings, out-of-range values, short or long records), as
+    :func:`statistic_row` dicts with ``line``, so every rule stays in one place.
+    ``refused``: one message per record that is not a csv record at all (an over-long
+    line, a broken quote), naming its line.
     """
 
     table: pa.Table
     rows: list[dict]
-    records: int  # csv records this batch covers (blank ones included)
+    records: int  # csv records this batch covers (blank and refused ones included)
+    refused: list[str] = field(default_factory=list)
 
 
 def _col(batch: pa.RecordBatch, index: dict[str, int], name: str) -> pa.Array | None:
@@ -506,94 +570,276 @@ def _parse(arr: pa.Array, pattern: str, to: pa.DataType, strip: str | None = Non
     return pc.cast(text, to), bad
 
 
-def _python_rows(batch: pa.RecordBatch, cols: list[str], mask: list[bool] | None) -> list[dict]:
-    cells = [c.to_pylist() for c in batch.columns]
-    out = []
-    for i in range(batch.num_rows):
-        if mask is not None and not mask[i]:
-            continue
-        rec = [(c[i] or b"").decode("utf-8", errors="replace").replace("\x00", "") for c in cells]
-        row = statistic_row(cols, rec)
-        if row is not None:
-            out.append(row)
-    return out
+# A statistic.csv line longer than this is refused (one error line naming it) and never held
+# whole: MindSpore's longest cells are op names, which it shortens for file names at 255 bytes
+# but writes whole here (seed 001, mapping.csv); 1 MiB is 4,000 times that.
+MAX_STATISTIC_LINE_CHARS = 1 << 20
+# one cell may span lines (quoted): bounded too, so a never-closed quote costs at most this
+_MAX_CELL_CHARS = 16 << 20
 
 
-def statistic_batches(path: Path, where: str, block_bytes: int = STATISTIC_BATCH_BYTES) -> Iterator[StatisticBatch]:
-    """A statistic.csv read by Arrow's streaming CSV reader, about ``block_bytes`` of text
-    per batch, so memory does not grow with the file (issue 12). Values as
-    :func:`read_statistic_csv` gives them (see :class:`StatisticBatch`).
+def _csv_field_limit() -> None:
+    # the csv module's limit is process-wide; only ever raised (131,072 would refuse a long op name)
+    if csv.field_size_limit() < _MAX_CELL_CHARS:
+        csv.field_size_limit(_MAX_CELL_CHARS)
 
-    Raises :class:`~dumpdb.errors.DumpFileError` for a FIFO/device, a file outside the
-    dump, an unreadable file or one that is not a csv (no header).
-    """
-    fd = open_dump_file(path, where)
-    with os.fdopen(fd, "rb") as f:
-        head = f.readline(1 << 20)
-        check_statistic_encoding(head, where)
-        try:
-            header = next(csv.reader([head.decode("utf-8", errors="replace").replace("\x00", "")]), None)
-        except csv.Error as exc:
-            raise DumpFileError(f"{where}: not a readable csv: {exc}") from None
-        if not header:
-            return
-        cols = statistic_columns(header)
-        index = {name: i for i, name in enumerate(cols)}  # the last of equal names, as dict(zip())
-        names = [f"c{i}" for i in range(len(cols))]
-        odd: list[bytes] = []
 
-        def invalid(row) -> str:  # a record with more or fewer cells than the header
-            odd.append(row.text.encode("utf-8", errors="surrogateescape") if isinstance(row.text, str) else row.text)
+_LINE_RE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
+
+
+def _physical_lines(chunk: bytes) -> int:
+    """Lines of ``chunk`` (CR, LF or CRLF ends; a last line without an end counts)."""
+    n = chunk.count(b"\n") + chunk.count(b"\r") - chunk.count(b"\r\n")
+    return n + (1 if chunk and chunk[-1:] not in (b"\n", b"\r") else 0)
+
+
+def _line_ends_at(buf: bytes, end: int) -> int:
+    """The index just past the last line end in ``buf[:end]``, or 0 (a CR as the very last
+    byte of ``buf`` may be half of a CRLF: not an end yet)."""
+    i = max(buf.rfind(b"\n", 0, end), buf.rfind(b"\r", 0, end))
+    if i >= 0 and buf[i:i + 1] == b"\r" and i + 1 == len(buf):
+        return _line_ends_at(buf, i)
+    return i + 1
+
+
+def _safe_cut(buf: bytes, end: int) -> int:
+    """Where ``buf`` can be cut between two records, at most at ``end``: past the last line end
+    with an even number of quote characters before it (not inside a quoted cell); 0 if none."""
+    for _ in range(64):
+        cut = _line_ends_at(buf, end)
+        if cut <= 0:
+            return 0
+        if buf.count(b'"', 0, cut) % 2 == 0:
+            return cut
+        end = cut - 1
+    return 0
+
+
+class _Parser:
+    """The records of one statistic.csv after its header, chunk by chunk (see
+    :func:`statistic_batches`): each chunk ends at a record boundary; Arrow's csv reader
+    takes a chunk whose every line is one well-formed record (the usual file), the csv
+    module the rest, record by record, so every record gets its exact line."""
+
+    def __init__(self, where: str, cols: list[str]) -> None:
+        self.where, self.cols = where, cols
+        self.index = {name: i for i, name in enumerate(cols)}  # the last of equal names, as dict(zip())
+        self.names = [f"c{i}" for i in range(len(cols))]
+
+    def chunk(self, chunk: bytes, first_line: int) -> StatisticBatch:
+        lines = _physical_lines(chunk)
+        fast = self._fast(chunk, first_line, lines)
+        return fast if fast is not None else self._slow(chunk, first_line, lines)
+
+    def _fast(self, chunk: bytes, first_line: int, lines: int) -> StatisticBatch | None:
+        if b"\x00" in chunk or not self.cols:
+            return None
+        invalid: list[object] = []
+
+        def odd(row) -> str:
+            invalid.append(row)
             return "skip"
 
         try:
-            reader = pacsv.open_csv(
-                f, read_options=pacsv.ReadOptions(column_names=names, block_size=block_bytes),
-                parse_options=pacsv.ParseOptions(newlines_in_values=True, invalid_row_handler=invalid),
-                convert_options=pacsv.ConvertOptions(column_types={n: pa.binary() for n in names},
+            table = pacsv.read_csv(io.BytesIO(chunk), read_options=pacsv.ReadOptions(
+                column_names=self.names, block_size=1 << 20),
+                parse_options=pacsv.ParseOptions(newlines_in_values=True, invalid_row_handler=odd),
+                convert_options=pacsv.ConvertOptions(column_types={n: pa.string() for n in self.names},
                                                      strings_can_be_null=False, quoted_strings_can_be_null=False))
-        except pa.ArrowInvalid as exc:
-            if "Empty CSV file" in str(exc):
-                return
-            raise DumpFileError(f"{where}: not a readable csv: {' '.join(str(exc).split())[:200]}") from None
+        except (pa.ArrowInvalid, pa.ArrowTypeError):  # undecodable bytes, a broken quote: record by record
+            return None
+        if invalid or table.num_rows != lines:  # blank lines, odd records or cells across lines
+            return None
+        if len(chunk) > MAX_STATISTIC_LINE_CHARS:
+            widths = [pc.binary_length(c) for c in table.columns]
+            total = widths[0]
+            for w in widths[1:]:
+                total = pc.add(total, w)
+            if (pc.max(total).as_py() or 0) + len(self.cols) > MAX_STATISTIC_LINE_CHARS:
+                return None  # an over-long line: refused record by record
+        batch = pa.RecordBatch.from_arrays([c.combine_chunks() for c in table.columns], names=self.names) \
+            if table.num_rows else batch_empty(len(self.cols))
+        starts = pa.array(range(first_line, first_line + table.num_rows), pa.int64())
+        out = _convert(batch, self.cols, self.index, [], starts)
+        out.records = lines
+        return out
+
+    def _slow(self, chunk: bytes, first_line: int, lines: int) -> StatisticBatch:
+        text = chunk.decode("utf-8", errors="replace").replace("\x00", "")
+        physical = _LINE_RE.findall(text)
+        refused: list[str] = []
+        for i, line in enumerate(physical):
+            if len(line) > MAX_STATISTIC_LINE_CHARS:
+                refused.append(f"{self.where} line {first_line + i}: longer than {MAX_STATISTIC_LINE_CHARS:,} "
+                               "characters; row skipped")
+                physical[i] = "\n"
+        reader = csv.reader(physical)
+        records: list[list[str]] = []
+        starts: list[int] = []
+        rows: list[dict] = []
+        ncols = len(self.cols)
         while True:
+            start = first_line + reader.line_num
             try:
-                batch = reader.read_next_batch()
+                rec = next(reader)
             except StopIteration:
                 break
-            except pa.ArrowInvalid as exc:
-                raise DumpFileError(f"{where}: not a readable csv: {' '.join(str(exc).split())[:200]}") from None
-            rows = []
-            if odd:
-                text = b"\n".join(odd).decode("utf-8", errors="replace").replace("\x00", "")
-                odd.clear()
-                rows = [r for rec in csv.reader(io.StringIO(text, newline=""))
-                        if (r := statistic_row(cols, rec)) is not None]
-            yield _convert(batch, cols, index, rows)
-        if odd:
-            text = b"\n".join(odd).decode("utf-8", errors="replace").replace("\x00", "")
-            rows = [r for rec in csv.reader(io.StringIO(text, newline=""))
-                    if (r := statistic_row(cols, rec)) is not None]
-            yield StatisticBatch(_convert(batch_empty(len(cols)), cols, index, []).table, rows, len(odd))
+            except csv.Error as exc:
+                refused.append(f"{self.where} line {start}: not a csv record ({exc}); row skipped")
+                continue
+            if len(rec) == ncols:
+                records.append(rec)
+                starts.append(start)
+            elif rec:
+                row = statistic_row(self.cols, rec)
+                if row is not None:
+                    row["line"] = start
+                    rows.append(row)
+        batch = pa.RecordBatch.from_arrays([pa.array(c, pa.string()) for c in zip(*records)], names=self.names) \
+            if records else batch_empty(ncols)
+        out = _convert(batch, self.cols, self.index, rows, pa.array(starts, pa.int64()))
+        out.records = lines
+        out.refused = refused
+        return out
+
+
+def statistic_batches(path: Path, where: str, block_bytes: int = STATISTIC_BATCH_BYTES) -> Iterator[StatisticBatch]:
+    """A statistic.csv, about ``block_bytes`` of text per batch, so memory does not grow with
+    the file (issue 12): the one statistic.csv parser (issue 30, item 10), for a csv beside
+    tensor files and for a statistics-only dump alike. Values as :func:`statistic_row` gives
+    them (see :class:`StatisticBatch`).
+
+    Rules (sources: seed 001 同步Dump数据文件介绍, columns and "每个张量一行"; corpus
+    mindspore-cpu README, column titles): UTF-8 (a byte-order mark dropped, UTF-16 refused:
+    :func:`check_statistic_encoding`); a line ends at CR, LF or CRLF; the first line is the
+    header, matched by name (:func:`statistic_columns`); a line over
+    :data:`MAX_STATISTIC_LINE_CHARS` or a record the csv grammar refuses is one ``refused``
+    message naming the file and line, and the rest is read. The text is cut into chunks at
+    record boundaries (a line end outside quotes); memory holds one chunk.
+
+    Raises :class:`~dumpdb.errors.DumpFileError` for a FIFO/device, a file outside the
+    dump, an unreadable file, or one whose header line is over-long or not csv.
+    """
+    _csv_field_limit()
+    fd = open_dump_file(path, where)
+    with os.fdopen(fd, "rb") as raw:
+        try:
+            head = raw.read(MAX_STATISTIC_LINE_CHARS + 2)
+            check_statistic_encoding(head, where)
+            header_end = _line_ends_at(head, len(head)) if len(head) > MAX_STATISTIC_LINE_CHARS else len(head)
+            first = _LINE_RE.match(head.decode("utf-8", errors="replace"))
+            if first is None or not head:
+                return
+            line = first.group(0)
+            if len(line) > MAX_STATISTIC_LINE_CHARS or header_end == 0:
+                raise DumpFileError(f"{where}: header line longer than {MAX_STATISTIC_LINE_CHARS:,} characters; "
+                                    "not a statistic.csv")
+            try:
+                header = next(csv.reader([line.replace("\x00", "")]), None)
+            except csv.Error as exc:
+                raise DumpFileError(f"{where}: not a readable csv header: {exc}") from None
+            if not header:
+                return
+            parser = _Parser(where, statistic_columns(header))
+            buf = head[_header_bytes(head):]
+            line_no = 2
+            eof = False
+            skipping = False  # inside an over-long line without an end yet
+            while True:
+                while not eof and len(buf) < block_bytes:
+                    more = raw.read(block_bytes)
+                    eof = not more
+                    buf += more
+                if not buf:
+                    return
+                if skipping:  # the rest of an over-long line, already refused
+                    cut = _first_line_end(buf)
+                    if cut <= 0:
+                        buf = b""
+                        if eof:
+                            return
+                        more = raw.read(block_bytes)
+                        eof = not more
+                        buf = more
+                        continue
+                    buf, skipping = buf[cut:], False
+                    line_no += 1
+                    continue
+                if eof and len(buf) <= block_bytes:
+                    cut = len(buf)
+                else:  # about block_bytes a chunk, cut at a record boundary
+                    cut = _safe_cut(buf, min(len(buf), block_bytes)) or _safe_cut(buf, len(buf))
+                    if cut <= 0 and eof:
+                        cut = len(buf)
+                if cut <= 0:
+                    if len(buf) < block_bytes + 2 * MAX_STATISTIC_LINE_CHARS:
+                        more = raw.read(block_bytes)
+                        eof = not more
+                        buf += more
+                        continue
+                    cut = _first_line_end(buf)  # no record boundary: a broken quote or an over-long line
+                    if cut <= 0 or cut > MAX_STATISTIC_LINE_CHARS + 2:
+                        batch = StatisticBatch(_convert(batch_empty(len(parser.cols)), parser.cols, parser.index, [],
+                                                        pa.array([], pa.int64())).table, [], 1)
+                        batch.refused = [f"{where} line {line_no}: longer than {MAX_STATISTIC_LINE_CHARS:,} "
+                                         "characters; row skipped"]
+                        yield batch
+                        if cut <= 0:
+                            buf, skipping = b"", True
+                        else:
+                            buf = buf[cut:]
+                            line_no += 1
+                        continue
+                chunk, buf = buf[:cut], buf[cut:]
+                batch = parser.chunk(chunk, line_no)
+                line_no += batch.records  # its physical lines
+                yield batch
+        except OSError as exc:
+            raise DumpFileError(f"{where}: cannot read: {exc.strerror or exc}") from None
+
+
+def _first_line_end(buf: bytes) -> int:
+    """The index just past the first line end of ``buf`` (CRLF whole), or 0."""
+    ends = [i for i in (buf.find(b"\n"), buf.find(b"\r")) if i >= 0]
+    if not ends:
+        return 0
+    i = min(ends)
+    return i + 2 if buf[i:i + 2] == b"\r\n" else i + 1
+
+
+def _header_bytes(head: bytes) -> int:
+    """Bytes of the first line of ``head`` (its end included)."""
+    return _first_line_end(head) or len(head)
 
 
 def batch_empty(ncols: int) -> pa.RecordBatch:
-    """A record batch of ``ncols`` binary columns and no rows."""
-    return pa.RecordBatch.from_arrays([pa.array([], pa.binary())] * ncols, names=[f"c{i}" for i in range(ncols)])
+    """A record batch of ``ncols`` text columns and no rows."""
+    return pa.RecordBatch.from_arrays([pa.array([], pa.string())] * ncols, names=[f"c{i}" for i in range(ncols)])
 
 
 _STAT_FLOATS = ("max value", "min value", "avg value", "l2norm value")
 _STAT_TEXT = ("op type", "op name", "format", "data type")
 
 
-def _convert(batch: pa.RecordBatch, cols: list[str], index: dict[str, int], rows: list[dict]) -> StatisticBatch:
+def _python_rows(batch: pa.RecordBatch, cols: list[str], mask: list[bool], lines: pa.Array) -> list[dict]:
+    cells = [c.to_pylist() for c in batch.columns]
+    starts = lines.to_pylist()
+    out = []
+    for i in range(batch.num_rows):
+        if mask[i]:
+            row = statistic_row(cols, [c[i] for c in cells])
+            if row is not None:
+                row["line"] = starts[i]
+                out.append(row)
+    return out
+
+
+def _convert(batch: pa.RecordBatch, cols: list[str], index: dict[str, int], rows: list[dict],
+             lines: pa.Array) -> StatisticBatch:
+    """The records of ``batch`` (text cells, as many as ``cols``; ``lines``: their first lines)
+    as a :class:`StatisticBatch`, ``rows`` added to those it leaves to :func:`statistic_row`."""
     n = batch.num_rows
-    try:
-        text = [pc.utf8_trim_whitespace(pc.cast(c, pa.string())) for c in batch.columns]
-        if any(pc.any(pc.match_substring(t, "\x00")).as_py() for t in text):
-            raise ValueError("NUL byte")
-    except (pa.ArrowInvalid, ValueError):  # undecodable bytes or NULs: the per-record rules
-        return StatisticBatch(_empty_table(), rows + _python_rows(batch, cols, None), n)
+    text = [pc.utf8_trim_whitespace(c) for c in batch.columns]
     tb = pa.RecordBatch.from_arrays(text, names=[f"c{i}" for i in range(len(text))])
     blank = pa.array([True] * n) if n else pa.array([], pa.bool_())
     for t in text:
@@ -606,8 +852,9 @@ def _convert(batch: pa.RecordBatch, cols: list[str], index: dict[str, int], rows
             out[field_] = tb.column(index[col])
     for col in ("op_type", "op_name", "format", "dtype", "shape"):
         out.setdefault(col, null_str)
+    slot_col = "slot" if "slot" in index or "index" not in index else "index"  # as _CSV_KEYS' order
     for col, field_ in (("task id", "task_id"), ("stream id", "stream_id"), ("timestamp", "timestamp"),
-                        ("slot", "slot")):
+                        (slot_col, "slot")):
         arr = _col(tb, index, col)
         if arr is None:
             out[field_] = pa.nulls(n, pa.int64())
@@ -629,7 +876,7 @@ def _convert(batch: pa.RecordBatch, cols: list[str], index: dict[str, int], rows
     for col, field_ in _CSV_STATS.items():
         arr = _col(tb, index, col)
         if arr is None:
-            out[field_] = pa.nulls(n, pa.int64() if field_.endswith("count") else pa.float64())
+            out.setdefault(field_, pa.nulls(n, pa.int64() if field_.endswith("count") else pa.float64()))
             continue
         if field_.endswith("count"):
             value, b = _parse(arr, _COUNT_RE, pa.int64(), strip=r"\.0*$")
@@ -637,7 +884,7 @@ def _convert(batch: pa.RecordBatch, cols: list[str], index: dict[str, int], rows
             value, b = _parse(arr, _FLOAT_RE, pa.float64())
         bad = pc.or_(bad, b)
         has_stats = pc.or_(has_stats, pc.is_valid(value))
-        out[field_] = value
+        out[field_] = pc.coalesce(value, out[field_]) if field_ in out else value  # the last spelling given
     if "zero count" not in index and "negative zero count" in index and "positive zero count" in index:
         neg, b1 = _parse(tb.column(index["negative zero count"]), _INT_RE, pa.int64())
         pos, b2 = _parse(tb.column(index["positive zero count"]), _INT_RE, pa.int64())
@@ -673,13 +920,9 @@ def _convert(batch: pa.RecordBatch, cols: list[str], index: dict[str, int], rows
         "stream_id": out["stream_id"], "timestamp": out["timestamp"], "io": out["io"], "slot": out["slot"],
         "format": out["format"], "dtype_declared": out["dtype"], "shape_declared": shape,
         **{f: out[f] for f in _CSV_STATS.values()}, "checksum": checksum, "checksum_algo": algo,
-        "has_stats": has_stats,
+        "has_stats": has_stats, "line": lines,
     }).filter(keep_rows)
     odd_mask = pc.and_(bad, pc.invert(blank)).to_pylist()
     if any(odd_mask):
-        rows = rows + _python_rows(batch, cols, odd_mask)
+        rows = rows + _python_rows(batch, cols, odd_mask, lines)
     return StatisticBatch(table, rows, n)
-
-
-def _empty_table() -> pa.Table:
-    return _convert(batch_empty(0), [], {}, []).table

@@ -207,19 +207,17 @@ class MindSporeSync(Layout):
             except (OSError, DumpdbError) as exc:
                 scan.errors.append((display_name(os.path.join(rel_dir, "mapping.csv")),
                                     reason(exc, it_dir / "mapping.csv")))
-        stats = kit.StatisticJoin()
         csv_file = display_name(os.path.join(rel_dir, "statistic.csv"))
-        if "statistic.csv" in names and not mapping and not any(n.endswith(".npy") for n in names):
-            # statistics only: every row is a statistics-only tensor; the ingest streams the csv
-            scan.statistics_files.append(StatisticsFile(
-                path=str(it_dir / "statistic.csv"), source_file=csv_file, size=sizes["statistic.csv"],
-                fields={"rank": rank, "net_name": net_name, "graph_id": graph_id, "iteration": iteration}))
-            return entries
+        statistics = None
         if "statistic.csv" in names:
-            try:
-                stats.add(csv_file, read_statistic_csv(it_dir / "statistic.csv"))
-            except (OSError, DumpdbError) as exc:
-                scan.errors.append((csv_file, reason(exc, it_dir / "statistic.csv")))
+            # every row not claimed by a tensor file is a statistics-only tensor; the ingest
+            # streams the csv (bounded memory, issue 12 and issue 30 item 12)
+            statistics = StatisticsFile(
+                path=str(it_dir / "statistic.csv"), source_file=csv_file, size=sizes["statistic.csv"],
+                fields={"rank": rank, "net_name": net_name, "graph_id": graph_id, "iteration": iteration})
+        if statistics is not None and not mapping and not any(n.endswith(".npy") for n in names):
+            scan.statistics_files.append(statistics)
+            return entries
         directory = str(it_dir)  # os.path.join, not pathlib, per file: ~4 us a file less to scan
         for name in sorted(names):
             if not name.endswith(".npy"):
@@ -236,10 +234,13 @@ class MindSporeSync(Layout):
             )
             if name in mapping:
                 entry.note = f"name from mapping.csv ({name})"
-            stats.attach(entry)
             entries.append(entry)
-        # statistic.csv rows without a tensor file: statistics-only tensors.
-        entries.extend(stats.statistics_only(rank=rank, net_name=net_name, graph_id=graph_id, iteration=iteration))
+        if statistics is not None:
+            try:
+                kit.claim_statistics(statistics, entries)
+                scan.statistics_files.append(statistics)
+            except (OSError, DumpdbError) as exc:
+                scan.errors.append((csv_file, reason(exc, it_dir / "statistic.csv")))
         return entries
 
     # -- payloads ----------------------------------------------------------------

@@ -182,22 +182,36 @@ class ObjectStore:
             raise PayloadCorrupt(f"{self.where(key)}: object has {len(data)} bytes, fewer than the {n} expected")
         return data
 
-    def get_into(self, key: str, start: int, out: memoryview) -> None:
+    def get_into(self, key: str, start: int, out: memoryview,
+                 on_piece: Callable[[memoryview], None] | None = None, piece_bytes: int = 8 << 20) -> None:
         """Fill ``out`` (a writable byte view) with the bytes ``[start, start + len(out))`` of
         object ``key``: straight from the file into ``out`` for a store on local disk (one
-        copy, as ``np.load`` does), else through :meth:`get`. Raises as :meth:`get`."""
+        copy, as ``np.load`` does), else through :meth:`get`. ``on_piece``: called with each
+        consecutive piece of ``out`` (``piece_bytes`` each, the last shorter) as soon as it is
+        filled, in order, so a caller can hash piece k while piece k+1 is read. Raises as
+        :meth:`get`."""
         root = getattr(self.store, "root", None)
         if isinstance(self.store, LocalStore) and root is not None:
             path = os.path.join(root, key)
+            step = piece_bytes if on_piece is not None else max(len(out), 1)
+            got = 0
             try:
                 with open(path, "rb", buffering=0) as f:
                     f.seek(start)
-                    got = f.readinto(out)
-                    while got is not None and got < len(out):
-                        more = f.readinto(out[got:])
-                        if not more:
+                    while got < len(out):
+                        end = min(got + step, len(out))
+                        piece = out[got:end]
+                        filled = 0
+                        while filled < len(piece):
+                            more = f.readinto(piece[filled:])
+                            if not more:
+                                break
+                            filled += more
+                        got += filled
+                        if filled < len(piece):
                             break
-                        got += more
+                        if on_piece is not None:
+                            on_piece(piece)
             except FileNotFoundError as exc:
                 raise PayloadMissing(f"{self.where(key)}: object missing from the tensor store") from exc
             if got != len(out):
@@ -205,6 +219,9 @@ class ObjectStore:
                                      f"(got {got or 0} of {len(out)})")
             return
         out[:] = self.get(key, start, start + len(out))
+        if on_piece is not None:
+            for i in range(0, len(out), piece_bytes):
+                on_piece(out[i : i + piece_bytes])
 
     def exists(self, key: str) -> bool:
         """True if object ``key`` exists (a prefix with objects under it is not one)."""

@@ -87,6 +87,10 @@ LARGE_CHUNK_BYTES = 4 << 20
 # A large array's chunks are decoded on a thread pool when its shard holds at least this
 # many compressed bytes (decoding then costs more than handing chunks to threads).
 PARALLEL_DECODE_BYTES = 4 << 20
+# A checked read of a large uncompressed array hashes piece k (xxh3-128 streaming, which
+# releases the GIL) in a helper thread while piece k+1 is read: the check costs about the
+# hash of the last piece instead of the hash of the whole array (issue 30, scripts/bench_read.py)
+HASH_PIECE_BYTES = 4 << 20
 
 # What each array says about itself (its zarr.json "attributes"), for a reader without dumpdb.
 CATALOG_POINTER = ("the catalog: catalog.duckdb beside this store (an archive) or catalog/*.parquet "
@@ -244,6 +248,7 @@ class _LargeMeta:
 
     def __init__(self, array_path: str, dtype: np.dtype, shape: tuple[int, ...], chunks: tuple[int, ...],
                  decoder: numcodecs.abc.Codec | None):
+        self.array_path = array_path
         self.key = shard_key(array_path, len(shape))
         self.dtype, self.shape, self.chunks, self.decoder = dtype, shape, chunks, decoder
         self.grid = tuple(math.ceil(s / c) for s, c in zip(shape, chunks))
@@ -333,6 +338,7 @@ class TensorStore:
         self._large_metas: OrderedDict[str, _LargeMeta | None] = OrderedDict()
         self._lock = threading.Lock()
         self._decode_pool: ThreadPoolExecutor | None = None
+        self._hash_pool: ThreadPoolExecutor | None = None  # hashes a checked large read as it arrives
         zarr.config.set({"threading.max_workers": os.cpu_count() or 2})
 
     def __repr__(self) -> str:
@@ -482,21 +488,23 @@ class TensorStore:
                 self._large_metas.popitem(last=False)
         return meta
 
-    def _large_direct(self, array_path: str) -> np.ndarray | None:
-        """A large array read whole with one ``get`` of its shard and every chunk decoded
-        straight into the result (in parallel); None when the array is not one dumpdb
-        lays out that way, or its shard is missing (then :meth:`_large` answers)."""
+    def _large_direct(self, array_path: str, check: str | None = None) -> tuple[np.ndarray | None, bool]:
+        """(data, checked): a large array read whole with one ``get`` of its shard and every
+        chunk decoded straight into the result (in parallel); data None when the array is
+        not one dumpdb lays out that way, or its shard is missing (then :meth:`_large`
+        answers). ``check``: the content hash to check the bytes against while they are
+        read (uncompressed arrays only); ``checked`` says it was (PayloadCorrupt if they differ)."""
         meta = self._large_meta(array_path)
         if meta is None:
-            return None
+            return None, False
         if meta.decoder is None:
-            direct = self._large_uncompressed(meta)
+            direct = self._large_uncompressed(meta, check)
             if direct is not None:
-                return direct
+                return direct, check is not None
         try:
             raw = self.objects.get(meta.key)
         except PayloadMissing:
-            return None
+            return None, False
         where = self.objects.where(meta.key)
         tail = shard_index_bytes(meta.n_chunks)
         if len(raw) < tail:
@@ -535,12 +543,15 @@ class TensorStore:
                                                        thread_name_prefix="dumpdb-decode")
             for _ in self._decode_pool.map(decode, range(meta.n_chunks)):
                 pass
-        return out
+        return out, False
 
-    def _large_uncompressed(self, meta: _LargeMeta) -> np.ndarray | None:
+    def _large_uncompressed(self, meta: _LargeMeta, check: str | None = None) -> np.ndarray | None:
         """An uncompressed large array whose shard holds exactly its bytes in order (no edge
         padding): read from the shard straight into the result, one copy as ``np.load``
-        does. None for any other layout (then :meth:`_large_direct` decodes chunk by chunk)."""
+        does. None for any other layout (then :meth:`_large_direct` decodes chunk by chunk).
+        ``check``: a content hash the bytes are hashed against as they arrive (piece k hashed
+        in a helper thread while piece k+1 is read, :data:`HASH_PIECE_BYTES`); PayloadCorrupt
+        naming the shard if they differ."""
         nbytes = math.prod(meta.shape) * meta.dtype.itemsize
         chunk_bytes = meta.chunk_elems * meta.dtype.itemsize
         if nbytes != meta.n_chunks * chunk_bytes:
@@ -554,7 +565,21 @@ class TensorStore:
         if not (np.array_equal(index[:, 0], expected) and bool((index[:, 1] == chunk_bytes).all())):
             return None  # chunks not back to back in order
         out = np.empty(meta.shape, dtype=meta.dtype)
-        self.objects.get_into(meta.key, 0, out.reshape(-1).view(np.uint8).data)
+        view = out.reshape(-1).view(np.uint8).data
+        if check is None:
+            self.objects.get_into(meta.key, 0, view)
+            return out
+        if self._hash_pool is None:
+            self._hash_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dumpdb-hash")
+        hasher = xxhash.xxh3_128()
+        hashed: deque[Future] = deque()  # one worker: the pieces are hashed in order
+        pool = self._hash_pool
+        self.objects.get_into(meta.key, 0, view, lambda piece: hashed.append(pool.submit(hasher.update, piece)),
+                              HASH_PIECE_BYTES)
+        for done in hashed:
+            done.result()
+        if hasher.hexdigest() != check:
+            raise self._mismatch(meta.array_path, check)
         return out
 
     def _large(self, array_path: str, content_hash: str | None) -> np.ndarray:
@@ -586,14 +611,24 @@ class TensorStore:
         """
         if array_path is None:
             return np.empty(0, np.uint8)
+        checked = False
         if elem_offset is None:
-            data = self._large_direct(array_path)
+            data, checked = self._large_direct(array_path, self._wanted(content_hash, verify))
             data = (data if data is not None else self._large(array_path, content_hash)).reshape(-1)
         else:
             data, fresh = self._pack_range(array_path, elem_offset, elem_count)
             data = data if fresh else data.copy()  # a delta payload comes back new already
-        self._check(array_path, data, content_hash, verify)
+        if not checked:
+            self._check(array_path, data, content_hash, verify)
         return data
+
+    def _wanted(self, content_hash: str | None, verify: bool | None) -> str | None:
+        """The hash a read must check its bytes against (None: no check)."""
+        return content_hash if content_hash is not None and (self.verify if verify is None else verify) else None
+
+    def _mismatch(self, array_path: str, content_hash: str) -> PayloadCorrupt:
+        return PayloadCorrupt(f"{self.objects.where(array_path)}: content hash mismatch: the stored bytes "
+                              f"changed (not {content_hash}); 'dumpdb verify' lists every damaged tensor")
 
     def _check(self, array_path: str, data: np.ndarray, content_hash: str | None, verify: bool | None) -> None:
         """PayloadCorrupt naming the pack when ``data`` (C-contiguous) does not hash to
@@ -601,8 +636,7 @@ class TensorStore:
         if content_hash is None or not (self.verify if verify is None else verify):
             return
         if xxhash.xxh3_128_hexdigest(data.reshape(-1).view(np.uint8).data) != content_hash:
-            raise PayloadCorrupt(f"{self.objects.where(array_path)}: content hash mismatch: the stored bytes "
-                                 f"changed (not {content_hash}); 'dumpdb verify' lists every damaged tensor")
+            raise self._mismatch(array_path, content_hash)
 
     def read(self, array_path: str | None, elem_offset: int | None, elem_count: int,
              dtype: np.dtype, shape: tuple[int, ...], content_hash: str | None = None,
@@ -620,8 +654,9 @@ class TensorStore:
         if array_path is None:
             return np.zeros(shape, dtype=dtype)
         fresh = True  # data is a new array (not a view of the chunk cache or of zarr's)
+        checked = False
         if elem_offset is None:
-            data = self._large_direct(array_path)
+            data, checked = self._large_direct(array_path, self._wanted(content_hash, verify))
             if data is None:
                 data, fresh = self._large(array_path, content_hash), False
         else:
@@ -635,7 +670,8 @@ class TensorStore:
             data = np.ascontiguousarray(data).reshape(-1).view(np.uint8).view(want)
         if want != dtype:
             data = data.view(dtype)
-        self._check(array_path, np.ascontiguousarray(data), content_hash, verify)
+        if not checked:  # the large uncompressed path hashed the bytes as they arrived
+            self._check(array_path, np.ascontiguousarray(data), content_hash, verify)
         # a new, writable array: never a view into the chunk cache (decoded straight into
         # a new array already: no copy)
         data = data.reshape(shape)

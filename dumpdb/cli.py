@@ -596,11 +596,14 @@ def ingest(
                                "be there with the same names and sizes."),
     verify_hash: bool = typer.Option(
         False, "--verify-hash", help="With --moved: also read and hash every file the run holds (slow, certain)."),
-    store: Optional[str] = typer.Option(
-        None, "--store", metavar="s3://BUCKET/PREFIX",
+    store_url: Optional[str] = typer.Option(
+        None, "--store-url", metavar="s3://BUCKET/PREFIX",
         help="Keep a new archive's tensors on object storage (S3 or compatible); the catalog stays in --archive, "
              "which remembers the URL. Endpoint and credentials: AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, "
              "AWS_SECRET_ACCESS_KEY, AWS_REGION."),
+    store_old: Optional[str] = typer.Option(
+        None, "--store", metavar="s3://BUCKET/PREFIX", hidden=True,
+        help="The former name of --store-url (kept for scripts; 'compare --store' keeps results)."),
     no_delta: bool = typer.Option(
         False, "--no-delta", help="Store every payload plain (default: a payload may be stored as the XOR of a "
                                   "similar one of the same pack when that compresses better; reads are the same)."),
@@ -612,6 +615,9 @@ def ingest(
     from dumpdb.archive import is_archive
     from dumpdb.ingestion.pipeline import ingest as run_ingest
 
+    if store_url is not None and store_old is not None and store_url != store_old:
+        raise DumpdbError("--store is the former name of --store-url: give one URL")
+    store = store_url if store_url is not None else store_old
     if verify_hash and not moved:
         raise DumpdbError("--verify-hash checks a moved dump: use it with --moved "
                           "(changed files are always confirmed by hash)")

@@ -373,8 +373,19 @@ def _check_format(fmt: str, output: Optional[Path]) -> None:
         raise DumpdbError("--format parquet needs --output FILE")
 
 
+# The one row-limit option: --show N, as compare's (whose 0 lists no failing pair, the summary
+# being its answer); --max-rows, its former name on sql, scan and ranks, stays as a hidden alias.
+RowsOpt = typer.Option(50, "--show", help="Rows shown by --format table (0: all).")
+RowsOldOpt = typer.Option(None, "--max-rows", hidden=True, help="The former name of --show.")
+
+
+def _rows_shown(show: int, old: Optional[int]) -> int:
+    """``--show``, or ``--max-rows`` (its former name) when that was given."""
+    return old if old is not None else show
+
+
 def _emit(data, fmt: str, output: Optional[Path], max_rows: int | None = None, footer: bool = True,
-          more: str = "--max-rows 0") -> None:
+          more: str = "--show 0") -> None:
     """Rows of any command to stdout or ``--output`` (one rendering path for all)."""
     console = _console() if fmt == "table" and output is None else None  # rich only when drawing a table
     emit(data, fmt, output, console=console, max_rows=max_rows, footer=footer, more=more)
@@ -777,7 +788,8 @@ def sql(
                                     help="NAME=VALUE: bind $NAME in the query to the text VALUE (repeatable)."),
     fmt: str = FormatOpt,
     output: Optional[Path] = OutputOpt,
-    max_rows: int = typer.Option(50, "--max-rows", help="Rows shown by --format table (0: all)."),
+    max_rows: int = RowsOpt,
+    max_rows_old: Optional[int] = RowsOldOpt,
     allow_files: bool = typer.Option(
         False, "--allow-files", help="Let the query read/write files (COPY, read_csv, ATTACH...); off by default."),
     memory_limit: Optional[str] = typer.Option(
@@ -792,6 +804,7 @@ def sql(
     """Run a read-only SQL query on the catalog (sandboxed: no file access unless --allow-files;
     memory, threads and time bounded; Ctrl-C stops a running query: exit 130).
     With no query on a terminal: an interactive prompt."""
+    max_rows = _rows_shown(max_rows, max_rows_old)
     _check_format(fmt, output)
     limits = SqlLimits.from_env(memory_limit, threads, timeout)
     text = _read_query(query, file)
@@ -1300,13 +1313,15 @@ def serve_cmd(
 def ranks_cmd(
     run: str = typer.Argument(..., help="Run name."), archive: Optional[Path] = ArchiveOpt,
     iteration: Optional[int] = typer.Option(None, "--iteration", "-i", help="One iteration/step only."),
-    max_rows: int = typer.Option(50, "--max-rows", help="Rows shown by --format table (0: all)."),
+    max_rows: int = RowsOpt,
+    max_rows_old: Optional[int] = RowsOldOpt,
     html: Optional[Path] = typer.Option(None, "--html", help="Write a self-contained HTML report (with NaN/Inf)."),
     fmt: str = FormatOpt,
     output: Optional[Path] = OutputOpt,
     scheduler: Optional[str] = SchedulerOpt,
 ) -> None:
     """Group the ranks of a run by fingerprint; name the odd ranks and where they depart."""
+    max_rows = _rows_shown(max_rows, max_rows_old)
     from dumpdb.checks.ranks import first_bad_across_ranks, rank_groups
 
     _check_format(fmt, output)
@@ -1387,7 +1402,8 @@ def scan_cmd(
     all_hits: bool = typer.Option(False, "--all", help="Every hit, not only the first per check and iteration."),
     html: Optional[Path] = typer.Option(None, "--html", help="Write a self-contained HTML report."),
     list_checks: bool = typer.Option(False, "--list", help="List the checks and their parameters."),
-    max_rows: int = typer.Option(50, "--max-rows", help="Rows shown by --format table (0: all)."),
+    max_rows: int = RowsOpt,
+    max_rows_old: Optional[int] = RowsOldOpt,
     fmt: str = FormatOpt,
     output: Optional[Path] = OutputOpt,
     across_ranks: bool = typer.Option(False, "--across-ranks",
@@ -1398,6 +1414,7 @@ def scan_cmd(
     """First NaN/Inf per iteration and rank, fp16 overflow, all-zero tensors and
     MindInsight watch conditions, answered from the catalog's statistics.
     Exit 1 if there is a hit."""
+    max_rows = _rows_shown(max_rows, max_rows_old)
     from dumpdb.checks import scan as scan_mod
 
     _check_format(fmt, output)

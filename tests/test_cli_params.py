@@ -61,3 +61,15 @@ def test_ingest_store_and_store_url_disagreeing_is_refused(tmp_path):
     r = invoke("ingest", ms_case("c1_inputs_kernels_iter"), "-a", tmp_path / "a",
                "--store-url", "s3://b/one", "--store", "s3://b/two")
     assert r.exit_code == 2 and "former name of --store-url" in r.output and not (tmp_path / "a").exists()
+
+
+@pytest.mark.parametrize("option", ["--show", "--max-rows"])
+def test_one_row_limit_name_and_its_former_name(option, tmp_path):
+    from dumpdb.archive_dir import create_archive
+
+    create_archive(tmp_path / "a")
+    r = invoke("sql", "SELECT range AS n FROM range(5)", "-a", tmp_path / "a", option, "2")
+    assert r.exit_code == 0, r.output
+    rows = [line for line in r.stdout.splitlines() if line.strip(" │|").isdigit()]
+    assert [int(x.strip(" │|")) for x in rows] == [0, 1] and "--show 0" in r.stdout
+    assert "--max-rows" not in invoke("sql", "--help").output  # the former name is hidden

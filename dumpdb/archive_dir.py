@@ -103,8 +103,8 @@ def create_archive(path: Path, store: str | None = None, storage_options: dict[s
     if url is not None:
         scheme = url.partition("://")[0]
         raise ArchiveError(f"{path}: an archive's catalog lives in a local directory; give --archive DIR "
-                           f"with --store-url {scheme}://BUCKET/PREFIX for the tensors (an {scheme}:// --archive is a "
-                           "bundle, opened read-only)")
+                           f"with --store-url {scheme}://BUCKET/PREFIX for the tensors (formerly --store "
+                           f"{scheme}://BUCKET/PREFIX; an {scheme}:// --archive is a bundle, opened read-only)")
     path = Path(path)
     if is_archive(path):
         return  # made meanwhile by a concurrent ingest

@@ -7,22 +7,19 @@ dataclass fields and its public properties (``ratio``, ``ok``, ``reclaimed``), b
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import json
-import math
 from pathlib import PurePath
 from typing import Any
+
+from dumpdb.render import tables
 
 
 def plain(value: Any) -> Any:
     """``value`` as JSON-ready data: a dataclass as an object of its fields and public
-    properties; a mapping as an object (keys as text); a sequence or set as a list;
-    a pyarrow Table as a list of row objects; a path as text; a date/time in ISO 8601;
-    a NaN or infinite float as None (JSON has no such number); anything else as text."""
-    if value is None or isinstance(value, (bool, int, str)):
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
+    properties; a mapping as an object (keys as text); a sequence or set as a list; a
+    pyarrow Table as a list of row objects; a path as text; a numpy scalar as its value;
+    scalars as the row formats write them (:func:`dumpdb.render.tables.plain`: NaN/inf as
+    ``"nan"``/``"inf"``, times ISO 8601); anything else as text."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         out = {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
         for name in dir(type(value)):
@@ -35,13 +32,12 @@ def plain(value: Any) -> Any:
         return [plain(v) for v in value]
     if isinstance(value, PurePath):
         return str(value)
-    if isinstance(value, (dt.datetime, dt.date)):
-        return value.isoformat()
     if hasattr(value, "to_pylist") and hasattr(value, "num_rows"):  # a pyarrow Table
         return plain(value.to_pylist())
-    if hasattr(value, "item"):  # a numpy scalar
+    if hasattr(value, "item") and hasattr(value, "dtype"):  # a numpy scalar
         return plain(value.item())
-    return str(value)
+    value = tables.plain(value)
+    return value if value is None or isinstance(value, (bool, int, float, str)) else str(value)
 
 
 def report_json(report: Any, **extra: Any) -> str:

@@ -74,7 +74,7 @@ def open_tensor_store(path: Path, read_only: bool = True,
 
 
 def check_store_url(path: Path, store: str | None) -> None:
-    """Refuse ``store`` (a ``--store`` URL given for the existing archive at ``path``) unless
+    """Refuse ``store`` (a ``--store-url`` URL given for the existing archive at ``path``) unless
     it is the store the archive already has. Raises ArchiveError naming both."""
     if store is None:
         return
@@ -83,7 +83,7 @@ def check_store_url(path: Path, store: str | None) -> None:
     url = store_config(path)[0]
     if url != backends.canonical(store):
         raise ArchiveError(f"{path}: its tensor store is {url or 'the local ' + STORE}, not {store}; "
-                           "an archive keeps the store it was created with (omit --store)")
+                           "an archive keeps the store it was created with (omit --store-url)")
 
 
 def create_archive(path: Path, store: str | None = None, storage_options: dict[str, Any] | None = None) -> None:
@@ -103,8 +103,8 @@ def create_archive(path: Path, store: str | None = None, storage_options: dict[s
     if url is not None:
         scheme = url.partition("://")[0]
         raise ArchiveError(f"{path}: an archive's catalog lives in a local directory; give --archive DIR "
-                           f"with --store {scheme}://BUCKET/PREFIX for the tensors (an {scheme}:// --archive is a "
-                           "bundle, opened read-only)")
+                           f"with --store-url {scheme}://BUCKET/PREFIX for the tensors (formerly --store "
+                           f"{scheme}://BUCKET/PREFIX; an {scheme}:// --archive is a bundle, opened read-only)")
     path = Path(path)
     if is_archive(path):
         return  # made meanwhile by a concurrent ingest

@@ -21,6 +21,7 @@ import os
 import shlex
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -28,6 +29,7 @@ import typer
 from typer.core import TyperGroup
 
 from dumpdb import __version__
+from dumpdb.compare.choices import MODES, RULES, STRATEGIES
 from dumpdb.errors import DumpdbError
 from dumpdb.render.tables import FORMAT_HELP, FORMATS, Rows, emit
 from dumpdb.sql_sandbox import SqlLimits
@@ -197,19 +199,14 @@ def _lock_timeout() -> float:
 
 
 def _storage_options() -> dict[str, str]:
-    """``--storage-option KEY=VALUE`` pairs as a dict (StorageError for a malformed one)."""
-    given = _state.get("storage_options")
-    if not given:
-        return {}  # the storage modules (zarr, pyarrow) stay unimported for `dumpdb sql`
-    from dumpdb.storage.remote import parse_options
-
-    return parse_options(given)
+    """``--storage-option KEY=VALUE`` pairs (parsed by :func:`_key_value`) as a dict."""
+    return dict(_state.get("storage_options") or ())
 
 
 def _is_cli_control(exc: BaseException) -> bool:
     """typer.Exit, click's Exit/Abort/usage errors: exits and messages the CLI framework
     handles itself. Matched by module, as typer >= 0.20 vendors its own click."""
-    return isinstance(exc, typer.Exit) or type(exc).__module__.split(".")[0] in ("click", "typer")
+    return isinstance(exc, (typer.Exit, _RefusedValue)) or type(exc).__module__.split(".")[0] in ("click", "typer")
 
 
 def _report(exc: BaseException, message: str, code: int) -> None:
@@ -244,11 +241,100 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
+class _RefusedValue(typer.BadParameter):
+    """An option value refused by its parameter type: a usage error (exit 2, one line) whose
+    message names the option and what it accepts, so click's "Invalid value for ..." prefix
+    is left off."""
+
+    def format_message(self) -> str:
+        return self.message
+
+
+def _choice(option: str, choices: Sequence[str]):
+    """The parameter type of an option taking one of ``choices`` (a typer ``parser``): the
+    value itself, or a usage error ``unknown OPTION 'VALUE'; use one of A, B``. Used with
+    :func:`_choices_metavar` so ``--help`` lists the choices."""
+    def parse(value: str) -> str:
+        if value not in choices:
+            raise _RefusedValue(f"unknown {option} {value!r}; use one of {', '.join(choices)}")
+        return value
+    return parse
+
+
+def _choices_metavar(choices: Sequence[str]) -> str:
+    return "[" + "|".join(choices) + "]"
+
+
+def _choice_list(option: str, choices: Sequence[str]):
+    """The parameter type of an option taking a comma-separated list of ``choices`` in order
+    (``--strategy exact,sequence``): a tuple, or a usage error naming the unknown one."""
+    def parse(value: str) -> tuple[str, ...]:
+        items = tuple(s.strip() for s in value.split(",") if s.strip())
+        unknown = [s for s in items if s not in choices]
+        if unknown or not items:
+            raise _RefusedValue(f"unknown {option} {(unknown or [value])[0]!r}; use one or more of "
+                                f"{', '.join(choices)}, comma-separated")
+        return items
+    return parse
+
+
+def _key_value(option: str, metavar: str = "KEY=VALUE", *, hint: str = "", strip: str = "",
+               lower: bool = False, secret: bool = False, number: bool = False):
+    """The one parameter type of the options written ``KEY=VALUE`` (``--param``, ``--threshold``,
+    ``--rename``, ``--storage-option``): a ``(key, value)`` tuple, or a usage error
+    ``OPTION 'ITEM': write KEY=VALUE`` (with ``metavar``'s names and ``hint``). ``strip``:
+    characters dropped from the key's start (``$NAME``); ``lower``: the key lower-cased;
+    ``secret``: the message shows the key only, never the value; ``number``: the value as a float.
+    A key may not be empty; with ``metavar`` ``OLD=NEW`` the value may not be either."""
+    needs_value = metavar == "OLD=NEW"
+
+    def parse(item: str) -> tuple[str, Any]:
+        key, sep, value = item.partition("=")
+        key = key.strip().lstrip(strip)
+        key = key.lower() if lower else key
+        if not sep or not key or (needs_value and not value):
+            # a secret's item without '=' may be the secret itself: not shown
+            where = f"{option} {item!r}" if not secret else f"{option} {key!r}" if sep and key else option
+            raise _RefusedValue(f"{where}: write {metavar}{hint}")
+        if number:
+            try:
+                return key, float(value)
+            except ValueError:
+                raise _RefusedValue(f"{option} {item!r}: {value!r} is not a number") from None
+        return key, value
+    return parse
+
+
+def _format_opt(help: str = FORMAT_HELP):
+    """``--format/-f``, one of :data:`dumpdb.render.tables.FORMATS` (default table)."""
+    return typer.Option("table", "--format", "-f", parser=_choice("--format", FORMATS),
+                        metavar=_choices_metavar(FORMATS), help=help)
+
+
 ArchiveOpt = typer.Option(
     None, "--archive", "-a", envvar="DUMPDB_ARCHIVE", show_default="$DUMPDB_ARCHIVE or ./dumpdb.archive",
     help="Archive directory.")
-FormatOpt = typer.Option("table", "--format", "-f", help=FORMAT_HELP)
+FormatOpt = _format_opt()
 OutputOpt = typer.Option(None, "--output", "-o", help="Write the rows to this file instead of stdout.")
+
+
+REPORT_FORMATS = ("text", "json")
+
+
+def _report_format_opt():
+    """``--format/-f`` of the report commands (ingest, verify, gc, import, export, prune, migrate)."""
+    return typer.Option("text", "--format", "-f", parser=_choice("--format", REPORT_FORMATS),
+                        metavar=_choices_metavar(REPORT_FORMATS),
+                        help="text (default): the report as lines for people; json: the same report as one "
+                             "JSON object on stdout (exit codes unchanged).")
+
+
+def _print_json(report: Any, **extra: Any) -> None:
+    """A command's report as one JSON object on stdout (:mod:`dumpdb.render.json_report`)."""
+    from dumpdb.render.json_report import report_json
+
+    sys.stdout.write(report_json(report, **extra) + "\n")
+    sys.stdout.flush()
 
 
 def _archive_path(path: Optional[Path]) -> Path:
@@ -282,14 +368,24 @@ def _a(archive: Optional[Path]) -> str:
 
 
 def _check_format(fmt: str, output: Optional[Path]) -> None:
-    if fmt not in FORMATS:
-        raise DumpdbError(f"unknown --format {fmt!r}; use one of {', '.join(FORMATS)}")
+    """--format and --output together (the format itself is checked by its parameter type)."""
     if fmt == "parquet" and output is None:
         raise DumpdbError("--format parquet needs --output FILE")
 
 
+# The one row-limit option: --show N, as compare's (whose 0 lists no failing pair, the summary
+# being its answer); --max-rows, its former name on sql, scan and ranks, stays as a hidden alias.
+RowsOpt = typer.Option(50, "--show", help="Rows shown by --format table (0: all).")
+RowsOldOpt = typer.Option(None, "--max-rows", hidden=True, help="The former name of --show.")
+
+
+def _rows_shown(show: int, old: Optional[int]) -> int:
+    """``--show``, or ``--max-rows`` (its former name) when that was given."""
+    return old if old is not None else show
+
+
 def _emit(data, fmt: str, output: Optional[Path], max_rows: int | None = None, footer: bool = True,
-          more: str = "--max-rows 0") -> None:
+          more: str = "--show 0") -> None:
     """Rows of any command to stdout or ``--output`` (one rendering path for all)."""
     console = _console() if fmt == "table" and output is None else None  # rich only when drawing a table
     emit(data, fmt, output, console=console, max_rows=max_rows, footer=footer, more=more)
@@ -335,7 +431,7 @@ def _root(
              "catalog file); after ~1 s one line on stderr names the holder; past it: exit 2 naming it. "
              "May also follow the command (dumpdb sql --wait 5 ...)."),
     storage_option: Optional[list[str]] = typer.Option(
-        None, "--storage-option", metavar="KEY=VALUE",
+        None, "--storage-option", metavar="KEY=VALUE", parser=_key_value("--storage-option", lower=True, secret=True),
         help="Object-storage setting (endpoint, region, access_key_id, secret_access_key, retries, ...) for an "
              "archive whose tensors are on S3 or a bundle at s3://; repeatable; overrides the AWS_* environment; "
              "secrets are never stored or printed. May also follow the command."),
@@ -511,14 +607,18 @@ def ingest(
                                "be there with the same names and sizes."),
     verify_hash: bool = typer.Option(
         False, "--verify-hash", help="With --moved: also read and hash every file the run holds (slow, certain)."),
-    store: Optional[str] = typer.Option(
-        None, "--store", metavar="s3://BUCKET/PREFIX",
+    store_url: Optional[str] = typer.Option(
+        None, "--store-url", metavar="s3://BUCKET/PREFIX",
         help="Keep a new archive's tensors on object storage (S3 or compatible); the catalog stays in --archive, "
              "which remembers the URL. Endpoint and credentials: AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, "
              "AWS_SECRET_ACCESS_KEY, AWS_REGION."),
+    store_old: Optional[str] = typer.Option(
+        None, "--store", metavar="s3://BUCKET/PREFIX", hidden=True,
+        help="The former name of --store-url (kept for scripts; 'compare --store' keeps results)."),
     no_delta: bool = typer.Option(
         False, "--no-delta", help="Store every payload plain (default: a payload may be stored as the XOR of a "
                                   "similar one of the same pack when that compresses better; reads are the same)."),
+    fmt: str = _report_format_opt(),
 ) -> None:
     """Ingest a dump into an archive (created if missing: 'created archive PATH'). Re-running completes or skips:
     files already in the run are not read unless their size or mtime changed; a file
@@ -526,6 +626,9 @@ def ingest(
     from dumpdb.archive import is_archive
     from dumpdb.ingestion.pipeline import ingest as run_ingest
 
+    if store_url is not None and store_old is not None and store_url != store_old:
+        raise DumpdbError("--store is the former name of --store-url: give one URL")
+    store = store_url if store_url is not None else store_old
     if verify_hash and not moved:
         raise DumpdbError("--verify-hash checks a moved dump: use it with --moved "
                           "(changed files are always confirmed by hash)")
@@ -544,6 +647,8 @@ def ingest(
         if not existed and is_archive(path):
             _say(f"created archive {path}", stderr=True)
     _print_report(report)
+    if fmt == "json":
+        _print_json(report)
     if report.interrupted:
         _say("interrupted: what was committed stays; run the same command again to finish",
              stderr=True, style="yellow")
@@ -576,7 +681,7 @@ def ingest_worker_cmd(
 
     report = ingest_worker(dump_dir, _archive_path(archive), part, run, layout=layout, workers=workers,
                            scheduler=scheduler, follow_symlinks=follow_symlinks, reporter=_reporter(quiet),
-                           on_wait=_wait_line, storage_options=_storage_options())
+                           on_wait=_wait_line, lock_timeout=_lock_timeout(), storage_options=_storage_options())
     if report.status == "already written":
         _say(f"part {part!r} of run {report.run!r} is written and waits for 'dumpdb commit{_a(archive)}'",
              stderr=True)
@@ -599,7 +704,7 @@ def commit_cmd(
     one transaction (creates an empty archive if there is none)."""
     from dumpdb.ingestion.parts import commit_parts
 
-    report = commit_parts(_archive_path(archive), run, on_wait=_wait_line)
+    report = commit_parts(_archive_path(archive), run, on_wait=_wait_line, lock_timeout=_lock_timeout())
     for run_name, part, added in report.committed:
         _say(f"committed run {run_name!r} part {part!r}: {added} tensors added", stderr=True)
     for directory in report.unfinished:
@@ -671,17 +776,6 @@ def sql_shell(a, fmt: str, max_rows: int | None, *, input=None, output=None) -> 
                 _error_line("interrupted")
 
 
-def _params(items: list[str]) -> dict[str, str] | None:
-    params = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        name = name.strip().lstrip("$")
-        if not sep or not name:
-            raise DumpdbError(f"--param {item!r}: write NAME=VALUE (bound to $NAME in the query)")
-        params[name] = value
-    return params or None
-
-
 @app.command()
 def sql(
     query: Optional[str] = typer.Argument(
@@ -689,10 +783,13 @@ def sql(
     archive: Optional[Path] = ArchiveOpt,
     file: Optional[Path] = typer.Option(None, "--file", help="Read the query from this file."),
     param: list[str] = typer.Option([], "--param", "-p", metavar="NAME=VALUE",
+                                    parser=_key_value("--param", "NAME=VALUE", strip="$",
+                                                      hint=" (bound to $NAME in the query)"),
                                     help="NAME=VALUE: bind $NAME in the query to the text VALUE (repeatable)."),
     fmt: str = FormatOpt,
     output: Optional[Path] = OutputOpt,
-    max_rows: int = typer.Option(50, "--max-rows", help="Rows shown by --format table (0: all)."),
+    max_rows: int = RowsOpt,
+    max_rows_old: Optional[int] = RowsOldOpt,
     allow_files: bool = typer.Option(
         False, "--allow-files", help="Let the query read/write files (COPY, read_csv, ATTACH...); off by default."),
     memory_limit: Optional[str] = typer.Option(
@@ -707,6 +804,7 @@ def sql(
     """Run a read-only SQL query on the catalog (sandboxed: no file access unless --allow-files;
     memory, threads and time bounded; Ctrl-C stops a running query: exit 130).
     With no query on a terminal: an interactive prompt."""
+    max_rows = _rows_shown(max_rows, max_rows_old)
     _check_format(fmt, output)
     limits = SqlLimits.from_env(memory_limit, threads, timeout)
     text = _read_query(query, file)
@@ -721,7 +819,7 @@ def sql(
         raise DumpdbError("empty query")
     a = _open(archive)
     a.sql_limits = limits
-    params = _params(param)
+    params = dict(param) or None  # (NAME, VALUE) pairs
     if fmt == "parquet":
         data: Any = a.sql(text, params, allow_files=allow_files)  # keeps DuckDB's column types
     else:
@@ -879,25 +977,17 @@ def show(
 
 
 # -- compare, first-divergence, scan ------------------------------------------------------------
-def _thresholds(pairs: list[str]):
+def _thresholds(pairs: list[tuple[str, float]]):
     import dataclasses
 
     from dumpdb.compare.verdict import Thresholds
 
-    values = {}
-    for item in pairs:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise DumpdbError(f"--threshold {item!r}: write NAME=VALUE")
-        try:
-            values[key.strip()] = float(value)
-        except ValueError:
-            raise DumpdbError(f"--threshold {item!r}: {value!r} is not a number") from None
     try:
-        return Thresholds(**values)
+        return Thresholds(**dict(pairs))  # (NAME, number) pairs parsed by ThresholdOpt
     except TypeError:
         known = ", ".join(f.name for f in dataclasses.fields(Thresholds))
-        raise DumpdbError(f"unknown threshold in {pairs}; known: {known}") from None
+        given = ", ".join(name for name, _ in pairs)
+        raise DumpdbError(f"unknown threshold in {given}; known: {known}") from None
 
 
 CompareTarget = typer.Argument(..., help="Target selection: RUN, RUN:ITERATION or RUN:ITERATION:RANK.")
@@ -906,10 +996,13 @@ IterationOpt = typer.Option(None, "--iteration", "-i", help="Iteration for both 
 RankOpt = typer.Option(None, "--rank", help="Rank for both sides (if not in the selection).")
 MappingOpt = typer.Option(None, "--mapping", "-m",
                           help="Name mapping file (CSV target,bench or YAML; msprobe mapping yaml).")
-StrategyOpt = typer.Option(None, "--strategy",
-                           help="Alignment strategies in order, e.g. exact,normalized,sequence,order.")
-ModeOpt = typer.Option("auto", "--mode", help="auto | tensor | statistics")
+StrategyOpt = typer.Option(None, "--strategy", parser=_choice_list("--strategy", STRATEGIES),
+                           metavar="NAME,...",
+                           help=f"Alignment strategies in order, comma-separated, of: {', '.join(STRATEGIES)}.")
+ModeOpt = typer.Option("auto", "--mode", parser=_choice("--mode", MODES), metavar=_choices_metavar(MODES),
+                       help="auto (payloads where stored, else statistics) | tensor | statistics.")
 ThresholdOpt = typer.Option([], "--threshold", "-t", metavar="NAME=VALUE",
+                            parser=_key_value("--threshold", "NAME=VALUE", number=True),
                             help="Verdict threshold NAME=VALUE (repeatable).")
 WorkersOpt = typer.Option(None, "--workers", "-j", min=1,
                           help="Metric workers (default: cores; processes for comparisons >= 64 MB).")
@@ -931,7 +1024,7 @@ def _run_compare(archive, target, bench, iteration, rank, mapping, strategy, mod
     from dumpdb.compare.engine import compare
 
     a = _open(archive)
-    strategies = tuple(s.strip() for s in strategy.split(",")) if strategy else None
+    strategies = strategy  # a tuple of names (parsed by StrategyOpt)
     options = dict(iteration=iteration, rank=rank, mapping=mapping, mode=mode,
                    thresholds=_thresholds(threshold), workers=workers, store_results=store, bench_rank=bench_rank,
                    rules=rules, scheduler=scheduler)
@@ -1041,7 +1134,9 @@ def _print_divergence(fd, summary: dict | None = None, stderr: bool = False) -> 
         _say(line, stderr=stderr, style="yellow")
 
 
-RulesOpt = typer.Option("precision", "--rules", help="Verdict rules for the summary and first divergence: "
+FAIL_ON = ("error", "warning")
+RulesOpt = typer.Option("precision", "--rules", parser=_choice("--rules", RULES), metavar=_choices_metavar(RULES),
+                        help="Verdict rules for the summary and first divergence: "
                         "precision (default: departures beyond the dtypes' precision) or msprobe.")
 
 
@@ -1061,11 +1156,12 @@ def compare_cmd(
     html: Optional[Path] = typer.Option(None, "--html", help="Write a self-contained HTML report."),
     workers: Optional[int] = WorkersOpt,
     show: int = typer.Option(20, "--show", help="Failing pairs listed by --format table (0: none)."),
-    fail_on: Optional[str] = typer.Option(None, "--fail-on", help="Exit 1 if any pair is 'error' (or 'warning')."),
+    fail_on: Optional[str] = typer.Option(None, "--fail-on", parser=_choice("--fail-on", FAIL_ON),
+                                          metavar=_choices_metavar(FAIL_ON),
+                                          help="Exit 1 if any pair is 'error' (or 'warning')."),
     store: bool = typer.Option(True, "--store/--no-store",
                                help="Keep the results in the archive (compares, compare_results)."),
-    fmt: str = typer.Option("table", "--format", "-f",
-                            help=FORMAT_HELP + " table: summary and failing pairs; others: every pair's row."),
+    fmt: str = _format_opt(FORMAT_HELP + " table: summary and failing pairs; others: every pair's row."),
     output: Optional[Path] = OutputOpt,
     rules: str = RulesOpt,
     scheduler: Optional[str] = SchedulerOpt,
@@ -1075,8 +1171,6 @@ def compare_cmd(
     TARGET and BENCH may also be two dump directories (any layout): both are ingested
     first, into --archive if given (kept), else into a temporary archive.
     Exit 2 if no pair is formed."""
-    if fail_on not in (None, "error", "warning"):
-        raise DumpdbError(f"--fail-on {fail_on!r}: use error or warning")
     _check_format(fmt, output)
     if os.path.isdir(target) and os.path.isdir(bench):
         archive, target, bench = _ingest_pair(Path(target), Path(bench), archive)
@@ -1219,13 +1313,15 @@ def serve_cmd(
 def ranks_cmd(
     run: str = typer.Argument(..., help="Run name."), archive: Optional[Path] = ArchiveOpt,
     iteration: Optional[int] = typer.Option(None, "--iteration", "-i", help="One iteration/step only."),
-    max_rows: int = typer.Option(50, "--max-rows", help="Rows shown by --format table (0: all)."),
+    max_rows: int = RowsOpt,
+    max_rows_old: Optional[int] = RowsOldOpt,
     html: Optional[Path] = typer.Option(None, "--html", help="Write a self-contained HTML report (with NaN/Inf)."),
     fmt: str = FormatOpt,
     output: Optional[Path] = OutputOpt,
     scheduler: Optional[str] = SchedulerOpt,
 ) -> None:
     """Group the ranks of a run by fingerprint; name the odd ranks and where they depart."""
+    max_rows = _rows_shown(max_rows, max_rows_old)
     from dumpdb.checks.ranks import first_bad_across_ranks, rank_groups
 
     _check_format(fmt, output)
@@ -1275,8 +1371,7 @@ def first_divergence_cmd(
     threshold: list[str] = ThresholdOpt,
     workers: Optional[int] = WorkersOpt,
     rules: str = RulesOpt,
-    fmt: str = typer.Option("table", "--format", "-f",
-                            help=FORMAT_HELP + " Non-table formats: one row, or none if nothing departs."),
+    fmt: str = _format_opt(FORMAT_HELP + " Non-table formats: one row, or none if nothing departs."),
     output: Optional[Path] = OutputOpt,
     scheduler: Optional[str] = SchedulerOpt,
 ) -> None:
@@ -1307,7 +1402,8 @@ def scan_cmd(
     all_hits: bool = typer.Option(False, "--all", help="Every hit, not only the first per check and iteration."),
     html: Optional[Path] = typer.Option(None, "--html", help="Write a self-contained HTML report."),
     list_checks: bool = typer.Option(False, "--list", help="List the checks and their parameters."),
-    max_rows: int = typer.Option(50, "--max-rows", help="Rows shown by --format table (0: all)."),
+    max_rows: int = RowsOpt,
+    max_rows_old: Optional[int] = RowsOldOpt,
     fmt: str = FormatOpt,
     output: Optional[Path] = OutputOpt,
     across_ranks: bool = typer.Option(False, "--across-ranks",
@@ -1318,6 +1414,7 @@ def scan_cmd(
     """First NaN/Inf per iteration and rank, fp16 overflow, all-zero tensors and
     MindInsight watch conditions, answered from the catalog's statistics.
     Exit 1 if there is a hit."""
+    max_rows = _rows_shown(max_rows, max_rows_old)
     from dumpdb.checks import scan as scan_mod
 
     _check_format(fmt, output)
@@ -1363,12 +1460,16 @@ def prune(
     keep_stats: bool = typer.Option(False, "--keep-stats", help="Required: payloads go, rows and statistics stay."),
     iterations: Optional[str] = typer.Option(None, "--iterations", help='MindSpore syntax, e.g. "0|5-8|100-120".'),
     ranks: Optional[str] = typer.Option(None, "--ranks", help='Only these ranks, same syntax, e.g. "0|2-3".'),
+    fmt: str = _report_format_opt(),
 ) -> None:
     """Drop a run's tensor payloads but keep its catalog rows and statistics
     (space comes back with 'dumpdb gc'). Iterations or ranks the run does not have: exit 2."""
     if not keep_stats:
         raise DumpdbError("prune keeps rows and statistics and drops payloads: pass --keep-stats to confirm")
     n = _open(archive).prune(run, iterations, ranks)
+    if fmt == "json":
+        _print_json({"run": run, "iterations": iterations, "ranks": ranks, "tensors_pruned": n})
+        return
     _say(f"pruned the payloads of {n} tensors of run {run}; run 'dumpdb gc{_a(archive)}' to reclaim the space")
 
 
@@ -1392,10 +1493,14 @@ def rm_cmd(
 def gc(archive: Optional[Path] = ArchiveOpt,
        grace: float = typer.Option(3600.0, "--grace", min=0,
                                    help="Keep uncommitted store files younger than this many seconds."),
+       fmt: str = _report_format_opt(),
        ) -> None:
     """Reclaim store space no tensor uses any more (payloads other runs use stay), and
     files crashed ingests left. Waits for running ingest/import/rm/prune."""
     report = _open(archive).gc(grace=grace)
+    if fmt == "json":
+        _print_json(report)
+        return
     _say(f"reclaimed {_human(report.reclaimed)} ({_human(report.bytes_before)} -> {_human(report.bytes_after)}): "
          f"{report.arrays_deleted} arrays deleted, {report.packs_compacted} packs compacted, "
          f"{report.blobs_dropped} payloads dropped, {report.orphans_deleted + report.temp_files_deleted} "
@@ -1403,7 +1508,7 @@ def gc(archive: Optional[Path] = ArchiveOpt,
 
 
 @app.command()
-def migrate(archive: Optional[Path] = ArchiveOpt) -> None:
+def migrate(archive: Optional[Path] = ArchiveOpt, fmt: str = _report_format_opt()) -> None:
     """Upgrade the catalog schema (also done automatically on open; a copy goes to backups/)."""
     import dumpdb.archive
     from dumpdb.catalog import Catalog, latest_version
@@ -1411,6 +1516,10 @@ def migrate(archive: Optional[Path] = ArchiveOpt) -> None:
     path = _archive_path(archive)
     dumpdb.archive.check_marker(path)
     applied = Catalog(path / dumpdb.archive.CATALOG, lock_timeout=_lock_timeout(), on_wait=_wait_line).migrate()
+    if fmt == "json":
+        _print_json({"applied": [f"{m.version:03d}_{m.name}" for m in applied],
+                     "schema_version": applied[-1].version if applied else latest_version()})
+        return
     if applied:
         _say(f"applied migrations {', '.join(f'{m.version:03d}_{m.name}' for m in applied)}; "
              f"schema version {applied[-1].version}")
@@ -1423,11 +1532,16 @@ def export(
     runs: list[str] = typer.Argument(..., help="Run names."), archive: Optional[Path] = ArchiveOpt,
     to: Path = typer.Option(..., "--to", help="Bundle to write: a new directory, a file ending in .zip, "
                                               "or s3://BUCKET/PREFIX (object storage)."),
+    fmt: str = _report_format_opt(),
 ) -> None:
     """Export runs as a self-describing bundle (Parquet catalog rows + Zarr payloads + manifest),
     readable without dumpdb."""
     url = _url(to)
     path = _open(archive).export(runs, url or to)
+    if fmt == "json":
+        size = path.stat().st_size if url is None and path.is_file() else None
+        _print_json({"runs": runs, "bundle": path, "bytes": size})
+        return
     if url is not None:
         _say(f"exported {', '.join(runs)} to {path}")
         return
@@ -1439,21 +1553,21 @@ def export(
 def import_cmd(
     bundle: Path = typer.Argument(..., help="Bundle directory, .zip or s3://BUCKET/PREFIX written by 'dumpdb export'."),
     archive: Optional[Path] = ArchiveOpt,
-    rename: list[str] = typer.Option([], "--rename", help="OLD=NEW: import run OLD under the name NEW (repeatable)."),
+    rename: list[str] = typer.Option([], "--rename", metavar="OLD=NEW", parser=_key_value("--rename", "OLD=NEW"),
+                                     help="OLD=NEW: import run OLD under the name NEW (repeatable)."),
     max_bundle_size: int = typer.Option(1 << 40, "--max-bundle-size", min=0,
                                         help="Refuse bundles declaring more bytes than this (default 1 TiB)."),
+    fmt: str = _report_format_opt(),
 ) -> None:
     """Import a bundle's runs (every file checked against the manifest; importing twice adds nothing)."""
-    mapping = {}
-    for item in rename:
-        old, sep, new = item.partition("=")
-        if not sep or not old or not new:
-            raise DumpdbError(f"--rename {item!r}: write OLD=NEW")
-        mapping[old] = new
+    mapping = dict(rename)  # (OLD, NEW) pairs
     path = _archive_path(archive)
     _ensure_archive(path)
     report = _open(path).import_bundle(_url(bundle) or bundle, mapping,
                                                             max_bundle_size=max_bundle_size)
+    if fmt == "json":
+        _print_json(report)
+        return
     if report.runs_imported:
         _say(f"imported {', '.join(report.runs_imported)}: {report.tensors} tensors, {report.payloads_added} "
              f"payloads stored, {report.payloads_present} already in the archive")
@@ -1469,6 +1583,7 @@ def verify(
     seed: Optional[int] = typer.Option(None, "--seed", help="Make --sample's choice repeatable."),
     repair: bool = typer.Option(False, "--repair", help="Delete orphan arrays and leftover .tmp shards."),
     grace: float = typer.Option(3600.0, "--grace", min=0, help="--repair keeps files younger than this (seconds)."),
+    fmt: str = _report_format_opt(),
 ) -> None:
     """Re-read every stored payload, hash it again and compare with the catalog.
     Lists each damaged tensor (run, op, io, slot); exit 1 if any."""
@@ -1477,6 +1592,11 @@ def verify(
         task = bar.add_task("verify", total=None)
         report = a.verify(run, sample=sample, seed=seed, repair=repair, grace=grace,
                           progress=lambda done, total: bar.update(task, completed=done, total=total))
+    if fmt == "json":
+        _print_json(report, run=run)
+        if not report.ok:
+            raise typer.Exit(EXIT_FOUND)
+        return
     for problem in report.catalog_problems:
         _say(f"catalog: {problem}", style="red")
     if report.repaired:

@@ -106,6 +106,22 @@ def test_store_lock_held_by_a_dumpdb_process_is_named_with_what_it_does(archive)
     assert dumpdb.open(archive).show("c1")["tensors"] == 42  # nothing removed
 
 
+@pytest.mark.parametrize("args", [
+    ["ingest-worker", str(ms_case("f_long_names")), "--part", "node1", "--run", "f", "-q"],
+    ["commit"],
+], ids=["ingest-worker", "commit"])
+def test_parts_commands_honour_the_global_wait(archive, args):
+    """``ingest-worker`` and ``commit`` give up after ``--wait`` too (they took the 120 s default)."""
+    with store_lock(archive, EXCLUSIVE, "gc", timeout=5):
+        done = subprocess.run([sys.executable, "-m", "dumpdb", *args, "--wait", "1", "-a", str(archive)],
+                              capture_output=True, text=True, env=ENV, timeout=BOUND)
+    lines = done.stderr.splitlines()
+    assert done.returncode == 2 and len(lines) == 2, lines
+    assert lines[0].endswith("(gives up after 1 s; --wait SECONDS changes it)")
+    assert lines[1].startswith(f"error: {archive}: archive in use by gc (pid {os.getpid()}, for ")
+    assert "gave up after 1 s (--wait SECONDS waits longer" in lines[1]
+
+
 def test_a_short_wait_says_nothing(archive):
     """A lock released before the notice delay (commits take milliseconds) prints no line."""
     said: list[str] = []

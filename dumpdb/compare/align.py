@@ -152,12 +152,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import yaml
 
+from dumpdb.compare.choices import STRATEGIES
 from dumpdb.compare.sequence import diff
 from dumpdb.layouts.msprobe import parse_record_key
 
 __all__ = ["STRATEGIES", "Alignment", "align", "load_mapping", "normalize_name"]
-
-STRATEGIES = ("exact", "normalized", "sequence", "order", "mapping")
 
 _COLUMNS = ("tensor_id", "op_type", "op_name", "scope_name", "io", "slot", "arg_name", "slot_path",
             "direction", "iteration", "rank", "graph_id", "timestamp", "position", "shape", "l2norm", "mean",

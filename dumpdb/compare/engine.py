@@ -74,8 +74,9 @@ from threadpoolctl import threadpool_limits
 from dumpdb import __version__
 from dumpdb.catalog import insert_arrow
 from dumpdb.compare import registry
-from dumpdb.compare.align import STRATEGIES, align, load_mapping
+from dumpdb.compare.align import align, load_mapping
 from dumpdb.compare.align_sql import align_exact
+from dumpdb.compare.choices import MODES, RULES, STRATEGIES
 from dumpdb.compare.columns import (
     ResultColumns,
     Shapes,
@@ -135,7 +136,6 @@ CONTEXT_COLUMNS = (
     # alignment evidence (dumpdb.compare.align, dumpdb.compare.args)
     "realigned", "arg_diff",
 )
-RULES = ("precision", "msprobe")
 
 
 def _plugin_metrics() -> tuple[str, ...]:
@@ -410,7 +410,7 @@ def compare(archive, target: str | Selection, bench: str | Selection, *, iterati
     also stored (``compares``, ``compare_results``, ``compare_unmatched``).
     Raises DumpdbError for an unknown run, an empty selection or a bad mode.
     """
-    if mode not in ("auto", "tensor", "statistics"):
+    if mode not in MODES:
         raise DumpdbError(f"unknown compare mode {mode!r}: use auto, tensor or statistics")
     if rules not in RULES:
         raise DumpdbError(f"unknown rules {rules!r}: use precision or msprobe")

@@ -85,19 +85,6 @@ def parse_url(url: str) -> S3Location:
     return S3Location(bucket, prefix)
 
 
-def parse_options(pairs: list[str] | None) -> dict[str, str]:
-    """``KEY=VALUE`` strings (``--storage-option``) as a dict; StorageError for a malformed one
-    (the message shows the key only: the value may be a secret)."""
-    out: dict[str, str] = {}
-    for pair in pairs or []:
-        key, sep, value = pair.partition("=")
-        key = key.strip().lower()
-        if not sep or not key:
-            raise StorageError(f"--storage-option {key or pair[:20]!r}: expected KEY=VALUE")
-        out[key] = value
-    return out
-
-
 def public_options(options: Mapping[str, Any] | None) -> dict[str, str]:
     """``options`` without secrets: what an archive remembers next to its store URL."""
     return {k: str(v) for k, v in (options or {}).items() if k.lower() not in SECRET_KEYS}

@@ -5,8 +5,9 @@ of 500,000 tensors align without a Python loop per tensor).
 the first strategy and no mapping is given, **whenever exact pairing leaves nothing for a
 later strategy** (no tensor is left unpaired on both sides, or ``exact`` is the only
 strategy) **and align()'s content check would doubt no pair** (:func:`_doubted`: a name
-family with another op count on the two sides, a pair of other shapes or statistics
-farther apart than ``align.LOOKS_WRONG``); otherwise it returns None and the caller runs
+family with another op count on the two sides, or a pair of other shapes, dtypes or
+statistics farther apart than ``align.LOOKS_WRONG`` while another bench tensor of the
+target's kind fits it within ``align.FITS``); otherwise it returns None and the caller runs
 :func:`~dumpdb.compare.align.align`, whose later strategies (normalized, sequence, order)
 and content check are Python. Training dumps compared run to run (same model, same dump
 settings) pair entirely by ``exact``.
@@ -30,13 +31,13 @@ from collections.abc import Sequence
 import duckdb
 import pyarrow as pa
 
-from dumpdb.compare.align import LOOKS_WRONG, PAIRS_SCHEMA, UNMATCHED_SCHEMA, Alignment, family_column
+from dumpdb.compare.align import FITS, LOOKS_WRONG, PAIRS_SCHEMA, UNMATCHED_SCHEMA, Alignment, family_column
 
 __all__ = ["align_exact", "exact_paired"]
 
 _KEY = ("op_name", "size", "io", "slot", "slot_path", "arg_name")
 _ORDER = ("iteration", "rank", "graph_id", "position", "timestamp", "tensor_id")
-_CHECKED = ("op_type", "l2norm", "mean", "min", "max")
+_CHECKED = ("op_type", "dtype", "l2norm", "mean", "min", "max")
 _NEEDED = ("tensor_id", "op_name", "scope_name", "shape", "io", "slot", "slot_path", "arg_name", *_ORDER)
 
 
@@ -143,8 +144,12 @@ def _doubted(con: duckdb.DuckDBPyConnection, group_by: Sequence[str]) -> bool:
     """Would align()'s content check take back some exact pairs? A cheap, conservative test
     on ``con`` (after the ``paired`` table is made): a name family
     (:func:`~dumpdb.compare.align.family`) holding paired ops has another number of ops on
-    the two sides, or a pair's shapes differ or its statistics distance exceeds
-    :data:`~dumpdb.compare.align.LOOKS_WRONG` (then align() decides, with the full check)."""
+    the two sides, or a pair looks wrong (other shape or dtype, or statistics distance
+    above :data:`~dumpdb.compare.align.LOOKS_WRONG`) **and** a bench tensor like its
+    target tensor might fit far better (:func:`_better_partner_may_exist`); then align()
+    decides, with the full check. A pair that merely looks wrong (random statistics,
+    a tensor of tiny L2 norm) is taken back by align() only when such a partner exists,
+    and is listed as a suspect only then: without one, align() keeps every exact pair."""
     keys = list(group_by)  # ops counted per (graph, name): a counter is per graph
     cols = ", ".join(f'"{k}"' for k in (*keys, "graph_id", "op_type", "op_name"))
     have = {name: set(con.sql(f"SELECT * FROM {name} LIMIT 0").columns) for name in ("target", "bench")}
@@ -176,16 +181,52 @@ def _doubted(con: duckdb.DuckDBPyConnection, group_by: Sequence[str]) -> bool:
         return con.sql("SELECT count(*) FROM paired p JOIN target t ON t.tensor_id = p.target_tensor_id "
                        "JOIN bench b ON b.tensor_id = p.bench_tensor_id "
                        "WHERE t.shape IS DISTINCT FROM b.shape").fetchall()[0][0] > 0
-    # stat_distance > LOOKS_WRONG (align.stat_distance's formula; NULL or non-finite: not doubted)
-    return con.sql(f"""
+    # pairs that look wrong: other shape or dtype (align's form, a superset of its dtype
+    # class), or stat_distance > LOOKS_WRONG (align.stat_distance's formula; NULL or
+    # non-finite: unknown, not wrong; both L2 norms 0 with other statistics: 1.0)
+    dtype = "t.dtype AS td, b.dtype AS bd," if all("dtype" in have[side] for side in have) else \
+        "NULL AS td, NULL AS bd,"
+    con.execute(f"""
+        CREATE TEMP TABLE looks_wrong AS
         WITH x AS (
-          SELECT t.shape AS ts, b.shape AS bs, t.l2norm AS tl, b.l2norm AS bl, t.mean AS tm, b.mean AS bm,
+          SELECT p.target_tensor_id, p.bench_tensor_id, {dtype}
+                 t.shape AS ts, b.shape AS bs, t.l2norm AS tl, b.l2norm AS bl, t.mean AS tm, b.mean AS bm,
                  t.min AS tn, b.min AS bn, t.max AS tx, b.max AS bx,
                  greatest(abs(t.l2norm), abs(b.l2norm)) AS l2,
                  greatest(coalesce(list_aggregate(t.shape, 'product'), 1), 1) AS k
           FROM paired p JOIN target t ON t.tensor_id = p.target_tensor_id
           JOIN bench b ON b.tensor_id = p.bench_tensor_id)
-        SELECT count(*) FROM x WHERE ts IS DISTINCT FROM bs OR (
-          l2 > 0 AND isfinite(tl + bl + tm + bm + tn + bn + tx + bx) AND greatest(
+        SELECT target_tensor_id, bench_tensor_id FROM x
+        WHERE ts IS DISTINCT FROM bs OR td IS DISTINCT FROM bd OR (
+          isfinite(tl + bl + tm + bm + tn + bn + tx + bx) AND CASE WHEN l2 = 0
+            THEN (tm, tn, tx) IS DISTINCT FROM (bm, bn, bx)
+            ELSE greatest(abs(tl - bl) / l2, abs(tm - bm) / (l2 / sqrt(k)), abs(tn - bn) / (l2 / sqrt(k)),
+                          abs(tx - bx) / (l2 / sqrt(k))) > {LOOKS_WRONG} END)""")
+    try:
+        return _better_partner_may_exist(con, group_by)
+    finally:
+        con.execute("DROP TABLE looks_wrong")
+
+
+def _better_partner_may_exist(con: duckdb.DuckDBPyConnection, group_by: Sequence[str]) -> bool:
+    """Might align()'s ``_better_partner`` find, for a pair in temp table ``looks_wrong``, a
+    bench tensor other than its partner that fits the target tensor within
+    :data:`~dumpdb.compare.align.FITS`? Only then can the content check take a pair back
+    or list it as a suspect (align.py, content check). Conservative: any bench tensor of
+    the target's group, graph, op type and shape counts (align also asks the same leaf and
+    dtype class and looks only at the nearest ``NEIGHBOURS`` in execution order), with the
+    statistics distance of :func:`~dumpdb.compare.align.stat_distance` below ``FITS``
+    (both L2 norms 0: a candidate whatever the other statistics)."""
+    if not con.sql("SELECT count(*) FROM looks_wrong").fetchall()[0][0]:
+        return False
+    on = " AND ".join(f't."{k}" IS NOT DISTINCT FROM j."{k}"' for k in (*group_by, "graph_id", "op_type", "shape"))
+    return con.sql(f"""
+        WITH x AS (
+          SELECT t.l2norm AS tl, j.l2norm AS bl, t.mean AS tm, j.mean AS bm, t.min AS tn, j.min AS bn,
+                 t.max AS tx, j.max AS bx, greatest(abs(t.l2norm), abs(j.l2norm)) AS l2,
+                 greatest(coalesce(list_aggregate(t.shape, 'product'), 1), 1) AS k
+          FROM looks_wrong w JOIN target t ON t.tensor_id = w.target_tensor_id
+          JOIN bench j ON {on} AND j.tensor_id <> w.bench_tensor_id)
+        SELECT count(*) FROM x WHERE isfinite(tl + bl + tm + bm + tn + bn + tx + bx) AND (l2 = 0 OR greatest(
             abs(tl - bl) / l2, abs(tm - bm) / (l2 / sqrt(k)), abs(tn - bn) / (l2 / sqrt(k)),
-            abs(tx - bx) / (l2 / sqrt(k))) > {LOOKS_WRONG})""").fetchall()[0][0] > 0
+            abs(tx - bx) / (l2 / sqrt(k))) < {FITS})""").fetchall()[0][0] > 0

@@ -31,7 +31,16 @@ from collections.abc import Sequence
 import duckdb
 import pyarrow as pa
 
-from dumpdb.compare.align import FITS, LOOKS_WRONG, PAIRS_SCHEMA, UNMATCHED_SCHEMA, Alignment, family_column
+from dumpdb.compare.align import (
+    FITS,
+    LOOKS_WRONG,
+    NEIGHBOURS,
+    PAIRS_SCHEMA,
+    UNMATCHED_SCHEMA,
+    Alignment,
+    _dtype_class,
+    family_column,
+)
 
 __all__ = ["align_exact", "exact_paired"]
 
@@ -212,21 +221,59 @@ def _better_partner_may_exist(con: duckdb.DuckDBPyConnection, group_by: Sequence
     """Might align()'s ``_better_partner`` find, for a pair in temp table ``looks_wrong``, a
     bench tensor other than its partner that fits the target tensor within
     :data:`~dumpdb.compare.align.FITS`? Only then can the content check take a pair back
-    or list it as a suspect (align.py, content check). Conservative: any bench tensor of
-    the target's group, graph, op type and shape counts (align also asks the same leaf and
-    dtype class and looks only at the nearest ``NEIGHBOURS`` in execution order), with the
-    statistics distance of :func:`~dumpdb.compare.align.stat_distance` below ``FITS``
-    (both L2 norms 0: a candidate whatever the other statistics)."""
+    or list it as a suspect (align.py, content check). align looks among the bench tensors
+    of the target's kind (group, graph, op type, leaf, dtype class, shape) in execution
+    order, at the :data:`~dumpdb.compare.align.NEIGHBOURS` either side of the place of the
+    pair's bench tensor; the same window here (the whole kind when the bench tensor is of
+    another kind), with :func:`~dumpdb.compare.align.stat_distance`'s formula below
+    ``FITS`` (conservative: align's bound is also below a quarter of the pair's distance;
+    both L2 norms 0 count whatever the other statistics)."""
     if not con.sql("SELECT count(*) FROM looks_wrong").fetchall()[0][0]:
         return False
-    on = " AND ".join(f't."{k}" IS NOT DISTINCT FROM j."{k}"' for k in (*group_by, "graph_id", "op_type", "shape"))
-    return con.sql(f"""
-        WITH x AS (
-          SELECT t.l2norm AS tl, j.l2norm AS bl, t.mean AS tm, j.mean AS bm, t.min AS tn, j.min AS bn,
-                 t.max AS tx, j.max AS bx, greatest(abs(t.l2norm), abs(j.l2norm)) AS l2,
-                 greatest(coalesce(list_aggregate(t.shape, 'product'), 1), 1) AS k
-          FROM looks_wrong w JOIN target t ON t.tensor_id = w.target_tensor_id
-          JOIN bench j ON {on} AND j.tensor_id <> w.bench_tensor_id)
-        SELECT count(*) FROM x WHERE isfinite(tl + bl + tm + bm + tn + bn + tx + bx) AND (l2 = 0 OR greatest(
-            abs(tl - bl) / l2, abs(tm - bm) / (l2 / sqrt(k)), abs(tn - bn) / (l2 / sqrt(k)),
-            abs(tx - bx) / (l2 / sqrt(k))) < {FITS})""").fetchall()[0][0] > 0
+    # dtype class per dtype string: align's rule (_dtype_class), over the distinct values
+    dtypes = set()
+    for side in ("target", "bench"):
+        if "dtype" in con.sql(f"SELECT * FROM {side} LIMIT 0").columns:
+            dtypes |= {r[0] for r in con.sql(f"SELECT DISTINCT dtype FROM {side}").fetchall()}
+    con.register("dtype_class", pa.table({"dtype": pa.array(sorted(d for d in dtypes if d is not None), pa.string()),
+                                          "cls": pa.array([_dtype_class(d) for d in sorted(d for d in dtypes
+                                                                                            if d is not None)],
+                                                          pa.string())}))
+    kind = (*group_by, "graph_id", "op_type", "io", "slot", "slot_path", "arg_name", "cls", "shape")
+    order = ", ".join(f'"{c}" ASC NULLS LAST' for c in _ORDER)
+
+    def classed(side: str) -> str:
+        has = "dtype" in con.sql(f"SELECT * FROM {side} LIMIT 0").columns
+        return (f"SELECT s.*, c.cls FROM {side} s LEFT JOIN dtype_class c ON c.dtype = s.dtype" if has else
+                f"SELECT s.*, NULL::VARCHAR AS cls FROM {side} s")
+    part = ", ".join(f'"{k}"' for k in kind)
+    same = " AND ".join(f'x."{k}" IS NOT DISTINCT FROM y."{k}"' for k in kind)
+    try:
+        return con.sql(f"""
+            WITH tk AS ({classed("target")}),
+            bk AS (SELECT *, row_number() OVER (PARTITION BY {part} ORDER BY {order}) - 1 AS r,
+                          (row_number() OVER (PARTITION BY {part} ORDER BY {order}) - 1) // {NEIGHBOURS} AS bucket
+                   FROM ({classed("bench")})),
+            w AS (SELECT x.*, w.bench_tensor_id AS partner,
+                         CASE WHEN {same} THEN y.r END AS pr
+                  FROM looks_wrong w JOIN tk x ON x.tensor_id = w.target_tensor_id
+                  JOIN bk y ON y.tensor_id = w.bench_tensor_id),
+            near AS (  -- the bench tensor is of the target's kind: the NEIGHBOURS either side of it
+              SELECT w.*, unnest([w.pr // {NEIGHBOURS} - 1, w.pr // {NEIGHBOURS}, w.pr // {NEIGHBOURS} + 1])
+                     AS bucket FROM w WHERE pr IS NOT NULL),
+            cand AS (
+              SELECT x.l2norm AS tl, y.l2norm AS bl, x.mean AS tm, y.mean AS bm, x.min AS tn, y.min AS bn,
+                     x.max AS tx, y.max AS bx, greatest(abs(x.l2norm), abs(y.l2norm)) AS l2,
+                     greatest(coalesce(list_aggregate(x.shape, 'product'), 1), 1) AS k
+              FROM near x JOIN bk y ON {same} AND y.bucket = x.bucket
+              WHERE y.tensor_id <> x.partner AND y.r BETWEEN x.pr - {NEIGHBOURS} AND x.pr + {NEIGHBOURS}
+              UNION ALL  -- of another kind: the whole kind (align bisects to a place in it)
+              SELECT x.l2norm, y.l2norm, x.mean, y.mean, x.min, y.min, x.max, y.max,
+                     greatest(abs(x.l2norm), abs(y.l2norm)),
+                     greatest(coalesce(list_aggregate(x.shape, 'product'), 1), 1)
+              FROM w x JOIN bk y ON {same} WHERE x.pr IS NULL AND y.tensor_id <> x.partner)
+            SELECT count(*) FROM cand WHERE isfinite(tl + bl + tm + bm + tn + bn + tx + bx) AND (l2 = 0 OR greatest(
+                abs(tl - bl) / l2, abs(tm - bm) / (l2 / sqrt(k)), abs(tn - bn) / (l2 / sqrt(k)),
+                abs(tx - bx) / (l2 / sqrt(k))) < {FITS})""").fetchall()[0][0] > 0
+    finally:
+        con.unregister("dtype_class")

@@ -164,27 +164,35 @@ def _doubted(con: duckdb.DuckDBPyConnection, group_by: Sequence[str]) -> bool:
     have = {name: set(con.sql(f"SELECT * FROM {name} LIMIT 0").columns) for name in ("target", "bench")}
     if any("op_type" not in cols_ for cols_ in have.values()):
         return False
-    def with_family(sql: str) -> list[tuple]:
-        """The rows of ``sql`` (op_type, op_name last) with the family in place of those two
-        (align.family, vectorised); rows without a family left out."""
+    def with_family(sql: str, name: str) -> None:
+        """Register as ``name`` the rows of ``sql`` (op_type, op_name last) with column
+        ``family`` in place of those two (align.family, vectorised over the column); rows
+        without a family left out."""
         rows = con.sql(sql).to_arrow_table()
-        fams = family_column(rows.column("op_type").to_pylist(), rows.column("op_name"))
-        head = list(zip(*(rows.column(i).to_pylist() for i in range(rows.num_columns - 2)))) \
-            if rows.num_columns > 2 else [()] * rows.num_rows
-        return [(*h, f) for h, f in zip(head, fams) if f is not None]
+        fams = pa.array(family_column(rows.column("op_type").to_pylist(), rows.column("op_name")), pa.string())
+        rows = rows.select(list(range(rows.num_columns - 2))).append_column("family", fams)
+        con.register(name, rows.filter(fams.is_valid()))
 
-    counts = []
-    for side in ("target", "bench"):
-        n: dict = {}
-        for row in with_family(f"SELECT DISTINCT {cols} FROM {side} WHERE op_name IS NOT NULL"):
-            k = (*row[:-2], row[-1])  # the graph_id out: ops per family over the graphs
-            n[k] = n.get(k, 0) + 1
-        counts.append(n)
+    # ops per family on each side: distinct (group, graph_id, op_type, op_name), the graph_id
+    # then left out (ops per family over the graphs); compared for each family holding a pair
+    with_family(f"SELECT DISTINCT {cols} FROM target WHERE op_name IS NOT NULL", "ops_t")
+    with_family(f"SELECT DISTINCT {cols} FROM bench WHERE op_name IS NOT NULL", "ops_b")
     tcols = ", ".join(f't."{k}"' for k in (*keys, "op_type", "op_name"))
-    for k in with_family(f"SELECT DISTINCT {tcols} FROM paired p JOIN target t ON t.tensor_id = p.target_tensor_id "
-                         "WHERE t.op_name IS NOT NULL"):
-        if counts[0].get(k) != counts[1].get(k):
+    with_family(f"SELECT DISTINCT {tcols} FROM paired p JOIN target t ON t.tensor_id = p.target_tensor_id "
+                "WHERE t.op_name IS NOT NULL", "paired_ops")
+    fk = ", ".join(f'"{k}"' for k in (*keys, "family"))
+    on = " AND ".join(f'f."{k}" IS NOT DISTINCT FROM {{0}}."{k}"' for k in (*keys, "family"))
+    try:
+        if con.sql(f"""
+            WITH ct AS (SELECT {fk}, count(*) AS n FROM ops_t GROUP BY ALL),
+            cb AS (SELECT {fk}, count(*) AS n FROM ops_b GROUP BY ALL),
+            f AS (SELECT DISTINCT {fk} FROM paired_ops)
+            SELECT count(*) FROM f LEFT JOIN ct ON {on.format("ct")} LEFT JOIN cb ON {on.format("cb")}
+            WHERE ct.n IS DISTINCT FROM cb.n""").fetchall()[0][0]:
             return True
+    finally:
+        for name in ("ops_t", "ops_b", "paired_ops"):
+            con.unregister(name)
     stats = ("l2norm", "mean", "min", "max")
     if not all(c in have[side] for c in stats for side in have):
         return con.sql("SELECT count(*) FROM paired p JOIN target t ON t.tensor_id = p.target_tensor_id "

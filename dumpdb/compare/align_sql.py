@@ -47,6 +47,8 @@ __all__ = ["align_exact", "exact_paired"]
 _KEY = ("op_name", "size", "io", "slot", "slot_path", "arg_name")
 _ORDER = ("iteration", "rank", "graph_id", "position", "timestamp", "tensor_id")
 _CHECKED = ("op_type", "dtype", "l2norm", "mean", "min", "max")
+# every statistic of both tensors finite (each on its own: a sum of finite values can overflow)
+_FINITE = " AND ".join(f"isfinite({c})" for c in ("tl", "bl", "tm", "bm", "tn", "bn", "tx", "bx"))
 _NEEDED = ("tensor_id", "op_name", "scope_name", "shape", "io", "slot", "slot_path", "arg_name", *_ORDER)
 
 
@@ -215,7 +217,7 @@ def _doubted(con: duckdb.DuckDBPyConnection, group_by: Sequence[str]) -> bool:
           JOIN bench b ON b.tensor_id = p.bench_tensor_id)
         SELECT target_tensor_id, bench_tensor_id FROM x
         WHERE ts IS DISTINCT FROM bs OR td IS DISTINCT FROM bd OR (
-          isfinite(tl + bl + tm + bm + tn + bn + tx + bx) AND CASE WHEN l2 = 0
+          {_FINITE} AND CASE WHEN l2 = 0
             THEN (tm, tn, tx) IS DISTINCT FROM (bm, bn, bx)
             ELSE greatest(abs(tl - bl) / l2, abs(tm - bm) / (l2 / sqrt(k)), abs(tn - bn) / (l2 / sqrt(k)),
                           abs(tx - bx) / (l2 / sqrt(k))) > {LOOKS_WRONG} END)""")
@@ -280,7 +282,7 @@ def _better_partner_may_exist(con: duckdb.DuckDBPyConnection, group_by: Sequence
                      greatest(abs(x.l2norm), abs(y.l2norm)),
                      greatest(coalesce(list_aggregate(x.shape, 'product'), 1), 1)
               FROM w x JOIN bk y ON {same} WHERE x.pr IS NULL AND y.tensor_id <> x.partner)
-            SELECT count(*) FROM cand WHERE isfinite(tl + bl + tm + bm + tn + bn + tx + bx) AND (l2 = 0 OR greatest(
+            SELECT count(*) FROM cand WHERE {_FINITE} AND (l2 = 0 OR greatest(
                 abs(tl - bl) / l2, abs(tm - bm) / (l2 / sqrt(k)), abs(tn - bn) / (l2 / sqrt(k)),
                 abs(tx - bx) / (l2 / sqrt(k))) < {FITS})""").fetchall()[0][0] > 0
     finally:

@@ -95,3 +95,117 @@ def test_declines_when_a_later_strategy_has_work():
     assert align_exact(target, bench, strategies=STRATEGIES) is None
     assert align_exact(target, bench, strategies=("order", "exact")) is None
     assert align_exact(target, bench, strategies=("exact",)).pairs.num_rows == 1
+
+
+def _raw_sql(archive: Path, sql: str) -> None:
+    """Change the catalog behind dumpdb's back (a bench tensor's statistics)."""
+    import duckdb
+    con = duckdb.connect(str(archive / "catalog.duckdb"))
+    con.execute(sql)
+    con.close()
+
+
+def _compare_both_paths(archive: Path, monkeypatch) -> tuple:
+    """The statistics compare through the SQL fast path and through align() (the engine
+    with statistics_pairs declining): result rows (without compare_id) and summaries."""
+    fast = engine.compare(dumpdb.open(archive), "t", "b", mode="statistics", store_results=False)
+    with monkeypatch.context() as m:
+        m.setattr(engine, "statistics_pairs", lambda *a, **k: None)
+        full = engine.compare(dumpdb.open(archive), "t", "b", mode="statistics", store_results=False)
+    for outcome in (fast, full):
+        outcome.results = outcome.results.drop_columns(["compare_id"])
+    return fast, full
+
+
+def test_a_pair_that_looks_wrong_without_a_better_partner_keeps_the_fast_path(tmp_path, monkeypatch):
+    """Real msprobe statistics (bf16 vs fp32, every tensor paired by exact): one bench
+    tensor's statistics made unrelated to its target's. align() keeps the pair (no other
+    bench tensor fits the target), so the SQL path must not decline for it, and the
+    compare rows equal align()'s; with two bench tensors of one kind swapping statistics
+    (each fits the other's target: align() may take their family back) the SQL path
+    declines."""
+    archive = tmp_path / "a.dumpdb"
+    assert dumpdb.ingest(ORACLE / "statistics_L1" / "bf16" / "dump", archive=archive, run="t").ok
+    assert dumpdb.ingest(ORACLE / "statistics_L1" / "fp32" / "dump", archive=archive, run="b").ok
+    trows, brows = _tables(archive, "t", "b")
+    assert align_exact(trows, brows, strategies=STRATEGIES) is not None
+    # one pair looks wrong: the bench tensor 100 times larger and shifted
+    victim = brows.filter(pa.compute.greater(brows.column("l2norm"), 0)).slice(3, 1).to_pylist()[0]
+    _raw_sql(archive, "UPDATE tensors SET l2norm = l2norm * 100, mean = mean * 100 + 1, min = min * 100 - 1, "
+                      f"max = max * 100 + 1 WHERE tensor_id = {victim['tensor_id']}")
+    trows, brows = _tables(archive, "t", "b")
+    full_align = align(trows, brows)
+    exact = align_exact(trows, brows, strategies=STRATEGIES)
+    assert exact is not None  # the old check declined here: one pair farther than LOOKS_WRONG
+    _same(exact, full_align)
+    assert full_align.suspects.num_rows == 0 and not any(full_align.pairs.column("realigned").to_pylist())
+    fast, full = _compare_both_paths(archive, monkeypatch)
+    assert fast.results.equals(full.results)
+    assert fast.summary["suspected_mispairs"] == full.summary["suspected_mispairs"] == []
+    row = [r for r in fast.results.to_pylist() if r["bench_tensor_id"] == victim["tensor_id"]]
+    assert len(row) == 1 and row[0]["result"] != "pass"  # the changed pair is compared, not lost
+
+    # two bench tensors of one kind swap statistics: each fits the other's target
+    kinds = brows.group_by(["op_type", "dtype", "io"]).aggregate([("tensor_id", "list")]).to_pylist()
+    same_shape = None
+    by_id = {r["tensor_id"]: r for r in brows.to_pylist()}
+    for k in kinds:
+        ids = [i for i in k["tensor_id_list"] if by_id[i]["l2norm"]]
+        for x, y in zip(ids, ids[1:]):
+            a, b = by_id[x], by_id[y]
+            if a["shape"] == b["shape"] and abs(a["l2norm"] - b["l2norm"]) > 0.5 * max(a["l2norm"], b["l2norm"]):
+                same_shape = (a, b)
+                break
+        if same_shape:
+            break
+    assert same_shape is not None
+    for me, other in (same_shape, same_shape[::-1]):
+        _raw_sql(archive, f"UPDATE tensors SET l2norm = {other['l2norm']!r}, mean = {other['mean']!r}, "
+                          f"min = {other['min']!r}, max = {other['max']!r} WHERE tensor_id = {me['tensor_id']}")
+    trows, brows = _tables(archive, "t", "b")
+    assert align_exact(trows, brows, strategies=STRATEGIES) is None  # align() decides (the compare then runs it)
+
+
+def test_random_statistics_take_the_sql_path_only_where_align_keeps_every_exact_pair():
+    """Small runs of one msprobe family (relu calls of two shapes, float/int dtypes) whose
+    bench statistics are perturbed by rounding, scaled (looks wrong, no better partner)
+    or copied from another call (a better partner may sit in align's window): whenever
+    the SQL path answers, align() gives the same pairs, nothing re-aligned, no suspect."""
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+
+    def side(n, stats, start, ts, dtypes, shapes):
+        return pa.table({
+            "tensor_id": pa.array(range(start, start + n), pa.int64()), "op_type": ["relu"] * n,
+            "op_name": [f"Functional.relu.{i}.forward" for i in range(n)], "scope_name": [None] * n,
+            "io": ["output"] * n, "slot": pa.array([0] * n, pa.int32()), "slot_path": pa.array([None] * n, pa.string()),
+            "arg_name": pa.array([None] * n, pa.string()), "shape": pa.array(shapes, pa.list_(pa.int64())),
+            "iteration": pa.array([0] * n, pa.int64()), "rank": pa.array([None] * n, pa.int32()),
+            "graph_id": pa.array([0] * n, pa.int32()), "position": pa.array([None] * n, pa.int64()),
+            "timestamp": pa.array(ts, pa.int64()), "dtype": dtypes,
+            **{c: stats[:, k] for k, c in enumerate(("l2norm", "mean", "min", "max"))}})
+
+    taken = declined = 0
+    for _ in range(30):
+        n = int(rng.integers(4, 40))
+        st = rng.standard_normal((n, 4))
+        st[:, 0] = np.abs(st[:, 0]) * rng.choice([0.001, 1, 10], n)
+        bst = st * (1 + 1e-3 * rng.standard_normal((n, 4)))
+        for _ in range(int(rng.integers(1, 4))):
+            i, j = rng.integers(0, n, 2)
+            bst[i] = st[j] * (1 + 1e-4) if rng.random() < 0.5 else bst[i] * 50 + 1
+        shapes = [[int(rng.choice([2, 3]))] for _ in range(n)]
+        dtypes = list(rng.choice(["float32", "float16"], n))
+        ts = rng.permutation(n).tolist()
+        target = side(n, st, 0, ts, dtypes, shapes)
+        bench = side(n, bst, 1000, ts, [d if rng.random() > 0.05 else "int32" for d in dtypes], shapes)
+        fast = align_exact(target, bench, strategies=STRATEGIES)
+        if fast is None:
+            declined += 1
+            continue
+        taken += 1
+        full = align(target, bench)
+        _same(fast, full)
+        assert full.suspects.num_rows == 0 and not any(full.pairs.column("realigned").to_pylist())
+    assert taken and declined  # both ways were exercised

@@ -5,8 +5,9 @@ of 500,000 tensors align without a Python loop per tensor).
 the first strategy and no mapping is given, **whenever exact pairing leaves nothing for a
 later strategy** (no tensor is left unpaired on both sides, or ``exact`` is the only
 strategy) **and align()'s content check would doubt no pair** (:func:`_doubted`: a name
-family with another op count on the two sides, a pair of other shapes or statistics
-farther apart than ``align.LOOKS_WRONG``); otherwise it returns None and the caller runs
+family with another op count on the two sides, or a pair of other shapes, dtypes or
+statistics farther apart than ``align.LOOKS_WRONG`` while another bench tensor of the
+target's kind fits it within ``align.FITS``); otherwise it returns None and the caller runs
 :func:`~dumpdb.compare.align.align`, whose later strategies (normalized, sequence, order)
 and content check are Python. Training dumps compared run to run (same model, same dump
 settings) pair entirely by ``exact``.
@@ -30,13 +31,24 @@ from collections.abc import Sequence
 import duckdb
 import pyarrow as pa
 
-from dumpdb.compare.align import LOOKS_WRONG, PAIRS_SCHEMA, UNMATCHED_SCHEMA, Alignment, family_column
+from dumpdb.compare.align import (
+    FITS,
+    LOOKS_WRONG,
+    NEIGHBOURS,
+    PAIRS_SCHEMA,
+    UNMATCHED_SCHEMA,
+    Alignment,
+    _dtype_class,
+    family_column,
+)
 
 __all__ = ["align_exact", "exact_paired"]
 
 _KEY = ("op_name", "size", "io", "slot", "slot_path", "arg_name")
 _ORDER = ("iteration", "rank", "graph_id", "position", "timestamp", "tensor_id")
-_CHECKED = ("op_type", "l2norm", "mean", "min", "max")
+_CHECKED = ("op_type", "dtype", "l2norm", "mean", "min", "max")
+# every statistic of both tensors finite (each on its own: a sum of finite values can overflow)
+_FINITE = " AND ".join(f"isfinite({c})" for c in ("tl", "bl", "tm", "bm", "tn", "bn", "tx", "bx"))
 _NEEDED = ("tensor_id", "op_name", "scope_name", "shape", "io", "slot", "slot_path", "arg_name", *_ORDER)
 
 
@@ -143,49 +155,135 @@ def _doubted(con: duckdb.DuckDBPyConnection, group_by: Sequence[str]) -> bool:
     """Would align()'s content check take back some exact pairs? A cheap, conservative test
     on ``con`` (after the ``paired`` table is made): a name family
     (:func:`~dumpdb.compare.align.family`) holding paired ops has another number of ops on
-    the two sides, or a pair's shapes differ or its statistics distance exceeds
-    :data:`~dumpdb.compare.align.LOOKS_WRONG` (then align() decides, with the full check)."""
+    the two sides, or a pair looks wrong (other shape or dtype, or statistics distance
+    above :data:`~dumpdb.compare.align.LOOKS_WRONG`) **and** a bench tensor like its
+    target tensor might fit far better (:func:`_better_partner_may_exist`); then align()
+    decides, with the full check. A pair that merely looks wrong (random statistics,
+    a tensor of tiny L2 norm) is taken back by align() only when such a partner exists,
+    and is listed as a suspect only then: without one, align() keeps every exact pair."""
     keys = list(group_by)  # ops counted per (graph, name): a counter is per graph
     cols = ", ".join(f'"{k}"' for k in (*keys, "graph_id", "op_type", "op_name"))
     have = {name: set(con.sql(f"SELECT * FROM {name} LIMIT 0").columns) for name in ("target", "bench")}
     if any("op_type" not in cols_ for cols_ in have.values()):
         return False
-    def with_family(sql: str) -> list[tuple]:
-        """The rows of ``sql`` (op_type, op_name last) with the family in place of those two
-        (align.family, vectorised); rows without a family left out."""
+    def with_family(sql: str, name: str) -> None:
+        """Register as ``name`` the rows of ``sql`` (op_type, op_name last) with column
+        ``family`` in place of those two (align.family, vectorised over the column); rows
+        without a family left out."""
         rows = con.sql(sql).to_arrow_table()
-        fams = family_column(rows.column("op_type").to_pylist(), rows.column("op_name"))
-        head = list(zip(*(rows.column(i).to_pylist() for i in range(rows.num_columns - 2)))) \
-            if rows.num_columns > 2 else [()] * rows.num_rows
-        return [(*h, f) for h, f in zip(head, fams) if f is not None]
+        fams = pa.array(family_column(rows.column("op_type").to_pylist(), rows.column("op_name")), pa.string())
+        rows = rows.select(list(range(rows.num_columns - 2))).append_column("family", fams)
+        con.register(name, rows.filter(fams.is_valid()))
 
-    counts = []
-    for side in ("target", "bench"):
-        n: dict = {}
-        for row in with_family(f"SELECT DISTINCT {cols} FROM {side} WHERE op_name IS NOT NULL"):
-            k = (*row[:-2], row[-1])  # the graph_id out: ops per family over the graphs
-            n[k] = n.get(k, 0) + 1
-        counts.append(n)
+    # ops per family on each side: distinct (group, graph_id, op_type, op_name), the graph_id
+    # then left out (ops per family over the graphs); compared for each family holding a pair
+    with_family(f"SELECT DISTINCT {cols} FROM target WHERE op_name IS NOT NULL", "ops_t")
+    with_family(f"SELECT DISTINCT {cols} FROM bench WHERE op_name IS NOT NULL", "ops_b")
     tcols = ", ".join(f't."{k}"' for k in (*keys, "op_type", "op_name"))
-    for k in with_family(f"SELECT DISTINCT {tcols} FROM paired p JOIN target t ON t.tensor_id = p.target_tensor_id "
-                         "WHERE t.op_name IS NOT NULL"):
-        if counts[0].get(k) != counts[1].get(k):
+    with_family(f"SELECT DISTINCT {tcols} FROM paired p JOIN target t ON t.tensor_id = p.target_tensor_id "
+                "WHERE t.op_name IS NOT NULL", "paired_ops")
+    fk = ", ".join(f'"{k}"' for k in (*keys, "family"))
+    on = " AND ".join(f'f."{k}" IS NOT DISTINCT FROM {{0}}."{k}"' for k in (*keys, "family"))
+    try:
+        if con.sql(f"""
+            WITH ct AS (SELECT {fk}, count(*) AS n FROM ops_t GROUP BY ALL),
+            cb AS (SELECT {fk}, count(*) AS n FROM ops_b GROUP BY ALL),
+            f AS (SELECT DISTINCT {fk} FROM paired_ops)
+            SELECT count(*) FROM f LEFT JOIN ct ON {on.format("ct")} LEFT JOIN cb ON {on.format("cb")}
+            WHERE ct.n IS DISTINCT FROM cb.n""").fetchall()[0][0]:
             return True
+    finally:
+        for name in ("ops_t", "ops_b", "paired_ops"):
+            con.unregister(name)
     stats = ("l2norm", "mean", "min", "max")
     if not all(c in have[side] for c in stats for side in have):
         return con.sql("SELECT count(*) FROM paired p JOIN target t ON t.tensor_id = p.target_tensor_id "
                        "JOIN bench b ON b.tensor_id = p.bench_tensor_id "
                        "WHERE t.shape IS DISTINCT FROM b.shape").fetchall()[0][0] > 0
-    # stat_distance > LOOKS_WRONG (align.stat_distance's formula; NULL or non-finite: not doubted)
-    return con.sql(f"""
+    # pairs that look wrong: other shape or dtype (align's form, a superset of its dtype
+    # class), or stat_distance > LOOKS_WRONG (align.stat_distance's formula; NULL or
+    # non-finite: unknown, not wrong; both L2 norms 0 with other statistics: 1.0)
+    dtype = "t.dtype AS td, b.dtype AS bd," if all("dtype" in have[side] for side in have) else \
+        "NULL AS td, NULL AS bd,"
+    con.execute(f"""
+        CREATE TEMP TABLE looks_wrong AS
         WITH x AS (
-          SELECT t.shape AS ts, b.shape AS bs, t.l2norm AS tl, b.l2norm AS bl, t.mean AS tm, b.mean AS bm,
+          SELECT p.target_tensor_id, p.bench_tensor_id, {dtype}
+                 t.shape AS ts, b.shape AS bs, t.l2norm AS tl, b.l2norm AS bl, t.mean AS tm, b.mean AS bm,
                  t.min AS tn, b.min AS bn, t.max AS tx, b.max AS bx,
                  greatest(abs(t.l2norm), abs(b.l2norm)) AS l2,
                  greatest(coalesce(list_aggregate(t.shape, 'product'), 1), 1) AS k
           FROM paired p JOIN target t ON t.tensor_id = p.target_tensor_id
           JOIN bench b ON b.tensor_id = p.bench_tensor_id)
-        SELECT count(*) FROM x WHERE ts IS DISTINCT FROM bs OR (
-          l2 > 0 AND isfinite(tl + bl + tm + bm + tn + bn + tx + bx) AND greatest(
-            abs(tl - bl) / l2, abs(tm - bm) / (l2 / sqrt(k)), abs(tn - bn) / (l2 / sqrt(k)),
-            abs(tx - bx) / (l2 / sqrt(k))) > {LOOKS_WRONG})""").fetchall()[0][0] > 0
+        SELECT target_tensor_id, bench_tensor_id FROM x
+        WHERE ts IS DISTINCT FROM bs OR td IS DISTINCT FROM bd OR (
+          {_FINITE} AND CASE WHEN l2 = 0
+            THEN (tm, tn, tx) IS DISTINCT FROM (bm, bn, bx)
+            ELSE greatest(abs(tl - bl) / l2, abs(tm - bm) / (l2 / sqrt(k)), abs(tn - bn) / (l2 / sqrt(k)),
+                          abs(tx - bx) / (l2 / sqrt(k))) > {LOOKS_WRONG} END)""")
+    try:
+        return _better_partner_may_exist(con, group_by)
+    finally:
+        con.execute("DROP TABLE looks_wrong")
+
+
+def _better_partner_may_exist(con: duckdb.DuckDBPyConnection, group_by: Sequence[str]) -> bool:
+    """Might align()'s ``_better_partner`` find, for a pair in temp table ``looks_wrong``, a
+    bench tensor other than its partner that fits the target tensor within
+    :data:`~dumpdb.compare.align.FITS`? Only then can the content check take a pair back
+    or list it as a suspect (align.py, content check). align looks among the bench tensors
+    of the target's kind (group, graph, op type, leaf, dtype class, shape) in execution
+    order, at the :data:`~dumpdb.compare.align.NEIGHBOURS` either side of the place of the
+    pair's bench tensor; the same window here (the whole kind when the bench tensor is of
+    another kind), with :func:`~dumpdb.compare.align.stat_distance`'s formula below
+    ``FITS`` (conservative: align's bound is also below a quarter of the pair's distance;
+    both L2 norms 0 count whatever the other statistics)."""
+    if not con.sql("SELECT count(*) FROM looks_wrong").fetchall()[0][0]:
+        return False
+    # dtype class per dtype string: align's rule (_dtype_class), over the distinct values
+    dtypes = set()
+    for side in ("target", "bench"):
+        if "dtype" in con.sql(f"SELECT * FROM {side} LIMIT 0").columns:
+            dtypes |= {r[0] for r in con.sql(f"SELECT DISTINCT dtype FROM {side}").fetchall()}
+    con.register("dtype_class", pa.table({"dtype": pa.array(sorted(d for d in dtypes if d is not None), pa.string()),
+                                          "cls": pa.array([_dtype_class(d) for d in sorted(d for d in dtypes
+                                                                                            if d is not None)],
+                                                          pa.string())}))
+    kind = (*group_by, "graph_id", "op_type", "io", "slot", "slot_path", "arg_name", "cls", "shape")
+    order = ", ".join(f'"{c}" ASC NULLS LAST' for c in _ORDER)
+
+    def classed(side: str) -> str:
+        has = "dtype" in con.sql(f"SELECT * FROM {side} LIMIT 0").columns
+        return (f"SELECT s.*, c.cls FROM {side} s LEFT JOIN dtype_class c ON c.dtype = s.dtype" if has else
+                f"SELECT s.*, NULL::VARCHAR AS cls FROM {side} s")
+    part = ", ".join(f'"{k}"' for k in kind)
+    same = " AND ".join(f'x."{k}" IS NOT DISTINCT FROM y."{k}"' for k in kind)
+    try:
+        return con.sql(f"""
+            WITH tk AS ({classed("target")}),
+            bk AS (SELECT *, row_number() OVER (PARTITION BY {part} ORDER BY {order}) - 1 AS r,
+                          (row_number() OVER (PARTITION BY {part} ORDER BY {order}) - 1) // {NEIGHBOURS} AS bucket
+                   FROM ({classed("bench")})),
+            w AS (SELECT x.*, w.bench_tensor_id AS partner,
+                         CASE WHEN {same} THEN y.r END AS pr
+                  FROM looks_wrong w JOIN tk x ON x.tensor_id = w.target_tensor_id
+                  JOIN bk y ON y.tensor_id = w.bench_tensor_id),
+            near AS (  -- the bench tensor is of the target's kind: the NEIGHBOURS either side of it
+              SELECT w.*, unnest([w.pr // {NEIGHBOURS} - 1, w.pr // {NEIGHBOURS}, w.pr // {NEIGHBOURS} + 1])
+                     AS bucket FROM w WHERE pr IS NOT NULL),
+            cand AS (
+              SELECT x.l2norm AS tl, y.l2norm AS bl, x.mean AS tm, y.mean AS bm, x.min AS tn, y.min AS bn,
+                     x.max AS tx, y.max AS bx, greatest(abs(x.l2norm), abs(y.l2norm)) AS l2,
+                     greatest(coalesce(list_aggregate(x.shape, 'product'), 1), 1) AS k
+              FROM near x JOIN bk y ON {same} AND y.bucket = x.bucket
+              WHERE y.tensor_id <> x.partner AND y.r BETWEEN x.pr - {NEIGHBOURS} AND x.pr + {NEIGHBOURS}
+              UNION ALL  -- of another kind: the whole kind (align bisects to a place in it)
+              SELECT x.l2norm, y.l2norm, x.mean, y.mean, x.min, y.min, x.max, y.max,
+                     greatest(abs(x.l2norm), abs(y.l2norm)),
+                     greatest(coalesce(list_aggregate(x.shape, 'product'), 1), 1)
+              FROM w x JOIN bk y ON {same} WHERE x.pr IS NULL AND y.tensor_id <> x.partner)
+            SELECT count(*) FROM cand WHERE {_FINITE} AND (l2 = 0 OR greatest(
+                abs(tl - bl) / l2, abs(tm - bm) / (l2 / sqrt(k)), abs(tn - bn) / (l2 / sqrt(k)),
+                abs(tx - bx) / (l2 / sqrt(k))) < {FITS})""").fetchall()[0][0] > 0
+    finally:
+        con.unregister("dtype_class")

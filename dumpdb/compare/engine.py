@@ -1145,14 +1145,10 @@ def _result_table(view: _View) -> pa.Table:
 
 
 def _text_array(values: np.ndarray) -> pa.Array:
-    """An object array of str/None as an Arrow string array; a column of few distinct
-    values (verdicts, modes, dtypes) through codes and a dictionary, several times faster
-    than converting each element."""
-    if len(set(values[:4096].tolist())) > 64:  # mostly distinct texts (reasons, messages)
-        return pa.array(values, pa.string())
-    index: dict = {}
-    codes = np.fromiter((index.setdefault(v, len(index)) for v in values.tolist()), np.int32, len(values))
-    return pa.DictionaryArray.from_arrays(pa.array(codes), pa.array(list(index), pa.string())).cast(pa.string())
+    """An object array of str/None as an Arrow string array. Arrow converts the object
+    array in C: 2x to 16x faster than coding the values through a Python dict first
+    (100k verdicts, 500k dtypes or mostly-NULL messages), whatever the distinct count."""
+    return pa.array(values, pa.string())
 
 
 def _result_schema() -> pa.Schema:

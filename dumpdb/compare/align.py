@@ -901,7 +901,7 @@ def stat_distance(x: tuple, y: tuple) -> float:
     return max(abs(x[0] - y[0]) / l2, abs(x[1] - y[1]) / rms, abs(x[2] - y[2]) / rms, abs(x[3] - y[3]) / rms)
 
 
-def _dtype_class(dtype: str | None) -> str | None:
+def dtype_class(dtype: str | None) -> str | None:
     if dtype is None:
         return None
     d = dtype.lower().removeprefix("torch.")
@@ -933,7 +933,7 @@ class _Content:
         """(dtype class, shape tuple) per row."""
         if self._form is None:
             s = self.s
-            classes = {d: _dtype_class(d) for d in set(s.dtype)}
+            classes = {d: dtype_class(d) for d in set(s.dtype)}
             self._form = [(classes[d], None if sh is None else tuple(sh)) for d, sh in zip(s.dtype, s.shape)]
         return self._form
 
@@ -1010,7 +1010,7 @@ def _elements(s: _Side) -> np.ndarray:
 def _form_keys(s: _Side) -> np.ndarray:
     """Per row a string standing for (dtype class, shape): equal strings, equal forms."""
     dtypes = s.arrow("dtype")
-    classes = {d: _dtype_class(d) for d in (pc.unique(dtypes).to_pylist() if s.n else [])}
+    classes = {d: dtype_class(d) for d in (pc.unique(dtypes).to_pylist() if s.n else [])}
     cls = [("\x00" if classes[d] is None else classes[d]) for d in s.dtype]
     sh = _shapes(s)
     if sh is None:

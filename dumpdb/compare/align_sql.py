@@ -38,7 +38,7 @@ from dumpdb.compare.align import (
     PAIRS_SCHEMA,
     UNMATCHED_SCHEMA,
     Alignment,
-    _dtype_class,
+    dtype_class,
     family_column,
 )
 
@@ -240,13 +240,13 @@ def _better_partner_may_exist(con: duckdb.DuckDBPyConnection, group_by: Sequence
     both L2 norms 0 count whatever the other statistics)."""
     if not con.sql("SELECT count(*) FROM looks_wrong").fetchall()[0][0]:
         return False
-    # dtype class per dtype string: align's rule (_dtype_class), over the distinct values
+    # dtype class per dtype string: align's rule (dtype_class), over the distinct values
     dtypes = set()
     for side in ("target", "bench"):
         if "dtype" in con.sql(f"SELECT * FROM {side} LIMIT 0").columns:
             dtypes |= {r[0] for r in con.sql(f"SELECT DISTINCT dtype FROM {side}").fetchall()}
     con.register("dtype_class", pa.table({"dtype": pa.array(sorted(d for d in dtypes if d is not None), pa.string()),
-                                          "cls": pa.array([_dtype_class(d) for d in sorted(d for d in dtypes
+                                          "cls": pa.array([dtype_class(d) for d in sorted(d for d in dtypes
                                                                                             if d is not None)],
                                                           pa.string())}))
     kind = (*group_by, "graph_id", "op_type", "io", "slot", "slot_path", "arg_name", "cls", "shape")

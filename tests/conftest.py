@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,13 @@ import pytest
 import dumpdb
 
 DATA = Path(__file__).parent / "data"
+# A suite started in the background of a non-interactive shell (`pytest ... &`, a CI runner's
+# job) inherits SIGINT as ignored, and so would every dumpdb process the tests start: the
+# Ctrl-C tests (test_interrupts.py, test_cli_features.py, test_hostile_input.py) would then
+# see no interrupt at all. Restore Python's own handler, as a terminal's foreground run has it.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 MS_CASES = ["c1_inputs_kernels_iter", "f_long_names", "d2_compare_fp16_bf16_iter0", "a_tensor_all_eval",
             "e1_nan_inf_overflow"]
 

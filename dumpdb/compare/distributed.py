@@ -8,7 +8,7 @@ the payload work - read both tensors, compute the metrics - goes to the cluster,
 that each name payload locations (array path, offset, count, dtype, shape, content hash)
 and open the archive's store themselves: the local ``tensors.zarr`` at the same path on a
 shared file system, or the ``s3://`` store its marker names, with the credentials of the
-worker's own ``AWS_*`` environment (:class:`StoreSpec`; no catalog, no payload byte passes
+worker's own ``AWS_*`` environment (:class:`dumpdb.cluster.StoreSpec`; no catalog, no payload byte passes
 through the driver). A task returns metric values, which the driver puts at the pairs'
 rows: the ``compare_results`` rows and the answer are those of the local run, bit for bit,
 because each pair's metrics are computed by the same functions on the same bytes whatever
@@ -16,10 +16,10 @@ the process (small pairs by ``metrics.tensor_metrics_batch``, whose values do no
 the batch, large pairs whole by ``metrics.tensor_metrics``: the segments of the local path
 fold to the same bits; tests/test_distributed.py).
 
-**Partition** (:func:`partition`): pairs are grouped by where their payloads lie - the
+**Partition** (:func:`dumpdb.cluster.partition`): pairs are grouped by where their payloads lie - the
 target's array (a pack, or a large array of its own) and the bench's - so a pack's shards
 are read by one task, once, in offset order (``TensorStore.read_many`` decodes each chunk
-once); a group is cut into tasks of at most :data:`TASK_BYTES` of payload.
+once); a group is cut into tasks of at most :data:`dumpdb.cluster.TASK_BYTES` of payload.
 
 **Memory per worker** (one task per worker thread; ``"local"`` starts single-threaded
 workers): a small-pair task holds one batch of at most ``engine.BATCH_ELEMENTS`` elements a

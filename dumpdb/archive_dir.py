@@ -60,17 +60,24 @@ def store_config(path: Path) -> tuple[str | None, dict[str, str]]:
     return store.get("url"), dict(store.get("options") or {})
 
 
-def open_tensor_store(path: Path, read_only: bool = True,
-                      storage_options: dict[str, Any] | None = None) -> TensorStore:
-    """The :class:`~dumpdb.storage.store.TensorStore` of the archive at ``path``: its local
-    ``tensors.zarr`` or the object store its marker names (options: the remembered ones,
-    overlaid by ``storage_options``). Nothing is contacted until the first read."""
-    from dumpdb.storage.store import TensorStore
-
+def store_location(path: Path, storage_options: dict[str, Any] | None = None) -> tuple[str | Path, dict[str, Any]]:
+    """``(location, options)`` of the archive at ``path``'s tensor store: its local
+    ``tensors.zarr`` path with no options, or the object-store URL its marker names with the
+    remembered options overlaid by ``storage_options``."""
     url, options = store_config(path)
     if url is None:
-        return TensorStore(Path(path) / STORE, read_only=read_only)
-    return TensorStore(url, read_only=read_only, storage_options={**options, **(storage_options or {})})
+        return Path(path) / STORE, {}
+    return url, {**options, **(storage_options or {})}
+
+
+def open_tensor_store(path: Path, read_only: bool = True,
+                      storage_options: dict[str, Any] | None = None) -> TensorStore:
+    """The :class:`~dumpdb.storage.store.TensorStore` of the archive at ``path``
+    (:func:`store_location`). Nothing is contacted until the first read."""
+    from dumpdb.storage.store import TensorStore
+
+    location, options = store_location(path, storage_options)
+    return TensorStore(location, read_only=read_only, storage_options=options)
 
 
 def check_store_url(path: Path, store: str | None) -> None:

@@ -14,7 +14,6 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -98,11 +97,10 @@ _OPEN_LOCK = threading.Lock()
 def store_spec(archive) -> StoreSpec:
     """The :class:`StoreSpec` of ``archive``'s store (``dumpdb.json``: its URL and remembered
     options, overlaid by the archive's ``storage_options``)."""
-    from dumpdb.archive_dir import STORE, store_config
+    from dumpdb.archive_dir import store_location
 
-    url, options = store_config(archive.path)
-    merged = {**options, **archive.storage_options}
-    return StoreSpec(url or str(Path(archive.path) / STORE), tuple(sorted((k, str(v)) for k, v in merged.items())),
+    location, options = store_location(archive.path, archive.storage_options)
+    return StoreSpec(str(location), tuple(sorted((k, str(v)) for k, v in options.items())),
                      bool(archive.verify_reads))
 
 

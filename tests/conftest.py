@@ -91,6 +91,18 @@ def assert_bit_exact(array: np.ndarray, payload: bytes) -> None:
     assert np.ascontiguousarray(array).tobytes() == payload
 
 
+def assert_run_reads_back_its_dump(archive, case: Path, run: str) -> None:
+    """Every tensor of ``run`` in ``archive`` (a dumpdb.Archive) has the shape and the bytes of
+    its ``.npy`` file in the dump ``case``, and every file of the dump is there once."""
+    files = {p.name: p for p in npy_files(case)}
+    rows = archive.sql("SELECT tensor_id, source_file FROM tensors WHERE run = $run", {"run": run}).to_pylist()
+    assert len(rows) == len(files)
+    for row in rows:
+        _descr, shape, raw = npy_payload(files[row["source_file"].rsplit("/", 1)[-1]])
+        got = archive.tensor(row["tensor_id"])
+        assert got.shape == shape and got.tobytes() == raw
+
+
 # -- object storage: moto's S3 server on 127.0.0.1, started once, each test its own bucket --
 @pytest.fixture(scope="session")
 def moto_s3():

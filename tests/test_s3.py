@@ -14,7 +14,7 @@ import json
 import google_crc32c
 import numpy as np
 import pytest
-from conftest import ms_case, npy_files, npy_payload
+from conftest import assert_run_reads_back_its_dump, ms_case, npy_files, npy_payload
 from storage_servers import free_port, moto_server
 from typer.testing import CliRunner
 
@@ -92,15 +92,7 @@ def test_ingest_puts_tensors_on_s3_and_remembers_the_url(pair):
 
 def test_every_tensor_reads_back_bit_exact_from_the_dump_files(pair):
     s3, _local, _url = pair
-    a = dumpdb.open(s3)
-    case = ms_case(CASES["c1"])
-    files = {p.name: p for p in npy_files(case)}
-    rows = a.sql("SELECT tensor_id, source_file FROM tensors WHERE run = 'c1'").to_pylist()
-    assert len(rows) == len(files)
-    for row in rows:
-        descr, shape, raw = npy_payload(files[row["source_file"].rsplit("/", 1)[-1]])
-        got = a.tensor(row["tensor_id"])
-        assert got.shape == shape and got.tobytes() == raw
+    assert_run_reads_back_its_dump(dumpdb.open(s3), ms_case(CASES["c1"]), "c1")
 
 
 def test_tensors_stream_equals_local(pair):

@@ -76,7 +76,7 @@ import pyarrow as pa
 from dumpdb.checks.conditions import FP16_MAX
 from dumpdb.checks.registry import CHECKS, Check
 from dumpdb.checks.registry import ThresholdTest as _Test
-from dumpdb.cluster import StoreSpec, gathered, partition, store_spec
+from dumpdb.cluster import StoreSpec, dask_client, gathered, partition, store_spec, workers_for
 from dumpdb.errors import DumpdbError
 
 
@@ -716,8 +716,6 @@ def _cluster(scheduler: str | None, workers: int | None) -> Iterator[Any]:
     if scheduler is None:
         yield None
         return
-    from dumpdb.cluster import dask_client, workers_for
-
     with dask_client(scheduler, workers_for(workers)) as client:
         yield client
 

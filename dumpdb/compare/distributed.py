@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from dumpdb.cluster import StoreSpec, gathered, partition, store_spec, workers_for
+from dumpdb.cluster import StoreSpec, dask_client, gathered, partition, store_spec, workers_for
 
 
 # --------------------------------------------------------------------------- compare
@@ -64,8 +64,6 @@ def compare_pairs(archive, scheduler: str, workers: int | None, tloc: pa.Table, 
     ``small_bytes`` payload bytes of both sides) and
     ``("large", pair rows, [(metrics, message), ...])`` for ``large``:
     ``(row, target loc, bench loc, ranges, nbytes)`` each. Partitioned by :func:`partition`."""
-    from dumpdb.cluster import dask_client
-
     spec = store_spec(archive)
     with dask_client(scheduler, workers_for(workers)) as client:
         futures = {}

@@ -17,10 +17,8 @@ reshape, one op split in two) leaves the rest paired. The method is *patience di
    equal token of ``b`` within ``LOOKAHEAD`` positions), which is linear.
 
 Every level is O(n log n) in its window; windows shrink, so the whole is O(n log n) times
-the nesting depth (a few levels on real graphs). Measured with ``scripts/bench_align.py``
-(10^5 ops per side, 2 % inserted and 2 % removed, 2-core VM shared with other jobs, load ~10):
-:func:`diff` 0.9-2.2 s; the whole ``sequence`` strategy of :func:`dumpdb.compare.align.align`
-(tables to lists, tokens, diff, re-pairing, tensor pairs) 12 s.
+the nesting depth (a few levels on real graphs); ``scripts/bench_align.py`` measures it
+(figures in docs/alignment.md).
 """
 
 from __future__ import annotations

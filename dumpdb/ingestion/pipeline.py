@@ -373,7 +373,6 @@ class _Pipeline:
         self.held_keys: set[str] = set()  # tensor keys the run held when the ingest began
         self.tables: list[pa.Table] = []  # statistics-only rows (Arrow), not yet in the catalog
         self.done_seen: set[str] = set()  # keys of self.done met again while streaming a csv
-        self.duplicates = 0  # duplicate csv rows refused in the current batch (not 'already there')
         self.done: set[str] = set()  # tensor keys the run held when this ingest began
         self.executor: _Executors | None = None  # worker processes / Dask; None: threads here
         self.accepted = 0  # entries taken since the packs were last cut
@@ -587,21 +586,21 @@ class _Pipeline:
                 for message in part.errors:
                     self._error(sf.source_file, message)
                 self.report.tensors_in_dump += part.table.num_rows + len(part.entries)
-                table = self._new_rows(part.table, seen, part.lines, sf.source_file)
+                table, duplicates = self._new_rows(part.table, seen, part.lines, sf.source_file)
                 rows = []
                 if part.entries:
                     mini = DumpScan(layout=self.layout.name, root=Path(sf.path), entries=part.entries)
                     check_ranges(mini, TENSOR_SCHEMA, {})
                     for source_file, message in mini.errors:
                         self._error(source_file, message)
-                    fresh = self._new_rows(pa.table({"tensor_key": [e.key for e in mini.entries]}), seen,
+                    fresh, more = self._new_rows(pa.table({"tensor_key": [e.key for e in mini.entries]}), seen,
                                            np.array([e.csv_line or 0 for e in mini.entries], dtype=np.int64),
                                            sf.source_file)
+                    duplicates += more
                     keep = set(fresh["tensor_key"].to_pylist())
                     rows = [self._row(_Loaded(e)) for e in mini.entries if e.key in keep]
                 added = table.num_rows + len(rows)
-                self.report.tensors_skipped += part.table.num_rows + len(part.entries) - added - self.duplicates
-                self.duplicates = 0
+                self.report.tensors_skipped += part.table.num_rows + len(part.entries) - added - duplicates
                 self.report.statistics_only += added
                 self.tables.append(table)
                 self.rows.extend(rows)
@@ -610,13 +609,15 @@ class _Pipeline:
         except (OSError, DumpdbError) as exc:
             self._error(sf.source_file, reason(exc, sf.path))
 
-    def _new_rows(self, table: pa.Table, seen: list[np.ndarray], lines: np.ndarray, where: str) -> pa.Table:
+    def _new_rows(self, table: pa.Table, seen: list[np.ndarray], lines: np.ndarray,
+                  where: str) -> tuple[pa.Table, int]:
         """``table`` without rows whose ``tensor_key`` the run already has: an earlier
         ingest's (skipped, counted as already there), or an earlier row of this file in this
         ingest (an earlier batch or this one: the first one wins, each later one is an error
         line, :func:`~dumpdb.layouts.mindspore_kit.duplicate_row`). ``lines``: the csv line of
         each row. ``seen`` holds sorted 64-bit hashes of the keys taken so far (8 bytes a
-        row); a hash hit is checked against the catalog, so a collision never drops a row."""
+        row); a hash hit is checked against the catalog, so a collision never drops a row.
+        Returns the kept rows and the number of duplicate rows refused."""
         keys = table["tensor_key"].to_pylist()
         hashes = np.fromiter((hash(k) for k in keys), dtype=np.int64, count=len(keys))
         hit = np.zeros(len(keys), dtype=bool)
@@ -628,24 +629,25 @@ class _Pipeline:
             committed = self._committed_keys([k for k, h in zip(keys, hit) if h])
         taken: set[str] = set()
         keep = np.ones(len(keys), dtype=bool)
+        duplicates = 0
         for i, k in enumerate(keys):
             if self.done and k in self.done:
                 keep[i] = False
                 if k in self.done_seen:  # a second row of what an earlier ingest committed
                     self._error(where, duplicate_row(where, int(lines[i]), k.partition("#")[2]))
-                    self.duplicates += 1
+                    duplicates += 1
                 self.done_seen.add(k)
             elif k in taken or (hit[i] and k in committed):
                 keep[i] = False
                 self._error(where, duplicate_row(where, int(lines[i]), k.partition("#")[2]))
-                self.duplicates += 1
+                duplicates += 1
             else:
                 taken.add(k)
         if keep.any():
             seen.append(np.sort(hashes[keep]))
             if len(seen) >= 8:  # few sorted runs: a lookup stays ~8 binary searches, not one per batch
                 seen[:] = [np.sort(np.concatenate(seen))]
-        return table if keep.all() else table.filter(pa.array(keep))
+        return (table if keep.all() else table.filter(pa.array(keep))), duplicates
 
     def _committed_keys(self, candidates: list[str]) -> set[str]:
         """Which of ``candidates`` the run holds (earlier batches committed first)."""

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import random
 import runpy
 import signal
 import sys
@@ -117,6 +118,35 @@ def _apply_settings(spec: str) -> None:
             print(f"crashkit: {target} does not exist; not set", file=sys.stderr)
             continue
         setattr(module, attr, type(getattr(module, attr))(value))
+
+
+def kill_points(count_file: str | os.PathLike, points: int, salt: str, head: float = 1.0) -> list[int]:
+    """Pick ``points`` kill points (1-based event numbers) from a count pass's file.
+
+    Stratified by event kind: first one event of every kind the command showed (a commit,
+    an fsync, a rename, a write...: each is a different moment of the crash protocol), in
+    a seeded order, then more events at random. So a few points already kill the command
+    at every kind of moment; ``DUMPDB_CRASH_POINTS`` (a factor) and ``DUMPDB_CRASH_SEED``
+    widen or move the schedule. ``head`` keeps the points within the first share of the
+    events (for commands whose count varies a little from run to run with thread timing).
+    """
+    seed = os.environ.get("DUMPDB_CRASH_SEED", "20")
+    k = max(1, round(points * float(os.environ.get("DUMPDB_CRASH_POINTS", "1"))))
+    lines = open(count_file).read().split()
+    total = max(1, int(int(lines[0]) * head))
+    kinds = lines[1:total + 1]
+    if total <= k:  # a short command: every event is a kill point
+        return list(range(1, total + 1))
+    rng = random.Random(f"{seed}:{salt}")
+    by_kind: dict[str, list[int]] = {}
+    for i, kind in enumerate(kinds, start=1):
+        by_kind.setdefault(kind, []).append(i)
+    chosen = [rng.choice(by_kind[kind]) for kind in sorted(by_kind)]
+    rng.shuffle(chosen)
+    chosen = chosen[:k]
+    rest = sorted(set(range(1, total + 1)) - set(chosen))
+    chosen += rng.sample(rest, k - len(chosen))
+    return sorted(chosen)
 
 
 def main() -> None:

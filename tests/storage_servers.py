@@ -117,9 +117,11 @@ def seaweedfs_server(workdir: Path, ready_timeout: float = 60.0) -> Iterator[Loc
         _wait_ready(server, proc, workdir / "weed.log", ready_timeout)
         yield server
     finally:
+        # weed's graceful stop flushes its volumes and can take 20 s; the data is the test's
+        # own temporary directory, so a short grace then SIGKILL loses nothing anyone reads
         proc.terminate()
         try:
-            proc.wait(timeout=20)
+            proc.wait(timeout=3)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()

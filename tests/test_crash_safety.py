@@ -5,14 +5,15 @@ runs again, the archive is opened and every committed row must read back bit for
 against the source dump and ``verify`` must pass; after the re-run the result is complete.
 
 ``DUMPDB_CRASH_SEED`` changes the schedule (the failing seed and event are in the message);
-``DUMPDB_CRASH_POINTS`` multiplies the number of kill points (default: 12 ingest, 6 import,
-6 gc, 5 compare and every event of prune's single transaction: 32 in all).
+``DUMPDB_CRASH_POINTS`` multiplies the number of kill points (default: 5 ingest, 2 ingest with
+workers, 3 import, 4 prune, 3 gc, 3 compare: 20 in all). The points are stratified by event
+kind (``crashkit.kill_points``): every command is killed at a commit, an fsync, a rename, a
+write... before any kind gets a second point.
 """
 
 from __future__ import annotations
 
 import os
-import random
 import shutil
 import signal
 import subprocess
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ms_case, npy_files, npy_payload
+from crashkit import kill_points
 
 import dumpdb
 import dumpdb.archive  # is_archive: a submodule, not imported by "import dumpdb" alone
@@ -28,7 +30,6 @@ import dumpdb.archive  # is_archive: a submodule, not imported by "import dumpdb
 REPO = Path(__file__).resolve().parents[1]
 CRASHKIT = Path(__file__).with_name("crashkit.py")
 SEED = int(os.environ.get("DUMPDB_CRASH_SEED", "20"))
-SCALE = float(os.environ.get("DUMPDB_CRASH_POINTS", "1"))
 # Tiny packs and a commit after every accepted batch: many shards, renames and commits
 # (hundreds of kill points) in a dump of a few MB.
 SETTINGS = "dumpdb.storage.store.PACK_BYTES=32768;dumpdb.ingestion.pipeline.COMMIT_SECONDS=0"
@@ -57,12 +58,8 @@ def _schedule(archive: Path, args: list[str], points: int, salt: str, ok_codes=(
     probe_args = [str(probe) if a == str(archive) else a for a in args]
     proc = crashkit_run(probe, probe_args, CRASHKIT_COUNT_FILE=str(count_file))
     assert proc.returncode in ok_codes, proc.stderr
-    total = int(count_file.read_text().split()[0])
     shutil.rmtree(probe)
-    k = max(1, round(points * SCALE))
-    if total <= k:  # a short command (one transaction): every event is a kill point
-        return list(range(1, total + 1))
-    return sorted(random.Random(f"{SEED}:{salt}").sample(range(1, total + 1), k))
+    return kill_points(count_file, points, salt)
 
 
 def _killed(archive: Path, args: list[str], at: int, **extra) -> subprocess.CompletedProcess:
@@ -115,7 +112,7 @@ def test_ingest_killed_anywhere_keeps_committed_rows_exact_and_reruns_complete(t
     archive = tmp_path / "a.dumpdb"
     args = ["ingest", str(SOURCES["d2"]), "--archive", str(archive), "--run", "d2", "-q"]
     n_files = len(npy_files(SOURCES["d2"]))
-    for at in _schedule(archive, args, 12, "ingest"):
+    for at in _schedule(archive, args, 5, "ingest"):
         if archive.exists():
             shutil.rmtree(archive)
         proc = _killed(archive, args, at)
@@ -129,7 +126,7 @@ def test_ingest_killed_anywhere_keeps_committed_rows_exact_and_reruns_complete(t
         assert dumpdb.open(archive).show("d2")["status"] == "complete"
 
 
-def test_ingest_with_two_workers_killed_at_three_points_reruns_to_a_clean_ingest(tmp_path):
+def test_ingest_with_two_workers_killed_at_two_points_reruns_to_a_clean_ingest(tmp_path):
     """Issue 12: the ingesting process killed (SIGKILL) while 2 worker processes read for it;
     the same command again completes: counts equal a clean ingest, no tensor twice, verify
     passes, and gc finds the packs the dead ingest wrote but never committed."""
@@ -139,7 +136,7 @@ def test_ingest_with_two_workers_killed_at_three_points_reruns_to_a_clean_ingest
     archive = tmp_path / "a.dumpdb"
     args = ["ingest", str(SOURCES["d2"]), "--archive", str(archive), "--run", "d2", "-q", "--workers", "2"]
     count = tmp_path / "events.txt"
-    for at in _schedule(archive, args, 3, "ingest-workers"):
+    for at in _schedule(archive, args, 2, "ingest-workers"):
         # With commits after every batch (COMMIT_SECONDS=0) how many there are follows the
         # timing of the pack writes, so a run may see fewer events than the probe did: one
         # that ends before its kill point is run again with the point inside its own count.
@@ -176,7 +173,7 @@ def test_import_killed_anywhere_keeps_committed_rows_exact_and_reruns_complete(t
     shutil.copytree(base, archive)
     args = ["import", str(bundle), "--archive", str(archive)]
     n = len(npy_files(SOURCES["d2"])) + len(npy_files(SOURCES["c1"]))
-    for at in _schedule(archive, args, 6, "import"):
+    for at in _schedule(archive, args, 3, "import"):
         shutil.rmtree(archive)
         shutil.copytree(base, archive)
         where = f"import killed at event {at} (seed {SEED})"
@@ -228,7 +225,7 @@ def test_gc_killed_anywhere_loses_no_live_payload(tmp_path):
     args = ["gc", "--archive", str(archive)]
     live = assert_committed_rows_exact(base, "before gc")
     size_before = sum(p.stat().st_size for p in (base / "tensors.zarr").rglob("*") if p.is_file())
-    for at in _schedule(archive, args, 6, "gc"):
+    for at in _schedule(archive, args, 3, "gc"):
         shutil.rmtree(archive)
         shutil.copytree(base, archive)
         where = f"gc killed at event {at} (seed {SEED})"
@@ -267,7 +264,7 @@ def test_compare_killed_anywhere_stores_all_or_nothing(tmp_path):
     archive = tmp_path / "a.dumpdb"
     shutil.copytree(base, archive)
     args = ["compare", "d2", "d1", "--archive", str(archive), "--show", "0"]
-    for at in _schedule(archive, args, 5, "compare", ok_codes=(0, 1)):
+    for at in _schedule(archive, args, 3, "compare", ok_codes=(0, 1)):
         shutil.rmtree(archive)
         shutil.copytree(base, archive)
         where = f"compare killed at event {at} (seed {SEED})"

@@ -7,7 +7,6 @@ deltas leaves committed rows exact and re-runs to a verified archive."""
 from __future__ import annotations
 
 import json
-import random
 import shutil
 import signal
 import subprocess
@@ -18,6 +17,7 @@ import numpy as np
 import pytest
 import zarr
 from conftest import DATA, assert_payloads_read_back, ms_case, npy_files, npy_payload, write_payloads
+from crashkit import kill_points
 from test_crash_safety import assert_committed_rows_exact, crashkit_run
 
 import dumpdb
@@ -258,8 +258,7 @@ def test_ingest_writing_deltas_killed_anywhere_keeps_committed_rows_exact_and_re
     total = int(count_file.read_text().split()[0])
     n_files = len(npy_files(E1))
     # events vary a little from run to run (threads, commit timing): points in the first 90 %
-    points = range(1, max(2, int(total * 0.9)))
-    for at in sorted(random.Random("delta-ingest").sample(points, min(6, len(points)))):
+    for at in kill_points(count_file, 3, "delta-ingest", head=0.9):
         if archive.exists():
             shutil.rmtree(archive)
         proc = _crashkit(archive, args, CRASHKIT_KILL_AT=str(at))

@@ -14,7 +14,6 @@ here, never from the code under test alone.
 from __future__ import annotations
 
 import os
-import random
 import shutil
 import signal
 import subprocess
@@ -26,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from catalog_snapshot import catalog_snapshot
+from crashkit import kill_points
 
 import dumpdb
 from dumpdb.dumpio import confine
@@ -188,7 +188,7 @@ def _crashkit(archive: Path, args: list[str], **env) -> subprocess.CompletedProc
 
 @pytest.mark.timeout(900)
 def test_killed_while_workers_write_packs_reruns_to_the_clean_ingest(tmp_path):
-    """kill -9 of the ingesting process at 3 points while 2 workers write its packs; the
+    """kill -9 of the ingesting process at 2 points while 2 workers write its packs; the
     same command again: the rows of a clean ingest, each payload bit for bit, verify and gc."""
     saved = make_dump(tmp_path / "dump")
     archive = tmp_path / "a.dumpdb"
@@ -202,8 +202,7 @@ def test_killed_while_workers_write_packs_reruns_to_the_clean_ingest(tmp_path):
     want = {k: v.tobytes() for k, v in saved.items()}
     # the workers' writes run beside the counted events, so later runs may have a few less
     # commits than the probe: kill points are taken from its first 60 %
-    points = range(1, max(2, total * 3 // 5))
-    for at in sorted(random.Random(f"{seed}:delegated").sample(points, min(3, len(points)))):
+    for at in kill_points(count, 2, "delegated", head=0.6):
         shutil.rmtree(archive, ignore_errors=True)
         where = f"killed at event {at} of {total} (seed {seed})"
         killed = _crashkit(archive, args, CRASHKIT_KILL_AT=str(at))

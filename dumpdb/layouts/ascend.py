@@ -454,12 +454,16 @@ class _CannLayout(Layout):
 
     def _scan_overflow_json(self, path: Path, source_file: str, original: str, fields: dict,
                             scan: DumpScan) -> None:
-        m = known_match(_OPDEBUG_JSON_RE, original)
         try:  # regular file inside the dump, bounded; deep nesting is one error
             text = read_dump_text(path, source_file, MAX_METADATA_BYTES)
             load_json(text, source_file)
         except DumpdbError as exc:
             scan.errors.append((source_file, reason(exc, source_file)))
+            return
+        m = _OPDEBUG_JSON_RE.match(original)
+        if m is None:  # a .npy/.csv file that mapping.csv gives a .json name of no overflow record
+            scan.errors.append((source_file, f"mapping.csv names it {display_name(original)!r}, which is not an "
+                                             "Opdebug overflow record name (Opdebug.Node_OpDebug.*.output.N.json)"))
             return
         parsed = {"op_type": OPDEBUG_TYPE, "op_name": OPDEBUG_NAME, "task_id": int(m["task_id"]),
                   "stream_id": int(m["stream_id"]), "timestamp": int(m["timestamp"])}

@@ -237,6 +237,24 @@ def test_bad_containers_are_ingest_errors_rest_ingests(tmp_path):
     assert {r["run"] for r in a.sql("SELECT run FROM ingest_errors").to_pylist()} == {"bad"}
 
 
+def test_mapping_csv_giving_a_file_a_foreign_json_name_is_one_error(tmp_path):
+    # mapping.csv maps a hashed .npy (holding valid JSON) to a .json name that is no Opdebug
+    # overflow record's: one error line naming the file, the rest ingests (was a TypeError
+    # that stopped the ingest)
+    fx = fc.build_ascend_npy(tmp_path / "dump")
+    d = tmp_path / "dump" / fc.TIME / "0" / "kernel_graph_1" / "1" / "0"
+    (d / "99.npy").write_text('{"op": 1}')
+    with open(d / "mapping.csv", "a") as f:
+        f.write("99.npy,Weird.op.json\n")
+    report = dumpdb.ingest(fx.root, archive=tmp_path / "a.dumpdb", run="r")
+    rel = str(Path(fc.TIME, "0", "kernel_graph_1", "1", "0", "99.npy"))
+    assert [m for f, m in report.errors if f == rel] == [
+        "mapping.csv names it 'Weird.op.json', which is not an Opdebug overflow record name "
+        "(Opdebug.Node_OpDebug.*.output.N.json)"]
+    stored = {r["source_file"] for r in _rows(tmp_path / "a.dumpdb", "r")}
+    assert {t.source_file for t in fx.tensors} <= stored and rel not in stored
+
+
 # -- the container parser ---------------------------------------------------------------------------
 def test_container_starts_as_formats_md_says():
     raw = container([], [np.zeros(3, np.float32)], version="2.0", dump_time=1)

@@ -73,6 +73,7 @@ from typing import Any, Protocol
 import numpy as np
 import pyarrow as pa
 
+from dumpdb.catalog.locations import LocationIndex
 from dumpdb.checks.conditions import FP16_MAX
 from dumpdb.checks.registry import CHECKS, Check
 from dumpdb.checks.registry import ThresholdTest as _Test
@@ -85,6 +86,9 @@ class ArchiveReads(Protocol):
     ``checks/`` in the import layers, pyproject.toml ``[tool.importlinter]``, so it is not imported)."""
 
     path: Any
+
+    @property
+    def locations(self) -> LocationIndex: ...
 
     def sql(self, query: str, params: Any = None) -> pa.Table: ...
 
@@ -619,10 +623,10 @@ def _run_check(archive: ArchiveReads, name: str, p: Mapping[str, float], order: 
     # Rows whose metrics are all exact from statistics are decided now; the rest need their payload.
     for row in rows:
         known = {}
-        for m in metrics:
-            lo, hi = row[f"m_{m}_lo"], row[f"m_{m}_hi"]
+        for metric in metrics:
+            lo, hi = row[f"m_{metric}_lo"], row[f"m_{metric}_hi"]
             if lo is not None and lo == hi:
-                known[m] = lo
+                known[metric] = lo
         row["_known"] = known
         row["_exact"] = len(known) == len(metrics)
         row["_group"] = (row["iteration"], row["rank"])

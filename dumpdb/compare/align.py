@@ -544,7 +544,8 @@ def _normalized(p: _Pairing) -> None:
             name = s.op_name[i]
             if name is None or "." not in name:  # not an msprobe key, nor is its normalised name
                 continue
-            base = _without_call_index(norm(name))
+            normed = norm(name)  # a str for a str name
+            base = _without_call_index(normed) if normed is not None else None
             if base is not None:
                 out[(s.group[i], base)][name].append(i)
         return out
@@ -1418,7 +1419,7 @@ def align(target: pa.Table, bench: pa.Table, *, group_by: Sequence[str] = (),
     old: dict[int, int] = {}
     for strategy in run:
         if strategy == "mapping":
-            _mapping(p, mapping)
+            _mapping(p, mapping or {})  # only run with a mapping given
         elif strategy == "exact":
             _exact(p)
         elif strategy == "normalized":
@@ -1431,12 +1432,12 @@ def align(target: pa.Table, bench: pa.Table, *, group_by: Sequence[str] = (),
 
     t, b = p.t, p.b
     if p.pairs:
-        tis, bis, strategy = (list(x) for x in zip(*p.pairs))
+        tis, bis, how = (list(x) for x in zip(*p.pairs))
     else:
-        tis, bis, strategy = [], [], []
+        tis, bis, how = [], [], []
     ti, bi = np.array(tis, np.int64), np.array(bis, np.int64)
     order = np.argsort(t.okey_np[ti], kind="stable")  # okey is a permutation: no ties
-    ti, bi, strategy_ = ti[order], bi[order], np.array(strategy, object)[order]
+    ti, bi, strategy_ = ti[order], bi[order], np.array(how, object)[order]
     was = np.full(t.n, -1, np.int64)
     if old:
         was[np.fromiter(old.keys(), np.int64, len(old))] = np.fromiter(old.values(), np.int64, len(old))
@@ -1479,7 +1480,9 @@ class _Entries:
     """Collects target -> bench entries; a target given two different bench names is an error."""
 
     def __init__(self, path: Path):
-        self.path, self.map, self.line = path, {}, {}
+        self.path = path
+        self.map: dict[str, str] = {}  # target name -> bench name
+        self.line: dict[str, int] = {}  # target name -> line that mapped it
 
     def error(self, line: int | None, msg: str) -> ValueError:
         where = f"{self.path}:{line}" if line else str(self.path)

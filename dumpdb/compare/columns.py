@@ -271,7 +271,8 @@ def join_messages(old: np.ndarray, new: np.ndarray) -> np.ndarray:
     """``"; "``.join of the messages of two object arrays, element by element, skipping
     None and empty ones (None when both are): the engine's per-pair join over columns."""
     has_old, has_new = truthy(old), truthy(new)
-    out = np.where(has_new & ~has_old, new, np.where(has_old, old, None))
+    # numpy's stub has no None among where's scalars; None is an object array's NULL
+    out = np.where(has_new & ~has_old, new, np.where(has_old, old, None))  # type: ignore[call-overload]
     for i in np.flatnonzero(has_old & has_new).tolist():
         out[i] = f"{old[i]}; {new[i]}"
     return out

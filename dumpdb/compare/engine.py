@@ -62,7 +62,7 @@ import multiprocessing
 import os
 from collections import defaultdict, deque
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,7 +74,7 @@ from threadpoolctl import threadpool_limits
 from dumpdb import __version__
 from dumpdb.catalog import insert_arrow
 from dumpdb.compare import registry
-from dumpdb.compare.align import align, load_mapping
+from dumpdb.compare.align import Alignment, align, load_mapping
 from dumpdb.compare.align_sql import align_exact
 from dumpdb.compare.choices import MODES, RULES, STRATEGIES
 from dumpdb.compare.columns import (
@@ -197,7 +197,8 @@ class Selection:
 
     def where(self) -> tuple[str, list]:
         """SQL condition and parameters selecting this run, iteration and rank (a rankless dump is rank 0)."""
-        conds, params = ["t.run = ?"], [self.run]
+        conds = ["t.run = ?"]
+        params: list[Any] = [self.run]
         for column, value in (("iteration", self.iteration), ("rank", self.rank)):
             if value is not None:  # rank 0 includes a dump without ranks (msprobe proc<PID>)
                 conds.append("t.iteration = ?" if column == "iteration" else "coalesce(t.rank, 0) = ?")
@@ -418,7 +419,7 @@ def compare(archive, target: str | Selection, bench: str | Selection, *, iterati
     tsel = Selection.parse(target, iteration, rank)
     bsel = Selection.parse(bench, iteration, rank if bench_rank is None else bench_rank)
     try:
-        mapping_dict = load_mapping(mapping) if isinstance(mapping, (str, os.PathLike)) else mapping
+        mapping_dict = load_mapping(os.fspath(mapping)) if isinstance(mapping, (str, os.PathLike)) else mapping
     except (OSError, ValueError) as exc:
         raise DumpdbError(f"mapping file: {exc}") from exc
     with archive.reader() as con:
@@ -433,6 +434,7 @@ def compare(archive, target: str | Selection, bench: str | Selection, *, iterati
         trows.column("content_hash").null_count == trows.num_rows
         or brows.column("content_hash").null_count == brows.num_rows))
     stats = None
+    alignment: Alignment | None
     try:
         if statistics_only and not mapping_dict:  # align, sides and metrics in DuckDB (stats_pairs)
             stats = statistics_pairs(trows, brows, group_by=_group_by(tsel, bsel), strategies=strategies,
@@ -600,7 +602,7 @@ def _pool(archive, tensor_bytes: int, mode, workers: int):
     many = workers > THREAD_MAX_WORKERS and tensor_bytes >= PROCESS_MIN_BYTES_MANY
     if workers > 1 and (tensor_bytes >= PROCESS_MIN_BYTES or many):
         ctx = multiprocessing.get_context("forkserver")
-        pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
+        pool: Executor = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
                                    initargs=(archive.store.zstore, archive.store.verify))
         return pool, lambda t, b: pool.submit(_pair_metrics_in_worker, _loc(t), _loc(b), _ranges(t, b))
     pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="dumpdb-compare")
@@ -1029,7 +1031,8 @@ def _judge(view: _View, thresholds: Thresholds) -> tuple[np.ndarray, np.ndarray]
         bench_dtype=strings(view.context["bench_dtype"]), err_message=view.err_message, values=values,
         valid=valid, target_shape=view.shapes("target_shape"), bench_shape=view.shapes("bench_shape"))
     result, reason = op_results_columns(columns, thresholds)
-    add = np.where((result != "pass") & truthy(reason), reason, None)
+    # numpy's stub has no None among where's scalars; None is an object array's NULL
+    add = np.where((result != "pass") & truthy(reason), reason, None)  # type: ignore[call-overload]
     return result, join_messages(view.err_message, add)
 
 
@@ -1127,9 +1130,11 @@ def _result_table(view: _View) -> pa.Table:
         elif name == "mode":
             arr = _text_array(view.mode)
         elif name == "result":
-            arr, view.result = _text_array(view.result), None
+            arr = _text_array(view.result)
+            del view.result  # written: its memory goes back now
         elif name == "err_message":
-            arr, view.err_message = _text_array(view.err_message), None
+            arr = _text_array(view.err_message)
+            del view.err_message
         elif name in view.res.names:
             arr = view.res.arrow(name)
         elif name in ("scaled_err", "precision_floor", "precision_ratio"):

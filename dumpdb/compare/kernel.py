@@ -41,8 +41,10 @@ most an ulp, the KL sum in its last one or two bits.
 
 from __future__ import annotations
 
+import importlib
 import math
 import os
+from types import ModuleType
 
 import numpy as np
 
@@ -51,8 +53,9 @@ FIELDS = ("dot", "xx", "yy", "dd", "abs_sum", "max_abs", "max_rel", "cnt1", "cnt
           "kl_sx", "kl_sy", "kl_t")
 LANES = 8
 
+numba: ModuleType | None
 try:  # numba is a dependency; the numpy form stays for platforms without a wheel of it
-    import numba
+    numba = importlib.import_module("numba")
 except ImportError:  # pragma: no cover - exercised by DUMPDB_METRICS_KERNEL=numpy
     numba = None
 
@@ -186,8 +189,8 @@ def _chunk(x, y, s, e, row, zero_invalid, rt32, eps, thr1, thr5, xmin, xrange, y
             yv = np.float64(y[b0 + i])
             if zero_invalid:  # NaN/Inf at the same positions on both sides (checked before)
                 if not np.isfinite(xv):
-                    xv = 0.0
-                    yv = 0.0
+                    xv = np.float64(0.0)
+                    yv = np.float64(0.0)
             d = xv - yv
             ad = abs(d)
             work[0, i] = xv * yv
@@ -203,12 +206,12 @@ def _chunk(x, y, s, e, row, zero_invalid, rt32, eps, thr1, thr5, xmin, xrange, y
             if xrange != 0:
                 vx = (xv - xmin) / xrange
             if vx < 1.1920928955078125e-07:
-                vx = 1.1920928955078125e-07
+                vx = np.float64(1.1920928955078125e-07)
             vy = yv
             if yrange != 0:
                 vy = (yv - ymin) / yrange
             if vy < 1.1920928955078125e-07:
-                vy = 1.1920928955078125e-07
+                vy = np.float64(1.1920928955078125e-07)
             work[6, i] = vx
             work[7, i] = vy
             ratio[i] = vx / vy
@@ -224,8 +227,8 @@ def _chunk(x, y, s, e, row, zero_invalid, rt32, eps, thr1, thr5, xmin, xrange, y
                     n32 = n32 + eps32
                     b32 = b32 + eps32
                 r32 = abs((n32 - b32) / b32)
-                cnt1 += r32 < thr1_32
-                cnt5 += r32 < thr5_32
+                cnt1 += int(r32 < thr1_32)
+                cnt5 += int(r32 < thr5_32)
                 rel[i] = np.float64(r32)
         else:
             for i in range(m):
@@ -233,8 +236,8 @@ def _chunk(x, y, s, e, row, zero_invalid, rt32, eps, thr1, thr5, xmin, xrange, y
                 bv = np.float64(y[b0 + i])
                 if zero_invalid:
                     if not np.isfinite(nv):
-                        nv = 0.0
-                        bv = 0.0
+                        nv = np.float64(0.0)
+                        bv = np.float64(0.0)
                 if bv == 0:
                     nv = nv + eps
                     bv = bv + eps
@@ -326,8 +329,8 @@ def scan(x, y, check_invalid):
                 if np.isnan(xv) != np.isnan(yv) or np.isinf(xv) != np.isinf(yv):
                     return 2, xmin, xmax, ymin, ymax
                 status = 1
-                xv = 0.0
-                yv = 0.0
+                xv = np.float64(0.0)
+                yv = np.float64(0.0)
         if xv < xmin:
             xmin = xv
         if xv > xmax:

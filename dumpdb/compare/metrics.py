@@ -254,7 +254,7 @@ class _Buffers:
         self.m1 = np.empty(n, np.bool_)
         self.m2 = np.empty(n, np.bool_)
         self._eps32: np.ndarray | None = None
-        self._rel: dict[np.dtype, tuple[np.ndarray, np.ndarray]] = {}
+        self._rel: dict[np.dtype, tuple[np.ndarray, ...]] = {}  # (n, b, extra) of each dtype
 
     def rel(self, dtype: np.dtype, size: int, extra: bool = False):
         """Work arrays of ``dtype`` (msprobe's relative-error type, usually float32):
@@ -355,7 +355,7 @@ def tensor_metrics(target: np.ndarray, bench: np.ndarray, chunk: int = DEFAULT_C
     has_invalid = False
     xmin = ymin = math.inf
     xmax = ymax = -math.inf
-    if known:
+    if known and ranges is not None:
         xmin, xmax, ymin, ymax = (float(v) for v in ranges)
     with np.errstate(all="ignore"):
         for tc, bc in ([] if known else _chunk_pairs(t, b, chunk)):

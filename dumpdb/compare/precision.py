@@ -113,7 +113,7 @@ import bisect
 import functools
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
@@ -123,8 +123,22 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dumpdb.compare.columns import BACKWARD, PHASES, collectives, containers, group_codes, keys, phases, string_codes
+from dumpdb.compare.columns import (
+    BACKWARD,
+    PHASES,
+    Shapes,
+    collectives,
+    containers,
+    group_codes,
+    keys,
+    phases,
+    string_codes,
+)
 from dumpdb.compare.metrics import MSG_NAN_INF_MISMATCH
+
+# None as a 0-d object array, for np.equal/np.not_equal over object columns (numpy's stubs take no None
+# operand; the comparison is the same)
+_NONE = np.array(None, dtype=object)
 
 __all__ = ["PrecisionRules", "dtype_floor", "lowest_precision", "Columns", "judge_precision_columns",
            "first_departures", "growth_table", "target_unit", "CAST_ROUNDINGS", "RESULTS", "NOISE"]
@@ -326,6 +340,7 @@ OUTPUT_COLUMNS = ("scaled_err", "precision_floor", "precision_ratio", "precision
                   "precision_reason")
 
 
+@dataclass(kw_only=True, eq=False, repr=False)
 class Columns:
     """What :func:`judge_precision_columns` reads, one entry per result row (numpy):
     ``group`` (int64 op-call code: same iteration, rank, graph_id, call_index and target
@@ -348,12 +363,35 @@ class Columns:
     ``iteration`` (int64) and ``timestamp`` (float64, NaN where NULL) for the order across
     ranks."""
 
-    def __init__(self, **kw) -> None:
-        self.__dict__.update(kw)
+    group: np.ndarray
+    where: np.ndarray
+    run_rank: np.ndarray
+    output: np.ndarray
+    statistics: np.ndarray
+    order: np.ndarray
+    values: dict[str, np.ndarray]
+    valid: dict[str, np.ndarray]
+    target_dtype: np.ndarray
+    bench_dtype: np.ndarray
+    target_dtype_declared: np.ndarray
+    bench_dtype_declared: np.ndarray
+    err_message: np.ndarray
+    target_content_hash: np.ndarray
+    io: np.ndarray
+    slot: np.ndarray
+    target_shape: Shapes
+    bench_shape: Shapes
+    producers: Callable[[set[str]], Mapping[str, list[tuple[int, str | None, bool]]]]
+    target_name: np.ndarray | None = None
+    scope_name: np.ndarray | None = None
+    op_type: np.ndarray | None = None
+    arg_diff: np.ndarray | None = None
+    iteration: np.ndarray | None = None
+    timestamp: np.ndarray | None = None
 
     def row(self, i: int) -> dict:
         """Row ``i`` as a dict, as :func:`_pair_error` reads it (None for NULL)."""
-        r = {k: (float(self.values[k][i]) if self.valid[k][i] else None) for k in _NUMBERS}
+        r: dict[str, Any] = {k: (float(self.values[k][i]) if self.valid[k][i] else None) for k in _NUMBERS}
         r.update({k: getattr(self, k)[i] for k in _TEXTS})
         for side in ("target", "bench"):
             shape = getattr(self, f"{side}_shape").shape(i)
@@ -388,11 +426,11 @@ def _errors_columns(c: Columns) -> tuple[np.ndarray, ...]:
         reason[:] = np.array([f[1] for f in found] + [None], dtype=object)[:-1][codes]
     ts, bs = c.target_shape, c.bench_shape
     nan_inf = np.zeros(n, bool)
-    has = np.flatnonzero(np.not_equal(c.err_message, None).astype(bool))  # most rows have no message
+    has = np.flatnonzero(np.not_equal(c.err_message, _NONE).astype(bool))  # most rows have no message
     nan_inf[has] = [isinstance(m, str) and MSG_NAN_INF_MISMATCH in m for m in c.err_message[has].tolist()]
     special = (ts.valid & bs.valid & ~ts.equal(bs)) | (_side_nonfinite(c, "target") & ~_side_nonfinite(c, "bench")) \
         | (~c.statistics & nan_inf)
-    structural = np.not_equal(reason, None)
+    structural = np.not_equal(reason, _NONE)
     simple = ~special & ~structural
     low[structural & ~special] = None
 
@@ -410,9 +448,9 @@ def _errors_columns(c: Columns) -> tuple[np.ndarray, ...]:
              (2, *_FLOATS[d]) if d in _FLOATS else (0, 0.0, 0.0) for d in set(low[simple].tolist())}
     kind = np.zeros(n, np.int8)
     eps, sub = np.zeros(n), np.zeros(n)
-    for d, (k, e, s) in kinds.items():
-        at = simple & (low == d).astype(bool) if d is not None else simple & np.equal(low, None).astype(bool)
-        kind[at], eps[at], sub[at] = k, e, s
+    for d, (k, d_eps, d_sub) in kinds.items():
+        at = simple & (low == d).astype(bool) if d is not None else simple & np.equal(low, _NONE).astype(bool)
+        kind[at], eps[at], sub[at] = k, d_eps, d_sub
     go = simple & euc_ok & l2_ok & (kind > 0)
     with np.errstate(all="ignore"):
         positive = l2_v > 0
@@ -453,7 +491,7 @@ def judge_precision_columns(c: Columns, rules: PrecisionRules = PrecisionRules()
     with np.errstate(all="ignore"):
         r = np.where((floor == 0) & (err > 0), np.inf, np.where(err == 0, 0.0, err / floor))
     ratio[ratio_ok] = r[ratio_ok]
-    departs = np.not_equal(reason, None) | (ratio_ok & (ratio > rules.margin))
+    departs = np.not_equal(reason, _NONE) | (ratio_ok & (ratio > rules.margin))
     result = np.full(n, PASS, dtype=object)
     origin = np.full(n, None, dtype=object)
     names, scopes, op_types = (_optional(c, k, n) for k in ("target_name", "scope_name", "op_type"))
@@ -467,7 +505,7 @@ def judge_precision_columns(c: Columns, rules: PrecisionRules = PrecisionRules()
         return out, None
     g = c.group
     groups = int(g.max()) + 1
-    none = np.equal(reason, None).astype(bool)
+    none = np.equal(reason, _NONE).astype(bool)
     # rounding noise (module docstring, "Noise"): both sides far below the op's own scale
     noise, scale, u_w = _noise_columns(c, departs & none & ~container, g, groups, err, err_ok, low, rules)
     signature, step_scale, ratio_u = _signature_noise(c, departs & none & ~container & ~noise, err, err_ok, rules)
@@ -592,11 +630,11 @@ def _misattributed_backward(c: Columns, names: pa.Array, result: np.ndarray, rea
     this, never a departure (rows changed in place)."""
     n = len(c.group)
     ts, bs = c.target_shape, c.bench_shape
-    cand = np.flatnonzero(c.output & (result == ERROR) & ts.valid & bs.valid & ~ts.equal(bs))
-    if not cand.size:
+    cand = np.flatnonzero(c.output & (result == ERROR) & ts.valid & bs.valid & ~ts.equal(bs)).tolist()
+    if not cand:
         return
     text = names.to_pylist() if n else []
-    cand = [i for i in cand.tolist() if isinstance(text[i], str) and ".backward" in text[i]]
+    cand = [i for i in cand if isinstance(text[i], str) and ".backward" in text[i]]
     if not cand:
         return
     wanted = {_forward_name(text[i]) for i in cand}
@@ -614,10 +652,10 @@ def _misattributed_backward(c: Columns, names: pa.Array, result: np.ndarray, rea
         t_ok, b_ok = ts.shape(i) in found[0], bs.shape(i) in found[1]
         if t_ok == b_ok:
             continue
-        side, shape, fwd = ("bench", bs.shape(i), found[1]) if t_ok else ("target", ts.shape(i), found[0])
+        side, shape, fwd = ("bench", bs.text(i), found[1]) if t_ok else ("target", ts.text(i), found[0])
         shapes = ", ".join(str(list(x)) for x in sorted(x for x in fwd if x is not None))
         result[i] = WARNING
-        reason[i] = (f"not comparable: the {side}'s {text[i]} output has shape {list(shape)}, none of its forward "
+        reason[i] = (f"not comparable: the {side}'s {text[i]} output has shape {shape}, none of its forward "
                      f"inputs' ({shapes}): that side's "
                      "record holds another op's gradients (an op that returned its input unchanged has no "
                      f"backward of its own); {reason[i]}")
@@ -782,7 +820,7 @@ def _arg_diff_columns(c: Columns, g: np.ndarray, groups: int, result: np.ndarray
     text = np.full(groups, None, dtype=object)
     for i in np.flatnonzero(has).tolist():
         text[g[i]] = text[g[i]] or diff[i]
-    marked = np.not_equal(text, None).astype(bool)
+    marked = np.not_equal(text, _NONE).astype(bool)
     outputs = np.bincount(g[c.output], minlength=groups) > 0
     rows = marked[g] & (c.output | ~outputs[g])
     at = np.flatnonzero(rows)
@@ -903,7 +941,7 @@ def _judge_inputs_columns(c: Columns, rows_mask, g, err, err_ok, floor_ok, floor
     a1 = rows_mask & has & compared & ~unexplained
     with np.errstate(invalid="ignore"):
         a2 = rows_mask & ~a1 & err_ok & np.isinf(err) & before
-        a3 = rows_mask & ~a1 & ~a2 & np.equal(reason, None).astype(bool) & err_ok & \
+        a3 = rows_mask & ~a1 & ~a2 & np.equal(reason, _NONE).astype(bool) & err_ok & \
             (err <= rules.growth * up + rules.margin * np.where(floor_ok, floor, 0.0))
     # an op only the target has produced it (an AMP run's Cast) and its error is within the
     # target's own lowest precision: rounding of that precision, not a departure beyond it

@@ -17,7 +17,7 @@ per-pair rules.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import duckdb
 import numpy as np
@@ -34,8 +34,8 @@ __all__ = ["statistics_pairs", "ORDER_KEYS"]
 
 
 def statistics_pairs(target: pa.Table, bench: pa.Table, *, group_by: Sequence[str] = (),
-                     strategies: Sequence[str] = ("exact",), target_columns: Sequence[str] = (),
-                     bench_columns: Sequence[str] = ()) -> tuple[Alignment, pa.Table, pa.Table, pa.Table] | None:
+                     strategies: Sequence[str] = ("exact",), target_columns: Collection[str] = (),
+                     bench_columns: Collection[str] = ()) -> tuple[Alignment, pa.Table, pa.Table, pa.Table] | None:
     """Pairs of ``target``/``bench`` (catalog ``tensors`` rows as the engine selects them)
     by the ``exact`` strategy, with each pair's rows and statistics metrics (module
     docstring); None when :func:`~dumpdb.compare.align_sql.align_exact` gives None (a

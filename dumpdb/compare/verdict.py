@@ -90,6 +90,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dumpdb.compare.columns import Shapes
 from dumpdb.compare.metrics import MSG_NAN_INF_MISMATCH
 
 PASS, WARNING, ERROR = "pass", "warning", "error"
@@ -164,6 +165,7 @@ def _fmt(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.6g}"
 
 
+@dataclass(kw_only=True, eq=False, repr=False)
 class Columns:
     """The columns :func:`op_results_columns` reads, one entry per result row (numpy; the
     engine's result columns): ``group`` (int64 op code: rows of one op share it),
@@ -174,10 +176,27 @@ class Columns:
     ``cosine``, ``one_thousandth_err_ratio``, ``max_abs_err``, ``l2norm_rel_diff``,
     ``target_max``, ``target_min``, ``bench_max``, ``bench_min``, ``target_requires_grad``,
     ``bench_requires_grad`` (1.0 / 0.0)), ``target_shape``/``bench_shape``
-    (:class:`dumpdb.compare.columns.Shapes`)."""
+    (:class:`dumpdb.compare.columns.Shapes`). Optional (None: their checkers do not run; the
+    msprobe CSV, :mod:`dumpdb.render.msprobe_rows`): ``parameter``/``parameter_differs``
+    (bool), ``md5_target``/``md5_bench`` (object), ``rel_row`` (float64)."""
 
-    def __init__(self, **kw) -> None:
-        self.__dict__.update(kw)
+    group: np.ndarray
+    output: np.ndarray
+    statistics: np.ndarray
+    target_name: np.ndarray | pa.Array
+    bench_name: np.ndarray | pa.Array
+    target_dtype: np.ndarray
+    bench_dtype: np.ndarray
+    err_message: np.ndarray
+    values: dict[str, np.ndarray]
+    valid: dict[str, np.ndarray]
+    target_shape: Shapes
+    bench_shape: Shapes
+    parameter: np.ndarray | None = None
+    parameter_differs: np.ndarray | None = None
+    md5_target: np.ndarray | None = None
+    md5_bench: np.ndarray | None = None
+    rel_row: np.ndarray | None = None
 
 
 def _texts(*columns) -> list[pa.Array] | None:
@@ -308,9 +327,8 @@ def _checks(c: Columns, th: Thresholds) -> tuple[np.ndarray, list[tuple[str, np.
             levels[rows] = np.maximum(levels[rows], level)
             fired.append((checker, rows, level, reasons))
 
-    md5 = getattr(c, "md5_target", None)
-    if md5 is not None:  # msprobe's md5 mode: the CRC-32 checker alone
-        tm, bm = md5, c.md5_bench
+    tm, bm = c.md5_target, c.md5_bench
+    if tm is not None and bm is not None:  # msprobe's md5 mode: the CRC-32 checker alone
         missing = ("N/A", "Nan", "")
         for i in np.flatnonzero(per_row).tolist():
             if tm[i] != bm[i]:
@@ -357,7 +375,7 @@ def _checks(c: Columns, th: Thresholds) -> tuple[np.ndarray, list[tuple[str, np.
                              for k in hit.tolist()])
     checker = "relative_err"  # RelativeErrChecker (statistics)
     rel_max_in = np.abs(extreme("l2norm_rel_diff", ~out, False))
-    rel = getattr(c, "rel_row", None)  # msprobe's CSV reads its cells twice: see msprobe_rows
+    rel = c.rel_row  # msprobe's CSV reads its cells twice: see msprobe_rows
     if rel is None:
         rel_v, rel_ok = num("l2norm_rel_diff")
         rel = np.where(rel_ok, rel_v, 0.0)
@@ -370,10 +388,10 @@ def _checks(c: Columns, th: Thresholds) -> tuple[np.ndarray, list[tuple[str, np.
     tg, bg = c.values["target_requires_grad"], c.values["bench_requires_grad"]
     rows = np.flatnonzero(per_row & c.valid["target_requires_grad"] & c.valid["bench_requires_grad"] & (tg != bg))
     flag(rows, 2, [f"requires_grad differs (target {bool(tg[i])}, bench {bool(bg[i])})" for i in rows.tolist()])
-    parameter = getattr(c, "parameter", None)
-    if parameter is not None:  # ParametersErrChecker: a scalar argument of another value
+    parameter, parameter_differs = c.parameter, c.parameter_differs
+    if parameter is not None and parameter_differs is not None:  # ParametersErrChecker: a scalar argument differs
         checker = "parameters"
-        rows = np.flatnonzero(whole[g] & ~out & parameter & c.parameter_differs)
+        rows = np.flatnonzero(whole[g] & ~out & parameter & parameter_differs)
         flag(rows, 2, "scalar argument differs")
     checker = "dtype"  # DTypeErrChecker
     td, bd = c.target_dtype, c.bench_dtype

@@ -67,7 +67,7 @@ from dumpdb.dumpio import read_dump_text, reason
 from dumpdb.errors import DumpdbError, DumpFileError, LayoutError
 from dumpdb.layouts import DumpScan, Layout, LoadedTensor, TensorEntry, cann_pb, register
 from dumpdb.layouts import mindspore_kit as kit
-from dumpdb.layouts.base import display_name, file_sizes, load_json, read_metadata_dir
+from dumpdb.layouts.base import display_name, file_sizes, known_match, load_json, read_metadata_dir
 from dumpdb.layouts.mindspore_kit import parse_tensor_name, read_mapping_csv, read_stats_csv
 from dumpdb.npy import read_npy_declared
 
@@ -142,7 +142,7 @@ def _is_net_graph_dir(d: Path) -> bool:
     """``{device_id}/{net_name}_graph_{graph_id}/`` holding ``{graph_id}/`` (seed 000). Not under a
     ``{time}`` directory: there ``{model_name}/{model_id}`` may look the same (``kernel_graph_1/1``)."""
     m = NET_GRAPH_RE.match(d.name)
-    return (bool(m) and DIGITS_RE.match(d.parent.name or "") is not None
+    return (m is not None and DIGITS_RE.match(d.parent.name or "") is not None
             and not TIME_RE.match(d.parent.parent.name or "") and (d / m["graph"]).is_dir())
 
 
@@ -179,7 +179,7 @@ def _time_tree(time_dir: Path) -> Iterator[tuple[Path, dict]]:
 
 def _r12_tree(ng_dir: Path) -> Iterator[tuple[Path, dict]]:
     """Tensor directories of one ``{net_name}_graph_{graph_id}`` directory (seed 000)."""
-    m = NET_GRAPH_RE.match(ng_dir.name)
+    m = known_match(NET_GRAPH_RE, ng_dir.name)
     base = {"device_id": int(ng_dir.parent.name), "net_name": m["net"]}
     for gdir in _digit_dirs(ng_dir):
         for it in _digit_dirs(gdir):
@@ -454,12 +454,16 @@ class _CannLayout(Layout):
 
     def _scan_overflow_json(self, path: Path, source_file: str, original: str, fields: dict,
                             scan: DumpScan) -> None:
-        m = _OPDEBUG_JSON_RE.match(original)
         try:  # regular file inside the dump, bounded; deep nesting is one error
             text = read_dump_text(path, source_file, MAX_METADATA_BYTES)
             load_json(text, source_file)
         except DumpdbError as exc:
             scan.errors.append((source_file, reason(exc, source_file)))
+            return
+        m = _OPDEBUG_JSON_RE.match(original)
+        if m is None:  # a .npy/.csv file that mapping.csv gives a .json name of no overflow record
+            scan.errors.append((source_file, f"mapping.csv names it {display_name(original)!r}, which is not an "
+                                             "Opdebug overflow record name (Opdebug.Node_OpDebug.*.output.N.json)"))
             return
         parsed = {"op_type": OPDEBUG_TYPE, "op_name": OPDEBUG_NAME, "task_id": int(m["task_id"]),
                   "stream_id": int(m["stream_id"]), "timestamp": int(m["timestamp"])}
@@ -468,14 +472,13 @@ class _CannLayout(Layout):
     # -- payloads ----------------------------------------------------------------------
     def load(self, entry: TensorEntry) -> LoadedTensor:
         """A container slot (``io``.``slot`` of the file), or an ``.npy`` file."""
-        if entry.path is None:
-            raise DumpFileError(f"{entry.source_file}: statistics only; no tensor data")
-        if entry.path.endswith(".npy"):
-            t = read_npy_declared(entry.path, entry.source_file, entry.dtype_declared)
+        path = entry.payload_path()
+        if path.endswith(".npy"):
+            t = read_npy_declared(path, entry.source_file, entry.dtype_declared)
             return LoadedTensor(t.array, t.note)
         if entry.io is None or entry.slot is None:
             raise DumpFileError(f"{entry.source_file}: no io/slot to read from the container")
-        array, note = self._headers.load(entry.path, entry.io, entry.slot, entry.source_file)
+        array, note = self._headers.load(path, entry.io, entry.slot, entry.source_file)
         return LoadedTensor(array, note)
 
 

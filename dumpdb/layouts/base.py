@@ -77,6 +77,13 @@ class TensorEntry:
         """Identity within a run (the catalog's ``tensor_key``)."""
         return self.tensor_key or self.source_file
 
+    def payload_path(self) -> str:
+        """``path``, for a layout's ``load``; :class:`DumpFileError` if the entry is statistics only
+        (the ingest never loads those: it checks ``path`` first)."""
+        if self.path is None:
+            raise DumpFileError(f"{self.source_file}: statistics only; no tensor data")
+        return self.path
+
 
 @dataclass(frozen=True)
 class LoadedTensor:
@@ -306,6 +313,15 @@ def load_json(text: str, where: str) -> Any:
         raise DumpFileError(f"{where}: JSON nested too deeply to read; refused") from None
     except ValueError as exc:  # e.g. an integer of more than 4300 digits
         raise DumpFileError(f"{where}: invalid JSON: {' '.join(str(exc).split())[:120]}") from None
+
+
+def known_match(pattern: re.Pattern[str], text: str) -> re.Match[str]:
+    """``pattern.match(text)`` for a name the caller kept because it matched (a listing filtered by
+    ``pattern``); ValueError if it does not, which would be a bug of that caller."""
+    m = pattern.match(text)
+    if m is None:
+        raise ValueError(f"{text!r} does not match {pattern.pattern!r}")
+    return m
 
 
 def names_mostly_match(names: list[str], pattern: re.Pattern) -> bool:

@@ -189,8 +189,8 @@ def parse_ir(path: Path) -> tuple[list[dict], list[str]]:
             continue
         nm = _NODE_RE.match(line)
         bare = None if nm else _BARE_NODE_RE.match(line)
-        if nm or bare:
-            op = nm.group(3) if nm else bare.group(1)
+        op = nm.group(3) if nm else bare.group(1) if bare else None
+        if op is not None:
             current = {
                 "node": f"%{nm.group(1)}" if nm else None,
                 "ir_op_type": op,
@@ -301,14 +301,14 @@ def link_scopes(op_names: Iterable[str], scopes: Iterable[str]) -> dict[str, str
         base, num = _split_op_number(name)
         groups_files[base].append((num, name))
     groups_scopes: dict[str, list[tuple[int | None, str]]] = defaultdict(list)
-    for key, scope in flat.items():
-        if scope is not None:
+    for key, flat_scope in flat.items():
+        if flat_scope is not None:
             base, num = _split_op_number(key)
-            groups_scopes[base].append((num, scope))
+            groups_scopes[base].append((num, flat_scope))
     result: dict[str, str] = {}
     for base, files in groups_files.items():
         candidates = groups_scopes.get(base, [])
-        exact = {name: flat[name] for _, name in files if flat.get(name)}
+        exact = {name: found for _, name in files if (found := flat.get(name))}
         if len(exact) == len(files):
             result.update(exact)
         elif len(files) == len(candidates) and all(n is not None for n, _ in files + candidates):

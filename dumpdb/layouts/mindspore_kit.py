@@ -703,7 +703,8 @@ class _Parser:
         return out
 
 
-def statistic_batches(path: Path, where: str, block_bytes: int = STATISTIC_BATCH_BYTES) -> Iterator[StatisticBatch]:
+def statistic_batches(path: str | os.PathLike, where: str,
+                      block_bytes: int = STATISTIC_BATCH_BYTES) -> Iterator[StatisticBatch]:
     """A statistic.csv, about ``block_bytes`` of text per batch, so memory does not grow with
     the file (issue 12): the one statistic.csv parser (issue 30, item 10), for a csv beside
     tensor files and for a statistics-only dump alike. Values as :func:`statistic_row` gives

@@ -66,7 +66,16 @@ from dumpdb.dumpio import read_dump_bytes
 from dumpdb.errors import DumpFileError, LayoutError
 from dumpdb.layouts import mindspore_kit as kit
 from dumpdb.layouts import register
-from dumpdb.layouts.base import DumpScan, Layout, LoadedTensor, TensorEntry, display_name, find_dirs, read_metadata_dir
+from dumpdb.layouts.base import (
+    DumpScan,
+    Layout,
+    LoadedTensor,
+    TensorEntry,
+    display_name,
+    find_dirs,
+    known_match,
+    read_metadata_dir,
+)
 
 ITERATION_DIR_RE = re.compile(r"^iteration_(\d+)$")
 DEVICE_DIR_RE = re.compile(r"^device_(\d+)$")
@@ -153,7 +162,7 @@ class MindSporeR12SyncBin(Layout):
                     scan.dump_config = texts["data_dump.json"]
             graphs = self._read_graphs(root, holder, scan, device_id) if dm else {}
             entries: list[TensorEntry] = []
-            for it_dir in sorted(dirs, key=lambda p: int(ITERATION_DIR_RE.match(p.name).group(1))):
+            for it_dir in sorted(dirs, key=lambda p: int(known_match(ITERATION_DIR_RE, p.name).group(1))):
                 entries.extend(self._scan_iteration(root, it_dir, net_dir.name, device_id, scan))
             self._link(entries, graphs)
             scan.entries.extend(entries)
@@ -177,7 +186,7 @@ class MindSporeR12SyncBin(Layout):
     # -- tensor files ----------------------------------------------------------
     def _scan_iteration(self, root: Path, it_dir: Path, net_name: str, device_id: int | None,
                         scan: DumpScan) -> list[TensorEntry]:
-        iteration = int(ITERATION_DIR_RE.match(it_dir.name).group(1))
+        iteration = int(known_match(ITERATION_DIR_RE, it_dir.name).group(1))
         rel_dir = os.path.relpath(it_dir, root)
         entries: list[TensorEntry] = []
         try:
@@ -255,7 +264,7 @@ class MindSporeR12SyncBin(Layout):
         dtype = dump_dtype(entry.dtype_declared)
         if dtype is None or entry.shape_declared is None:
             raise DumpFileError(f"{entry.source_file}: no data type/shape in the file name")
-        raw = read_dump_bytes(entry.path, entry.source_file)  # regular file, at most its size
+        raw = read_dump_bytes(entry.payload_path(), entry.source_file)  # regular file, at most its size
         dtype = dtype.newbyteorder("<")
         shape = tuple(entry.shape_declared)
         expected = math.prod(shape) * dtype.itemsize

@@ -34,6 +34,7 @@ from dumpdb.layouts.base import (
     display_name,
     file_sizes,
     find_dirs,
+    known_match,
     read_metadata_dir,
 )
 
@@ -96,7 +97,7 @@ class MindSporeSync(Layout):
 
     @staticmethod
     def _net_dirs(rank_dir: Path) -> list[Path]:
-        out = []
+        out: list[Path] = []
         try:
             with os.scandir(rank_dir) as entries:
                 candidates = [e.path for e in entries
@@ -130,7 +131,7 @@ class MindSporeSync(Layout):
         else:
             rank_dirs = sorted(
                 (dump_root / n for n in os.listdir(dump_root) if RANK_DIR_RE.match(n)),
-                key=lambda p: int(RANK_DIR_RE.match(p.name).group(1)),
+                key=lambda p: int(known_match(RANK_DIR_RE, p.name).group(1)),
             )
         for rank_dir in rank_dirs:
             self._scan_rank(root, rank_dir, scan)
@@ -142,7 +143,7 @@ class MindSporeSync(Layout):
 
     # -- one rank ------------------------------------------------------------
     def _scan_rank(self, root: Path, rank_dir: Path, scan: DumpScan) -> None:
-        rank = int(RANK_DIR_RE.match(rank_dir.name).group(1))
+        rank = int(known_match(RANK_DIR_RE, rank_dir.name).group(1))
         rel_rank = os.path.relpath(rank_dir, root)
         self._read_metadata(root, rank_dir, scan)
         graphs = kit.read_graphs(root, rank_dir, scan, rank=rank, device_id=None)
@@ -246,5 +247,5 @@ class MindSporeSync(Layout):
     # -- payloads ----------------------------------------------------------------
     def load(self, entry: TensorEntry) -> LoadedTensor:
         """Read the entry's ``.npy`` (see :mod:`dumpdb.npy` for the quirks handled)."""
-        t = read_npy_declared(entry.path, entry.source_file, entry.dtype_declared)
+        t = read_npy_declared(entry.payload_path(), entry.source_file, entry.dtype_declared)
         return LoadedTensor(t.array, t.note)

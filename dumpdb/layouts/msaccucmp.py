@@ -83,7 +83,7 @@ class MsaccucmpNpy(FlatNpyLayout):
 
     def load(self, entry: TensorEntry) -> LoadedTensor:
         """The ``.npy``; its header shape must equal the shape in the name."""
-        t = read_npy(entry.path, where=entry.source_file)
+        t = read_npy(entry.payload_path(), where=entry.source_file)
         if entry.shape_declared is not None and tuple(t.array.shape) != tuple(entry.shape_declared):
             named = "x".join(map(str, entry.shape_declared)) or "(scalar)"
             raise DumpFileError(

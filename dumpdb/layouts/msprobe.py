@@ -98,7 +98,7 @@ from dumpdb.dtypes import BFLOAT16, dtype_name, from_dump_name
 from dumpdb.dumpio import MAX_TEXT_BYTES, read_dump_text, reason
 from dumpdb.errors import DumpdbError, DumpdbWarning, DumpFileError, LayoutError
 from dumpdb.layouts import DumpScan, Layout, LoadedTensor, TensorEntry, register
-from dumpdb.layouts.base import display_name, file_sizes, load_json
+from dumpdb.layouts.base import display_name, file_sizes, known_match, load_json
 from dumpdb.npy import read_npy
 
 STEP_DIR_RE = re.compile(r"^step(\d+)$")
@@ -297,7 +297,7 @@ def _rank_dirs_of_step(step_dir: Path) -> list[Path]:
 
 
 def _rank_sort_key(p: Path) -> tuple:
-    m = RANK_DIR_RE.match(p.name)
+    m = known_match(RANK_DIR_RE, p.name)
     return (0, int(m.group(1)), p.name) if m.group(1) is not None else (1, int(m.group(2)), p.name)
 
 
@@ -333,7 +333,7 @@ def find_rank_dirs(start: Path, max_depth: int = MAX_SEARCH_DEPTH, first_only: b
     found: list[tuple[Path, list[Path]]] = []
     frontier = [start]
     for _ in range(max_depth + 1):
-        nxt = []
+        nxt: list[Path] = []
         for d in frontier:
             subdirs = _subdirs(d)
             steps = _step_dirs(subdirs, first_only)
@@ -349,7 +349,7 @@ def find_rank_dirs(start: Path, max_depth: int = MAX_SEARCH_DEPTH, first_only: b
 
 
 def _step_sort_key(p: Path) -> tuple:
-    return (p.parent.name in MODE_DIRS, int(STEP_DIR_RE.match(p.name).group(1)))
+    return (p.parent.name in MODE_DIRS, int(known_match(STEP_DIR_RE, p.name).group(1)))
 
 
 _FRAME_RE = re.compile(r"^File (?P<file>.*), line (?P<line>\d+), in (?P<func>[^,]*),\s*\n?\s*(?P<text>.*)$", re.S)
@@ -480,7 +480,7 @@ class MsprobeDump(Layout):
                 return
 
     def _scan_rank_dir(self, root: Path, rank_dir: Path, scan: DumpScan) -> None:
-        m = RANK_DIR_RE.match(rank_dir.name)
+        m = known_match(RANK_DIR_RE, rank_dir.name)
         rank = int(m.group(1)) if m.group(1) is not None else None
         sm = STEP_DIR_RE.match(rank_dir.parent.name)
         step = int(sm.group(1)) if sm else None
@@ -536,13 +536,13 @@ class MsprobeDump(Layout):
                     continue
                 entry = self._entry(item, key, parsed, rank=rank, step=step, dump_json=dump_json,
                                     rank_dir=rank_dir, rel=rel, sizes=sizes, scan=scan)
-                if entry.tensor_key in seen:  # never two rows with one identity
+                if entry.key in seen:  # never two rows with one identity
                     n = 2
-                    while f"{entry.tensor_key}~{n}" in seen:
+                    while f"{entry.key}~{n}" in seen:
                         n += 1
-                    entry.tensor_key = f"{entry.tensor_key}~{n}"
+                    entry.tensor_key = f"{entry.key}~{n}"
                     entry.note = "; ".join(filter(None, (entry.note, "tensor name repeated in dump.json")))
-                seen.add(entry.tensor_key)
+                seen.add(entry.key)
                 scan.entries.append(entry)
         self._read_stacks(rank_dir, rel("stack.json"), rank, step, scan)
         self._read_construct(rank_dir, rel("construct.json"), rank, step, scan)

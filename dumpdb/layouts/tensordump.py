@@ -90,5 +90,5 @@ class MindSporeTensorDump(FlatNpyLayout):
 
     def load(self, entry: TensorEntry) -> LoadedTensor:
         """The ``.npy`` (see :mod:`dumpdb.npy`); a note when the payload dtype differs from the name's."""
-        t = read_npy_declared(entry.path, entry.source_file, entry.dtype_declared)
+        t = read_npy_declared(entry.payload_path(), entry.source_file, entry.dtype_declared)
         return LoadedTensor(t.array, t.note)

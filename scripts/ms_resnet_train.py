@@ -18,8 +18,8 @@ Usage: python ms_resnet_train.py [--steps 2 --batch 16 --image 64 --width 32 --s
 """
 import argparse
 
-import numpy as np
 import mindspore as ms
+import numpy as np
 from mindspore import nn, ops
 
 

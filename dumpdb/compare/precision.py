@@ -74,6 +74,18 @@ roundoffs (1 for two runs of one precision: a rewrite's or another rank's summat
 and the sides disagree by half or more; a collective's output is noise when its inputs on
 every rank are noise or do not depart.
 
+Exact context
+=============
+Rounding needs an operation: a tensor no op computed (a parameter, a data input) is the
+same bits in two runs that hold the same values, and an op of bitwise-equal inputs gives
+bitwise-equal outputs (the same kernel on the same CPU). So an input row whose sides differ
+at all (``err > 0``, within the margin or not) while every earlier tensor of its iteration
+and rank is bitwise equal (the running largest earlier error is 0, no NaN/Inf before),
+both sides of one float dtype and no target op (compared or not) produced its bytes, is
+where the departure starts: an ``error`` (a changed parameter or data input, however
+small: an fp32 weight scaled by 1 + 1e-6 differs by 18 x the float32 floor). An input an
+op produced is left to the rules above (a rewrite's own rounding).
+
 Collectives and misattributed records
 =====================================
 A collective's output (``all_reduce``, ``all_gather``, ``reduce_scatter``, ``broadcast``,
@@ -549,8 +561,14 @@ def judge_precision_columns(c: Columns, rules: PrecisionRules = PrecisionRules()
     reason[at] = _format("departs: error {} = {} x the {} floor, inputs' error {:.3g}, growth allowed {:.3g}",
                          _fmts(err[at], err_ok[at]), _fmts(ratio[at], ratio_ok[at]), low[at], wi[at], growth[at])
     unit = target_unit(c.target_dtype, c.target_dtype_declared)
+    # an input that differs at all while everything before it in its iteration and rank is
+    # bitwise equal, both sides of one float dtype (module docstring, "Exact context")
+    with np.errstate(invalid="ignore"):
+        exact = inputs & ~departs_ & ~noise & none & ~container & err_ok & np.isfinite(err) & (err > 0) \
+            & (upstream[g] == 0) & ~inf_before[g] & np.equal(c.target_dtype, c.bench_dtype).astype(bool) \
+            & np.isin(low, list(_FLOATS))
     _judge_inputs_columns(c, departs_ & inputs, g, err, err_ok, floor_ok, floor, ratio, ratio_ok, upstream,
-                          inf_before, result, reason, origin, rules, unit, container)
+                          inf_before, result, reason, origin, rules, unit, container, exact)
     at = np.flatnonzero(signature_rows)
     result[at] = NOISE
     reason[at] = _format("rounding noise: each side at its own run's rounding level (target / bench RMS {:.3g}, "
@@ -848,13 +866,20 @@ def target_unit(dtypes, declared) -> tuple[float, str | None]:
 
 def _judge_inputs_columns(c: Columns, rows_mask, g, err, err_ok, floor_ok, floor, ratio, ratio_ok, upstream,
                           inf_before, result, reason, origin, rules: PrecisionRules,
-                          unit: tuple[float, str | None] = (0.0, None), boxed_rows: np.ndarray | None = None) -> None:
+                          unit: tuple[float, str | None] = (0.0, None), boxed_rows: np.ndarray | None = None,
+                          exact: np.ndarray | None = None) -> None:
     """The departing input rows ``rows_mask``: explained (warning) when a compared op
     produced its bytes, or when NaN/Inf or an earlier compared tensor's error explains it
     (the producer is a cast or an op the dump or the alignment left out); otherwise the
     input is where the departure starts (error; ``origin`` names the producer an op only
     the target has). The producer of each (the last target output with its content hash
-    before it) is looked up per row, the branches are masks."""
+    before it) is looked up per row, the branches are masks. ``exact``: input rows within
+    the margin that differ where everything before them is bitwise equal; those no op of the
+    target produced (a parameter or data input) depart, the others are left as they are."""
+    if exact is None:
+        exact = np.zeros(len(g), bool)
+    exact = exact & ~rows_mask
+    rows_mask = rows_mask | exact
     rows = np.flatnonzero(rows_mask)
     if not rows.size:
         return
@@ -883,6 +908,13 @@ def _judge_inputs_columns(c: Columns, rows_mask, g, err, err_ok, floor_ok, floor
                     has[i] = True
     up, before = upstream[g], inf_before[g]
     none = ~truthy_mask(reason)
+    changed_leaf = exact & ~has
+    at = np.flatnonzero(changed_leaf)
+    reason[at] = _format("input differs (error {:.3g} = {:.3g} x floor) where every earlier tensor of its iteration "
+                         "and rank is bitwise equal, both sides {}; no op produced it (a changed parameter or data "
+                         "input)", err[at], ratio[at], c.target_dtype[at])
+    result[at] = ERROR
+    rows_mask = rows_mask & ~exact
     # a compared producer explains the input only if its own pair carries the error: when its
     # output matches the bench but this input does not, the op reads other data than the
     # bench's op (a residual add dropped: LayerNorm reads the block's output alone)

@@ -182,9 +182,9 @@ _DECLARED = {"float16": "float16", "bfloat16": "bfloat16", "float32": "float32",
 CAST_ROUNDINGS = 2.0
 # an input no recorded op produced (an unrecorded view, transpose or cast of an earlier
 # tensor) in the forward pass carries one earlier error at most this many times: clean
-# pairs showed at most 1.0x the largest earlier error (61 such forward inputs of 112 clean
-# and rewritten pairs of docs/divergence_eval.md's 329; 1.44x in backward and optimizer,
-# which keep the growth default); a weight scaled 2.7x the clean noise is above it
+# pairs showed at most 1.0x the largest earlier error (153 such forward inputs of the 135
+# clean and rewritten pairs of docs/divergence_eval.md's 329; up to 1.44x in backward and
+# optimizer, which keep the growth default; docs/precision.md)
 LEAF_GROWTH = 2.5
 # an input an op only the target has produced (a swapped activation, a rewrite's ops by
 # hand, a cast) is explained by the error of that op's own inputs (found back through

@@ -125,8 +125,9 @@ def plan_ms(n: int) -> list[dict]:
 def plan(n: int, seed: int, size: str = "small", heldout: bool = False) -> list[dict]:
     """``n`` cases from ``seed``: the featured ones, then random draws (a pure function of
     its arguments: the same cases every time). ``heldout``: no featured cases, and model
-    seeds 2 and 3 (weights and batches no default plan uses: a set held out from anything
-    calibrated or studied on the default plans, whose model seeds are 0 and 1)."""
+    seeds 2 and 3 (weights and batches no default plan uses, whose model seeds are 0 and 1:
+    a set held out from the rules studied on the default plans; the growth table's clean
+    calibration pairs, docs/precision.md, used seeds 2 and 3 too)."""
     rng = random.Random(seed)
     blocks = SIZES[size]["blocks"]
     cases = [] if heldout else featured(size)[:n]

@@ -952,7 +952,7 @@ def _judge_inputs_columns(c: Columns, rows_mask, g, err, err_ok, floor_ok, floor
     # an op only the target has produced it: judged by the error of that op's own inputs
     by_new = (rows_mask & ~exact) & has & ~compared & none & err_ok & np.isfinite(err)
     src = np.full(len(g), np.nan)
-    if by_new.any():
+    if by_new.any() and getattr(c, "inputs_of", None) is not None:
         src_of = _SourceErrors(c, err, err_ok, boxed_rows)
         for i in np.flatnonzero(by_new).tolist():
             src[i] = src_of(int(made_at[i]), CHAIN_DEPTH)

@@ -17,7 +17,7 @@ import numpy as np
 
 from dumpdb.compare.columns import run_order
 from dumpdb.compare.metrics import MSG_NAN_INF_MISMATCH
-from dumpdb.compare.precision import CAST_ROUNDINGS, PrecisionRules, _pair_error, target_unit
+from dumpdb.compare.precision import CAST_ROUNDINGS, LEAF_GROWTH, PrecisionRules, _pair_error, target_unit
 from dumpdb.compare.verdict import (  # _inf_or_nan, _num, _pair: input conversions, not rules: dumpdb's own
     ALL_IGNORE,
     ERROR,
@@ -307,7 +307,14 @@ def judge_precision(rows: list[dict], producers: dict[str, list[tuple[tuple, str
             upstream_inf[where] = True
         for r in inputs:
             if r["_departs"] and not r.get("_noise"):
-                _judge_input(r, producers, rules, upstream.get(where, 0.0), inf_before, carried_by, unit)
+                _judge_input(r, producers, rules, upstream.get(where, 0.0), inf_before, carried_by, unit,
+                             r["_phase"] == "forward")
+            elif _exact_context(r, upstream.get(where, 0.0), inf_before) and _producer(r, producers) is None:
+                r["precision_result"] = ERROR
+                r["precision_reason"] = (
+                    f"input differs (error {r['scaled_err']:.3g} = {r['precision_ratio']:.3g} x floor) where every "
+                    f"earlier tensor of its iteration and rank is bitwise equal, both sides {r.get('target_dtype')}; "
+                    "no op produced it (a changed parameter or data input)")
         counted = [r for r in group if not _container(r)]
         upstream[where] = max([upstream.get(where, 0.0), *(_finite(_eff(r)) for r in inputs if r in counted)])
         if inputs:
@@ -564,18 +571,34 @@ def _fmt_precision(v) -> str:
     return "n/a" if v is None else f"{v:.3g}"
 
 
-def _judge_input(r: dict, producers, rules: PrecisionRules, upstream: float, inf_before: bool = False,
-                 carried_by: dict | None = None, unit: tuple = (0.0, None)) -> None:
-    """A departing input: explained when a compared op produced its bytes, or when an
-    earlier compared tensor's error explains it (the producer is a cast or an op the dump
-    or the alignment left out); otherwise the input is where the departure starts."""
-    producer = None
-    carried_by = carried_by or {}
+def _producer(r: dict, producers):
+    """The last target op (not a module/cell record) before ``r`` that output its bytes."""
     h = r.get("target_content_hash")
     if producers and h in producers:
         ops = [p for p in producers[h] if not _container({"op_type": p[1], "target_name": p[1]})]
         before = [p for p in ops if p[0] < r["_order"]] if r.get("_order") is not None else ops
-        producer = before[-1] if before else None
+        return before[-1] if before else None
+    return None
+
+
+def _exact_context(r: dict, upstream: float, inf_before: bool) -> bool:
+    """An input within the margin that differs where every earlier tensor of its iteration
+    and rank is bitwise equal, both sides one float dtype (precision.py, "Exact context")."""
+    err = r["scaled_err"]
+    return not r.get("_noise") and not r.get("_sig") and not r.get("_coll") and r["precision_reason"] is None \
+        and not _container(r) and err is not None and math.isfinite(err) and err > 0 and upstream == 0 \
+        and not inf_before and r.get("target_dtype") == r.get("bench_dtype") and r["precision_dtype"] in _FLOAT_EPS
+
+
+def _judge_input(r: dict, producers, rules: PrecisionRules, upstream: float, inf_before: bool = False,
+                 carried_by: dict | None = None, unit: tuple = (0.0, None), forward: bool = False) -> None:
+    """A departing input: explained when a compared op produced its bytes, or when an
+    earlier compared tensor's error explains it (the producer is a cast or an op the dump
+    or the alignment left out; in the forward pass, an input no op produced within
+    LEAF_GROWTH x it); otherwise the input is where the departure starts."""
+    carried_by = carried_by or {}
+    h = r.get("target_content_hash")
+    producer = _producer(r, producers)
     err = r["scaled_err"]
     if producer is not None and producer[2]:
         # the producer's compared output must carry the error (else the op reads other data)
@@ -589,10 +612,11 @@ def _judge_input(r: dict, producers, rules: PrecisionRules, upstream: float, inf
         r["precision_result"] = WARNING
         r["precision_reason"] = f"{r['precision_reason'] or 'nan/inf'}: propagated from earlier nan/inf"
         return
+    allowed = LEAF_GROWTH if forward and producer is None else rules.growth
     if r["precision_reason"] is None and err is not None and \
-            err <= rules.growth * upstream + rules.margin * (r["precision_floor"] or 0.0):
+            err <= allowed * upstream + rules.margin * (r["precision_floor"] or 0.0):
         r["precision_result"] = WARNING
-        r["precision_reason"] = (f"input error {err:.3g} within {rules.growth:g} x the largest earlier error "
+        r["precision_reason"] = (f"input error {err:.3g} within {allowed:.3g} x the largest earlier error "
                                  f"{upstream:.3g}" + (f" (produced by {producer[1]})" if producer else ""))
         return
     if producer is not None and not producer[2] and r["precision_reason"] is None and err is not None \

@@ -280,3 +280,83 @@ def test_error_growth_blames_the_op_whose_inputs_do_not_explain_it():
     rows = [_row("output", 0, 0.0, dtype="int32", bench_dtype="float32", op="e")]
     judge_precision(rows)
     assert rows[0]["precision_result"] == "error" and "dtypes differ" in rows[0]["precision_reason"]
+
+
+def test_a_parameter_that_differs_where_all_before_is_equal_departs_within_the_margin():
+    """docs/precision.md "Exact context": an fp32 weight scaled by 1 + 1e-6 (17 x the
+    float32 floor, far within the margin 64) is named when every earlier tensor is bitwise
+    equal (nothing computed can have rounded it); after an earlier error, or where an op of
+    the target produced it, the margin rules as before."""
+    from precision_rows import first_departure, judge_precision
+
+    def rows(earlier: float, hash_: str | None = None) -> list[dict]:
+        f32 = dict(dtype="float32", bench_dtype="float32")
+        return [_row("input", 0, 0.0, op="Functional.linear.0.forward", i=0, **f32),
+                _row("output", 0, earlier, op="Functional.linear.0.forward", i=1, **f32),
+                _row("input", 0, 0.0, op="Functional.linear.1.forward", i=2, ts=1, **f32),
+                _row("input", 1, 1e-6, op="Functional.linear.1.forward", i=3, ts=1, target_content_hash=hash_,
+                     _order=3, **f32),
+                _row("output", 0, 1e-6, op="Functional.linear.1.forward", i=4, ts=1, **f32)]
+
+    exact = rows(0.0)
+    judge_precision(exact)
+    assert exact[3]["precision_result"] == "error" and exact[3]["precision_ratio"] < 64
+    assert "bitwise equal" in exact[3]["precision_reason"]
+    assert first_departure(exact)["row"]["pair_index"] == 3
+    after = rows(1e-7)  # an earlier op's rounding: the weight's few ulps say nothing more
+    judge_precision(after)
+    assert {r["precision_result"] for r in after} == {"pass"}
+    made = rows(0.0, "h")  # an op the dump holds (only the target has it) made these bytes
+    judge_precision(made, producers={"h": [(2, "Tensor.__mul__.0.forward", False)]})
+    assert {r["precision_result"] for r in made} == {"pass"}
+
+
+def test_an_input_no_op_produced_carries_one_earlier_error_in_the_forward_pass():
+    """docs/precision.md "Inputs no compared op explains": a bfloat16 run's fp32 weight
+    (no producer) 4x the largest earlier error departs in the forward pass (LEAF_GROWTH
+    2.5; the growth default 16 accepted it); 2x is a copy's error; a backward record keeps
+    the growth default (gradients accumulate)."""
+    from precision_rows import judge_precision
+
+    from dumpdb.compare.precision import LEAF_GROWTH
+
+    def rows(weight: float, name: str = "Functional.linear.1.forward") -> list[dict]:
+        return [_row("input", 0, 0.004, op="Functional.linear.0.forward", i=0, dtype="bfloat16"),
+                _row("output", 0, 0.005, op="Functional.linear.0.forward", i=1, dtype="bfloat16"),
+                _row("input", 1, weight, op=name, i=2, ts=1, dtype="float32")]
+
+    assert LEAF_GROWTH < 4
+    for weight, name, want in ((0.02, "Functional.linear.1.forward", "error"),
+                               (0.01, "Functional.linear.1.forward", "warning"),
+                               (0.02, "Functional.linear.1.backward", "warning")):
+        judged = rows(weight, name)
+        judge_precision(judged)
+        assert judged[2]["precision_result"] == want, (weight, name, judged[2]["precision_reason"])
+
+
+def test_an_input_an_inserted_op_made_is_judged_by_that_ops_inputs():
+    """docs/precision.md "Inputs no compared op explains": a silu only the target runs
+    (where the bench runs gelu) feeds fc2 an input 43 x the bfloat16 floor (under the margin
+    64) from an fc1 output of error 0.005: beyond 16 x 0.005 + 16 x floor it departs and the
+    silu is named as its origin; an input within that (a rewrite's own rounding) passes."""
+    from precision_rows import columns_of
+
+    from dumpdb.compare.precision import judge_precision_columns
+
+    def judged(err: float) -> tuple[dict, dict | None]:
+        rows = [_row("input", 0, 0.004, op="Functional.linear.0.forward", i=0, dtype="bfloat16", _order=0),
+                _row("output", 0, 0.005, op="Functional.linear.0.forward", i=1, dtype="bfloat16",
+                     target_content_hash="fc1", _order=1),
+                _row("input", 0, err, op="Functional.linear.1.forward", i=2, ts=2, dtype="bfloat16",
+                     target_content_hash="act", _order=4)]
+        c = columns_of(rows, {"fc1": [(1, "Functional.linear.0.forward", True)],
+                              "act": [(3, "Functional.silu.0.forward", False)]})
+        c.inputs_of = lambda k: [("fc1", 2)] if k == 3 else []  # the silu reads fc1's output
+        return judge_precision_columns(c)
+
+    out, fd = judged(0.168)
+    assert out["precision_result"][2] == "error" and out["precision_ratio"][2] < 64
+    assert out["origin_op"][2] == "Functional.silu.0.forward" and fd["origin_op"] == "Functional.silu.0.forward"
+    assert "0.005 of the inputs of Functional.silu.0.forward" in out["precision_reason"][2]
+    out, fd = judged(0.05)
+    assert fd is None and out["precision_result"][2] == "pass"

@@ -280,3 +280,16 @@ def test_generate_one_case(tmp_path):
     assert truth["magnitude"]["change_at_op"] == pytest.approx(0.5, rel=1e-3)
     # cached: a second generate makes nothing
     assert de.generate(tmp_path, [case], jobs=1, python=sys.executable)["made"] == 0
+
+
+def test_a_mask_case_names_the_triu_call_where_the_dump_records_it():
+    """At L1 with risk_level ALL msprobe records ``torch.triu``: the mask's changed call
+    (its ``diagonal`` argument), named instead of the first float consumer; at levels that
+    leave it out there is none before the consumer, and the consumer stays."""
+    names = ["Torch.triu.0.forward", "Tensor.masked_fill.0.forward", "Functional.softmax.0.forward",
+             "Torch.triu.1.forward", "Tensor.masked_fill.1.forward"]
+    assert de._mask_producer(names, "Tensor.masked_fill.1.forward") == "Torch.triu.1.forward"
+    assert de._mask_producer(names, "Tensor.masked_fill.0.forward") == "Torch.triu.0.forward"
+    assert de._mask_producer(["Functional.linear.0.forward", "Tensor.masked_fill.0.forward"],
+                             "Tensor.masked_fill.0.forward") is None
+    assert de._mask_producer(names, None) is None

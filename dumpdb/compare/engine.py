@@ -1045,7 +1045,8 @@ def _judge_precision(view: _View, trows: pa.Table, rules: PrecisionRules) -> dic
     ctx = view.context
     it, rank, ts = ctx["iteration"], ctx["rank"], ctx["timestamp"]
     run_rank = run_ranks(it, rank, ts)
-    order, producers = _producers(trows, ints(ctx["target_tensor_id"], -1), ctx["target_content_hash"].null_count < n)
+    order, producers, inputs_of = _producers(trows, ints(ctx["target_tensor_id"], -1),
+                                             ctx["target_content_hash"].null_count < n)
     values, valid = view.numbers(("flat_euc_dist", "euc_dist", "max_abs_err", "l2norm_diff", "bench_l2norm",
                                   "target_max", "target_min", "bench_max", "bench_min", "target_l2norm"))
     where = group_codes([ints(it, _NULL_KEY), ints(rank, _NULL_KEY)])
@@ -1062,6 +1063,7 @@ def _judge_precision(view: _View, trows: pa.Table, rules: PrecisionRules) -> dic
         bench_dtype_declared=strings(ctx["bench_dtype_declared"]), err_message=view.err_message,
         target_content_hash=strings(ctx["target_content_hash"]), io=strings(ctx["io"]), slot=strings(ctx["slot"]),
         target_shape=view.shapes("target_shape"), bench_shape=view.shapes("bench_shape"), producers=producers,
+        inputs_of=inputs_of,
         target_name=strings(ctx["target_name"]), scope_name=strings(ctx["scope_name"]),
         op_type=strings(ctx["op_type"]), arg_diff=arg_diff, iteration=ints(it, -1),
         timestamp=np.where(ts_valid, ts_values, np.nan))
@@ -1070,13 +1072,15 @@ def _judge_precision(view: _View, trows: pa.Table, rules: PrecisionRules) -> dic
 
 
 def _producers(trows: pa.Table, pair_tids: np.ndarray, needed: bool):
-    """(order, producers) of :class:`~dumpdb.compare.precision.Columns`: each pair's target
-    tensor's place among all target tensors in the producers' order (timestamp, NULLs
-    last, then execution order), and the function finding the target outputs with some
-    content hashes. Not ``needed`` (no pair's target has a content hash, so no input has a
-    producer): zeros and a function finding none, without sorting the target rows."""
+    """(order, producers, inputs_of) of :class:`~dumpdb.compare.precision.Columns`: each
+    pair's target tensor's place among all target tensors in the producers' order
+    (timestamp, NULLs last, then execution order), the function finding the target outputs
+    with some content hashes, and the one giving the input tensors (content hash, order) of
+    the op call whose output has a given order. Not ``needed`` (no pair's target has a
+    content hash, so no input has a producer): zeros and functions finding none, without
+    sorting the target rows."""
     if not needed:
-        return np.zeros(pair_tids.size, np.int64), lambda hashes: {}
+        return np.zeros(pair_tids.size, np.int64), lambda hashes: {}, lambda k: []
     # the producers' order over all target tensors: timestamp (NULLs last), then execution order
     tts = trows.column("timestamp")
     keys = execution_keys(trows)
@@ -1102,7 +1106,32 @@ def _producers(trows: pa.Table, pair_tids: np.ndarray, needed: bool):
             v.sort(key=lambda p: p[0])
         return found
 
-    return order, producers
+    calls: dict[tuple, list[tuple[str, int]]] = {}  # built on the first call: few inputs need it
+
+    def inputs_of(k: int) -> list[tuple[str, int]]:
+        """(content hash, order) of the inputs of the op call (iteration, rank, op name,
+        call index) whose output tensor has order ``k``."""
+        if not calls:
+            cols = [trows.column(c).to_pylist() for c in ("iteration", "rank", "op_name", "call_index", "io",
+                                                           "content_hash")]
+            for i, (it, rk, name, ci, io, h) in enumerate(zip(*cols)):
+                key = (it, rk, name, ci)
+                calls.setdefault(key, [])
+                if io == "input" and h is not None:
+                    calls[key].append((h, int(order_of[i])))
+            calls[("at",)] = []  # built, even when empty
+            at_order = np.empty(trows.num_rows, np.int64)
+            at_order[order_of] = np.arange(trows.num_rows)
+            calls_key.extend(zip(*cols[:4]))
+            calls_at.append(at_order)
+        if not 0 <= k < trows.num_rows:
+            return []
+        return calls.get(calls_key[int(calls_at[0][k])], [])
+
+    calls_key: list[tuple] = []
+    calls_at: list[np.ndarray] = []
+
+    return order, producers, inputs_of
 
 
 def _lowest_dtype(dtypes: np.ndarray) -> str | None:

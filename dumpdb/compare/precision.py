@@ -74,6 +74,34 @@ roundoffs (1 for two runs of one precision: a rewrite's or another rank's summat
 and the sides disagree by half or more; a collective's output is noise when its inputs on
 every rank are noise or do not depart.
 
+Exact context
+=============
+Rounding needs an operation: a tensor no op computed (a parameter, a data input) is the
+same bits in two runs that hold the same values, and an op of bitwise-equal inputs gives
+bitwise-equal outputs (the same kernel on the same CPU). So an input row whose sides differ
+at all (``err > 0``, within the margin or not) while every earlier tensor of its iteration
+and rank is bitwise equal (the running largest earlier error is 0, no NaN/Inf before),
+both sides of one float dtype and no target op (compared or not) produced its bytes, is
+where the departure starts: an ``error`` (a changed parameter or data input, however
+small: an fp32 weight scaled by 1 + 1e-6 differs by 18 x the float32 floor). An input an
+op produced is left to the rules above (a rewrite's own rounding).
+
+Inputs no compared op explains
+==============================
+A departing input that no target op produced, in the forward pass, is a copy the dump left
+out (an unrecorded view, transpose or cast) of an earlier tensor, or a parameter or data
+input: it is explained by the running largest earlier error only within ``LEAF_GROWTH``
+(2.5: clean pairs showed at most 1.0x), not ``growth``; a bfloat16 run's fc1 weight scaled
+by 2.7x the clean noise departs there. An input an op only the target has produced (a
+swapped activation, a rewrite's ops by hand, a cast) is judged, whether or not it exceeds
+the margin, by the error of that op's own inputs (followed back through the target's ops
+only it has, at most ``CHAIN_DEPTH``): it departs beyond ``growth`` x that error +
+``CHAIN_ROUNDINGS`` x floor (a silu in place of a gelu in bfloat16: 0.168 against its
+input's 0.0047, under the margin's 64 x 2^-8 = 0.25 and the 16 x largest earlier error),
+unless it is a cast within ``CAST_ROUNDINGS``. The op named as where such a departure
+starts (``origin_op``) is the first of a chain of one-input ops only the target has (the
+two Casts MindSpore O2 puts before a weight's MatMul: the first one).
+
 Collectives and misattributed records
 =====================================
 A collective's output (``all_reduce``, ``all_gather``, ``reduce_scatter``, ``broadcast``,
@@ -166,6 +194,18 @@ _DECLARED = {"float16": "float16", "bfloat16": "bfloat16", "float32": "float32",
 # rounds once (relative L2 error <= u, Higham Thm 2.2); one more for a value rounded in that
 # precision before the cast
 CAST_ROUNDINGS = 2.0
+# an input no recorded op produced (an unrecorded view, transpose or cast of an earlier
+# tensor) in the forward pass carries one earlier error at most this many times: clean
+# pairs showed at most 1.0x the largest earlier error (153 such forward inputs of the 135
+# clean and rewritten pairs of docs/divergence_eval.md's 329; up to 1.44x in backward and
+# optimizer, which keep the growth default; docs/precision.md)
+LEAF_GROWTH = 2.5
+# an input an op only the target has produced (a swapped activation, a rewrite's ops by
+# hand, a cast) is explained by the error of that op's own inputs (found back through
+# the target's ops only it has, at most CHAIN_DEPTH of them) x growth, plus this many
+# roundings of its dtype (one per op of a norm written by hand, nine ops, and margin)
+CHAIN_ROUNDINGS = 16.0
+CHAIN_DEPTH = 12
 GROWTH_TABLE = "precision_growth.json"  # the calibrated allowances, in this package (scripts/calibrate_precision.py)
 
 
@@ -361,7 +401,9 @@ class Columns:
     ``target_name``, ``scope_name``, ``op_type`` (phases, containers, the growth table),
     ``arg_diff`` (the alignment's scalar-argument difference, None where they agree);
     ``iteration`` (int64) and ``timestamp`` (float64, NaN where NULL) for the order across
-    ranks."""
+    ranks; ``inputs_of``: a function from a target op's order rank to its input tensors,
+    [(content hash, order rank of the call)] (the rules that follow an input back through
+    ops only the target has)."""
 
     group: np.ndarray
     where: np.ndarray
@@ -388,6 +430,7 @@ class Columns:
     arg_diff: np.ndarray | None = None
     iteration: np.ndarray | None = None
     timestamp: np.ndarray | None = None
+    inputs_of: Callable[[int], list[tuple[str, int]]] | None = None
 
     def row(self, i: int) -> dict:
         """Row ``i`` as a dict, as :func:`_pair_error` reads it (None for NULL)."""
@@ -587,8 +630,17 @@ def judge_precision_columns(c: Columns, rules: PrecisionRules = PrecisionRules()
     reason[at] = _format("departs: error {} = {} x the {} floor, inputs' error {:.3g}, growth allowed {:.3g}",
                          _fmts(err[at], err_ok[at]), _fmts(ratio[at], ratio_ok[at]), low[at], wi[at], growth[at])
     unit = target_unit(c.target_dtype, c.target_dtype_declared)
+    # an input that differs at all while everything before it in its iteration and rank is
+    # bitwise equal, both sides of one float dtype (module docstring, "Exact context")
+    with np.errstate(invalid="ignore"):
+        exact = inputs & ~departs_ & ~noise & none & ~container & err_ok & np.isfinite(err) & (err > 0) \
+            & (upstream[g] == 0) & ~inf_before[g] & np.equal(c.target_dtype, c.bench_dtype).astype(bool) \
+            & np.isin(low, list(_FLOATS))
+        chain = inputs & ~departs_ & ~noise & none & ~container & err_ok & np.isfinite(err) & floor_ok \
+            & (err > CHAIN_ROUNDINGS * floor)
     _judge_inputs_columns(c, departs_ & inputs, g, err, err_ok, floor_ok, floor, ratio, ratio_ok, upstream,
-                          inf_before, result, reason, origin, rules, unit, container)
+                          inf_before, result, reason, origin, rules, unit, container, exact, chain,
+                          np.equal(phase, "forward").astype(bool))
     at = np.flatnonzero(signature_rows)
     result[at] = NOISE
     reason[at] = _format("rounding noise: each side at its own run's rounding level (target / bench RMS {:.3g}, "
@@ -886,13 +938,23 @@ def target_unit(dtypes, declared) -> tuple[float, str | None]:
 
 def _judge_inputs_columns(c: Columns, rows_mask, g, err, err_ok, floor_ok, floor, ratio, ratio_ok, upstream,
                           inf_before, result, reason, origin, rules: PrecisionRules,
-                          unit: tuple[float, str | None] = (0.0, None), boxed_rows: np.ndarray | None = None) -> None:
+                          unit: tuple[float, str | None] = (0.0, None), boxed_rows: np.ndarray | None = None,
+                          exact: np.ndarray | None = None, chain: np.ndarray | None = None,
+                          forward: np.ndarray | None = None) -> None:
     """The departing input rows ``rows_mask``: explained (warning) when a compared op
     produced its bytes, or when NaN/Inf or an earlier compared tensor's error explains it
     (the producer is a cast or an op the dump or the alignment left out); otherwise the
     input is where the departure starts (error; ``origin`` names the producer an op only
     the target has). The producer of each (the last target output with its content hash
-    before it) is looked up per row, the branches are masks."""
+    before it) is looked up per row, the branches are masks. ``exact``: input rows within
+    the margin that differ where everything before them is bitwise equal; those no op of the
+    target produced (a parameter or data input) depart, the others are left as they are."""
+    n = len(g)
+    exact = np.zeros(n, bool) if exact is None else exact & ~rows_mask
+    chain = np.zeros(n, bool) if chain is None or getattr(c, "inputs_of", None) is None else chain & ~rows_mask
+    forward = np.zeros(n, bool) if forward is None else forward
+    extra = exact | chain
+    rows_mask = rows_mask | extra
     rows = np.flatnonzero(rows_mask)
     if not rows.size:
         return
@@ -910,6 +972,7 @@ def _judge_inputs_columns(c: Columns, rows_mask, g, err, err_ok, floor_ok, floor
             producers = {h: kept for h, v in producers.items() if (kept := [p for p in v if p[1] not in boxed])}
     name = np.full(len(g), None, dtype=object)
     has, compared = np.zeros(len(g), bool), np.zeros(len(g), bool)
+    made_at = np.full(len(g), -1, np.int64)  # the producer's output order
     if producers:
         keys = {h: [p[0] for p in v] for h, v in producers.items()}
         for i in rows.tolist():
@@ -917,10 +980,35 @@ def _judge_inputs_columns(c: Columns, rows_mask, g, err, err_ok, floor_ok, floor
             if h in producers:
                 k = bisect.bisect_left(keys[h], int(c.order[i]))  # producers strictly before the input
                 if k:
-                    _, name[i], compared[i] = producers[h][k - 1]
+                    made_at[i], name[i], compared[i] = producers[h][k - 1]
                     has[i] = True
     up, before = upstream[g], inf_before[g]
     none = ~truthy_mask(reason)
+    changed_leaf = exact & ~has
+    at = np.flatnonzero(changed_leaf)
+    reason[at] = _format("input differs (error {:.3g} = {:.3g} x floor) where every earlier tensor of its iteration "
+                         "and rank is bitwise equal, both sides {}; no op produced it (a changed parameter or data "
+                         "input)", err[at], ratio[at], c.target_dtype[at])
+    result[at] = ERROR
+    # an op only the target has produced it: judged by the error of that op's own inputs
+    by_new = (rows_mask & ~exact) & has & ~compared & none & err_ok & np.isfinite(err)
+    src = np.full(len(g), np.nan)
+    if by_new.any() and getattr(c, "inputs_of", None) is not None:
+        src_of = _SourceErrors(c, err, err_ok, boxed_rows)
+        for i in np.flatnonzero(by_new).tolist():
+            src[i] = src_of(int(made_at[i]), CHAIN_DEPTH)
+    known = by_new & ~np.isnan(src)
+    with np.errstate(invalid="ignore"):
+        chain_bound = rules.growth * np.where(known, src, 0.0) + CHAIN_ROUNDINGS * np.where(floor_ok, floor, 0.0)
+        chain_ok = known & (err <= chain_bound)
+        cast = err_ok & (err <= CAST_ROUNDINGS * unit[0])
+    at = np.flatnonzero(chain & known & ~chain_ok & ~cast)
+    reason[at] = _format(f"input departs: error {{:.3g}} = {{:.3g}} x floor, beyond {rules.growth:g} x the error "
+                         f"{{:.3g}} of the inputs of {{}}, an op only the target has, + {CHAIN_ROUNDINGS:g} x floor",
+                         err[at], ratio[at], src[at], name[at])
+    result[at] = ERROR
+    origin[at] = name[at]
+    rows_mask = rows_mask & ~extra
     # a compared producer explains the input only if its own pair carries the error: when its
     # output matches the bench but this input does not, the op reads other data than the
     # bench's op (a residual add dropped: LayerNorm reads the block's output alone)
@@ -941,8 +1029,11 @@ def _judge_inputs_columns(c: Columns, rows_mask, g, err, err_ok, floor_ok, floor
     a1 = rows_mask & has & compared & ~unexplained
     with np.errstate(invalid="ignore"):
         a2 = rows_mask & ~a1 & err_ok & np.isinf(err) & before
+        # no producer in the forward pass: a copy the dump left out (LEAF_GROWTH); an op only
+        # the target has, whose inputs' error is known: that error (chain_ok)
+        allowed = np.where(forward & ~has, LEAF_GROWTH, rules.growth)
         a3 = rows_mask & ~a1 & ~a2 & np.equal(reason, _NONE).astype(bool) & err_ok & \
-            (err <= rules.growth * up + rules.margin * np.where(floor_ok, floor, 0.0))
+            np.where(known, chain_ok & ~cast, err <= allowed * up + rules.margin * np.where(floor_ok, floor, 0.0))
     # an op only the target has produced it (an AMP run's Cast) and its error is within the
     # target's own lowest precision: rounding of that precision, not a departure beyond it
     with np.errstate(invalid="ignore"):
@@ -960,14 +1051,18 @@ def _judge_inputs_columns(c: Columns, rows_mask, g, err, err_ok, floor_ok, floor
     at = np.flatnonzero(a3)
     produced = _format(" (produced by {})", name[at])
     produced[~has[at]] = ""
-    reason[at] = _format(f"input error {{:.3g}} within {rules.growth:g} x the largest earlier error {{:.3g}}{{}}",
-                         err[at], up[at], produced)
+    reason[at] = _format("input error {:.3g} within {:.3g} x the largest earlier error {:.3g}{}",
+                         err[at], allowed[at], up[at], produced)
+    at = np.flatnonzero(a3 & known)
+    reason[at] = _format(f"input error {{:.3g}} within {rules.growth:g} x the error {{:.3g}} of the inputs of {{}}, "
+                         f"an op only the target has, + {CHAIN_ROUNDINGS:g} x floor", err[at], src[at], name[at])
     at = np.flatnonzero(a4)
     what = reason[at]
     blank = ~truthy_mask(what)
     what[blank] = _format("input departs: error {} = {} x floor", _fmts(err[at][blank], err_ok[at][blank]),
                           _fmts(ratio[at][blank], ratio_ok[at][blank]))
     by = has[at]
+    what = np.where(known[at], _format("{}, beyond the error {:.3g} of its producer's inputs", what, src[at]), what)
     reason[at] = np.where(by, _format("{}; produced by {}, an op only the target has", what, name[at]),
                           _format("{}; no compared op produced it (parameter or data input)", what))
     mismatch = at[compared[at]]
@@ -975,8 +1070,74 @@ def _judge_inputs_columns(c: Columns, rows_mask, g, err, err_ok, floor_ok, floor
                                "other data than the bench's", what[compared[at]], name[mismatch])
     by = by & ~compared[at]
     origin[at[by]] = name[at[by]]
+    if by.any() and getattr(c, "inputs_of", None) is not None:  # the first of a chain of one-input ops
+        for i in at[by].tolist():
+            origin[i] = _first_of_chain(c, int(made_at[i]), name[i])
     result[a1 | a2 | a3 | a5] = WARNING
     result[a4] = ERROR
+
+
+def _no_inputs(k: int) -> list[tuple[str, int]]:
+    """``inputs_of`` of rows built without it: no op's inputs are known."""
+    return []
+
+
+def _first_of_chain(c: Columns, k: int, name: str) -> str:
+    """The first op of a chain of one-input ops only the target has that ends at the op
+    ``name`` (output order ``k``): the Casts a mixed-precision run puts between a parameter
+    and its consumer (MindSpore O2: a weight cast twice), whose first one is the parameter's
+    first consumer. ``name`` itself when its one input is not made by such an op."""
+    inputs_of = c.inputs_of or _no_inputs
+    for _ in range(CHAIN_DEPTH):
+        ins = inputs_of(k)
+        if len(ins) != 1:
+            break
+        h, at = ins[0]
+        before = [p for p in c.producers({h}).get(h, []) if p[0] < at]
+        if not before or before[-1][2] or before[-1][1] is None:
+            break
+        k, name = int(before[-1][0]), before[-1][1]
+    return name
+
+
+class _SourceErrors:
+    """The error of the inputs of a target op only the target has (the largest over its
+    inputs): an input some compared op's output holds (same content hash) has that output's
+    error; one produced by another op only the target has, that op's (recursively, at most
+    ``depth`` ops back); NaN when unknown (an input no op produced, a parameter of a norm
+    written by hand, or a compared output without an error)."""
+
+    def __init__(self, c: Columns, err: np.ndarray, err_ok: np.ndarray, boxed: np.ndarray) -> None:
+        self.c = c
+        self.out_err: dict[str, float] = {}
+        for i in np.flatnonzero(c.output & err_ok & np.isfinite(err) & ~boxed).tolist():
+            h = c.target_content_hash[i]
+            if h is not None:
+                self.out_err[h] = max(self.out_err.get(h, 0.0), float(err[i]))
+        self.memo: dict[int, float] = {}
+
+    def __call__(self, k: int, depth: int) -> float:
+        if k in self.memo:
+            return self.memo[k]
+        self.memo[k] = math.nan  # a cycle is unknown
+        ins = (self.c.inputs_of or _no_inputs)(k)
+        worst = math.nan if not ins else 0.0
+        producers = self.c.producers({h for h, _ in ins} - set(self.out_err)) if ins else {}
+        for h, at in ins:
+            if h in self.out_err:
+                worst = max(worst, self.out_err[h])
+                continue
+            before = [p for p in producers.get(h, []) if p[0] < at]
+            if not before or before[-1][2] or depth <= 0:  # no producer, compared without error, too deep
+                worst = math.nan
+                break
+            e = self(int(before[-1][0]), depth - 1)
+            if math.isnan(e):
+                worst = e
+                break
+            worst = max(worst, e)
+        self.memo[k] = worst
+        return worst
 
 
 def truthy_mask(values: np.ndarray) -> np.ndarray:

@@ -214,3 +214,13 @@ def test_batch_is_tensor_metrics_pair_by_pair_in_both_forms(form, cases):
     got = M.tensor_metrics_batch(targets, benches)
     for i, (t, b) in enumerate(zip(targets, benches)):
         assert repr(got[i]) == repr(M.tensor_metrics(t, b))
+
+
+@pytest.mark.skipif(not kernel.HAVE_NUMBA, reason="numba is not installed: the compiled kernel cannot run")
+def test_half_to_float32_is_numpys_cast_for_every_float16():
+    """The kernel's float16 widening (all 65,536 bit patterns: zeros, subnormals, normals, Inf,
+    NaN payloads, both signs) gives the bits of numpy's cast."""
+    h = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    out = np.empty(h.size, np.float32)
+    kernel.compiled().half_to_float32(h, out, out.view(np.uint32))
+    assert np.array_equal(out.view(np.uint32), h.view(np.float16).astype(np.float32).view(np.uint32))

@@ -234,6 +234,26 @@ def log_numpy(q: np.ndarray) -> np.ndarray:
     return out
 
 
+def half_to_float32(h, out, out_bits):
+    """out = float16 values of the bits ``h`` (uint16, 1-D) as float32, exactly as numpy's cast
+    (``out_bits``: out's uint32 view). Bits of a finite half shifted into place read as a
+    float32 2**112 times too small (subnormal halves as float32 subnormals), so one exact
+    multiplication by 2**112 scales every one; Inf and NaN get the all-ones exponent and keep
+    their mantissa bits (numpy's ``npy_halfbits_to_floatbits``); then the sign. Vectorised
+    (numpy's own cast is a scalar loop)."""
+    for i in range(h.shape[0]):
+        out_bits[i] = np.uint32(h[i] & 0x7FFF) << np.uint32(13)
+    scale = np.float32(5.192296858534828e+33)  # 2**112
+    for i in range(h.shape[0]):
+        out[i] = out[i] * scale
+    for i in range(h.shape[0]):
+        b = np.uint32(h[i])
+        em = b & np.uint32(0x7FFF)
+        v = (np.uint32(0x7F800000) | ((em & np.uint32(0x3FF)) << np.uint32(13))) if em >= np.uint32(0x7C00) \
+            else out_bits[i]
+        out_bits[i] = v | ((b & np.uint32(0x8000)) << np.uint32(16))
+
+
 def _product(u, v, out, m):
     """out[i] = u[i] * v[i]."""
     for i in range(m):
@@ -451,9 +471,9 @@ def _fold_py(lanes: np.ndarray) -> float:
 
 # The functions numba compiles, callers before callees or not: numba looks each callee up in
 # this module's namespace when it compiles the caller, on its first call.
-_COMPILED = ("_fold", "_widen", "_widen_zeroed", "_terms", "_rel32", "_rel64", "_log_block", "_product",
-             "_lanes8", "_max_bits", "_bits_value", "_chunk", "chunk_rows", "scan", "segment_rows", "fold_row",
-             "fold_rows")
+_COMPILED = ("half_to_float32", "_fold", "_widen", "_widen_zeroed", "_terms", "_rel32", "_rel64", "_log_block",
+             "_product", "_lanes8", "_max_bits", "_bits_value", "_chunk", "chunk_rows", "scan", "segment_rows",
+             "fold_row", "fold_rows")
 _compile_lock = threading.Lock()
 _compiled: ModuleType | None = None
 

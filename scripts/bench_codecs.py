@@ -15,7 +15,8 @@ from storage. Column ``read/raw`` is ``(size / disk + decode time) / (raw / disk
 time)``, the copy (one memcpy of every chunk, what ``np.load`` of a cached file costs) timed
 in the same run, ``disk`` the storage read rate (``--disk-gbps``; default 4.1, ``cat`` of a
 real dump on this machine kind, issue 29); above 1 the codec ``COSTS`` more than it saves.
-``--chunk-mb 4`` measures the store's large-array chunks instead of the packs' 1 MiB.
+``--chunk-mb 4`` measures the store's large-array chunks instead of the packs' 1 MiB. Times are
+CPU seconds of this process (one thread): other processes sharing the cores do not inflate them.
 
     python scripts/bench_codecs.py DUMP [--max-mb 256] [--chunk-mb 1] [--disk-gbps 4.1]
 """
@@ -81,10 +82,10 @@ def main() -> None:
         itemsize = data.dtype.itemsize
         base = None
         scratch = np.empty(chunk, np.uint8)
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         for c in chunks:  # the raw baseline: the bytes copied once, as np.load of a cached file
             scratch[: c.size] = c
-        copy_s = time.perf_counter() - t0
+        copy_s = time.process_time() - t0
         raw_read = raw.size / disk + copy_s
         for label, codec in candidates().items():
             if isinstance(codec, numcodecs.Blosc):
@@ -92,12 +93,12 @@ def main() -> None:
                 pieces = [c.view(data.dtype) if c.size % itemsize == 0 else c for c in chunks]
             else:
                 pieces = chunks
-            t0 = time.perf_counter()
+            t0 = time.process_time()
             frames = [codec.encode(c) for c in pieces]
-            t1 = time.perf_counter()
+            t1 = time.process_time()
             for f in frames:
                 codec.decode(f)
-            t2 = time.perf_counter()
+            t2 = time.process_time()
             size = sum(len(f) for f in frames)
             base = base or size
             mb = raw.size / 2**20

@@ -12,7 +12,11 @@ both sides (zeroed, noted) and at different ones (no metrics)."""
 
 from __future__ import annotations
 
+import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -224,3 +228,33 @@ def test_half_to_float32_is_numpys_cast_for_every_float16():
     out = np.empty(h.size, np.float32)
     kernel.compiled().half_to_float32(h, out, out.view(np.uint32))
     assert np.array_equal(out.view(np.uint32), h.view(np.float16).astype(np.float32).view(np.uint32))
+
+
+ORACLE = Path(__file__).parent / "data" / "msprobe_oracle" / "statistics_L1"
+
+
+def test_statistics_compare_imports_neither_numba_nor_pandas(tmp_path):
+    """numba is imported on the first tensor pair (kernel.compiled()), pandas never by the
+    compare command (dumpdb.__main__.NO_PANDAS_COMMANDS): a statistics compare, as a whole
+    ``dumpdb`` process, loads neither and still compares every pair."""
+    import dumpdb
+
+    archive = tmp_path / "a.dumpdb"
+    assert dumpdb.ingest(ORACLE / "bf16" / "dump", archive=archive, run="t").ok
+    assert dumpdb.ingest(ORACLE / "fp32" / "dump", archive=archive, run="b").ok
+    script = (
+        "import runpy, sys, json\n"
+        f"sys.argv = ['dumpdb', 'compare', 't', 'b', '-a', {str(archive)!r}, '--mode', 'statistics', '--show', '0']\n"
+        "try:\n"
+        "    runpy.run_module('dumpdb', run_name='__main__')\n"
+        "except SystemExit as exc:\n"
+        "    code = exc.code\n"
+        "print(json.dumps([code, 'numba' in sys.modules, 'pandas' in sys.modules]))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          env={"PYTHONPATH": str(Path(__file__).parents[1]), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr
+    code, numba_loaded, pandas_loaded = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert code in (0, None) and not numba_loaded and not pandas_loaded
+    with dumpdb.open(archive) as a:
+        assert a.sql("SELECT count(*) AS n FROM compare_results").to_pylist()[0]["n"] > 10

@@ -9,7 +9,16 @@ several levels. Prints, per dtype and candidate, the stored size as a fraction o
 zstd level 1 (the baseline measured in the same run) and the encode/decode speed.
 ``dumpdb.storage.codecs`` records the choice this produced.
 
-    python scripts/bench_codecs.py DUMP [--max-mb 256]
+Read-heavy data (compare reads every payload once or more): a codec costs more than it saves
+when reading its smaller frames and decoding them takes longer than reading the raw bytes
+from storage. Column ``read/raw`` is ``(size / disk + decode time) / (raw / disk + copy
+time)``, the copy (one memcpy of every chunk, what ``np.load`` of a cached file costs) timed
+in the same run, ``disk`` the storage read rate (``--disk-gbps``; default 4.1, ``cat`` of a
+real dump on this machine kind, issue 29); above 1 the codec ``COSTS`` more than it saves.
+``--chunk-mb 4`` measures the store's large-array chunks instead of the packs' 1 MiB. Times are
+CPU seconds of this process (one thread): other processes sharing the cores do not inflate them.
+
+    python scripts/bench_codecs.py DUMP [--max-mb 256] [--chunk-mb 1] [--disk-gbps 4.1]
 """
 
 from __future__ import annotations
@@ -24,8 +33,6 @@ import numcodecs
 import numpy as np
 import xxhash
 from numcodecs import blosc
-
-CHUNK = 1 << 20
 
 
 def candidates() -> dict[str, numcodecs.abc.Codec]:
@@ -42,7 +49,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dump", type=Path)
     p.add_argument("--max-mb", type=float, default=256)
+    p.add_argument("--chunk-mb", type=float, default=1, help="chunk size (1: packs; 4: large arrays)")
+    p.add_argument("--disk-gbps", type=float, default=4.1, help="storage read rate for the read/raw column")
     args = p.parse_args()
+    chunk = int(args.chunk_mb * 2**20)
+    disk = args.disk_gbps * 1e9
     limit = int(args.max_mb * 2**20)
     groups: dict[str, list[np.ndarray]] = defaultdict(list)
     sizes: dict[str, int] = defaultdict(int)
@@ -62,30 +73,38 @@ def main() -> None:
     if not groups:
         sys.exit(f"{args.dump}: no .npy payloads")
     blosc.set_nthreads(1)  # one thread per chunk: the store encodes chunks on a pool
-    print(f"{'dtype':<10}{'MB':>8}  {'codec':<26}{'size/zstd-1':>12}{'raw/size':>9}{'enc MB/s':>10}{'dec MB/s':>10}")
+    print(f"{'dtype':<10}{'MB':>8}  {'codec':<26}{'size/zstd-1':>12}{'raw/size':>9}{'enc MB/s':>10}{'dec MB/s':>10}"
+          f"{'read/raw':>10}")
     for key, parts in sorted(groups.items()):
         data = np.concatenate(parts)
         raw = data.view(np.uint8)
-        chunks = [raw[i : i + CHUNK] for i in range(0, raw.size, CHUNK)]
+        chunks = [raw[i : i + chunk] for i in range(0, raw.size, chunk)]
         itemsize = data.dtype.itemsize
         base = None
+        scratch = np.empty(chunk, np.uint8)
+        t0 = time.process_time()
+        for c in chunks:  # the raw baseline: the bytes copied once, as np.load of a cached file
+            scratch[: c.size] = c
+        copy_s = time.process_time() - t0
+        raw_read = raw.size / disk + copy_s
         for label, codec in candidates().items():
             if isinstance(codec, numcodecs.Blosc):
                 # typesize comes from the buffer's dtype: hand it items, not bytes
                 pieces = [c.view(data.dtype) if c.size % itemsize == 0 else c for c in chunks]
             else:
                 pieces = chunks
-            t0 = time.perf_counter()
+            t0 = time.process_time()
             frames = [codec.encode(c) for c in pieces]
-            t1 = time.perf_counter()
+            t1 = time.process_time()
             for f in frames:
                 codec.decode(f)
-            t2 = time.perf_counter()
+            t2 = time.process_time()
             size = sum(len(f) for f in frames)
             base = base or size
             mb = raw.size / 2**20
-            print(f"{key:<10}{mb:8.1f}  {label:<26}{size / base:12.3f}{raw.size / size:9.2f}{mb / (t1 - t0):10.0f}{mb / (t2 - t1):10.0f}",
-                  flush=True)
+            read = (size / disk + (t2 - t1)) / raw_read
+            print(f"{key:<10}{mb:8.1f}  {label:<26}{size / base:12.3f}{raw.size / size:9.2f}{mb / (t1 - t0):10.0f}"
+                  f"{mb / (t2 - t1):10.0f}{read:10.2f}{'  COSTS' if read > 1 else ''}", flush=True)
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ def test_bench_codecs_ranks_candidates_per_dtype(tmp_path):
     out = _run(str(REPO / "scripts" / "bench_codecs.py"), str(ms_case("c1_inputs_kernels_iter")),
                "--max-mb", "1", cwd=tmp_path)
     assert "size/zstd-1" in out and "blosc-zstd1-shuffle" in out and "<f4" in out, out
+    assert "read/raw" in out, out  # which codec costs more than it saves on read-heavy data
 
 
 def test_bench_delta_prints_sizes_times_and_read_cost_against_plain(tmp_path):

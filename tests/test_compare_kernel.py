@@ -12,7 +12,11 @@ both sides (zeroed, noted) and at different ones (no metrics)."""
 
 from __future__ import annotations
 
+import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -127,7 +131,7 @@ def _reference(t: np.ndarray, b: np.ndarray, chunk: int):
 @pytest.fixture(params=["numba", "numpy"])
 def form(request, monkeypatch):
     """Each test runs with the compiled kernel and with its numpy form."""
-    if request.param == "numba" and kernel.numba is None:
+    if request.param == "numba" and not kernel.HAVE_NUMBA:
         pytest.skip("numba is not installed: the compiled kernel cannot run")
     monkeypatch.setattr(kernel, "AVAILABLE", request.param == "numba")
     return request.param
@@ -197,11 +201,10 @@ def test_log_is_within_one_ulp_of_libm_and_the_same_in_both_forms():
     assert ulps.max() <= 1.0
     assert np.array_equal(got[~finite], libm[~finite], equal_nan=True)
     assert got[q == 1.0].tolist() == [0.0]
-    if kernel.numba is not None:
-        work = np.zeros((4, q.size))
-        iw = work.view(np.int64)
+    if kernel.HAVE_NUMBA:
+        work = np.zeros((1, q.size))
         out = np.empty_like(q)
-        kernel._log_block(q.copy(), q.copy().view(np.int64), iw[0], work[0], work[1], out, q.size)
+        kernel.compiled()._log_block(q.copy(), q.copy().view(np.int64), work.view(np.int64)[0], work[0], out, q.size)
         assert repr(out.tolist()) == repr(got.tolist())
 
 
@@ -215,3 +218,43 @@ def test_batch_is_tensor_metrics_pair_by_pair_in_both_forms(form, cases):
     got = M.tensor_metrics_batch(targets, benches)
     for i, (t, b) in enumerate(zip(targets, benches)):
         assert repr(got[i]) == repr(M.tensor_metrics(t, b))
+
+
+@pytest.mark.skipif(not kernel.HAVE_NUMBA, reason="numba is not installed: the compiled kernel cannot run")
+def test_half_to_float32_is_numpys_cast_for_every_float16():
+    """The kernel's float16 widening (all 65,536 bit patterns: zeros, subnormals, normals, Inf,
+    NaN payloads, both signs) gives the bits of numpy's cast."""
+    h = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    out = np.empty(h.size, np.float32)
+    kernel.compiled().half_to_float32(h, out, out.view(np.uint32))
+    assert np.array_equal(out.view(np.uint32), h.view(np.float16).astype(np.float32).view(np.uint32))
+
+
+ORACLE = Path(__file__).parent / "data" / "msprobe_oracle" / "statistics_L1"
+
+
+def test_statistics_compare_imports_neither_numba_nor_pandas(tmp_path):
+    """numba is imported on the first tensor pair (kernel.compiled()), pandas never by the
+    compare command (dumpdb.__main__.NO_PANDAS_COMMANDS): a statistics compare, as a whole
+    ``dumpdb`` process, loads neither and still compares every pair."""
+    import dumpdb
+
+    archive = tmp_path / "a.dumpdb"
+    assert dumpdb.ingest(ORACLE / "bf16" / "dump", archive=archive, run="t").ok
+    assert dumpdb.ingest(ORACLE / "fp32" / "dump", archive=archive, run="b").ok
+    script = (
+        "import runpy, sys, json\n"
+        f"sys.argv = ['dumpdb', 'compare', 't', 'b', '-a', {str(archive)!r}, '--mode', 'statistics', '--show', '0']\n"
+        "try:\n"
+        "    runpy.run_module('dumpdb', run_name='__main__')\n"
+        "except SystemExit as exc:\n"
+        "    code = exc.code\n"
+        "print(json.dumps([code, 'numba' in sys.modules, 'pandas' in sys.modules]))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          env={"PYTHONPATH": str(Path(__file__).parents[1]), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr
+    code, numba_loaded, pandas_loaded = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert code in (0, None) and not numba_loaded and not pandas_loaded
+    with dumpdb.open(archive) as a:
+        assert a.sql("SELECT count(*) AS n FROM compare_results").to_pylist()[0]["n"] > 10

@@ -41,9 +41,10 @@ most an ulp, the KL sum in its last one or two bits.
 
 from __future__ import annotations
 
-import importlib
+import importlib.util
 import math
 import os
+import threading
 from types import ModuleType
 
 import numpy as np
@@ -53,13 +54,12 @@ FIELDS = ("dot", "xx", "yy", "dd", "abs_sum", "max_abs", "max_rel", "cnt1", "cnt
           "kl_sx", "kl_sy", "kl_t")
 LANES = 8
 
-numba: ModuleType | None
-try:  # numba is a dependency; the numpy form stays for platforms without a wheel of it
-    numba = importlib.import_module("numba")
-except ImportError:  # pragma: no cover - exercised by DUMPDB_METRICS_KERNEL=numpy
-    numba = None
-
-AVAILABLE = numba is not None and os.environ.get("DUMPDB_METRICS_KERNEL", "numba") != "numpy"
+# numba is a dependency; the numpy form stays for platforms without a wheel of it. It is
+# imported (and the kernel compiled) on the first call of :func:`compiled`, not with this
+# module: ``import numba`` takes about a second, which every CLI call that never compares
+# tensors would pay.
+HAVE_NUMBA = importlib.util.find_spec("numba") is not None
+AVAILABLE = HAVE_NUMBA and os.environ.get("DUMPDB_METRICS_KERNEL", "numba") != "numpy"
 
 # dtypes the kernel reads directly; others are converted chunk by chunk first: float16,
 # bfloat16 and float8 to float32, integers and bool to float64 (exact but for integers beyond
@@ -70,13 +70,6 @@ EPS64 = float(np.finfo(np.float64).eps)
 EPS32 = float(np.finfo(np.float32).eps)
 
 
-def _jit(fn):
-    if numba is None:
-        return fn
-    return numba.njit(cache=True, nogil=True, error_model="numpy")(fn)
-
-
-@_jit
 def _fold(lanes):
     return ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]))
 
@@ -91,25 +84,118 @@ LG5, LG6, LG7 = 1.818357216161805012e-01, 1.531383769920937332e-01, 1.4798198605
 SQRT2 = 1.4142135623730951
 _MANTISSA = 0x000FFFFFFFFFFFFF
 _ONE_BITS = 0x3FF0000000000000
-# Elements per block of a chunk: the per-element terms of a block (14 float64 rows, 28 KiB) stay in L1.
+_INF_BITS = 0x7FF0000000000000
+# Elements per block of a chunk: the per-element terms of a block (16 float64 rows, 32 KiB) stay in L1.
 BLOCK = 256
+# Rows of the (WORK_ROWS, BLOCK) float64 scratch of _chunk: 0-8 the summed terms (lane order of
+# the sums: dot xx yy dd abs_sum acc_rel kl_sx kl_sy kl_t), 9 the relative errors, 10 v_x / v_y,
+# 11 its log, 12 scratch, 13 the mantissas for the log, 14-15 the block's x and y as float64.
+WORK_ROWS = 16
+
+# Every loop below is written for LLVM's loop vectoriser (numba compiles with it on; its SLP
+# vectoriser is off): one simple loop per step over the block's float64 rows, selects instead
+# of branches, no call inside. Vectorising a loop does not change a single rounding (each
+# element is computed alone, no fused multiply-add without ``fastmath``); what fixes the
+# sums' bits is the lane order of ``_lanes8`` and ``_fold``, which the code spells out.
 
 
-@_jit
-def _log_block(q, qi, mi, mf, kf, out, m):
+def _widen(x, out):
+    """out[i] = float64(x[i]) (exact)."""
+    for i in range(x.shape[0]):
+        out[i] = np.float64(x[i])
+
+
+def _widen_zeroed(x, y, ox, oy):
+    """The float64 pair with NaN/Inf positions set to 0 on both sides (positions taken from x:
+    the same on both sides, checked before)."""
+    for i in range(x.shape[0]):
+        xv = np.float64(x[i])
+        yv = np.float64(y[i])
+        ok = np.isfinite(xv)
+        ox[i] = xv if ok else 0.0
+        oy[i] = yv if ok else 0.0
+
+
+def _terms(xw, yw, m, xmin, xrange, ymin, yrange, t_dot, t_xx, t_yy, t_dd, t_abs, t_q, t_vx, t_vy, ratio):
+    """Per-element terms of m elements: products, |d|, msaccucmp's |x/y - 1| (0 where
+    |y| <= eps64), the KL's clamped normalised values and their ratio. A range of 0 comes in
+    as min 0, range 1 (then (v - 0) / 1 == v exactly: the values as they are)."""
+    for i in range(m):
+        xv = xw[i]
+        yv = yw[i]
+        d = xv - yv
+        t_dot[i] = xv * yv
+        t_xx[i] = xv * xv
+        t_yy[i] = yv * yv
+        t_dd[i] = d * d
+        t_abs[i] = abs(d)
+        valid = abs(yv) > 2.220446049250313e-16
+        q = abs(xv / (yv if valid else 1.0) - 1.0)
+        t_q[i] = q if valid else 0.0
+        vx = (xv - xmin) / xrange
+        vx = 1.1920928955078125e-07 if vx < 1.1920928955078125e-07 else vx
+        vy = (yv - ymin) / yrange
+        vy = 1.1920928955078125e-07 if vy < 1.1920928955078125e-07 else vy
+        t_vx[i] = vx
+        t_vy[i] = vy
+        ratio[i] = vx / vy
+
+
+def _rel32(xw, yw, m, eps, thr1, thr5, rel):
+    """msprobe get_relative_err in float32 (eps added to both sides where bench == 0) into
+    rel (as float64); returns the counts below thr1 and thr5."""
+    eps32 = np.float32(eps)
+    t1 = np.float32(thr1)
+    t5 = np.float32(thr5)
+    c1 = 0
+    c5 = 0
+    for i in range(m):
+        n = np.float32(xw[i])
+        b = np.float32(yw[i])
+        z = b == 0
+        n = n + eps32 if z else n
+        b = b + eps32 if z else b
+        r = abs((n - b) / b)
+        c1 += 1 if r < t1 else 0
+        c5 += 1 if r < t5 else 0
+        rel[i] = np.float64(r)
+    return c1, c5
+
+
+def _rel64(xw, yw, m, eps, thr1, thr5, rel):
+    """:func:`_rel32` in float64."""
+    c1 = 0
+    c5 = 0
+    for i in range(m):
+        n = xw[i]
+        b = yw[i]
+        z = b == 0
+        n = n + eps if z else n
+        b = b + eps if z else b
+        r = abs((n - b) / b)
+        c1 += 1 if r < thr1 else 0
+        c5 += 1 if r < thr5 else 0
+        rel[i] = r
+    return c1, c5
+
+
+def _log_block(q, qi, mi, mf, out, m):
     """out[:m] = log(q[:m]) by fdlibm's formula (pure IEEE arithmetic, the same bits on any
     CPU and in :func:`log_numpy`); qi is q's int64 view, mi/mf one scratch row's int64/float64
-    views, kf scratch. Zero, subnormal, Inf and NaN inputs go to libm's log."""
+    views. Zero, subnormal, Inf and NaN inputs go to libm's log (a second loop, only when the
+    block holds one)."""
+    for i in range(m):
+        mi[i] = (qi[i] & _MANTISSA) | _ONE_BITS
+    special = 0
     for i in range(m):
         bits = qi[i]
-        kf[i] = np.float64((bits >> 52) - 1023)
-        mi[i] = (bits & _MANTISSA) | _ONE_BITS
-    for i in range(m):
+        e = np.int32((bits >> 52) & 0x7FF)
+        special |= (e == 0) | (e == 0x7FF)
+        k = np.float64(np.int32(bits >> 52) - 1023)  # int32: a conversion AVX2 vectorises
         mm = mf[i]
-        k = kf[i]
-        if mm > SQRT2:
-            mm = mm * 0.5
-            k = k + 1.0
+        big = mm > SQRT2
+        mm = mm * 0.5 if big else mm
+        k = k + 1.0 if big else k
         f = mm - 1.0
         s = f / (2.0 + f)
         z = s * s
@@ -117,10 +203,11 @@ def _log_block(q, qi, mi, mf, kf, out, m):
         r = z * (LG1 + w * (LG3 + w * (LG5 + w * LG7))) + w * (LG2 + w * (LG4 + w * LG6))
         hfsq = 0.5 * f * f
         out[i] = k * LN2_HI - ((hfsq - (s * (hfsq + r) + k * LN2_LO)) - f)
-    for i in range(m):
-        e = (qi[i] >> 52) & 0x7FF
-        if e == 0 or e == 0x7FF:
-            out[i] = math.log(q[i])
+    if special:
+        for i in range(m):
+            e = (qi[i] >> 52) & 0x7FF
+            if e == 0 or e == 0x7FF:
+                out[i] = math.log(q[i])
 
 
 def log_numpy(q: np.ndarray) -> np.ndarray:
@@ -147,7 +234,32 @@ def log_numpy(q: np.ndarray) -> np.ndarray:
     return out
 
 
-@_jit
+def half_to_float32(h, out, out_bits):
+    """out = float16 values of the bits ``h`` (uint16, 1-D) as float32, exactly as numpy's cast
+    (``out_bits``: out's uint32 view). Bits of a finite half shifted into place read as a
+    float32 2**112 times too small (subnormal halves as float32 subnormals), so one exact
+    multiplication by 2**112 scales every one; Inf and NaN get the all-ones exponent and keep
+    their mantissa bits (numpy's ``npy_halfbits_to_floatbits``); then the sign. Vectorised
+    (numpy's own cast is a scalar loop)."""
+    for i in range(h.shape[0]):
+        out_bits[i] = np.uint32(h[i] & 0x7FFF) << np.uint32(13)
+    scale = np.float32(5.192296858534828e+33)  # 2**112
+    for i in range(h.shape[0]):
+        out[i] = out[i] * scale
+    for i in range(h.shape[0]):
+        b = np.uint32(h[i])
+        em = b & np.uint32(0x7FFF)
+        v = (np.uint32(0x7F800000) | ((em & np.uint32(0x3FF)) << np.uint32(13))) if em >= np.uint32(0x7C00) \
+            else out_bits[i]
+        out_bits[i] = v | ((b & np.uint32(0x8000)) << np.uint32(16))
+
+
+def _product(u, v, out, m):
+    """out[i] = u[i] * v[i]."""
+    for i in range(m):
+        out[i] = u[i] * v[i]
+
+
 def _lanes8(w, m8, lanes):
     """lanes[j] += w[i0 + j] for every i0 < m8 step 8, in order (eight scalars in registers)."""
     l0, l1, l2, l3, l4, l5, l6, l7 = lanes[0], lanes[1], lanes[2], lanes[3], lanes[4], lanes[5], lanes[6], lanes[7]
@@ -163,125 +275,78 @@ def _lanes8(w, m8, lanes):
     lanes[0], lanes[1], lanes[2], lanes[3], lanes[4], lanes[5], lanes[6], lanes[7] = l0, l1, l2, l3, l4, l5, l6, l7
 
 
-@_jit
+def _max_bits(wi, m, top):
+    """The largest int64 bit pattern of m float64 values >= +0.0 or NaN (|d| and relative
+    errors): their bits order as the values do (+0.0 < ... < +inf < NaN), so an integer
+    maximum (exact, vectorised) finds the largest value, or a NaN when there is one."""
+    for i in range(m):
+        b = wi[i]
+        top = b if b > top else top
+    return top
+
+
+def _bits_value(bits, scratch, iscratch):
+    """The float64 whose bits are ``bits`` (NaN for any NaN pattern); scratch: one float64
+    element and its int64 view."""
+    if bits > _INF_BITS:
+        return np.nan
+    iscratch[0] = bits
+    return scratch[0]
+
+
 def _chunk(x, y, s, e, row, zero_invalid, rt32, eps, thr1, thr5, xmin, xrange, ymin, yrange, work, iwork):
     """Accumulators of elements [s, e) of x and y into ``row`` (FIELDS order). ``work`` is
-    float64 scratch ``(14, BLOCK)``, ``iwork`` its int64 view."""
+    float64 scratch ``(WORK_ROWS, BLOCK)``, ``iwork`` its int64 view."""
     lanes = np.zeros((9, 8))  # dot xx yy dd abs_sum acc_rel kl_sx kl_sy kl_t
-    mx = np.full(8, -np.inf)  # max_abs lanes
-    mr = np.full(8, -np.inf)  # max_rel lanes
-    nan_abs = 0
-    nan_rel = 0
+    top_abs = np.int64(-1)  # max_abs, max_rel as bits (_max_bits)
+    top_rel = np.int64(-1)
     cnt1 = 0
     cnt5 = 0
-    eps32 = np.float32(eps)
-    thr1_32 = np.float32(thr1)
-    thr5_32 = np.float32(thr5)
+    if xrange == 0:  # v = x when max == min: (x - 0) / 1 is x, exactly
+        xmin = 0.0
+        xrange = 1.0
+    if yrange == 0:
+        ymin = 0.0
+        yrange = 1.0
     n8 = s + (e - s) // 8 * 8
-    rel = work[9]
-    ratio = work[10]
-    logs = work[11]
-    kf = work[12]
+    xw = work[14]
+    yw = work[15]
     for b0 in range(s, e, BLOCK):
         m = min(e, b0 + BLOCK) - b0
-        for i in range(m):
-            xv = np.float64(x[b0 + i])
-            yv = np.float64(y[b0 + i])
-            if zero_invalid:  # NaN/Inf at the same positions on both sides (checked before)
-                if not np.isfinite(xv):
-                    xv = np.float64(0.0)
-                    yv = np.float64(0.0)
-            d = xv - yv
-            ad = abs(d)
-            work[0, i] = xv * yv
-            work[1, i] = xv * xv
-            work[2, i] = yv * yv
-            work[3, i] = d * d
-            work[4, i] = ad
-            q = 0.0
-            if abs(yv) > 2.220446049250313e-16:
-                q = abs(xv / yv - 1.0)
-            work[5, i] = q
-            vx = xv
-            if xrange != 0:
-                vx = (xv - xmin) / xrange
-            if vx < 1.1920928955078125e-07:
-                vx = np.float64(1.1920928955078125e-07)
-            vy = yv
-            if yrange != 0:
-                vy = (yv - ymin) / yrange
-            if vy < 1.1920928955078125e-07:
-                vy = np.float64(1.1920928955078125e-07)
-            work[6, i] = vx
-            work[7, i] = vy
-            ratio[i] = vx / vy
-        if rt32:  # msprobe get_relative_err in float32: eps added to both sides where bench == 0
-            for i in range(m):
-                n32 = np.float32(np.float64(x[b0 + i]))
-                b32 = np.float32(np.float64(y[b0 + i]))
-                if zero_invalid:
-                    if not np.isfinite(n32):
-                        n32 = np.float32(0.0)
-                        b32 = np.float32(0.0)
-                if b32 == 0:
-                    n32 = n32 + eps32
-                    b32 = b32 + eps32
-                r32 = abs((n32 - b32) / b32)
-                cnt1 += int(r32 < thr1_32)
-                cnt5 += int(r32 < thr5_32)
-                rel[i] = np.float64(r32)
+        if zero_invalid:  # NaN/Inf at the same positions on both sides (checked before)
+            _widen_zeroed(x[b0:b0 + m], y[b0:b0 + m], xw, yw)
         else:
-            for i in range(m):
-                nv = np.float64(x[b0 + i])
-                bv = np.float64(y[b0 + i])
-                if zero_invalid:
-                    if not np.isfinite(nv):
-                        nv = np.float64(0.0)
-                        bv = np.float64(0.0)
-                if bv == 0:
-                    nv = nv + eps
-                    bv = bv + eps
-                r = abs((nv - bv) / bv)
-                cnt1 += r < thr1
-                cnt5 += r < thr5
-                rel[i] = r
-        _log_block(ratio, iwork[10], iwork[13], work[13], kf, logs, m)
-        for i in range(m):
-            work[8, i] = work[6, i] * logs[i]
-        # lanes: element i of the chunk into lane (i - s) % 8; maxima and NaN flags per lane
+            _widen(x[b0:b0 + m], xw)
+            _widen(y[b0:b0 + m], yw)
+        _terms(xw, yw, m, xmin, xrange, ymin, yrange, work[0], work[1], work[2], work[3], work[4], work[5],
+               work[6], work[7], work[10])
+        if rt32:
+            c1, c5 = _rel32(xw, yw, m, eps, thr1, thr5, work[9])
+        else:
+            c1, c5 = _rel64(xw, yw, m, eps, thr1, thr5, work[9])
+        cnt1 += c1
+        cnt5 += c5
+        _log_block(work[10], iwork[10], iwork[13], work[13], work[11], m)
+        _product(work[6], work[11], work[8], m)
+        # lanes: element i of the chunk into lane (i - s) % 8
         m8 = min(m, n8 - b0) if n8 > b0 else 0
         for k in range(9):
             _lanes8(work[k], m8, lanes[k])
-        for i0 in range(0, m - m % 8, 8):
-            for j in range(8):
-                a = work[4, i0 + j]
-                r = rel[i0 + j]
-                nan_abs |= a != a
-                nan_rel |= r != r
-                mx[j] = a if a > mx[j] else mx[j]
-                mr[j] = r if r > mr[j] else mr[j]
-        for i in range(m - m % 8, m):
-            a = work[4, i]
-            r = rel[i]
-            nan_abs |= a != a
-            nan_rel |= r != r
-            mx[0] = a if a > mx[0] else mx[0]
-            mr[0] = r if r > mr[0] else mr[0]
+        top_abs = _max_bits(iwork[4], m, top_abs)
+        top_rel = _max_bits(iwork[9], m, top_rel)
         if b0 + m == e:  # the last block: fold, then the elements after the last full 8
             for k in range(9):
                 row_k = _fold(lanes[k])
                 for i in range(m8, m):
                     row_k += work[k, i]
                 lanes[k, 0] = row_k
-    max_abs = mx.max()
-    max_rel = mr.max()
     row[0] = lanes[0, 0]
     row[1] = lanes[1, 0]
     row[2] = lanes[2, 0]
     row[3] = lanes[3, 0]
     row[4] = lanes[4, 0]
-    row[5] = np.nan if nan_abs else max_abs
-    row[6] = np.nan if nan_rel else max_rel
+    row[5] = _bits_value(top_abs, work[12], iwork[12])
+    row[6] = _bits_value(top_rel, work[12], iwork[12])
     row[7] = cnt1
     row[8] = cnt5
     row[9] = lanes[5, 0]
@@ -290,7 +355,6 @@ def _chunk(x, y, s, e, row, zero_invalid, rt32, eps, thr1, thr5, xmin, xrange, y
     row[12] = lanes[8, 0]
 
 
-@_jit
 def chunk_rows(x, y, chunk, out, zero_invalid, rt32, eps, thr1, thr5, xmin, xrange, ymin, yrange):
     """One row of accumulators per chunk of ``chunk`` elements of the 1-D arrays x and y
     (same length; float32 or float64, :data:`NATIVE`) into ``out`` (float64, ``(n_chunks, 13)``).
@@ -300,7 +364,7 @@ def chunk_rows(x, y, chunk, out, zero_invalid, rt32, eps, thr1, thr5, xmin, xran
     its epsilon and thresholds; ``xmin``, ``xrange``, ``ymin``, ``yrange``: the KL
     normalisation (a range of 0 leaves the values as they are). The GIL is released."""
     n = x.shape[0]
-    work = np.zeros((14, BLOCK))
+    work = np.zeros((WORK_ROWS, BLOCK))
     iwork = work.view(np.int64)
     for c in range(out.shape[0]):
         s = c * chunk
@@ -308,7 +372,6 @@ def chunk_rows(x, y, chunk, out, zero_invalid, rt32, eps, thr1, thr5, xmin, xran
                xmin, xrange, ymin, yrange, work, iwork)
 
 
-@_jit
 def scan(x, y, check_invalid):
     """First pass over two 1-D arrays of the same length: ``(status, xmin, xmax, ymin, ymax)``
     with status 0 (all finite), 1 (NaN/Inf at the same positions on both sides: msprobe
@@ -342,14 +405,13 @@ def scan(x, y, check_invalid):
     return status, xmin, xmax, ymin, ymax
 
 
-@_jit
 def segment_rows(x, y, starts, sizes, chunk, out, status, rt32, eps, thr1, thr5):
     """:func:`scan` then :func:`chunk_rows` for each segment ``k`` (``[starts[k], starts[k] +
     sizes[k])`` of the 1-D arrays x and y), its chunks folded in order into ``out[k]``
     (float64, ``(n_segments, 13)``); ``status[k]`` is the segment's scan status (a segment
     with status 2 or 1 is left for the caller to compute alone). The GIL is released."""
     row = np.zeros(13)
-    work = np.zeros((14, BLOCK))
+    work = np.zeros((WORK_ROWS, BLOCK))
     iwork = work.view(np.int64)
     for k in range(starts.shape[0]):
         s = starts[k]
@@ -369,7 +431,6 @@ def segment_rows(x, y, starts, sizes, chunk, out, status, rt32, eps, thr1, thr5)
             fold_row(acc, row)
 
 
-@_jit
 def fold_row(acc, row):
     """``acc`` += one chunk's ``row``: sums added, maxima with NaN propagated (np.maximum)."""
     for f in (0, 1, 2, 3, 4, 7, 8, 9, 10, 11, 12):
@@ -381,7 +442,6 @@ def fold_row(acc, row):
             acc[f] = row[f]
 
 
-@_jit
 def fold_rows(acc, rows):
     """:func:`fold_row` of every row of ``rows``, in order."""
     for c in range(rows.shape[0]):
@@ -407,3 +467,31 @@ def lane_sum(w: np.ndarray) -> float:
 def _fold_py(lanes: np.ndarray) -> float:
     a = lanes.tolist()
     return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
+
+
+# The functions numba compiles, callers before callees or not: numba looks each callee up in
+# this module's namespace when it compiles the caller, on its first call.
+_COMPILED = ("half_to_float32", "_fold", "_widen", "_widen_zeroed", "_terms", "_rel32", "_rel64", "_log_block",
+             "_product", "_lanes8", "_max_bits", "_bits_value", "_chunk", "chunk_rows", "scan", "segment_rows",
+             "fold_row", "fold_rows")
+_compile_lock = threading.Lock()
+_compiled: ModuleType | None = None
+
+
+def compiled() -> ModuleType:
+    """This module with its kernel functions (:func:`chunk_rows`, :func:`scan`,
+    :func:`segment_rows`, :func:`fold_rows`, ...) compiled by numba: numba is imported on the
+    first call (about a second), each function compiled on its first call with a new dtype
+    signature (a few seconds, then cached beside the module). Raises ImportError without
+    numba (see :data:`AVAILABLE`)."""
+    global _compiled
+    if _compiled is None:
+        with _compile_lock:
+            if _compiled is None:
+                import numba
+
+                namespace = globals()
+                for name in _COMPILED:
+                    namespace[name] = numba.njit(cache=True, nogil=True, error_model="numpy")(namespace[name])
+                _compiled = importlib.import_module(__name__)
+    return _compiled

@@ -410,6 +410,10 @@ def _native(a: np.ndarray) -> np.ndarray:
         return a
     if a.dtype.kind in "biu":
         return a.astype(np.float64)
+    if a.dtype == np.float16:  # numpy's cast is a scalar loop (npy_halfbits_to_floatbits): 4 % of a compare
+        out = np.empty(a.size, np.float32)
+        kernel.compiled().half_to_float32(np.ascontiguousarray(a).reshape(-1).view(np.uint16), out, out.view(np.uint32))
+        return out
     return a.astype(np.float32)
 
 
@@ -430,7 +434,7 @@ def _kernel_rows(x: np.ndarray, y: np.ndarray, part_chunk: int, zero_invalid: bo
     """kernel.chunk_rows of one part: a ``(n_chunks, 13)`` float64 array."""
     rows = np.empty((-(-x.size // part_chunk), len(kernel.FIELDS)))
     xmin, xrange_, ymin, yrange = kl
-    kernel.chunk_rows(x, y, part_chunk, rows, zero_invalid, rel.rt == np.float32, float(rel.eps),
+    kernel.compiled().chunk_rows(x, y, part_chunk, rows, zero_invalid, rel.rt == np.float32, float(rel.eps),
                       float(THOUSAND_RATIO_THRESHOLD), float(FIVE_THOUSAND_RATIO_THRESHOLD),
                       xmin, xrange_, ymin, yrange)
     return rows
@@ -454,7 +458,7 @@ def _kernel_metrics(t: np.ndarray, b: np.ndarray, chunk: int, ranges, rel: _RelE
         xmin = ymin = math.inf
         xmax = ymax = -math.inf
         for x, y, _ in _kernel_parts(t, b, chunk):
-            status, x0, x1, y0, y1 = kernel.scan(x, y, check_invalid)
+            status, x0, x1, y0, y1 = kernel.compiled().scan(x, y, check_invalid)
             if status == 2:
                 return dict.fromkeys(TENSOR_METRICS), MSG_NAN_INF_MISMATCH
             has_invalid = has_invalid or status == 1
@@ -468,7 +472,7 @@ def _kernel_metrics(t: np.ndarray, b: np.ndarray, chunk: int, ranges, rel: _RelE
     kl = (xmin, xmax - xmin, ymin, ymax - ymin)
     acc = kernel.new_acc()
     for x, y, part_chunk in _kernel_parts(t, b, chunk):
-        kernel.fold_rows(acc, _kernel_rows(x, y, part_chunk, has_invalid, rel, kl))
+        kernel.compiled().fold_rows(acc, _kernel_rows(x, y, part_chunk, has_invalid, rel, kl))
     _finish(metrics, msgs, _acc_of(acc), t.size, False)
     return metrics, "; ".join(msgs) if msgs else None
 
@@ -673,7 +677,7 @@ class SplitPair:
         if self.compiled:
             folded = kernel.new_acc()
             for part in parts:
-                kernel.fold_rows(folded, part)
+                kernel.compiled().fold_rows(folded, part)
             acc = _acc_of(folded)
             parts = []
         for part in parts:
@@ -975,7 +979,7 @@ def _kernel_segments(x: np.ndarray, y: np.ndarray, starts: np.ndarray, sizes: np
     :func:`_segment_sums`) and each segment's scan status (non-zero: NaN/Inf in it)."""
     rows = np.empty((len(starts), len(kernel.FIELDS)))
     status = np.zeros(len(starts), np.int64)
-    kernel.segment_rows(x, y, starts, sizes, DEFAULT_CHUNK, rows, status, rel.rt == np.float32,
+    kernel.compiled().segment_rows(x, y, starts, sizes, DEFAULT_CHUNK, rows, status, rel.rt == np.float32,
                         float(rel.eps), float(THOUSAND_RATIO_THRESHOLD), float(FIVE_THOUSAND_RATIO_THRESHOLD))
     return {name: rows[:, k] for k, name in enumerate(kernel.FIELDS)}, status
 

@@ -23,7 +23,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, cast
 
 import typer
 from typer.core import TyperGroup
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 EXIT_OK, EXIT_FOUND, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
 INTERNAL_ERROR_EXIT = EXIT_ERROR  # a bug is not a finding: never 1, which scripts read as "found"
 
-_state = {"debug": bool(os.environ.get("DUMPDB_DEBUG"))}
+_state: dict[str, Any] = {"debug": bool(os.environ.get("DUMPDB_DEBUG"))}
 _consoles: dict[bool, Console] = {}
 
 
@@ -819,7 +819,7 @@ def sql(
         raise DumpdbError("empty query")
     a = _open(archive)
     a.sql_limits = limits
-    params = dict(param) or None  # (NAME, VALUE) pairs
+    params = dict(cast("list[tuple[str, str]]", param)) or None  # (NAME, VALUE) pairs (parsed by _key_value)
     if fmt == "parquet":
         data: Any = a.sql(text, params, allow_files=allow_files)  # keeps DuckDB's column types
     else:
@@ -1560,7 +1560,7 @@ def import_cmd(
     fmt: str = _report_format_opt(),
 ) -> None:
     """Import a bundle's runs (every file checked against the manifest; importing twice adds nothing)."""
-    mapping = dict(rename)  # (OLD, NEW) pairs
+    mapping = dict(cast("list[tuple[str, str]]", rename))  # (OLD, NEW) pairs (parsed by _key_value)
     path = _archive_path(archive)
     _ensure_archive(path)
     report = _open(path).import_bundle(_url(bundle) or bundle, mapping,

@@ -674,6 +674,10 @@ def ingest_worker_cmd(
     follow_symlinks: bool = typer.Option(
         False, "--follow-symlinks", help="Read files that symlinks lead to outside DUMP_DIR (off by default)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    update: bool = typer.Option(False, "--update", help="Refused (exit 2): a part only adds tensors; "
+                                                        "'dumpdb ingest --update' replaces changed files."),
+    moved: bool = typer.Option(False, "--moved", help="Refused (exit 2): 'dumpdb ingest --moved' continues a "
+                                                      "run from a new location."),
 ) -> None:
     """Ingest one node's part of a run into a shared archive without writing its catalog:
     payloads into the store, rows as Parquet fragments and a manifest; then 'dumpdb commit'."""
@@ -681,7 +685,8 @@ def ingest_worker_cmd(
 
     report = ingest_worker(dump_dir, _archive_path(archive), part, run, layout=layout, workers=workers,
                            scheduler=scheduler, follow_symlinks=follow_symlinks, reporter=_reporter(quiet),
-                           on_wait=_wait_line, lock_timeout=_lock_timeout(), storage_options=_storage_options())
+                           on_wait=_wait_line, lock_timeout=_lock_timeout(), storage_options=_storage_options(),
+                           update=update, moved=moved)
     if report.status == "already written":
         _say(f"part {part!r} of run {report.run!r} is written and waits for 'dumpdb commit{_a(archive)}'",
              stderr=True)

@@ -1,8 +1,8 @@
 """The S3 client dumpdb uses: zarr's :class:`zarr.storage.ObjectStore` over ``obstore``'s
 ``S3Store`` (Rust ``object_store``), with dumpdb's additions (:class:`RemoteObjectStore`).
 
-Why obstore and not ``FsspecStore`` over ``s3fs``: measured side by side on one local server
-(``scripts/bench_store.py --clients``, README "Object storage"). Configuration and URLs are
+Why obstore and not ``FsspecStore`` over ``s3fs``: ``docs/storage-design.md`` ("S3 client").
+Configuration and URLs are
 :mod:`dumpdb.storage.remote`'s; this module is imported only when an ``s3://`` store is opened
 (``pip install 'dumpdb[s3]'``).
 

@@ -676,10 +676,10 @@ class Pipeline:
         written by a worker, so compression runs on every core and no payload byte passes
         through this process. Dask tasks (other machines maybe) and remote stores: arrays
         come back and this process writes."""
-        root = self.writer.store.root
-        if root is None or not isinstance(pool, ProcessPoolExecutor):
+        store = self.writer.store
+        if not store.capabilities.files or not isinstance(pool, ProcessPoolExecutor):
             return
-        store_root = str(root)
+        store_root = str(store.root)
         self.writer.delegate = lambda kind, args: pool.submit(write_payloads, store_root, kind, args)
         self.writer.max_inflight = max(self.writer.max_inflight, 2 * max(1, self.executor.count if self.executor
                                                                           else 1))

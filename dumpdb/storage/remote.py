@@ -140,7 +140,8 @@ def open_store(url: str, options: Mapping[str, Any] | None = None, read_only: bo
         raise StorageError(f"{url}: object storage needs obstore: pip install 'dumpdb[s3]' ({exc})") from exc
 
     try:
-        return open_obstore(loc, conf, read_only)
+        return open_obstore(loc.bucket, loc.prefix, {k: str(v) for k, v in conf.items() if k not in TUNING}, conf,
+                            read_only)
     except StorageError:
         raise
     except Exception as exc:  # obstore's configuration errors (unknown key, bad value)

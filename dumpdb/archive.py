@@ -95,6 +95,22 @@ def _remove_temps(temps: dict[int, PrivateTemp]) -> None:
     temps.clear()
 
 
+# the catalog's own tables and views (Archive.tables, Archive.columns)
+_TABLES_SQL = """
+SELECT table_name AS "table", 'table' AS kind, estimated_size, comment FROM duckdb_tables()
+WHERE database_name = current_database() AND schema_name = 'main' AND NOT internal AND NOT temporary
+UNION ALL
+SELECT view_name, 'view', NULL, comment FROM duckdb_views()
+WHERE database_name = current_database() AND schema_name = 'main' AND NOT internal AND NOT temporary
+ORDER BY 1
+"""
+
+
+def _sql_identifier(name: str) -> str:
+    """``name`` as a quoted SQL identifier."""
+    return '"' + name.replace('"', '""') + '"'
+
+
 def _refuse_attach(query: str) -> None:
     """Refuse ATTACH/DETACH in a sandboxed query (README "Safety"): the sandbox may open
     the catalog file itself (``allowed_paths``), so a query must not detach it and attach
@@ -778,7 +794,80 @@ class Archive:
         rows = (row for batch in table.to_batches() for row in batch.to_pylist())
         yield from _read_ahead(self._read_located, self.path, ids, locations, rows, host_format, verify)
 
+    # -- the catalog's tables ------------------------------------------------------
+    def tables(self) -> pa.Table:
+        """The catalog's tables and views: ``table``, ``kind`` ('table' | 'view'), ``rows``
+        (exact counts) and ``comment`` (what each holds, from the migrations), by name."""
+        import pyarrow as pa
+
+        _, found = self.sql_rows(_TABLES_SQL)
+        counts: dict[int, int] = {}
+        if found:
+            counts = dict(self.sql_rows(" UNION ALL ".join(
+                f"SELECT {i} AS i, count(*) AS n FROM {_sql_identifier(name)}"
+                for i, (name, *_rest) in enumerate(found)))[1])
+        return pa.table({"table": [r[0] for r in found], "kind": [r[1] for r in found],
+                         "rows": pa.array([counts[i] for i in range(len(found))], pa.int64()),
+                         "comment": [r[3] or None for r in found]})
+
+    def columns(self, table: str | None = None) -> pa.Table:
+        """Columns of ``table`` (default: every table): ``table``, ``column``, ``type`` and
+        ``comment`` (DuckDB's column comments), in table then column order. Raises
+        DumpdbError naming the tables for an unknown ``table``."""
+        where = "AND table_name = $table" if table else ""
+        result = self.sql(
+            'SELECT table_name AS "table", column_name AS "column", data_type AS type, '
+            "nullif(comment, '') AS comment FROM duckdb_columns() WHERE database_name = current_database() "
+            f"AND schema_name = 'main' AND NOT internal {where} ORDER BY table_name, column_index",
+            {"table": table} if table else None)
+        if table and result.num_rows == 0:
+            _, known = self.sql_rows(_TABLES_SQL)
+            raise DumpdbError(f"no table {table!r} in the catalog (tables: {', '.join(r[0] for r in known)})")
+        return result
+
+    def migrate(self) -> list:
+        """Bring the catalog's schema up to date (done on open when the archive is writable;
+        a copy goes to ``backups/`` first). Returns the migrations applied by this object,
+        on open or now (:class:`~dumpdb.catalog.migrations.Migration`: ``version``, ``name``)."""
+        self.refuse_writes()
+        self.catalog.migrate()
+        return list(self.catalog.applied)
+
+    # -- ingest ------------------------------------------------------------------
+    def ingest(self, dump_dir: str | os.PathLike, run: str | None = None, **options):
+        """Ingest the dump at ``dump_dir`` as run ``run`` into this archive; returns an
+        :class:`~dumpdb.ingestion.pipeline.IngestReport`. Options are
+        :func:`dumpdb.ingestion.pipeline.ingest`'s (layout, workers, scheduler, reporter,
+        follow_symlinks, update, moved, verify_hash, delta); this archive's lock wait and
+        storage options are used. ``dumpdb.ingest`` also creates a missing archive."""
+        from dumpdb.ingestion.pipeline import ingest
+
+        self.refuse_writes()
+        catalog = self.catalog
+        options.setdefault("lock_timeout", catalog.lock_timeout)
+        options.setdefault("on_wait", catalog.on_wait)
+        options.setdefault("storage_options", self.storage_options or None)
+        return ingest(dump_dir, self.path, run, **options)
+
+    def step_pair(self, target_run: str, bench_run: str) -> tuple[str, str]:
+        """The selections to compare two runs by: ``RUN:ITERATION`` each when both runs hold
+        exactly one iteration (a step-1 dump against a step-0 one is paired step for step, as
+        msprobe does), else the run names."""
+        its = [[r[0] for r in self.sql_rows("SELECT DISTINCT iteration FROM tensors WHERE run = $run",
+                                            {"run": name})[1]] for name in (target_run, bench_run)]
+        if all(len(i) == 1 and i[0] is not None for i in its):
+            return f"{target_run}:{its[0][0]}", f"{bench_run}:{its[1][0]}"
+        return target_run, bench_run
+
     # -- comparison ------------------------------------------------------------
+    def comparison(self, target: str, bench: str, *, scheduler: str | None = None, **options):
+        """The whole outcome of a compare (:class:`~dumpdb.compare.engine.CompareOutcome`:
+        ``summary``, ``results``, ``unmatched``, ``first_divergence``); arguments as
+        :meth:`compare` (``progress(done, total)`` too)."""
+        from dumpdb.compare.engine import compare
+
+        return compare(self, target, bench, scheduler=scheduler, **options)
+
     def compare(self, target: str, bench: str, *, scheduler: str | None = None, **options) -> pa.Table:
         """Compare two selections (``RUN[:ITERATION[:RANK]]``) tensor by tensor.
 
@@ -790,9 +879,7 @@ class Archive:
         strategies, thresholds, mode, workers, store_results). ``scheduler``: the payloads
         read and compared on the dask cluster at that address or ``"local"``, the same rows.
         """
-        from dumpdb.compare.engine import compare
-
-        return compare(self, target, bench, scheduler=scheduler, **options).results
+        return self.comparison(target, bench, scheduler=scheduler, **options).results
 
     def first_divergence(self, target: str, bench: str, *, scheduler: str | None = None,
                          **options) -> dict[str, Any] | None:
@@ -801,9 +888,7 @@ class Archive:
         failing msprobe's rules): scope name, source line, metrics, ``inputs``/``outputs``
         errors, and ``path``: the ops compared before it. None when nothing departs.
         Options as :meth:`compare` (:func:`dumpdb.compare.engine.compare`), ``scheduler`` too."""
-        from dumpdb.compare.engine import compare
-
-        return compare(self, target, bench, scheduler=scheduler, **options).first_divergence
+        return self.comparison(target, bench, scheduler=scheduler, **options).first_divergence
 
     def scan(self, run: str, checks=None, *, scheduler: str | None = None, **options) -> pa.Table:
         """Run checks (first NaN/Inf, fp16 overflow, all-zero, MindInsight watch
@@ -812,6 +897,21 @@ class Archive:
         from dumpdb.checks.scan import scan
 
         return scan(self, run, checks, scheduler=scheduler, **options)
+
+    def ranks(self, run: str, *, iteration: int | None = None, scheduler: str | None = None,
+              workers: int | None = None) -> pa.Table:
+        """The ranks of ``run`` grouped by fingerprint, one row per rank, with where each odd
+        group departs; see :func:`dumpdb.checks.ranks.rank_groups`."""
+        from dumpdb.checks.ranks import rank_groups
+
+        return rank_groups(self, run, iteration=iteration, scheduler=scheduler, workers=workers)
+
+    def first_bad_rank(self, run: str, *, iteration: int | None = None) -> pa.Table:
+        """Each rank's first NaN/Inf tensor, the rank that went bad first on top; see
+        :func:`dumpdb.checks.ranks.first_bad_across_ranks`."""
+        from dumpdb.checks.ranks import first_bad_across_ranks
+
+        return first_bad_across_ranks(self, run, iteration=iteration)
 
     def serve(self, host: str = "127.0.0.1", port: int = 8765, open_browser: bool = False) -> None:
         """Browse this archive in a web browser until Ctrl-C: a local, read-only web

@@ -20,10 +20,9 @@ from __future__ import annotations
 import os
 import shlex
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, cast
 
 import typer
 from typer.core import TyperGroup
@@ -31,6 +30,7 @@ from typer.core import TyperGroup
 from dumpdb import __version__
 from dumpdb.compare.choices import MODES, RULES, STRATEGIES
 from dumpdb.errors import DumpdbError
+from dumpdb.render import text
 from dumpdb.render.tables import FORMAT_HELP, FORMATS, Rows, emit
 from dumpdb.sql_sandbox import SqlLimits
 
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 EXIT_OK, EXIT_FOUND, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
 INTERNAL_ERROR_EXIT = EXIT_ERROR  # a bug is not a finding: never 1, which scripts read as "found"
 
-_state = {"debug": bool(os.environ.get("DUMPDB_DEBUG"))}
+_state: dict[str, Any] = {"debug": bool(os.environ.get("DUMPDB_DEBUG"))}
 _consoles: dict[bool, Console] = {}
 
 
@@ -403,16 +403,6 @@ def _progress(label: str):
                     console=console, transient=True, disable=not console.is_terminal)
 
 
-def _human(n: float | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1000
-    return str(n)
-
-
 def _version_callback(value: bool) -> None:
     if value:
         _say(f"dumpdb {__version__}")
@@ -474,93 +464,9 @@ def _install_warning_printer() -> None:
 
 # -- ingest -------------------------------------------------------------------------------------
 def _reporter(quiet: bool):
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        SpinnerColumn,
-        TaskProgressColumn,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
+    from dumpdb.render.progress import RichReporter
 
-    from dumpdb.progress import Reporter
-
-    class RichReporter(Reporter):
-        MAX_ERRORS_SHOWN = 20
-
-        def __init__(self) -> None:
-            self.errors = 0
-            self.progress = Progress(
-                SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                TaskProgressColumn(), TextColumn("{task.fields[read]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-                console=_console(True), transient=False, disable=quiet,
-            )
-            self.task: Any = None
-            self.read = 0
-            self.pending = 0  # tensors advanced, not yet shown
-            self.shown = 0.0  # when the bar was last updated (time.monotonic)
-
-        def scanning(self, dump_dir):
-            if not quiet:
-                _say(f"scanning {dump_dir} ...", stderr=True, style="dim")
-
-        def start(self, total, skipped):
-            if skipped and not quiet:
-                _say(f"{skipped} tensors already in this run, skipped", stderr=True, style="dim")
-            if total == 0:
-                return  # nothing new: no empty progress bar
-            self.progress.start()
-            self.task = self.progress.add_task("ingesting", total=total, read="")
-
-        def advance(self, tensors, bytes_read):
-            # called once per file: the bar is updated every 0.1 s at most (rich's update and
-            # the byte count's text cost ~10 us, a tenth of a tiny file's whole ingest)
-            self.read += bytes_read
-            self.pending += tensors
-            if self.task is not None and not quiet:
-                now = time.monotonic()
-                if now - self.shown >= 0.1:
-                    self.shown = now
-                    self.progress.update(self.task, advance=self.pending, read=_human(self.read))
-                    self.pending = 0
-
-        def error(self, source_file, message):
-            from rich.text import Text
-
-            self.errors += 1
-            if self.errors <= self.MAX_ERRORS_SHOWN:
-                line = message if message.startswith(source_file) else f"{source_file}: {message}"
-                self.progress.console.print(Text.assemble(("error: ", "red"), line), soft_wrap=True)
-            elif self.errors == self.MAX_ERRORS_SHOWN + 1:
-                self.progress.console.print(Text("more errors: see ingest_errors in the catalog", style="red"))
-
-        def changed(self, source_file, detail):
-            from rich.text import Text
-
-            self.progress.console.print(Text.assemble(("changed: ", "yellow"), f"{source_file}: {detail}"),
-                                        soft_wrap=True)
-
-        def finish(self):
-            if self.task is not None and self.pending and not quiet:
-                self.progress.update(self.task, advance=self.pending, read=_human(self.read))
-                self.pending = 0
-            self.progress.stop()
-
-    return RichReporter()
-
-
-def _print_report(r) -> None:
-    ratio = f"{r.ratio:.2f}x" if r.ratio else "-"
-    changed = r.tensors_replaced - r.payloads_filled
-    replaced = (f"{changed} replaced (changed files), " if changed else "") + \
-        (f"{r.payloads_filled} statistics-only filled in with their payloads, " if r.payloads_filled else "")
-    _say(f"run {r.run} ({r.layout}) -> {r.archive}\n"
-         f"  tensors: {r.tensors_added} added, {replaced}{r.tensors_skipped} already there, "
-         f"{r.deduplicated} deduplicated, {r.statistics_only} statistics-only, {len(r.errors)} failed\n"
-         f"  bytes read {_human(r.bytes_read)}, payload {_human(r.bytes_in)}, stored {_human(r.bytes_stored)}, "
-         f"ratio {ratio}, {r.seconds:.1f} s", stderr=True)
+    return RichReporter(_console(True), quiet)
 
 
 def _ensure_archive(path: Path, create: bool = True) -> None:
@@ -646,7 +552,7 @@ def ingest(
     finally:
         if not existed and is_archive(path):
             _say(f"created archive {path}", stderr=True)
-    _print_report(report)
+    _say(text.ingest_text(report), stderr=True)
     if fmt == "json":
         _print_json(report)
     if report.interrupted:
@@ -674,6 +580,10 @@ def ingest_worker_cmd(
     follow_symlinks: bool = typer.Option(
         False, "--follow-symlinks", help="Read files that symlinks lead to outside DUMP_DIR (off by default)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    update: bool = typer.Option(False, "--update", help="Refused (exit 2): a part only adds tensors; "
+                                                        "'dumpdb ingest --update' replaces changed files."),
+    moved: bool = typer.Option(False, "--moved", help="Refused (exit 2): 'dumpdb ingest --moved' continues a "
+                                                      "run from a new location."),
 ) -> None:
     """Ingest one node's part of a run into a shared archive without writing its catalog:
     payloads into the store, rows as Parquet fragments and a manifest; then 'dumpdb commit'."""
@@ -681,12 +591,13 @@ def ingest_worker_cmd(
 
     report = ingest_worker(dump_dir, _archive_path(archive), part, run, layout=layout, workers=workers,
                            scheduler=scheduler, follow_symlinks=follow_symlinks, reporter=_reporter(quiet),
-                           on_wait=_wait_line, lock_timeout=_lock_timeout(), storage_options=_storage_options())
+                           on_wait=_wait_line, lock_timeout=_lock_timeout(), storage_options=_storage_options(),
+                           update=update, moved=moved)
     if report.status == "already written":
         _say(f"part {part!r} of run {report.run!r} is written and waits for 'dumpdb commit{_a(archive)}'",
              stderr=True)
         return
-    _print_report(report)
+    _say(text.ingest_text(report), stderr=True)
     if report.interrupted:
         _say("interrupted: run the same command again to write the part", stderr=True, style="yellow")
         raise typer.Exit(EXIT_INTERRUPTED)
@@ -819,7 +730,7 @@ def sql(
         raise DumpdbError("empty query")
     a = _open(archive)
     a.sql_limits = limits
-    params = dict(param) or None  # (NAME, VALUE) pairs
+    params = dict(cast("list[tuple[str, str]]", param)) or None  # (NAME, VALUE) pairs (parsed by _key_value)
     if fmt == "parquet":
         data: Any = a.sql(text, params, allow_files=allow_files)  # keeps DuckDB's column types
     else:
@@ -828,30 +739,11 @@ def sql(
     _emit(data, fmt, output, max_rows=max_rows if max_rows > 0 else None)
 
 
-_TABLES_SQL = """
-SELECT table_name AS "table", 'table' AS kind, estimated_size, comment FROM duckdb_tables()
-WHERE database_name = current_database() AND schema_name = 'main' AND NOT internal AND NOT temporary
-UNION ALL
-SELECT view_name, 'view', NULL, comment FROM duckdb_views()
-WHERE database_name = current_database() AND schema_name = 'main' AND NOT internal AND NOT temporary
-ORDER BY 1
-"""
-
-
 @app.command()
 def tables(archive: Optional[Path] = ArchiveOpt, fmt: str = FormatOpt, output: Optional[Path] = OutputOpt) -> None:
     """List the catalog's tables with their row counts and what each holds."""
     _check_format(fmt, output)
-    a = _open(archive)
-    _, found = a.sql_rows(_TABLES_SQL)
-    rows = []
-    if found:
-        counts = " UNION ALL ".join(
-            f"SELECT {i} AS i, count(*) AS n FROM \"{name.replace(chr(34), chr(34) * 2)}\""
-            for i, (name, *_rest) in enumerate(found))
-        n = dict(a.sql_rows(counts)[1])
-        rows = [(name, kind, n[i], comment or None) for i, (name, kind, _, comment) in enumerate(found)]
-    _emit(Rows(["table", "kind", "rows", "comment"], rows), fmt, output)
+    _emit(_open(archive).tables(), fmt, output)
 
 
 @app.command()
@@ -863,19 +755,8 @@ def schema(
 ) -> None:
     """Columns of the catalog's tables: name, type and meaning (DuckDB's column comments)."""
     _check_format(fmt, output)
-    a = _open(archive)
-    where = "AND table_name = $table" if table else ""
-    names, rows = a.sql_rows(
-        'SELECT table_name AS "table", column_name AS "column", data_type AS type, comment '
-        "FROM duckdb_columns() WHERE database_name = current_database() AND schema_name = 'main' "
-        f"AND NOT internal {where} ORDER BY table_name, column_index",
-        {"table": table} if table else None)
-    if table and not rows:
-        _, known = a.sql_rows(_TABLES_SQL)
-        raise DumpdbError(f"no table {table!r} in the catalog (tables: {', '.join(r[0] for r in known)})")
-    if table:
-        names, rows = names[1:], [r[1:] for r in rows]
-    _emit(Rows(names, [tuple(v if v != "" else None for v in r) for r in rows]), fmt, output)
+    columns = _open(archive).columns(table)
+    _emit(columns.drop_columns(["table"]) if table else columns, fmt, output)
 
 
 # -- runs, show ---------------------------------------------------------------------------------
@@ -894,18 +775,10 @@ def runs(
     if fmt != "table":
         _emit(table, fmt, output)
         return
-    rows, hints = [], []
-    for r in table.to_pylist():
-        fw = " ".join(x for x in (r["framework"], r["framework_version"]) if x)
-        started = r["ingest_started"]
-        pruned = f"{r['pruned']} ({r['pruned_at']:%Y-%m-%d %H:%M})" if r["pruned"] else 0
-        rows.append((r["run"], r["state"], r["tensors"], r["stored"], r["statistics_only"], pruned, r["failed"],
-                     _human(r["bytes_in"]), started.strftime("%Y-%m-%d %H:%M") if started else None, r["layout"],
-                     fw or None, r["source_path"]))
-        if r["complete_command"]:
-            hints.append(f"run {r['run']} is {r['state']}; complete it with: {_complete(r, archive)}")
-    _emit(Rows(["run", "state", "tensors", "stored", "stats-only", "pruned", "failed", "payload", "ingested",
-                "layout", "framework", "source"], rows), fmt, output, footer=False)
+    records = table.to_pylist()
+    hints = [f"run {r['run']} is {r['state']}; complete it with: {_complete(r, archive)}"
+             for r in records if r["complete_command"]]
+    _emit(Rows(text.RUNS_COLUMNS, [text.runs_row(r) for r in records]), fmt, output, footer=False)
     for hint in hints:
         _say(hint, stderr=True, style="yellow")
 
@@ -931,40 +804,7 @@ def show(
         _emit(Rows.from_dicts([info]), fmt, output)
         return
 
-    def span(values):
-        if not values:
-            return "-"
-        if len(values) > 12:
-            return f"{len(values)} ({values[0]}..{values[-1]})"
-        return ", ".join(str(v) for v in values)
-
-    started = info.get("ingest_started")
-    ratio = f"{info['ratio']:.2f}x" if info["ratio"] else "-"
-    state = info["state"] + (f"; complete it with: {_complete(info, archive)}" if info["complete_command"] else "")
-    pruned = ""
-    if info["pruned"]:
-        first, last = info["pruned_first"], info["pruned_last"]
-        when, until = f"{first:%Y-%m-%d %H:%M}", f"{last:%Y-%m-%d %H:%M}"
-        pruned = f" (pruned {when}" + (f" to {until})" if until != when else ")")
-    stored = (f"{info['stored']} = {info['payloads_stored']} payloads stored by this run + {info['deduplicated']} "
-              f"deduplicated ({info['distinct_payloads']} distinct payloads)")
-    reclaim = (f", {_human(info['bytes_reclaimable'])} of it unused until 'dumpdb gc'"
-               if info["bytes_reclaimable"] else "")
-    framework = (info["framework"], info["framework_version"], info["device_target"])
-    lines = [
-        ("run", info["run"]), ("status", state), ("source", info["source_path"]),
-        ("layout", info["layout"]),
-        ("framework", " ".join(str(x) for x in framework if x) or "-"),
-        ("ingested", f"{started:%Y-%m-%d %H:%M:%S} by dumpdb {info['dumpdb_version']}" if started else "-"),
-        ("ranks", span(info["ranks"])), ("graphs", span(info["graphs"])), ("iterations", span(info["iterations"])),
-        ("tensors", f"{info['tensors']} = {info['stored']} stored + {info['statistics_only']} statistics-only + "
-                    f"{info['pruned']} pruned{pruned}"),
-        ("stored", stored),
-        ("failed", f"{info['failed']} files (not ingested: see ingest_errors)"),
-        ("bytes in", _human(info["bytes_in"]) + " (payloads of the stored tensors)"
-         + (f", {_human(info['bytes_pruned'])} pruned" if info["pruned"] else "")),
-        ("bytes stored", _human(info["bytes_stored"]) + reclaim), ("ratio", ratio),
-    ]
+    lines = text.show_fields(info, _complete(info, archive) if info["complete_command"] else None)
     if output is not None:
         _emit(Rows(["field", "value"], lines), fmt, output, footer=False)
         return
@@ -1021,8 +861,6 @@ def _run_compare(archive, target, bench, iteration, rank, mapping, strategy, mod
     Raises DumpdbError (exit 2) when no pair is formed: there is nothing to judge,
     and a script must not read that as "no difference".
     """
-    from dumpdb.compare.engine import compare
-
     a = _open(archive)
     strategies = strategy  # a tuple of names (parsed by StrategyOpt)
     options = dict(iteration=iteration, rank=rank, mapping=mapping, mode=mode,
@@ -1032,8 +870,8 @@ def _run_compare(archive, target, bench, iteration, rank, mapping, strategy, mod
         options["strategies"] = strategies
     with _progress("comparing") as bar:
         task = bar.add_task("compare", total=None)
-        outcome = compare(a, target, bench, progress=lambda done, total: bar.update(task, completed=done, total=total),
-                          **options)
+        outcome = a.comparison(target, bench,
+                               progress=lambda done, total: bar.update(task, completed=done, total=total), **options)
     sm = outcome.summary
     if sm["pairs"] == 0:
         raise DumpdbError(
@@ -1043,94 +881,11 @@ def _run_compare(archive, target, bench, iteration, rank, mapping, strategy, mod
     return outcome
 
 
-def _v(value: Any) -> str:
-    """A value in a message: absent -> '-', never 'None'; floats to 6 significant digits."""
-    if value is None:
-        return "-"
-    return f"{value:.6g}" if isinstance(value, float) else str(value)
-
-
-def _divergence_lines(fd, summary: dict | None = None) -> list[str]:
-    from dumpdb.compare import registry
-
-    if fd is None:
-        if summary is not None and summary.get("rules") == "precision":
-            dtype = summary.get("precision_dtype") or "the dtypes'"
-            return [f"no departure beyond {dtype} precision"]
-        return ["no divergence: no pair fails the rule"]
-    where = f"{fd['code_file']}:{fd['code_line']}  {fd['code_text']}" if fd.get("code_file") else "-"
-    shown = [m for m in registry.metrics() if m.cli]
-    metric = ", ".join(f"{m.name} {format(fd[m.name], m.display)}" for m in shown if isinstance(fd.get(m.name), float))
-    rank = "" if fd.get("rank") is None else f"rank {fd['rank']}, "
-    phase = f" ({fd['phase']})" if fd.get("phase") else ""
-    lines = [f"first divergence: {rank}iteration {_v(fd['iteration'])}, position {_v(fd['position'])}: "
-             f"{_v(fd['op_type'])} {fd['io']}.{_v(fd['slot'])}{phase}",
-             f"  op      {fd['target_name']}"
-             + (f"  (scalar arguments: {fd['arg_diff']})" if fd.get("arg_diff") else "")]
-    if fd.get("origin_op"):
-        lines.append(f"  origin  {fd['origin_op']} (an op only the target has, produced this input)")
-    lines += [f"  scope   {fd['scope_name'] or '-'}"]
-    if fd.get("container"):
-        lines.append(f"  within  {fd['container']}")
-    lines += [f"  source  {where}",
-              f"  metrics {metric or '-'}  ({fd['err_message'] or fd['result']})"]
-    for label in ("inputs", "outputs"):
-        for e in fd.get(label) or []:
-            err = "n/a" if e["scaled_err"] is None else f"{e['scaled_err']:.3g}"
-            ratio = "" if e["ratio"] is None else f" = {e['ratio']:.3g} x floor"
-            lines.append(f"  {e['io']}.{_v(e['slot']):<6} error {err}{ratio} ({e['target_dtype']} vs "
-                         f"{e['bench_dtype']}, {e['result']})")
-    if fd["path"]:
-        lines.append("  path    " + "\n          ".join(fd["path"]))
-    phases = fd.get("phases") or {}
-    if phases:
-        lines.append("  per phase (first departure of each):")
-        lines += [f"    {name:<9} {_brief_line(phases[name])}" for name in ("forward", "backward", "optimizer")
-                  if name in phases]
-    ranks = fd.get("ranks") or []
-    if len(ranks) > 1:
-        lines.append("  per rank (in the order they departed):")
-        lines += [f"    rank {_v(b['rank']):<4} {_brief_line(b)}" for b in ranks]
-    if fd.get("sides"):
-        lines.append(f"  note    {fd['sides']}")
-    return lines
-
-
-def _alignment_lines(summary: dict | None) -> list[str]:
-    """Re-aligned pairs, suspected mispairs and scalar-argument differences of a compare summary."""
-    if not summary:
-        return []
-    lines = []
-    if summary.get("realigned"):
-        lines.append(f"alignment: {summary['realigned']} pairs re-aligned by sequence and content "
-                     "(name counters shifted or a name pair did not fit)")
-    suspects = summary.get("suspected_mispairs") or []
-    if suspects:
-        lines.append(f"suspected mispairs ({len(suspects)}): a same-type, same-shape bench tensor fits far better")
-        lines += [f"  {s['target']} -> {s['bench']} (distance {s['distance']:.3g}; {s['better_bench']}: "
-                  f"{s['better_distance']:.3g})" for s in suspects[:10]]
-        if len(suspects) > 10:
-            lines.append(f"  ... {len(suspects) - 10} more")
-    diffs = summary.get("arg_diffs") or []
-    if diffs:
-        lines.append(f"scalar arguments differ ({len(diffs)} ops):")
-        lines += [f"  {d['target']}: {d['arg_diff']}" for d in diffs[:10]]
-        if len(diffs) > 10:
-            lines.append(f"  ... {len(diffs) - 10} more")
-    return lines
-
-
-def _brief_line(b: dict) -> str:
-    """One departing op of a first-divergence report's per-phase / per-rank lists."""
-    return (f"iteration {_v(b['iteration'])}, position {_v(b['position'])}: {b['target_name']} "
-            f"{b['io']}.{_v(b['slot'])} ({b['reason'] or b['result']})")
-
-
 def _print_divergence(fd, summary: dict | None = None, stderr: bool = False) -> None:
-    for i, line in enumerate(_divergence_lines(fd, summary)):
+    for i, line in enumerate(text.divergence_lines(fd, summary)):
         style = "green" if fd is None else ("bold red" if i == 0 else None)
         _say(line, stderr=stderr, style=style)
-    for line in _alignment_lines(summary):
+    for line in text.alignment_lines(summary):
         _say(line, stderr=stderr, style="yellow")
 
 
@@ -1178,21 +933,8 @@ def compare_cmd(
                            store, bench_rank, rules, scheduler)
     rows_out = fmt != "table" or output is not None
     sm = outcome.summary
-    say = (lambda m, style=None: _say(m, stderr=rows_out, style=style))  # noqa: E731
-    noise = f", {sm['noise']} noise" if sm.get("rules") != "msprobe" and sm.get("noise") else ""
-    say(f"compare {sm['compare_id'] or '(not stored)'}: {sm['target']} vs {sm['bench']} ({sm['mode']}): "
-        f"{sm['pairs']} pairs: {sm['pass']} pass, {sm['warning']} warning, {sm['error']} error{noise}; "
-        f"unmatched {sm['unmatched_target']} target, {sm['unmatched_bench']} bench")
-    strategies = ", ".join(f"{k} {v}" for k, v in sm["strategies"].items() if v)
-    say(f"  matched by {strategies or '-'}")
-    diff = sm.get("first_difference")
-    if diff is None:
-        say("  every pair is identical")
-    else:
-        say(f"  first difference: iteration {_v(diff['iteration'])}, position {_v(diff['position'])}: "
-            f"{diff['target_name']} {diff['io']}.{diff['slot']} (max_abs_err {_v(diff['max_abs_err'])}, "
-            f"cosine {_v(diff['cosine'])}, {_v(diff['target_dtype'])} vs {_v(diff['bench_dtype'])}, "
-            f"{diff['result']})")
+    for line in text.compare_summary_lines(sm):
+        _say(line, stderr=rows_out)
     _print_divergence(outcome.first_divergence, sm, stderr=rows_out)
     if rows_out:
         _emit(outcome.results, fmt, output)
@@ -1209,9 +951,7 @@ def compare_cmd(
         if failing is not None and failing.num_rows:
             _emit(failing, "table", None, max_rows=show, more=f"--show {failing.num_rows}")
     if outcome.unmatched.num_rows:
-        names = outcome.unmatched.to_pylist()
-        say(f"unmatched ({len(names)}): " + ", ".join(
-            f"{u['side']}:{u['name']}.{u['io']}.{u['slot']}" for u in names[:12]) + (" ..." if len(names) > 12 else ""))
+        _say(text.unmatched_line(outcome.unmatched.to_pylist()), stderr=rows_out)
     _write_compare_outputs(outcome, csv_file, parquet_file, html, archive)
     if fail_on and (sm["error"] or (fail_on == "warning" and sm["warning"])):
         raise typer.Exit(EXIT_FOUND)
@@ -1242,12 +982,7 @@ def _ingest_pair(target: Path, bench: Path, archive: Optional[Path]) -> tuple[Pa
         for source_file, message in report.errors:
             _say(f"{source_file}: {message}", stderr=True)
         _say(f"ingested {path} as run {name!r}: {report.tensors_in_dump} tensors", stderr=True, style="dim")
-    a = _open(archive)
-    its = [a.sql("SELECT DISTINCT iteration FROM tensors WHERE run = $run", {"run": n})["iteration"].to_pylist()
-           for n in (t_name, b_name)]
-    if all(len(i) == 1 and i[0] is not None for i in its):  # one step each (step1 vs step0): pair them, as msprobe
-        return archive, f"{t_name}:{its[0][0]}", f"{b_name}:{its[1][0]}"
-    return archive, t_name, b_name
+    return (archive, *_open(archive).step_pair(t_name, b_name))
 
 
 def _write_compare_outputs(outcome, csv_file, parquet_file, html, archive=None) -> None:
@@ -1271,28 +1006,18 @@ def _write_compare_outputs(outcome, csv_file, parquet_file, html, archive=None) 
 
 
 def _scan_across_ranks(run, archive, iteration, max_rows, fmt, output) -> None:
-    from dumpdb.checks.ranks import first_bad_across_ranks
-
-    bad = first_bad_across_ranks(_open(archive), run, iteration=iteration)
+    bad = _open(archive).first_bad_rank(run, iteration=iteration)
     if fmt != "table" or output is not None:
         _emit(bad, fmt, output)
     elif bad.num_rows == 0:
         _say("no rank has a NaN/Inf tensor", style="green")
         return
     else:
-        f = bad.to_pylist()[0]
-        where = (f"{f['code_file']}:{f['code_line']} {f['code_text']}" if f["code_file"]
-                 else "no source line recorded")
-        _say(f"first bad rank: {_rank_label(f['rank'])}, iteration {f['iteration']}, position "
-             f"{f['position']}: {f['op_name']} {f['io']}.{f['slot']} ({where})")
+        _say(text.first_bad_line(bad.to_pylist()[0]))
         _emit(bad.select(["order", "rank", "iteration", "position", "timestamp", "op_name", "io", "slot",
                           "nan_count", "inf_count", "code_line", "code_text"]), fmt, None, max_rows=max_rows or None)
     if bad.num_rows:
         raise typer.Exit(EXIT_FOUND)
-
-
-def _rank_label(rank) -> str:
-    return "proc (no rank)" if rank is None else f"rank {rank}"
 
 
 @app.command("serve")
@@ -1322,39 +1047,19 @@ def ranks_cmd(
 ) -> None:
     """Group the ranks of a run by fingerprint; name the odd ranks and where they depart."""
     max_rows = _rows_shown(max_rows, max_rows_old)
-    from dumpdb.checks.ranks import first_bad_across_ranks, rank_groups
-
     _check_format(fmt, output)
     a = _open(archive)
-    table = rank_groups(a, run, iteration=iteration, scheduler=scheduler)
+    table = a.ranks(run, iteration=iteration, scheduler=scheduler)
     if html:
         from dumpdb.render.ranks_report import write_ranks_report
 
-        write_ranks_report(html, run=run, groups=table, first_bad=first_bad_across_ranks(a, run, iteration=iteration))
+        write_ranks_report(html, run=run, groups=table, first_bad=a.first_bad_rank(run, iteration=iteration))
         _say(f"HTML report written to {html}", stderr=True, style="dim")
     if fmt != "table" or output is not None:
         _emit(table, fmt, output)
         return
-    rows = table.to_pylist()
-    groups: dict = {}
-    for r in rows:
-        groups.setdefault(r["group"], r)
-    seq = len({r["sequence_group"] for r in rows})
-    _say(f"{run}: {len(rows)} rank(s), {len(groups)} data group(s), {seq} op-sequence group(s)")
-    for g, r in groups.items():
-        shared = sum(x["shared_bytes"] for x in rows if x["group"] == g)
-        payload = sum(x["payload_bytes"] for x in rows if x["group"] == g)
-        share = f", {shared / payload:.0%} of payload bytes shared with other ranks" if payload else ""
-        label = ", ".join(_rank_label(k) for k in r["group_ranks"])
-        if r["reference"]:
-            _say(f"  group {g} (reference): {label}{share}")
-        else:
-            where = (f" ({r['first_diff_code_file']}:{r['first_diff_code_line']} {r['first_diff_code_text']})"
-                     if r["first_diff_code_file"] else "")
-            _say(f"  group {g}: {label} departs from {_rank_label(r['reference_rank'])} "
-                 f"({r['departs_at']}) at iteration {r['first_diff_iteration']}, position "
-                 f"{r['first_diff_position']}: {r['first_diff_op']} {r['first_diff_io']}.{r['first_diff_slot']}"
-                 f"{where}{share}")
+    for line in text.ranks_lines(run, table.to_pylist()):
+        _say(line)
     _emit(table.select(["rank", "group", "sequence_group", "tensors", "payload_bytes", "shared_bytes",
                         "departs_at", "first_diff_position", "first_diff_op", "first_diff_io",
                         "first_diff_slot"]), fmt, None, max_rows=max_rows or None)
@@ -1501,30 +1206,20 @@ def gc(archive: Optional[Path] = ArchiveOpt,
     if fmt == "json":
         _print_json(report)
         return
-    _say(f"reclaimed {_human(report.reclaimed)} ({_human(report.bytes_before)} -> {_human(report.bytes_after)}): "
-         f"{report.arrays_deleted} arrays deleted, {report.packs_compacted} packs compacted, "
-         f"{report.blobs_dropped} payloads dropped, {report.orphans_deleted + report.temp_files_deleted} "
-         f"crash leftovers removed")
+    _say(text.gc_line(report))
 
 
 @app.command()
 def migrate(archive: Optional[Path] = ArchiveOpt, fmt: str = _report_format_opt()) -> None:
     """Upgrade the catalog schema (also done automatically on open; a copy goes to backups/)."""
-    import dumpdb.archive
-    from dumpdb.catalog import Catalog, latest_version
+    from dumpdb.catalog import latest_version
 
-    path = _archive_path(archive)
-    dumpdb.archive.check_marker(path)
-    applied = Catalog(path / dumpdb.archive.CATALOG, lock_timeout=_lock_timeout(), on_wait=_wait_line).migrate()
+    applied = _open(archive).migrate()
     if fmt == "json":
         _print_json({"applied": [f"{m.version:03d}_{m.name}" for m in applied],
                      "schema_version": applied[-1].version if applied else latest_version()})
         return
-    if applied:
-        _say(f"applied migrations {', '.join(f'{m.version:03d}_{m.name}' for m in applied)}; "
-             f"schema version {applied[-1].version}")
-    else:
-        _say(f"schema is current (version {latest_version()})")
+    _say(text.migrate_line(applied, latest_version()))
 
 
 @app.command()
@@ -1545,7 +1240,7 @@ def export(
     if url is not None:
         _say(f"exported {', '.join(runs)} to {path}")
         return
-    size = _human(path.stat().st_size) if path.is_file() else "directory"
+    size = text.human(path.stat().st_size) if path.is_file() else "directory"
     _say(f"exported {', '.join(runs)} to {path} ({size})")
 
 
@@ -1560,7 +1255,7 @@ def import_cmd(
     fmt: str = _report_format_opt(),
 ) -> None:
     """Import a bundle's runs (every file checked against the manifest; importing twice adds nothing)."""
-    mapping = dict(rename)  # (OLD, NEW) pairs
+    mapping = dict(cast("list[tuple[str, str]]", rename))  # (OLD, NEW) pairs (parsed by _key_value)
     path = _archive_path(archive)
     _ensure_archive(path)
     report = _open(path).import_bundle(_url(bundle) or bundle, mapping,
@@ -1568,11 +1263,8 @@ def import_cmd(
     if fmt == "json":
         _print_json(report)
         return
-    if report.runs_imported:
-        _say(f"imported {', '.join(report.runs_imported)}: {report.tensors} tensors, {report.payloads_added} "
-             f"payloads stored, {report.payloads_present} already in the archive")
-    if report.runs_skipped:
-        _say(f"already in the archive, skipped: {', '.join(report.runs_skipped)}")
+    for line in text.import_lines(report):
+        _say(line)
 
 
 @app.command()
@@ -1597,34 +1289,10 @@ def verify(
         if not report.ok:
             raise typer.Exit(EXIT_FOUND)
         return
-    for problem in report.catalog_problems:
-        _say(f"catalog: {problem}", style="red")
-    if report.repaired:
-        _say(f"repaired: removed {report.repaired} orphan arrays and temp files")
-    if report.orphans:
-        _say(f"orphans: {len(report.orphans)} store files nothing references "
-             f"({_human(sum(o.bytes for o in report.orphans))}); 'dumpdb verify{_a(archive)} --repair' removes those "
-             f"older than --grace")
-    scope = f"run {run}" if run else "archive"
-    checked = (f"{report.blobs_checked} of {report.blobs_total} payloads ({_human(report.bytes_checked)}), "
-               f"{report.shards_checked} shard checksums, {report.tensors_checked} tensor references, catalog")
-    unchecked = []
-    if report.tensors_pruned:
-        unchecked.append(f"{report.tensors_pruned} tensors pruned (payloads dropped, last on "
-                         f"{report.pruned_last:%Y-%m-%d %H:%M}: not checked)")
-    if report.tensors_statistics_only:
-        unchecked.append(f"{report.tensors_statistics_only} statistics-only (no payload dumped)")
+    for line, style in text.verify_lines(report, run, f"dumpdb verify{_a(archive)}"):
+        _say(line, style=style)
     if report.ok:
-        _say(f"ok: {scope}: {checked}: all as recorded" + (f"; {', '.join(unchecked)}" if unchecked else ""),
-             style="green")
         return
-    for array_path, reason in report.damaged_shards.items():
-        _say(f"damaged shard {array_path}: {reason}", style="red")
-    _say(f"damaged: {scope}: {len(report.damaged)} payloads ({report.blobs_checked} checked, "
-         f"of {report.blobs_total} in scope; {report.tensors_checked} tensor references), "
-         f"{len(report.damaged_shards)} shards, {len(report.catalog_problems)} catalog problems; "
-         f"{report.damaged_tensors.num_rows} tensors affected" + (f"; {', '.join(unchecked)}" if unchecked else ""),
-         style="red")
     if report.damaged_tensors.num_rows:
         _emit(report.damaged_tensors.select(["run", "tensor_id", "iteration", "op_name", "io", "slot", "reason"]),
               "table", None, max_rows=None)
@@ -1641,44 +1309,8 @@ def layouts(
 
     _check_format(fmt, output)
     _emit(Rows(["layout", "description", "documented in"],
-               [(lay.name, lay.description, public_source(lay.document)) for lay in LAYOUTS]),
+               [(lay.name, lay.description, text.public_source(lay.document)) for lay in LAYOUTS]),
           fmt, output, footer=False)
-
-
-# The vendor documents behind the layouts' ``document`` notes ("seed NNN" are the copies the
-# project keeps of them, which a pip user never sees; issue 30): their public titles and homes.
-PUBLIC_DOCUMENTS = {
-    "seed 000": "MindSpore r1.2 docs, 'Using Dump in the Graph Mode' (mindspore.cn, gitee.com/mindspore/docs r1.2)",
-    "seed 001": "MindSpore docs, 'Dump功能调试' (mindspore.cn tutorials, debug/dump.md)",
-    "seed 002": "MindSpore r1.3 docs, 'Using Dump in the Graph Mode' (mindspore.cn)",
-    "seed 003": "Ascend CANN TensorFlow adapter docs, 'Dump Data Collection' (support.huaweicloud.com)",
-    "seed 004": "TorchAir docs, '算子输入输出dump功能（图模式）' (gitee.com/ascend/torchair)",
-}
-
-
-def public_source(document: str) -> str:
-    """A layout's ``document`` note as a user can follow it: each project copy of a vendor
-    document ("seed NNN (section)") named by its public title and section; the project's
-    own notes ("reference formats.md", "corpus ...": files not in the package) dropped, a
-    version they give (``msprobe 26.2.0``) kept."""
-    import re
-
-    out = []
-    for part in (p.strip() for p in re.split(r";(?![^()]*\))", document)):  # not inside "(...)"
-        if part.startswith("corpus "):
-            continue
-        if part.startswith("reference "):
-            found = re.search(r"\(([^)]*)\)", part)
-            if found:  # e.g. "(msprobe 26.2.0)": the tool and version the format was read from
-                out.append(f"{found.group(1)} documentation (its dump file format)")
-            continue
-        for seed in re.findall(r"seed (\d{3})", part):
-            section = re.search(rf"seed {seed}\s*\(([^)]*)\)", part)
-            doc = PUBLIC_DOCUMENTS.get(f"seed {seed}", f"seed {seed}")
-            out.append(doc + (f", section {section.group(1)}" if section else ""))
-        if not re.search(r"seed \d{3}", part):
-            out.append(part)
-    return "; ".join(dict.fromkeys(out))
 
 
 def main() -> None:

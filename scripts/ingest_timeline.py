@@ -122,9 +122,9 @@ def instrument(rec: Recorder) -> None:
         if "scan" in vars(kind):
             rec.wrap(kind, "scan", "scan (layout)")
     rec.wrap(pipeline, "check_ranges", "scan: check_ranges")
-    rec.wrap(pipeline.Pipeline, "_identity", "begin: identity check")
+    rec.wrap(pipeline.CatalogSink, "_identity", "begin: identity check")
     rec.wrap(pipeline.StoredStats, "load", "begin: stored statistics")
-    rec.wrap(pipeline, "_open_for_write", "archive open/create")
+    rec.wrap(pipeline, "open_for_write", "archive open/create")
     rec.wrap(connection.Catalog, "check", "catalog open/migrate/check")
     rec.wrap(pipeline.Pipeline, "_begin", "begin (identity, runs row, known hashes)")
     rec.wrap(pipeline.Pipeline, "_process", "read loop (threads)")

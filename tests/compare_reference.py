@@ -16,8 +16,9 @@ import ml_dtypes
 import numpy as np
 
 from dumpdb.compare.columns import run_order
-from dumpdb.compare.metrics import MSG_NAN_INF_MISMATCH
+from dumpdb.compare.metrics import MSG_NAN_INF_MISMATCH, MSG_STATS_MAGNITUDE, STAT_METRICS, STATS
 from dumpdb.compare.precision import CAST_ROUNDINGS, LEAF_GROWTH, PrecisionRules, _pair_error, target_unit
+from dumpdb.compare.stats_spec import python_stat
 from dumpdb.compare.verdict import (  # _inf_or_nan, _num, _pair: input conversions, not rules: dumpdb's own
     ALL_IGNORE,
     ERROR,
@@ -691,3 +692,37 @@ def first_departure(rows: list[dict]) -> dict[str, Any] | None:
             "inputs": [side(r) for r in group if r["io"] != "output"],
             "outputs": [side(r) for r in group if r["io"] == "output"],
             "ranks": [r["pair_index"] for r in per_rank], "phases": phases}
+
+
+# -- statistics mode, pair by pair (the engine computes it in SQL: dumpdb.compare.stats_sql) --
+def _stat_value(v) -> float | None:
+    """A catalog statistic as float; None for missing/non-numeric (bool is not numeric)."""
+    if v is None or isinstance(v, (bool, np.bool_)):
+        return None
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def stats_metrics(target: dict, bench: dict) -> tuple[dict[str, float | None], str | None]:
+    """Statistics-mode differences of one pair (:data:`STAT_METRICS`).
+
+    ``target`` and ``bench`` are dicts with keys ``max``, ``min``, ``mean``,
+    ``l2norm`` (missing keys, None, and non-numeric values count as missing; NaN and
+    +-Inf are values). For each statistic X: ``X_diff = target - bench`` and
+    ``X_rel_diff = |X_diff / bench|`` as a fraction (not percent); rules for missing,
+    equal, NaN, Inf and zero bench values in :mod:`dumpdb.compare.metrics`' docstring.
+
+    Returns ``(metrics, err_message)``: ``err_message`` is None, or says which
+    statistics differ by more than half their magnitude (msprobe's 0.5 rule).
+    """
+    metrics: dict[str, float | None] = dict.fromkeys(STAT_METRICS)
+    flagged: list[str] = []
+    for name in STATS:  # the rules: dumpdb.compare.stats_spec.CASES (also the SQL form's)
+        diff, rel, flag = python_stat(_stat_value(target.get(name)), _stat_value(bench.get(name)))
+        metrics[f"{name}_diff"], metrics[f"{name}_rel_diff"] = diff, rel
+        if flag:
+            flagged.append(name)
+    msg = MSG_STATS_MAGNITUDE.format(names=", ".join(flagged)) if flagged else None
+    return metrics, msg

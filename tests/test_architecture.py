@@ -71,3 +71,54 @@ def test_the_import_layers_of_pyproject_hold():
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "0 broken" in done.stdout
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _base_name(node: ast.expr) -> str | None:
+    return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+
+
+def test_no_class_overrides_a_private_method_of_a_class_in_another_module():
+    # Extension goes through public seams (a protocol, a registry), not by replacing another
+    # module's private steps (ingest's sinks: dumpdb.ingestion.pipeline.IngestSink).
+    classes: dict[str, list[tuple[Path, set[str], list[str | None]]]] = {}
+    other_names: dict[str, str] = {}  # a module-level second name of a class (X = Y)
+    for path, tree in _modules():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                methods = {n.name for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+                classes.setdefault(node.name, []).append((path, methods, [_base_name(b) for b in node.bases]))
+            elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Name) and len(node.targets) == 1 \
+                    and isinstance(node.targets[0], ast.Name):
+                other_names[node.targets[0].id] = node.value.id
+
+    def ancestors(name: str, seen: frozenset[str]) -> list[tuple[Path, set[str]]]:
+        out = []
+        for path, methods, bases in classes.get(name, classes.get(other_names.get(name, ""), [])):
+            out.append((path, methods))
+            out += [a for b in bases if b and b not in seen for a in ancestors(b, seen | {name})]
+        return out
+
+    overrides = sorted(
+        f"{path.relative_to(PACKAGE)}: {name}.{method} overrides {base_path.relative_to(PACKAGE)}"
+        for name, defs in classes.items() for path, methods, bases in defs
+        for base in bases if base for base_path, base_methods in ancestors(base, frozenset({name}))
+        if base_path != path for method in methods & base_methods if _private(method))
+    assert overrides == []
+
+
+def test_no_module_aliases_a_private_name():
+    # A name has one spelling: no public alias of a private (``Pipeline = _Pipeline``) and no
+    # private second name of another (``_Loaded = Loaded``).
+    aliases = []
+    for path, tree in _modules():
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                target, value = node.targets[0].id, node.value
+                if (isinstance(value, (ast.Name, ast.Attribute)) and _private(_base_name(value) or "")) or \
+                        (_private(target) and isinstance(value, ast.Name)):
+                    aliases.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {target} = {ast.unparse(value)}")
+    assert aliases == []

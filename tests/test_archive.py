@@ -70,6 +70,40 @@ def test_show_and_runs(ingested):
         a.show("nope")
 
 
+def test_the_catalog_tables_and_columns_and_the_ranks_through_the_archive(ingested):
+    a = dumpdb.open(ingested)
+    tables = {r["table"]: r for r in a.tables().to_pylist()}
+    assert tables["tensors"]["kind"] == "table" and tables["tensors"]["comment"]
+    assert tables["tensors"]["rows"] == a.sql("SELECT count(*) AS n FROM tensors")["n"][0].as_py()
+    assert tables["runs"]["rows"] == len(MS_CASES)
+    columns = a.columns("runs")
+    assert columns.column_names == ["table", "column", "type", "comment"]
+    assert set(columns["table"].to_pylist()) == {"runs"} and "source_path" in columns["column"].to_pylist()
+    assert a.columns().num_rows > columns.num_rows
+    with pytest.raises(dumpdb.DumpdbError, match=r"no table 'nope' in the catalog \(tables: .*tensors"):
+        a.columns("nope")
+    run = "c1_inputs_kernels_iter"
+    assert a.ranks(run)["rank"].to_pylist() == [0]
+    assert a.first_bad_rank(run).num_rows == 0
+    with pytest.raises(dumpdb.RunNotFound, match="no run 'nope'"):
+        a.ranks("nope")
+    # one iteration each: compared step against step; several: by run
+    single = [c for c in MS_CASES if len(a.show(c)["iterations"]) == 1]
+    if len(single) >= 2:
+        it = [a.show(c)["iterations"][0] for c in single[:2]]
+        assert a.step_pair(single[0], single[1]) == (f"{single[0]}:{it[0]}", f"{single[1]}:{it[1]}")
+    assert a.step_pair(run, run) == (run, run)
+
+
+def test_ingest_through_the_archive_uses_its_settings(tmp_path):
+    archive = tmp_path / "a.dumpdb"
+    dumpdb.ingest(ms_case("c1_inputs_kernels_iter"), archive=archive, run="first")
+    a = dumpdb.open(archive)
+    report = a.ingest(ms_case("c1_inputs_kernels_iter"), "second")
+    assert report.ok and report.tensors_added == 42 and report.deduplicated == 42
+    assert sorted(a.runs()["run"].to_pylist()) == ["first", "second"]
+
+
 def test_open_errors(tmp_path):
     with pytest.raises(dumpdb.ArchiveError, match="no such archive"):
         dumpdb.open(tmp_path / "missing")
@@ -110,6 +144,8 @@ def test_older_archive_is_upgraded_on_open_with_backup(tmp_path, monkeypatch):
     assert a.sql("SELECT count(*) AS n FROM tensors")["n"][0].as_py() == 42
     backups = list((archive / "backups").glob(f"catalog-v{now}-*.duckdb"))
     assert len(backups) == 1
+    assert [m.version for m in a.migrate()] == [now + 1]  # what opening it applied (dumpdb migrate's answer)
+    assert dumpdb.open(archive).migrate() == []
     with duckdb.connect(str(backups[0]), read_only=True) as con:
         assert con.execute("SELECT max(version) FROM schema_version").fetchone()[0] == now
 

@@ -19,10 +19,11 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
+from compare_reference import stats_metrics
 from verdict_rows import op_results
 
 from dumpdb.compare import metrics as M
-from dumpdb.compare.metrics import STAT_METRICS, TENSOR_METRICS, stats_metrics, tensor_metrics
+from dumpdb.compare.metrics import STAT_METRICS, TENSOR_METRICS, tensor_metrics
 from dumpdb.compare.verdict import Thresholds, worst
 
 ROOT = Path(__file__).resolve().parent.parent

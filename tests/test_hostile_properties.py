@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 import dumpdb
 from dumpdb.errors import DumpdbError
-from dumpdb.ingestion.pipeline import _ENTRY_COLUMNS, _RELATION_SCHEMAS, TENSOR_SCHEMA, rows_table
+from dumpdb.ingestion.pipeline import _ENTRY_COLUMNS, RELATION_SCHEMAS, TENSOR_SCHEMA, rows_table
 from dumpdb.ingestion.workers import Loaded, tensor_row
 from dumpdb.layouts.base import display_name
 from dumpdb.layouts.mindspore_ir import parse_ir, read_execution_order, read_global_execution_order
@@ -201,7 +201,7 @@ def test_dump_json_rows_are_always_storable(tmp_path_factory, data):
         return
     rows = [tensor_row(Loaded(e), "r", "dump", _ENTRY_COLUMNS) for e in scan.entries]
     rows_table(rows, TENSOR_SCHEMA)  # what the commit inserts: every text valid UTF-8
-    rows_table([{"run": "r", **r} for r in scan.msprobe_records], _RELATION_SCHEMAS["msprobe_records"])
+    rows_table([{"run": "r", **r} for r in scan.msprobe_records], RELATION_SCHEMAS["msprobe_records"])
     assert all(len(r["op_name"] or "") <= 4096 for r in rows)
     assert all(len(str(r.get("dtype_declared") or "")) <= 4096 for r in rows)
 

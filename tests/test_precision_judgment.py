@@ -14,9 +14,9 @@ from conftest import DATA
 from precision_rows import first_departure, judge_precision
 
 import dumpdb
-from dumpdb.cli import _divergence_lines
 from dumpdb.compare.engine import compare
 from dumpdb.compare.precision import PrecisionRules, growth_table
+from dumpdb.render.text import divergence_lines as _divergence_lines
 
 JUDGE = DATA / "msprobe_judge"
 # The msprobe_judge dumps hold their payloads as .pt files: without PyTorch they ingest statistics-only,

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from dumpdb.errors import DumpdbError
 from dumpdb.ingestion import ranges
-from dumpdb.ingestion.pipeline import _RELATION_SCHEMAS, TENSOR_SCHEMA
+from dumpdb.ingestion.pipeline import RELATION_SCHEMAS, TENSOR_SCHEMA
 from dumpdb.layouts import cann_pb
 from dumpdb.layouts.ascend import AscendAsyncPb
 from dumpdb.layouts.base import DumpScan, TensorEntry, load_json
@@ -41,7 +41,7 @@ FILES = settings(max_examples=60, deadline=None,
                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
 def check_ranges(scan: DumpScan) -> None:
-    ranges.check_ranges(scan, TENSOR_SCHEMA, _RELATION_SCHEMAS)
+    ranges.check_ranges(scan, TENSOR_SCHEMA, RELATION_SCHEMAS)
 
 
 ENTRY_COLUMNS = [f for f in TENSOR_SCHEMA if f.name not in ("run", "dtype", "nbytes", "content_hash", "stats_source")]

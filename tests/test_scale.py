@@ -294,6 +294,20 @@ def test_commit_refuses_a_damaged_part_and_names_it(tmp_path):
         assert arch.sql("SELECT count(*) AS n FROM tensors")["n"][0].as_py() == 0
 
 
+def test_ingest_worker_refuses_update_and_moved_naming_the_command_that_does_it(tmp_path):
+    from typer.testing import CliRunner
+
+    from dumpdb.cli import app
+
+    dump = ms_case("a_tensor_all_eval")
+    for flag in ("--update", "--moved"):
+        result = CliRunner().invoke(app, ["ingest-worker", str(dump), "--archive", str(tmp_path / "a"),
+                                          "--part", "n0", flag])
+        assert result.exit_code == 2
+        assert f"ingest-worker {flag}" in result.output and f"dumpdb ingest {flag}" in result.output
+    assert not (tmp_path / "a").exists()  # refused before anything was made
+
+
 def test_default_worker_processes_only_with_cores_to_spare(monkeypatch):
     """Without --workers, processes are used only from PROCESS_MIN_CORES cores: on 2 cores the
     ingesting process (compression, commits) and the workers compete (measured 0.71x)."""
@@ -315,7 +329,7 @@ def test_default_worker_processes_only_with_cores_to_spare(monkeypatch):
     for cores, workers, expect in ((2, None, None), (wk.PROCESS_MIN_CORES, None, "pool"), (2, 2, "pool"),
                                    (8, 1, None)):
         monkeypatch.setattr(pl, "default_workers", lambda c=cores: c)
-        ex = pl._Executors("/x", False, workers, None, None)
+        ex = pl.Executors("/x", False, workers, None, None)
         with ex.open(big) as pool:
             assert pool == expect, (cores, workers)
     assert opened == [wk.PROCESS_MIN_CORES, 2]

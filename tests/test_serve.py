@@ -285,13 +285,13 @@ def test_served_while_ingesting(served, tmp_path):
     flag = tmp_path / "committed"
     env["DUMPDB_TEST_COMMIT_FLAG"] = str(flag)
     code = ("import os, sys, time; import dumpdb.ingestion.pipeline as p; p.COMMIT_ROWS = 400\n"
-            "write = p._Pipeline._write_commit\n"
+            "write = p.CatalogSink.write\n"
             "def hooked(self, *a, **k):\n"
             "    out = write(self, *a, **k)\n"
             "    flag = os.environ['DUMPDB_TEST_COMMIT_FLAG']; open(flag, 'w').close(); t = time.monotonic()\n"
             "    while os.path.exists(flag) and time.monotonic() - t < 10: time.sleep(0.02)\n"
             "    return out\n"
-            "p._Pipeline._write_commit = hooked\n"
+            "p.CatalogSink.write = hooked\n"
             "from dumpdb.__main__ import main; sys.argv[0] = 'dumpdb'; main()")
     proc = subprocess.Popen([sys.executable, "-c", code, "ingest", str(tmp_path / "dump"), "--archive",
                              str(archive_path), "--run", "growing", "--workers", "1"], env=env,

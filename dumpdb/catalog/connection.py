@@ -174,6 +174,7 @@ class Catalog:
         self.lock_timeout = lock_timeout
         from dumpdb.catalog.waiting import told
         self.on_wait = told(on_wait)
+        self.applied: list[Migration] = []  # migrations this object applied (on check or migrate)
 
     # -- connections -------------------------------------------------------
     def connect(self, read_only: bool) -> duckdb.DuckDBPyConnection:
@@ -459,7 +460,9 @@ class Catalog:
                 backups.mkdir(exist_ok=True)
                 stamp = datetime.now().strftime("%Y%m%dT%H%M%S")
                 shutil.copy2(self.path, backups / f"catalog-v{current}-{stamp}.duckdb")
-                return self._apply(from_version=current)
+                applied = self._apply(from_version=current)
+                self.applied += applied
+                return applied
             finally:
                 fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
 

@@ -40,8 +40,6 @@ from typing import Any
 
 import pyarrow as pa
 
-from dumpdb.errors import no_such_run
-
 _TENSORS_SQL = """
 SELECT t.tensor_id, t.rank, t.iteration, t.op_name, t.scope_name, t.io, t.slot, t.slot_path, t.arg_name,
        t.direction, t.dtype, t.shape, t.nbytes, t.content_hash, t.checksum, t.max, t.min, t.mean, t.l2norm,
@@ -100,9 +98,7 @@ _ALL = object()  # every rank
 
 def _rank_rows(archive, run: str, iteration: int | None, bad_only: bool = False,
                rank: Any = _ALL) -> dict[Any, list[dict]]:
-    if not archive.sql("SELECT 1 FROM runs WHERE run = $run", {"run": run}).num_rows:
-        with archive.reader() as con:
-            raise no_such_run(run, archive.path, con)
+    archive.require_run(run)
     where = ("" if iteration is None else "AND t.iteration = $it") + (f" AND {_BAD}" if bad_only else "") + \
         ("" if rank is _ALL else " AND t.rank IS NOT DISTINCT FROM $rank")
     params: dict[str, Any] = {"run": run}
@@ -247,9 +243,7 @@ def _rank_groups_on(archive, run: str, iteration: int | None, scheduler: str, wo
     from dumpdb.cluster import dask_client, workers_for
 
     path = str(archive.path)
-    if not archive.sql("SELECT 1 FROM runs WHERE run = $run", {"run": run}).num_rows:
-        with archive.reader() as con:
-            raise no_such_run(run, archive.path, con)
+    archive.require_run(run)
     where, params = ("", {"run": run}) if iteration is None else ("AND iteration = $it", {"run": run, "it": iteration})
     ranks = archive.sql(f"SELECT DISTINCT rank FROM tensors WHERE run = $run {where}", params).column("rank")
     with dask_client(scheduler, workers_for(workers)) as client:

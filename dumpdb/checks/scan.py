@@ -96,6 +96,8 @@ class ArchiveReads(Protocol):
 
     def reader(self) -> AbstractContextManager[Any]: ...
 
+    def require_run(self, run: str) -> None: ...
+
     def __enter__(self) -> Any: ...
 
     def __exit__(self, *exc: Any) -> None: ...
@@ -725,11 +727,7 @@ def _cluster(scheduler: str | None, workers: int | None) -> Iterator[Any]:
 
 
 def _check_selection(archive: ArchiveReads, run: str, iteration: int | None, rank: int | None) -> None:
-    if archive.sql("SELECT 1 FROM runs WHERE run = $run", {"run": run}).num_rows == 0:
-        from dumpdb.errors import no_such_run
-
-        with archive.reader() as con:
-            raise no_such_run(run, archive.path, con)
+    archive.require_run(run)
     for column, value in (("iteration", iteration), ("rank", rank)):
         if value is None:
             continue

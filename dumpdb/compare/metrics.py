@@ -114,8 +114,8 @@ needs no chunk-sized work array but for the float32 copy of a non-native chunk).
 products, maxima and counts are accumulated in float64/int. Arrays that are not
 C-contiguous are cut along their leading axes into blocks of at most ``chunk`` elements.
 
-Statistics mode, :func:`stats_metrics`
-======================================
+Statistics mode (``stats_sql.py``)
+==================================
 
 From the catalog statistics of each side (max, min, mean, l2norm), as msprobe's
 statistics compare (``msprobe/core/compare/acc_compare.py`` ``calc_summary_diff`` and
@@ -144,7 +144,6 @@ import ml_dtypes
 import numpy as np
 
 from dumpdb.compare import kernel, registry
-from dumpdb.compare.stats_spec import python_stat
 
 # The built-in metrics of the registry (dumpdb.compare.registry), in stored column order.
 TENSOR_METRICS = registry.names("tensor", builtin=True)
@@ -725,39 +724,6 @@ def split_pair(target: np.ndarray, bench: np.ndarray, ranges: tuple[float, float
     if t.dtype != b.dtype:
         msgs.append(MSG_DTYPE.format(t=t.dtype, b=b.dtype))
     return SplitPair(t, b, ranges, chunk, msgs)
-
-
-def _stat_value(v) -> float | None:
-    """A catalog statistic as float; None for missing/non-numeric (bool is not numeric)."""
-    if v is None or isinstance(v, (bool, np.bool_)):
-        return None
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return None
-
-
-def stats_metrics(target: dict, bench: dict) -> tuple[dict[str, float | None], str | None]:
-    """Statistics-mode differences of one pair (:data:`STAT_METRICS`).
-
-    ``target`` and ``bench`` are dicts with keys ``max``, ``min``, ``mean``,
-    ``l2norm`` (missing keys, None, and non-numeric values count as missing; NaN and
-    +-Inf are values). For each statistic X: ``X_diff = target - bench`` and
-    ``X_rel_diff = |X_diff / bench|`` as a fraction (not percent); rules for missing,
-    equal, NaN, Inf and zero bench values in the module docstring.
-
-    Returns ``(metrics, err_message)``: ``err_message`` is None, or says which
-    statistics differ by more than half their magnitude (msprobe's 0.5 rule).
-    """
-    metrics: dict[str, float | None] = dict.fromkeys(STAT_METRICS)
-    flagged: list[str] = []
-    for name in STATS:  # the rules: dumpdb.compare.stats_spec.CASES (also the SQL form's)
-        diff, rel, flag = python_stat(_stat_value(target.get(name)), _stat_value(bench.get(name)))
-        metrics[f"{name}_diff"], metrics[f"{name}_rel_diff"] = diff, rel
-        if flag:
-            flagged.append(name)
-    msg = MSG_STATS_MAGNITUDE.format(names=", ".join(flagged)) if flagged else None
-    return metrics, msg
 
 
 # ---------------------------------------------------------------------------

@@ -6,7 +6,7 @@ compute and return), the msprobe CSV (``msprobe_column``, in registry order, and
 ``plot``, ``digits``) and the CLI (``cli`` metrics printed with ``display``).
 
 Built-in metrics are computed together in one chunked pass
-(:func:`dumpdb.compare.metrics.tensor_metrics`, :func:`~dumpdb.compare.metrics.stats_metrics`)
+(:func:`dumpdb.compare.metrics.tensor_metrics`, :mod:`dumpdb.compare.stats_sql`)
 and are stored in ``compare_results`` (``migrations/003_compare.sql``). A new metric is
 one module in :mod:`dumpdb.compare.metric_plugins` calling :func:`register` with a
 ``function(target, bench) -> float | None`` (numpy arrays of the same shape, any numeric

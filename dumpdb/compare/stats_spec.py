@@ -6,8 +6,8 @@ msprobe's "double check" warning names it (rules: msprobe 26.2.0 ``calc_summary_
 the rule: the first case whose condition holds decides the three values. Each condition and
 value is a name in :data:`CONDITIONS` / :data:`VALUES`, which give its Python form (a function
 of the target and bench values, floats, not None but where the "missing" case says so) and its
-DuckDB form (SQL over ``{t}``/``{b}``). :func:`python_stat` (used by
-:func:`dumpdb.compare.metrics.stats_metrics`) and :func:`sql_stat` (used by
+DuckDB form (SQL over ``{t}``/``{b}``). :func:`python_stat` (the pair-by-pair reference
+``stats_metrics`` of ``tests/compare_reference.py`` uses it) and :func:`sql_stat` (used by
 :mod:`dumpdb.compare.stats_sql`) walk the same table; ``tests/test_compare_stats_sql.py`` checks
 the two forms value for value on every pair of special values.
 

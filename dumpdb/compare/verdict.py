@@ -40,7 +40,7 @@ Statistics mode (msprobe ``STATISTICS_CHECKERS``): ``InfNanErrChecker``,
 ``RelativeErrChecker`` (error, each offending output)
     ``max_in(l2norm_rel_diff) < rel_err_input`` (0.1) and the output's
     ``|l2norm_rel_diff| > rel_err_output`` (0.5). Relative diffs are fractions
-    (:func:`dumpdb.compare.metrics.stats_metrics`), which is what msprobe compares after
+    (:mod:`dumpdb.compare.stats_sql`), which is what msprobe compares after
     turning its percent strings into numbers; a missing one counts 0.
 ``RelativeWarnChecker`` (warning, first output)
     ``max_out(l2norm_rel_diff) / max_in(...) > rel_warn_ratio`` (10), or, when

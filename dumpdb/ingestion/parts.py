@@ -35,7 +35,6 @@ import json
 import os
 import re
 import shutil
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -47,15 +46,13 @@ import pyarrow.parquet as pq
 
 from dumpdb import __version__
 from dumpdb.archival.bundle_check import sha256
-from dumpdb.archive_dir import CATALOG, check_marker, create_archive, is_archive, open_tensor_store
+from dumpdb.archive_dir import CATALOG
 from dumpdb.catalog import DEFAULT_LOCK_TIMEOUT, Catalog, insert_arrow, schema
 from dumpdb.catalog.locks import SHARED, store_lock
 from dumpdb.catalog.payload_rows import array_table, blob_table
-from dumpdb.dumpio import confine
 from dumpdb.errors import ArchiveError, DumpdbError
 from dumpdb.ingestion import pipeline as pl
-from dumpdb.ingestion.ranges import check_ranges
-from dumpdb.layouts import Layout, TensorEntry, locate
+from dumpdb.layouts import DumpScan, Layout, TensorEntry, locate
 from dumpdb.progress import Reporter
 from dumpdb.storage.local import durable_put
 
@@ -77,28 +74,38 @@ def part_dir(archive: Path, run: str, part: str) -> Path:
     return Path(archive) / PARTS / run_key(run) / part
 
 
-class PartPipeline(pl.Pipeline):
-    """The ingest pipeline with its catalog writes replaced by Parquet fragments of one part."""
+class PartSink:
+    """An ingest's rows as Parquet fragments of one part (``ingest-worker``; protocol: the
+    module docstring), for :class:`~dumpdb.ingestion.pipeline.Pipeline`. Written here, in
+    order (no committer thread): each fragment fsynced and renamed into place; the manifest
+    last, by :meth:`finish`. It never writes the catalog."""
 
-    def __init__(self, *args, directory: Path, part: str, **kwargs):
-        super().__init__(*args, **kwargs)
+    background = False
+
+    def __init__(self, catalog: Catalog, scan: DumpScan, layout: Layout, report: pl.IngestReport,
+                 directory: Path, part: str):
+        self.catalog = catalog
+        self.scan = scan
+        self.layout = layout
+        self.report = report
+        self.run_name = report.run
         self.directory = directory
         self.part = part
         self.fragments: list[dict[str, Any]] = []
         self.seq = 0
+        self.done: set[str] = set()  # tensor keys the run had committed when this part began
 
-    def _begin(self) -> list[TensorEntry]:
-        scan, report = self.scan, self.report
+    def begin(self, hash_of: Callable[[list[TensorEntry]], dict[str, tuple[str | None, str | None]]]) -> pl.Start:
+        """The catalog read once, read-only: the run's committed keys (skipped) and the stored
+        content hashes this worker's dedup starts from. ``hash_of`` is not needed: a part
+        never replaces a committed row (``--update``/``--moved`` are refused)."""
         with self.catalog.reader() as con:  # read-only: the snapshot this worker starts from
-            done = {k for (k,) in con.execute(
+            self.done = {k for (k,) in con.execute(
                 "SELECT tensor_key FROM tensors WHERE run = ?", [self.run_name]).fetchall()}
-            self.known = {h for (h,) in con.execute("SELECT content_hash FROM blobs").fetchall()}
-        pending = [e for e in scan.entries if e.key not in done]
-        report.tensors_skipped = len(scan.entries) - len(pending)
-        self.done = done
-        for source_file, message in scan.errors:
-            self._error(source_file, message)
-        return pending
+            known = {h for (h,) in con.execute("SELECT content_hash FROM blobs").fetchall()}
+        pending = [e for e in self.scan.entries if e.key not in self.done]
+        self.report.tensors_skipped = len(self.scan.entries) - len(pending)
+        return pl.Start(pending, known=known, done=self.done)
 
     def _fragment(self, table: str, rows: pa.Table) -> None:
         if rows.num_rows == 0:
@@ -112,19 +119,14 @@ class PartPipeline(pl.Pipeline):
         self.fragments.append({"file": path.name, "table": table, "rows": rows.num_rows, "bytes": len(data),
                                "sha256": hashlib.sha256(data).hexdigest()})
 
-    def _commit(self) -> None:
-        arrays, self.arrays = self.arrays, []
-        tables, self.tables = self.tables, []
-        self._fragment("arrays", array_table(arrays))
-        self._fragment("blobs", blob_table(self.blob_rows, self.run_name))
-        for t in [pl.rows_table(self.rows, pl.TENSOR_SCHEMA), *tables]:
+    def write(self, batch: pl.Batch) -> None:
+        self._fragment("arrays", array_table(batch.arrays))
+        self._fragment("blobs", blob_table(batch.blob_rows, self.run_name))
+        for t in [pl.rows_table(batch.new + batch.replaced, pl.TENSOR_SCHEMA), *batch.tables]:
             self._fragment("tensors", t)
-        self._fragment("ingest_errors", pl.rows_table(self.error_rows, pl.ERROR_SCHEMA))
-        self.report.tensors_added += len(self.rows) + sum(t.num_rows for t in tables)
-        self.rows, self.blob_rows, self.error_rows = [], [], []
-        self.last_commit = time.monotonic()
+        self._fragment("ingest_errors", pl.rows_table(batch.error_rows, pl.ERROR_SCHEMA))
 
-    def _committed_keys(self, candidates: list[str]) -> set[str]:
+    def committed_keys(self, candidates: list[str]) -> set[str]:
         wanted = set(candidates)
         found: set[str] = set()
         for f in self.fragments:
@@ -133,18 +135,18 @@ class PartPipeline(pl.Pipeline):
                 found.update(k for k in keys.to_pylist() if k in wanted)
         return found | (wanted & self.done)
 
-    def _drop_committed(self) -> None:
-        return  # a fragment, once written, is final; its rows were cleared with it
+    def drop_committed(self, rows: list[dict], error_rows: list[dict]) -> tuple[list[dict], list[dict]]:
+        return rows, error_rows  # a fragment, once written, is final; its rows were cleared with it
 
-    def _finish(self, interrupted: bool) -> None:
-        report = self.report
+    def finish(self, interrupted: bool) -> str:
+        """The relations' fragments, then the manifest (status ``written``); ``interrupted``:
+        no manifest (the part is unfinished: the same command starts it over)."""
         if interrupted:
-            report.status = "interrupted"
-            return
+            return "interrupted"
+        report, scan = self.report, self.scan
         for table, arrow in pl.RELATION_SCHEMAS.items():
-            rows = [{"run": self.run_name, **r} for r in getattr(self.scan, table)]
+            rows = [{"run": self.run_name, **r} for r in getattr(scan, table)]
             self._fragment(table, pl.rows_table(rows, arrow))
-        scan = self.scan
         manifest = {
             "format": FORMAT, "run": self.run_name, "part": self.part, "dumpdb_version": __version__,
             "written": datetime.now().isoformat(timespec="seconds"),
@@ -155,7 +157,7 @@ class PartPipeline(pl.Pipeline):
             "tensors": report.tensors_added, "errors": len(report.errors), "fragments": self.fragments,
         }
         durable_put(self.directory / MANIFEST, [json.dumps(manifest, indent=1).encode()], self.directory)
-        report.status = "written"
+        return "written"
 
 
 def ingest_worker(
@@ -172,57 +174,64 @@ def ingest_worker(
     on_wait: Callable[[str], None] | None = None,
     follow_symlinks: bool = False,
     storage_options: dict | None = None,
+    update: bool = False,
+    moved: bool = False,
 ) -> pl.IngestReport:
     """Ingest the dump at ``dump_dir`` (a node's own ranks) as part ``part`` of run ``run``
     into ``archive`` without writing its catalog (see the module docstring's protocol).
 
-    ``archive`` is created if missing (once the dump is found); ``part``: letters,
-    digits, ``._-`` (e.g. ``node3``); ``run`` defaults to the dump directory's name. The
-    other options are :func:`dumpdb.ingestion.pipeline.ingest`'s (``storage_options``: for an
-    archive whose store is on object storage, overlaying what it remembers). Returns an
-    :class:`~dumpdb.ingestion.pipeline.IngestReport` with status ``written`` (or
-    ``already written``). Raises :class:`~dumpdb.errors.ArchiveError` for a missing
-    archive or a bad part name, :class:`~dumpdb.errors.LayoutError` for no dump.
+    ``archive`` is created if missing (once the dump is found and scanned, as by ingest);
+    ``part``: letters, digits, ``._-`` (e.g. ``node3``); ``run`` defaults to the dump
+    directory's name. The other options are :func:`dumpdb.ingestion.pipeline.ingest`'s
+    (``storage_options``: for an archive whose store is on object storage, overlaying what it
+    remembers) except ``update`` and ``moved``, which are refused: a part only adds rows, and
+    ``commit`` never replaces a committed one (``dumpdb ingest --update``/``--moved`` does).
+    Returns an :class:`~dumpdb.ingestion.pipeline.IngestReport` with status ``written`` (or
+    ``already written``). Raises :class:`~dumpdb.errors.ArchiveError` for a bad part name,
+    :class:`~dumpdb.errors.DumpdbError` for ``update``/``moved``,
+    :class:`~dumpdb.errors.LayoutError` for no dump.
     """
-    started = time.monotonic()
-    reporter = reporter or Reporter()
+    for flag, given in (("--update", update), ("--moved", moved)):
+        if given:
+            raise DumpdbError(f"ingest-worker {flag}: a part only adds tensors and 'dumpdb commit' never replaces "
+                              f"a committed row; run 'dumpdb ingest {flag}' for that run instead")
     if not _PART_RE.match(part):
         raise ArchiveError(f"--part {part!r}: use 1-100 letters, digits, '.', '_' or '-' (e.g. node3)")
-    dump_dir, archive = Path(dump_dir), Path(archive)
-    found = locate(dump_dir, layout)
-    lay: Layout = found.layout
-    if not is_archive(archive):
+    options = pl.IngestOptions(follow_symlinks=follow_symlinks, workers=workers, scheduler=scheduler,
+                               lock_timeout=lock_timeout, on_wait=on_wait)
+    archive = Path(archive)
+    written: list[str] = []
+
+    def already_written(run_name: str) -> None:
+        if (part_dir(archive, run_name, part) / MANIFEST).is_file():  # waiting for `dumpdb commit`
+            written.append(run_name)
+            raise _AlreadyWritten
+
+    try:
         # the README's sequence (ingest-worker on each node, then one commit) starts from no
         # archive: the first worker makes it, as ingest does (nodes racing to: each finds it made)
-        create_archive(archive, None, storage_options)
-    check_marker(archive)
-    run = run or dump_dir.resolve().name
-    if not run.strip():
-        raise DumpdbError("run name must not be empty")
-    directory = part_dir(archive, run, part)
-    report = pl.IngestReport(run=run, archive=archive, layout=lay.name, source_path=str(found.path.resolve()))
-    if (directory / MANIFEST).is_file():
-        report.status = "already written"  # waiting for `dumpdb commit`
+        start = pl.prepare(dump_dir, archive, run, layout, options, reporter, storage_options=storage_options,
+                           before_scan=already_written)
+    except _AlreadyWritten:
+        found = locate(Path(dump_dir), layout)
+        report = pl.IngestReport(run=written[0], archive=archive, layout=found.layout.name,
+                                 source_path=str(found.path.resolve()))
+        report.status = "already written"
         return report
+    directory = part_dir(archive, start.run, part)
     catalog = Catalog(archive / CATALOG, lock_timeout=lock_timeout, on_wait=on_wait)
-    with store_lock(archive, SHARED, f"ingest-worker of run {run!r} part {part!r}",
-                    timeout=lock_timeout, on_wait=on_wait), confine(dump_dir, follow_symlinks):
+
+    def sink(report: pl.IngestReport) -> PartSink:
         if directory.exists():  # an unfinished attempt: its fragments go, its packs are left for gc
             shutil.rmtree(directory)
         directory.mkdir(parents=True)
-        reporter.scanning(found.path)
-        scan = lay.scan(found.path)
-        check_ranges(scan, pl.TENSOR_SCHEMA, pl.RELATION_SCHEMAS)
-        report.tensors_in_dump = len(scan.entries)
-        pipe = PartPipeline(catalog, open_tensor_store(archive, False, storage_options), lay, scan, report, reporter,
-                            min(4, (os.cpu_count() or 2) + 1), directory=directory, part=part)
-        pipe.executor = pl.Executors(str(dump_dir), follow_symlinks, workers, scheduler, on_wait)
-        try:
-            pipe.run()
-        finally:
-            report.seconds = time.monotonic() - started
-            reporter.finish()
-    return report
+        return PartSink(catalog, start.scan, start.layout, report, directory, part)
+
+    return pl.run_pipeline(start, sink, f"ingest-worker of run {start.run!r} part {part!r}", storage_options)
+
+
+class _AlreadyWritten(Exception):
+    """The part has its manifest: nothing to do until 'dumpdb commit' (ingest_worker)."""
 
 
 class StalePart(ArchiveError):

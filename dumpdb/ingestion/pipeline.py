@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from dataclasses import fields as dataclass_fields
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -147,14 +147,13 @@ class IngestReport:
 
 # Per-run relations a scan provides whole (DumpScan attribute = table name);
 # replaced as a unit when an interrupted run is resumed.
-_RELATION_SCHEMAS = {
+RELATION_SCHEMAS = {
     table: schema.arrow_schema(table)
     for table in ("ops", "execution_order", "graph_executions", "overflows", "call_stacks", "module_tree",
                   "msprobe_records")
 }
+RELATION_TABLES = tuple(RELATION_SCHEMAS)
 
-
-_Loaded = Loaded  # one entry read, hashed, with statistics (dumpdb.ingestion.workers)
 
 
 def content_hash(array: np.ndarray) -> str:
@@ -193,7 +192,7 @@ class _RunLock:
             os.close(self.fd)
 
 
-def _open_for_write(archive: Path, store: str | None, storage_options: dict | None) -> None:
+def open_for_write(archive: Path, store: str | None, storage_options: dict | None) -> None:
     if not is_archive(archive):
         create_archive(archive, store, storage_options)  # refuses a non-empty directory that is not an archive
     check_marker(archive)
@@ -272,45 +271,101 @@ def ingest(
     pack when that compresses better (:mod:`dumpdb.storage.delta`; reads are unchanged);
     False stores every payload plain.
     """
+    options = IngestOptions(update=update, moved=moved, verify_hash=verify_hash, delta=delta,
+                            follow_symlinks=follow_symlinks, workers=workers, scheduler=scheduler,
+                            lock_timeout=lock_timeout, on_wait=on_wait)
+    archive = Path(archive) if archive is not None else default_archive_path()
+    start = prepare(dump_dir, archive, run, layout, options, reporter, store=store, storage_options=storage_options)
+    catalog = Catalog(archive / CATALOG, lock_timeout=lock_timeout, on_wait=on_wait)
+    catalog.check(writable=True)
+    with _RunLock(archive, start.run):
+        def sink(report: IngestReport) -> CatalogSink:
+            return CatalogSink(catalog, start.scan, start.layout, report, start.reporter, options,
+                               heartbeat=run_lock_path(archive, start.run))
+        return run_pipeline(start, sink, f"ingest of run {start.run!r}", storage_options)
+
+
+@dataclass(frozen=True)
+class IngestOptions:
+    """How one ingest runs: :func:`ingest`'s keywords of the same names (``workers``,
+    ``scheduler``: where the worker function runs, :class:`Executors`; ``lock_timeout`` in
+    seconds, ``on_wait`` told each wait for a lock). Given to :class:`Pipeline` and its sink."""
+
+    update: bool = False
+    moved: bool = False
+    verify_hash: bool = False
+    delta: bool = True
+    follow_symlinks: bool = False
+    workers: int | None = None
+    scheduler: str | None = None
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT
+    on_wait: Callable[[str], None] | None = None
+
+
+@dataclass
+class Prepared:
+    """A dump found and scanned for an archive ready to write (:func:`prepare`)."""
+
+    dump_dir: Path
+    archive: Path
+    run: str
+    layout: Layout
+    source_path: str  # the dump's directory, resolved (the runs row's source_path)
+    scan: DumpScan
+    options: IngestOptions
+    reporter: Reporter
+    started: float  # time.monotonic() when the ingest began
+
+
+def prepare(dump_dir: str | os.PathLike, archive: Path, run: str | None, layout: str | None,
+            options: IngestOptions, reporter: Reporter | None, *, store: str | None = None,
+            storage_options: dict | None = None, before_scan: Callable[[str], None] | None = None) -> Prepared:
+    """The one prologue of ``ingest`` and ``ingest-worker``: find the dump (``layouts.locate``),
+    name the run (default: the dump directory's name), refuse a read-only archive, scan the
+    dump (confined to ``dump_dir``) and check its values fit the catalog's columns, then
+    create the archive if missing (after the scan: a dump the layout refuses leaves no empty
+    archive, issue 30). ``before_scan(run)``: a caller's check once the run is named.
+    Raises LayoutError (no dump), DumpdbError (empty run name), ArchiveError (read-only or
+    not an archive)."""
     started = time.monotonic()
     reporter = reporter or Reporter()
     dump_dir = Path(dump_dir)
-    archive = Path(archive) if archive is not None else default_archive_path()
     # The dump may sit below the given directory (detection at any depth): read it from where it is.
     found = locate(dump_dir, layout)
-    lay: Layout = found.layout
     run = run or dump_dir.resolve().name
     if not run.strip():
         raise DumpdbError("run name must not be empty")
     if is_archive(archive):
-        _open_for_write(archive, store, storage_options)  # a read-only archive is refused before the scan
-    with confine(dump_dir, follow_symlinks):
-        # scanned before the archive is made: a dump the layout refuses (two dumps in one
-        # directory, a damaged dump.json) leaves no empty archive behind (issue 30)
+        open_for_write(archive, store, storage_options)  # a read-only archive is refused before the scan
+    if before_scan is not None:
+        before_scan(run)
+    with confine(dump_dir, options.follow_symlinks):
         reporter.scanning(found.path)
-        scan = lay.scan(found.path)
-        check_ranges(scan, TENSOR_SCHEMA, _RELATION_SCHEMAS)
-    _open_for_write(archive, store, storage_options)
-    catalog = Catalog(archive / CATALOG, lock_timeout=lock_timeout, on_wait=on_wait)
-    catalog.check(writable=True)
-    # store_lock (shared): gc must not delete payloads this ingest deduplicates against
-    with _RunLock(archive, run), store_lock(archive, SHARED, f"ingest of run {run!r}",
-                                            timeout=lock_timeout, on_wait=on_wait), \
-            confine(dump_dir, follow_symlinks):
-        report = IngestReport(run=run, archive=archive, layout=lay.name,
-                              source_path=str(found.path.resolve()), tensors_in_dump=len(scan.entries))
-        pipeline = _Pipeline(catalog, open_tensor_store(archive, False, storage_options), lay, scan,
-                             report, reporter, min(4, (os.cpu_count() or 2) + 1))
-        pipeline.update, pipeline.moved, pipeline.verify_hash = update, moved, verify_hash
-        pipeline.heartbeat = run_lock_path(archive, run)
-        pipeline.writer.delta = delta
-        pipeline.executor = _Executors(str(dump_dir), follow_symlinks, workers, scheduler, on_wait)
+        scan = found.layout.scan(found.path)
+        check_ranges(scan, TENSOR_SCHEMA, RELATION_SCHEMAS)
+    open_for_write(archive, store, storage_options)
+    return Prepared(dump_dir, archive, run, found.layout, str(found.path.resolve()), scan, options, reporter,
+                    started)
+
+
+def run_pipeline(start: Prepared, sink: Callable[[IngestReport], IngestSink], lock_label: str,
+                 storage_options: dict | None = None) -> IngestReport:
+    """Run a :class:`Pipeline` over ``start``'s scan into ``sink(report)`` under the store lock
+    (shared: gc must not delete payloads this ingest deduplicates against) and the dump's
+    confinement; the report's ``seconds`` and the reporter's ``finish`` whatever happens."""
+    options = start.options
+    with store_lock(start.archive, SHARED, lock_label, timeout=options.lock_timeout, on_wait=options.on_wait), \
+            confine(start.dump_dir, options.follow_symlinks):
+        report = IngestReport(run=start.run, archive=start.archive, layout=start.layout.name,
+                              source_path=start.source_path, tensors_in_dump=len(start.scan.entries))
+        pipeline = Pipeline(open_tensor_store(start.archive, False, storage_options), start.layout, start.scan,
+                            report, start.reporter, sink(report), options, str(start.dump_dir))
         try:
             with quiet_gc():
                 pipeline.run()
         finally:
-            report.seconds = time.monotonic() - started
-            reporter.finish()
+            report.seconds = time.monotonic() - start.started
+            start.reporter.finish()
     return report
 
 
@@ -338,23 +393,26 @@ def quiet_gc(threshold: int = 50_000) -> Iterator[None]:
             gc.unfreeze()
 
 
-class _Pipeline:
+class Pipeline:
     """One ingest of one scanned dump into one run: the files read (by ``executor``: threads,
     worker processes or Dask tasks), deduplicated against ``known`` hashes, packed by the
-    :class:`StoreWriter`, and their rows committed in batches once their packs are durable
-    (on the committer thread, one transaction in flight, in order; the data flow and the crash
-    rules are in ARCHITECTURE.md). :class:`dumpdb.ingestion.parts.PartPipeline` replaces the
-    catalog writes by Parquet fragments."""
+    :class:`StoreWriter`, and their rows handed in batches, once their packs are durable, to
+    ``sink`` (:class:`IngestSink`: the catalog, :class:`CatalogSink`, on a committer thread,
+    one transaction in flight, in order; or a part's Parquet fragments,
+    :class:`dumpdb.ingestion.parts.PartSink`). The data flow and the crash rules are in
+    ARCHITECTURE.md."""
 
-    def __init__(self, catalog: Catalog, store: TensorStore, layout: Layout, scan: DumpScan,
-                 report: IngestReport, reporter: Reporter, workers: int):
-        self.catalog = catalog
+    def __init__(self, store: TensorStore, layout: Layout, scan: DumpScan, report: IngestReport,
+                 reporter: Reporter, sink: IngestSink, options: IngestOptions, root: str):
+        self.sink = sink
+        self.options = options
         self.layout = layout
         self.scan = scan
         self.report = report
         self.reporter = reporter
-        self.workers = max(1, workers)
+        self.workers = max(1, min(4, (os.cpu_count() or 2) + 1))  # reader threads
         self.writer = StoreWriter(store)
+        self.writer.delta = options.delta
         self.writer.resolve = read_payload  # a payload reference a worker's pool dropped: read here
         self.run_name = report.run
         self.known: set[str] = set()  # payload hashes durable in the store
@@ -366,15 +424,13 @@ class _Pipeline:
         self.error_rows: list[dict] = []
         self.last_commit = time.monotonic()
         self.arrays: list = []  # arrays written, not yet in the catalog
-        self.update = self.moved = self.verify_hash = False
         self.replacing: dict[str, str] = {}  # tensor_key -> content hash being replaced (update)
-        self.heartbeat: Path | None = None  # run lock file, touched after each commit (runstate)
-        self.settled = False  # the run exists, complete (or with errors), at this path (set by _identity)
-        self.held_keys: set[str] = set()  # tensor keys the run held when the ingest began
         self.tables: list[pa.Table] = []  # statistics-only rows (Arrow), not yet in the catalog
         self.done_seen: set[str] = set()  # keys of self.done met again while streaming a csv
         self.done: set[str] = set()  # tensor keys the run held when this ingest began
-        self.executor: _Executors | None = None  # worker processes / Dask; None: threads here
+        # worker processes / Dask (None: threads here)
+        self.executor: Executors | None = Executors(root, options.follow_symlinks, options.workers,
+                                                    options.scheduler, options.on_wait)
         self.accepted = 0  # entries taken since the packs were last cut
         self.committer: ThreadPoolExecutor | None = None  # the commit thread (see _commit)
         self.in_commit: Future | None = None  # the commit in flight
@@ -382,52 +438,6 @@ class _Pipeline:
         self.local = threading.local()  # per reader thread: its ReadBuffer (_load)
 
     # -- setup ---------------------------------------------------------------
-    def _identity(self) -> identity.IdentityPlan:
-        """Check the files the run already holds (:mod:`dumpdb.ingestion.identity`) before
-        anything is written; raise :class:`SourceChanged` for changed (or, moved, missing
-        or different) files unless ``update`` takes the changes."""
-        report = self.report
-        with self.catalog.reader() as con:
-            existing = con.execute("SELECT source_path, status FROM runs WHERE run = ?",
-                                   [self.run_name]).fetchone()
-            if existing is None:
-                if self.moved:
-                    require_run(con, self.run_name, report.archive, "--moved: ",
-                                " to continue; drop --moved to ingest a new run")
-                return identity.IdentityPlan()
-            if existing[0] != report.source_path and not self.moved:
-                raise ArchiveError(
-                    f"run {self.run_name!r} already holds the dump at {existing[0]}; choose another --run for "
-                    f"{report.source_path}, or pass --moved if that dump moved here")
-            held = [identity.Held(*r) for r in con.execute(
-                "SELECT tensor_key, source_file, source_size, source_mtime_ns, content_hash FROM tensors "
-                "WHERE run = ?", [self.run_name]).fetchall()]
-        self.settled = existing[1] not in ("ingesting", "interrupted") and existing[0] == report.source_path
-        self.held_keys = {h.tensor_key for h in held}
-        # --moved --verify-hash at the run's own path still checks every file it holds
-        moved = self.moved and (existing[0] != report.source_path or self.verify_hash)
-        found = identity.plan(held, self.scan.entries, moved=moved,
-                              verify_hash=self.verify_hash, hash_of=self._hashes)
-        for source_file in found.missing:
-            self.reporter.changed(source_file, f"missing at {report.source_path}")
-        for source_file, detail in found.changed:
-            self.reporter.changed(source_file, detail)
-        report.files_changed = list(found.changed)
-        if found.missing:
-            raise SourceChanged(
-                f"{report.source_path}: not the dump run {self.run_name!r} was ingested from "
-                f"({existing[0]}): {_count(len(found.missing), 'file')} it holds missing"
-                + (f", {len(found.changed)} different" if found.changed else "") + "; nothing changed",
-                [(f, "missing") for f in found.missing] + found.changed)
-        if found.changed and not self.update:
-            how = "different at the new location" if existing[0] != report.source_path else "changed since run " \
-                f"{self.run_name!r} ingested {'it' if len(found.changed) == 1 else 'them'}"
-            raise SourceChanged(
-                f"{report.source_path}: {_count(len(found.changed), 'file')} {how} (listed above); nothing "
-                "replaced: pass --update to store the new content (the old payloads stay until 'dumpdb gc')",
-                found.changed)
-        return found
-
     def _hashes(self, entries: list[TensorEntry]) -> dict[str, tuple[str | None, str | None]]:
         """tensor_key -> (content hash, error) of ``entries``, read in worker threads (arrays dropped)."""
         def one(entry: TensorEntry) -> tuple[str, str | None, str | None]:
@@ -439,69 +449,13 @@ class _Pipeline:
             return {key: (h, err) for key, h, err in (f.result() for f in futures)}
 
     def _begin(self) -> list[TensorEntry]:
-        scan, report = self.scan, self.report
-        found = self._identity()
-        if self.update:
-            self.replacing = dict(found.replace)
-        if found.fill:  # statistics-only rows whose payload is readable now (e.g. .pt once torch is installed)
-            self.replacing.update(found.fill)
-            report.payloads_filled = len(found.fill)
-        # streamed statistics csv rows are not entries: only the normal path (self.done) skips the
-        # committed ones; this early exit streamed them all again (issue 30: a re-ingest doubled them)
-        if (self.settled and not found.touched and not self.replacing and not scan.errors
-                and not scan.statistics_files and all(e.key in self.held_keys for e in scan.entries)):
-            report.tensors_skipped = len(scan.entries)
-            return []  # a complete run, every file unchanged: nothing to write (the catalog is not locked)
-        with self.catalog.writer() as con:
-            existing = next(iter(con.execute("SELECT source_path, status FROM runs WHERE run = ?",
-                                             [self.run_name]).fetchall()), None)
-            if existing and existing[0] != report.source_path:  # moved (checked by _identity)
-                con.execute("UPDATE runs SET source_path = ? WHERE run = ?", [report.source_path, self.run_name])
-            if found.touched:  # same content, new size/mtime: record them, so they are not read again
-                con.register("_touched", pa.Table.from_pylist(found.touched, pa.schema(
-                    [("tensor_key", pa.string()), ("source_size", pa.int64()), ("source_mtime_ns", pa.int64())])))
-                try:
-                    con.execute("UPDATE tensors SET source_size = t.source_size, source_mtime_ns = t.source_mtime_ns "
-                                "FROM _touched t WHERE tensors.run = ? AND tensors.tensor_key = t.tensor_key",
-                                [self.run_name])
-                finally:
-                    con.unregister("_touched")
-            done = {k for (k,) in con.execute(
-                "SELECT tensor_key FROM tensors WHERE run = ?", [self.run_name]).fetchall()}
-            pending = [e for e in scan.entries if e.key not in done or e.key in self.replacing]
-            report.tensors_skipped = len(scan.entries) - len(pending)
-            if scan.statistics_files:
-                self.done = done  # streamed files: skip what an earlier ingest committed
-            if existing and not pending and not scan.errors and not scan.statistics_files:
-                if existing[1] in ("ingesting", "interrupted"):
-                    # everything was committed before the stop: settle the status
-                    failed = con.execute("SELECT count(*) FROM ingest_errors WHERE run = ?",
-                                         [self.run_name]).fetchall()[0][0]
-                    con.execute("UPDATE runs SET status = ?, ingest_finished = ? WHERE run = ?",
-                                ["complete_with_errors" if failed else "complete", datetime.now(), self.run_name])
-                return []  # nothing to do
-            self.known = {h for (h,) in con.execute("SELECT content_hash FROM blobs").fetchall()}
-            self.stored_stats = StoredStats.load(con)  # stored payloads: statistics not computed again
-            now = datetime.now()
-            if existing:
-                con.execute("UPDATE runs SET status = 'ingesting', ingest_finished = NULL, dumpdb_version = ? "
-                            "WHERE run = ?", [__version__, self.run_name])
-                for table in (*_RELATION_SCHEMAS, "ingest_errors"):
-                    con.execute(f"DELETE FROM {table} WHERE run = ?", [self.run_name])
-            else:
-                con.execute(
-                    "INSERT INTO runs (run, source_path, layout, framework, framework_version, device_target, "
-                    "dump_config, metadata, status, ingest_started, dumpdb_version) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'ingesting', ?, ?)",
-                    [self.run_name, report.source_path, self.layout.name, scan.framework,
-                     scan.framework_version, scan.device_target, _json_or_none(scan.dump_config),
-                     json.dumps(scan.metadata, default=str) if scan.metadata else None, now, __version__])
-            for table, arrow in _RELATION_SCHEMAS.items():
-                rows = [{"run": self.run_name, **r} for r in getattr(scan, table)]
-                insert_arrow(con, table, rows_table(rows, arrow))
-        for source_file, message in scan.errors:
+        """The sink's start (:meth:`IngestSink.begin`): what to read, and what is already stored."""
+        start = self.sink.begin(self._hashes)
+        self.known, self.done, self.stored_stats = start.known, start.done, start.stored_stats
+        self.replacing = start.replacing
+        for source_file, message in self.scan.errors:
             self._error(source_file, message)
-        return pending
+        return start.pending
 
     # -- main loop -----------------------------------------------------------
     def run(self) -> None:
@@ -598,7 +552,7 @@ class _Pipeline:
                                            sf.source_file)
                     duplicates += more
                     keep = set(fresh["tensor_key"].to_pylist())
-                    rows = [self._row(_Loaded(e)) for e in mini.entries if e.key in keep]
+                    rows = [self._row(Loaded(e)) for e in mini.entries if e.key in keep]
                 added = table.num_rows + len(rows)
                 self.report.tensors_skipped += part.table.num_rows + len(part.entries) - added - duplicates
                 self.report.statistics_only += added
@@ -653,10 +607,7 @@ class _Pipeline:
         """Which of ``candidates`` the run holds (earlier batches committed first)."""
         self._commit()
         self._settle()
-        with self.catalog.reader() as con:
-            return {k for (k,) in con.execute(
-                "SELECT tensor_key FROM tensors WHERE run = ? AND tensor_key IN (SELECT unnest(?))",
-                [self.run_name, candidates]).fetchall()}
+        return self.sink.committed_keys(candidates)
 
     def _drop_committed(self) -> None:
         """A Ctrl-C that lands after a COMMIT but before the batch was cleared leaves rows
@@ -664,13 +615,7 @@ class _Pipeline:
         self._settle(raise_error=False)
         if not (self.rows or self.error_rows):
             return
-        with self.catalog.reader() as con:
-            keys = {k for (k,) in con.execute("SELECT tensor_key FROM tensors WHERE run = ?",
-                                               [self.run_name]).fetchall()}
-            failed = {f for (f,) in con.execute("SELECT source_file FROM ingest_errors WHERE run = ?",
-                                                 [self.run_name]).fetchall()}
-        self.rows = [r for r in self.rows if r["tensor_key"] not in keys]
-        self.error_rows = [r for r in self.error_rows if r["source_file"] not in failed]
+        self.rows, self.error_rows = self.sink.drop_committed(self.rows, self.error_rows)
 
     def _abandon(self) -> None:
         """After a store write failed: commit the rows whose payloads are durable (and
@@ -731,19 +676,19 @@ class _Pipeline:
         written by a worker, so compression runs on every core and no payload byte passes
         through this process. Dask tasks (other machines maybe) and remote stores: arrays
         come back and this process writes."""
-        root = self.writer.store.root
-        if root is None or not isinstance(pool, ProcessPoolExecutor):
+        store = self.writer.store
+        if not store.capabilities.files or not isinstance(pool, ProcessPoolExecutor):
             return
-        store_root = str(root)
+        store_root = str(store.root)
         self.writer.delegate = lambda kind, args: pool.submit(write_payloads, store_root, kind, args)
         self.writer.max_inflight = max(self.writer.max_inflight, 2 * max(1, self.executor.count if self.executor
                                                                           else 1))
 
-    def _load_many(self, entries: list[TensorEntry], sizes: list[int]) -> list[_Loaded]:
+    def _load_many(self, entries: list[TensorEntry], sizes: list[int]) -> list[Loaded]:
         """Reader thread: :meth:`_load` of a batch, in order."""
         return [self._load(e, s) for e, s in zip(entries, sizes)]
 
-    def _load(self, entry: TensorEntry, size: int, stats: bool = True) -> _Loaded:
+    def _load(self, entry: TensorEntry, size: int, stats: bool = True) -> Loaded:
         """Reader thread: read, hash, statistics (unless not ``stats``; statistics of a
         payload stored before come from the catalog). Never raises for a bad file.
         Files are read into this thread's reused memory (``dumpio.ReadBuffer``): a payload
@@ -759,7 +704,7 @@ class _Pipeline:
         return load_entry(self.layout, entry, size, self.stats_cache, stats=stats, known_stats=known,
                           buffer=buffer, stored=self._stored_ref)
 
-    def _stored_ref(self, item: _Loaded) -> PayloadRef | None:
+    def _stored_ref(self, item: Loaded) -> PayloadRef | None:
         """Reader thread: a reference to ``item``'s payload if its content is durable or
         waiting for its pack (read-only looks at sets the main thread only adds to, while
         running: the main thread then takes it as a duplicate; if not, the writer reads the
@@ -802,7 +747,7 @@ class _Pipeline:
                 try:
                     items = future.result()
                 except BrokenExecutor as exc:
-                    raise DumpdbError(f"an ingest worker process died ({_one_line(exc)}); what was committed "
+                    raise DumpdbError(f"an ingest worker process died ({one_line(exc)}); what was committed "
                                       "stays: run the same command again") from None
                 for item in items:
                     self._accept(item)
@@ -812,7 +757,7 @@ class _Pipeline:
                 future.cancel()
             raise
 
-    def _accept(self, item: _Loaded) -> None:
+    def _accept(self, item: Loaded) -> None:
         entry = item.entry
         payload = item.payload  # the array, or a reference a worker process writes
         self.report.bytes_read += item.file_bytes if payload is not None else 0
@@ -846,7 +791,7 @@ class _Pipeline:
             self.report.bytes_stored += loc.stored_bytes
             self.rows.extend(self.waiting.pop(loc.content_hash, ()))
 
-    def _row(self, item: _Loaded) -> dict:
+    def _row(self, item: Loaded) -> dict:
         if item.row is not None:  # built by the worker (LoadTask.row)
             return item.row
         return tensor_row(item, self.run_name, self.layout.stats_label, _ENTRY_COLUMNS)
@@ -876,10 +821,11 @@ class _Pipeline:
         return len(self.rows) >= COMMIT_ROWS or time.monotonic() - self.last_commit >= COMMIT_SECONDS
 
     def _commit(self) -> None:
-        """Hand the rows ready (payloads durable) to the committer thread as one DuckDB
-        transaction, after the previous one finished (at most one in flight, in order): the
-        commit's open, insert, COMMIT and checkpoint overlap reading and compressing instead
-        of stopping them. Its error, if any, is raised here or by :meth:`_settle`."""
+        """Hand the rows ready (payloads durable) to the sink as one batch: on the committer
+        thread after the previous one finished (at most one in flight, in order) when the sink
+        writes in the background, so the catalog's open, insert, COMMIT and checkpoint overlap
+        reading and compressing instead of stopping them; here otherwise. Its error, if any, is
+        raised here or by :meth:`_settle`."""
         self._settle()
         if not (self.rows or self.error_rows or self.arrays or self.blob_rows or self.tables):
             return
@@ -887,33 +833,24 @@ class _Pipeline:
         new = [r for r in self.rows if r["tensor_key"] not in self.replacing]
         replaced = [r for r in self.rows if r["tensor_key"] in self.replacing]
         self.last_commit = time.monotonic()
-        if self.committer is None:
-            self.committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dumpdb-commit")
-        # Submitted first, cleared after: a Ctrl-C before the submit leaves the batch here
-        # for the recovery commit; one after it leaves rows that _drop_committed filters.
-        future = self.committer.submit(self._write_commit, self.blob_rows, self.arrays, new, replaced, self.tables,
-                                       self.error_rows)
-        self.in_commit, self.rows, self.blob_rows, self.error_rows, self.arrays, self.tables = \
-            future, [], [], [], [], []
+        batch = Batch(self.blob_rows, self.arrays, new, replaced, self.tables, self.error_rows)
+        if self.sink.background:
+            if self.committer is None:
+                self.committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dumpdb-commit")
+            # Submitted first, cleared after: a Ctrl-C before the submit leaves the batch here
+            # for the recovery commit; one after it leaves rows that _drop_committed filters.
+            self.in_commit = self.committer.submit(self._write, batch)
+        else:
+            self._write(batch)
+        self.rows, self.blob_rows, self.error_rows, self.arrays, self.tables = [], [], [], [], []
         for r in replaced:
             self.replacing.pop(r["tensor_key"], None)
 
-    def _write_commit(self, blob_rows: list[BlobLocation], arrays: list, new: list[dict], replaced: list[dict],
-                      tables: list[pa.Table], error_rows: list[dict]) -> None:
-        """Committer thread: one transaction of blobs/arrays, tensors and ingest_errors rows."""
-        with self.catalog.writer() as con:
-            record_payloads(con, blob_rows, arrays, self.run_name)
-            insert_arrow(con, "tensors", rows_table(new, TENSOR_SCHEMA),
-                         prefix="nextval('tensor_id_seq') AS tensor_id,")
-            if replaced:
-                _replace_rows(con, self.run_name, rows_table(replaced, TENSOR_SCHEMA))
-            for table in tables:
-                insert_arrow(con, "tensors", table, prefix="nextval('tensor_id_seq') AS tensor_id,")
-            insert_arrow(con, "ingest_errors", rows_table(error_rows, ERROR_SCHEMA))
-        self.report.tensors_added += len(new) + sum(t.num_rows for t in tables)
-        self.report.tensors_replaced += len(replaced)
-        if self.heartbeat is not None:
-            touch(self.heartbeat)  # the last sign of life (dumpdb.catalog.runstate)
+    def _write(self, batch: Batch) -> None:
+        """One batch into the sink (the committer thread, or here); the report counts it."""
+        self.sink.write(batch)
+        self.report.tensors_added += len(batch.new) + sum(t.num_rows for t in batch.tables)
+        self.report.tensors_replaced += len(batch.replaced)
 
     def _tell(self, what: str, *args: Any) -> None:
         """Call the reporter's ``what(*args)`` - never while a commit is in flight: a reporter
@@ -950,8 +887,230 @@ class _Pipeline:
 
     def _finish(self, interrupted: bool) -> None:
         self._settle()
+        self.report.status = self.sink.finish(interrupted)
+
+
+@dataclass
+class Batch:
+    """The rows of one commit: payloads made durable since the last one (``blob_rows``,
+    ``arrays``), ``tensors`` rows new to the run and those replacing a changed file's
+    (``replaced``, ``update``), statistics-only rows streamed from csv files (``tables``,
+    Arrow, ``TENSOR_SCHEMA``), and ``ingest_errors`` rows."""
+
+    blob_rows: list[BlobLocation]
+    arrays: list
+    new: list[dict]
+    replaced: list[dict]
+    tables: list[pa.Table]
+    error_rows: list[dict]
+
+
+@dataclass
+class Start:
+    """What :meth:`IngestSink.begin` found: the entries to read, the content hashes the store
+    holds (dedup), the tensor keys a streamed csv skips, statistics of stored payloads, and the
+    keys whose payload this ingest replaces (key -> old content hash)."""
+
+    pending: list[TensorEntry]
+    known: set[str] = field(default_factory=set)
+    done: set[str] = field(default_factory=set)
+    stored_stats: StoredStats | None = None
+    replacing: dict[str, str] = field(default_factory=dict)
+
+
+class IngestSink(Protocol):
+    """Where a :class:`Pipeline` puts a run's rows: the archive's catalog (:class:`CatalogSink`,
+    ``dumpdb ingest``) or one part's Parquet fragments (``parts.PartSink``, ``ingest-worker``).
+
+    ``background``: :meth:`write` may run on the committer thread while reading goes on.
+    :meth:`begin` (``hash_of``: tensor_key -> (content hash, error) of entries, read by the
+    pipeline) decides what to read; :meth:`write` takes each :class:`Batch` in order;
+    :meth:`committed_keys` says which candidate tensor keys the run holds (batches written so
+    far); :meth:`drop_committed` filters rows a commit interrupted by Ctrl-C already wrote;
+    :meth:`finish` closes the run and returns its status."""
+
+    background: bool
+
+    def begin(self, hash_of: Callable[[list[TensorEntry]], dict[str, tuple[str | None, str | None]]]) -> Start: ...
+
+    def write(self, batch: Batch) -> None: ...
+
+    def committed_keys(self, candidates: list[str]) -> set[str]: ...
+
+    def drop_committed(self, rows: list[dict], error_rows: list[dict]) -> tuple[list[dict], list[dict]]: ...
+
+    def finish(self, interrupted: bool) -> str: ...
+
+
+class CatalogSink:
+    """An ingest's rows into the archive's DuckDB catalog, and the lifecycle of its ``runs``
+    row: created (or, resumed, set ``ingesting`` and its relations replaced) by :meth:`begin`,
+    settled ``complete`` / ``complete_with_errors`` / ``interrupted`` by :meth:`finish`. Each
+    :meth:`write` is one transaction on the committer thread; ``heartbeat`` (the run lock file)
+    is touched after each (:mod:`dumpdb.catalog.runstate`)."""
+
+    background = True
+
+    def __init__(self, catalog: Catalog, scan: DumpScan, layout: Layout, report: IngestReport,
+                 reporter: Reporter, options: IngestOptions, heartbeat: Path | None = None):
+        self.catalog = catalog
+        self.scan = scan
+        self.layout = layout
+        self.report = report
+        self.reporter = reporter
+        self.options = options
+        self.run_name = report.run
+        self.heartbeat = heartbeat
+        self.settled = False  # the run exists, complete (or with errors), at this path (set by _identity)
+        self.held_keys: set[str] = set()  # tensor keys the run held when the ingest began
+
+    def _identity(self, hash_of: Callable[[list[TensorEntry]], dict]) -> identity.IdentityPlan:
+        """Check the files the run already holds (:mod:`dumpdb.ingestion.identity`) before
+        anything is written; raise :class:`SourceChanged` for changed (or, moved, missing
+        or different) files unless ``update`` takes the changes."""
         report = self.report
-        status = "interrupted" if interrupted else ("complete_with_errors" if report.errors else "complete")
+        with self.catalog.reader() as con:
+            existing = con.execute("SELECT source_path, status FROM runs WHERE run = ?",
+                                   [self.run_name]).fetchone()
+            if existing is None:
+                if self.options.moved:
+                    require_run(con, self.run_name, report.archive, "--moved: ",
+                                " to continue; drop --moved to ingest a new run")
+                return identity.IdentityPlan()
+            if existing[0] != report.source_path and not self.options.moved:
+                raise ArchiveError(
+                    f"run {self.run_name!r} already holds the dump at {existing[0]}; choose another --run for "
+                    f"{report.source_path}, or pass --moved if that dump moved here")
+            held = [identity.Held(*r) for r in con.execute(
+                "SELECT tensor_key, source_file, source_size, source_mtime_ns, content_hash FROM tensors "
+                "WHERE run = ?", [self.run_name]).fetchall()]
+        self.settled = existing[1] not in ("ingesting", "interrupted") and existing[0] == report.source_path
+        self.held_keys = {h.tensor_key for h in held}
+        # --moved --verify-hash at the run's own path still checks every file it holds
+        moved = self.options.moved and (existing[0] != report.source_path or self.options.verify_hash)
+        found = identity.plan(held, self.scan.entries, moved=moved,
+                              verify_hash=self.options.verify_hash, hash_of=hash_of)
+        for source_file in found.missing:
+            self.reporter.changed(source_file, f"missing at {report.source_path}")
+        for source_file, detail in found.changed:
+            self.reporter.changed(source_file, detail)
+        report.files_changed = list(found.changed)
+        if found.missing:
+            raise SourceChanged(
+                f"{report.source_path}: not the dump run {self.run_name!r} was ingested from "
+                f"({existing[0]}): {_count(len(found.missing), 'file')} it holds missing"
+                + (f", {len(found.changed)} different" if found.changed else "") + "; nothing changed",
+                [(f, "missing") for f in found.missing] + found.changed)
+        if found.changed and not self.options.update:
+            how = "different at the new location" if existing[0] != report.source_path else "changed since run " \
+                f"{self.run_name!r} ingested {'it' if len(found.changed) == 1 else 'them'}"
+            raise SourceChanged(
+                f"{report.source_path}: {_count(len(found.changed), 'file')} {how} (listed above); nothing "
+                "replaced: pass --update to store the new content (the old payloads stay until 'dumpdb gc')",
+                found.changed)
+        return found
+
+    def begin(self, hash_of: Callable[[list[TensorEntry]], dict[str, tuple[str | None, str | None]]]) -> Start:
+        """Check the files the run holds (:meth:`_identity`), then in one transaction: the runs
+        row made (or set ``ingesting`` again, its relations and errors replaced), the scan's
+        relations inserted, the keys the run holds and the stored hashes read. Nothing to write
+        (a complete run, every file unchanged): no transaction at all."""
+        scan, report = self.scan, self.report
+        found = self._identity(hash_of)
+        start = Start([])
+        if self.options.update:
+            start.replacing = dict(found.replace)
+        if found.fill:  # statistics-only rows whose payload is readable now (e.g. .pt once torch is installed)
+            start.replacing.update(found.fill)
+            report.payloads_filled = len(found.fill)
+        # streamed statistics csv rows are not entries: only the normal path (self.done) skips the
+        # committed ones; this early exit streamed them all again (issue 30: a re-ingest doubled them)
+        if (self.settled and not found.touched and not start.replacing and not scan.errors
+                and not scan.statistics_files and all(e.key in self.held_keys for e in scan.entries)):
+            report.tensors_skipped = len(scan.entries)
+            return start  # a complete run, every file unchanged: nothing to write (the catalog is not locked)
+        with self.catalog.writer() as con:
+            existing = next(iter(con.execute("SELECT source_path, status FROM runs WHERE run = ?",
+                                             [self.run_name]).fetchall()), None)
+            if existing and existing[0] != report.source_path:  # moved (checked by _identity)
+                con.execute("UPDATE runs SET source_path = ? WHERE run = ?", [report.source_path, self.run_name])
+            if found.touched:  # same content, new size/mtime: record them, so they are not read again
+                con.register("_touched", pa.Table.from_pylist(found.touched, pa.schema(
+                    [("tensor_key", pa.string()), ("source_size", pa.int64()), ("source_mtime_ns", pa.int64())])))
+                try:
+                    con.execute("UPDATE tensors SET source_size = t.source_size, source_mtime_ns = t.source_mtime_ns "
+                                "FROM _touched t WHERE tensors.run = ? AND tensors.tensor_key = t.tensor_key",
+                                [self.run_name])
+                finally:
+                    con.unregister("_touched")
+            done = {k for (k,) in con.execute(
+                "SELECT tensor_key FROM tensors WHERE run = ?", [self.run_name]).fetchall()}
+            pending = [e for e in scan.entries if e.key not in done or e.key in start.replacing]
+            report.tensors_skipped = len(scan.entries) - len(pending)
+            if scan.statistics_files:
+                start.done = done  # streamed files: skip what an earlier ingest committed
+            if existing and not pending and not scan.errors and not scan.statistics_files:
+                if existing[1] in ("ingesting", "interrupted"):
+                    # everything was committed before the stop: settle the status
+                    failed = con.execute("SELECT count(*) FROM ingest_errors WHERE run = ?",
+                                         [self.run_name]).fetchall()[0][0]
+                    con.execute("UPDATE runs SET status = ?, ingest_finished = ? WHERE run = ?",
+                                ["complete_with_errors" if failed else "complete", datetime.now(), self.run_name])
+                return start  # nothing to do
+            start.known = {h for (h,) in con.execute("SELECT content_hash FROM blobs").fetchall()}
+            start.stored_stats = StoredStats.load(con)  # stored payloads: statistics not computed again
+            now = datetime.now()
+            if existing:
+                con.execute("UPDATE runs SET status = 'ingesting', ingest_finished = NULL, dumpdb_version = ? "
+                            "WHERE run = ?", [__version__, self.run_name])
+                for table in (*RELATION_SCHEMAS, "ingest_errors"):
+                    con.execute(f"DELETE FROM {table} WHERE run = ?", [self.run_name])
+            else:
+                con.execute(
+                    "INSERT INTO runs (run, source_path, layout, framework, framework_version, device_target, "
+                    "dump_config, metadata, status, ingest_started, dumpdb_version) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'ingesting', ?, ?)",
+                    [self.run_name, report.source_path, self.layout.name, scan.framework,
+                     scan.framework_version, scan.device_target, json_or_none(scan.dump_config),
+                     json.dumps(scan.metadata, default=str) if scan.metadata else None, now, __version__])
+            for table, arrow in RELATION_SCHEMAS.items():
+                rows = [{"run": self.run_name, **r} for r in getattr(scan, table)]
+                insert_arrow(con, table, rows_table(rows, arrow))
+        start.pending = pending
+        return start
+
+    def write(self, batch: Batch) -> None:
+        """Committer thread: one transaction of blobs/arrays, tensors and ingest_errors rows."""
+        with self.catalog.writer() as con:
+            record_payloads(con, batch.blob_rows, batch.arrays, self.run_name)
+            insert_arrow(con, "tensors", rows_table(batch.new, TENSOR_SCHEMA),
+                         prefix="nextval('tensor_id_seq') AS tensor_id,")
+            if batch.replaced:
+                _replace_rows(con, self.run_name, rows_table(batch.replaced, TENSOR_SCHEMA))
+            for table in batch.tables:
+                insert_arrow(con, "tensors", table, prefix="nextval('tensor_id_seq') AS tensor_id,")
+            insert_arrow(con, "ingest_errors", rows_table(batch.error_rows, ERROR_SCHEMA))
+        if self.heartbeat is not None:
+            touch(self.heartbeat)  # the last sign of life (dumpdb.catalog.runstate)
+
+    def committed_keys(self, candidates: list[str]) -> set[str]:
+        with self.catalog.reader() as con:
+            return {k for (k,) in con.execute(
+                "SELECT tensor_key FROM tensors WHERE run = ? AND tensor_key IN (SELECT unnest(?))",
+                [self.run_name, candidates]).fetchall()}
+
+    def drop_committed(self, rows: list[dict], error_rows: list[dict]) -> tuple[list[dict], list[dict]]:
+        with self.catalog.reader() as con:
+            keys = {k for (k,) in con.execute("SELECT tensor_key FROM tensors WHERE run = ?",
+                                               [self.run_name]).fetchall()}
+            failed = {f for (f,) in con.execute("SELECT source_file FROM ingest_errors WHERE run = ?",
+                                                 [self.run_name]).fetchall()}
+        return ([r for r in rows if r["tensor_key"] not in keys],
+                [r for r in error_rows if r["source_file"] not in failed])
+
+    def finish(self, interrupted: bool) -> str:
+        """Settle the runs row's status (a run another process settled keeps its own); returns it."""
+        status = "interrupted" if interrupted else ("complete_with_errors" if self.report.errors else "complete")
         with self.catalog.writer() as con:
             row = con.execute("SELECT status FROM runs WHERE run = ?", [self.run_name]).fetchone()
             if row and (row[0] in ("ingesting", "interrupted") or interrupted):
@@ -959,7 +1118,7 @@ class _Pipeline:
                             [status, datetime.now(), self.run_name])
             elif row:
                 status = row[0]
-        report.status = status
+        return status
 
 
 def _replace_rows(con, run: str, rows: pa.Table) -> None:
@@ -1016,10 +1175,8 @@ _ENTRY_COLUMNS = tuple(c for c in TENSOR_SCHEMA.names if c in {f.name for f in d
 
 
 
-_one_line = one_line
 
-
-class _Executors:
+class Executors:
     """Where an ingest's worker function runs (see :func:`ingest`)."""
 
     def __init__(self, root: str, follow_symlinks: bool, workers: int | None, scheduler: str | None,
@@ -1060,7 +1217,7 @@ def _file_size(path: str | None) -> int:
         return 0
 
 
-def _json_or_none(text: str | None) -> str | None:
+def json_or_none(text: str | None) -> str | None:
     if text is None:
         return None
     try:
@@ -1068,13 +1225,3 @@ def _json_or_none(text: str | None) -> str | None:
         return text
     except json.JSONDecodeError:
         return json.dumps(text)
-
-
-# Public names for dumpdb.ingestion.parts (ingest-worker: the same pipeline, its catalog
-# writes replaced by Parquet fragments).
-Pipeline = _Pipeline
-Executors = _Executors
-RELATION_SCHEMAS = _RELATION_SCHEMAS
-RELATION_TABLES = tuple(_RELATION_SCHEMAS)
-json_or_none = _json_or_none
-open_for_write = _open_for_write

@@ -29,6 +29,25 @@ _BACKENDS: dict[str, Backend] = {}
 
 
 @dataclass(frozen=True)
+class Capabilities:
+    """What a tensor store can do, which its callers ask instead of testing its kind.
+
+    ``files``: its objects are files on this machine (a store directory): worker processes
+    of an ingest open it by path and write shards themselves, a failed write is the
+    operating system's ``OSError`` (naming the file), and gc finds crash leftovers by
+    walking directories (temporary names included). ``listing_meta``: its listing gives sizes
+    and modification times (gc ages leftovers without a request per object). ``multipart``:
+    large objects go up in parallel parts."""
+
+    files: bool = False
+    listing_meta: bool = False
+    multipart: bool = False
+
+
+LOCAL = Capabilities(files=True, listing_meta=True)  # a store directory on this machine (tensors.zarr)
+
+
+@dataclass(frozen=True)
 class Backend:
     """One URL scheme's object storage.
 
@@ -52,6 +71,11 @@ class Backend:
     public_options: Callable[[Mapping[str, Any] | None], dict[str, str]]
     listing_meta: bool = False
     multipart: bool = False
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """This backend's :class:`Capabilities` (an object store: never ``files``)."""
+        return Capabilities(listing_meta=self.listing_meta, multipart=self.multipart)
 
 
 def register(backend: Backend) -> Backend:

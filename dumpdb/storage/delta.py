@@ -1,17 +1,9 @@
 """Delta coding inside a pack: a payload stored as the XOR of an earlier payload of the same pack.
 
-Why (measured on the Transformer dump of ``corpus/tools/make_big_dump.sh`` with 3 steps,
-2 layers, width 256, ``scripts/bench_delta.py``): after dedup, 92 % of the stored bytes
-are float32 activations, gradients and optimizer state in packs of medium tensors
-(256 KiB - 16 MiB). Shuffle + zstd is at their entropy there (the order-0 entropy of the
-byte planes is within 2 % of what zstd-1 stores; levels 3-9 gain under 1 %). What is left
-is redundancy *between* tensors: an op's output is often close to one of its inputs (a
-residual ``Add``, ``AdamWeightDecay``'s updated parameter, a ``Mul`` by a scale near 1), so
-their sign, exponent and leading mantissa bits agree and ``output XOR input`` is mostly zero
-bytes in the high byte planes. XOR with the best of the last 4 same-size payloads of the same
-pack stores those packs 9.7 % smaller (618.9 -> 559.1 MB); the same key's tensor of the
-previous iteration (the first idea) saved only 0.9 % there (parameters and optimizer moments
-change in most mantissa bits per step).
+Why: an op's output is often close to one of its inputs (a residual ``Add``, an optimizer's
+updated parameter), so ``output XOR input`` is mostly zero bytes in the high byte planes,
+which shuffle + zstd then store in less space; the measurements behind the rule are in
+``docs/storage-design.md`` ("Delta coding").
 
 The rule (:func:`choose_bases`):
 

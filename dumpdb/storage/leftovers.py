@@ -103,8 +103,9 @@ def find_leftovers(root: Path | TensorStore, known_arrays: set[str]) -> list[Lef
     multipart upload is visible whole or not at all)."""
     now = time.time()
     if not isinstance(root, Path):
-        if root.root is None:
+        if not root.capabilities.files:
             return _stream_array_leftovers(root, known_arrays, now)
+        assert root.root is not None  # a store of files has its directory
         root = root.root
     found = []
     for rel in _array_dirs(root):
@@ -130,8 +131,8 @@ def reclaim_leftovers(root: Path | TensorStore, leftovers: list[Leftover], grace
             continue
         if isinstance(root, Path):
             _remove(root, item.path)
-        elif root.root is not None:
-            _remove(root.root, item.path)
+        elif root.capabilities.files:
+            _remove(Path(str(root.root)), item.path)
         else:
             root.delete_array(item.path)
         if item.kind == "array":

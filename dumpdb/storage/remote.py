@@ -6,11 +6,8 @@ A store URL is ``s3://BUCKET/PREFIX``; the objects of the store are the keys und
 keys a local ``tensors.zarr`` directory holds as files.
 
 Client: :class:`zarr.storage.ObjectStore` over ``obstore``'s ``S3Store`` (Rust
-``object_store``). Chosen by measurement against ``FsspecStore`` over ``s3fs`` on the
-same local server (``scripts/bench_store.py --clients``; figures in README "Object
-storage"): obstore's small ranged GET and large GET/PUT were faster, and it retries 5xx,
-throttling and dropped connections with exponential backoff and jitter itself. The
-``s3fs`` store it was measured against is built by ``tests/storage_servers.py:open_s3fs``.
+``object_store``), which retries 5xx, throttling and dropped connections with exponential
+backoff and jitter itself (why this client: ``docs/storage-design.md``, "S3 client").
 
 Configuration (the AWS standard environment, then ``--storage-option KEY=VALUE``,
 options win):
@@ -143,7 +140,8 @@ def open_store(url: str, options: Mapping[str, Any] | None = None, read_only: bo
         raise StorageError(f"{url}: object storage needs obstore: pip install 'dumpdb[s3]' ({exc})") from exc
 
     try:
-        return open_obstore(loc, conf, read_only)
+        return open_obstore(loc.bucket, loc.prefix, {k: str(v) for k, v in conf.items() if k not in TUNING}, conf,
+                            read_only)
     except StorageError:
         raise
     except Exception as exc:  # obstore's configuration errors (unknown key, bad value)

@@ -1,8 +1,8 @@
 """The S3 client dumpdb uses: zarr's :class:`zarr.storage.ObjectStore` over ``obstore``'s
 ``S3Store`` (Rust ``object_store``), with dumpdb's additions (:class:`RemoteObjectStore`).
 
-Why obstore and not ``FsspecStore`` over ``s3fs``: measured side by side on one local server
-(``scripts/bench_store.py --clients``, README "Object storage"). Configuration and URLs are
+Why obstore and not ``FsspecStore`` over ``s3fs``: ``docs/storage-design.md`` ("S3 client").
+Configuration and URLs are
 :mod:`dumpdb.storage.remote`'s; this module is imported only when an ``s3://`` store is opened
 (``pip install 'dumpdb[s3]'``).
 
@@ -25,12 +25,13 @@ import obstore
 import obstore.store
 import zarr.storage
 
-from dumpdb.storage.remote import TUNING, S3Location
 
-
-def open_obstore(loc: S3Location, conf: dict[str, Any], read_only: bool) -> RemoteObjectStore:
-    """A :class:`RemoteObjectStore` for ``loc`` with ``conf`` (:func:`dumpdb.storage.remote.settings`)."""
-    s3conf = {k: str(v) for k, v in conf.items() if k not in TUNING}
+def open_obstore(bucket: str, prefix: str, s3conf: dict[str, str], conf: dict[str, Any],
+                 read_only: bool) -> RemoteObjectStore:
+    """A :class:`RemoteObjectStore` for the objects under ``s3://bucket/prefix``: ``s3conf``
+    the S3 client's settings (endpoint, region, credentials), ``conf`` every setting with the
+    tuning ones (retries, timeouts in seconds, multipart sizes in bytes;
+    :func:`dumpdb.storage.remote.settings`)."""
     client_options: dict[str, Any] = {
         "allow_http": str(s3conf.get("endpoint", "")).startswith("http://"),
         "connect_timeout": timedelta(seconds=conf["connect_timeout"]),
@@ -39,11 +40,11 @@ def open_obstore(loc: S3Location, conf: dict[str, Any], read_only: bool) -> Remo
     retry = {"max_retries": int(conf["retries"]), "retry_timeout": timedelta(seconds=conf["retry_timeout"]),
              "backoff": {"init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(seconds=15),
                          "base": 2}}
-    s3 = obstore.store.S3Store(loc.bucket, prefix=loc.prefix or None, config=s3conf,  # type: ignore[arg-type]
+    s3 = obstore.store.S3Store(bucket, prefix=prefix or None, config=s3conf,  # type: ignore[arg-type]
                                client_options=client_options, retry_config=retry)  # type: ignore[arg-type]
     store = RemoteObjectStore(s3, read_only=read_only)
     store.multipart = (int(conf["multipart_bytes"]), int(conf["part_bytes"]), int(conf["part_concurrency"]))
-    store.url = loc.url
+    store.url = f"s3://{bucket}/{prefix}".rstrip("/")
     return store
 
 

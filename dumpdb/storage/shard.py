@@ -1,8 +1,7 @@
 """Encoding pack shards directly, in the Zarr v3 ``sharding_indexed`` format.
 
-Why: zarr-python's write path costs about 1 CPU-second per GB on top of zstd
-itself (per-chunk event-loop round trips, buffer copies; measured with py-spy on
-``scripts/bench_ingest.py``). For the 1-D pack arrays dumpdb writes whole shards
+Why: zarr-python's write path adds per-chunk event-loop round trips and buffer copies
+to zstd's own cost (``docs/storage-design.md``, "Shards"). For the 1-D pack arrays dumpdb writes whole shards
 of a known layout, so it encodes them itself and lets zarr write the metadata and
 do all reading. The bytes are exactly what the codec chain in the array's
 ``zarr.json`` describes (zarr-specs, sharding-indexed codec v1.0):
@@ -60,7 +59,7 @@ def shard_index(frames: list[bytes]) -> bytes:
     ``(n, 2)`` little-endian uint64 (offset, nbytes), then its crc32c (LE uint32).
 
     Vectorised on purpose: a per-frame Python loop here waits for the GIL at
-    every step while reader threads run (measured: seconds per GB).
+    every step while reader threads run.
     """
     lengths = np.fromiter(map(len, frames), dtype="<u8", count=len(frames))
     index = np.empty((len(frames), 2), dtype="<u8")

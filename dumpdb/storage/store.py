@@ -319,13 +319,16 @@ class TensorStore:
             zstore: Store = location if location.read_only == read_only or not read_only \
                 else location.with_read_only(True)
             self.root: Path | None = getattr(location, "root", None)
+            self.capabilities = backends.LOCAL if self.root is not None else backends.Capabilities()
             name = str(location)
         elif backends.is_url(location):  # SCHEME://BUCKET/PREFIX (dumpdb.storage.backends)
             zstore = backends.open_store(str(location), storage_options, read_only=read_only)
             self.root, name = None, str(location)
+            self.capabilities = backends.backend(str(location)).capabilities
             endpoint = backends.endpoint(str(location), storage_options)
         else:
             self.root = Path(location)
+            self.capabilities = backends.LOCAL
             zstore = DurableLocalStore(str(self.root), read_only=read_only)
             name = str(self.root)
         self.objects = ObjectStore(zstore, name, endpoint)
@@ -983,7 +986,7 @@ class StoreWriter:
         except Exception as exc:  # zarr's own writes (zarr.json, large shards) bypass ObjectStore.call
             # a local disk's OSError (ENOSPC, EACCES) goes up as it is: ingest names the file
             # and says what was kept; only a remote store's failure is a StorageError here
-            if not is_transport_error(exc) or self.store.root is not None:
+            if not is_transport_error(exc) or self.store.capabilities.files:
                 raise
             raise self.store.objects.storage_error("write an array", exc) from exc
         self._arrays.append(info)

@@ -122,3 +122,80 @@ def test_no_module_aliases_a_private_name():
                         (_private(target) and isinstance(value, ast.Name)):
                     aliases.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {target} = {ast.unparse(value)}")
     assert aliases == []
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module -> the dumpdb modules it imports, anywhere in its body (function-level and
+    TYPE_CHECKING imports count: each runs the other module's code first, or would). ``from
+    pkg import sub`` is an edge to the submodule ``pkg.sub``, not to ``pkg``. Edges into the
+    root package are left out: ``dumpdb/__init__.py`` is the public facade that re-exports the
+    API (``from dumpdb import __version__`` in a submodule reads a constant it sets first)."""
+    paths = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {m: set() for m in paths}
+
+    def resolve(name: str) -> str | None:
+        while name and name not in paths:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    for module, path in paths.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*up, base] if base else up)
+                subs = [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in paths]
+                names = subs if len(subs) == len(node.names) else [base, *subs]
+            for name in names:
+                target = resolve(name)
+                if target and target not in (module, "dumpdb") and module != "dumpdb":
+                    graph[module].add(target)
+    return graph
+
+
+def test_no_import_circle():
+    """Issue 27's acceptance, read from the code's own imports: no two modules reach each
+    other (strongly connected components of the import graph above, Tarjan's algorithm)."""
+    graph = _import_graph()
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    assert len(graph) > 80 and sum(map(len, graph.values())) > 200  # the graph was read
+    assert circles == []

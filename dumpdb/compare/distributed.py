@@ -33,7 +33,7 @@ holds (both sides' rows and the result columns) plus one small result per task.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -43,27 +43,29 @@ from dumpdb.cluster import StoreSpec, dask_client, gathered, partition, store_sp
 
 
 # --------------------------------------------------------------------------- compare
-def _small_task(spec: StoreSpec, t: pa.Table, b: pa.Table, sizes: np.ndarray) -> list:
-    from dumpdb.compare.engine import small_pairs_metrics
-
-    return small_pairs_metrics(spec.open(), t, b, sizes)
+def _small_task(spec: StoreSpec, metrics: Callable, t: pa.Table, b: pa.Table, sizes: np.ndarray) -> list:
+    return metrics(spec.open(), t, b, sizes)
 
 
-def _large_task(spec: StoreSpec, pairs: list[tuple]) -> list:
-    from dumpdb.compare.engine import large_pairs_metrics
-
-    return large_pairs_metrics(spec.open(), pairs)
+def _large_task(spec: StoreSpec, metrics: Callable, pairs: list[tuple]) -> list:
+    return metrics(spec.open(), pairs)
 
 
 def compare_pairs(archive, scheduler: str, workers: int | None, tloc: pa.Table, bloc: pa.Table,
                   small: np.ndarray, small_sizes: np.ndarray, small_bytes: np.ndarray,
-                  large: list[tuple]) -> Iterator[tuple[str, Any, Any]]:
+                  large: list[tuple], small_metrics: Callable, large_metrics: Callable
+                  ) -> Iterator[tuple[str, Any, Any]]:
     """The payload work of a compare on the cluster at ``scheduler``: yields, as tasks finish,
     ``("small", pair rows, MetricColumns)`` for the small pairs ``small`` (rows of
     ``tloc``/``bloc``, the pairs' payload locations, ``small_sizes`` elements a side,
     ``small_bytes`` payload bytes of both sides) and
     ``("large", pair rows, [(metrics, message), ...])`` for ``large``:
-    ``(row, target loc, bench loc, ranges, nbytes)`` each. Partitioned by :func:`partition`."""
+    ``(row, target loc, bench loc, ranges, nbytes)`` each. Partitioned by :func:`partition`.
+
+    ``small_metrics(store, t, b, sizes)`` and ``large_metrics(store, pairs)`` are the tasks'
+    work, the engine's own functions (``dumpdb.compare.engine.small_pairs_metrics`` and
+    ``large_pairs_metrics``: module-level, so dask ships them by name), given by the caller
+    so that this module does not import the engine that imports it."""
     spec = store_spec(archive)
     with dask_client(scheduler, workers_for(workers)) as client:
         futures = {}
@@ -74,11 +76,12 @@ def compare_pairs(archive, scheduler: str, workers: int | None, tloc: pa.Table, 
             for group in partition(tpaths, bpaths, small_bytes.tolist()):
                 rows = small[group]
                 sel = pa.array(rows, pa.int64())
-                fut = client.submit(_small_task, spec, tloc.take(sel), bloc.take(sel), small_sizes[group], pure=False)
+                fut = client.submit(_small_task, spec, small_metrics, tloc.take(sel), bloc.take(sel),
+                                    small_sizes[group], pure=False)
                 futures[fut] = ("small", rows)
         if large:
             for group in partition([p[1][0] for p in large], [p[2][0] for p in large], [p[4] for p in large]):
                 members = [large[k] for k in group.tolist()]
-                fut = client.submit(_large_task, spec, [(p[1], p[2], p[3]) for p in members], pure=False)
+                fut = client.submit(_large_task, spec, large_metrics, [(p[1], p[2], p[3]) for p in members], pure=False)
                 futures[fut] = ("large", np.asarray([p[0] for p in members], np.int64))
         yield from gathered(client, futures)

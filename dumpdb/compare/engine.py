@@ -761,7 +761,8 @@ def _compute_remote(archive, scheduler: str, workers, t: pa.Table, b: pa.Table, 
     jobs = [(i, _loc(x), _loc(y), _ranges(x, y), (x["nbytes"] or 0) + (y["nbytes"] or 0)) for i, x, y in todo]
     computed: dict[int, tuple[dict, str | None]] = {}
     locs = (t.select(list(_LOC_KEYS)), b.select(list(_LOC_KEYS)))
-    for kind, rows, found in compare_pairs(archive, scheduler, workers, *locs, small, small_sizes, small_bytes, jobs):
+    for kind, rows, found in compare_pairs(archive, scheduler, workers, *locs, small, small_sizes, small_bytes, jobs,
+                                           small_pairs_metrics, large_pairs_metrics):
         if kind == "small":
             for local, metrics in found:
                 _put_small(res, rows[local], metrics)

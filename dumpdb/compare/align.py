@@ -69,11 +69,12 @@ different number of times -> cannot compare or compares the wrong API").
     sequence. The pairs made before (the name pairs the content check kept) are anchors:
     the longest chain of them running forward on both sides cuts each side into stretches,
     and the diff first pairs ops only within one stretch, then by token alone over what is
-    left (an op the other graph schedules elsewhere). Ops the diff leaves out whose token occurs equally often among the leftovers of
-    both sides (parameters dumped in another order) are paired too. Ops sharing one token
-    (the q/k/v reshapes of one attention) are re-paired by their catalog statistics (L2 norm,
-    mean, min, max) with the ``-opN`` counter and pairing across stretches as weak hints,
-    since the other graph may run them in another order. Within a pair of ops, tensors pair by (io, slot, slot_path, arg_name).
+    left (an op the other graph schedules elsewhere). Ops the diff leaves out whose token
+    occurs equally often among the leftovers of both sides (parameters dumped in another
+    order) are paired too. Ops sharing one token (the q/k/v reshapes of one attention) are
+    re-paired by their catalog statistics (L2 norm, mean, min, max) with the ``-opN``
+    counter and pairing across stretches as weak hints, since the other graph may run them
+    in another order. Within a pair of ops, tensors pair by (io, slot, slot_path, arg_name).
     Measured on real fp16 (O2) vs fp32 MindSpore Transformer dumps (tests/data/transformer):
     every fp32 tensor paired, every pair of the same op type, none with a worse partner than
     a brute-force search by cosine would find.

@@ -181,6 +181,33 @@ def test_crossed_pair_of_one_family_is_realigned():
     assert exact_only.suspects.num_rows == 2
 
 
+def test_a_rounding_noise_input_does_not_decide_a_re_pair():
+    """Two Concats of one token scheduled the other way round in the bench graph, each with an
+    input that is zero in exact arithmetic (rounding noise, 1e-12 to 3e-6) beside one of
+    signal. The signal (input 1 and the output) says which pairs with which; the noise inputs,
+    whose differences are about the size of the larger of the two, must not (divided by the
+    bench's L2 norm they weighed up to 1e6: MindSpore fp16 vs fp32 backward Concats)."""
+    import pyarrow as pa
+
+    def side(start, ops):
+        rows: dict[str, list] = {k: [] for k in ("tensor_id", "op_name", "op_type", "io", "slot", "shape", "l2norm",
+                                                 "mean", "min", "max", "dtype", "graph_id", "position")}
+        for k, (name, noise, sig) in enumerate(ops):
+            leaves = (("input", 0, (noise, 0.0, -noise / 4, noise / 4)), ("input", 1, sig), ("output", 0, sig))
+            for j, (io, slot, st) in enumerate(leaves):
+                for key, v in zip(rows, (start + 3 * k + j, name, "Concat", io, slot, [256], *st, "float32", 0,
+                                         3 * k + j)):
+                    rows[key].append(v)
+        return pa.table(rows)
+
+    a, b = (0.37, -3e-4, -0.057, 0.067), (0.012, -1e-5, -0.002, 0.002)
+    target = side(0, [("g/Concat-op1", 1e-9, a), ("g/Concat-op2", 3e-6, b)])
+    bench = side(100, [("g/Concat-op1", 1e-9, b), ("g/Concat-op2", 1e-12, a)])
+    al = align(target, bench)
+    got = dict(zip(al.pairs["target_tensor_id"].to_pylist(), al.pairs["bench_tensor_id"].to_pylist()))
+    assert got == {0: 103, 1: 104, 2: 105, 3: 100, 4: 101, 5: 102}
+
+
 def _msprobe_side(start: int, calls: list[tuple[str, tuple]]):
     """msprobe-style rows (one output tensor per call, per-API counters) of ``calls``:
     (API, statistics (l2norm, mean, min, max)) in execution order."""

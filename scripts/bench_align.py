@@ -13,13 +13,26 @@ taken back) and on a rewrite (target computes one op by 9 calls near the start, 
 later counter of those APIs shifts: their families are re-aligned by sequence).
 
 Usage: python scripts/bench_align.py [N] [--content-only]   (N first: 100000 by default)
+
+First divergence of two real steps (issue 26: "two real 2 GB steps within 2x the time of
+today's"): ``--first-divergence ARCHIVE TARGET BENCH --baseline CHECKOUT [--baseline-archive
+ARCHIVE] [--rounds K]`` runs ``dumpdb first-divergence TARGET BENCH`` as a subprocess with
+this checkout's dumpdb and with the baseline checkout's (``PYTHONPATH``), alternating, K
+rounds (default 2), and prints the wall and CPU time (the child's user + system) of each and
+their ratio. The baseline reads ``--baseline-archive`` (default ARCHIVE): an older dumpdb may
+not open an archive a newer one migrated, so ingest the same dumps into one archive per
+code. Nothing else runs in that mode.
 """
 
 from __future__ import annotations
 
+import os
 import random
+import resource
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pyarrow as pa
 
@@ -49,7 +62,47 @@ def table(names: list[str], start: int) -> pa.Table:
                      "io": ["output"] * len(names), "slot": [0] * len(names), "position": list(range(len(names)))})
 
 
+def first_divergence(argv: list[str]) -> None:
+    """The --first-divergence mode (module docstring)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="bench_align.py --first-divergence")
+    ap.add_argument("archive", type=Path)
+    ap.add_argument("target")
+    ap.add_argument("bench")
+    ap.add_argument("--baseline", type=Path, required=True, help="a checkout of the baseline dumpdb")
+    ap.add_argument("--baseline-archive", type=Path, default=None)
+    ap.add_argument("--rounds", type=int, default=2)
+    args = ap.parse_args(argv)
+    here = Path(__file__).resolve().parent.parent
+    codes = {"this": (here, args.archive), "baseline": (args.baseline.resolve(), args.baseline_archive or args.archive)}
+    times: dict[str, list[tuple[float, float]]] = {k: [] for k in codes}
+    for r in range(args.rounds):
+        for label in (("baseline", "this") if r % 2 == 0 else ("this", "baseline")):
+            src, archive = codes[label]
+            env = dict(os.environ, PYTHONPATH=str(src))
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            t0 = time.perf_counter()
+            done = subprocess.run([sys.executable, "-m", "dumpdb", "first-divergence", "-a", str(archive),
+                                   args.target, args.bench], env=env, capture_output=True, text=True)
+            wall = time.perf_counter() - t0
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+            if done.returncode not in (0, 1):
+                sys.exit(f"{label} first-divergence failed (exit {done.returncode}): {done.stderr.strip()[-500:]}")
+            first = done.stdout.splitlines()[0] if done.stdout else ""
+            times[label].append((wall, cpu))
+            print(f"round {r + 1} {label:8s} ({src}): {wall:.1f} s wall, CPU {cpu:.1f} s: {first}")
+    best = {k: (min(w for w, _ in v), min(c for _, c in v)) for k, v in times.items()}
+    print(f"first-divergence {args.target} vs {args.bench}: best wall {best['this'][0]:.1f} s against "
+          f"{best['baseline'][0]:.1f} s = {best['this'][0] / best['baseline'][0]:.2f}x; best CPU "
+          f"{best['this'][1]:.1f} s against {best['baseline'][1]:.1f} s = {best['this'][1] / best['baseline'][1]:.2f}x")
+
+
 def main() -> None:
+    if "--first-divergence" in sys.argv:
+        first_divergence([a for a in sys.argv[1:] if a != "--first-divergence"])
+        return
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 100_000
     if "--content-only" in sys.argv:
         content(n)

@@ -66,11 +66,15 @@ different number of times -> cannot compare or compares the wrong API").
     ``net._backbone.x`` is ``net.x``; msprobe names without their call index) and its outputs'
     element counts (invariant under reshapes). Cast-only ops (MindSpore ``Cast``, msprobe
     ``to``/``float``/``half``/``type_as``... calls) are transparent: left out of the
-    sequence. Ops the diff leaves out whose token occurs equally often among the leftovers of
-    both sides (parameters dumped in another order) are paired too. Ops sharing one token
-    (the q/k/v reshapes of one attention) are re-paired by their catalog statistics (L2 norm,
-    mean, min, max) with the ``-opN`` counter as a weak hint, since the other graph may run
-    them in another order. Within a pair of ops, tensors pair by (io, slot, slot_path, arg_name).
+    sequence. The pairs made before (the name pairs the content check kept) are anchors:
+    the longest chain of them running forward on both sides cuts each side into stretches,
+    and the diff first pairs ops only within one stretch, then by token alone over what is
+    left (an op the other graph schedules elsewhere). Ops the diff leaves out whose token
+    occurs equally often among the leftovers of both sides (parameters dumped in another
+    order) are paired too. Ops sharing one token (the q/k/v reshapes of one attention) are
+    re-paired by their catalog statistics (L2 norm, mean, min, max) with the ``-opN``
+    counter and pairing across stretches as weak hints, since the other graph may run them
+    in another order. Within a pair of ops, tensors pair by (io, slot, slot_path, arg_name).
     Measured on real fp16 (O2) vs fp32 MindSpore Transformer dumps (tests/data/transformer):
     every fp32 tensor paired, every pair of the same op type, none with a worse partner than
     a brute-force search by cosine would find.
@@ -140,7 +144,7 @@ import csv
 import io as _io
 import math
 import re
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -153,7 +157,7 @@ import pyarrow.compute as pc
 import yaml
 
 from dumpdb.compare.choices import STRATEGIES
-from dumpdb.compare.sequence import diff
+from dumpdb.compare.sequence import diff, longest_chain
 from dumpdb.layouts.msprobe import parse_record_key
 
 __all__ = ["STRATEGIES", "Alignment", "align", "load_mapping", "normalize_name"]
@@ -628,6 +632,7 @@ def _sequence(p: _Pairing) -> None:
         return names, toks
 
     tops, bops = ops(p.t), ops(p.b)
+    anchors = _anchors(p, [k for k in tops if bops.get(k)])
     found = []
     for key, t_ops in tops.items():
         b_ops = bops.get(key)
@@ -635,19 +640,23 @@ def _sequence(p: _Pairing) -> None:
             continue
         tnames, ttok = tokens(p.t, t_ops)
         bnames, btok = tokens(p.b, b_ops)
-        matched = diff(ttok, btok)
-        matched += _moved(matched, ttok, btok)
         trows_, brows_ = [t_ops[n] for n in tnames], [b_ops[n] for n in bnames]
+        tseg, bseg = _segments(p.t, trows_, anchors[key][0]), _segments(p.b, brows_, anchors[key][1])
+        # first within the stretches between the pairs kept (the anchors), then what is left
+        # by token alone (an op the other graph runs elsewhere)
+        matched = diff([(*x, s) for x, s in zip(ttok, tseg)], [(*x, s) for x, s in zip(btok, bseg)])
+        matched += _leftover_diff(matched, ttok, btok)
+        matched += _moved(matched, ttok, btok)
         ct, cb = _content(p.t), _content(p.b)
         matched = _shift_gaps(matched, ttok, btok,
                               lambda ti, bi: _op_distance(ct, trows_[ti], cb, brows_[bi]))  # noqa: B023
-        found.append((t_ops, b_ops, tnames, bnames, ttok, matched))
+        found.append((t_ops, b_ops, tnames, bnames, ttok, matched, tseg, bseg))
     # Ops sharing a token (the q/k/v reshapes of one attention, say) may run in another order in
-    # the other graph: re-pair them by statistics and by the -opN counter as a weak hint.
-    for t_ops, b_ops, tnames, bnames, ttok, matched in found:
+    # the other graph: re-pair them by statistics, the -opN counter and the stretch as weak hints.
+    for t_ops, b_ops, tnames, bnames, ttok, matched, tseg, bseg in found:
         trows = [t_ops[n] for n in tnames]
         brows = [b_ops[n] for n in bnames]
-        for ti, bi in _repair(matched, ttok, _Cost(p.t, trows, tnames, p.b, brows, bnames)):
+        for ti, bi in _repair(matched, ttok, _Cost(p.t, trows, tnames, p.b, brows, bnames, tseg, bseg)):
             if len(trows[ti]) == 1 and len(brows[bi]) == 1:  # one tensor each: buckets() in short
                 i, j = trows[ti][0], brows[bi][0]
                 if p.t.leafs[i] == p.b.leafs[j] and p.t.free[i] and p.b.free[j]:
@@ -662,17 +671,66 @@ def _sequence(p: _Pairing) -> None:
             p.buckets(tb, bb, "sequence")
 
 
+def _anchors(p: _Pairing, keys: list) -> dict:
+    """Per (group, graph) in ``keys``: the execution-order keys (target list, bench list, both
+    increasing) of the longest chain of the pairs made before ``sequence`` (names the content
+    check kept) that runs forward on both sides. They split each side into stretches: the
+    k-th stretch is the ops after the k-th anchor, and an op is first aligned only within its
+    stretch. A rewritten softmax or relu leaves its family one call short, and the calls
+    of the others look alike in their statistics; the ops kept around them (the matmuls, the
+    convolutions) say which layer each call belongs to."""
+    want = set(keys)
+    by: dict = {k: [] for k in want}
+    t, b = p.t, p.b
+    tg, bg, tgr = t.graph_id, b.graph_id, t.group
+    tok, bok = t.okey, b.okey
+    for ti, bi, _ in p.pairs:
+        key = (tgr[ti], tg[ti])
+        if key in want and tg[ti] == bg[bi]:
+            by[key].append((tok[ti], bok[bi]))
+    out = {}
+    for key, pairs in by.items():
+        pairs.sort()
+        chain = longest_chain(pairs)
+        out[key] = ([x for x, _ in chain], [y for _, y in chain])
+    return out
+
+
+def _segments(s: _Side, rows: list[list[int]], anchor_keys: list[int]) -> list[int]:
+    """The stretch (:func:`_anchors`) of each op, by the execution-order key of its first row."""
+    okey = s.okey
+    return [bisect_right(anchor_keys, min(okey[i] for i in r)) for r in rows]
+
+
+def _leftover_diff(matched: list[tuple[int, int]], ttok: list, btok: list) -> list[tuple[int, int]]:
+    """:func:`diff` by token alone over the ops the first diff left unpaired on both sides."""
+    used_t = {ti for ti, _ in matched}
+    used_b = {bi for _, bi in matched}
+    lt = [i for i in range(len(ttok)) if i not in used_t]
+    lb = [j for j in range(len(btok)) if j not in used_b]
+    if not lt or not lb:
+        return []
+    return [(lt[i], lb[j]) for i, j in diff([ttok[i] for i in lt], [btok[j] for j in lb])]
+
+
 # Weight of a differing -opN counter against the statistics distance (measured on the real
 # fp16-vs-fp32 Transformer pair: statistics alone leave 4 of 417 pairs mispaired, the counter
 # alone 0, both 0; data flow through content hashes did worse and was dropped).
 W_COUNTER = 0.3
+# Weight of pairing across a stretch (_anchors): a hint of the same weight as the counter, so
+# statistics that tell ops apart still win (a MindSpore fp16 graph schedules its backward
+# Transposes around other kernels than the fp32 graph) and ops whose statistics look alike
+# (the softmax outputs of all layers) stay in their stretch.
+W_STRETCH = 0.3
 
 
 class _Cost:
     """Cost of pairing the ti-th target op with the bi-th bench op of one window."""
 
-    def __init__(self, t: _Side, trows: list, tnames: list, b: _Side, brows: list, bnames: list):
+    def __init__(self, t: _Side, trows: list, tnames: list, b: _Side, brows: list, bnames: list,
+                 tseg: list | None = None, bseg: list | None = None):
         self.t, self.trows, self.tnames, self.b, self.brows, self.bnames = t, trows, tnames, b, brows, bnames
+        self.tseg, self.bseg = tseg, bseg
         self.tcount: list | None = None
         self.bcount: list | None = None
 
@@ -680,7 +738,8 @@ class _Cost:
         if self.tcount is None or self.bcount is None:  # each name's -opN counter, once per window
             self.tcount, self.bcount = _counters(self.tnames), _counters(self.bnames)
         differ = self.tcount[ti] != self.bcount[bi] if W_COUNTER else False
-        return _distance(self.t, self.trows[ti], self.b, self.brows[bi]) + W_COUNTER * differ
+        apart = self.tseg is not None and self.bseg is not None and self.tseg[ti] != self.bseg[bi]
+        return _distance(self.t, self.trows[ti], self.b, self.brows[bi]) + W_COUNTER * differ + W_STRETCH * apart
 
 
 def _counter(name: str) -> str | None:
@@ -849,6 +908,11 @@ def _repair(pairs: list[tuple[int, int]], ttok: list, cost) -> list[tuple[int, i
 
 
 def _distance(t: _Side, trows: list[int], b: _Side, brows: list[int]) -> float:
+    """Sum over the tensors two ops share by leaf of |x - y| for l2norm, mean, min, max, each
+    over the larger L2 norm of the two tensors: a tensor of rounding noise on one side (a
+    gradient that is zero in exact arithmetic, L2 norm 1e-12 in fp32 and 3e-6 in fp16) adds
+    at most about 1 per statistic instead of 1e6, so it cannot outweigh the ops' other tensors
+    (MindSpore fp16 vs fp32 backward Concats and AdamWeightDecays were re-paired by it)."""
     bleaf = {b.leafs[i]: i for i in brows}
     d = 0.0
     for i in trows:
@@ -859,7 +923,7 @@ def _distance(t: _Side, trows: list[int], b: _Side, brows: list[int]) -> float:
                      (t.max[i], b.max[j])):
             if x is None or y is None or not (math.isfinite(x) and math.isfinite(y)):
                 continue
-            scale = max(abs(b.l2norm[j] or 0.0), 1e-30)
+            scale = max(abs(b.l2norm[j] or 0.0), abs(t.l2norm[i] or 0.0), 1e-30)
             d += abs(x - y) / scale
     return d
 

@@ -27,7 +27,7 @@ from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Hashable, Sequence
 
-__all__ = ["diff"]
+__all__ = ["diff", "longest_chain"]
 
 DP_CELLS = 2_500
 LOOKAHEAD = 64
@@ -86,6 +86,12 @@ def _anchors(a, b, a0, a1, b0, b1) -> list[tuple[int, int]]:
     cand = sorted((i, j) for k, js in pb.items() if len(js) == rarest and len(pa[k]) == rarest
                   for i, j in zip(pa[k], js))
     return _lis(cand)
+
+
+def longest_chain(pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The longest chain of ``pairs`` (sorted by i, distinct i) with j strictly increasing
+    (longest increasing subsequence, O(m log m))."""
+    return _lis(pairs)
 
 
 def _lis(pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -23,6 +23,7 @@ import pytest
 from conftest import ms_case, npy_files, npy_payload
 
 import dumpdb
+from dumpdb import runtime
 from dumpdb.errors import DumpdbError
 from dumpdb.ingestion import pipeline
 from dumpdb.progress import Reporter
@@ -124,7 +125,7 @@ def test_reporter_calls_wait_for_the_commit_in_flight_and_none_is_lost(tmp_path,
 
 def test_quiet_gc_restores_the_collector_even_on_error():
     before = gc.get_threshold()
-    with pytest.raises(RuntimeError), pipeline.quiet_gc(threshold=123_456):
+    with pytest.raises(RuntimeError), runtime.quiet_gc(threshold=123_456):
         assert gc.get_threshold()[0] == max(123_456, before[0])
         assert gc.get_freeze_count() > 0
         raise RuntimeError("inside")
@@ -138,7 +139,7 @@ def test_quiet_gc_keeps_a_freeze_the_process_made_itself():
     gc.freeze()
     try:
         frozen = gc.get_freeze_count()
-        with pipeline.quiet_gc():
+        with runtime.quiet_gc():
             pass
         # an unfreeze would empty the permanent generation; the count itself may drop by the
         # few frozen objects another thread of this test process frees meanwhile

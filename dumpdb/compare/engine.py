@@ -57,8 +57,6 @@ arrays), and the precision rules' departing inputs and cancellation candidates
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import json
 import multiprocessing
 import os
@@ -112,6 +110,7 @@ from dumpdb.compare.verdict import Columns as VerdictColumns
 from dumpdb.compare.verdict import Thresholds, op_results_columns
 from dumpdb.dtypes import from_catalog_name
 from dumpdb.errors import DumpdbError
+from dumpdb.runtime import quiet_gc
 
 INFLIGHT_BYTES = 256 << 20
 # Pairs of at most SMALL_ELEMENTS elements a side are read in storage order and computed
@@ -476,7 +475,7 @@ def compare(archive, target: str | Selection, bench: str | Selection, *, iterati
                                                            & _valid(b.column("content_hash"))).any()):
         res = _compute_statistics_only(t, b, progress)  # no payload to read: the store is not opened
     else:
-        with _gc_paused():
+        with quiet_gc():
             res = _compute(archive, t, b, mode, workers, progress, scheduler)
     view = _view(t, b, strategy, res)
     view.context["realigned"] = realigned
@@ -517,21 +516,6 @@ def compare(archive, target: str | Selection, bench: str | Selection, *, iterati
     _add_containers(archive, tsel.run, outcome.first_divergence)
     summary["first_difference"] = first_difference_of(results)
     return outcome
-
-
-@contextlib.contextmanager
-def _gc_paused():
-    """Python's cyclic garbage collector off for the block (restored after, also on error):
-    the tensor path allocates many short-lived objects (row dicts, arrays, futures) and no
-    cycle of its own; the collector's passes over them were 4 % of a tensor compare's CPU
-    (py-spy, the Transformer pair of docs/compare-kernel.md)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _arg_diff(archive, tsel: Selection, bsel: Selection, view: _View) -> pa.Array:

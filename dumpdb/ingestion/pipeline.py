@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import fcntl
-import gc
 import json
 import os
 import threading
@@ -87,6 +86,7 @@ from dumpdb.layouts import DumpScan, Layout, TensorEntry, locate
 from dumpdb.layouts.base import StatisticsFile, display_name, encodable
 from dumpdb.layouts.mindspore_kit import duplicate_row
 from dumpdb.progress import Reporter
+from dumpdb.runtime import quiet_gc
 from dumpdb.storage.store import BlobLocation, StoreWriter, TensorStore, payload_hash
 
 # Catalog commits: each opens the catalog read-write (~20 ms alone, far more while
@@ -367,30 +367,6 @@ def run_pipeline(start: Prepared, sink: Callable[[IngestReport], IngestSink], lo
             report.seconds = time.monotonic() - start.started
             start.reporter.finish()
     return report
-
-
-@contextlib.contextmanager
-def quiet_gc(threshold: int = 50_000) -> Iterator[None]:
-    """Python's cyclic garbage collector made cheap for the block, restored after: the
-    objects alive at its start (imports, the scan) are frozen out of every collection
-    (``gc.freeze``) and the youngest generation is collected every ``threshold``
-    allocations instead of 700. An ingest allocates a few dicts and small objects per file
-    and makes almost no cycles; the collections walking the scan's entries cost ~6 % of a
-    real dump's CPU (``perf``, issue 12). Objects are still collected, only less often."""
-    before = gc.get_threshold()
-    # a process that froze objects itself (a pre-fork server, an ingest in another thread)
-    # keeps its freeze: unfreeze() would thaw its objects too
-    freeze = gc.get_freeze_count() == 0
-    if freeze:
-        gc.freeze()
-    gc.set_threshold(max(threshold, before[0]), *before[1:])
-    try:
-        yield
-    finally:
-        if gc.get_threshold()[0] == max(threshold, before[0]):  # not changed meanwhile (another ingest's)
-            gc.set_threshold(*before)
-        if freeze:
-            gc.unfreeze()
 
 
 class Pipeline:

@@ -61,25 +61,46 @@ def test_whole_chunk_of_the_wrong_size_is_an_error_naming_the_pack(tmp_path, mon
         store.read(loc.array_path, loc.elem_offset, loc.elem_count, np.dtype(np.float32), big.shape)
 
 
-def test_chunk_decoded_by_two_threads_at_once_is_cached_and_counted_once(tmp_path, monkeypatch):
+def test_chunk_two_threads_want_at_once_is_decoded_once_and_counted_once(tmp_path, monkeypatch):
     small = np.arange(1000, dtype=np.float32)
     loc = _pack(tmp_path, {"small": small})["small"]
     store = TensorStore(tmp_path / "s.zarr")
     meta = store._pack(loc.array_path)
-    both_missed = threading.Barrier(2, timeout=10)
+    decoding, go = threading.Event(), threading.Event()
+    calls = []
     real_decode = store_mod.decode_frame
 
     def decode(*args, **kwargs):
-        both_missed.wait()  # both threads found the cache empty and decode the same chunk
+        calls.append(1)
+        decoding.set()
+        go.wait(10)  # the first decode lasts until the second thread has asked for the chunk
         return real_decode(*args, **kwargs)
 
     monkeypatch.setattr(store_mod, "decode_frame", decode)
     got: list[np.ndarray] = []
     threads = [threading.Thread(target=lambda: got.append(store._chunk(loc.array_path, meta, 0))) for _ in range(2)]
+    threads[0].start()
+    assert decoding.wait(10)
+    threads[1].start()
+    threads[1].join(0.5)  # it waits for the first thread's decode (or, started late, finds the chunk cached)
+    go.set()
     for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert len(got) == 2 and got[0] is got[1]  # the second thread takes the chunk the first cached
-    assert len(store._chunks) == 1
+        t.join(10)
+    assert len(calls) == 1
+    assert len(got) == 2 and got[0] is got[1] and got[0].tobytes() == small.tobytes()
+    assert len(store._chunks) == 1 and not store._decoding
     assert store._chunk_bytes == sum(c.nbytes for c in store._chunks.values())
+
+
+def test_chunk_that_fails_to_decode_raises_and_leaves_nothing_behind(tmp_path, monkeypatch):
+    loc = _pack(tmp_path, {"small": np.arange(10, dtype=np.float32)})["small"]
+    store = TensorStore(tmp_path / "s.zarr")
+    meta = store._pack(loc.array_path)
+
+    def broken(*args, **kwargs):
+        raise ValueError("damaged frame")
+
+    monkeypatch.setattr(store_mod, "decode_frame", broken)
+    with pytest.raises(ValueError, match="damaged frame"):
+        store._chunk(loc.array_path, meta, 0)
+    assert not store._chunks and not store._decoding and store._chunk_bytes == 0

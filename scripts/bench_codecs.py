@@ -18,7 +18,13 @@ real dump on this machine kind, issue 29); above 1 the codec ``COSTS`` more than
 ``--chunk-mb 4`` measures the store's large-array chunks instead of the packs' 1 MiB. Times are
 CPU seconds of this process (one thread): other processes sharing the cores do not inflate them.
 
+``--archive A`` measures an archive's packs as they are stored instead (every chunk of every
+pack, the chunk size and codec ingest chose): per dtype, their codec against Blosc lz4 + byte
+shuffle and raw bytes on the same chunks (stored bytes, decode CPU, read/raw as above). This is
+what a compare reads: the figures behind the packs' codec in docs/storage-design.md ("Reads").
+
     python scripts/bench_codecs.py DUMP [--max-mb 256] [--chunk-mb 1] [--disk-gbps 4.1]
+    python scripts/bench_codecs.py --archive A [--disk-gbps 4.1]
 """
 
 from __future__ import annotations
@@ -47,13 +53,19 @@ def candidates() -> dict[str, numcodecs.abc.Codec]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("dump", type=Path)
+    p.add_argument("dump", type=Path, nargs="?")
+    p.add_argument("--archive", type=Path, help="measure this archive's packs as stored (no DUMP)")
     p.add_argument("--max-mb", type=float, default=256)
     p.add_argument("--chunk-mb", type=float, default=1, help="chunk size (1: packs; 4: large arrays)")
     p.add_argument("--disk-gbps", type=float, default=4.1, help="storage read rate for the read/raw column")
     args = p.parse_args()
-    chunk = int(args.chunk_mb * 2**20)
     disk = args.disk_gbps * 1e9
+    if args.archive:
+        archive_packs(args.archive, disk)
+        return
+    if args.dump is None:
+        p.error("give DUMP or --archive")
+    chunk = int(args.chunk_mb * 2**20)
     limit = int(args.max_mb * 2**20)
     groups: dict[str, list[np.ndarray]] = defaultdict(list)
     sizes: dict[str, int] = defaultdict(int)
@@ -105,6 +117,53 @@ def main() -> None:
             read = (size / disk + (t2 - t1)) / raw_read
             print(f"{key:<10}{mb:8.1f}  {label:<26}{size / base:12.3f}{raw.size / size:9.2f}{mb / (t1 - t0):10.0f}"
                   f"{mb / (t2 - t1):10.0f}{read:10.2f}{'  COSTS' if read > 1 else ''}", flush=True)
+
+
+def archive_packs(archive: Path, disk: float) -> None:
+    """Per dtype of the archive's packs: bytes stored and decode CPU with the pack's own codec,
+    with Blosc lz4 + byte shuffle, and raw, over the same chunks (``--archive``)."""
+    from dumpdb.storage.store import TensorStore
+
+    blosc.set_nthreads(1)
+    store = TensorStore(archive / "tensors.zarr", read_only=True, verify=False)
+    rows: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0.0]))
+    raw_bytes: dict[str, float] = defaultdict(float)
+    packs = sorted(z.parent for z in (archive / "tensors.zarr" / "packs").glob("*/*/zarr.json"))
+    for path in packs:
+        meta = store._pack(str(path.relative_to(archive / "tensors.zarr")))
+        n_chunks = -(-meta.size // meta.chunk)
+        frames = [bytes(store.objects.get(meta.key, int(o), int(o) + int(nb))) for o, nb in meta.index[:n_chunks]]
+        key = f"{meta.dtype.name}/{meta.chunk * meta.dtype.itemsize >> 10}K"
+        t0 = time.process_time()
+        chunks = [np.frombuffer(meta.decoder.decode(f) if meta.decoder else f, meta.dtype) for f in frames]
+        stored = rows[key][f"stored ({'raw' if meta.decoder is None else meta.decoder.codec_id})"]
+        stored[0] += sum(map(len, frames))
+        stored[1] += time.process_time() - t0
+        raw_bytes[key] += sum(c.nbytes for c in chunks)
+        item = meta.dtype.itemsize
+        lz4 = numcodecs.Blosc(cname="lz4", clevel=5, shuffle=blosc.SHUFFLE if item > 1 else blosc.NOSHUFFLE,
+                              blocksize=meta.chunk * item, typesize=item)
+        lz4_frames = [lz4.encode(c) for c in chunks]
+        t0 = time.process_time()
+        for f in lz4_frames:
+            lz4.decode(f)
+        rows[key]["blosc-lz4-shuffle"][0] += sum(map(len, lz4_frames))
+        rows[key]["blosc-lz4-shuffle"][1] += time.process_time() - t0
+        scratch = np.empty(meta.chunk, meta.dtype)
+        t0 = time.process_time()
+        for c in chunks:  # raw: the bytes copied once
+            scratch[: c.size] = c
+        rows[key]["raw"][0] += sum(c.nbytes for c in chunks)
+        rows[key]["raw"][1] += time.process_time() - t0
+    print(f"{archive}: {len(packs)} packs")
+    print(f"{'dtype/chunk':<16}{'GB':>7}  {'codec':<26}{'stored/raw':>11}{'dec s':>8}{'dec GB/s':>9}{'read/raw':>10}")
+    for key, found in sorted(rows.items()):
+        raw_size, copy_s = found["raw"]
+        raw_read = raw_size / disk + copy_s
+        for label, (size, dec) in found.items():
+            read = (size / disk + dec) / raw_read
+            print(f"{key:<16}{raw_bytes[key] / 1e9:7.3f}  {label:<26}{size / raw_size:11.3f}{dec:8.2f}"
+                  f"{raw_size / 1e9 / max(dec, 1e-9):9.2f}{read:10.2f}{'  COSTS' if read > 1 else ''}", flush=True)
 
 
 if __name__ == "__main__":

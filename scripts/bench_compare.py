@@ -276,8 +276,11 @@ def tensor_scenario(args, dumpdb: str, out: Path) -> list[str]:
              f"{payload / GB / cat_s:.2f} GB/s per run)"]
     for label, wall, peak in compare(args, dumpdb, archive, out, "tensor", runs=runs):  # type: ignore[arg-type]
         per_run = payload / GB / wall
+        cpu = CPU_MEDIAN[label]  # CPU seconds: less moved than wall time by other processes' load
+        before = CPU_MEDIAN.get("before")
+        vs = f" = {cpu / before:.2f}x before" if label == "after" and before else ""
         lines.append(
-            f"tensor {label}: {wall:.2f} s = {wall / cat_s:.1f}x cat; {per_run:.3f} GB/s per run   "
+            f"tensor {label}: {wall:.2f} s = {wall / cat_s:.1f}x cat; {per_run:.3f} GB/s per run; cpu {cpu:.2f} s{vs}   "
             f"target >= {TARGET_GBPS}: {mark(per_run >= TARGET_GBPS)}; peak RSS {peak:.0f} MB "
             f"(target <= {TARGET_PEAK_MB}: {mark(peak <= TARGET_PEAK_MB)})")
     return lines

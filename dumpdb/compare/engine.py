@@ -727,7 +727,19 @@ def _plan_large(t: pa.Table, b: pa.Table, large: np.ndarray, fast: bool) -> tupl
             todo.append((i, x, y))
         else:
             repeats.append((i, lead))
+    todo.sort(key=_storage_order)
     return todo, repeats
+
+
+def _storage_order(item: tuple[int, dict, dict]) -> tuple:
+    """Where a pair's target payload lies (pack or array, offset), then its bench payload's:
+    computing the pairs in this order rather than execution order reads each pack chunk
+    while it is in the store's chunk cache. Payloads of 256 KiB - 16 MiB share 4 MiB chunks;
+    in execution order the 64 MiB cache lost them between neighbours, and the Transformer
+    pair decoded every pack chunk about 6 times (5.3 GB decoded for 0.87 GB stored; issue 29).
+    Results land by row, so the order changes no value."""
+    _, x, y = item
+    return (x["array_path"] or "", x["elem_offset"] or 0, y["array_path"] or "", y["elem_offset"] or 0)
 
 
 def _compute_remote(archive, scheduler: str, workers, t: pa.Table, b: pa.Table, small: np.ndarray,

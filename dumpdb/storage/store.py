@@ -338,6 +338,7 @@ class TensorStore:
         self._chunks: OrderedDict[tuple[str, int], np.ndarray] = OrderedDict()
         self._chunk_bytes = 0
         self._chunk_cache_limit = chunk_cache_bytes
+        self._decoding: dict[tuple[str, int], Future] = {}  # chunks a thread is decoding now
         self._large_metas: OrderedDict[str, _LargeMeta | None] = OrderedDict()
         self._lock = threading.Lock()
         self._decode_pool: ThreadPoolExecutor | None = None
@@ -377,21 +378,41 @@ class TensorStore:
             if data is not None:
                 self._chunks.move_to_end(key)
                 return data
-        offset, nbytes = (int(v) for v in meta.index[i])
-        if offset == EMPTY_CHUNK:
-            data = np.zeros(meta.chunk, dtype=meta.dtype)
-        else:
-            frame = self.objects.get(meta.key, offset, offset + nbytes)  # one ranged read
-            data = np.frombuffer(decode_frame(meta.decoder, frame, self.objects.where(meta.key), i), dtype=meta.dtype)
-            if data.size != meta.chunk:
-                raise ValueError(f"{self.objects.where(meta.key)}: chunk {i} decodes to {data.size} elements, "
-                                 f"not {meta.chunk}")
+            # Another thread decoding this chunk now: wait for its result rather than decode
+            # it a second time (compare's two workers read neighbouring payloads at once).
+            pending = self._decoding.get(key)
+            if pending is None:
+                mine: Future = Future()
+                self._decoding[key] = mine
+        if pending is not None:
+            return pending.result()
+        try:
+            data = self._decode_chunk(meta, i)
+        except BaseException as exc:
+            with self._lock:
+                del self._decoding[key]
+            mine.set_exception(exc)
+            raise
         with self._lock:
+            del self._decoding[key]
             self._chunks[key] = data
             self._chunk_bytes += data.nbytes
             while self._chunk_bytes > self._chunk_cache_limit and len(self._chunks) > 1:
                 _, old = self._chunks.popitem(last=False)
                 self._chunk_bytes -= old.nbytes
+        mine.set_result(data)
+        return data
+
+    def _decode_chunk(self, meta: _PackMeta, i: int) -> np.ndarray:
+        """Chunk ``i`` of a pack, read and decoded (read-only)."""
+        offset, nbytes = (int(v) for v in meta.index[i])
+        if offset == EMPTY_CHUNK:
+            return np.zeros(meta.chunk, dtype=meta.dtype)
+        frame = self.objects.get(meta.key, offset, offset + nbytes)  # one ranged read
+        data = np.frombuffer(decode_frame(meta.decoder, frame, self.objects.where(meta.key), i), dtype=meta.dtype)
+        if data.size != meta.chunk:
+            raise ValueError(f"{self.objects.where(meta.key)}: chunk {i} decodes to {data.size} elements, "
+                             f"not {meta.chunk}")
         return data
 
     def read_pack_range(self, array_path: str, start: int, count: int) -> np.ndarray:
@@ -423,12 +444,42 @@ class TensorStore:
         out = np.empty(count, dtype=meta.dtype)
         pos = 0
         for i in range(first, last + 1):
-            chunk = self._chunk(array_path, meta, i)
             lo = max(start - i * meta.chunk, 0)
             hi = min(start + count - i * meta.chunk, meta.chunk)
+            if hi - lo == meta.chunk and self._decode_into(array_path, meta, i, out[pos : pos + meta.chunk]):
+                pos += meta.chunk
+                continue
+            chunk = self._chunk(array_path, meta, i)
             out[pos : pos + hi - lo] = chunk[lo:hi]
             pos += hi - lo
         return out, True
+
+    def _decode_into(self, array_path: str, meta: _PackMeta, i: int, dest: np.ndarray) -> bool:
+        """Chunk ``i`` of a pack decoded straight into ``dest`` (its size), bypassing the chunk
+        cache: a chunk a payload covers whole belongs to that payload alone, so caching it
+        saves nothing, and decoding into the result saves an allocation and a copy of every
+        such chunk (issue 29, docs/storage-design.md "Reads"). False (nothing done) when the
+        chunk is cached already, is empty, or its codec does not say its decoded size up front
+        (plain zstd: one-byte dtypes, archives before issue 13): then :meth:`_chunk` serves it.
+        Raises ValueError naming the pack for a frame that does not decode to the chunk's size."""
+        with self._lock:
+            if (array_path, i) in self._chunks or (array_path, i) in self._decoding:
+                return False
+        if meta.decoder is not None and not isinstance(meta.decoder, numcodecs.Blosc):
+            return False
+        offset, nbytes = (int(v) for v in meta.index[i])
+        if offset == EMPTY_CHUNK:
+            return False
+        frame = self.objects.get(meta.key, offset, offset + nbytes)  # one ranged read
+        where = self.objects.where(meta.key)
+        if meta.decoder is not None:
+            # c-blosc 1.x frame header: bytes 4-7 are the decoded size (uint32, little-endian)
+            size = int.from_bytes(bytes(frame[4:8]), "little") if len(frame) >= 16 else -1
+            if size != dest.nbytes:  # decode() would fill dest only partly, silently
+                raise ValueError(f"{where}: chunk {i} decodes to {size // meta.dtype.itemsize} elements, "
+                                 f"not {meta.chunk}")
+        decode_frame(meta.decoder, frame, where, i, out=dest)
+        return True
 
     @staticmethod
     def create(location: str | os.PathLike[str] | Store, storage_options: dict[str, Any] | None = None) -> None:

@@ -382,6 +382,7 @@ THREAD_MAX_WORKERS = 4  # ~1/6 of the metrics' time holds the GIL: threads stop 
 PROCESS_MIN_BYTES_MANY = 64 << 20  # with more workers than that, processes from this size on
 
 
+@quiet_gc()  # the whole compare (a statistics compare builds 10^5 rows of Python objects), not only tensor work
 def compare(archive, target: str | Selection, bench: str | Selection, *, iteration: int | None = None,
             rank: int | None = None, mapping: str | os.PathLike | Mapping[str, str] | None = None,
             strategies: Sequence[str] = STRATEGIES, thresholds: Thresholds | None = None,

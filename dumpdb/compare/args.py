@@ -59,12 +59,18 @@ def arg_diff(target: Mapping[str, Any], bench: Mapping[str, Any]) -> str | None:
     return "; ".join(items[:MAX_ITEMS]) + (f" (+{more} more)" if more > 0 else "")
 
 
-def _records(con, run: str, names: list[str]) -> dict[tuple, dict[str, Any]]:
-    """(rank, iteration, op_name) -> scalar arguments of ``run``'s msprobe records named in ``names``."""
+def _records(con, run: str, names: list[str], bare: bool = False) -> dict[tuple, dict[str, Any]]:
+    """(rank, iteration, op_name) -> scalar arguments of ``run``'s msprobe records named in
+    ``names`` that hold a scalar leaf (``bare``: ``{}`` for each of the others instead)."""
     # a record without the text "value" has no scalar leaf (scalar_args keeps only leaves with a
     # "value" key): {} without sending or parsing it (most records of a statistics dump)
-    rows = con.execute("SELECT rank, iteration, op_name, CASE WHEN contains(record, '\"value\"') THEN record END "
-                       "FROM msprobe_records WHERE run = ? AND op_name IN (SELECT unnest(?))", [run, names]).fetchall()
+    has_value = "coalesce(contains(record, '\"value\"'), false)"
+    if bare:
+        return {(rank, iteration, op_name): {} for rank, iteration, op_name in con.execute(
+            f"SELECT rank, iteration, op_name FROM msprobe_records WHERE run = ? AND NOT {has_value} "
+            "AND op_name IN (SELECT unnest(?))", [run, names]).fetchall()}
+    rows = con.execute(f"SELECT rank, iteration, op_name, record FROM msprobe_records WHERE run = ? AND {has_value} "
+                       "AND op_name IN (SELECT unnest(?))", [run, names]).fetchall()
     out = {}
     for rank, iteration, op_name, record in rows:
         try:
@@ -107,8 +113,15 @@ def arg_diff_column(con, target_run: str, bench_run: str, pairs: Mapping[str, li
     has = con.execute("SELECT count(*) FROM msprobe_records WHERE run IN (?, ?)", [target_run, bench_run]).fetchall()
     if has[0][0]:
         tn, bn = pairs["target_name"], pairs["bench_name"]
-        trec = _records(con, target_run, sorted({x for x in tn if x is not None}))
-        brec = _records(con, bench_run, sorted({x for x in bn if x is not None}))
+        tnames, bnames = sorted({x for x in tn if x is not None}), sorted({x for x in bn if x is not None})
+        trec, brec = _records(con, target_run, tnames), _records(con, bench_run, bnames)
+        if not trec and not brec:
+            # no record of either run holds a scalar (a statistics dump): every pair's is None
+            # (arg_diff of two empty records, or a side without a record), nothing more to read
+            return out
+        # the records without scalars count as {}: against a side's recorded scalars they differ
+        trec = {**_records(con, target_run, tnames, bare=True), **trec}
+        brec = {**_records(con, bench_run, bnames, bare=True), **brec}
         tkeys = list(zip(pairs["rank"], pairs["iteration"], tn))
         bkeys = list(zip(pairs["bench_rank"], pairs["bench_iteration"], bn))
     else:

@@ -526,7 +526,7 @@ def _arg_diff(archive, tsel: Selection, bsel: Selection, view: _View) -> pa.Arra
 
     ctx = view.context
     with archive.reader() as con:
-        col = arg_diff_column(con, tsel.run, bsel.run, {k: ctx[k].to_pylist() for k in (
+        col = arg_diff_column(con, tsel.run, bsel.run, {k: ctx[k] for k in (
             "target_name", "bench_name", "rank", "iteration", "bench_rank", "bench_iteration", "scope_name",
             "bench_scope_name", "graph_id", "bench_graph_id")})
     return pa.nulls(view.n, pa.string()) if col is None else pa.array(col, pa.string())

@@ -133,7 +133,7 @@ class PayloadMemory:
     :class:`~dumpdb.dumpio.ReadBuffer` (new content, kept until its pack is written).
 
     A fresh array per payload costs the kernel a zeroed page for every page touched
-    (``perf`` of the conv-net ingest: half of the ~10 % of its CPU spent in
+    (``perf`` of the conv-net ingest: half of the 16 % of its CPU the kernel spent in
     ``clear_page``; issue 29): a block whose payload was written and dropped is reused
     instead. A block is free when nothing refers to it any more: every array made from it
     (the payload, the writer's flat views) holds a reference to it, so its reference count
@@ -150,6 +150,9 @@ class PayloadMemory:
         self.reused = 0  # copies made into a block that held an earlier payload
         self.lock = threading.Lock()
         self.recycle = hasattr(sys, "getrefcount")
+        # the count of a block only this list holds, measured the way _take measures (an
+        # interpreter may or may not count getrefcount's own argument)
+        self.free_count = self._count([np.empty(1, np.uint8)], 0) if self.recycle else 0
 
     def copy(self, array: np.ndarray) -> np.ndarray:
         """A C-order copy of ``array`` (in a free block when one fits)."""
@@ -161,13 +164,17 @@ class PayloadMemory:
         np.copyto(out, array, casting="no")
         return out
 
+    @staticmethod
+    def _count(blocks: list[np.ndarray], i: int) -> int:
+        """The reference count of ``blocks[i]``: :attr:`free_count` when nothing else holds it."""
+        return sys.getrefcount(blocks[i])
+
     def _take(self, n: int) -> np.ndarray | None:
         with self.lock:
             best = -1
             for i in range(len(self.blocks)):
-                # 2 references when free: the list's and getrefcount's argument
                 size = self.blocks[i].nbytes
-                if n <= size <= 2 * n + self.ROUND and sys.getrefcount(self.blocks[i]) == 2 and (
+                if n <= size <= 2 * n + self.ROUND and self._count(self.blocks, i) == self.free_count and (
                         best < 0 or size < self.blocks[best].nbytes):
                     best = i
             if best >= 0:
@@ -175,7 +182,7 @@ class PayloadMemory:
                 return self.blocks[best]
             size = -(-n // self.ROUND) * self.ROUND
             while self.held + size > self.limit_bytes:  # room for a new block: drop free ones that do not fit
-                free = [i for i in range(len(self.blocks)) if sys.getrefcount(self.blocks[i]) == 2]
+                free = [i for i in range(len(self.blocks)) if self._count(self.blocks, i) == self.free_count]
                 if not free:
                     return None
                 self.held -= self.blocks.pop(free[0]).nbytes

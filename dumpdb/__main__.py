@@ -8,6 +8,7 @@ as one line, "interrupted", with exit code 130.
 import sys
 
 from dumpdb import sigint
+from dumpdb.runtime import quiet_exit
 
 # Commands that build Arrow tables from Python lists and numpy arrays and never use pandas.
 NO_PANDAS_COMMANDS = ("ingest", "ingest-worker", "commit", "compare")
@@ -47,6 +48,7 @@ class _NoPandas:
 def main() -> None:
     """Entry point of the ``dumpdb`` command (see :mod:`dumpdb.cli`; Ctrl-C at any moment exits 130)."""
     sigint.install()
+    quiet_exit()
     try:
         if len(sys.argv) > 1 and sys.argv[1] in NO_PANDAS_COMMANDS:
             skip_pandas_probe()

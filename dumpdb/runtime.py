@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import gc
 from collections.abc import Iterator
@@ -30,3 +31,14 @@ def quiet_gc(threshold: int = 50_000) -> Iterator[None]:
             gc.set_threshold(*before)
         if freeze:
             gc.unfreeze()
+
+
+def quiet_exit() -> None:
+    """At interpreter exit, skip the last full collection of the cyclic collector: every object
+    still alive is frozen first (``gc.freeze``), so ``Py_FinalizeEx``'s collection has nothing to
+    walk. A command that built a large result (a compare's 100,000 rows of Python objects) spent
+    0.15-0.2 s of CPU there for nothing: the process ends and the operating system takes its
+    memory back. Objects are still released by reference counting during finalization, so files
+    and connections a command leaves open are closed as before. For the ``dumpdb`` process only
+    (``dumpdb.__main__``), never in a library call."""
+    atexit.register(gc.freeze)

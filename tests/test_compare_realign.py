@@ -309,3 +309,28 @@ def test_ir_arguments_not_recorded_on_one_side_are_no_difference():
              "bench_scope_name": ["a", "c"], "graph_id": [1, 1], "bench_graph_id": [1, 1]}
     column = arg_diff_column(con, "t", "b", pairs)
     assert column is not None and list(column) == [None, "input.4: 1e-05 -> 0.5"]
+
+
+def test_msprobe_records_without_scalars_count_as_empty_against_recorded_ones():
+    """Issue 29 item 5: records holding no scalar are not read when neither run records
+    any (a statistics dump: every pair's arg_diff is None); when one run does, a record
+    without scalars (or NULL) is ``{}`` against it, and an op without a record is no difference."""
+    import duckdb
+
+    from dumpdb.compare.args import arg_diff_column
+
+    con = duckdb.connect()
+    con.execute("CREATE TABLE msprobe_records (run VARCHAR, rank INT, iteration INT, op_name VARCHAR, record VARCHAR)")
+    scalar = '{"input_kwargs": {"eps": {"type": "float", "value": 0.5}}}'
+    bare = '{"input_args": [{"type": "torch.Tensor", "Max": 1.0}]}'
+    con.execute("INSERT INTO msprobe_records VALUES ('t', 0, 0, 'a', ?), ('b', 0, 0, 'a', ?), "
+                "('t', 0, 0, 'n', ?), ('b', 0, 0, 'n', NULL), ('t', 0, 0, 'c', ?), ('b', 0, 0, 'c', ?), "
+                "('t', 0, 0, 'm', ?), ('s', 0, 0, 'a', ?), ('r', 0, 0, 'a', ?)",
+                [scalar, bare, scalar, scalar, scalar, scalar, bare, bare])
+    names = ["a", "n", "c", "m"]
+    pairs = {"target_name": names, "bench_name": names, "rank": [0] * 4, "iteration": [0] * 4,
+             "bench_rank": [0] * 4, "bench_iteration": [0] * 4}
+    column = arg_diff_column(con, "t", "b", pairs)
+    assert column is not None and list(column) == ["input.eps: - -> 0.5", "input.eps: - -> 0.5", None, None]
+    column = arg_diff_column(con, "s", "r", {k: v[:1] for k, v in pairs.items()})
+    assert column is not None and list(column) == [None]

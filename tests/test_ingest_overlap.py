@@ -148,6 +148,46 @@ def test_quiet_gc_keeps_a_freeze_the_process_made_itself():
         gc.unfreeze()
 
 
+def test_the_dumpdb_process_exits_without_a_last_collection():
+    """Issue 29 item 5: the ``dumpdb`` process freezes what is alive at exit
+    (``runtime.quiet_exit``), so the interpreter's last full collection walks nothing; a
+    handler registered before the command runs after it (atexit is last in, first out)."""
+    script = (
+        "import atexit, gc, runpy, sys\n"
+        "atexit.register(lambda: print('frozen at exit:', gc.get_freeze_count()))\n"
+        "sys.argv = ['dumpdb', '--version']\n"
+        "runpy.run_module('dumpdb', run_name='__main__')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr
+    assert int(proc.stdout.strip().splitlines()[-1].split(":")[1]) > 1000
+
+
+def test_a_statistics_compare_runs_with_the_collector_quiet(tmp_path, monkeypatch):
+    """Issue 29 item 5: the whole compare, not only its tensor work, runs under
+    ``runtime.quiet_gc`` (a statistics compare builds its rows as Python objects)."""
+    from dumpdb.compare import engine
+
+    dump = REPO / "tests" / "data" / "msprobe" / "statistics_mix_md5"
+    archive = tmp_path / "a.dumpdb"
+    assert dumpdb.ingest(dump, archive, run="t").ok and dumpdb.ingest(dump, archive, run="b").ok
+    seen = []
+    judge = engine._judge_precision
+
+    def spy(*args, **kwargs):
+        seen.append((gc.get_threshold()[0], gc.get_freeze_count()))
+        return judge(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "_judge_precision", spy)
+    before = gc.get_threshold()
+    with dumpdb.open(archive) as arch:
+        outcome = arch.comparison("t", "b", mode="statistics")
+    assert outcome.summary["pairs"] > 0 and len(seen) == 1
+    assert seen[0][0] >= 50_000 and seen[0][1] > 0
+    assert gc.get_threshold() == before
+
+
 def test_the_ingest_command_skips_pandas_yet_pandas_works_after(tmp_path):
     pytest.importorskip("pandas", reason="pandas not installed (pip install 'dumpdb[frames]'; the test extra and "
                         ".ci/run install it): checks that pandas still works after an ingest skipped it")

@@ -59,12 +59,18 @@ def arg_diff(target: Mapping[str, Any], bench: Mapping[str, Any]) -> str | None:
     return "; ".join(items[:MAX_ITEMS]) + (f" (+{more} more)" if more > 0 else "")
 
 
-def _records(con, run: str, names: list[str]) -> dict[tuple, dict[str, Any]]:
-    """(rank, iteration, op_name) -> scalar arguments of ``run``'s msprobe records named in ``names``."""
+def _records(con, run: str, names: list[str], bare: bool = False) -> dict[tuple, dict[str, Any]]:
+    """(rank, iteration, op_name) -> scalar arguments of ``run``'s msprobe records named in
+    ``names`` that hold a scalar leaf (``bare``: ``{}`` for each of the others instead)."""
     # a record without the text "value" has no scalar leaf (scalar_args keeps only leaves with a
     # "value" key): {} without sending or parsing it (most records of a statistics dump)
-    rows = con.execute("SELECT rank, iteration, op_name, CASE WHEN contains(record, '\"value\"') THEN record END "
-                       "FROM msprobe_records WHERE run = ? AND op_name IN (SELECT unnest(?))", [run, names]).fetchall()
+    has_value = "coalesce(contains(record, '\"value\"'), false)"
+    if bare:
+        return {(rank, iteration, op_name): {} for rank, iteration, op_name in con.execute(
+            f"SELECT rank, iteration, op_name FROM msprobe_records WHERE run = ? AND NOT {has_value} "
+            "AND op_name IN (SELECT unnest(?))", [run, names]).fetchall()}
+    rows = con.execute(f"SELECT rank, iteration, op_name, record FROM msprobe_records WHERE run = ? AND {has_value} "
+                       "AND op_name IN (SELECT unnest(?))", [run, names]).fetchall()
     out = {}
     for rank, iteration, op_name, record in rows:
         try:
@@ -93,6 +99,28 @@ def _ir_args(con, run: str, scopes: list[str]) -> dict[tuple, dict[str, Any]]:
     return out
 
 
+class _PairColumns:
+    """:func:`arg_diff_column`'s ``pairs`` read as lists, each converted once when first needed
+    (an Arrow array's ``to_pylist`` makes 10^5 Python objects)."""
+
+    def __init__(self, pairs: Mapping[str, Any]):
+        self.pairs = pairs
+        self.lists: dict[str, list] = {}
+
+    def __getitem__(self, key: str) -> list:
+        if key not in self.lists:
+            value = self.pairs[key]
+            self.lists[key] = value.to_pylist() if hasattr(value, "to_pylist") else list(value)
+        return self.lists[key]
+
+    def names(self, key: str) -> list:
+        """The distinct non-null values of column ``key``, sorted."""
+        value = self.pairs[key]
+        if hasattr(value, "unique") and key not in self.lists:  # an Arrow array: distinct values in C
+            return sorted(x for x in value.unique().to_pylist() if x is not None)
+        return sorted({x for x in self[key] if x is not None})
+
+
 def arg_diff_column(con, target_run: str, bench_run: str, pairs: Mapping[str, list]) -> np.ndarray | None:
     """``arg_diff`` of each compared pair (an object array of str/None, one per pair), or
     None when neither run records scalar arguments (the column is then NULL).
@@ -100,27 +128,34 @@ def arg_diff_column(con, target_run: str, bench_run: str, pairs: Mapping[str, li
     ``con``: a catalog connection. ``pairs``: per-pair lists ``target_name``,
     ``bench_name``, ``rank``, ``iteration``, ``bench_rank``, ``bench_iteration`` (msprobe:
     the records' keys) and ``scope_name``, ``bench_scope_name``, ``graph_id``,
-    ``bench_graph_id`` (MindSpore: the IR node of each side, ``ops.scalar_args``). A pair
-    whose op has no record or node on either side gets None."""
+    ``bench_graph_id`` (MindSpore: the IR node of each side, ``ops.scalar_args``), each a
+    list or an Arrow array (read only where needed: a statistics dump whose records hold no
+    scalar reads the names alone). A pair whose op has no record or node on either side gets None."""
+    col = _PairColumns(pairs)
     n = len(pairs["target_name"])
     out = np.full(n, None, dtype=object)
     has = con.execute("SELECT count(*) FROM msprobe_records WHERE run IN (?, ?)", [target_run, bench_run]).fetchall()
     if has[0][0]:
-        tn, bn = pairs["target_name"], pairs["bench_name"]
-        trec = _records(con, target_run, sorted({x for x in tn if x is not None}))
-        brec = _records(con, bench_run, sorted({x for x in bn if x is not None}))
-        tkeys = list(zip(pairs["rank"], pairs["iteration"], tn))
-        bkeys = list(zip(pairs["bench_rank"], pairs["bench_iteration"], bn))
+        tnames, bnames = col.names("target_name"), col.names("bench_name")
+        trec, brec = _records(con, target_run, tnames), _records(con, bench_run, bnames)
+        if not trec and not brec:
+            # no record of either run holds a scalar (a statistics dump): every pair's is None
+            # (arg_diff of two empty records, or a side without a record), nothing more to read
+            return out
+        # the records without scalars count as {}: against a side's recorded scalars they differ
+        trec = {**_records(con, target_run, tnames, bare=True), **trec}
+        brec = {**_records(con, bench_run, bnames, bare=True), **brec}
+        tkeys = list(zip(col["rank"], col["iteration"], col["target_name"]))
+        bkeys = list(zip(col["bench_rank"], col["bench_iteration"], col["bench_name"]))
     else:
         has = con.execute("SELECT count(*) FROM ops WHERE run IN (?, ?) AND scalar_args IS NOT NULL",
                           [target_run, bench_run]).fetchall()
         if not has[0][0]:
             return None
-        ts, bs = pairs["scope_name"], pairs["bench_scope_name"]
-        trec = _ir_args(con, target_run, sorted({x for x in ts if x is not None}))
-        brec = _ir_args(con, bench_run, sorted({x for x in bs if x is not None}))
-        tkeys = list(zip(pairs["rank"], pairs["graph_id"], ts))
-        bkeys = list(zip(pairs["bench_rank"], pairs["bench_graph_id"], bs))
+        trec = _ir_args(con, target_run, col.names("scope_name"))
+        brec = _ir_args(con, bench_run, col.names("bench_scope_name"))
+        tkeys = list(zip(col["rank"], col["graph_id"], col["scope_name"]))
+        bkeys = list(zip(col["bench_rank"], col["bench_graph_id"], col["bench_scope_name"]))
     cache: dict[tuple, str | None] = {}
     for i, key in enumerate(zip(tkeys, bkeys)):
         if key not in cache:

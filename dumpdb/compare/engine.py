@@ -382,6 +382,7 @@ THREAD_MAX_WORKERS = 4  # ~1/6 of the metrics' time holds the GIL: threads stop 
 PROCESS_MIN_BYTES_MANY = 64 << 20  # with more workers than that, processes from this size on
 
 
+@quiet_gc()  # the whole compare (a statistics compare builds 10^5 rows of Python objects), not only tensor work
 def compare(archive, target: str | Selection, bench: str | Selection, *, iteration: int | None = None,
             rank: int | None = None, mapping: str | os.PathLike | Mapping[str, str] | None = None,
             strategies: Sequence[str] = STRATEGIES, thresholds: Thresholds | None = None,
@@ -525,7 +526,7 @@ def _arg_diff(archive, tsel: Selection, bsel: Selection, view: _View) -> pa.Arra
 
     ctx = view.context
     with archive.reader() as con:
-        col = arg_diff_column(con, tsel.run, bsel.run, {k: ctx[k].to_pylist() for k in (
+        col = arg_diff_column(con, tsel.run, bsel.run, {k: ctx[k] for k in (
             "target_name", "bench_name", "rank", "iteration", "bench_rank", "bench_iteration", "scope_name",
             "bench_scope_name", "graph_id", "bench_graph_id")})
     return pa.nulls(view.n, pa.string()) if col is None else pa.array(col, pa.string())

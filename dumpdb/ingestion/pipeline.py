@@ -70,6 +70,7 @@ from dumpdb.ingestion.workers import (
     THREAD_BATCH_BYTES,
     Loaded,
     LoadTask,
+    PayloadMemory,
     PayloadRef,
     batches,
     dask_executor,
@@ -100,6 +101,9 @@ STATISTIC_BATCH_BYTES = 8 << 20
 INFLIGHT_COUNT = 64
 READ_BUFFER_MIN_BYTES = 256 << 10  # files from this size are read into a reader thread's ReadBuffer (_load)
 THREAD_INFLIGHT_BYTES = 64 << 20  # reader threads: past INFLIGHT_COUNT files, more only while under this
+# new payloads copied out of the reader threads' buffers live until their pack is written: at most
+# INFLIGHT_BYTES being read plus the writer's buffered and in-flight packs; this much is recycled
+PAYLOAD_MEMORY_BYTES = 384 << 20
 
 # Arrow schemas of the rows this pipeline writes, from the catalog schema (the
 # migrations); columns filled by a default (ids, timestamps) are left out. blobs/arrays
@@ -412,6 +416,7 @@ class Pipeline:
         self.in_commit: Future | None = None  # the commit in flight
         self.told: deque[tuple] = deque()  # reporter calls waiting for the commit in flight (_tell)
         self.local = threading.local()  # per reader thread: its ReadBuffer (_load)
+        self.memory = PayloadMemory(PAYLOAD_MEMORY_BYTES)  # new payloads copied out of a ReadBuffer (_load)
 
     # -- setup ---------------------------------------------------------------
     def _hashes(self, entries: list[TensorEntry]) -> dict[str, tuple[str | None, str | None]]:
@@ -678,7 +683,7 @@ class Pipeline:
             if buffer is None:
                 buffer = self.local.buffer = ReadBuffer()
         return load_entry(self.layout, entry, size, self.stats_cache, stats=stats, known_stats=known,
-                          buffer=buffer, stored=self._stored_ref)
+                          buffer=buffer, stored=self._stored_ref, memory=self.memory)
 
     def _stored_ref(self, item: Loaded) -> PayloadRef | None:
         """Reader thread: a reference to ``item``'s payload if its content is durable or

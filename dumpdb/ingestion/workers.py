@@ -34,6 +34,8 @@ import multiprocessing
 import operator
 import os
 import signal
+import sys
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor
 from contextlib import contextmanager
@@ -126,6 +128,70 @@ class LoadTask:
     row: tuple[str, str, tuple[str, ...]] | None = None  # (run, stats label, entry columns): build rows here
 
 
+class PayloadMemory:
+    """Memory recycled for the payloads reader threads copy out of their
+    :class:`~dumpdb.dumpio.ReadBuffer` (new content, kept until its pack is written).
+
+    A fresh array per payload costs the kernel a zeroed page for every page touched
+    (``perf`` of the conv-net ingest: half of the 16 % of its CPU the kernel spent in
+    ``clear_page``; issue 29): a block whose payload was written and dropped is reused
+    instead. A block is free when nothing refers to it any more: every array made from it
+    (the payload, the writer's flat views) holds a reference to it, so its reference count
+    says so (CPython; elsewhere every copy is fresh memory). Memory: at most ``limit_bytes``
+    of blocks are kept (free or in use); past that a copy is fresh memory as before.
+    Thread-safe. Copies are C order, as ``ndarray.copy()``."""
+
+    ROUND = 64 << 10  # block sizes are multiples of this; a block takes payloads of half its size up
+
+    def __init__(self, limit_bytes: int):
+        self.limit_bytes = limit_bytes
+        self.blocks: list[np.ndarray] = []  # uint8, owned here
+        self.held = 0  # bytes of self.blocks
+        self.reused = 0  # copies made into a block that held an earlier payload
+        self.lock = threading.Lock()
+        self.recycle = hasattr(sys, "getrefcount")
+        # the count of a block only this list holds, measured the way _take measures (an
+        # interpreter may or may not count getrefcount's own argument)
+        self.free_count = self._count([np.empty(1, np.uint8)], 0) if self.recycle else 0
+
+    def copy(self, array: np.ndarray) -> np.ndarray:
+        """A C-order copy of ``array`` (in a free block when one fits)."""
+        n = array.nbytes
+        block = self._take(n) if self.recycle and n and not array.dtype.hasobject else None
+        if block is None:
+            return array.copy()
+        out = block[:n].view(array.dtype).reshape(array.shape)
+        np.copyto(out, array, casting="no")
+        return out
+
+    @staticmethod
+    def _count(blocks: list[np.ndarray], i: int) -> int:
+        """The reference count of ``blocks[i]``: :attr:`free_count` when nothing else holds it."""
+        return sys.getrefcount(blocks[i])
+
+    def _take(self, n: int) -> np.ndarray | None:
+        with self.lock:
+            best = -1
+            for i in range(len(self.blocks)):
+                size = self.blocks[i].nbytes
+                if n <= size <= 2 * n + self.ROUND and self._count(self.blocks, i) == self.free_count and (
+                        best < 0 or size < self.blocks[best].nbytes):
+                    best = i
+            if best >= 0:
+                self.reused += 1
+                return self.blocks[best]
+            size = -(-n // self.ROUND) * self.ROUND
+            while self.held + size > self.limit_bytes:  # room for a new block: drop free ones that do not fit
+                free = [i for i in range(len(self.blocks)) if self._count(self.blocks, i) == self.free_count]
+                if not free:
+                    return None
+                self.held -= self.blocks.pop(free[0]).nbytes
+            block = np.empty(size, np.uint8)
+            self.blocks.append(block)
+            self.held += size
+            return block
+
+
 def one_line(exc: BaseException) -> str:
     """``exc`` as one line of at most 300 characters."""
     text = " ".join(str(exc).split())
@@ -136,7 +202,8 @@ def load_entry(layout: Layout, entry: TensorEntry, size: int,
                stats_cache: dict[tuple[str, str], dict] | None = None, *, stats: bool = True,
                known_stats: Callable[[str, str], dict[str, Any] | None] | None = None,
                keep_array: bool | None = None, buffer: ReadBuffer | None = None,
-               stored: Callable[[Loaded], PayloadRef | None] | None = None) -> Loaded:
+               stored: Callable[[Loaded], PayloadRef | None] | None = None,
+               memory: PayloadMemory | None = None) -> Loaded:
     """Read, hash and (where the dump gave none) compute statistics of one entry.
 
     Never raises for a bad file: its problem is ``Loaded.error`` (one line naming it).
@@ -151,7 +218,8 @@ def load_entry(layout: Layout, entry: TensorEntry, size: int,
     ``buffer``: read the file into this reused memory (:class:`~dumpdb.dumpio.ReadBuffer`:
     no page faults per file) where the layout can; an array kept is then copied out of it,
     unless ``stored(item)`` gives a :class:`PayloadRef` for it (its content is stored or
-    about to be: most of a training dump's bytes), which replaces the array.
+    about to be: most of a training dump's bytes), which replaces the array; a copy goes
+    into ``memory``'s recycled blocks when given.
     """
     item = Loaded(entry, file_bytes=size)
     if entry.path is None:
@@ -174,7 +242,7 @@ def load_entry(layout: Layout, entry: TensorEntry, size: int,
         item.error = f"{entry.source_file}: {type(exc).__name__}: {one_line(exc)}"
         return item
     try:
-        return _hash_and_stats(item, loaded, stats_cache, stats, known_stats, keep_array, buffer, stored)
+        return _hash_and_stats(item, loaded, stats_cache, stats, known_stats, keep_array, buffer, stored, memory)
     except DumpdbError as exc:
         item.error = f"{entry.source_file}: {one_line(exc)}"
     except Exception as exc:  # noqa: BLE001 - an array the statistics cannot take is this file's error
@@ -186,7 +254,8 @@ def load_entry(layout: Layout, entry: TensorEntry, size: int,
 
 def _hash_and_stats(item: Loaded, loaded: Any, stats_cache: dict[tuple[str, str], dict] | None, stats: bool,
                     known_stats: Callable[[str, str], dict[str, Any] | None] | None, keep_array: bool | None,
-                    buffer: ReadBuffer | None, stored: Callable[[Loaded], PayloadRef | None] | None) -> Loaded:
+                    buffer: ReadBuffer | None, stored: Callable[[Loaded], PayloadRef | None] | None,
+                    memory: PayloadMemory | None = None) -> Loaded:
     """:func:`load_entry` after the read: the content hash and (unless the dump gave them)
     the statistics of ``loaded.array``."""
     entry = item.entry
@@ -196,7 +265,7 @@ def _hash_and_stats(item: Loaded, loaded: Any, stats_cache: dict[tuple[str, str]
     if not stats:
         if not keep_array:
             item.array = None  # only the hash was asked for
-        return _own(item, buffer, None)
+        return _own(item, buffer, None, memory)
     have = set(entry.stats or ())
     if not set(STAT_COLUMNS) <= have:
         key = (item.content_hash, loaded.array.dtype.str)
@@ -208,19 +277,21 @@ def _hash_and_stats(item: Loaded, loaded: Any, stats_cache: dict[tuple[str, str]
             if stats_cache is not None:
                 stats_cache[key] = found
         item.stats = found
-    return _own(item, buffer, stored)
+    return _own(item, buffer, stored, memory)
 
 
-def _own(item: Loaded, buffer: ReadBuffer | None, stored: Callable[[Loaded], PayloadRef | None] | None) -> Loaded:
+def _own(item: Loaded, buffer: ReadBuffer | None, stored: Callable[[Loaded], PayloadRef | None] | None,
+         memory: PayloadMemory | None = None) -> Loaded:
     """``item`` with no array left in ``buffer`` (read into it): the array becomes
-    ``stored``'s reference when that knows the content, else a copy."""
+    ``stored``'s reference when that knows the content, else a copy (in ``memory``)."""
     if buffer is None or not buffer.used or item.array is None:
         return item
     ref = stored(item) if stored is not None and item.content_hash is not None else None
     if ref is not None:
         item.ref, item.array = ref, None
     else:
-        item.array = item.array.copy()  # C order; the buffer is read into again next time
+        # C order; the buffer is read into again next time
+        item.array = memory.copy(item.array) if memory is not None else item.array.copy()
     return item
 
 

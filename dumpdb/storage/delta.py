@@ -103,15 +103,24 @@ def choose_bases(parts: Sequence[np.ndarray], dtype: np.dtype,
     return bases
 
 
-def encode(parts: Sequence[np.ndarray], bases: Sequence[int | None], dtype: np.dtype) -> list[np.ndarray]:
-    """``parts`` as stored: a payload with a base becomes payload XOR base (same dtype)."""
+def encode_into(parts: Sequence[np.ndarray], bases: Sequence[int | None], dtype: np.dtype,
+                out: np.ndarray) -> np.ndarray:
+    """``parts`` as stored, back to back, written into ``out`` (uint8, exactly their bytes;
+    a writer's reused memory): a payload with a base becomes payload XOR base (same dtype).
+    Returns the pack's flat array of ``dtype``, a view of ``out``."""
     udtype = xor_dtype(dtype)
-    out = list(parts)
+    data = out.view(dtype)
+    pos = 0
     for i, j in enumerate(bases):
-        if j is not None:
-            assert udtype is not None and bases[j] is None and parts[j].nbytes == parts[i].nbytes
-            out[i] = np.bitwise_xor(parts[i].view(udtype), parts[j].view(udtype)).view(parts[i].dtype)
-    return out
+        part = parts[i]
+        dest = data[pos : pos + part.size]
+        if j is None:
+            np.copyto(dest, part.reshape(-1).view(dtype), casting="no")
+        else:
+            assert udtype is not None and bases[j] is None and parts[j].nbytes == part.nbytes
+            np.bitwise_xor(part.view(udtype), parts[j].view(udtype), out=dest.view(udtype))
+        pos += part.size
+    return data
 
 
 def to_attribute(parts: Sequence[XorPart]) -> list[list[int]]:

@@ -783,7 +783,8 @@ def _stale_outputs(c: Columns, op_types: np.ndarray, phase: np.ndarray) -> np.nd
     """The output rows of in-place optimizer kernels whose output buffers were never
     written (module docstring, "Not comparable"): every optimizer-phase output row of an op
     type some call of which, on either side, outputs bytes (payload content hash) that a
-    tensor of another op call held before it ran (an output of an earlier op, not a module
+    tensor of another op call of its iteration and rank held before it ran (an output of
+    an earlier op, not a module
     or cell record, or an input of an earlier op call: bytes that existed before the call,
     so it did not compute them), bytes that are not among that call's own inputs (an
     in-place update dumped after the kernel ran holds its own input 0's bytes: quirk 6 of
@@ -810,8 +811,9 @@ def _stale_outputs(c: Columns, op_types: np.ndarray, phase: np.ndarray) -> np.nd
         vmax, vmin = c.values[f"{side}_max"], c.values[f"{side}_min"]
         constant = c.valid[f"{side}_max"] & c.valid[f"{side}_min"] & (vmax == vmin)
         known = np.not_equal(hashes, _NONE).astype(bool) & ~boxed
-        code = np.where(known, string_codes(pa.array(hashes.tolist(), pa.string())), 0)
-        # per hash, when the earliest op call of this comparison holding it on this side ran
+        # per (iteration, rank) and hash: one process's tensors (data-parallel ranks hold
+        # equal bytes: an all_reduce's result), when the earliest op call holding it ran
+        code = np.where(known, group_codes([c.where, string_codes(pa.array(hashes.tolist(), pa.string()))]), 0)
         first = np.full(int(code.max()) + 1, np.iinfo(np.int64).max, np.int64)
         np.minimum.at(first, code[known], start[g[known]])
         earlier = np.flatnonzero(candidates & known & ~constant & (first[code] < start[g])).tolist()

@@ -412,16 +412,16 @@ def test_a_backward_record_counts_its_forward_inputs_and_elements_switching_at_a
     one element's share, it departs."""
     from precision_rows import first_departure, judge_precision
 
-    def rows(forward_err: float, out_err: float) -> list[dict]:
-        bf = dict(dtype="bfloat16", target_shape=[2, 16], bench_shape=[2, 16])
+    def rows(forward_err: float, out_err: float, op_type: str = "Functional.relu") -> list[dict]:
+        bf = dict(dtype="bfloat16", target_shape=[2, 16], bench_shape=[2, 16], op_type=op_type)
         return [
             _row("input", 0, 0.004, op="Functional.linear.0.forward", i=0, **bf),
             _row("output", 0, forward_err, op="Functional.linear.0.forward", i=1, **bf),
-            _row("input", 0, forward_err, op="Functional.relu.4.forward", i=2, ts=1, **bf),
-            _row("output", 0, forward_err, op="Functional.relu.4.forward", i=3, ts=1, **bf),
-            _row("input", 0, 0.0028 * 0.39, op="Functional.relu.4.backward", i=4, ts=2, bench_l2norm=0.39,
+            _row("input", 0, forward_err, op=f"{op_type}.4.forward", i=2, ts=1, **bf),
+            _row("output", 0, forward_err, op=f"{op_type}.4.forward", i=3, ts=1, **bf),
+            _row("input", 0, 0.0028 * 0.39, op=f"{op_type}.4.backward", i=4, ts=2, bench_l2norm=0.39,
                  bench_max=0.131, bench_min=-0.125, **bf),  # euc_dist: error x the bench's L2 norm
-            _row("output", 0, out_err * 0.262, op="Functional.relu.4.backward", i=5, ts=2, bench_l2norm=0.262,
+            _row("output", 0, out_err * 0.262, op=f"{op_type}.4.backward", i=5, ts=2, bench_l2norm=0.262,
                  bench_max=0.079, bench_min=-0.125, **bf)]
 
     flipped = rows(0.005, 0.4)  # beyond 16 x 0.005 + 64 x floor (0.33), within one element's 0.5 more
@@ -429,10 +429,12 @@ def test_a_backward_record_counts_its_forward_inputs_and_elements_switching_at_a
     assert flipped[5]["precision_result"] == "warning", flipped[5]["precision_reason"]
     assert "1 element(s) of the forward input (error 0.005) switching branch" in flipped[5]["precision_reason"]
     assert first_departure(flipped) is None
-    for forward_err, out_err in ((0.0, 0.4), (0.005, 0.9)):  # nothing could flip; beyond one element's 0.5
-        judged = rows(forward_err, out_err)
+    # nothing could flip; beyond one element's 0.5; a smooth function has no kink
+    for forward_err, out_err, op_type in ((0.0, 0.4, "Functional.relu"), (0.005, 0.9, "Functional.relu"),
+                                          (0.005, 0.4, "Functional.gelu")):
+        judged = rows(forward_err, out_err, op_type)
         judge_precision(judged)
-        assert judged[5]["precision_result"] == "error", (forward_err, out_err, judged[5]["precision_reason"])
+        assert judged[5]["precision_result"] == "error", (op_type, forward_err, out_err, judged[5]["precision_reason"])
     # the forward call's input error counts as the backward's: 0.05 explains 0.6 within 16 x
     saved = rows(0.05, 0.6)
     judge_precision(saved)

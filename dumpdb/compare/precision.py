@@ -121,8 +121,9 @@ outputs; outputs: those of its inputs) computes with the tensors autograd saved 
 and its forward call's inputs'. Where that forward input differs (error ``e > 0``), an
 element within the error of a kink (relu's zero, max-pool's tie, a clamp's bound) may
 take the other branch in the target, and that element's gradient differs by up to the
-largest incoming gradient ``G``: an elementwise backward output (the shape of an incoming
-gradient) of ``N`` elements may also differ by
+largest incoming gradient ``G``: the elementwise backward output (the shape of an incoming
+gradient) of a piecewise-linear op (``KINKED``: relu, leaky_relu, hardtanh, clamp, abs...)
+of ``N`` elements may also differ by
 ``sqrt(k) x G`` with ``k = max(1, ceil(N e))`` (docs/precision.md: a bfloat16 relu
 backward of 32 elements at error 0.3 whose incoming gradient is at 0.0028 and whose
 forward input, at 0.005, flipped one element's sign).
@@ -130,13 +131,14 @@ forward input, at 0.005, flipped one element's sign).
 Not comparable
 ==============
 An in-place optimizer kernel updates its inputs (``var``, ``m``, ``v``); MindSpore's CPU
-dump writes them after the kernel ran (quirk 6 of ``shared/corpus/mindspore-cpu/README.md``:
-input 0 then holds the updated value), and its *output* files hold device buffers the
-kernel never wrote, reused across calls: an fp16-O2 run's ``AdamWeightDecay-op11`` outputs
-the bytes of ``-op10``'s input 8. Every optimizer-phase output of an op type some call of
-which outputs the bytes of another op call's tensor of its run (not its own inputs', not a
+dump writes an in-place kernel's inputs after it ran (quirk 6 of
+``shared/corpus/mindspore-cpu/README.md``: ApplyMomentum's input 0 holds the updated
+value), and the *output* files of AdamWeightDecay hold device buffers it never wrote,
+reused across calls: an fp16-O2 run's ``AdamWeightDecay-op11`` outputs the bytes of
+``-op10``'s input 8. Every optimizer-phase output of an op type some call of which outputs
+bytes an earlier op call of its iteration and rank held (not its own inputs', not a
 constant) is *not comparable*: a ``warning`` naming this, never a departure, and its error
-does not count as anyone's input error. The update itself is judged at those inputs.
+does not count as anyone's input error. The inputs are compared as they are.
 
 Containers
 ==========
@@ -638,7 +640,7 @@ def judge_precision_columns(c: Columns, rules: PrecisionRules = PrecisionRules()
     # a backward record's saved forward tensors are inputs of its computation too (module
     # docstring, "Backward records"): its forward call's input error counts, and elements of
     # the forward input within that error of a kink may switch branch
-    fwd_in, kink, flips = _backward_of_forward(c, text[0], g, groups, worst, has_in)
+    fwd_in, kink, flips = _backward_of_forward(c, text[0], op_types, g, groups, worst, has_in)
     worst_in = np.maximum(worst_in, fwd_in)
     # the table holds tensor-mode growth (relative Euclidean errors); a statistics-mode error
     # is a lower bound (| ||x|| - ||y|| |), so its ratios say less: the default there
@@ -708,9 +710,9 @@ def judge_precision_columns(c: Columns, rules: PrecisionRules = PrecisionRules()
                          np.full(at.size, u_w[1], dtype=object), rms[at], scale[at], err[at])
     at = np.flatnonzero(stale)
     result[at] = WARNING
-    reason[at] = _format("not comparable: an output of the in-place optimizer kernel {} holds the bytes of "
-                         "another tensor of its run, so its output buffers are not the update the kernel made (its "
-                         "inputs 0.. are, dumped after it ran); error {:.3g} says nothing", op_types[at], err[at])
+    reason[at] = _format("not comparable: an output of the in-place optimizer kernel {} holds the bytes of an "
+                         "earlier tensor of its run, so its output buffers are not what the kernel computed (it "
+                         "updates its inputs in place); error {:.3g} says nothing", op_types[at], err[at])
     _arg_diff_columns(c, g, groups, result, reason)
     _misattributed_backward(c, text[0], result, reason)
     at = np.flatnonzero(container & (result != PASS))
@@ -719,17 +721,30 @@ def judge_precision_columns(c: Columns, rules: PrecisionRules = PrecisionRules()
     return out, first_departures(c, out)
 
 
-def _backward_of_forward(c: Columns, names: pa.Array, g: np.ndarray, groups: int, worst: np.ndarray,
-                         has_in: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+# piecewise-linear functions: their derivative jumps at a kink (the op type's last dotted
+# part, an in-place ``_`` dropped: ``Functional.relu``, ``Tensor.clamp_``, ``Torch.abs``)
+KINKED = frozenset({"relu", "relu6", "leaky_relu", "prelu", "rrelu", "hardtanh", "hardsigmoid", "hardswish",
+                    "hardshrink", "softshrink", "threshold", "clamp", "clamp_min", "clamp_max", "clip", "abs"})
+
+
+def _kinked(op_types: np.ndarray) -> np.ndarray:
+    """Per row: its op type is a piecewise-linear function (:data:`KINKED`)."""
+    found = {t: isinstance(t, str) and t.rpartition(".")[2].rstrip("_") in KINKED for t in set(op_types.tolist())}
+    return np.array([found[t] for t in op_types.tolist()], bool)
+
+
+def _backward_of_forward(c: Columns, names: pa.Array, op_types: np.ndarray, g: np.ndarray, groups: int,
+                         worst: np.ndarray, has_in: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(per op call: the error of its forward call's inputs, 0 for others; per row: the
     kink allowance of a backward output, 0 for others; per row: the elements it counts) of
     msprobe backward records (module docstring, "Backward records"). ``X.backward``'s
     forward call is ``X.forward`` of the same iteration and rank (:func:`_forward_name`);
     its inputs (``worst``: each call's largest input error, ``has_in``: it has inputs) are
     the tensors autograd saved for the backward. The kink allowance of an output of ``N``
-    elements whose forward input error is ``e > 0`` and which has the shape of one of the
-    record's inputs (an elementwise op: relu, leaky_relu, clamp; not a pooling or a norm,
-    whose incoming gradient is spread or summed): ``sqrt(k) x G / ||out||`` with
+    elements of a piecewise-linear op (:data:`KINKED`: relu, leaky_relu, clamp, abs...)
+    whose forward input error is ``e > 0`` and which has the shape of one of the record's
+    inputs (elementwise: one incoming gradient element per output element):
+    ``sqrt(k) x G / ||out||`` with
     ``k = max(1, ceil(N e))`` elements switching branch (an element flips when the forward
     input's error reaches its distance from the kink: relu's mask, max-pool's argmax, a
     clamp; a fraction ~``e`` of the elements for values whose density at the kink is at
@@ -755,6 +770,7 @@ def _backward_of_forward(c: Columns, names: pa.Array, g: np.ndarray, groups: int
     rows = c.output & (e > 0) & np.isfinite(e)
     if not rows.any():
         return fwd_in, kink, flips
+    rows &= _kinked(op_types)
     # the incoming gradient of the output's own shape (an elementwise op: one incoming
     # element per output element) and its largest |value|, bench side
     bs = c.bench_shape

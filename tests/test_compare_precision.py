@@ -468,3 +468,20 @@ def test_an_inserted_op_grows_its_inputs_error_by_its_own_calibrated_allowance()
     assert out["precision_result"][2] == "error" and fd["origin_op"] == "Functional.leaky_relu.0.forward"
     out, fd = judged(0.0085)  # within 2.5 x 0.000671 + 16 x floor: a rewrite's rounding
     assert fd is None
+
+
+def test_the_html_report_lists_not_comparable_rows():
+    """The HTML report's evidence section shows the rows labelled not comparable (an
+    in-place optimizer's reused output buffers) beside the noise rows."""
+    import pyarrow as pa
+
+    from dumpdb.render.report import _evidence_section
+
+    reason = ("not comparable: an output of the in-place optimizer kernel AdamWeightDecay holds the bytes of an "
+              "earlier tensor of its run")
+    table = pa.table({"pair_index": [0, 1], "target_name": ["AdamWeightDecay-op0", "MatMul-op1"], "io": ["output"] * 2,
+                      "slot": [0, 0], "precision_result": ["warning", "warning"],
+                      "precision_reason": [reason, "error 0.1 propagated"]})
+    html = _evidence_section(table)
+    assert 'id="not-comparable"' in html and "(1 pairs)" in html and "AdamWeightDecay-op0" in html
+    assert "MatMul-op1" not in html

@@ -289,7 +289,7 @@ def _make_ms_dumps(root: Path, todo: list, ms_python: str, failed: list, progres
             shutil.rmtree(out)
         out.mkdir(parents=True)
         (out / "spec.json").write_text(json.dumps(spec, indent=1, sort_keys=True))
-        cmd = [ms_python, str(HERE / "divergence_ms.py"), str(out), "--arch", spec["arch"], "--seed", str(spec["seed"])]
+        cmd = [ms_python, str(HERE / "divergence_ms.py"), str(out.resolve()), "--arch", spec["arch"], "--seed", str(spec["seed"])]
         cmd += ["--fp16"] if spec["precision"] == "fp16" else []
         cmd += ["--scale", spec["scale"]] if spec["scale"] else []
         t0 = time.monotonic()

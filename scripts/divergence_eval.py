@@ -91,9 +91,9 @@ def featured(size: str = "small") -> list[dict]:
     ]
 
 
-def _ms(kind: str, arch: str, precision: str, scale: str = "", rerun: int = 0) -> dict:
+def _ms(kind: str, arch: str, precision: str, scale: str = "", rerun: int = 0, seed: int = 1) -> dict:
     """A MindSpore spec (``divergence_ms.py``: the shared corpus scripts, one step, e2e dump)."""
-    return {"framework": "mindspore", "arch": arch, "level": "e2e", "precision": precision, "world": 1, "seed": 1,
+    return {"framework": "mindspore", "arch": arch, "level": "e2e", "precision": precision, "world": 1, "seed": seed,
             "size": "small", "scale": scale, "rerun": rerun}
 
 
@@ -111,14 +111,16 @@ MS_CASES = [
 ]
 
 
-def plan_ms(n: int) -> list[dict]:
-    """The first ``n`` MindSpore cases (MS_CASES), ids ``ms-NN-...``."""
+def plan_ms(n: int, heldout: bool = False) -> list[dict]:
+    """The first ``n`` MindSpore cases (MS_CASES), ids ``ms-NN-...``; ``heldout``: model
+    seed 2 instead of 1 (weights and batches the default plan never used), ids ``msh-NN-...``."""
     out = []
+    seed = 2 if heldout else 1
     for i, (kind, arch, precision, scale) in enumerate(MS_CASES[:n]):
-        bench = _ms(kind, arch, precision if kind == "rerun" else "fp32")
-        target = _ms(kind, arch, precision, scale, rerun=int(kind == "rerun"))
+        bench = _ms(kind, arch, precision if kind == "rerun" else "fp32", seed=seed)
+        target = _ms(kind, arch, precision, scale, rerun=int(kind == "rerun"), seed=seed)
         out.append({"kind": kind, "target": target, "bench": bench,
-                    "case_id": f"ms-{i:02d}-{kind}-{arch}-e2e-{precision}-w1"})
+                    "case_id": f"{'msh' if heldout else 'ms'}-{i:02d}-{kind}-{arch}-e2e-{precision}-w1"})
     return out
 
 
@@ -287,7 +289,7 @@ def _make_ms_dumps(root: Path, todo: list, ms_python: str, failed: list, progres
             shutil.rmtree(out)
         out.mkdir(parents=True)
         (out / "spec.json").write_text(json.dumps(spec, indent=1, sort_keys=True))
-        cmd = [ms_python, str(HERE / "divergence_ms.py"), str(out), "--arch", spec["arch"], "--seed", str(spec["seed"])]
+        cmd = [ms_python, str(HERE / "divergence_ms.py"), str(out.resolve()), "--arch", spec["arch"], "--seed", str(spec["seed"])]
         cmd += ["--fp16"] if spec["precision"] == "fp16" else []
         cmd += ["--scale", spec["scale"]] if spec["scale"] else []
         t0 = time.monotonic()
@@ -954,7 +956,7 @@ def main(argv=None) -> int:
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   transient=False) as progress:
         if not args.evaluate_only:
-            planned = plan(args.cases, args.seed, args.size, args.heldout) + plan_ms(args.ms_cases)
+            planned = plan(args.cases, args.seed, args.size, args.heldout) + plan_ms(args.ms_cases, args.heldout)
             if args.only:
                 planned = [c for c in planned if c["kind"] == args.only or category(c["kind"]) == args.only]
             if args.truth_only:

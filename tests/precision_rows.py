@@ -26,7 +26,7 @@ NUMBERS = ("flat_euc_dist", "euc_dist", "max_abs_err", "l2norm_diff", "bench_l2n
            "bench_max", "bench_min", "target_l2norm")
 TEXTS = ("target_dtype", "bench_dtype", "target_dtype_declared", "bench_dtype_declared", "err_message",
          "target_content_hash", "io", "slot")
-OPTIONAL = ("target_name", "scope_name", "op_type", "arg_diff")
+OPTIONAL = ("target_name", "scope_name", "op_type", "arg_diff", "bench_content_hash")
 
 
 def _objects(values) -> np.ndarray:

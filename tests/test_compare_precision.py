@@ -360,3 +360,128 @@ def test_an_input_an_inserted_op_made_is_judged_by_that_ops_inputs():
     assert "0.005 of the inputs of Functional.silu.0.forward" in out["precision_reason"][2]
     out, fd = judged(0.05)
     assert fd is None and out["precision_result"][2] == "pass"
+
+
+def test_in_place_optimizer_outputs_holding_other_bytes_are_not_comparable():
+    """docs/precision.md "In-place optimizer outputs" (ms-00 of docs/divergence_eval.md):
+    MindSpore CPU's AdamWeightDecay updates its inputs in place and its dumped output
+    buffers are reused (quirk 6 of the MindSpore CPU corpus README): a call that outputs the
+    bytes of an earlier call's tensor makes every output of that op type in the optimizer
+    phase not comparable (a warning), so the pair departs nowhere. Without that evidence (an
+    update the kernel wrote, or outputs equal to the call's own input 0) a wrong update
+    departs there."""
+    from precision_rows import first_departure, judge_precision
+
+    scope = "Default/optimizer-AdamWeightDecay"
+
+    def rows(second_out: str) -> list[dict]:
+        f32 = dict(dtype="float32", bench_dtype="float32", scope_name=scope, op_type="AdamWeightDecay")
+        return [
+            _row("input", 0, 0.0, op="Gradients/MatMul-op3", i=0, scope_name="Gradients/MatMul", op_type="MatMul",
+                 dtype="float32", target_content_hash="g3"),
+            _row("output", 0, 1e-7, op="Gradients/MatMul-op3", i=1, scope_name="Gradients/MatMul", op_type="MatMul",
+                 dtype="float32", target_content_hash="g3out"),
+            _row("input", 0, 1e-7, op="AdamWeightDecay-op0", i=2, ts=1, target_content_hash="w0", **f32),
+            _row("output", 0, 1.0, op="AdamWeightDecay-op0", i=3, ts=1, target_content_hash="o0", **f32),
+            _row("input", 0, 1e-7, op="AdamWeightDecay-op1", i=4, ts=2, target_content_hash="w1", **f32),
+            _row("output", 0, 1.0, op="AdamWeightDecay-op1", i=5, ts=2, target_content_hash=second_out, **f32)]
+
+    stale = rows("g3")  # op1's output holds the bytes of an earlier MatMul's input: a reused buffer
+    judge_precision(stale)
+    assert [r["precision_result"] for r in stale if r["io"] == "output"][1:] == ["warning", "warning"]
+    assert all("not comparable" in r["precision_reason"] for r in stale[3::2])
+    assert first_departure(stale) is None
+    for hash_ in ("o1", "w1"):  # its own bytes, or its own input 0's (updated in place): a real update
+        real = rows(hash_)
+        judge_precision(real)
+        assert real[3]["precision_result"] == "error", real[3]["precision_reason"]
+        assert first_departure(real)["row"]["pair_index"] == 3
+    bench = rows("o1")  # the evidence on the bench side: its op0 and op1 outputs are one tensor
+    for r, h in zip(bench, (None, None, None, "b0", None, "b0")):
+        r["bench_content_hash"] = h
+    judge_precision(bench)
+    assert first_departure(bench) is None and bench[5]["precision_result"] == "warning"
+
+
+def test_a_backward_record_counts_its_forward_inputs_and_elements_switching_at_a_kink():
+    """docs/precision.md "Backward records" (0228 of docs/divergence_eval.md): a bfloat16
+    relu backward of 32 elements whose incoming gradient is at 0.0028 reads its forward
+    input (0.005) too, so one element may take the other side of the kink, and that
+    element's gradient differs by up to the largest incoming gradient (0.131 of an output
+    of norm 0.262: 0.5). With a forward input equal in both runs, or an output far beyond
+    one element's share, it departs."""
+    from precision_rows import first_departure, judge_precision
+
+    def rows(forward_err: float, out_err: float, op_type: str = "Functional.relu") -> list[dict]:
+        bf = dict(dtype="bfloat16", target_shape=[2, 16], bench_shape=[2, 16], op_type=op_type)
+        return [
+            _row("input", 0, 0.004, op="Functional.linear.0.forward", i=0, **bf),
+            _row("output", 0, forward_err, op="Functional.linear.0.forward", i=1, **bf),
+            _row("input", 0, forward_err, op=f"{op_type}.4.forward", i=2, ts=1, **bf),
+            _row("output", 0, forward_err, op=f"{op_type}.4.forward", i=3, ts=1, **bf),
+            _row("input", 0, 0.0028 * 0.39, op=f"{op_type}.4.backward", i=4, ts=2, bench_l2norm=0.39,
+                 bench_max=0.131, bench_min=-0.125, **bf),  # euc_dist: error x the bench's L2 norm
+            _row("output", 0, out_err * 0.262, op=f"{op_type}.4.backward", i=5, ts=2, bench_l2norm=0.262,
+                 bench_max=0.079, bench_min=-0.125, **bf)]
+
+    flipped = rows(0.005, 0.4)  # beyond 16 x 0.005 + 64 x floor (0.33), within one element's 0.5 more
+    judge_precision(flipped)
+    assert flipped[5]["precision_result"] == "warning", flipped[5]["precision_reason"]
+    assert "1 element(s) of the forward input (error 0.005) switching branch" in flipped[5]["precision_reason"]
+    assert first_departure(flipped) is None
+    # nothing could flip; beyond one element's 0.5; a smooth function has no kink
+    for forward_err, out_err, op_type in ((0.0, 0.4, "Functional.relu"), (0.005, 0.9, "Functional.relu"),
+                                          (0.005, 0.4, "Functional.gelu")):
+        judged = rows(forward_err, out_err, op_type)
+        judge_precision(judged)
+        assert judged[5]["precision_result"] == "error", (op_type, forward_err, out_err, judged[5]["precision_reason"])
+    # the forward call's input error counts as the backward's: 0.05 explains 0.6 within 16 x
+    saved = rows(0.05, 0.6)
+    judge_precision(saved)
+    assert saved[5]["precision_result"] == "warning"
+
+
+def test_an_inserted_op_grows_its_inputs_error_by_its_own_calibrated_allowance():
+    """docs/precision.md "Inputs no compared op explains" (held-out 0044 and 0058): a
+    leaky_relu in place of a relu in float16 feeds the next op an input at 0.0102 from a
+    group_norm output at 0.000671: 15x, where ops only the target has grew their inputs'
+    error at most 1.13x in clean and rewritten pairs (CHAIN_GROWTH 2.5); the growth default
+    16 had let it pass under the 16 roundings' term."""
+    from precision_rows import columns_of
+
+    from dumpdb.compare.precision import CHAIN_GROWTH, judge_precision_columns
+
+    def judged(err: float) -> tuple[dict, dict | None]:
+        f16 = dict(dtype="float16")
+        rows = [_row("input", 0, 0.0006, op="Functional.group_norm.2.forward", i=0, _order=0, **f16),
+                _row("output", 0, 0.000671, op="Functional.group_norm.2.forward", i=1, target_content_hash="gn",
+                     _order=1, **f16),
+                _row("input", 0, err, op="Tensor.__mul__.2.forward", i=2, ts=2, target_content_hash="act",
+                     _order=4, **f16)]
+        c = columns_of(rows, {"gn": [(1, "Functional.group_norm.2.forward", True)],
+                              "act": [(3, "Functional.leaky_relu.0.forward", False)]})
+        c.inputs_of = lambda k: [("gn", 2)] if k == 3 else []
+        return judge_precision_columns(c)
+
+    assert CHAIN_GROWTH < 15
+    out, fd = judged(0.0102)
+    assert out["precision_result"][2] == "error" and fd["origin_op"] == "Functional.leaky_relu.0.forward"
+    out, fd = judged(0.0085)  # within 2.5 x 0.000671 + 16 x floor: a rewrite's rounding
+    assert fd is None
+
+
+def test_the_html_report_lists_not_comparable_rows():
+    """The HTML report's evidence section shows the rows labelled not comparable (an
+    in-place optimizer's reused output buffers) beside the noise rows."""
+    import pyarrow as pa
+
+    from dumpdb.render.report import _evidence_section
+
+    reason = ("not comparable: an output of the in-place optimizer kernel AdamWeightDecay holds the bytes of an "
+              "earlier tensor of its run")
+    table = pa.table({"pair_index": [0, 1], "target_name": ["AdamWeightDecay-op0", "MatMul-op1"], "io": ["output"] * 2,
+                      "slot": [0, 0], "precision_result": ["warning", "warning"],
+                      "precision_reason": [reason, "error 0.1 propagated"]})
+    html = _evidence_section(table)
+    assert 'id="not-comparable"' in html and "(1 pairs)" in html and "AdamWeightDecay-op0" in html
+    assert "MatMul-op1" not in html

@@ -40,16 +40,24 @@ def _judged(cases: list[dict]) -> list[dict]:
             _one(cases, lambda c: c["kind"] == "residual" and c["config"]["level"] == "mix")]
 
 
+def _once_empty(cases: list[dict]) -> list[dict]:
+    """The case that once compared no pair: fp16 autocast with a weight scaled, against the
+    fp32 bench dump shared with the rerun (that bench held two runs' process directories)."""
+    return [_one(cases, lambda c: c["kind"] == "weight" and c["config"]["precision"] == "fp16"
+                 and c["config"]["level"] == "L1" and c["config"]["arch"] == "transformer")]
+
+
 @pytest.fixture(scope="module")
 def sample(tmp_path_factory) -> Path:
     """The sample as the harness lays it out: the truth files (``cases/``, kept readable in
-    the repository) beside the dumps (``dumps.tar.xz``: 22 cases' 33 real msprobe dumps,
-    100 MB of small ``.pt`` files in 1.6 MB). Every dump's json files are extracted; the
-    ``.pt`` payloads only of the dumps the evaluate step reads."""
+    the repository) beside the dumps (``dumps.tar.xz``: 22 cases' 34 real msprobe dumps,
+    one process directory per rank, 47 MB of small ``.pt`` files in 1.1 MB). Every dump's
+    json files are extracted; the ``.pt`` payloads only of the dumps the evaluate step reads."""
     root = tmp_path_factory.mktemp("divergence")
     shutil.copytree(DATA / "cases", root / "cases")
     planned = de.load_cases(root, ready_only=False)
-    keys = {c[k] for c in _picked(planned) + _judged(planned) for k in ("target_key", "bench_key")}
+    keys = {c[k] for c in _picked(planned) + _judged(planned) + _once_empty(planned)
+            for k in ("target_key", "bench_key")}
     with tarfile.open(DATA / "dumps.tar.xz") as tar:
         for m in tar:
             if not m.name.endswith(".pt") or m.name.split("/")[1] in keys:
@@ -179,6 +187,21 @@ def test_evaluate_hand_checked_cases(evaluated):
     assert summary["cases"] == 4 and summary["changed"] == 2 and summary["clean"] == 1 and summary["rewrite"] == 1
     md = de.markdown(summary)
     assert "| softmax_scale | * | * | 1 |" in md
+
+
+def test_every_sample_dump_holds_one_run_and_its_cases_compare_pairs(evaluated, sample):
+    """Each sample dump holds one msprobe process directory per rank of its run (a dump
+    made twice into one directory holds two runs' records under rank 0, and case 0013
+    compared 0 pairs against it); the evaluated cases and that one compare pairs."""
+    cases = _cases(sample)
+    for c in cases:
+        for key, config in ((c["target_key"], c["config"]), (c["bench_key"], c["bench_config"])):
+            procs = [p for step in (sample / "dumps" / key / "dump").iterdir() for p in step.iterdir() if p.is_dir()]
+            assert len(procs) == config["world"], (c["case_id"], key, [p.name for p in procs])
+    _, results, archive = evaluated
+    once = de.evaluate(sample, _once_empty(cases), jobs=1, check_mispairs="none", archive=archive)
+    assert [r["verdict"] for r in once] != ["error"], once
+    assert all(r["pairs"] > 0 for r in results + once), [(r["case_id"], r["pairs"]) for r in results + once]
 
 
 def test_mispair_check_finds_a_constructed_mispair(evaluated):

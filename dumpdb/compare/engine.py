@@ -1078,6 +1078,7 @@ def _judge_precision(view: _View, trows: pa.Table, rules: PrecisionRules) -> dic
         target_dtype_declared=strings(ctx["target_dtype_declared"]),
         bench_dtype_declared=strings(ctx["bench_dtype_declared"]), err_message=view.err_message,
         target_content_hash=strings(ctx["target_content_hash"]), io=strings(ctx["io"]), slot=strings(ctx["slot"]),
+        bench_content_hash=strings(ctx["bench_content_hash"]),
         target_shape=view.shapes("target_shape"), bench_shape=view.shapes("bench_shape"), producers=producers,
         inputs_of=inputs_of,
         target_name=strings(ctx["target_name"]), scope_name=strings(ctx["scope_name"]),

@@ -95,7 +95,7 @@ input: it is explained by the running largest earlier error only within ``LEAF_G
 by 2.7x the clean noise departs there. An input an op only the target has produced (a
 swapped activation, a rewrite's ops by hand, a cast) is judged, whether or not it exceeds
 the margin, by the error of that op's own inputs (followed back through the target's ops
-only it has, at most ``CHAIN_DEPTH``): it departs beyond ``growth`` x that error +
+only it has, at most ``CHAIN_DEPTH``): it departs beyond ``CHAIN_GROWTH`` (2.5) x that error +
 ``CHAIN_ROUNDINGS`` x floor (a silu in place of a gelu in bfloat16: 0.168 against its
 input's 0.0047, under the margin's 64 x 2^-8 = 0.25 and the 16 x largest earlier error),
 unless it is a cast within ``CAST_ROUNDINGS``. The op named as where such a departure
@@ -112,6 +112,33 @@ backward record's output ``k`` is the gradient of its forward record's input ``k
 its shape; a departing output pair of different shapes where one side keeps that and the
 other does not (the fp32 run's ``x.float()`` of a float32 tensor returns ``x``: msprobe's
 backward hook then records the preceding op's gradients) is not comparable: a ``warning``.
+
+Backward records
+================
+An msprobe backward record ``X.backward`` (inputs: the gradients of ``X.forward``'s
+outputs; outputs: those of its inputs) computes with the tensors autograd saved from
+``X.forward``: its inputs and outputs. Its inputs' error is the larger of its own inputs'
+and its forward call's inputs'. Where that forward input differs (error ``e > 0``), an
+element within the error of a kink (relu's zero, max-pool's tie, a clamp's bound) may
+take the other branch in the target, and that element's gradient differs by up to the
+largest incoming gradient ``G``: the elementwise backward output (the shape of an incoming
+gradient) of a piecewise-linear op (``KINKED``: relu, leaky_relu, hardtanh, clamp, abs...)
+of ``N`` elements may also differ by
+``sqrt(k) x G`` with ``k = max(1, ceil(N e))`` (docs/precision.md: a bfloat16 relu
+backward of 32 elements at error 0.3 whose incoming gradient is at 0.0028 and whose
+forward input, at 0.005, flipped one element's sign).
+
+Not comparable
+==============
+An in-place optimizer kernel updates its inputs (``var``, ``m``, ``v``); MindSpore's CPU
+dump writes an in-place kernel's inputs after it ran (quirk 6 of
+``shared/corpus/mindspore-cpu/README.md``: ApplyMomentum's input 0 holds the updated
+value), and the *output* files of AdamWeightDecay hold device buffers it never wrote,
+reused across calls: an fp16-O2 run's ``AdamWeightDecay-op11`` outputs the bytes of
+``-op10``'s input 8. Every optimizer-phase output of an op type some call of which outputs
+bytes an earlier op call of its iteration and rank held (not its own inputs', not a
+constant) is *not comparable*: a ``warning`` naming this, never a departure, and its error
+does not count as anyone's input error. The inputs are compared as they are.
 
 Containers
 ==========
@@ -153,6 +180,7 @@ import pyarrow.compute as pc
 
 from dumpdb.compare.columns import (
     BACKWARD,
+    OPTIMIZER,
     PHASES,
     Shapes,
     collectives,
@@ -206,6 +234,13 @@ LEAF_GROWTH = 2.5
 # roundings of its dtype (one per op of a norm written by hand, nine ops, and margin)
 CHAIN_ROUNDINGS = 16.0
 CHAIN_DEPTH = 12
+# ...and grows that error at most this many times. Ops only the target has are never
+# compared, so the per-op-type table (GROWTH_TABLE) has no entry for them: this is their own
+# allowance, calibrated as the table's are (2 x the largest growth clean pairs showed, at
+# least 2): the clean and rewritten pairs of docs/divergence_eval.md's 329 and held-out 121
+# showed 3 such inputs beyond a cast's rounding, at 0.99 to 1.13x (docs/precision.md); 16
+# (the growth default) let a gelu or leaky_relu in place of a relu pass (0044, 0058)
+CHAIN_GROWTH = 2.5
 GROWTH_TABLE = "precision_growth.json"  # the calibrated allowances, in this package (scripts/calibrate_precision.py)
 
 
@@ -403,7 +438,8 @@ class Columns:
     ``iteration`` (int64) and ``timestamp`` (float64, NaN where NULL) for the order across
     ranks; ``inputs_of``: a function from a target op's order rank to its input tensors,
     [(content hash, order rank of the call)] (the rules that follow an input back through
-    ops only the target has)."""
+    ops only the target has); ``bench_content_hash`` (object array: the bench tensor's
+    payload hash, for the in-place optimizer outputs rule on the bench side)."""
 
     group: np.ndarray
     where: np.ndarray
@@ -431,6 +467,7 @@ class Columns:
     iteration: np.ndarray | None = None
     timestamp: np.ndarray | None = None
     inputs_of: Callable[[int], list[tuple[str, int]]] | None = None
+    bench_content_hash: np.ndarray | None = None
 
     def row(self, i: int) -> dict:
         """Row ``i`` as a dict, as :func:`_pair_error` reads it (None for NULL)."""
@@ -541,6 +578,10 @@ def judge_precision_columns(c: Columns, rules: PrecisionRules = PrecisionRules()
     text = [pa.array(v.tolist(), pa.string()) for v in (names, scopes, op_types)]  # converted once
     container = containers(text[2], text[0])
     phase = phases(text[0], text[1], c.where, c.run_rank)
+    # outputs of in-place optimizer kernels hold buffers the kernel never wrote (module
+    # docstring, "Not comparable"): never a departure, and their error counts for nothing
+    stale = _stale_outputs(c, op_types, phase) & departs & ~container
+    departs = departs & ~stale
     out = {"scaled_err": err, "scaled_err_valid": err_ok, "precision_floor": floor, "precision_floor_valid": floor_ok,
            "precision_ratio": ratio, "precision_ratio_valid": ratio_ok, "precision_dtype": low,
            "precision_result": result, "precision_reason": reason, "origin_op": origin, "phase": phase}
@@ -571,7 +612,8 @@ def judge_precision_columns(c: Columns, rules: PrecisionRules = PrecisionRules()
     where = np.zeros(groups, np.int64)
     where[g] = c.where
     inputs = ~c.output
-    finite = np.where(err_ok & np.isfinite(eff) & ~container, eff, 0.0)  # a container repeats its ops' errors
+    # a container repeats its ops' errors; a stale buffer is no one's error
+    finite = np.where(err_ok & np.isfinite(eff) & ~container & ~stale, eff, 0.0)
     gmax = np.zeros(groups)
     np.maximum.at(gmax, g, finite)
     ginf = np.zeros(groups, bool)
@@ -595,6 +637,11 @@ def judge_precision_columns(c: Columns, rules: PrecisionRules = PrecisionRules()
         idx = np.flatnonzero((g == k) & inputs)
         idx = idx[np.argsort(c.run_rank[idx], kind="stable")]
         worst_in[k] = max((float(eff[i]) if err_ok[i] else 0.0 for i in idx.tolist()), default=0.0)
+    # a backward record's saved forward tensors are inputs of its computation too (module
+    # docstring, "Backward records"): its forward call's input error counts, and elements of
+    # the forward input within that error of a kink may switch branch
+    fwd_in, kink, flips = _backward_of_forward(c, text[0], op_types, g, groups, worst, has_in)
+    worst_in = np.maximum(worst_in, fwd_in)
     # the table holds tensor-mode growth (relative Euclidean errors); a statistics-mode error
     # is a lower bound (| ||x|| - ||y|| |), so its ratios say less: the default there
     growth = np.where(c.statistics, rules.growth, rules.growth_of(text[2], phase, low))
@@ -607,6 +654,8 @@ def judge_precision_columns(c: Columns, rules: PrecisionRules = PrecisionRules()
     with np.errstate(invalid="ignore"):
         bound = growth * wi + rules.margin * np.where(floor_ok, floor, 0.0)
         b1 = dep_out & none & err_ok & (err <= bound)
+        switched = dep_out & ~b1 & none & err_ok & ~c.statistics & (err <= bound + kink)
+        b1 = b1 | switched
         b2 = dep_out & ~b1 & none & floor_ok & (floor == 0) & (wi > 0)
         b3 = dep_out & ~b1 & ~b2 & err_ok & np.isinf(err) & ((wi == np.inf) | before)
     rest = dep_out & ~b1 & ~b2 & ~b3
@@ -617,6 +666,10 @@ def judge_precision_columns(c: Columns, rules: PrecisionRules = PrecisionRules()
     at = np.flatnonzero(b1)
     reason[at] = _format(f"error {{:.3g}} propagated: within {{:.3g}} x the inputs' {{:.3g}} + {rules.margin:g} "
                          "x floor", err[at], growth[at], wi[at])
+    at = np.flatnonzero(switched)
+    reason[at] = _format(f"error {{:.3g}} propagated: within {{:.3g}} x the inputs' {{:.3g}} + {rules.margin:g} x "
+                         "floor + {:.3g} for {:d} element(s) of the forward input (error {:.3g}) switching branch at a "
+                         "kink", err[at], growth[at], wi[at], kink[at], flips[at], fwd_in[g[at]])
     at = np.flatnonzero(b2)
     reason[at] = _format("exact-dtype result of inputs with error {:.3g}: rounding decides its ties", wi[at])
     at = np.flatnonzero(b3)
@@ -655,12 +708,150 @@ def judge_precision_columns(c: Columns, rules: PrecisionRules = PrecisionRules()
     reason[at] = _format("rounding noise: both sides within {:g} x u({}) x the op's scale (bench RMS {:.3g} of "
                          "{:.3g}); error {:.3g} says nothing", np.full(at.size, rules.noise),
                          np.full(at.size, u_w[1], dtype=object), rms[at], scale[at], err[at])
+    at = np.flatnonzero(stale)
+    result[at] = WARNING
+    reason[at] = _format("not comparable: an output of the in-place optimizer kernel {} holds the bytes of an "
+                         "earlier tensor of its run, so its output buffers are not what the kernel computed (it "
+                         "updates its inputs in place); error {:.3g} says nothing", op_types[at], err[at])
     _arg_diff_columns(c, g, groups, result, reason)
     _misattributed_backward(c, text[0], result, reason)
     at = np.flatnonzero(container & (result != PASS))
     result[at] = WARNING
     reason[at] = _format("module/cell record, judged by the ops inside it ({})", reason[at])
     return out, first_departures(c, out)
+
+
+# piecewise-linear functions: their derivative jumps at a kink (the op type's last dotted
+# part, an in-place ``_`` dropped: ``Functional.relu``, ``Tensor.clamp_``, ``Torch.abs``)
+KINKED = frozenset({"relu", "relu6", "leaky_relu", "prelu", "rrelu", "hardtanh", "hardsigmoid", "hardswish",
+                    "hardshrink", "softshrink", "threshold", "clamp", "clamp_min", "clamp_max", "clip", "abs"})
+
+
+def _kinked(op_types: np.ndarray) -> np.ndarray:
+    """Per row: its op type is a piecewise-linear function (:data:`KINKED`)."""
+    found = {t: isinstance(t, str) and t.rpartition(".")[2].rstrip("_") in KINKED for t in set(op_types.tolist())}
+    return np.array([found[t] for t in op_types.tolist()], bool)
+
+
+def _backward_of_forward(c: Columns, names: pa.Array, op_types: np.ndarray, g: np.ndarray, groups: int,
+                         worst: np.ndarray, has_in: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(per op call: the error of its forward call's inputs, 0 for others; per row: the
+    kink allowance of a backward output, 0 for others; per row: the elements it counts) of
+    msprobe backward records (module docstring, "Backward records"). ``X.backward``'s
+    forward call is ``X.forward`` of the same iteration and rank (:func:`_forward_name`);
+    its inputs (``worst``: each call's largest input error, ``has_in``: it has inputs) are
+    the tensors autograd saved for the backward. The kink allowance of an output of ``N``
+    elements of a piecewise-linear op (:data:`KINKED`: relu, leaky_relu, clamp, abs...)
+    whose forward input error is ``e > 0`` and which has the shape of one of the record's
+    inputs (elementwise: one incoming gradient element per output element):
+    ``sqrt(k) x G / ||out||`` with
+    ``k = max(1, ceil(N e))`` elements switching branch (an element flips when the forward
+    input's error reaches its distance from the kink: relu's mask, max-pool's argmax, a
+    clamp; a fraction ~``e`` of the elements for values whose density at the kink is at
+    most ``1 / (2 rms)``, as a normal's ``0.4 / rms``) and ``G`` the largest |value| of the
+    incoming gradients of that shape (the bench's ``max`` / ``min``): a switched element's
+    gradient differs by at most that."""
+    n = len(g)
+    fwd_in, kink, flips = np.zeros(groups), np.zeros(n), np.zeros(n, np.int64)
+    text = names.to_pylist() if n else []
+    first = np.full(groups, -1, np.int64)
+    first[g[::-1]] = np.arange(n)[::-1]  # one row per call (its first)
+    reps = first[first >= 0]
+    backward = [int(i) for i in reps.tolist() if isinstance(text[i], str) and ".backward" in text[i]]
+    if not backward:
+        return fwd_in, kink, flips
+    forward = {(int(c.where[i]), text[i]): int(g[i]) for i in reps.tolist()
+               if isinstance(text[i], str) and ".forward" in text[i]}
+    for i in backward:
+        f = forward.get((int(c.where[i]), _forward_name(text[i])))
+        if f is not None and has_in[f]:
+            fwd_in[g[i]] = worst[f]
+    e = fwd_in[g]
+    rows = c.output & (e > 0) & np.isfinite(e)
+    if not rows.any():
+        return fwd_in, kink, flips
+    rows &= _kinked(op_types)
+    # the incoming gradient of the output's own shape (an elementwise op: one incoming
+    # element per output element) and its largest |value|, bench side
+    bs = c.bench_shape
+    with np.errstate(invalid="ignore"):
+        mag = np.fmax(np.abs(c.values["bench_max"]), np.abs(c.values["bench_min"]))
+    incoming: dict = {}
+    wanted = set(g[rows].tolist())
+    for j in np.flatnonzero(~c.output & c.valid["bench_max"] & c.valid["bench_min"] & np.isfinite(mag) & bs.valid
+                            & np.isin(g, list(wanted))).tolist():
+        key = (int(g[j]), bs.shape(j))
+        incoming[key] = max(incoming.get(key, 0.0), float(mag[j]))
+    top = np.zeros(n)
+    for i in np.flatnonzero(rows & bs.valid).tolist():
+        top[i] = incoming.get((int(g[i]), bs.shape(i)), 0.0)
+    size = np.maximum(bs.size, 1).astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        k = np.maximum(1.0, np.ceil(size * np.where(rows, e, 0.0)))
+        l2 = c.values["bench_l2norm"]
+        ok = rows & bs.valid & c.valid["bench_l2norm"] & (l2 > 0) & (top > 0)
+        kink[ok] = (np.sqrt(k) * top / l2)[ok]
+    flips[ok] = k[ok].astype(np.int64)
+    return fwd_in, kink, flips
+
+
+def _stale_outputs(c: Columns, op_types: np.ndarray, phase: np.ndarray) -> np.ndarray:
+    """The output rows of in-place optimizer kernels whose output buffers were never
+    written (module docstring, "Not comparable"): every optimizer-phase output row of an op
+    type some call of which, on either side, outputs bytes (payload content hash) that a
+    tensor of another op call of its iteration and rank held before it ran (an output of
+    an earlier op, not a module
+    or cell record, or an input of an earlier op call: bytes that existed before the call,
+    so it did not compute them), bytes that are not among that call's own inputs (an
+    in-place update dumped after the kernel ran holds its own input 0's bytes: quirk 6 of
+    the MindSpore CPU corpus README, ``shared/corpus/mindspore-cpu/README.md``) and not a
+    constant tensor (max == min: zeros are everywhere). MindSpore 2.10 CPU's
+    ``AdamWeightDecay`` updates ``var``, ``m`` and ``v`` in place; its dumped outputs are
+    reused device buffers: an fp16-O2 run's ``AdamWeightDecay-op11`` and ``-op12`` outputs
+    hold the bytes of ``-op10``'s input 8 (a gradient) and of a ``LayerNormGrad`` output,
+    and the fp32 run's ``-op10`` to ``-op12`` outputs are one tensor. Bool mask over rows."""
+    n = len(c.group)
+    out = np.zeros(n, bool)
+    candidates = c.output & np.equal(phase, OPTIMIZER).astype(bool) & np.not_equal(op_types, _NONE).astype(bool)
+    if not candidates.any():
+        return out
+    g = c.group
+    names = _optional(c, "target_name", n)
+    boxed = containers(pa.array(op_types.tolist(), pa.string()), pa.array(names.tolist(), pa.string()))
+    start = np.full(int(g.max()) + 1, np.iinfo(np.int64).max, np.int64)  # when each op call ran
+    np.minimum.at(start, g, c.run_rank)
+    evidence: set = set()
+    for side, hashes in (("target", c.target_content_hash), ("bench", getattr(c, "bench_content_hash", None))):
+        if hashes is None:
+            continue
+        vmax, vmin = c.values[f"{side}_max"], c.values[f"{side}_min"]
+        constant = c.valid[f"{side}_max"] & c.valid[f"{side}_min"] & (vmax == vmin)
+        known = np.not_equal(hashes, _NONE).astype(bool) & ~boxed
+        # per (iteration, rank) and hash: one process's tensors (data-parallel ranks hold
+        # equal bytes: an all_reduce's result), when the earliest op call holding it ran
+        code = np.where(known, group_codes([c.where, string_codes(pa.array(hashes.tolist(), pa.string()))]), 0)
+        first = np.full(int(code.max()) + 1, np.iinfo(np.int64).max, np.int64)
+        np.minimum.at(first, code[known], start[g[known]])
+        earlier = np.flatnonzero(candidates & known & ~constant & (first[code] < start[g])).tolist()
+        own: dict = {}  # op call -> its input hashes on this side
+        for i in np.flatnonzero(known & ~c.output & np.isin(g, g[candidates])).tolist():
+            own.setdefault(int(g[i]), set()).add(hashes[i])
+        found = [i for i in earlier if hashes[i] not in own.get(int(g[i]), ())]
+        rows = [i for i in np.flatnonzero(candidates & known & ~constant).tolist()
+                if hashes[i] not in own.get(int(g[i]), ())]
+        if side == "target":  # every target op's outputs, compared or not, in the target's order
+            seen = set(found)
+            rest = [i for i in rows if i not in seen and op_types[i] not in evidence]
+            made = c.producers({hashes[i] for i in rest}) if rest else {}
+            listed = sorted({p[1] for v in made.values() for p in v if p[1] is not None})
+            record = set(np.array(listed, dtype=object)[containers(_objects(listed), _objects(listed))].tolist()) \
+                if listed else set()
+            found += [i for i in rest if any(p[0] < int(c.order[i]) and p[1] != names[i] and p[1] not in record
+                                             for p in made.get(hashes[i], []))]
+        evidence |= {op_types[i] for i in found}
+    if evidence:
+        out = candidates & np.isin(op_types, sorted(evidence))
+    return out
 
 
 def _forward_name(name: str) -> str:
@@ -993,17 +1184,19 @@ def _judge_inputs_columns(c: Columns, rows_mask, g, err, err_ok, floor_ok, floor
     # an op only the target has produced it: judged by the error of that op's own inputs
     by_new = (rows_mask & ~exact) & has & ~compared & none & err_ok & np.isfinite(err)
     src = np.full(len(g), np.nan)
+    ops = np.zeros(len(g), np.int64)
     if by_new.any() and getattr(c, "inputs_of", None) is not None:
         src_of = _SourceErrors(c, err, err_ok, boxed_rows)
         for i in np.flatnonzero(by_new).tolist():
             src[i] = src_of(int(made_at[i]), CHAIN_DEPTH)
+            ops[i] = src_of.ops.get(int(made_at[i]), 1)
     known = by_new & ~np.isnan(src)
     with np.errstate(invalid="ignore"):
-        chain_bound = rules.growth * np.where(known, src, 0.0) + CHAIN_ROUNDINGS * np.where(floor_ok, floor, 0.0)
+        chain_bound = CHAIN_GROWTH * np.where(known, src, 0.0) + CHAIN_ROUNDINGS * np.where(floor_ok, floor, 0.0)
         chain_ok = known & (err <= chain_bound)
         cast = err_ok & (err <= CAST_ROUNDINGS * unit[0])
     at = np.flatnonzero(chain & known & ~chain_ok & ~cast)
-    reason[at] = _format(f"input departs: error {{:.3g}} = {{:.3g}} x floor, beyond {rules.growth:g} x the error "
+    reason[at] = _format(f"input departs: error {{:.3g}} = {{:.3g}} x floor, beyond {CHAIN_GROWTH:g} x the error "
                          f"{{:.3g}} of the inputs of {{}}, an op only the target has, + {CHAIN_ROUNDINGS:g} x floor",
                          err[at], ratio[at], src[at], name[at])
     result[at] = ERROR
@@ -1054,7 +1247,7 @@ def _judge_inputs_columns(c: Columns, rows_mask, g, err, err_ok, floor_ok, floor
     reason[at] = _format("input error {:.3g} within {:.3g} x the largest earlier error {:.3g}{}",
                          err[at], allowed[at], up[at], produced)
     at = np.flatnonzero(a3 & known)
-    reason[at] = _format(f"input error {{:.3g}} within {rules.growth:g} x the error {{:.3g}} of the inputs of {{}}, "
+    reason[at] = _format(f"input error {{:.3g}} within {CHAIN_GROWTH:g} x the error {{:.3g}} of the inputs of {{}}, "
                          f"an op only the target has, + {CHAIN_ROUNDINGS:g} x floor", err[at], src[at], name[at])
     at = np.flatnonzero(a4)
     what = reason[at]
@@ -1115,11 +1308,13 @@ class _SourceErrors:
             if h is not None:
                 self.out_err[h] = max(self.out_err.get(h, 0.0), float(err[i]))
         self.memo: dict[int, float] = {}
+        self.ops: dict[int, int] = {}  # the ops only the target has on the longest path back to a compared output
 
     def __call__(self, k: int, depth: int) -> float:
         if k in self.memo:
             return self.memo[k]
         self.memo[k] = math.nan  # a cycle is unknown
+        self.ops[k] = 1
         ins = (self.c.inputs_of or _no_inputs)(k)
         worst = math.nan if not ins else 0.0
         producers = self.c.producers({h for h, _ in ins} - set(self.out_err)) if ins else {}
@@ -1136,6 +1331,7 @@ class _SourceErrors:
                 worst = e
                 break
             worst = max(worst, e)
+            self.ops[k] = max(self.ops[k], 1 + self.ops.get(int(before[-1][0]), 1))
         self.memo[k] = worst
         return worst
 

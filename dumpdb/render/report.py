@@ -907,7 +907,7 @@ def _firsts_table(title: str, entries: Sequence[Mapping[str, Any]], first: str) 
 
 
 def _evidence_section(results: pa.Table) -> str:
-    """Rows the precision rules labelled rounding noise, pairs the alignment re-aligned by
+    """Rows the precision rules labelled rounding noise or not comparable, pairs the alignment re-aligned by
     content (``realigned``, regions of consecutive pairs) and scalar-argument differences
     (``arg_diff``): each shown when its column is there and has any."""
     cols = results.column_names
@@ -920,6 +920,16 @@ def _evidence_section(results: pa.Table) -> str:
                          "that is zero in exact arithmetic): their relative error says nothing and they never "
                          "depart.</p>" + _rows_table(noise, ("pair_index", "target_name", "io", "slot",
                                                              "precision_reason")))
+        if "precision_reason" in cols:
+            apart = results.filter(pc.fill_null(pc.and_(
+                pc.equal(results.column("precision_result"), "warning"),
+                pc.starts_with(results.column("precision_reason"), "not comparable")), False))
+            if apart.num_rows:
+                parts.append(f'<h3 id="not-comparable">Not comparable <small class="muted">({apart.num_rows} '
+                             'pairs)</small></h3><p class="note">A side holds other data than the op computed (an '
+                             "in-place optimizer's reused output buffers, a backward record of another op's "
+                             "gradients): never a departure.</p>"
+                             + _rows_table(apart, ("pair_index", "target_name", "io", "slot", "precision_reason")))
     if "realigned" in cols:
         flags = [bool(v) for v in results.column("realigned").to_pylist()]
         names = results.column("target_name").to_pylist() if "target_name" in cols else [None] * len(flags)

@@ -90,10 +90,10 @@ def _in(cwd: Path) -> Iterator[None]:
     rich consoles (made on first use, they read COLUMNS then), as a new process has them."""
     from dumpdb import cli
 
-    old, env = os.getcwd(), dict(os.environ)
+    old, env, readme_env = os.getcwd(), dict(os.environ), _env()
     os.chdir(cwd)
     os.environ.clear()
-    os.environ.update(_env())
+    os.environ.update(readme_env)
     cli._consoles.clear()
     try:
         yield

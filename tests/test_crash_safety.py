@@ -13,11 +13,14 @@ write... before any kind gets a second point.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import os
 import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -50,6 +53,37 @@ def crashkit_run(archive: Path, args: list[str], settings: str = SETTINGS, **ext
     constants ``settings`` (``CRASHKIT_SET``) and more ``CRASHKIT_*`` variables in ``extra``."""
     return subprocess.run([sys.executable, str(CRASHKIT), "-m", "dumpdb", *args],
                           env=_env(archive, settings, **extra), capture_output=True, text=True, timeout=240)
+
+
+@contextlib.contextmanager
+def _settings(settings: str) -> Iterator[None]:
+    """The module constants ``settings`` (``CRASHKIT_SET``'s syntax) set in this process meanwhile."""
+    saved = []
+    try:
+        for item in filter(None, (x.strip() for x in settings.split(";"))):
+            target, value = item.split("=", 1)
+            module_name, attr = target.rsplit(".", 1)
+            module = importlib.import_module(module_name)
+            saved.append((module, attr, getattr(module, attr)))
+            setattr(module, attr, type(getattr(module, attr))(value))
+        yield
+    finally:
+        for module, attr, old in reversed(saved):
+            setattr(module, attr, old)
+
+
+def run_in_process(args: list[str], settings: str = SETTINGS) -> subprocess.CompletedProcess:
+    """``dumpdb ARGS`` run to its end in this process (typer's runner) with the same module
+    constants as the kill runs: the re-runs and the archives the tests start from. What a
+    kill leaves is made by a killed process (``crashkit_run``); the command that completes it
+    needs none of its own (it saves the ~1.4 s of CPU a process spends starting, each time)."""
+    from typer.testing import CliRunner
+
+    from dumpdb.cli import app
+
+    with _settings(settings):
+        result = CliRunner().invoke(app, args, catch_exceptions=False)
+    return subprocess.CompletedProcess(["dumpdb", *args], result.exit_code, result.stdout, result.stderr)
 
 
 def _schedule(archive: Path, args: list[str], points: int, salt: str, ok_codes=(0,), head: float = 1.0) -> list[int]:
@@ -92,7 +126,7 @@ def assert_committed_rows_exact(archive: Path, where: str) -> int:
 
 
 def _ingest(archive: Path, run: str) -> None:
-    proc = crashkit_run(archive, ["ingest", str(SOURCES[run]), "--archive", str(archive), "--run", run, "-q"])
+    proc = run_in_process(["ingest", str(SOURCES[run]), "--archive", str(archive), "--run", run, "-q"])
     assert proc.returncode == 0, proc.stderr
 
 
@@ -126,7 +160,7 @@ def test_ingest_killed_anywhere_keeps_committed_rows_exact_and_reruns_complete(t
         assert proc.returncode == -signal.SIGKILL, f"{where}: {proc.returncode} {proc.stderr[-500:]}"
         if archive.exists() and dumpdb.archive.is_archive(archive):
             assert assert_committed_rows_exact(archive, where) <= n_files
-        rerun = crashkit_run(archive, args)
+        rerun = run_in_process(args)
         assert rerun.returncode == 0, f"{where}: re-run failed: {rerun.stderr[-500:]}"
         assert assert_committed_rows_exact(archive, where + ", after the re-run") == n_files
         assert dumpdb.open(archive).show("d2")["status"] == "complete"
@@ -157,14 +191,14 @@ def test_ingest_with_two_workers_killed_at_two_points_reruns_to_a_clean_ingest(t
             at = max(1, seen * 3 // 4)
         where = f"ingest --workers 2 killed at event {at} (seed {SEED})"
         assert proc.returncode == -signal.SIGKILL, f"{where}: {proc.returncode} {proc.stderr[-500:]}"
-        rerun = crashkit_run(archive, args)
+        rerun = run_in_process(args)
         assert rerun.returncode == 0, f"{where}: re-run failed: {rerun.stderr[-500:]}"
         assert assert_committed_rows_exact(archive, where + ", after the re-run") == expected
         a = dumpdb.open(archive)
         assert a.show("d2")["status"] == "complete"
         assert a.sql("SELECT count(DISTINCT content_hash) AS n FROM tensors")["n"][0].as_py() == \
             dumpdb.open(clean).sql("SELECT count(DISTINCT content_hash) AS n FROM tensors")["n"][0].as_py()
-        gc = crashkit_run(archive, ["gc", "--archive", str(archive), "--grace", "0"])
+        gc = run_in_process(["gc", "--archive", str(archive), "--grace", "0"])
         assert gc.returncode == 0, f"{where}: gc failed: {gc.stderr[-500:]}"
         assert assert_committed_rows_exact(archive, where + ", after gc") == expected
 
@@ -186,7 +220,7 @@ def test_import_killed_anywhere_keeps_committed_rows_exact_and_reruns_complete(t
         proc = _killed(archive, args, at)
         assert proc.returncode == -signal.SIGKILL, f"{where}: {proc.returncode} {proc.stderr[-500:]}"
         assert assert_committed_rows_exact(archive, where) <= n
-        rerun = crashkit_run(archive, args)
+        rerun = run_in_process(args)
         assert rerun.returncode == 0, f"{where}: re-run failed: {rerun.stderr[-500:]}"
         assert assert_committed_rows_exact(archive, where + ", after the re-run") == n
 
@@ -217,7 +251,7 @@ def test_prune_killed_anywhere_keeps_rows_and_statistics(tmp_path):
         assert proc.returncode == -signal.SIGKILL, f"{where}: {proc.returncode} {proc.stderr[-500:]}"
         assert_committed_rows_exact(archive, where)
         assert _reprs(dumpdb.open(archive).sql(stats_q).to_pylist()) == stats_before, f"{where}: statistics changed"
-        assert crashkit_run(archive, args).returncode == 0
+        assert run_in_process(args).returncode == 0
         assert_committed_rows_exact(archive, where + ", after the re-run")
         pruned = dumpdb.open(archive).sql("SELECT run, iteration FROM tensors WHERE pruned_at IS NOT NULL").to_pylist()
         assert len(pruned) == expected_pruned and all(r["run"] == "e1" and r["iteration"] <= 5 for r in pruned)
@@ -240,7 +274,7 @@ def test_gc_killed_anywhere_loses_no_live_payload(tmp_path):
         assert assert_committed_rows_exact(archive, where) == live
         # --grace 0: nothing else uses this archive, so the killed gc's uncommitted pack is
         # reclaimable now (by default gc keeps young uncommitted files: another writer's)
-        assert crashkit_run(archive, args + ["--grace", "0"]).returncode == 0
+        assert run_in_process(args + ["--grace", "0"]).returncode == 0
         assert assert_committed_rows_exact(archive, where + ", after the re-run") == live
         size_after = sum(p.stat().st_size for p in (archive / "tensors.zarr").rglob("*") if p.is_file())
         assert size_after < size_before, f"{where}: gc reclaimed nothing"
@@ -264,7 +298,7 @@ def test_compare_killed_anywhere_stores_all_or_nothing(tmp_path):
     reference = tmp_path / "ref.dumpdb"
     shutil.copytree(base, reference)
     args = ["compare", "d2", "d1", "--archive", str(reference), "--show", "0"]
-    assert crashkit_run(reference, args).returncode in (0, 1)
+    assert run_in_process(args).returncode in (0, 1)
     expected = _compare_rows(reference)
     assert len(expected) > 50
     archive = tmp_path / "a.dumpdb"
@@ -281,5 +315,5 @@ def test_compare_killed_anywhere_stores_all_or_nothing(tmp_path):
         for c in a.sql("SELECT compare_id, pairs FROM compares").to_pylist():  # a stored compare is whole
             n = a.sql("SELECT count(*) AS n FROM compare_results WHERE compare_id = ?", [c["compare_id"]])["n"][0]
             assert n.as_py() == c["pairs"], f"{where}: compare {c['compare_id']} stored in part"
-        assert crashkit_run(archive, args).returncode in (0, 1)
+        assert run_in_process(args).returncode in (0, 1)
         assert _compare_rows(archive)[-len(expected):] == expected, where

@@ -168,11 +168,21 @@ def assert_payloads_read_back(reader, locations: dict, hashes, arrays) -> None:
         assert reader.read_payload(loc.array_path, loc.elem_offset, loc.elem_count).tobytes() == a.tobytes()
 
 
-@pytest.fixture(scope="module")
-def pair_archive(tmp_path_factory):
-    """An archive per test module with the real fp32 and fp16/bf16 compare cases as runs
-    ``fp32`` and ``fp16`` (a module's compares store results in it)."""
-    archive = tmp_path_factory.mktemp("pair") / "a.dumpdb"
+@pytest.fixture(scope="session")
+def _pair_archive_once(tmp_path_factory):
+    """The real fp32 and fp16/bf16 compare cases ingested once per session as runs ``fp32``
+    and ``fp16`` (never written: :func:`pair_archive` hands out copies)."""
+    archive = tmp_path_factory.mktemp("pair-once") / "a.dumpdb"
     for case, run in (("d1_compare_fp32_iter0", "fp32"), ("d2_compare_fp16_bf16_iter0", "fp16")):
         assert dumpdb.ingest(ms_case(case), archive=archive, run=run).ok
+    return archive
+
+
+@pytest.fixture(scope="module")
+def pair_archive(tmp_path_factory, _pair_archive_once):
+    """An archive per test module with the real fp32 and fp16/bf16 compare cases as runs
+    ``fp32`` and ``fp16`` (a module's compares store results in it): a copy of the
+    session's ingest, so each module starts from the same freshly ingested archive."""
+    archive = tmp_path_factory.mktemp("pair") / "a.dumpdb"
+    shutil.copytree(_pair_archive_once, archive)
     return archive

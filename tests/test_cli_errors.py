@@ -169,11 +169,18 @@ def test_interrupt_while_modules_load_is_one_line_130(tmp_path):
     assert proc.returncode == 130 and proc.stderr == "interrupted\n"
 
 
-def test_truncated_catalog_is_one_line_in_every_command(tmp_path):
+def test_truncated_catalog_is_one_line_in_every_command(tmp_path, monkeypatch):
     """Issue 14: a truncated catalog.duckdb gave raw DuckDB tracebacks; now one line, exit 2
     (or an answer where DuckDB can still give one)."""
     import shutil
+    import types
 
+    from dumpdb.catalog import connection
+
+    # Each open judges a truncated file 5 times (another process's migration may be renaming
+    # a new file into place) with 1 s of pauses in all: the retries run, without the pauses.
+    pauses: list[float] = []
+    monkeypatch.setattr(connection, "time", types.SimpleNamespace(sleep=pauses.append))
     a = tmp_path / "a.dumpdb"
     assert dumpdb.ingest(ms_case("c1_inputs_kernels_iter"), archive=a, run="c1").ok
     catalog = a / "catalog.duckdb"
@@ -187,6 +194,7 @@ def test_truncated_catalog_is_one_line_in_every_command(tmp_path):
         assert r.exit_code in (0, 1, 2), (args, r.output)
         if r.exit_code == 2:
             assert r.output.rstrip("\n").count("\n") == 0 and r.output.startswith("error: "), (args, r.output)
+    assert pauses  # the truncation was judged again before it was reported
     shutil.rmtree(a)
 
 

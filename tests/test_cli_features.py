@@ -73,7 +73,7 @@ def test_sigint_exits_130_and_the_rerun_completes(tmp_path):
     src = ms_case("d2_compare_fp16_bf16_iter0")
     count = tmp_path / "events"
     args = [sys.executable, str(CRASHKIT), "-m", "dumpdb", "ingest", str(src), "-a", str(archive), "--run", "d2", "-q"]
-    settings = "dumpdb.storage.store.PACK_BYTES=32768;dumpdb.ingestion.pipeline.COMMIT_SECONDS=0"
+    settings = "dumpdb.storage.store.PACK_BYTES=131072;dumpdb.ingestion.pipeline.COMMIT_SECONDS=0"
     probe_args = [*args[:5], str(src), "-a", str(tmp_path / "probe.dumpdb"), "--run", "d2", "-q"]
     probe = subprocess.run(probe_args,
                            env=_env(CRASHKIT_WATCH=str(tmp_path / "probe.dumpdb"), CRASHKIT_SET=settings,

@@ -18,7 +18,7 @@ import pytest
 import zarr
 from conftest import DATA, assert_payloads_read_back, ms_case, npy_files, npy_payload, write_payloads
 from crashkit import kill_points
-from test_crash_safety import assert_committed_rows_exact, crashkit_run
+from test_crash_safety import assert_committed_rows_exact, crashkit_run, run_in_process
 
 import dumpdb
 import dumpdb.archive
@@ -266,7 +266,7 @@ def test_ingest_writing_deltas_killed_anywhere_keeps_committed_rows_exact_and_re
         assert proc.returncode == -signal.SIGKILL, f"{where}: {proc.returncode} {proc.stderr[-500:]}"
         if archive.exists() and dumpdb.archive.is_archive(archive):
             assert assert_committed_rows_exact(archive, where) <= n_files
-        rerun = _crashkit(archive, args)
+        rerun = run_in_process(args, SETTINGS)
         assert rerun.returncode == 0, f"{where}: re-run failed: {rerun.stderr[-500:]}"
         assert assert_committed_rows_exact(archive, where + ", after the re-run") == n_files
 

@@ -4,12 +4,17 @@ temporary directory), with exit codes and printed answers checked; the sections 
 from README.md itself, so a command that stops working fails here.
 
 Only the virtualenv/pip steps are not run (CI has installed dumpdb already); ``dumpdb`` and
-``.venv/bin/...`` run with this interpreter.
+``.venv/bin/...`` run with this interpreter. The quick start's commands, the scripts and the
+``$DUMPDB_ARCHIVE`` check run as processes (``python -m dumpdb``); the other sections' commands
+run in this process through typer's runner (the same app, arguments and working directory,
+without a process start and its imports each time), and their Python snippets through ``exec``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import gc
 import io
 import os
 import re
@@ -17,6 +22,8 @@ import shlex
 import shutil
 import subprocess
 import sys
+import traceback
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -64,17 +71,62 @@ def _env() -> dict:
     return env
 
 
-def run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
+def run(argv: list[str], cwd: Path, process: bool = True) -> subprocess.CompletedProcess:
+    """Run a README command line in ``cwd``: in a process, or (``process=False``, for
+    ``dumpdb`` commands) in this one through typer's runner (:func:`run_in_process`)."""
     exe = argv[0]
     if exe in ("dumpdb", ".venv/bin/dumpdb"):
+        if not process:
+            return run_in_process(argv, cwd)
         argv = [sys.executable, "-m", "dumpdb", *argv[1:]]
     elif exe in (".venv/bin/python", "python", "python3"):
         argv = [sys.executable, *argv[1:]]
     return subprocess.run(argv, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=600)
 
 
+@contextlib.contextmanager
+def _in(cwd: Path) -> Iterator[None]:
+    """This process in ``cwd``, with the environment ``_env`` gives a README process and fresh
+    rich consoles (made on first use, they read COLUMNS then), as a new process has them."""
+    from dumpdb import cli
+
+    old, env, readme_env = os.getcwd(), dict(os.environ), _env()
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(readme_env)
+    cli._consoles.clear()
+    try:
+        yield
+    finally:
+        cli._consoles.clear()
+        os.environ.clear()
+        os.environ.update(env)
+        os.chdir(old)
+        gc.collect()  # the command's or snippet's archives closed, as at a process's exit
+
+
+def run_in_process(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """``dumpdb ARGS`` (``argv[1:]``) through typer's runner in this process: exit code,
+    stdout and stderr as a process gives them; an exception escaping the app fails the test."""
+    from typer.testing import CliRunner
+
+    from dumpdb.cli import app
+
+    with _in(cwd):
+        result = CliRunner().invoke(app, argv[1:], catch_exceptions=False)
+    return subprocess.CompletedProcess(argv, result.exit_code, result.stdout, result.stderr)
+
+
 def run_python(code: str, cwd: Path) -> subprocess.CompletedProcess:
-    return run(["python", "-c", code], cwd)
+    """A README snippet run by ``exec`` in ``cwd`` as a script's ``__main__``: returncode 1
+    and the traceback on stderr if it raises."""
+    out = io.StringIO()
+    with _in(cwd), contextlib.redirect_stdout(out):
+        try:
+            exec(compile(code, "<README snippet>", "exec"), {"__name__": "__main__"})  # noqa: S102 - the README's own code
+        except Exception:  # noqa: BLE001 - reported as a failed process would report it
+            return subprocess.CompletedProcess(["python", "-c", code], 1, out.getvalue(), traceback.format_exc())
+    return subprocess.CompletedProcess(["python", "-c", code], 0, out.getvalue(), "")
 
 
 def _iterations_renamed(src: Path, dst: Path, renames: dict[str, str]) -> None:
@@ -123,10 +175,10 @@ def _expected_exit(argv: list[str]) -> int:
     return next((code for key, code in EXPECTED_EXIT.items() if tuple(args[: len(key)]) == key), 0)
 
 
-def _run_block_commands(block: str, cwd: Path) -> dict[str, subprocess.CompletedProcess]:
+def _run_block_commands(block: str, cwd: Path, process: bool = False) -> dict[str, subprocess.CompletedProcess]:
     results = {}
     for argv in commands(block):
-        proc = run(argv, cwd)
+        proc = run(argv, cwd, process)
         assert proc.returncode == _expected_exit(argv), (argv, proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
         assert "Traceback" not in proc.stderr, (argv, proc.stderr[-2000:])
         results[shlex.join(argv)] = proc
@@ -143,14 +195,14 @@ def test_quick_start_answers_where_the_loss_went_wrong(work):
     block = blocks(section("Quick start"))[0]
     argvs = commands(block)
     assert [a[:2] for a in argvs] == [[".venv/bin/dumpdb", "ingest"], [".venv/bin/dumpdb", "sql"]]
-    results = _run_block_commands(block, work)
+    results = _run_block_commands(block, work, process=True)  # the first commands a user runs: as processes
     printed = list(results.values())[-1].stdout
     # the answer, read off the source dump: iteration 0's loss (SparseSoftmaxCrossEntropyWithLogits
     # output) holds one inf; in iteration 1 conv1's weight (Conv2D input 1) holds 147
     for value in ("SparseSoftmax", "891", "Conv2D", "80", "147"):
         assert value in printed, printed
     query = argvs[-1][-1]
-    as_csv = run([".venv/bin/dumpdb", "sql", "--archive", "sample.dumpdb", "-f", "csv", query], work)
+    as_csv = run([".venv/bin/dumpdb", "sql", "--archive", "sample.dumpdb", "-f", "csv", query], work, process=False)
     rows = list(csv.DictReader(io.StringIO(as_csv.stdout)))
     got = [(r["iteration"], r["op_type"], r["io"], r["slot"], r["nan_count"], r["inf_count"], r["code_line"])
            for r in rows]
@@ -250,7 +302,7 @@ def test_performance_scripts_run_at_tiny_sizes(work, script, tmp_path):
 
 def test_readme_archive_default_and_env(work, tmp_path):
     """`--archive` defaults to $DUMPDB_ARCHIVE, else ./dumpdb.archive."""
-    proc = run(["dumpdb", "sql", "-f", "csv", "SELECT count(*) AS n FROM runs WHERE run = 'fp16'"], work)
+    proc = run(["dumpdb", "sql", "-f", "csv", "SELECT count(*) AS n FROM runs WHERE run = 'fp16'"], work, process=False)
     assert proc.returncode == 0 and _csv(proc.stdout) == [["n"], ["1"]], proc.stdout + proc.stderr
     env_archive = tmp_path / "env.dumpdb"
     assert dumpdb.ingest(ms_case("c1_inputs_kernels_iter"), archive=env_archive, run="c1").ok

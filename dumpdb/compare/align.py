@@ -84,7 +84,8 @@ Content check (before ``sequence``, when it is among the strategies)
     (:func:`family`: msprobe names without their call index, MindSpore names without
     ``-opN``) holding another number of ops on the two sides, or a pair whose dtype class,
     shape or statistics (:func:`stat_distance` > ``LOOKS_WRONG``) look wrong while a bench
-    tensor of the same kind nearby fits ``FAR_BETTER`` times better (within ``FITS``), has
+    tensor of the same kind nearby fits ``FAR_BETTER`` times better (within ``FITS``) and
+    whose call fits the target's call better as a unit (:func:`_call_prefers`), has
     its family's name pairs taken back; ``sequence`` pairs them again, content breaking ties
     (and moving a gap among ops of one token to where content puts it). ``realigned`` marks
     the pairs that changed partner; ``Alignment.suspects`` lists final pairs that still look

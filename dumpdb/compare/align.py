@@ -84,7 +84,8 @@ Content check (before ``sequence``, when it is among the strategies)
     (:func:`family`: msprobe names without their call index, MindSpore names without
     ``-opN``) holding another number of ops on the two sides, or a pair whose dtype class,
     shape or statistics (:func:`stat_distance` > ``LOOKS_WRONG``) look wrong while a bench
-    tensor of the same kind nearby fits ``FAR_BETTER`` times better (within ``FITS``), has
+    tensor of the same kind nearby fits ``FAR_BETTER`` times better (within ``FITS``) and
+    whose call fits the target's call better as a unit (:func:`_call_prefers`), has
     its family's name pairs taken back; ``sequence`` pairs them again, content breaking ties
     (and moving a gap among ops of one token to where content puts it). ``realigned`` marks
     the pairs that changed partner; ``Alignment.suspects`` lists final pairs that still look
@@ -992,6 +993,7 @@ class _Content:
         self.fam: list = fams  # family() of each row, None for none (_family_codes adds the group)
         self._kinds: dict | None = None
         self._form: list | None = None
+        self._calls: dict | None = None  # (group, graph, name) -> rows (_call_rows)
 
     @property
     def form(self) -> list:
@@ -1236,6 +1238,46 @@ def _better_partner(ct: _Content, cb: _Content, ti: int, bi: int, d: float) -> t
     return (best, best_d, d) if best >= 0 else None
 
 
+def _call_rows(c: _Content, i: int) -> list[int]:
+    """The rows of row ``i``'s op call: same group, graph and name (op_name, else
+    scope_name); just ``[i]`` for a row without a name. Indexed on first use."""
+    s = c.s
+    if c._calls is None:
+        calls: dict = defaultdict(list)
+        for j, (g, gr, nm) in enumerate(zip(s.group, s.graph_id, s.first("op_name", "scope_name").to_pylist())):
+            if nm is not None:
+                calls[(g, gr, nm)].append(j)
+        c._calls = calls
+    name = s.name(i)
+    return [i] if name is None else c._calls[(s.group[i], s.graph_id[i], name)]
+
+
+def _leaves_fitting(ct: _Content, trows: list[int], cb: _Content, brows: list[int]) -> int:
+    """How many of the tensors two op calls share by leaf (io, slot, slot_path, arg_name)
+    fit: :func:`stat_distance` at most ``FITS``."""
+    bleaf = {cb.s.leafs[j]: j for j in brows}
+    tis, bis = [], []
+    for i in trows:
+        j = bleaf.get(ct.s.leafs[i])
+        if j is not None:
+            tis.append(i)
+            bis.append(j)
+    return int(np.count_nonzero(_distances(ct, cb, tis, bis) <= FITS))
+
+
+def _call_prefers(ct: _Content, cb: _Content, ti: int, bi: int, bj: int) -> bool:
+    """Is the call of bench row ``bj`` (a far better partner of target row ``ti``,
+    :func:`_better_partner`) a better partner of ``ti``'s call than the call of ``bi`` (its
+    current partner)? The call as a unit: more of its tensors fit (``FITS``). A tensor
+    alone can mislead: MindSpore 2.10 CPU's in-place ``AdamWeightDecay`` dumps output
+    buffers it never wrote (reused across calls, precision.py "Not comparable"), so an
+    output of one parameter's update may fit another call's output far better, while the
+    name pair's var, m, v and gradient inputs fit and the other call's do not. For a call
+    of one tensor this is the tensor's own test."""
+    trows = _call_rows(ct, ti)
+    return _leaves_fitting(ct, trows, cb, _call_rows(cb, bj)) > _leaves_fitting(ct, trows, cb, _call_rows(cb, bi))
+
+
 def _take_back(p: _Pairing) -> dict[int, int]:
     """The content check before the sequence strategy: name pairs of a family whose counts
     differ between the sides, or with a pair that looks wrong while a far better partner
@@ -1272,7 +1314,7 @@ def _take_back(p: _Pairing) -> dict[int, int]:
         if fx in suspect:
             continue
         better = _better_partner(ct, cb, ti, bi, float(dist[x]))
-        if better is not None:
+        if better is not None and _call_prefers(ct, cb, ti, bi, better[0]):
             suspect.add(fx)
             other = int(bench_family[better[0]])
             if other >= 0:
@@ -1340,7 +1382,7 @@ def _suspects(p: _Pairing, tis: np.ndarray, bis: np.ndarray, checked: np.ndarray
     for k in np.flatnonzero(dist > LOOKS_WRONG).tolist():
         ti, bi = int(tis[k]), int(bis[k])
         better = _better_partner(ct, cb, ti, bi, float(dist[k]))
-        if better is not None:
+        if better is not None and _call_prefers(ct, cb, ti, bi, better[0]):
             out.append((ti, bi, better[0], better[2], better[1]))
     return out
 

@@ -820,17 +820,24 @@ def _shift_gaps(matched: list[tuple[int, int]], ttok: list, btok: list, cost) ->
     return sorted(out)
 
 
-def _op_distance(ct: _Content, trows: list[int], cb: _Content, brows: list[int]) -> float:
-    """The largest :func:`stat_distance` over the tensors two ops share by (io, slot,
-    slot_path, arg_name); NaN when none is known."""
-    bleaf = {cb.s.leafs[i]: i for i in brows}
+def _shared_leaf_distances(ct: _Content, trows: list[int], cb: _Content, brows: list[int]) -> np.ndarray:
+    """:func:`stat_distance` of each tensor two op calls share by leaf (io, slot, slot_path,
+    arg_name), float64: inf where dtype class or shape differ, NaN where a statistic is not
+    finite."""
+    bleaf = {cb.s.leafs[j]: j for j in brows}
     tis, bis = [], []
     for i in trows:
         j = bleaf.get(ct.s.leafs[i])
         if j is not None:
             tis.append(i)
             bis.append(j)
-    d = _distances(ct, cb, tis, bis)
+    return _distances(ct, cb, tis, bis)
+
+
+def _op_distance(ct: _Content, trows: list[int], cb: _Content, brows: list[int]) -> float:
+    """The largest :func:`stat_distance` over the tensors two ops share by (io, slot,
+    slot_path, arg_name); NaN when none is known."""
+    d = _shared_leaf_distances(ct, trows, cb, brows)
     d = d[~np.isnan(d)]
     return float(d.max()) if d.size else math.nan
 
@@ -1255,14 +1262,7 @@ def _call_rows(c: _Content, i: int) -> list[int]:
 def _leaves_fitting(ct: _Content, trows: list[int], cb: _Content, brows: list[int]) -> int:
     """How many of the tensors two op calls share by leaf (io, slot, slot_path, arg_name)
     fit: :func:`stat_distance` at most ``FITS``."""
-    bleaf = {cb.s.leafs[j]: j for j in brows}
-    tis, bis = [], []
-    for i in trows:
-        j = bleaf.get(ct.s.leafs[i])
-        if j is not None:
-            tis.append(i)
-            bis.append(j)
-    return int(np.count_nonzero(_distances(ct, cb, tis, bis) <= FITS))
+    return int(np.count_nonzero(_shared_leaf_distances(ct, trows, cb, brows) <= FITS))
 
 
 def _call_prefers(ct: _Content, cb: _Content, ti: int, bi: int, bj: int) -> bool:

@@ -274,6 +274,7 @@ def judge_precision(rows: list[dict], producers: dict[str, list[tuple[tuple, str
             last_backward[(r["iteration"], r["rank"])] = run_order(r)
     for r in rows:
         r["_phase"] = _phase_of(r, last_backward)
+    _stale(rows, ops, producers)
     # the working precision: the lowest-precision float any pair was judged at
     floats = [_FLOAT_EPS[r["precision_dtype"]] for r in rows if r["precision_dtype"] in _FLOAT_EPS]
     u_w = max(floats, default=0.0) / 2
@@ -316,7 +317,7 @@ def judge_precision(rows: list[dict], producers: dict[str, list[tuple[tuple, str
                     f"input differs (error {r['scaled_err']:.3g} = {r['precision_ratio']:.3g} x floor) where every "
                     f"earlier tensor of its iteration and rank is bitwise equal, both sides {r.get('target_dtype')}; "
                     "no op produced it (a changed parameter or data input)")
-        counted = [r for r in group if not _container(r)]
+        counted = [r for r in group if not _container(r) and not r.get("_stale")]
         upstream[where] = max([upstream.get(where, 0.0), *(_finite(_eff(r)) for r in inputs if r in counted)])
         if inputs:
             worst_in = max((_eff(r) or 0.0 for r in inputs), default=0.0)
@@ -344,6 +345,14 @@ def judge_precision(rows: list[dict], producers: dict[str, list[tuple[tuple, str
                 r["precision_reason"] = (f"rounding noise: both sides within {rules.noise:g} x u({w_dtype}) x the op's "
                                          f"scale (bench RMS {_rms_of(r, 'bench_l2norm'):.3g} of {r['_scale']:.3g}); "
                                          f"error {r['scaled_err']:.3g} says nothing")
+        for r in group:
+            if r.get("_stale"):
+                e = r["scaled_err"]
+                r["precision_result"] = WARNING
+                r["precision_reason"] = (
+                    f"not comparable: an output of the in-place optimizer kernel {r['op_type']} holds the bytes of an "
+                    "earlier tensor of its run, so its output buffers are not what the kernel computed (it updates "
+                    f"its inputs in place); error {math.nan if e is None else e:.3g} says nothing")
         diff = next((r.get("arg_diff") for r in group if r.get("arg_diff")), None)
         if diff:
             for r in (outputs or group):
@@ -357,8 +366,59 @@ def judge_precision(rows: list[dict], producers: dict[str, list[tuple[tuple, str
                 r["precision_result"] = WARNING
                 r["precision_reason"] = f"module/cell record, judged by the ops inside it ({r['precision_reason']})"
     for r in rows:
-        for k in ("_departs", "_noise", "_scale", "_eff", "_phase", "_sig", "_q", "_coll"):
+        for k in ("_departs", "_noise", "_scale", "_eff", "_phase", "_sig", "_q", "_coll", "_stale"):
             r.pop(k, None)
+
+
+def _stale(rows: list[dict], ops: dict, producers: dict | None) -> None:
+    """Mark ``_stale`` the departing outputs of in-place optimizer kernels whose dumped
+    output buffers hold bytes that existed before the call ran (row by row; the rule and
+    its source are in ``precision._stale_outputs``)."""
+    start = {k: min(run_order(r) for r in g) for k, g in ops.items()}
+    key_of = {id(r): k for k, g in ops.items() for r in g}
+
+    def known(r: dict, h) -> bool:
+        return h is not None and not _container(r)
+
+    evidence: set = set()
+    for side in ("target", "bench"):
+        hashes = {id(r): r.get(f"{side}_content_hash") for r in rows}
+        if all(h is None for h in hashes.values()):
+            continue
+        first: dict = {}
+        for r in rows:
+            h = hashes[id(r)]
+            if known(r, h):
+                w = (r["iteration"], r["rank"], h)
+                first[w] = min(first.get(w, (math.inf,)), start[key_of[id(r)]])
+        own: dict = defaultdict(set)
+        for r in rows:
+            if r["io"] != "output" and known(r, hashes[id(r)]):
+                own[key_of[id(r)]].add(hashes[id(r)])
+        found, rest = [], []
+        for r in rows:
+            h = hashes[id(r)]
+            vmax, vmin = r.get(f"{side}_max"), r.get(f"{side}_min")
+            if not (r["io"] == "output" and r["_phase"] == "optimizer" and r.get("op_type") is not None
+                    and known(r, h) and not (vmax is not None and vmin is not None and vmax == vmin)
+                    and h not in own[key_of[id(r)]]):
+                continue
+            k = key_of[id(r)]
+            (found if first[(r["iteration"], r["rank"], h)] < start[k] else rest).append(r)
+        if side == "target":
+            for r in rest:
+                if r["op_type"] in evidence:
+                    continue
+                for order, name, _compared in (producers or {}).get(r["target_content_hash"], []):
+                    if order < r["_order"] and name != r.get("target_name") \
+                            and not _container({"op_type": name, "target_name": name}):
+                        found.append(r)
+                        break
+        evidence |= {r["op_type"] for r in found}
+    for r in rows:
+        if r["io"] == "output" and r["_phase"] == "optimizer" and r.get("op_type") in evidence and r["_departs"] \
+                and not _container(r):
+            r["_stale"], r["_departs"] = True, False
 
 
 _COLLECTIVE = re.compile(r"(^|[._])(hcom)?(all_?reduce|all_?gather\w*|reduce_?scatter\w*|broadcast|all_?to_?all\w*)$",

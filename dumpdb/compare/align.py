@@ -1000,7 +1000,20 @@ class _Content:
         self.fam: list = fams  # family() of each row, None for none (_family_codes adds the group)
         self._kinds: dict | None = None
         self._form: list | None = None
-        self._calls: dict | None = None  # (group, graph, name) -> rows (_call_rows)
+        self._calls: dict | None = None  # (group, graph, name) -> rows (call_rows)
+
+    def call_rows(self, i: int) -> list[int]:
+        """The rows of row ``i``'s op call: same group, graph and name (op_name, else
+        scope_name); just ``[i]`` for a row without a name. Indexed on first use."""
+        s = self.s
+        if self._calls is None:
+            calls: dict = defaultdict(list)
+            for j, (g, gr, nm) in enumerate(zip(s.group, s.graph_id, s.first("op_name", "scope_name").to_pylist())):
+                if nm is not None:
+                    calls[(g, gr, nm)].append(j)
+            self._calls = calls
+        name = s.name(i)
+        return [i] if name is None else self._calls[(s.group[i], s.graph_id[i], name)]
 
     @property
     def form(self) -> list:
@@ -1245,20 +1258,6 @@ def _better_partner(ct: _Content, cb: _Content, ti: int, bi: int, d: float) -> t
     return (best, best_d, d) if best >= 0 else None
 
 
-def _call_rows(c: _Content, i: int) -> list[int]:
-    """The rows of row ``i``'s op call: same group, graph and name (op_name, else
-    scope_name); just ``[i]`` for a row without a name. Indexed on first use."""
-    s = c.s
-    if c._calls is None:
-        calls: dict = defaultdict(list)
-        for j, (g, gr, nm) in enumerate(zip(s.group, s.graph_id, s.first("op_name", "scope_name").to_pylist())):
-            if nm is not None:
-                calls[(g, gr, nm)].append(j)
-        c._calls = calls
-    name = s.name(i)
-    return [i] if name is None else c._calls[(s.group[i], s.graph_id[i], name)]
-
-
 def _leaves_fitting(ct: _Content, trows: list[int], cb: _Content, brows: list[int]) -> int:
     """How many of the tensors two op calls share by leaf (io, slot, slot_path, arg_name)
     fit: :func:`stat_distance` at most ``FITS``."""
@@ -1274,8 +1273,8 @@ def _call_prefers(ct: _Content, cb: _Content, ti: int, bi: int, bj: int) -> bool
     output of one parameter's update may fit another call's output far better, while the
     name pair's var, m, v and gradient inputs fit and the other call's do not. For a call
     of one tensor this is the tensor's own test."""
-    trows = _call_rows(ct, ti)
-    return _leaves_fitting(ct, trows, cb, _call_rows(cb, bj)) > _leaves_fitting(ct, trows, cb, _call_rows(cb, bi))
+    trows = ct.call_rows(ti)
+    return _leaves_fitting(ct, trows, cb, cb.call_rows(bj)) > _leaves_fitting(ct, trows, cb, cb.call_rows(bi))
 
 
 def _take_back(p: _Pairing) -> dict[int, int]:

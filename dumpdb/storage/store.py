@@ -403,12 +403,16 @@ class TensorStore:
         mine.set_result(data)
         return data
 
+    def _frame(self, meta: _PackMeta, i: int) -> memoryview | None:
+        """The stored frame of chunk ``i`` of a pack (one ranged read), None for an empty chunk."""
+        offset, nbytes = (int(v) for v in meta.index[i])
+        return None if offset == EMPTY_CHUNK else self.objects.get(meta.key, offset, offset + nbytes)
+
     def _decode_chunk(self, meta: _PackMeta, i: int) -> np.ndarray:
         """Chunk ``i`` of a pack, read and decoded (read-only)."""
-        offset, nbytes = (int(v) for v in meta.index[i])
-        if offset == EMPTY_CHUNK:
+        frame = self._frame(meta, i)
+        if frame is None:
             return np.zeros(meta.chunk, dtype=meta.dtype)
-        frame = self.objects.get(meta.key, offset, offset + nbytes)  # one ranged read
         data = np.frombuffer(decode_frame(meta.decoder, frame, self.objects.where(meta.key), i), dtype=meta.dtype)
         if data.size != meta.chunk:
             raise ValueError(f"{self.objects.where(meta.key)}: chunk {i} decodes to {data.size} elements, "
@@ -467,10 +471,9 @@ class TensorStore:
                 return False
         if meta.decoder is not None and not isinstance(meta.decoder, numcodecs.Blosc):
             return False
-        offset, nbytes = (int(v) for v in meta.index[i])
-        if offset == EMPTY_CHUNK:
+        frame = self._frame(meta, i)
+        if frame is None:
             return False
-        frame = self.objects.get(meta.key, offset, offset + nbytes)  # one ranged read
         where = self.objects.where(meta.key)
         if meta.decoder is not None:
             # c-blosc 1.x frame header: bytes 4-7 are the decoded size (uint32, little-endian)

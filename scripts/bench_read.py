@@ -105,7 +105,8 @@ def bench_large(archive: Path, ids: list[int], files: dict[int, Path], repeats: 
     payload packed over several chunks is read twice per round: as the store reads it (its
     chunks decoded on every core when no other read is in flight) and with that parallel
     decode off (one thread, what reads did before), so the parallel decode's gain is
-    measured beside its baseline in the same run."""
+    measured beside its baseline in the same run; the parallel side uses the decode pool
+    whatever the load (the store itself does only when a core is idle, ``idle_core``)."""
     import dumpdb
     from dumpdb.storage import store as store_mod
 
@@ -115,18 +116,21 @@ def bench_large(archive: Path, ids: list[int], files: dict[int, Path], repeats: 
     a = dumpdb.open(archive)
     store = a.store
     parallel_bytes = store_mod.PARALLEL_READ_BYTES
+    idle_core = store_mod.idle_core
 
     def read(tid: int, parallel: bool) -> float:
         with store._lock:
             store._chunks.clear()
             store._chunk_bytes = 0
         store_mod.PARALLEL_READ_BYTES = parallel_bytes if parallel else 1 << 62
+        store_mod.idle_core = (lambda: True) if parallel else idle_core  # the pool even on a busy machine
         try:
             t0 = time.perf_counter()
             a.tensor(tid)
             return time.perf_counter() - t0
         finally:
             store_mod.PARALLEL_READ_BYTES = parallel_bytes
+            store_mod.idle_core = idle_core
 
     for tid in ids:
         ours, serial, theirs = [], [], []
@@ -146,15 +150,19 @@ def bench_large(archive: Path, ids: list[int], files: dict[int, Path], repeats: 
         best = min(ours) / min(theirs)
         ratios.append((r, best))
         serial_ratios.append(rs)
-        rows.append((f"large {tid}", f"{files[tid].stat().st_size / 2**20:7.1f} MiB  dumpdb {ms(statistics.median(ours))}"
-                                     f"  serial {ms(statistics.median(serial))}  np.load {ms(statistics.median(theirs))}"
-                                     f"  ratio {r:.2f} (serial {rs:.2f}; best of each: {best:.2f})"))
+        rows.append((f"large {tid}", f"{files[tid].stat().st_size / 2**20:7.1f} MiB  pool {ms(statistics.median(ours))}"
+                                     f"  one thread {ms(statistics.median(serial))}  np.load "
+                                     f"{ms(statistics.median(theirs))}  ratio {r:.2f} (one thread {rs:.2f}; "
+                                     f"best of each: {best:.2f})"))
     worst = max(r for r, _ in ratios)
-    rows.append(("large: worst ratio", f"{worst:.2f}x np.load   median {statistics.median(r for r, _ in ratios):.2f}x   "
-                                       f"best-of ratios: worst {max(b for _, b in ratios):.2f}x   "
+    rows.append(("large, decode pool", f"worst {worst:.2f}x np.load   median {statistics.median(r for r, _ in ratios):.2f}x"
+                                       f"   best-of ratios: worst {max(b for _, b in ratios):.2f}x"))
+    rows.append(("large, one thread", f"worst {max(serial_ratios):.2f}x np.load   "
+                                      f"median {statistics.median(serial_ratios):.2f}x (the baseline, same run)"))
+    uses = "decode pool" if idle_core() else "one thread"  # what the store itself does at this load
+    worst = max(r for r, _ in ratios) if uses == "decode pool" else max(serial_ratios)
+    rows.append(("large: worst ratio", f"{worst:.2f}x np.load ({uses}: what reads use at this load)   "
                                        f"target <= 2: {'PASS' if worst <= 2 else 'MISS'}"))
-    rows.append(("large, serial decode", f"worst {max(serial_ratios):.2f}x np.load   "
-                                         f"median {statistics.median(serial_ratios):.2f}x (the baseline, same run)"))
     return rows
 
 

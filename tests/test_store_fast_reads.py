@@ -4,6 +4,9 @@ every core, and archives whose compressor is lz4 (``ingest --codec lz4``)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -56,6 +59,7 @@ def test_payload_over_many_chunks_decodes_on_the_pool_to_the_same_bytes(tmp_path
 
         monkeypatch.setattr(store, "_decode_into", spy)
         monkeypatch.setattr(store_mod, "PARALLEL_READ_BYTES", 0 if parallel else 1 << 62)
+        monkeypatch.setattr(store_mod, "idle_core", lambda: True)  # as on an idle machine
         got = store.read(loc.array_path, loc.elem_offset, loc.elem_count, np.dtype(np.float32), big.shape,
                          content_hash=payload_hash(big))
         return got, threads
@@ -77,6 +81,8 @@ def test_lz4_store_round_trips_bit_exact_and_reopens_with_its_codec(tmp_path):
         "i8": rng.integers(-128, 127, 4000, dtype=np.int8),
         "large": np.tile(rng.standard_normal(64, dtype=np.float32), (2048, 8)),  # 4 MiB, compresses: lz4
     }
+    TensorStore.create(tmp_path / "default.zarr")
+    assert TensorStore(tmp_path / "default.zarr").compressor == "zstd"  # a store that records none
     locs = _write(tmp_path / "s.zarr", payloads, "lz4", large_bytes=2 << 20)
     store = TensorStore(tmp_path / "s.zarr")
     assert store.compressor == "lz4"
@@ -98,20 +104,34 @@ def test_lz4_store_round_trips_bit_exact_and_reopens_with_its_codec(tmp_path):
     assert StoreWriter(TensorStore(tmp_path / "s.zarr", read_only=False)).compressor == "lz4"
 
 
-def test_ingest_codec_lz4_is_kept_verifies_and_reads_like_zstd(tmp_path):
-    lz4 = dumpdb.ingest(DUMP, archive=tmp_path / "lz4.dumpdb", run="a", codec="lz4", workers=1)
-    zstd = dumpdb.ingest(DUMP, archive=tmp_path / "zstd.dumpdb", run="a", workers=1)
-    assert not lz4.errors and not zstd.errors
-    with dumpdb.open(tmp_path / "lz4.dumpdb") as a, dumpdb.open(tmp_path / "zstd.dumpdb") as b:
-        assert a.store.compressor == "lz4" and b.store.compressor == "zstd"
-        assert a.verify().ok and b.verify().ok
-        ids = [r["tensor_id"] for r in a.sql("SELECT tensor_id FROM tensors WHERE content_hash IS NOT NULL "
-                                             "ORDER BY tensor_id").to_pylist()]
-        assert ids
-        for tid in ids:
-            assert a.tensor(tid).tobytes() == b.tensor(tid).tobytes()
+def test_ingest_codec_lz4_is_kept_verifies_and_reads_bit_exact(tmp_path):
+    report = dumpdb.ingest(DUMP, archive=tmp_path / "lz4.dumpdb", run="a", codec="lz4", workers=1)
+    assert not report.errors
+    with dumpdb.open(tmp_path / "lz4.dumpdb") as a:
+        assert a.store.compressor == "lz4"
+        assert a.verify().ok
+        rows = a.sql("SELECT t.tensor_id, r.source_path || '/' || t.source_file AS path FROM tensors t "
+                     "JOIN runs r USING (run) WHERE t.content_hash IS NOT NULL AND t.source_file LIKE '%.npy' "
+                     "ORDER BY t.tensor_id").to_pylist()
+        assert rows
+        for r in rows:
+            assert a.tensor(r["tensor_id"]).tobytes() == np.load(r["path"]).tobytes(), r["path"]
     with pytest.raises(StorageError, match="an archive keeps the codec"):
         dumpdb.ingest(DUMP, archive=tmp_path / "lz4.dumpdb", run="b", codec="zstd", workers=1)
     with pytest.raises(DumpdbError, match="unknown codec 'gzip'"):
         dumpdb.ingest(DUMP, archive=tmp_path / "x.dumpdb", run="a", codec="gzip")
     assert not (tmp_path / "x.dumpdb").exists()
+
+
+def test_bench_codecs_archive_says_which_codec_costs_more_than_it_saves(tmp_path):
+    dumpdb.ingest(DUMP, archive=tmp_path / "a.dumpdb", run="a", workers=1)
+    script = Path(__file__).resolve().parents[1] / "scripts" / "bench_codecs.py"
+    proc = subprocess.run([sys.executable, str(script), "--archive", str(tmp_path / "a.dumpdb"), "--disk-gbps", "4.1"],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(script.parents[1])})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    assert "float32/256K (stored as zstd)" in out, out
+    for label in ("shuffle-zstd-1 against raw", "shuffle-lz4-9 against raw", "shuffle-zstd-1 against shuffle-lz4-9"):
+        line = next(x for x in out.splitlines() if label in x)
+        assert "COSTS MORE THAN IT SAVES" in line or "saves more than it costs" in line, line

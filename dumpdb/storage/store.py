@@ -204,6 +204,15 @@ def decode_frame(decoder: numcodecs.abc.Codec | None, frame: Any, where: str, i:
         raise ValueError(f"{where}: chunk {i} does not decode ({exc})") from exc
 
 
+def idle_core() -> bool:
+    """True when the 1-minute load average leaves at least one core idle (``os.getloadavg``;
+    False where the platform has none): only then do more decoding threads finish sooner."""
+    try:
+        return os.getloadavg()[0] <= (os.cpu_count() or 1) - 1
+    except (AttributeError, OSError):
+        return False
+
+
 def chunk_runs(shape: tuple[int, ...], chunks: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
     """For an array whose chunks are contiguous in C order (``chunks`` = ones, then one cut
     dimension, then whole trailing dimensions, as :func:`large_chunks` makes them):
@@ -470,16 +479,18 @@ class TensorStore:
 
     def _fill_chunks(self, fill: Any, chunks: range, nbytes: int) -> None:
         """``fill(i)`` for every chunk ``i`` of one payload read (each writes its own part of
-        the result). A read of ``PARALLEL_READ_BYTES`` or more that no other read overlaps runs
-        them on the calling thread and the decode pool at once (Blosc decodes without the GIL):
-        a single large read uses every core. While another read is in flight (compare's
-        worker threads) the cores are busy already: one thread, no hand-offs."""
+        the result). A read of ``PARALLEL_READ_BYTES`` or more that no other read overlaps, on
+        a machine with a core idle (:func:`idle_core`), runs them on the calling thread and the
+        decode pool at once (Blosc decodes without the GIL): a single large read uses the idle
+        cores. While another read is in flight (compare's worker threads) or every core is
+        busy, one thread, no hand-offs: on the shared 2-core machine (load average 6-7) the
+        pool made single 8 MiB reads slower, not faster (docs/storage-design.md "Reads")."""
         with self._lock:
             alone = self._reading == 0
             self._reading += 1
         try:
             helpers = min(len(chunks) - 1, (os.cpu_count() or 2) - 1)
-            if not alone or helpers < 1 or nbytes < PARALLEL_READ_BYTES:
+            if not alone or helpers < 1 or nbytes < PARALLEL_READ_BYTES or not idle_core():
                 for i in chunks:
                     fill(i)
                 return

@@ -101,7 +101,13 @@ def test_lz4_store_round_trips_bit_exact_and_reopens_with_its_codec(tmp_path):
         assert stored[offset : offset + a.size].tobytes() == want.tobytes(), name
     with pytest.raises(StorageError, match="codec is lz4, not zstd"):
         TensorStore(tmp_path / "s.zarr", read_only=False).choose_compressor("zstd")
-    assert StoreWriter(TensorStore(tmp_path / "s.zarr", read_only=False)).compressor == "lz4"
+    lz4_writer = StoreWriter(TensorStore(tmp_path / "s.zarr", read_only=False))
+    zstd_writer = StoreWriter(TensorStore(tmp_path / "default.zarr", read_only=False))
+    assert lz4_writer.compressor == "lz4" and zstd_writer.compressor == "zstd"
+    # made for reading: payloads from 4 MiB get their own array (raw when lz4 saves little)
+    assert lz4_writer.large_bytes == store_mod.READ_LARGE_BYTES < zstd_writer.large_bytes == store_mod.LARGE_BYTES
+    lz4_writer.close()
+    zstd_writer.close()
 
 
 def test_ingest_codec_lz4_is_kept_verifies_and_reads_bit_exact(tmp_path):

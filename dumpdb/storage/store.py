@@ -78,6 +78,7 @@ from dumpdb.storage.shard import (
 
 PACK_BYTES = 64 << 20
 LARGE_BYTES = 16 << 20
+READ_LARGE_BYTES = 4 << 20  # LARGE_BYTES of an lz4 archive (codecs.py: made for reading)
 # Inner chunks: a pack read decodes whole chunks, so small tensors (read one by one,
 # target p99 <= 2 ms) sit in packs of small chunks; tensors of MEDIUM_BYTES or more
 # sit in packs of 4 MiB chunks, which compress far better (zstd finds repeats across
@@ -994,7 +995,9 @@ class StoreWriter:
         # benchmarks can change them.
         # a remote store may ask for smaller packs (``pack_bytes`` attribute): more writes in flight
         self.pack_bytes = pack_bytes or min(PACK_BYTES, int(getattr(store.zstore, "pack_bytes", PACK_BYTES)))
-        self.large_bytes = large_bytes or LARGE_BYTES
+        # an lz4 archive is one made for reading: payloads of READ_LARGE_BYTES or more get their own
+        # array (stored raw when lz4 saves under LARGE_MIN_SAVING, read near np.load)
+        self.large_bytes = large_bytes or (READ_LARGE_BYTES if self.compressor == "lz4" else LARGE_BYTES)
         self.medium_bytes = MEDIUM_BYTES
         # An object store's PUT is a network round trip: remote stores (``parallel_writes`` > 1)
         # get that many writer threads and queued writes; local disk keeps one (fsync-bound).

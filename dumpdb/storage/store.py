@@ -959,7 +959,9 @@ class StoreWriter:
     """Writes payloads into the store: buffers small ones into packs per dtype (and per
     size class: tensors of ``MEDIUM_BYTES`` or more in packs of bigger chunks), gives
     large ones their own array. Each array's chunks are compressed with its dtype's
-    codec (:mod:`dumpdb.storage.codecs`).
+    codec (:mod:`dumpdb.storage.codecs`) for the store's compressor
+    (:attr:`TensorStore.compressor`: zstd, or lz4 for an archive made for reading, where
+    payloads of ``READ_LARGE_BYTES`` or more count as large).
 
     Writing (compression + files) happens on a background thread so reading
     the dump goes on meanwhile; at most ``max_inflight`` writes are queued

@@ -19,9 +19,13 @@ real dump on this machine kind, issue 29); above 1 the codec ``COSTS`` more than
 CPU seconds of this process (one thread): other processes sharing the cores do not inflate them.
 
 ``--archive A`` measures an archive's packs as they are stored instead (every chunk of every
-pack, the chunk size and codec ingest chose): per dtype, their codec against Blosc lz4 + byte
-shuffle and raw bytes on the same chunks (stored bytes, decode CPU, read/raw as above). This is
-what a compare reads: the figures behind the packs' codec in docs/storage-design.md ("Reads").
+pack, the chunk size ingest chose): per dtype, both compressors an archive may have
+(``ingest --codec zstd|lz4``: shuffle + zstd-1 and shuffle + lz4, ``dumpdb.storage.codecs``)
+and raw bytes on the same chunks (stored bytes, decode CPU, read/raw as above); then, per
+dtype and pair of codecs, the bytes the smaller one saves against the decode time it costs
+a read, the storage read rate below which it is worth it, and plainly whether it costs more
+than it saves at ``--disk-gbps``. This is what a compare reads: the figures behind the packs'
+codec in docs/storage-design.md ("Reads").
 
     python scripts/bench_codecs.py DUMP [--max-mb 256] [--chunk-mb 1] [--disk-gbps 4.1]
     python scripts/bench_codecs.py --archive A [--disk-gbps 4.1]
@@ -30,6 +34,7 @@ what a compare reads: the figures behind the packs' codec in docs/storage-design
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections import defaultdict
@@ -120,50 +125,75 @@ def main() -> None:
 
 
 def archive_packs(archive: Path, disk: float) -> None:
-    """Per dtype of the archive's packs: bytes stored and decode CPU with the pack's own codec,
-    with Blosc lz4 + byte shuffle, and raw, over the same chunks (``--archive``)."""
+    """Per dtype and chunk size of the archive's packs: bytes stored and decode CPU of both
+    compressors an archive may have (``ingest --codec zstd|lz4``: shuffle + zstd-1, shuffle +
+    lz4) and raw bytes, over the same chunks; then, per dtype, what each codec saves against
+    what it costs a read, and plainly which costs more than it saves (``--archive``)."""
+    from dumpdb.storage.codecs import COMPRESSORS, codec_for
     from dumpdb.storage.store import TensorStore
 
     blosc.set_nthreads(1)
     store = TensorStore(archive / "tensors.zarr", read_only=True, verify=False)
     rows: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0.0]))
-    raw_bytes: dict[str, float] = defaultdict(float)
+    stored_as: dict[str, set[str]] = defaultdict(set)
     packs = sorted(z.parent for z in (archive / "tensors.zarr" / "packs").glob("*/*/zarr.json"))
     for path in packs:
         meta = store._pack(str(path.relative_to(archive / "tensors.zarr")))
         n_chunks = -(-meta.size // meta.chunk)
         frames = [bytes(store.objects.get(meta.key, int(o), int(o) + int(nb))) for o, nb in meta.index[:n_chunks]]
         key = f"{meta.dtype.name}/{meta.chunk * meta.dtype.itemsize >> 10}K"
-        t0 = time.process_time()
+        inner = json.loads((path / "zarr.json").read_text())["codecs"][0]["configuration"]["codecs"][-1]
+        stored_as[key].add(inner["name"] if inner["name"] != "blosc" else inner["configuration"]["cname"])
         chunks = [np.frombuffer(meta.decoder.decode(f) if meta.decoder else f, meta.dtype) for f in frames]
-        stored = rows[key][f"stored ({'raw' if meta.decoder is None else meta.decoder.codec_id})"]
-        stored[0] += sum(map(len, frames))
-        stored[1] += time.process_time() - t0
-        raw_bytes[key] += sum(c.nbytes for c in chunks)
-        item = meta.dtype.itemsize
-        lz4 = numcodecs.Blosc(cname="lz4", clevel=5, shuffle=blosc.SHUFFLE if item > 1 else blosc.NOSHUFFLE,
-                              blocksize=meta.chunk * item, typesize=item)
-        lz4_frames = [lz4.encode(c) for c in chunks]
-        t0 = time.process_time()
-        for f in lz4_frames:
-            lz4.decode(f)
-        rows[key]["blosc-lz4-shuffle"][0] += sum(map(len, lz4_frames))
-        rows[key]["blosc-lz4-shuffle"][1] += time.process_time() - t0
+        for compressor in COMPRESSORS:
+            codec = codec_for(meta.dtype, meta.chunk * meta.dtype.itemsize, compressor)
+            frame_codec = codec.frame_codec()
+            encoded = [frame_codec.encode(c) for c in chunks]
+            scratch = np.empty(meta.chunk, meta.dtype)
+            t0 = time.process_time()
+            for f, c in zip(encoded, chunks):
+                frame_codec.decode(f, out=scratch[: c.size] if c.size == meta.chunk else None)
+            rows[key][codec.name][0] += sum(map(len, encoded))
+            rows[key][codec.name][1] += time.process_time() - t0
         scratch = np.empty(meta.chunk, meta.dtype)
         t0 = time.process_time()
-        for c in chunks:  # raw: the bytes copied once
+        for c in chunks:  # raw: the bytes copied once (np.load of a cached file)
             scratch[: c.size] = c
         rows[key]["raw"][0] += sum(c.nbytes for c in chunks)
         rows[key]["raw"][1] += time.process_time() - t0
-    print(f"{archive}: {len(packs)} packs")
-    print(f"{'dtype/chunk':<16}{'GB':>7}  {'codec':<26}{'stored/raw':>11}{'dec s':>8}{'dec GB/s':>9}{'read/raw':>10}")
+    print(f"{archive}: {len(packs)} packs; storage read rate {disk / 1e9:.1f} GB/s (--disk-gbps); "
+          "decode: CPU s of one thread")
+    print(f"{'dtype/chunk':<16}{'GB':>7}  {'codec':<18}{'stored/raw':>11}{'dec s':>8}{'dec GB/s':>9}{'read/raw':>10}")
+    verdicts = []
     for key, found in sorted(rows.items()):
         raw_size, copy_s = found["raw"]
         raw_read = raw_size / disk + copy_s
         for label, (size, dec) in found.items():
             read = (size / disk + dec) / raw_read
-            print(f"{key:<16}{raw_bytes[key] / 1e9:7.3f}  {label:<26}{size / raw_size:11.3f}{dec:8.2f}"
+            print(f"{key:<16}{raw_size / 1e9:7.3f}  {label:<18}{size / raw_size:11.3f}{dec:8.2f}"
                   f"{raw_size / 1e9 / max(dec, 1e-9):9.2f}{read:10.2f}{'  COSTS' if read > 1 else ''}", flush=True)
+        verdicts.append(f"{key} (stored as {', '.join(sorted(stored_as[key]))}):")
+        labels = [label for label in found if label != "raw"]
+        pairs = [(label, "raw") for label in labels] + [(a, b) for a in labels for b in labels
+                                                        if found[a][0] < found[b][0]]
+        for small, big in pairs:
+            saved = found[big][0] - found[small][0]  # bytes the smaller encoding saves per full read
+            extra = found[small][1] - found[big][1]  # decode seconds it costs more
+            if saved <= 0:
+                verdicts.append(f"  {small} against {big}: stores {-saved / 1e6:.3f} MB more than {big}: "
+                                "it saves nothing, so it COSTS MORE THAN IT SAVES at any storage rate")
+            elif extra <= 0:
+                verdicts.append(f"  {small} against {big}: saves {saved / 1e6:.1f} MB and decodes no slower: "
+                                "it never costs more than it saves")
+            else:
+                even = saved / extra  # storage read rate at which the saved bytes pay the extra decode
+                verdicts.append(
+                    f"  {small} against {big}: saves {saved / 1e6:.1f} MB ({saved / found[big][0]:.0%}) for "
+                    f"{extra:.2f} s more decode a read: worth it below {even / 1e9:.2f} GB/s of storage; "
+                    + (f"at {disk / 1e9:.1f} GB/s it COSTS MORE THAN IT SAVES on read-heavy data" if disk > even
+                       else f"at {disk / 1e9:.1f} GB/s it saves more than it costs"))
+    print("\nRead-heavy data (every payload read at least once per compare):")
+    print("\n".join(verdicts))
 
 
 if __name__ == "__main__":

@@ -37,10 +37,27 @@ cases in ``shared/corpus/mindspore-cpu`` and a 6.6 GB Transformer dump made with
   18-24 ms). Level 3, not 1: its 2 MiB match window (level 1: 512 KiB) also finds a repeated
   slice of up to 2 MiB, at no cost on data this redundant.
 
+* **an archive's compressor** (``COMPRESSORS``): ``zstd`` (everything above, the default)
+  or ``lz4`` (``dumpdb ingest --codec lz4`` when the archive is created), for archives read
+  far more than they are written. ``lz4`` keeps the same layout with Blosc's ``lz4`` in place
+  of zstd-1 (byte shuffle for multi-byte dtypes, none for one-byte ones; clevel
+  ``LZ4_CLEVEL``): on the conv-net packs (float32 in 4 MiB chunks, ``scripts/bench_codecs.py
+  --archive``) it decodes 2.8-3.1 GB/s on one core against zstd-1's 1.1-1.3 GB/s and stores
+  0.85x the raw bytes against 0.72x (clevel 1-9: 0.881-0.847x, decoding alike: 9 kept).
+  Large arrays follow it (raw under ``LARGE_MIN_SAVING``, lz4 + shuffle above), and in such an
+  archive payloads count as large from 4 MiB (``store.READ_LARGE_BYTES``): the conv net's
+  8 MiB payloads, which lz4 shrinks by 14 %, are then stored raw and read at a median
+  1.07-1.14x ``np.load`` (5.1-5.3x packed in lz4 chunks, 8-10x in zstd ones), for a store
+  1.33x the zstd archive's (docs/storage-design.md). The redundant encoding below stays plain
+  zstd-3 (it decodes faster than ``np.load`` on such data). The
+  compressor is recorded in the store's root ``zarr.json`` (``attributes.dumpdb.codec``), so
+  every later writer of the archive (later ingests, worker processes, gc's copies) uses it.
+
 Every codec is lossless: a payload reads back bit for bit. The codec is recorded in each
 array's ``zarr.json`` (the ``sharding_indexed`` codec's inner ``codecs``), so archives
 written before this choice (``bytes`` + ``zstd``) read unchanged and any zarr v3 reader
-decodes both (``blosc`` and ``zstd`` are standard zarr v3 codecs).
+decodes all of them (``blosc`` and ``zstd`` are standard zarr v3 codecs; a Blosc frame names
+its compressor, zstd or lz4, in its header).
 
 Blosc is used without its internal threads (``numcodecs.blosc.use_threads = False``, set
 on import): dumpdb encodes and decodes chunks on its own thread pools, and Blosc's shared
@@ -57,12 +74,17 @@ import numcodecs.blosc
 import numpy as np
 import zarr.codecs
 
+from dumpdb.errors import DumpdbError
+
 ZSTD_LEVEL = 1  # zstd level of every codec (see the module docstring for the measurement)
 LARGE_MIN_SAVING = 0.20  # a large array compressing by less is stored uncompressed
 REDUNDANT_RATIO = 8  # a large array compressing this much or more is tried in big plain-zstd chunks
 REDUNDANT_CHUNK_BYTES = 64 << 20  # chunk bytes (at most) of that second encoding
 REDUNDANT_KEEP = 0.75  # kept when its bytes are at most this share of the first encoding's
 REDUNDANT_LEVEL = 3  # zstd level of that encoding (2 MiB match window)
+COMPRESSORS = ("zstd", "lz4")  # an archive's compressor (its store's root zarr.json records it)
+DEFAULT_COMPRESSOR = "zstd"  # and what a store that records none (every archive before it) uses
+LZ4_CLEVEL = 9  # Blosc clevel of lz4 (see the module docstring)
 
 numcodecs.blosc.use_threads = False
 
@@ -80,20 +102,26 @@ class Codec:
     chunk_bytes: int
     level: int = ZSTD_LEVEL
     raw: bool = False  # no compression at all (the ``bytes`` codec alone)
+    cname: str = "zstd"  # the compressor: zstd, or lz4 (always in Blosc; ``level`` is then Blosc's clevel)
 
     @property
     def name(self) -> str:
-        """``shuffle-zstd-1``, ``zstd-1`` or ``raw`` (for reports)."""
-        return "raw" if self.raw else f"{'shuffle-' if self.shuffle else ''}zstd-{self.level}"
+        """``shuffle-zstd-1``, ``zstd-1``, ``shuffle-lz4-9``, ``lz4-9`` or ``raw`` (for reports)."""
+        return "raw" if self.raw else f"{'shuffle-' if self.shuffle else ''}{self.cname}-{self.level}"
 
     def uncompressed(self) -> Codec:
         """This codec without compression (chunks stored as their bytes)."""
-        return Codec(shuffle=False, typesize=self.typesize, chunk_bytes=self.chunk_bytes, level=self.level, raw=True)
+        return Codec(shuffle=False, typesize=self.typesize, chunk_bytes=self.chunk_bytes, level=self.level, raw=True,
+                     cname=self.cname)
 
     def zarr_codec(self) -> Any:
         """The zarr v3 bytes-to-bytes codec that ``zarr.json`` records (None: uncompressed)."""
         if self.raw:
             return None
+        if self.cname == "lz4":
+            return zarr.codecs.BloscCodec(typesize=self.typesize, cname="lz4", clevel=self.level,
+                                          shuffle="shuffle" if self.shuffle else "noshuffle",
+                                          blocksize=self.chunk_bytes)
         if self.shuffle:
             return zarr.codecs.BloscCodec(typesize=self.typesize, cname="zstd", clevel=self.level,
                                           shuffle="shuffle", blocksize=self.chunk_bytes)
@@ -102,6 +130,10 @@ class Codec:
     def frame_codec(self) -> numcodecs.abc.Codec:
         """The numcodecs codec that encodes one chunk (any buffer of its bytes) exactly as
         :meth:`zarr_codec` describes."""
+        if self.cname == "lz4":
+            return numcodecs.Blosc(cname="lz4", clevel=self.level,
+                                   shuffle=numcodecs.Blosc.SHUFFLE if self.shuffle else numcodecs.Blosc.NOSHUFFLE,
+                                   blocksize=self.chunk_bytes, typesize=self.typesize)
         if self.shuffle:
             # c-blosc maps clevel c of zstd to zstd level 2c - 1: clevel 1 is zstd level 1.
             return numcodecs.Blosc(cname="zstd", clevel=(self.level + 1) // 2, shuffle=numcodecs.Blosc.SHUFFLE,
@@ -116,10 +148,22 @@ def item_size(dtype: np.dtype) -> int:
     return dtype.itemsize // 2 if dtype.kind == "c" else dtype.itemsize
 
 
-def codec_for(dtype: np.dtype, chunk_bytes: int) -> Codec:
-    """The codec for chunks of ``chunk_bytes`` bytes of storage dtype ``dtype`` (see the
-    module docstring). Complex items shuffle as their two float components."""
+def check_compressor(compressor: str) -> str:
+    """``compressor`` if it is one of ``COMPRESSORS``; DumpdbError naming the choices otherwise."""
+    if compressor not in COMPRESSORS:
+        raise DumpdbError(f"unknown codec {compressor!r}: one of {', '.join(COMPRESSORS)}")
+    return compressor
+
+
+def codec_for(dtype: np.dtype, chunk_bytes: int, compressor: str = DEFAULT_COMPRESSOR) -> Codec:
+    """The codec for chunks of ``chunk_bytes`` bytes of storage dtype ``dtype`` in a store
+    whose compressor is ``compressor`` (``COMPRESSORS``; see the module docstring). Complex
+    items shuffle as their two float components. ValueError for an unknown compressor."""
     typesize = item_size(dtype)
+    if compressor == "lz4":
+        return Codec(shuffle=typesize > 1, typesize=typesize, chunk_bytes=chunk_bytes, level=LZ4_CLEVEL, cname="lz4")
+    if compressor != "zstd":
+        raise ValueError(f"unknown compressor {compressor!r}: one of {', '.join(COMPRESSORS)}")
     return Codec(shuffle=typesize > 1, typesize=typesize, chunk_bytes=chunk_bytes)
 
 

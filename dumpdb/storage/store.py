@@ -53,11 +53,14 @@ from dumpdb.errors import PayloadCorrupt, PayloadMissing, StorageError
 from dumpdb.storage import backends
 from dumpdb.storage import delta as xor_delta
 from dumpdb.storage.codecs import (
+    COMPRESSORS,
+    DEFAULT_COMPRESSOR,
     LARGE_MIN_SAVING,
     REDUNDANT_CHUNK_BYTES,
     REDUNDANT_KEEP,
     REDUNDANT_RATIO,
     Codec,
+    check_compressor,
     codec_for,
     frame_decoder,
     redundant_codec,
@@ -75,6 +78,7 @@ from dumpdb.storage.shard import (
 
 PACK_BYTES = 64 << 20
 LARGE_BYTES = 16 << 20
+READ_LARGE_BYTES = 4 << 20  # LARGE_BYTES of an lz4 archive (codecs.py: made for reading)
 # Inner chunks: a pack read decodes whole chunks, so small tensors (read one by one,
 # target p99 <= 2 ms) sit in packs of small chunks; tensors of MEDIUM_BYTES or more
 # sit in packs of 4 MiB chunks, which compress far better (zstd finds repeats across
@@ -87,6 +91,10 @@ LARGE_CHUNK_BYTES = 4 << 20
 # A large array's chunks are decoded on a thread pool when its shard holds at least this
 # many compressed bytes (decoding then costs more than handing chunks to threads).
 PARALLEL_DECODE_BYTES = 4 << 20
+# A pack payload read spanning several chunks decodes them on the calling thread and the
+# decode pool at once when it is at least this many bytes and no other read is in flight
+# (TensorStore._fill_chunks; issue 29: one 8 MiB payload spans 2-3 chunks of 4 MiB).
+PARALLEL_READ_BYTES = 4 << 20
 # A checked read of a large uncompressed array hashes piece k (xxh3-128 streaming, which
 # releases the GIL) in a helper thread while piece k+1 is read: the check costs about the
 # hash of the last piece instead of the hash of the whole array (issue 30, scripts/bench_read.py)
@@ -195,6 +203,15 @@ def decode_frame(decoder: numcodecs.abc.Codec | None, frame: Any, where: str, i:
         return decoder.decode(frame, out=out)
     except (RuntimeError, ValueError) as exc:
         raise ValueError(f"{where}: chunk {i} does not decode ({exc})") from exc
+
+
+def idle_core() -> bool:
+    """True when the 1-minute load average leaves at least one core idle (``os.getloadavg``;
+    False where the platform has none): only then do more decoding threads finish sooner."""
+    try:
+        return os.getloadavg()[0] <= (os.cpu_count() or 1) - 1
+    except (AttributeError, OSError):
+        return False
 
 
 def chunk_runs(shape: tuple[int, ...], chunks: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
@@ -342,6 +359,8 @@ class TensorStore:
         self._large_metas: OrderedDict[str, _LargeMeta | None] = OrderedDict()
         self._lock = threading.Lock()
         self._decode_pool: ThreadPoolExecutor | None = None
+        self._reading = 0  # multi-chunk pack reads in flight (_fill_chunks)
+        self._compressor: str | None = None  # the store's compressor, read on first use
         self._hash_pool: ThreadPoolExecutor | None = None  # hashes a checked large read as it arrives
         zarr.config.set({"threading.max_workers": os.cpu_count() or 2})
 
@@ -446,17 +465,67 @@ class TensorStore:
             lo = start - first * meta.chunk
             return self._chunk(array_path, meta, first)[lo : lo + count], False
         out = np.empty(count, dtype=meta.dtype)
-        pos = 0
-        for i in range(first, last + 1):
+
+        def fill(i: int) -> None:
+            # chunk i's part of the payload: its own slice of out (disjoint from every other chunk's)
             lo = max(start - i * meta.chunk, 0)
             hi = min(start + count - i * meta.chunk, meta.chunk)
+            pos = i * meta.chunk + lo - start
             if hi - lo == meta.chunk and self._decode_into(array_path, meta, i, out[pos : pos + meta.chunk]):
-                pos += meta.chunk
-                continue
-            chunk = self._chunk(array_path, meta, i)
-            out[pos : pos + hi - lo] = chunk[lo:hi]
-            pos += hi - lo
+                return
+            out[pos : pos + hi - lo] = self._chunk(array_path, meta, i)[lo:hi]
+
+        self._fill_chunks(fill, range(first, last + 1), count * meta.dtype.itemsize)
         return out, True
+
+    def _fill_chunks(self, fill: Any, chunks: range, nbytes: int) -> None:
+        """``fill(i)`` for every chunk ``i`` of one payload read (each writes its own part of
+        the result). A read of ``PARALLEL_READ_BYTES`` or more that no other read overlaps, on
+        a machine with a core idle (:func:`idle_core`), runs them on the calling thread and the
+        decode pool at once (Blosc decodes without the GIL): a single large read uses the idle
+        cores. While another read is in flight (compare's worker threads) or every core is
+        busy, one thread, no hand-offs: on the shared 2-core machine (load average 6-7) the
+        pool made single 8 MiB reads slower, not faster (docs/storage-design.md "Reads")."""
+        with self._lock:
+            alone = self._reading == 0
+            self._reading += 1
+        try:
+            helpers = min(len(chunks) - 1, (os.cpu_count() or 2) - 1)
+            if not alone or helpers < 1 or nbytes < PARALLEL_READ_BYTES or not idle_core():
+                for i in chunks:
+                    fill(i)
+                return
+            todo = iter(chunks)
+            take = threading.Lock()
+
+            def drain() -> None:
+                while True:
+                    with take:
+                        i = next(todo, None)
+                    if i is None:
+                        return
+                    fill(i)
+
+            pool = self._decoders()
+            futures = [pool.submit(drain) for _ in range(helpers)]
+            try:
+                drain()
+            finally:
+                for f in futures:  # every helper done before out is handed back (or an error raised)
+                    f.exception()
+            for f in futures:
+                f.result()
+        finally:
+            with self._lock:
+                self._reading -= 1
+
+    def _decoders(self) -> ThreadPoolExecutor:
+        """The store's decode pool (one thread per core), made on first use."""
+        with self._lock:
+            if self._decode_pool is None:
+                self._decode_pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 2,
+                                                       thread_name_prefix="dumpdb-decode")
+            return self._decode_pool
 
     def _decode_into(self, array_path: str, meta: _PackMeta, i: int, dest: np.ndarray) -> bool:
         """Chunk ``i`` of a pack decoded straight into ``dest`` (its size), bypassing the chunk
@@ -483,6 +552,45 @@ class TensorStore:
                                  f"not {meta.chunk}")
         decode_frame(meta.decoder, frame, where, i, out=dest)
         return True
+
+    @property
+    def compressor(self) -> str:
+        """The store's compressor (:data:`~dumpdb.storage.codecs.COMPRESSORS`), which every
+        writer of it uses: what its root ``zarr.json`` records (``attributes.dumpdb.codec``),
+        ``zstd`` when it records none (every store made before the choice existed).
+        ValueError naming the store for a compressor this dumpdb does not know."""
+        found = self._compressor
+        if found is None:
+            try:
+                root = json.loads(bytes(self.objects.get("zarr.json")))
+            except PayloadMissing:
+                root = {}
+            found = ((root.get("attributes") or {}).get("dumpdb") or {}).get("codec", DEFAULT_COMPRESSOR)
+            if found not in COMPRESSORS:
+                raise ValueError(f"{self.objects.where('zarr.json')}: codec {found!r} is not one this dumpdb "
+                                 f"writes ({', '.join(COMPRESSORS)})")
+            self._compressor = found
+        return found
+
+    def choose_compressor(self, compressor: str) -> None:
+        """Make ``compressor`` (``zstd`` or ``lz4``) the store's compressor, recorded in its root
+        ``zarr.json`` for every later writer; nothing to do when it is the store's already.
+        Only a store holding no array yet may change it (its arrays keep the codec they were
+        written with, but one archive keeps one compressor: ``dumpdb.storage.codecs``).
+        Raises DumpdbError for an unknown compressor, StorageError naming the store when it
+        holds arrays written with another one."""
+        check_compressor(compressor)
+        current = self.compressor
+        if compressor == current:
+            return
+        if self.objects.list_dir("packs") or self.objects.list_dir("large"):
+            raise StorageError(f"{self.objects.where('zarr.json')}: the archive's codec is {current}, not "
+                               f"{compressor}; an archive keeps the codec it was created with (omit --codec)")
+        root = json.loads(bytes(self.objects.get("zarr.json")))
+        attrs = root.setdefault("attributes", {}).setdefault("dumpdb", {})
+        attrs["codec"] = compressor
+        self.objects.set("zarr.json", json.dumps(root, indent=2).encode())
+        self._compressor = compressor
 
     @staticmethod
     def create(location: str | os.PathLike[str] | Store, storage_options: dict[str, Any] | None = None) -> None:
@@ -595,10 +703,7 @@ class TensorStore:
             for i in range(meta.n_chunks):  # little to decode: thread hand-offs would cost more
                 decode(i)
         else:
-            if self._decode_pool is None:
-                self._decode_pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 2,
-                                                       thread_name_prefix="dumpdb-decode")
-            for _ in self._decode_pool.map(decode, range(meta.n_chunks)):
+            for _ in self._decoders().map(decode, range(meta.n_chunks)):
                 pass
         return out, False
 
@@ -854,7 +959,9 @@ class StoreWriter:
     """Writes payloads into the store: buffers small ones into packs per dtype (and per
     size class: tensors of ``MEDIUM_BYTES`` or more in packs of bigger chunks), gives
     large ones their own array. Each array's chunks are compressed with its dtype's
-    codec (:mod:`dumpdb.storage.codecs`).
+    codec (:mod:`dumpdb.storage.codecs`) for the store's compressor
+    (:attr:`TensorStore.compressor`: zstd, or lz4 for an archive made for reading, where
+    payloads of ``READ_LARGE_BYTES`` or more count as large).
 
     Writing (compression + files) happens on a background thread so reading
     the dump goes on meanwhile; at most ``max_inflight`` writes are queued
@@ -885,11 +992,14 @@ class StoreWriter:
                  max_inflight: int | None = None, codec_threads: int | None = None, delta: bool = False):
         self.store = store
         self.delta = delta
+        self.compressor = store.compressor  # the archive's (TensorStore.choose_compressor)
         # Module constants are read here, not bound as defaults, so tests and
         # benchmarks can change them.
         # a remote store may ask for smaller packs (``pack_bytes`` attribute): more writes in flight
         self.pack_bytes = pack_bytes or min(PACK_BYTES, int(getattr(store.zstore, "pack_bytes", PACK_BYTES)))
-        self.large_bytes = large_bytes or LARGE_BYTES
+        # an lz4 archive is one made for reading: payloads of READ_LARGE_BYTES or more get their own
+        # array (stored raw when lz4 saves under LARGE_MIN_SAVING, read near np.load)
+        self.large_bytes = large_bytes or (READ_LARGE_BYTES if self.compressor == "lz4" else LARGE_BYTES)
         self.medium_bytes = MEDIUM_BYTES
         # An object store's PUT is a network round trip: remote stores (``parallel_writes`` > 1)
         # get that many writer threads and queued writes; local disk keeps one (fsync-bound).
@@ -1066,14 +1176,14 @@ class StoreWriter:
         arrays = [p for _, p in buf.parts]
         bases: list[int | None] = [None] * len(arrays)
         if (self.delta if delta is None else delta) and len(arrays) > 1:
-            sample = codec_for(buf.dtype, xor_delta.DELTA_SAMPLE_BYTES).frame_codec()
+            sample = codec_for(buf.dtype, xor_delta.DELTA_SAMPLE_BYTES, self.compressor).frame_codec()
             bases = xor_delta.choose_bases(arrays, buf.dtype, lambda a: len(sample.encode(a)))
         data = arrays[0] if len(arrays) == 1 else xor_delta.encode_into(
             arrays, bases, buf.dtype, self._scratch(sum(a.nbytes for a in arrays)))
         n = data.size
         chunk = min(n, max(1, buf.chunk_bytes // buf.dtype.itemsize))
         name = f"packs/{_dtype_dir(buf.dtype)}/{_unique_id()}"
-        codec = codec_for(buf.dtype, chunk * buf.dtype.itemsize)
+        codec = codec_for(buf.dtype, chunk * buf.dtype.itemsize, self.compressor)
         offsets = np.concatenate([[0], np.cumsum([a.size for a in arrays])]).astype(int).tolist()
         xor = [xor_delta.XorPart(offsets[i], arrays[i].size, offsets[j]) for i, j in enumerate(bases) if j is not None]
         attrs = {"xor": xor_delta.to_attribute(xor), "xor_means": xor_delta.XOR_MEANS} if xor else {}
@@ -1107,7 +1217,7 @@ class StoreWriter:
         name = f"large/{content_hash[:2]}/{content_hash}-{_unique_id()}"
         chunks = large_chunks(payload.shape, payload.dtype.itemsize, LARGE_CHUNK_BYTES)
         shards = tuple(math.ceil(s / c) * c for s, c in zip(payload.shape, chunks)) if chunks else None
-        codec = codec_for(payload.dtype, math.prod(chunks or payload.shape) * payload.dtype.itemsize)
+        codec = codec_for(payload.dtype, math.prod(chunks or payload.shape) * payload.dtype.itemsize, self.compressor)
         if not chunks:  # a 0-d array (never this large in practice): zarr writes it
             self._create(name, payload, None, None, "tensor", codec, content_hash=content_hash)
             stored = self.store.stored_bytes(name)  # every object durable already (the store's set)

@@ -106,15 +106,47 @@ def _widen(x, out):
         out[i] = np.float64(x[i])
 
 
-def _widen_zeroed(x, y, ox, oy):
-    """The float64 pair with NaN/Inf positions set to 0 on both sides (positions taken from x:
-    the same on both sides, checked before)."""
-    for i in range(x.shape[0]):
-        xv = np.float64(x[i])
-        yv = np.float64(y[i])
-        ok = np.isfinite(xv)
-        ox[i] = xv if ok else 0.0
-        oy[i] = yv if ok else 0.0
+def _widen_any(x, out, hf, hb):
+    """out[i] = float64(x[i]) (exact), where a uint16 ``x`` holds float16 bits (the kernel's
+    float16 input: no chunk-sized float32 copy made first): widened by
+    :func:`half_to_float32` into ``hf`` (float32 scratch of at least ``x.size`` elements;
+    ``hb`` its uint32 view), then to float64. :func:`compiled` registers the choice by
+    dtype (:func:`_widen_any_overload`); this form is the definition."""
+    if x.dtype == np.uint16:
+        m = x.shape[0]
+        half_to_float32(x, hf[:m], hb[:m])
+        _widen(hf[:m], out)
+    else:
+        _widen(x, out)
+
+
+def _widen_any_overload():
+    """Register :func:`_widen_any` with numba: the float16 path compiled for uint16 input,
+    :func:`_widen` for every other dtype (imports numba)."""
+    from numba.core import types
+    from numba.extending import overload
+
+    @overload(_widen_any, jit_options={"nogil": True, "error_model": "numpy"})
+    def widen_any(x, out, hf, hb):
+        if x.dtype == types.uint16:
+            def half(x, out, hf, hb):
+                m = x.shape[0]
+                half_to_float32(x, hf[:m], hb[:m])
+                _widen(hf[:m], out)
+            return half
+
+        def plain(x, out, hf, hb):
+            _widen(x, out)
+        return plain
+
+
+def _zero_invalid(xw, yw, m):
+    """NaN/Inf positions of xw set to 0 in xw and yw (the same positions on both sides,
+    checked before: msprobe's rule)."""
+    for i in range(m):
+        ok = np.isfinite(xw[i])
+        xw[i] = xw[i] if ok else 0.0
+        yw[i] = yw[i] if ok else 0.0
 
 
 def _terms(xw, yw, m, xmin, xrange, ymin, yrange, t_dot, t_xx, t_yy, t_dd, t_abs, t_q, t_vx, t_vy, ratio):
@@ -382,13 +414,14 @@ def _chunk(x, y, s, e, row, zero_invalid, rt32, eps, thr1, thr5, xmin, xrange, y
     n8 = s + (e - s) // 8 * 8
     xw = work[14]
     yw = work[15]
+    hf = np.empty(BLOCK, np.float32)  # a float16 block as float32 (_widen_any)
+    hb = hf.view(np.uint32)
     for b0 in range(s, e, BLOCK):
         m = min(e, b0 + BLOCK) - b0
+        _widen_any(x[b0:b0 + m], xw, hf, hb)
+        _widen_any(y[b0:b0 + m], yw, hf, hb)
         if zero_invalid:  # NaN/Inf at the same positions on both sides (checked before)
-            _widen_zeroed(x[b0:b0 + m], y[b0:b0 + m], xw, yw)
-        else:
-            _widen(x[b0:b0 + m], xw)
-            _widen(y[b0:b0 + m], yw)
+            _zero_invalid(xw, yw, m)
         _terms(xw, yw, m, xmin, xrange, ymin, yrange, work[0], work[1], work[2], work[3], work[4], work[5],
                work[6], work[7], work[10])
         if rt32:
@@ -427,7 +460,8 @@ def _chunk(x, y, s, e, row, zero_invalid, rt32, eps, thr1, thr5, xmin, xrange, y
 
 def chunk_rows(x, y, chunk, out, zero_invalid, rt32, eps, thr1, thr5, xmin, xrange, ymin, yrange):
     """One row of accumulators per chunk of ``chunk`` elements of the 1-D arrays x and y
-    (same length; float32 or float64, :data:`NATIVE`) into ``out`` (float64, ``(n_chunks, 13)``).
+    (same length; float32 or float64, :data:`NATIVE`, or uint16 holding float16 bits, widened
+    block by block: :func:`_widen_any`) into ``out`` (float64, ``(n_chunks, 13)``).
 
     ``zero_invalid``: set NaN/Inf positions (the same on both sides, checked before) to 0;
     ``rt32``: msprobe's relative error in float32 (else float64) with ``eps``/``thr1``/``thr5``
@@ -632,7 +666,7 @@ def _fold_py(lanes: np.ndarray) -> float:
 
 # The functions numba compiles, callers before callees or not: numba looks each callee up in
 # this module's namespace when it compiles the caller, on its first call.
-_COMPILED = ("half_to_float32", "_fold", "_widen", "_widen_zeroed", "_terms", "_rel32", "_rel64", "_log_block",
+_COMPILED = ("half_to_float32", "_fold", "_widen", "_zero_invalid", "_terms", "_rel32", "_rel64", "_log_block",
              "_product", "_lanes8", "_max_bits", "_bits_value", "_chunk", "chunk_rows", "scan", "segment_rows",
              "fold_row", "fold_rows", "scan_scalar", "_scan_block", "_min_of", "_max_of",
              "_first_zero")
@@ -679,6 +713,7 @@ def compiled() -> ModuleType:
                 _load_numba_registries()
                 namespace = globals()
                 namespace["_lanes8x9"] = _lanes8x9_intrinsic()
+                _widen_any_overload()
                 for name in _COMPILED:
                     namespace[name] = numba.njit(cache=True, nogil=True, error_model="numpy")(namespace[name])
                 _compiled = importlib.import_module(__name__)

@@ -62,9 +62,10 @@ LANES = 8
 HAVE_NUMBA = importlib.util.find_spec("numba") is not None
 AVAILABLE = HAVE_NUMBA and os.environ.get("DUMPDB_METRICS_KERNEL", "numba") != "numpy"
 
-# dtypes the kernel reads directly; others are converted chunk by chunk first: float16,
-# bfloat16 and float8 to float32, integers and bool to float64 (exact but for integers beyond
-# 2**53, which every form widens to float64 alike). Four compiled signatures, not forty.
+# dtypes the kernel reads directly; others are converted chunk by chunk first: bfloat16 and
+# float8 (and float16 for scan) to float32, integers and bool to float64 (exact but for integers
+# beyond 2**53, which every form widens to float64 alike). chunk_rows also takes float16 as its
+# uint16 bits (_widen_any). A few compiled signatures, not forty.
 NATIVE = frozenset((np.dtype(np.float32), np.dtype(np.float64)))
 
 EPS64 = float(np.finfo(np.float64).eps)

@@ -100,7 +100,8 @@ shape ``(1,)`` or ``(1, 1)`` gets everything but the cosine (``validate_numpy``'
 
 Computation: the compiled kernel of :mod:`dumpdb.compare.kernel` (numba) computes every
 accumulator of a chunk in one pass over both tensors, reading float32/float64/integer/bool
-data in place (float16, bfloat16 and float8 chunks are first widened to float32, exactly);
+data in place (the metric pass reads float16 as its bits and widens each block of it in
+the kernel; bfloat16 and float8 chunks are first widened to float32, exactly);
 without numba (or with ``DUMPDB_METRICS_KERNEL=numpy``) the numpy form below does the same
 arithmetic. Both sum in the kernel's fixed 8-lane order, never through BLAS, whose order
 depends on the processor; the last bits this moves against dumpdb's earlier np.dot/pairwise

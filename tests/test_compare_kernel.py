@@ -230,6 +230,55 @@ def test_half_to_float32_is_numpys_cast_for_every_float16():
     assert np.array_equal(out.view(np.uint32), h.view(np.float16).astype(np.float32).view(np.uint32))
 
 
+def _scan_cases():
+    """(x, y) pairs for the scan: lengths around the block size, signed zeros as extremes in
+    either order, NaN/Inf at the same positions (one side or both) and at different ones."""
+    rng = np.random.default_rng(29)
+    block = kernel.BLOCK
+    x = np.ones(2 * block)
+    x[20], x[block + 4] = -0.0, 0.0  # the first zero is -0.0, at a later position in its block
+    yield x, -x
+    for n in (0, 1, 7, block - 1, block, block + 1, 3 * block + 5):
+        for dtype in (np.float32, np.float64):
+            x = rng.standard_normal(n).astype(dtype)
+            y = (x * 1.001).astype(dtype)
+            yield x, y
+            if not n:
+                continue
+            z = np.abs(x)  # minimum a zero: -0.0 first, then +0.0 first
+            z[rng.integers(0, n, 2)] = 0.0
+            z[rng.integers(0, n)] = -0.0
+            yield z, -z
+            yield np.where(rng.random(n) < 0.5, 0.0, -0.0).astype(dtype), y
+            for bad in (np.nan, np.inf, -np.inf):
+                at = rng.integers(0, n, 2)
+                x2, y2 = x.copy(), y.copy()
+                x2[at], y2[at] = bad, bad
+                yield x2, y2  # same positions: status 1, extremes of the zeroed values
+                y3 = y.copy()
+                y3[at] = bad
+                yield x, y3  # bench only: status 2
+                x4 = x2.copy()
+                x4[-1] = np.inf if bad != np.inf else np.nan
+                yield x4, y2  # kinds differ at one place
+
+
+@pytest.mark.skipif(not kernel.HAVE_NUMBA, reason="numba is not installed: the compiled kernel cannot run")
+def test_vectorised_scan_is_the_scalar_scan():
+    """kernel.scan (branch-free per-position extremes, the element-by-element scan only for a
+    pair with a NaN/Inf) returns scan_scalar's status and extremes bit for bit, the sign of
+    a zero extreme included, with and without the NaN/Inf check (integer dtypes)."""
+    k = kernel.compiled()
+    count = 0
+    for x, y in _scan_cases():
+        for check in (True, False):
+            got, want = k.scan(x, y, check), k.scan_scalar(x, y, check)
+            assert got[0] == want[0]
+            assert np.array(got[1:]).tobytes() == np.array(want[1:]).tobytes(), (x, y, check, got, want)
+            count += 1
+    assert count > 250  # the cases above all ran
+
+
 ORACLE = Path(__file__).parent / "data" / "msprobe_oracle" / "statistics_L1"
 
 

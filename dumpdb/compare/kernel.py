@@ -44,6 +44,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
+import sys
 import threading
 from types import ModuleType
 
@@ -61,9 +62,10 @@ LANES = 8
 HAVE_NUMBA = importlib.util.find_spec("numba") is not None
 AVAILABLE = HAVE_NUMBA and os.environ.get("DUMPDB_METRICS_KERNEL", "numba") != "numpy"
 
-# dtypes the kernel reads directly; others are converted chunk by chunk first: float16,
-# bfloat16 and float8 to float32, integers and bool to float64 (exact but for integers beyond
-# 2**53, which every form widens to float64 alike). Four compiled signatures, not forty.
+# dtypes the kernel reads directly; others are converted chunk by chunk first: bfloat16 and
+# float8 (and float16 for scan) to float32, integers and bool to float64 (exact but for integers
+# beyond 2**53, which every form widens to float64 alike). chunk_rows also takes float16 as its
+# uint16 bits (_widen_any). A few compiled signatures, not forty.
 NATIVE = frozenset((np.dtype(np.float32), np.dtype(np.float64)))
 
 EPS64 = float(np.finfo(np.float64).eps)
@@ -105,15 +107,47 @@ def _widen(x, out):
         out[i] = np.float64(x[i])
 
 
-def _widen_zeroed(x, y, ox, oy):
-    """The float64 pair with NaN/Inf positions set to 0 on both sides (positions taken from x:
-    the same on both sides, checked before)."""
-    for i in range(x.shape[0]):
-        xv = np.float64(x[i])
-        yv = np.float64(y[i])
-        ok = np.isfinite(xv)
-        ox[i] = xv if ok else 0.0
-        oy[i] = yv if ok else 0.0
+def _widen_any(x, out, hf, hb):
+    """out[i] = float64(x[i]) (exact), where a uint16 ``x`` holds float16 bits (the kernel's
+    float16 input: no chunk-sized float32 copy made first): widened by
+    :func:`half_to_float32` into ``hf`` (float32 scratch of at least ``x.size`` elements;
+    ``hb`` its uint32 view), then to float64. :func:`compiled` registers the choice by
+    dtype (:func:`_widen_any_overload`); this form is the definition."""
+    if x.dtype == np.uint16:
+        m = x.shape[0]
+        half_to_float32(x, hf[:m], hb[:m])
+        _widen(hf[:m], out)
+    else:
+        _widen(x, out)
+
+
+def _widen_any_overload():
+    """Register :func:`_widen_any` with numba: the float16 path compiled for uint16 input,
+    :func:`_widen` for every other dtype (imports numba)."""
+    from numba.core import types
+    from numba.extending import overload
+
+    @overload(_widen_any, jit_options={"nogil": True, "error_model": "numpy"})
+    def widen_any(x, out, hf, hb):
+        if x.dtype == types.uint16:
+            def half(x, out, hf, hb):
+                m = x.shape[0]
+                half_to_float32(x, hf[:m], hb[:m])
+                _widen(hf[:m], out)
+            return half
+
+        def plain(x, out, hf, hb):
+            _widen(x, out)
+        return plain
+
+
+def _zero_invalid(xw, yw, m):
+    """NaN/Inf positions of xw set to 0 in xw and yw (the same positions on both sides,
+    checked before: msprobe's rule)."""
+    for i in range(m):
+        ok = np.isfinite(xw[i])
+        xw[i] = xw[i] if ok else 0.0
+        yw[i] = yw[i] if ok else 0.0
 
 
 def _terms(xw, yw, m, xmin, xrange, ymin, yrange, t_dot, t_xx, t_yy, t_dd, t_abs, t_q, t_vx, t_vy, ratio):
@@ -275,6 +309,76 @@ def _lanes8(w, m8, lanes):
     lanes[0], lanes[1], lanes[2], lanes[3], lanes[4], lanes[5], lanes[6], lanes[7] = l0, l1, l2, l3, l4, l5, l6, l7
 
 
+def _lanes8x9(work, m8, lanes):
+    """:func:`_lanes8` of the first nine rows of ``work`` into the rows of ``lanes`` (9, 8).
+
+    :func:`compiled` replaces it with :func:`_lanes8x9_intrinsic`'s loop: the same additions
+    in the same order, lane by lane, but four lanes to a vector instruction and the nine rows
+    in one loop. Written as scalars (above), the 72 lane sums of a block step are 72 scalar
+    additions: numba's loop vectoriser cannot take them (a reduction it may not reorder) and
+    it leaves LLVM's SLP vectoriser off (numba issue 8705), so they cost ~1.7 ns an element,
+    a sixth of the kernel; as 18 vector additions ~0.6 ns."""
+    for k in range(9):
+        _lanes8(work[k], m8, lanes[k])
+
+
+def _lanes8x9_intrinsic():
+    """:func:`_lanes8x9` as a numba intrinsic (imports numba): for ``i0`` in ``range(0, m8,
+    8)``, ``lanes[k, 0:4] += work[k, i0:i0 + 4]`` and ``lanes[k, 4:8] += work[k, i0 + 4:i0 +
+    8]`` for k < 9, as LLVM ``fadd <4 x double>`` without fast-math flags: each lane is the
+    IEEE sum of its elements in element order, bit for bit :func:`_lanes8`'s (tested through
+    the kernel's sums in ``tests/test_compare_kernel.py``). ``work``: float64, 2-D, C order,
+    at least 9 rows of at least ``m8`` elements (m8 a multiple of 8); ``lanes``: float64
+    (9, 8), C order."""
+    from llvmlite import ir
+    from numba.core import cgutils, types
+    from numba.extending import intrinsic
+
+    def fits(a):
+        return isinstance(a, types.Array) and a.dtype == types.float64 and a.ndim == 2 and a.layout == "C"
+
+    @intrinsic
+    def lanes8x9(typingctx, work, m8, lanes):
+        if not (fits(work) and fits(lanes) and isinstance(m8, types.Integer)):
+            return None
+        sig = types.void(work, m8, lanes)
+
+        def codegen(context, builder, sig, args):
+            warr = context.make_array(sig.args[0])(context, builder, args[0])
+            larr = context.make_array(sig.args[2])(context, builder, args[2])
+            intp = context.get_value_type(types.intp)
+            vec = ir.VectorType(ir.DoubleType(), 4)
+            vptr = vec.as_pointer()
+            m8v = context.cast(builder, args[1], sig.args[1], types.intp)
+            row = builder.sdiv(cgutils.unpack_tuple(builder, warr.strides, 2)[0], ir.Constant(intp, 8))
+
+            def lane_ptr(k, h):
+                return builder.bitcast(builder.gep(larr.data, [ir.Constant(intp, 8 * k + 4 * h)]), vptr)
+
+            rows, accs = [], []
+            for k in range(9):
+                rows.append(builder.gep(warr.data, [builder.mul(row, ir.Constant(intp, k))]))
+                for h in range(2):
+                    acc = cgutils.alloca_once(builder, vec)  # promoted to a register by LLVM
+                    builder.store(builder.load(lane_ptr(k, h), align=8), acc)
+                    accs.append(acc)
+            with cgutils.for_range_slice(builder, ir.Constant(intp, 0), m8v, ir.Constant(intp, 8), intp) as (i, _):
+                for k in range(9):
+                    for h in range(2):
+                        at = builder.add(i, ir.Constant(intp, 4 * h))
+                        v = builder.load(builder.bitcast(builder.gep(rows[k], [at]), vptr), align=8)
+                        acc = accs[2 * k + h]
+                        builder.store(builder.fadd(builder.load(acc), v), acc)
+            for k in range(9):
+                for h in range(2):
+                    builder.store(builder.load(accs[2 * k + h]), lane_ptr(k, h), align=8)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return lanes8x9
+
+
 def _max_bits(wi, m, top):
     """The largest int64 bit pattern of m float64 values >= +0.0 or NaN (|d| and relative
     errors): their bits order as the values do (+0.0 < ... < +inf < NaN), so an integer
@@ -311,13 +415,14 @@ def _chunk(x, y, s, e, row, zero_invalid, rt32, eps, thr1, thr5, xmin, xrange, y
     n8 = s + (e - s) // 8 * 8
     xw = work[14]
     yw = work[15]
+    hf = np.empty(BLOCK, np.float32)  # a float16 block as float32 (_widen_any)
+    hb = hf.view(np.uint32)
     for b0 in range(s, e, BLOCK):
         m = min(e, b0 + BLOCK) - b0
+        _widen_any(x[b0:b0 + m], xw, hf, hb)
+        _widen_any(y[b0:b0 + m], yw, hf, hb)
         if zero_invalid:  # NaN/Inf at the same positions on both sides (checked before)
-            _widen_zeroed(x[b0:b0 + m], y[b0:b0 + m], xw, yw)
-        else:
-            _widen(x[b0:b0 + m], xw)
-            _widen(y[b0:b0 + m], yw)
+            _zero_invalid(xw, yw, m)
         _terms(xw, yw, m, xmin, xrange, ymin, yrange, work[0], work[1], work[2], work[3], work[4], work[5],
                work[6], work[7], work[10])
         if rt32:
@@ -330,8 +435,7 @@ def _chunk(x, y, s, e, row, zero_invalid, rt32, eps, thr1, thr5, xmin, xrange, y
         _product(work[6], work[11], work[8], m)
         # lanes: element i of the chunk into lane (i - s) % 8
         m8 = min(m, n8 - b0) if n8 > b0 else 0
-        for k in range(9):
-            _lanes8(work[k], m8, lanes[k])
+        _lanes8x9(work, m8, lanes)
         top_abs = _max_bits(iwork[4], m, top_abs)
         top_rel = _max_bits(iwork[9], m, top_rel)
         if b0 + m == e:  # the last block: fold, then the elements after the last full 8
@@ -357,7 +461,8 @@ def _chunk(x, y, s, e, row, zero_invalid, rt32, eps, thr1, thr5, xmin, xrange, y
 
 def chunk_rows(x, y, chunk, out, zero_invalid, rt32, eps, thr1, thr5, xmin, xrange, ymin, yrange):
     """One row of accumulators per chunk of ``chunk`` elements of the 1-D arrays x and y
-    (same length; float32 or float64, :data:`NATIVE`) into ``out`` (float64, ``(n_chunks, 13)``).
+    (same length; float32 or float64, :data:`NATIVE`, or uint16 holding float16 bits, widened
+    block by block: :func:`_widen_any`) into ``out`` (float64, ``(n_chunks, 13)``).
 
     ``zero_invalid``: set NaN/Inf positions (the same on both sides, checked before) to 0;
     ``rt32``: msprobe's relative error in float32 (else float64) with ``eps``/``thr1``/``thr5``
@@ -374,6 +479,97 @@ def chunk_rows(x, y, chunk, out, zero_invalid, rt32, eps, thr1, thr5, xmin, xran
 
 def scan(x, y, check_invalid):
     """First pass over two 1-D arrays of the same length: ``(status, xmin, xmax, ymin, ymax)``
+    with status 0 (all finite), 1 (NaN/Inf at the same positions on both sides: msprobe
+    zeroes them; min/max are of the zeroed values) or 2 (NaN or Inf positions differ: no
+    metrics). Without ``check_invalid`` (integer dtypes) status is 0.
+
+    :func:`scan_scalar` gives the definition; this is its result, bit for bit, in one
+    branch-free pass the loop vectoriser takes (the element-by-element loop with an early
+    return was not vectorised: 1.7-1.9 ns an element, about a fifth of the metric pass that
+    follows): :func:`_scan_block` keeps one running minimum and maximum per position of a
+    block and flags a non-finite value; a pair that holds one is scanned again by
+    :func:`scan_scalar` (status 1 or 2 and the zeroed extremes are its rules). The extremes
+    of finite values do not depend on the order they are visited in, but for the sign of a
+    zero: the element-by-element ``<`` keeps the first zero it meets, so a zero extreme is
+    taken from the first zero of the array (:func:`_first_zero`)."""
+    n = x.shape[0]
+    acc = np.empty((4, BLOCK))  # per position: min x, max x, min y, max y
+    for i in range(BLOCK):
+        acc[0, i] = np.inf
+        acc[1, i] = -np.inf
+        acc[2, i] = np.inf
+        acc[3, i] = -np.inf
+    nxt = acc.copy()
+    for b0 in range(0, n, BLOCK):
+        m = min(n, b0 + BLOCK) - b0
+        bad = _scan_block(x[b0:b0 + m], y[b0:b0 + m], acc, nxt)
+        if m < BLOCK:  # positions the block did not reach keep their extremes
+            nxt[:, m:] = acc[:, m:]
+        acc, nxt = nxt, acc
+        if bad and check_invalid:
+            return scan_scalar(x, y, check_invalid)
+    xmin = _min_of(acc[0])
+    xmax = _max_of(acc[1])
+    ymin = _min_of(acc[2])
+    ymax = _max_of(acc[3])
+    if xmin == 0:
+        xmin = _first_zero(x)
+    if xmax == 0:
+        xmax = _first_zero(x)
+    if ymin == 0:
+        ymin = _first_zero(y)
+    if ymax == 0:
+        ymax = _first_zero(y)
+    return 0, xmin, xmax, ymin, ymax
+
+
+def _scan_block(x, y, acc, out):
+    """One block's running extremes per position: ``out[0, i] = min(acc[0, i], x[i])``, then
+    max x, min y, max y (selects, which compile to vminpd/vmaxpd; written to another array than
+    the one read, as a store of the value just loaded would become a masked store, slower
+    than the scalar loop); returns True when x or y holds a NaN or an Inf (``v - v`` is 0 for
+    every finite ``v`` and NaN for the others)."""
+    bad = False
+    for i in range(x.shape[0]):
+        xv = np.float64(x[i])
+        yv = np.float64(y[i])
+        bad |= ((xv - xv) != 0.0) | ((yv - yv) != 0.0)
+        a = acc[0, i]
+        out[0, i] = xv if xv < a else a
+        a = acc[1, i]
+        out[1, i] = xv if xv > a else a
+        a = acc[2, i]
+        out[2, i] = yv if yv < a else a
+        a = acc[3, i]
+        out[3, i] = yv if yv > a else a
+    return bad
+
+
+def _min_of(a):
+    m = np.inf
+    for i in range(a.shape[0]):
+        m = a[i] if a[i] < m else m
+    return m
+
+
+def _max_of(a):
+    m = -np.inf
+    for i in range(a.shape[0]):
+        m = a[i] if a[i] > m else m
+    return m
+
+
+def _first_zero(x):
+    """The first element of x equal to 0 (+0.0 or -0.0), as float64 (called when x holds one)."""
+    for i in range(x.shape[0]):
+        if x[i] == 0:
+            return np.float64(x[i])
+    return np.float64(0.0)
+
+
+def scan_scalar(x, y, check_invalid):
+    """:func:`scan` element by element (its definition, and its path for arrays that hold a
+    NaN or an Inf): ``(status, xmin, xmax, ymin, ymax)``
     with status 0 (all finite), 1 (NaN/Inf at the same positions on both sides: msprobe
     zeroes them; min/max are of the zeroed values) or 2 (NaN or Inf positions differ: no
     metrics). Without ``check_invalid`` (integer dtypes) status is 0."""
@@ -471,11 +667,36 @@ def _fold_py(lanes: np.ndarray) -> float:
 
 # The functions numba compiles, callers before callees or not: numba looks each callee up in
 # this module's namespace when it compiles the caller, on its first call.
-_COMPILED = ("half_to_float32", "_fold", "_widen", "_widen_zeroed", "_terms", "_rel32", "_rel64", "_log_block",
+_COMPILED = ("half_to_float32", "_fold", "_widen", "_zero_invalid", "_terms", "_rel32", "_rel64", "_log_block",
              "_product", "_lanes8", "_max_bits", "_bits_value", "_chunk", "chunk_rows", "scan", "segment_rows",
-             "fold_row", "fold_rows")
+             "fold_row", "fold_rows", "scan_scalar", "_scan_block", "_min_of", "_max_of",
+             "_first_zero")
 _compile_lock = threading.Lock()
 _compiled: ModuleType | None = None
+
+
+def _load_numba_registries() -> None:
+    """Load numba's typing and lowering registries now, without importing ``scipy.linalg``.
+
+    numba loads them on the first call of any compiled function (from its cache too); one of
+    them, ``numba.np.arraymath``, imports ``scipy.linalg`` only to set a flag saying whether
+    BLAS is there (``_HAVE_BLAS``, read by its ``np.convolve``/``np.correlate``), and that import
+    is about a third of the ~1 CPU s numba costs a compare process (0.3 of 0.9 s measured; the
+    kernel uses no BLAS). While the registries load, ``scipy.linalg`` reads as absent (if no
+    one imported it before): numba then takes its own loop for those two functions in this
+    process; its ``np.dot`` and ``np.linalg`` still import scipy when they are compiled.
+    """
+    from numba.core.registry import cpu_target
+
+    blocked = "scipy.linalg" not in sys.modules
+    if blocked:
+        sys.modules["scipy.linalg"] = None  # type: ignore[assignment]  # import raises ImportError
+    try:
+        cpu_target.typing_context.refresh()
+        cpu_target.target_context.refresh()
+    finally:
+        if blocked and sys.modules.get("scipy.linalg", 0) is None:
+            del sys.modules["scipy.linalg"]
 
 
 def compiled() -> ModuleType:
@@ -490,7 +711,10 @@ def compiled() -> ModuleType:
             if _compiled is None:
                 import numba
 
+                _load_numba_registries()
                 namespace = globals()
+                namespace["_lanes8x9"] = _lanes8x9_intrinsic()
+                _widen_any_overload()
                 for name in _COMPILED:
                     namespace[name] = numba.njit(cache=True, nogil=True, error_model="numpy")(namespace[name])
                 _compiled = importlib.import_module(__name__)

@@ -100,7 +100,8 @@ shape ``(1,)`` or ``(1, 1)`` gets everything but the cosine (``validate_numpy``'
 
 Computation: the compiled kernel of :mod:`dumpdb.compare.kernel` (numba) computes every
 accumulator of a chunk in one pass over both tensors, reading float32/float64/integer/bool
-data in place (float16, bfloat16 and float8 chunks are first widened to float32, exactly);
+data in place (the metric pass reads float16 as its bits and widens each block of it in
+the kernel; bfloat16 and float8 chunks are first widened to float32, exactly);
 without numba (or with ``DUMPDB_METRICS_KERNEL=numpy``) the numpy form below does the same
 arithmetic. Both sum in the kernel's fixed 8-lane order, never through BLAS, whose order
 depends on the processor; the last bits this moves against dumpdb's earlier np.dot/pairwise
@@ -416,16 +417,29 @@ def _native(a: np.ndarray) -> np.ndarray:
     return a.astype(np.float32)
 
 
-def _kernel_parts(t: np.ndarray, b: np.ndarray, chunk: int) -> Iterator[tuple[np.ndarray, np.ndarray, int]]:
+def _kernel_side(a: np.ndarray) -> np.ndarray:
+    """A 1-D chunk as the kernel's metric pass (kernel.chunk_rows) reads it: float16 as its
+    uint16 bits, which the kernel widens block by block in its cache-sized scratch
+    (kernel._widen_any: no chunk-sized float32 copy, whose allocation and extra pass cost
+    0.2-0.5 CPU s on the 3 GB fp16 Transformer run), any other dtype as :func:`_native`."""
+    if a.dtype == np.float16:
+        return np.ascontiguousarray(a).reshape(-1).view(np.uint16)
+    return _native(a)
+
+
+def _kernel_parts(t: np.ndarray, b: np.ndarray, chunk: int,
+                  halves: bool = False) -> Iterator[tuple[np.ndarray, np.ndarray, int]]:
     """``(x, y, part_chunk)``: 1-D runs of the pair in C order that the kernel cuts into chunks
     of ``part_chunk`` elements; the whole pair at once when both are C-contiguous and of a
-    kernel dtype, else :func:`_chunk_pairs`' chunks one by one (converted)."""
-    if (t.flags.c_contiguous and b.flags.c_contiguous and t.dtype in kernel.NATIVE
-            and b.dtype in kernel.NATIVE):
-        yield t.reshape(-1), b.reshape(-1), chunk
+    kernel dtype, else :func:`_chunk_pairs`' chunks one by one (converted). ``halves``: float16
+    as its uint16 bits (:func:`_kernel_side`: for kernel.chunk_rows, not kernel.scan)."""
+    side = _kernel_side if halves else _native
+    kinds = kernel.NATIVE | {np.dtype(np.float16)} if halves else kernel.NATIVE
+    if t.flags.c_contiguous and b.flags.c_contiguous and t.dtype in kinds and b.dtype in kinds:
+        yield side(t.reshape(-1)), side(b.reshape(-1)), chunk
         return
     for tc, bc in _chunk_pairs(t, b, chunk):
-        yield _native(tc), _native(bc), max(tc.size, 1)
+        yield side(tc), side(bc), max(tc.size, 1)
 
 
 def _kernel_rows(x: np.ndarray, y: np.ndarray, part_chunk: int, zero_invalid: bool, rel: _RelErr,
@@ -470,7 +484,7 @@ def _kernel_metrics(t: np.ndarray, b: np.ndarray, chunk: int, ranges, rel: _RelE
         msgs.append(MSG_DTYPE.format(t=t.dtype, b=b.dtype))
     kl = (xmin, xmax - xmin, ymin, ymax - ymin)
     acc = kernel.new_acc()
-    for x, y, part_chunk in _kernel_parts(t, b, chunk):
+    for x, y, part_chunk in _kernel_parts(t, b, chunk, halves=True):
         kernel.compiled().fold_rows(acc, _kernel_rows(x, y, part_chunk, has_invalid, rel, kl))
     _finish(metrics, msgs, _acc_of(acc), t.size, False)
     return metrics, "; ".join(msgs) if msgs else None
@@ -658,7 +672,8 @@ class SplitPair:
 
     def _segment(self, start: int, end: int) -> list[_Acc] | np.ndarray:
         if self.compiled:  # one row of kernel accumulators per chunk
-            return np.concatenate([_kernel_rows(_native(tc), _native(bc), max(tc.size, 1), False, self.rel, self.kl)
+            return np.concatenate([_kernel_rows(_kernel_side(tc), _kernel_side(bc), max(tc.size, 1), False, self.rel,
+                                                self.kl)
                                    for tc, bc in self.chunks[start:end]])
         buf = _Buffers(self.chunk, self.size)
         found = []

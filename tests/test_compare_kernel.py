@@ -279,6 +279,33 @@ def test_vectorised_scan_is_the_scalar_scan():
     assert count > 250  # the cases above all ran
 
 
+@pytest.mark.skipif(not kernel.HAVE_NUMBA, reason="numba is not installed: the compiled kernel cannot run")
+def test_lane_sums_fall_back_to_the_scalar_loop_when_the_intrinsic_cannot_be_built(monkeypatch):
+    """The vector lane sums are an llvmlite intrinsic; where a numba/llvmlite release cannot
+    build it, compiled() keeps the scalar loop (same bits), and where it builds, the probe
+    finds it equal to the scalar sums."""
+    import numba
+
+    kernel.compiled()
+    monkeypatch.setattr(kernel, "_lanes8x9", kernel._lanes8x9)  # restored after the test
+    assert kernel._vector_lanes(numba) is True  # this numba builds it and it sums as the scalar loop
+    rng = np.random.default_rng(3)
+    work = rng.standard_normal((9, 40)) * 1e8
+    vector = np.zeros((9, 8))
+    numba.njit(kernel._lanes_probe)(work, 40, vector)  # an intrinsic runs only inside compiled code
+
+    def broken():
+        raise RuntimeError("llvmlite's IR builder changed")
+
+    monkeypatch.setattr(kernel, "_lanes8x9_intrinsic", broken)
+    assert kernel._vector_lanes(numba) is False
+    assert isinstance(kernel._lanes8x9, numba.core.registry.CPUDispatcher)  # the scalar loop, compiled
+    scalar = np.zeros((9, 8))
+    numba.njit(kernel._lanes_probe)(work, 40, scalar)
+    assert scalar.tobytes() == vector.tobytes()
+    assert vector[0].sum() != 0.0  # the sums ran
+
+
 ORACLE = Path(__file__).parent / "data" / "msprobe_oracle" / "statistics_L1"
 
 

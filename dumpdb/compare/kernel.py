@@ -44,7 +44,6 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
-import sys
 import threading
 from types import ModuleType
 
@@ -320,6 +319,9 @@ def _lanes8x9(work, m8, lanes):
     a sixth of the kernel; as 18 vector additions ~0.6 ns."""
     for k in range(9):
         _lanes8(work[k], m8, lanes[k])
+
+
+_LANES8X9_SCALAR = _lanes8x9  # what compiled() keeps when the intrinsic cannot be built (_vector_lanes)
 
 
 def _lanes8x9_intrinsic():
@@ -675,28 +677,37 @@ _compile_lock = threading.Lock()
 _compiled: ModuleType | None = None
 
 
-def _load_numba_registries() -> None:
-    """Load numba's typing and lowering registries now, without importing ``scipy.linalg``.
+def _lanes_probe(work, m8, lanes):
+    """Calls :data:`_lanes8x9` (whatever the namespace holds): compiled once to check the
+    intrinsic against the scalar lane sums (:func:`_vector_lanes`)."""
+    _lanes8x9(work, m8, lanes)
 
-    numba loads them on the first call of any compiled function (from its cache too); one of
-    them, ``numba.np.arraymath``, imports ``scipy.linalg`` only to set a flag saying whether
-    BLAS is there (``_HAVE_BLAS``, read by its ``np.convolve``/``np.correlate``), and that import
-    is about a third of the ~1 CPU s numba costs a compare process (0.3 of 0.9 s measured; the
-    kernel uses no BLAS). While the registries load, ``scipy.linalg`` reads as absent (if no
-    one imported it before): numba then takes its own loop for those two functions in this
-    process; its ``np.dot`` and ``np.linalg`` still import scipy when they are compiled.
-    """
-    from numba.core.registry import cpu_target
 
-    blocked = "scipy.linalg" not in sys.modules
-    if blocked:
-        sys.modules["scipy.linalg"] = None  # type: ignore[assignment]  # import raises ImportError
+def _vector_lanes(numba: ModuleType) -> bool:
+    """Put :func:`_lanes8x9_intrinsic`'s loop in place of :func:`_lanes8x9` when this numba and
+    llvmlite build it and it gives :func:`_lanes8`'s bits on a probe (signed zeros, sums that
+    round, a NaN, an Inf); otherwise keep the scalar loop, compiled. The intrinsic is written
+    against llvmlite's IR builder, which a future release may change: a failure there costs
+    ~1.1 ns an element of speed, never a compare."""
+    namespace = globals()
+    rng = np.random.default_rng(29)
+    work = rng.standard_normal((9, 64)) * np.array([1e-300, 1.0, 1e16, 3.0, -0.0, 1e300, 7.0, 1.0, 2.0])[:, None]
+    work[2, 5] = np.nan
+    work[3, 9] = np.inf
+    expect = np.zeros((9, 8))
+    expect[4] = -0.0
+    got = expect.copy()
+    for k in range(9):
+        _lanes8(work[k], 64, expect[k])  # Python or compiled: IEEE double additions, the same bits
     try:
-        cpu_target.typing_context.refresh()
-        cpu_target.target_context.refresh()
-    finally:
-        if blocked and sys.modules.get("scipy.linalg", 0) is None:
-            del sys.modules["scipy.linalg"]
+        namespace["_lanes8x9"] = _lanes8x9_intrinsic()
+        numba.njit(cache=True, nogil=True)(_lanes_probe)(work, 64, got)
+        if got.tobytes() == expect.tobytes():
+            return True
+    except Exception:  # noqa: BLE001  # any failure to build or run the intrinsic: the scalar loop serves
+        pass
+    namespace["_lanes8x9"] = numba.njit(cache=True, nogil=True, error_model="numpy")(_LANES8X9_SCALAR)
+    return False
 
 
 def compiled() -> ModuleType:
@@ -711,9 +722,8 @@ def compiled() -> ModuleType:
             if _compiled is None:
                 import numba
 
-                _load_numba_registries()
                 namespace = globals()
-                namespace["_lanes8x9"] = _lanes8x9_intrinsic()
+                _vector_lanes(numba)
                 _widen_any_overload()
                 for name in _COMPILED:
                     namespace[name] = numba.njit(cache=True, nogil=True, error_model="numpy")(namespace[name])

@@ -1192,7 +1192,13 @@ def plain_names(names: pa.Array | pa.ChunkedArray, what: str) -> list:
 def family_column(op_type: list, names: pa.Array | pa.ChunkedArray) -> list:
     """:func:`family` of each (op type, name): ``op_type`` a list, ``names`` an Arrow string
     column of the same length; msprobe API record keys vectorised (:func:`api_families`)."""
-    return _family_list(op_type, names, names.to_pylist().__getitem__)
+    as_list: list = []  # the names as Python strings only if a name needs family() itself
+
+    def name_of(i: int):
+        if not as_list:
+            as_list.append(names.to_pylist())
+        return as_list[0][i]
+    return _family_list(op_type, names, name_of)
 
 
 def _families(s: _Side, names) -> list:

@@ -162,39 +162,40 @@ def _doubted(con: duckdb.DuckDBPyConnection, group_by: Sequence[str]) -> bool:
     a tensor of tiny L2 norm) is taken back by align() only when such a partner exists,
     and is listed as a suspect only then: without one, align() keeps every exact pair."""
     keys = list(group_by)  # ops counted per (graph, name): a counter is per graph
-    cols = ", ".join(f'"{k}"' for k in (*keys, "graph_id", "op_type", "op_name"))
     have = {name: set(con.sql(f"SELECT * FROM {name} LIMIT 0").columns) for name in ("target", "bench")}
     if any("op_type" not in cols_ for cols_ in have.values()):
         return False
-    def with_family(sql: str, name: str) -> None:
-        """Register as ``name`` the rows of ``sql`` (op_type, op_name last) with column
-        ``family`` in place of those two (align.family, vectorised over the column); rows
-        without a family left out."""
-        rows = con.sql(sql).to_arrow_table()
-        fams = pa.array(family_column(rows.column("op_type").to_pylist(), rows.column("op_name")), pa.string())
-        rows = rows.select(list(range(rows.num_columns - 2))).append_column("family", fams)
-        con.register(name, rows.filter(fams.is_valid()))
-
+    # the family of each distinct (op_type, op_name) of the two sides, computed once
+    # (align.family, vectorised over the column): run-to-run dumps share their names, so
+    # this is a third of the work of one family per op of each side and of the pairs
+    names = con.sql("SELECT DISTINCT op_type, op_name FROM (SELECT op_type, op_name FROM target "
+                    "UNION ALL SELECT op_type, op_name FROM bench) WHERE op_name IS NOT NULL").to_arrow_table()
+    fams = pa.array(family_column(names.column("op_type").to_pylist(), names.column("op_name")), pa.string())
+    con.register("families", names.append_column("family", fams).filter(fams.is_valid()))
+    cols = ", ".join(f'"{k}"' for k in (*keys, "graph_id", "op_type", "op_name"))
+    carried = "".join(f'o."{k}", ' for k in keys)
+    fk = ", ".join(f'"{k}"' for k in (*keys, "family"))
+    named = "JOIN families f ON f.op_type IS NOT DISTINCT FROM o.op_type AND f.op_name = o.op_name"
     # ops per family on each side: distinct (group, graph_id, op_type, op_name), the graph_id
     # then left out (ops per family over the graphs); compared for each family holding a pair
-    with_family(f"SELECT DISTINCT {cols} FROM target WHERE op_name IS NOT NULL", "ops_t")
-    with_family(f"SELECT DISTINCT {cols} FROM bench WHERE op_name IS NOT NULL", "ops_b")
+    ops = {side: f"SELECT {carried}f.family "
+                 f"FROM (SELECT DISTINCT {cols} FROM {side} WHERE op_name IS NOT NULL) o {named}"
+           for side in ("target", "bench")}
     tcols = ", ".join(f't."{k}"' for k in (*keys, "op_type", "op_name"))
-    with_family(f"SELECT DISTINCT {tcols} FROM paired p JOIN target t ON t.tensor_id = p.target_tensor_id "
-                "WHERE t.op_name IS NOT NULL", "paired_ops")
-    fk = ", ".join(f'"{k}"' for k in (*keys, "family"))
+    paired_ops = (f"SELECT DISTINCT {carried}f.family FROM "
+                  f"(SELECT DISTINCT {tcols} FROM paired p JOIN target t ON t.tensor_id = p.target_tensor_id "
+                  f"WHERE t.op_name IS NOT NULL) o {named}")
     on = " AND ".join(f'f."{k}" IS NOT DISTINCT FROM {{0}}."{k}"' for k in (*keys, "family"))
     try:
         if con.sql(f"""
-            WITH ct AS (SELECT {fk}, count(*) AS n FROM ops_t GROUP BY ALL),
-            cb AS (SELECT {fk}, count(*) AS n FROM ops_b GROUP BY ALL),
-            f AS (SELECT DISTINCT {fk} FROM paired_ops)
+            WITH ct AS (SELECT {fk}, count(*) AS n FROM ({ops["target"]}) GROUP BY ALL),
+            cb AS (SELECT {fk}, count(*) AS n FROM ({ops["bench"]}) GROUP BY ALL),
+            f AS ({paired_ops})
             SELECT count(*) FROM f LEFT JOIN ct ON {on.format("ct")} LEFT JOIN cb ON {on.format("cb")}
             WHERE ct.n IS DISTINCT FROM cb.n""").fetchall()[0][0]:
             return True
     finally:
-        for name in ("ops_t", "ops_b", "paired_ops"):
-            con.unregister(name)
+        con.unregister("families")
     stats = ("l2norm", "mean", "min", "max")
     if not all(c in have[side] for c in stats for side in have):
         return con.sql("SELECT count(*) FROM paired p JOIN target t ON t.tensor_id = p.target_tensor_id "
@@ -252,18 +253,23 @@ def _better_partner_may_exist(con: duckdb.DuckDBPyConnection, group_by: Sequence
     kind = (*group_by, "graph_id", "op_type", "io", "slot", "slot_path", "arg_name", "cls", "shape")
     order = ", ".join(f'"{c}" ASC NULLS LAST' for c in _ORDER)
 
+    # only what the test reads goes through the window and the joins (they materialise
+    # every column they carry)
+    read = ", ".join(f's."{c}"' for c in dict.fromkeys(
+        ("tensor_id", *(k for k in kind if k != "cls"), *_ORDER, "l2norm", "mean", "min", "max")))
+
     def classed(side: str) -> str:
         has = "dtype" in con.sql(f"SELECT * FROM {side} LIMIT 0").columns
-        return (f"SELECT s.*, c.cls FROM {side} s LEFT JOIN dtype_class c ON c.dtype = s.dtype" if has else
-                f"SELECT s.*, NULL::VARCHAR AS cls FROM {side} s")
+        return (f"SELECT {read}, c.cls FROM {side} s LEFT JOIN dtype_class c ON c.dtype = s.dtype" if has else
+                f"SELECT {read}, NULL::VARCHAR AS cls FROM {side} s")
     part = ", ".join(f'"{k}"' for k in kind)
     same = " AND ".join(f'x."{k}" IS NOT DISTINCT FROM y."{k}"' for k in kind)
     try:
         return con.sql(f"""
             WITH tk AS ({classed("target")}),
-            bk AS (SELECT *, row_number() OVER (PARTITION BY {part} ORDER BY {order}) - 1 AS r,
-                          (row_number() OVER (PARTITION BY {part} ORDER BY {order}) - 1) // {NEIGHBOURS} AS bucket
-                   FROM ({classed("bench")})),
+            bk AS (SELECT *, r // {NEIGHBOURS} AS bucket FROM (
+                     SELECT *, row_number() OVER (PARTITION BY {part} ORDER BY {order}) - 1 AS r
+                     FROM ({classed("bench")}))),
             w AS (SELECT x.*, w.bench_tensor_id AS partner,
                          CASE WHEN {same} THEN y.r END AS pr
                   FROM looks_wrong w JOIN tk x ON x.tensor_id = w.target_tensor_id

@@ -142,6 +142,7 @@ Mapping files: see :func:`load_mapping`.
 from __future__ import annotations
 
 import csv
+import functools
 import io as _io
 import math
 import re
@@ -151,15 +152,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import compress
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import yaml
 
 from dumpdb.compare.choices import STRATEGIES
 from dumpdb.compare.sequence import diff, longest_chain
-from dumpdb.layouts.msprobe import parse_record_key
+
+if TYPE_CHECKING:  # imported where used: a compare without a YAML mapping file never reads YAML
+    import yaml
 
 __all__ = ["STRATEGIES", "Alignment", "align", "load_mapping", "normalize_name"]
 
@@ -210,7 +213,17 @@ _DDP_PREFIX = "Module.module."
 
 def _msprobe(name: str) -> dict | None:
     """parse_record_key for names that look like msprobe record keys, else None."""
-    return parse_record_key(name) if "." in name else None
+    return _record_key_parser()(name) if "." in name else None
+
+
+@functools.cache
+def _record_key_parser():
+    """dumpdb.layouts.msprobe.parse_record_key, imported on first use (importing the
+    layouts imports every layout module: a compare whose names are all msprobe API keys
+    or MindSpore names never needs it)."""
+    from dumpdb.layouts.msprobe import parse_record_key
+
+    return parse_record_key
 
 
 def normalize_name(name: str) -> str:
@@ -1674,6 +1687,8 @@ def _read_csv(text: str, entries: _Entries) -> None:
 
 
 def _read_yaml(text: str, entries: _Entries) -> None:
+    import yaml
+
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as e:
@@ -1698,6 +1713,8 @@ def _line(node: yaml.Node) -> int:
 
 
 def _scalar(node: yaml.Node, entries: _Entries, what: str) -> str:
+    import yaml
+
     if not isinstance(node, yaml.ScalarNode) or node.tag == "tag:yaml.org,2002:null":
         raise entries.error(_line(node), f"{what} must be a name (a string)")
     return node.value.strip()
@@ -1711,6 +1728,8 @@ def _keys(node: yaml.MappingNode, entries: _Entries) -> dict[str, yaml.Node]:
 
 
 def _is_api_doc(node: yaml.MappingNode) -> bool:
+    import yaml
+
     return any(isinstance(k, yaml.ScalarNode) and k.value in ("ms_api", "pt_api") for k, _ in node.value)
 
 
@@ -1735,6 +1754,8 @@ def _yaml_api(node: yaml.MappingNode, entries: _Entries) -> None:
 
 
 def _index_list(node: yaml.Node | None, entries: _Entries, what: str) -> list[int] | None:
+    import yaml
+
     if node is None:
         return None
     if not isinstance(node, yaml.SequenceNode):
@@ -1749,6 +1770,8 @@ def _index_list(node: yaml.Node | None, entries: _Entries, what: str) -> list[in
 
 
 def _yaml_dict(node: yaml.MappingNode, entries: _Entries) -> None:
+    import yaml
+
     for k, v in node.value:
         key = _scalar(k, entries, "a key")
         if isinstance(v, yaml.ScalarNode):
@@ -1765,6 +1788,8 @@ def _yaml_dict(node: yaml.MappingNode, entries: _Entries) -> None:
 
 
 def _yaml_list(node: yaml.SequenceNode, entries: _Entries) -> None:
+    import yaml
+
     for item in node.value:
         if isinstance(item, yaml.MappingNode):
             if _is_api_doc(item):

@@ -23,8 +23,6 @@ from typing import Any
 
 import numpy as np
 
-from dumpdb.layouts.msprobe import scalar_args
-
 __all__ = ["MAX_ITEMS", "arg_diff", "arg_diff_column"]
 
 MAX_ITEMS = 3
@@ -74,6 +72,12 @@ def _records(con, run: str, names: list[str], bare: bool = False) -> dict[tuple,
             "AND op_name IN (SELECT unnest(?))", [run, names]).fetchall()}
     rows = con.execute(f"SELECT rank, iteration, op_name, record FROM msprobe_records WHERE run = ? AND {has_value} "
                        "AND op_name IN (SELECT unnest(?))", [run, names]).fetchall()
+    if not rows:
+        return {}
+    # imported here: importing the layouts imports every layout module, which a compare
+    # whose records hold no scalar never needs
+    from dumpdb.layouts.msprobe import scalar_args
+
     out = {}
     for rank, iteration, op_name, record in rows:
         try:

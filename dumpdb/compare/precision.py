@@ -644,7 +644,12 @@ def judge_precision_columns(c: Columns, rules: PrecisionRules = PrecisionRules()
     worst_in = np.maximum(worst_in, fwd_in)
     # the table holds tensor-mode growth (relative Euclidean errors); a statistics-mode error
     # is a lower bound (| ||x|| - ||y|| |), so its ratios say less: the default there
-    growth = np.where(c.statistics, rules.growth, rules.growth_of(text[2], phase, low))
+    growth = np.full(n, rules.growth)
+    tensor = np.flatnonzero(~c.statistics)  # the table looked up for tensor-mode rows only
+    if tensor.size == n:
+        growth = rules.growth_of(text[2], phase, low)
+    elif tensor.size:
+        growth[tensor] = rules.growth_of(text[2].take(pa.array(tensor)), phase[tensor], low[tensor])
     # departing outputs (module docstring, "Error growth"), each branch a mask: propagated
     # (within growth x the inputs' error + margin x floor), an exact-dtype result of inexact
     # inputs, NaN/Inf propagated, cancellation, else error

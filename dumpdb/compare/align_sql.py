@@ -278,7 +278,6 @@ def _better_partner_may_exist(con: duckdb.DuckDBPyConnection, group_by: Sequence
                                                                                             if d is not None)],
                                                           pa.string())}))
     kind = (*group_by, "graph_id", "op_type", "io", "slot", "slot_path", "arg_name", "cls", "shape")
-    order = ", ".join(f'"{c}" ASC NULLS LAST' for c in _ORDER)
 
     # only what the test reads goes through the window and the joins (they materialise
     # every column they carry)
@@ -290,15 +289,23 @@ def _better_partner_may_exist(con: duckdb.DuckDBPyConnection, group_by: Sequence
         return (f"SELECT {read}, c.cls FROM {side} s LEFT JOIN dtype_class c ON c.dtype = s.dtype" if has else
                 f"SELECT {read}, NULL::VARCHAR AS cls FROM {side} s")
     part = ", ".join(f'"{k}"' for k in kind)
-    same = " AND ".join(f'x."{k}" IS NOT DISTINCT FROM y."{k}"' for k in kind)
+
+    def same(a: str, b: str) -> str:
+        return " AND ".join(f'{a}."{k}" IS NOT DISTINCT FROM {b}."{k}"' for k in kind)
+    # each kind numbered once (kid): the window and the candidate joins then partition and
+    # join by one integer instead of the kind's columns (a list among them)
+    order_b = ", ".join(f'b."{c}" ASC NULLS LAST' for c in _ORDER)
     try:
         return con.sql(f"""
-            WITH tk AS ({classed("target")}),
+            WITH bc AS ({classed("bench")}),
+            kinds AS (SELECT *, row_number() OVER () AS kid FROM (SELECT DISTINCT {part} FROM bc)),
+            tk AS (SELECT x.*, k.kid FROM ({classed("target")}) x LEFT JOIN kinds k ON {same("x", "k")}
+                   WHERE x.tensor_id IN (SELECT target_tensor_id FROM looks_wrong)),
             bk AS (SELECT *, r // {NEIGHBOURS} AS bucket FROM (
-                     SELECT *, row_number() OVER (PARTITION BY {part} ORDER BY {order}) - 1 AS r
-                     FROM ({classed("bench")}))),
+                     SELECT b.*, k.kid, row_number() OVER (PARTITION BY k.kid ORDER BY {order_b}) - 1 AS r
+                     FROM bc b JOIN kinds k ON {same("b", "k")})),
             w AS (SELECT x.*, w.bench_tensor_id AS partner,
-                         CASE WHEN {same} THEN y.r END AS pr
+                         CASE WHEN x.kid = y.kid THEN y.r END AS pr
                   FROM looks_wrong w JOIN tk x ON x.tensor_id = w.target_tensor_id
                   JOIN bk y ON y.tensor_id = w.bench_tensor_id),
             near AS (  -- the bench tensor is of the target's kind: the NEIGHBOURS either side of it
@@ -308,13 +315,13 @@ def _better_partner_may_exist(con: duckdb.DuckDBPyConnection, group_by: Sequence
               SELECT x.l2norm AS tl, y.l2norm AS bl, x.mean AS tm, y.mean AS bm, x.min AS tn, y.min AS bn,
                      x.max AS tx, y.max AS bx, greatest(abs(x.l2norm), abs(y.l2norm)) AS l2,
                      greatest(coalesce(list_aggregate(x.shape, 'product'), 1), 1) AS k
-              FROM near x JOIN bk y ON {same} AND y.bucket = x.bucket
+              FROM near x JOIN bk y ON y.kid = x.kid AND y.bucket = x.bucket
               WHERE y.tensor_id <> x.partner AND y.r BETWEEN x.pr - {NEIGHBOURS} AND x.pr + {NEIGHBOURS}
               UNION ALL  -- of another kind: the whole kind (align bisects to a place in it)
               SELECT x.l2norm, y.l2norm, x.mean, y.mean, x.min, y.min, x.max, y.max,
                      greatest(abs(x.l2norm), abs(y.l2norm)),
                      greatest(coalesce(list_aggregate(x.shape, 'product'), 1), 1)
-              FROM w x JOIN bk y ON {same} WHERE x.pr IS NULL AND y.tensor_id <> x.partner)
+              FROM w x JOIN bk y ON y.kid = x.kid WHERE x.pr IS NULL AND y.tensor_id <> x.partner)
             SELECT count(*) FROM cand WHERE {_FINITE} AND (l2 = 0 OR greatest(
                 abs(tl - bl) / l2, abs(tm - bm) / (l2 / sqrt(k)), abs(tn - bn) / (l2 / sqrt(k)),
                 abs(tx - bx) / (l2 / sqrt(k))) < {FITS})""").fetchall()[0][0] > 0

@@ -18,7 +18,9 @@ the process tree, workers included) against a baseline measured in the same run:
   runs' statistics in the same archive and computing the four differences and relative
   differences (its own process, read-only). Figures: compare time / join time, peak RSS,
   and CPU seconds (user + system) against the join's (less sensitive to other processes
-  sharing the cores; ``--repeat N`` gives medians of N runs, the join timed before each).
+  sharing the cores; ``--repeat N`` gives medians of N runs, the join timed before each), and
+  the CPU seconds of a process that only imports the CLI and the compare engine (the
+  fixed part of every compare process; the join's process imports duckdb alone).
 
     python scripts/bench_compare.py                          # all three, defaults
     python scripts/bench_compare.py --only tiny --tiny-pairs 20000
@@ -344,14 +346,31 @@ def stats_scenario(args, dumpdb: str, out: Path) -> list[str]:
     join_cpu = CPU_MEDIAN["baseline"]
     lines = [f"stats: {args.stat_pairs} pairs; one DuckDB join {join_s:.2f} s (cpu {join_cpu:.2f} s), peak "
              f"{join_peak:.0f} MB (baseline){median}"]
+    startup = startup_cpu(args, out)
     for label, wall, peak in found:
         ratio = wall / join_s
         cpu = CPU_MEDIAN[label]
         lines.append(
             f"stats {label}: {wall:.2f} s = {ratio:.1f}x the join   target <= {TARGET_STATS_RATIO}x: "
             f"{mark(ratio <= TARGET_STATS_RATIO)}; cpu {cpu:.2f} s = {cpu / join_cpu:.1f}x the join's; peak RSS "
-            f"{peak:.0f} MB (target <= {TARGET_PEAK_MB}: {mark(peak <= TARGET_PEAK_MB)})")
+            f"{peak:.0f} MB (target <= {TARGET_PEAK_MB}: {mark(peak <= TARGET_PEAK_MB)}); of which importing "
+            f"the CLI and the compare engine (no work) cpu {startup[label]:.2f} s")
     return lines
+
+
+def startup_cpu(args, out: Path) -> dict[str, float]:
+    """Median CPU seconds of a process that only imports ``dumpdb.cli`` and the compare
+    engine, per version (before, after): the fixed part of a compare process, which the
+    join's process (``import duckdb``) pays little of."""
+    versions = ([("before", str(args.before.resolve()))] if args.before else []) + \
+        [("after", os.environ.get("PYTHONPATH", ""))]
+    cpus: dict[str, list[float]] = {label: [] for label, _ in versions}
+    for _ in range(max(args.repeat, 1)):
+        for label, path in versions:
+            timed([sys.executable, "-c", "import dumpdb.cli, dumpdb.compare.engine"], out / f"startup-{label}.log",
+                  {**os.environ, "PYTHONPATH": path})
+            cpus[label].append(LAST_CPU["seconds"])
+    return {label: float(np.median(v)) for label, v in cpus.items()}
 
 
 def main() -> None:

@@ -89,6 +89,23 @@ def test_synthetic_counter_names_repeats_nulls_and_unequal_counts():
         assert got.pairs.num_rows == 4 and got.unmatched_target.num_rows == 4
 
 
+def test_keys_held_once_pair_without_the_window():
+    """No key held twice on both sides (align_sql._pair's grouped path): -opN names still
+    need equal element counts, NULL op names and slots pair, a key held twice on one side
+    only stays unpaired; the same pairs and unmatched tensors as align."""
+    target = _rows([("Net/Add-op1", "output", 0, [2, 3], 0, 50), ("Net/Mul-op2", "output", 0, [6], 0, 40),
+                    ("relu", "input", 0, [4], 0, 30), (None, "output", None, [1], 0, 10),
+                    ("dup", "output", 0, [1], 0, 5), ("dup", "output", 0, [1], 0, 6)], 100)
+    bench = _rows([("Net/Add-op1", "output", 0, [7], 0, 1), ("Net/Mul-op2", "output", 0, [3, 2], 0, 2),
+                   ("relu", "input", 0, [4], 0, 3), (None, "output", None, [2], 0, 4),
+                   ("dup", "output", 0, [1], 0, 5)], 500)
+    for group_by in ((), ("iteration",)):
+        got = align_exact(target, bench, group_by=group_by)
+        assert got is not None
+        _same(got, align(target, bench, group_by=group_by, strategies=("exact",)))
+        assert got.pairs.num_rows == 3 and got.unmatched_target.num_rows == 3
+
+
 def test_declines_when_a_later_strategy_has_work():
     target = _rows([("a", "output", 0, [1], 0, 1), ("x", "output", 0, [1], 0, 2)], 1)
     bench = _rows([("a", "output", 0, [1], 0, 1), ("y", "output", 0, [1], 0, 2)], 10)

@@ -142,6 +142,7 @@ Mapping files: see :func:`load_mapping`.
 from __future__ import annotations
 
 import csv
+import functools
 import io as _io
 import math
 import re
@@ -151,15 +152,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import compress
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import yaml
 
 from dumpdb.compare.choices import STRATEGIES
 from dumpdb.compare.sequence import diff, longest_chain
-from dumpdb.layouts.msprobe import parse_record_key
+
+if TYPE_CHECKING:  # imported where used: a compare without a YAML mapping file never reads YAML
+    import yaml
 
 __all__ = ["STRATEGIES", "Alignment", "align", "load_mapping", "normalize_name"]
 
@@ -210,7 +213,17 @@ _DDP_PREFIX = "Module.module."
 
 def _msprobe(name: str) -> dict | None:
     """parse_record_key for names that look like msprobe record keys, else None."""
-    return parse_record_key(name) if "." in name else None
+    return _record_key_parser()(name) if "." in name else None
+
+
+@functools.cache
+def _record_key_parser():
+    """dumpdb.layouts.msprobe.parse_record_key, imported on first use (importing the
+    layouts imports every layout module: a compare whose names are all msprobe API keys
+    or MindSpore names never needs it)."""
+    from dumpdb.layouts.msprobe import parse_record_key
+
+    return parse_record_key
 
 
 def normalize_name(name: str) -> str:
@@ -1192,7 +1205,13 @@ def plain_names(names: pa.Array | pa.ChunkedArray, what: str) -> list:
 def family_column(op_type: list, names: pa.Array | pa.ChunkedArray) -> list:
     """:func:`family` of each (op type, name): ``op_type`` a list, ``names`` an Arrow string
     column of the same length; msprobe API record keys vectorised (:func:`api_families`)."""
-    return _family_list(op_type, names, names.to_pylist().__getitem__)
+    as_list: list = []  # the names as Python strings only if a name needs family() itself
+
+    def name_of(i: int):
+        if not as_list:
+            as_list.append(names.to_pylist())
+        return as_list[0][i]
+    return _family_list(op_type, names, name_of)
 
 
 def _families(s: _Side, names) -> list:
@@ -1668,6 +1687,8 @@ def _read_csv(text: str, entries: _Entries) -> None:
 
 
 def _read_yaml(text: str, entries: _Entries) -> None:
+    import yaml
+
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as e:
@@ -1692,6 +1713,8 @@ def _line(node: yaml.Node) -> int:
 
 
 def _scalar(node: yaml.Node, entries: _Entries, what: str) -> str:
+    import yaml
+
     if not isinstance(node, yaml.ScalarNode) or node.tag == "tag:yaml.org,2002:null":
         raise entries.error(_line(node), f"{what} must be a name (a string)")
     return node.value.strip()
@@ -1705,6 +1728,8 @@ def _keys(node: yaml.MappingNode, entries: _Entries) -> dict[str, yaml.Node]:
 
 
 def _is_api_doc(node: yaml.MappingNode) -> bool:
+    import yaml
+
     return any(isinstance(k, yaml.ScalarNode) and k.value in ("ms_api", "pt_api") for k, _ in node.value)
 
 
@@ -1729,6 +1754,8 @@ def _yaml_api(node: yaml.MappingNode, entries: _Entries) -> None:
 
 
 def _index_list(node: yaml.Node | None, entries: _Entries, what: str) -> list[int] | None:
+    import yaml
+
     if node is None:
         return None
     if not isinstance(node, yaml.SequenceNode):
@@ -1743,6 +1770,8 @@ def _index_list(node: yaml.Node | None, entries: _Entries, what: str) -> list[in
 
 
 def _yaml_dict(node: yaml.MappingNode, entries: _Entries) -> None:
+    import yaml
+
     for k, v in node.value:
         key = _scalar(k, entries, "a key")
         if isinstance(v, yaml.ScalarNode):
@@ -1759,6 +1788,8 @@ def _yaml_dict(node: yaml.MappingNode, entries: _Entries) -> None:
 
 
 def _yaml_list(node: yaml.SequenceNode, entries: _Entries) -> None:
+    import yaml
+
     for item in node.value:
         if isinstance(item, yaml.MappingNode):
             if _is_api_doc(item):

@@ -52,6 +52,17 @@ _FINITE = " AND ".join(f"isfinite({c})" for c in ("tl", "bl", "tm", "bm", "tn", 
 _NEEDED = ("tensor_id", "op_name", "scope_name", "shape", "io", "slot", "slot_path", "arg_name", *_ORDER)
 
 
+def _keyed_sql(name: str, group_by: Sequence[str]) -> str:
+    """CTE ``{name}_o``: each row's id, key (with ``size``) and execution order columns."""
+    carried = ", ".join(f'"{k}"' for k in dict.fromkeys(("tensor_id", *group_by, *_KEY, *_ORDER)) if k != "size")
+    return f"""
+    {name}_o AS (
+      SELECT {carried}, CASE WHEN op_name IS NOT NULL AND shape IS NOT NULL
+                          AND regexp_matches(op_name, '-op[0-9]+\\n?$')
+                     THEN coalesce(list_aggregate(shape, 'product'), 1)::BIGINT END AS size
+      FROM {name})"""
+
+
 def _side_sql(name: str, group_by: Sequence[str]) -> str:
     # k: the rank in execution order within the key (one partitioned window, no global
     # sort); only the key, order and id columns go through the window operators (they
@@ -59,13 +70,7 @@ def _side_sql(name: str, group_by: Sequence[str]) -> str:
     keys = [*group_by, *_KEY]
     part = ", ".join(f'"{k}"' for k in keys)
     order = ", ".join(f'"{c}" ASC NULLS LAST' for c in _ORDER)
-    carried = ", ".join(f'"{k}"' for k in dict.fromkeys(("tensor_id", *group_by, *_KEY, *_ORDER)) if k != "size")
-    return f"""
-    {name}_o AS (
-      SELECT {carried}, CASE WHEN op_name IS NOT NULL AND shape IS NOT NULL
-                          AND regexp_matches(op_name, '-op[0-9]+\\n?$')
-                     THEN coalesce(list_aggregate(shape, 'product'), 1)::BIGINT END AS size
-      FROM {name}),
+    return f"""{_keyed_sql(name, group_by)},
     {name}_k AS (
       SELECT tensor_id, {part}, row_number() OVER (PARTITION BY {part} ORDER BY {order}) AS k,
              count(*) OVER (PARTITION BY {part}) AS n
@@ -80,6 +85,28 @@ def _sql(group_by: Sequence[str]) -> str:
     SELECT t.tensor_id AS target_tensor_id, b.tensor_id AS bench_tensor_id
     FROM target_k t JOIN bench_k b ON {on} AND t.k = b.k AND t.n = b.n
     """
+
+
+def _pair(con: duckdb.DuckDBPyConnection, group_by: Sequence[str]) -> None:
+    """Temp table ``paired`` of the exact rule (module docstring). When no key is held by
+    two or more tensors on both sides (msprobe record keys of one iteration: the usual
+    case) the rule pairs the keys held once on both sides: one grouping per side gives
+    them, without the execution-order window (half its CPU on 100,000 tensors);
+    otherwise :func:`_sql` (a key held twice on one side only pairs nothing either way)."""
+    keys = ", ".join(f'"{k}"' for k in (*group_by, *_KEY))
+    on = " AND ".join(f't."{k}" IS NOT DISTINCT FROM b."{k}"' for k in (*group_by, *_KEY))
+    once = ", ".join(f"""{side}_n AS (SELECT {keys}, count(*) AS n, any_value(tensor_id) AS tensor_id
+                                  FROM {side}_o GROUP BY ALL)""" for side in ("target", "bench"))
+    con.execute(f"""CREATE TEMP TABLE paired AS
+                    WITH {_keyed_sql("target", group_by)}, {_keyed_sql("bench", group_by)}, {once}
+                    SELECT t.tensor_id AS target_tensor_id, b.tensor_id AS bench_tensor_id, t.n
+                    FROM target_n t JOIN bench_n b ON {on} AND t.n = b.n""")
+    # a key held by as many tensors (two or more) on both sides: pairs in execution order
+    if con.sql("SELECT coalesce(max(n), 1) > 1 FROM paired").fetchall()[0][0]:
+        con.execute("DROP TABLE paired")
+        con.execute(_sql(group_by))
+    else:
+        con.execute("ALTER TABLE paired DROP COLUMN n")
 
 
 def _unmatched_sql(side: str, column: str) -> str:
@@ -140,7 +167,7 @@ def exact_paired(con: duckdb.DuckDBPyConnection, target: pa.Table, bench: pa.Tab
     for name, table in (("target", target), ("bench", bench)):
         extra = (*keep, *_CHECKED)  # what the content check reads (_doubted), where the table has it
         con.register(name, table.select(list(dict.fromkeys((*cols, *(c for c in extra if c in table.column_names))))))
-    con.execute(_sql(group_by))
+    _pair(con, group_by)
     left_t = con.sql(_unmatched_sql("target", "target_tensor_id")).to_arrow_table()
     left_b = con.sql(_unmatched_sql("bench", "bench_tensor_id")).to_arrow_table()
     if (left_t.num_rows and left_b.num_rows and len(run) > 1) or _doubted(con, group_by):
@@ -162,39 +189,40 @@ def _doubted(con: duckdb.DuckDBPyConnection, group_by: Sequence[str]) -> bool:
     a tensor of tiny L2 norm) is taken back by align() only when such a partner exists,
     and is listed as a suspect only then: without one, align() keeps every exact pair."""
     keys = list(group_by)  # ops counted per (graph, name): a counter is per graph
-    cols = ", ".join(f'"{k}"' for k in (*keys, "graph_id", "op_type", "op_name"))
     have = {name: set(con.sql(f"SELECT * FROM {name} LIMIT 0").columns) for name in ("target", "bench")}
     if any("op_type" not in cols_ for cols_ in have.values()):
         return False
-    def with_family(sql: str, name: str) -> None:
-        """Register as ``name`` the rows of ``sql`` (op_type, op_name last) with column
-        ``family`` in place of those two (align.family, vectorised over the column); rows
-        without a family left out."""
-        rows = con.sql(sql).to_arrow_table()
-        fams = pa.array(family_column(rows.column("op_type").to_pylist(), rows.column("op_name")), pa.string())
-        rows = rows.select(list(range(rows.num_columns - 2))).append_column("family", fams)
-        con.register(name, rows.filter(fams.is_valid()))
-
+    # the family of each distinct (op_type, op_name) of the two sides, computed once
+    # (align.family, vectorised over the column): run-to-run dumps share their names, so
+    # this is a third of the work of one family per op of each side and of the pairs
+    names = con.sql("SELECT DISTINCT op_type, op_name FROM (SELECT op_type, op_name FROM target "
+                    "UNION ALL SELECT op_type, op_name FROM bench) WHERE op_name IS NOT NULL").to_arrow_table()
+    fams = pa.array(family_column(names.column("op_type").to_pylist(), names.column("op_name")), pa.string())
+    con.register("families", names.append_column("family", fams).filter(fams.is_valid()))
+    cols = ", ".join(f'"{k}"' for k in (*keys, "graph_id", "op_type", "op_name"))
+    carried = "".join(f'o."{k}", ' for k in keys)
+    fk = ", ".join(f'"{k}"' for k in (*keys, "family"))
+    named = "JOIN families f ON f.op_type IS NOT DISTINCT FROM o.op_type AND f.op_name = o.op_name"
     # ops per family on each side: distinct (group, graph_id, op_type, op_name), the graph_id
     # then left out (ops per family over the graphs); compared for each family holding a pair
-    with_family(f"SELECT DISTINCT {cols} FROM target WHERE op_name IS NOT NULL", "ops_t")
-    with_family(f"SELECT DISTINCT {cols} FROM bench WHERE op_name IS NOT NULL", "ops_b")
+    ops = {side: f"SELECT {carried}f.family "
+                 f"FROM (SELECT DISTINCT {cols} FROM {side} WHERE op_name IS NOT NULL) o {named}"
+           for side in ("target", "bench")}
     tcols = ", ".join(f't."{k}"' for k in (*keys, "op_type", "op_name"))
-    with_family(f"SELECT DISTINCT {tcols} FROM paired p JOIN target t ON t.tensor_id = p.target_tensor_id "
-                "WHERE t.op_name IS NOT NULL", "paired_ops")
-    fk = ", ".join(f'"{k}"' for k in (*keys, "family"))
+    paired_ops = (f"SELECT DISTINCT {carried}f.family FROM "
+                  f"(SELECT DISTINCT {tcols} FROM paired p JOIN target t ON t.tensor_id = p.target_tensor_id "
+                  f"WHERE t.op_name IS NOT NULL) o {named}")
     on = " AND ".join(f'f."{k}" IS NOT DISTINCT FROM {{0}}."{k}"' for k in (*keys, "family"))
     try:
         if con.sql(f"""
-            WITH ct AS (SELECT {fk}, count(*) AS n FROM ops_t GROUP BY ALL),
-            cb AS (SELECT {fk}, count(*) AS n FROM ops_b GROUP BY ALL),
-            f AS (SELECT DISTINCT {fk} FROM paired_ops)
+            WITH ct AS (SELECT {fk}, count(*) AS n FROM ({ops["target"]}) GROUP BY ALL),
+            cb AS (SELECT {fk}, count(*) AS n FROM ({ops["bench"]}) GROUP BY ALL),
+            f AS ({paired_ops})
             SELECT count(*) FROM f LEFT JOIN ct ON {on.format("ct")} LEFT JOIN cb ON {on.format("cb")}
             WHERE ct.n IS DISTINCT FROM cb.n""").fetchall()[0][0]:
             return True
     finally:
-        for name in ("ops_t", "ops_b", "paired_ops"):
-            con.unregister(name)
+        con.unregister("families")
     stats = ("l2norm", "mean", "min", "max")
     if not all(c in have[side] for c in stats for side in have):
         return con.sql("SELECT count(*) FROM paired p JOIN target t ON t.tensor_id = p.target_tensor_id "
@@ -250,22 +278,34 @@ def _better_partner_may_exist(con: duckdb.DuckDBPyConnection, group_by: Sequence
                                                                                             if d is not None)],
                                                           pa.string())}))
     kind = (*group_by, "graph_id", "op_type", "io", "slot", "slot_path", "arg_name", "cls", "shape")
-    order = ", ".join(f'"{c}" ASC NULLS LAST' for c in _ORDER)
+
+    # only what the test reads goes through the window and the joins (they materialise
+    # every column they carry)
+    read = ", ".join(f's."{c}"' for c in dict.fromkeys(
+        ("tensor_id", *(k for k in kind if k != "cls"), *_ORDER, "l2norm", "mean", "min", "max")))
 
     def classed(side: str) -> str:
         has = "dtype" in con.sql(f"SELECT * FROM {side} LIMIT 0").columns
-        return (f"SELECT s.*, c.cls FROM {side} s LEFT JOIN dtype_class c ON c.dtype = s.dtype" if has else
-                f"SELECT s.*, NULL::VARCHAR AS cls FROM {side} s")
+        return (f"SELECT {read}, c.cls FROM {side} s LEFT JOIN dtype_class c ON c.dtype = s.dtype" if has else
+                f"SELECT {read}, NULL::VARCHAR AS cls FROM {side} s")
     part = ", ".join(f'"{k}"' for k in kind)
-    same = " AND ".join(f'x."{k}" IS NOT DISTINCT FROM y."{k}"' for k in kind)
+
+    def same(a: str, b: str) -> str:
+        return " AND ".join(f'{a}."{k}" IS NOT DISTINCT FROM {b}."{k}"' for k in kind)
+    # each kind numbered once (kid): the window and the candidate joins then partition and
+    # join by one integer instead of the kind's columns (a list among them)
+    order_b = ", ".join(f'b."{c}" ASC NULLS LAST' for c in _ORDER)
     try:
         return con.sql(f"""
-            WITH tk AS ({classed("target")}),
-            bk AS (SELECT *, row_number() OVER (PARTITION BY {part} ORDER BY {order}) - 1 AS r,
-                          (row_number() OVER (PARTITION BY {part} ORDER BY {order}) - 1) // {NEIGHBOURS} AS bucket
-                   FROM ({classed("bench")})),
+            WITH bc AS ({classed("bench")}),
+            kinds AS (SELECT *, row_number() OVER () AS kid FROM (SELECT DISTINCT {part} FROM bc)),
+            tk AS (SELECT x.*, k.kid FROM ({classed("target")}) x LEFT JOIN kinds k ON {same("x", "k")}
+                   WHERE x.tensor_id IN (SELECT target_tensor_id FROM looks_wrong)),
+            bk AS (SELECT *, r // {NEIGHBOURS} AS bucket FROM (
+                     SELECT b.*, k.kid, row_number() OVER (PARTITION BY k.kid ORDER BY {order_b}) - 1 AS r
+                     FROM bc b JOIN kinds k ON {same("b", "k")})),
             w AS (SELECT x.*, w.bench_tensor_id AS partner,
-                         CASE WHEN {same} THEN y.r END AS pr
+                         CASE WHEN x.kid = y.kid THEN y.r END AS pr
                   FROM looks_wrong w JOIN tk x ON x.tensor_id = w.target_tensor_id
                   JOIN bk y ON y.tensor_id = w.bench_tensor_id),
             near AS (  -- the bench tensor is of the target's kind: the NEIGHBOURS either side of it
@@ -275,13 +315,13 @@ def _better_partner_may_exist(con: duckdb.DuckDBPyConnection, group_by: Sequence
               SELECT x.l2norm AS tl, y.l2norm AS bl, x.mean AS tm, y.mean AS bm, x.min AS tn, y.min AS bn,
                      x.max AS tx, y.max AS bx, greatest(abs(x.l2norm), abs(y.l2norm)) AS l2,
                      greatest(coalesce(list_aggregate(x.shape, 'product'), 1), 1) AS k
-              FROM near x JOIN bk y ON {same} AND y.bucket = x.bucket
+              FROM near x JOIN bk y ON y.kid = x.kid AND y.bucket = x.bucket
               WHERE y.tensor_id <> x.partner AND y.r BETWEEN x.pr - {NEIGHBOURS} AND x.pr + {NEIGHBOURS}
               UNION ALL  -- of another kind: the whole kind (align bisects to a place in it)
               SELECT x.l2norm, y.l2norm, x.mean, y.mean, x.min, y.min, x.max, y.max,
                      greatest(abs(x.l2norm), abs(y.l2norm)),
                      greatest(coalesce(list_aggregate(x.shape, 'product'), 1), 1)
-              FROM w x JOIN bk y ON {same} WHERE x.pr IS NULL AND y.tensor_id <> x.partner)
+              FROM w x JOIN bk y ON y.kid = x.kid WHERE x.pr IS NULL AND y.tensor_id <> x.partner)
             SELECT count(*) FROM cand WHERE {_FINITE} AND (l2 = 0 OR greatest(
                 abs(tl - bl) / l2, abs(tm - bm) / (l2 / sqrt(k)), abs(tn - bn) / (l2 / sqrt(k)),
                 abs(tx - bx) / (l2 / sqrt(k))) < {FITS})""").fetchall()[0][0] > 0

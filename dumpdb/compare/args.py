@@ -23,8 +23,6 @@ from typing import Any
 
 import numpy as np
 
-from dumpdb.layouts.msprobe import scalar_args
-
 __all__ = ["MAX_ITEMS", "arg_diff", "arg_diff_column"]
 
 MAX_ITEMS = 3
@@ -59,18 +57,27 @@ def arg_diff(target: Mapping[str, Any], bench: Mapping[str, Any]) -> str | None:
     return "; ".join(items[:MAX_ITEMS]) + (f" (+{more} more)" if more > 0 else "")
 
 
+# a record without the text "value" has no scalar leaf (scalar_args keeps only leaves with a
+# "value" key): {} without sending or parsing it (most records of a statistics dump)
+_HAS_VALUE = "coalesce(contains(record, '\"value\"'), false)"
+
+
 def _records(con, run: str, names: list[str], bare: bool = False) -> dict[tuple, dict[str, Any]]:
     """(rank, iteration, op_name) -> scalar arguments of ``run``'s msprobe records named in
     ``names`` that hold a scalar leaf (``bare``: ``{}`` for each of the others instead)."""
-    # a record without the text "value" has no scalar leaf (scalar_args keeps only leaves with a
-    # "value" key): {} without sending or parsing it (most records of a statistics dump)
-    has_value = "coalesce(contains(record, '\"value\"'), false)"
+    has_value = _HAS_VALUE
     if bare:
         return {(rank, iteration, op_name): {} for rank, iteration, op_name in con.execute(
             f"SELECT rank, iteration, op_name FROM msprobe_records WHERE run = ? AND NOT {has_value} "
             "AND op_name IN (SELECT unnest(?))", [run, names]).fetchall()}
     rows = con.execute(f"SELECT rank, iteration, op_name, record FROM msprobe_records WHERE run = ? AND {has_value} "
                        "AND op_name IN (SELECT unnest(?))", [run, names]).fetchall()
+    if not rows:
+        return {}
+    # imported here: importing the layouts imports every layout module, which a compare
+    # whose records hold no scalar never needs
+    from dumpdb.layouts.msprobe import scalar_args
+
     out = {}
     for rank, iteration, op_name, record in rows:
         try:
@@ -134,7 +141,12 @@ def arg_diff_column(con, target_run: str, bench_run: str, pairs: Mapping[str, li
     col = _PairColumns(pairs)
     n = len(pairs["target_name"])
     out = np.full(n, None, dtype=object)
-    has = con.execute("SELECT count(*) FROM msprobe_records WHERE run IN (?, ?)", [target_run, bench_run]).fetchall()
+    has = con.execute(f"SELECT count(*), count(*) FILTER (WHERE {_HAS_VALUE}) FROM msprobe_records "
+                      "WHERE run IN (?, ?)", [target_run, bench_run]).fetchall()
+    if has[0][0] and not has[0][1]:
+        # no record of either run holds a scalar (a statistics dump): every pair's is None,
+        # without reading the pairs' names (what _records would find: nothing)
+        return out
     if has[0][0]:
         tnames, bnames = col.names("target_name"), col.names("bench_name")
         trec, brec = _records(con, target_run, tnames), _records(con, bench_run, bnames)

@@ -644,7 +644,12 @@ def judge_precision_columns(c: Columns, rules: PrecisionRules = PrecisionRules()
     worst_in = np.maximum(worst_in, fwd_in)
     # the table holds tensor-mode growth (relative Euclidean errors); a statistics-mode error
     # is a lower bound (| ||x|| - ||y|| |), so its ratios say less: the default there
-    growth = np.where(c.statistics, rules.growth, rules.growth_of(text[2], phase, low))
+    growth = np.full(n, rules.growth)
+    tensor = np.flatnonzero(~c.statistics)  # the table looked up for tensor-mode rows only
+    if tensor.size == n:
+        growth = rules.growth_of(text[2], phase, low)
+    elif tensor.size:
+        growth[tensor] = rules.growth_of(text[2].take(pa.array(tensor)), phase[tensor], low[tensor])
     # departing outputs (module docstring, "Error growth"), each branch a mask: propagated
     # (within growth x the inputs' error + margin x floor), an exact-dtype result of inexact
     # inputs, NaN/Inf propagated, cancellation, else error
@@ -1074,10 +1079,53 @@ def _arg_diff_columns(c: Columns, g: np.ndarray, groups: int, result: np.ndarray
 
 def _format(template: str, *columns: np.ndarray) -> np.ndarray:
     """``template.format(*values)`` of each row of some columns (numpy: floats as Python
-    floats, objects as they are), as an object array."""
-    out = np.empty(len(columns[0]) if columns else 0, dtype=object)
-    out[:] = [template.format(*v) for v in zip(*(col.tolist() for col in columns))]
+    floats, objects as they are), as an object array.
+
+    Each field's column is formatted once per distinct value (``format(value, spec)``,
+    what ``str.format`` does for a field without conversion) and the pieces are joined
+    column by column: a reason template over 100,000 rows repeats few distinct values."""
+    n = len(columns[0]) if columns else 0
+    out = np.empty(n, dtype=object)
+    fields = _template_fields(template)
+    if fields is None or len(fields) - 1 != len(columns) or not n:
+        out[:] = [template.format(*v) for v in zip(*(col.tolist() for col in columns))]
+        return out
+    out[:] = fields[0]
+    for col, (spec, literal) in zip(columns, fields[1:]):
+        if col.dtype == object:
+            memo: dict = {}
+            done = [memo[v] if v in memo else memo.setdefault(v, format(v, spec)) for v in col.tolist()]
+            text = np.empty(n, dtype=object)
+            text[:] = done
+        else:  # numbers: format the distinct values (floats by their bits: -0.0 is not 0.0), then index
+            bits = np.ascontiguousarray(col)
+            if bits.dtype.kind == "f":
+                bits = bits.view(f"u{bits.dtype.itemsize}")
+            _, first, inverse = np.unique(bits, return_index=True, return_inverse=True)
+            names = np.empty(len(first), dtype=object)
+            names[:] = [format(v, spec) for v in col[first].tolist()]
+            text = names[inverse.reshape(-1)]
+        out = out + text + literal if literal else out + text
     return out
+
+
+@functools.cache
+def _template_fields(template: str) -> tuple | None:
+    """(leading text, (spec, text after), ...) of a template of automatically numbered
+    fields without conversion; None for any other template (then str.format row by row)."""
+    import string
+
+    texts, specs = [""], []  # texts[k]: the literal text before field k (the last: after every field)
+    for literal, name, spec, conversion in string.Formatter().parse(template):
+        texts[-1] += literal
+        if name is None:  # literal text only ("{{" / "}}" split it)
+            continue
+        if name != "" or conversion is not None or "{" in (spec or ""):
+            return None
+        specs.append(spec or "")
+        texts.append("")
+    fields: list = [texts[0], *zip(specs, texts[1:])]
+    return tuple(fields)
 
 
 def _fmts(values: np.ndarray, valid: np.ndarray) -> np.ndarray:

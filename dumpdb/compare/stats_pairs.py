@@ -5,12 +5,13 @@ statistics metrics of every pair in one DuckDB connection, no Arrow round trip p
 pairs are all compared by their statistics (``--mode statistics``, or a side without any
 payload) and aligned by ``exact`` alone: :func:`~dumpdb.compare.align_sql.exact_paired`
 pairs the two sides' rows in DuckDB (the same query as
-:func:`~dumpdb.compare.align_sql.align_exact`), the pairs are put in the target's
-execution order (:func:`~dumpdb.compare.columns.execution_order` over the paired target
-rows' keys, the engine's one rule), and one query joins each pair's two rows and computes
-the metrics (:func:`~dumpdb.compare.stats_sql.statistics_sql`, the rules of
-:func:`dumpdb.compare.metrics.stats_metrics`), returning the columns the engine reads in
-that order. ``tests/test_compare_stats_sql.py`` and ``tests/test_compare_columns.py``
+:func:`~dumpdb.compare.align_sql.align_exact`), each pair's two rows are found by
+position (``tensor_id`` is unique on a side) and put in the target's execution order
+(:func:`~dumpdb.compare.columns.execution_order` over the paired target rows' keys, the
+engine's one rule), and one query computes the metrics over the two sides' statistics
+side by side (a positional join; :func:`~dumpdb.compare.stats_sql.statistics_sql`, the
+rules of :func:`dumpdb.compare.metrics.stats_metrics`), returning the columns the engine
+reads in that order. ``tests/test_compare_stats_sql.py`` and ``tests/test_compare_columns.py``
 check the engine's result tables through this path against the step-by-step path and the
 per-pair rules.
 """
@@ -22,6 +23,7 @@ from collections.abc import Collection, Sequence
 import duckdb
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from dumpdb.compare.align import PAIRS_SCHEMA, Alignment
 from dumpdb.compare.align_sql import exact_paired
@@ -58,30 +60,29 @@ def statistics_pairs(target: pa.Table, bench: pa.Table, *, group_by: Sequence[st
         return None
     con = duckdb.connect()
     try:
-        # narrow relations (what align and the metrics read, and each row's place): the
-        # sides' other columns are taken in Arrow at the end, never copied by DuckDB
-        sides = [table.append_column("_row", pa.array(np.arange(table.num_rows, dtype=np.int64)))
-                 for table in (target, bench)]
-        left = exact_paired(con, *sides, group_by=group_by, strategies=strategies, keep=("_row", *ORDER_KEYS, *stats))
+        left = exact_paired(con, target, bench, group_by=group_by, strategies=strategies, keep=stats)
         if left is None:
             return None
-        # the paired target rows' keys, in any order: execution_order sorts them in full
-        # (tensor_id, its last key, is unique), so the order they come in does not matter
-        keys = con.sql(f"SELECT {', '.join(f't.{k}' for k in ORDER_KEYS)} FROM paired p "
-                       "JOIN target t ON t.tensor_id = p.target_tensor_id").to_arrow_table()
-        n = keys.num_rows
-        order = execution_order(keys)
-        con.register("pair_order", pa.table({"tensor_id": keys.column("tensor_id").take(pa.array(order)),
-                                             "pair_index": pa.array(np.arange(n, dtype=np.int64))}))
-        del keys
-        source = ("pair_order o JOIN paired p ON p.target_tensor_id = o.tensor_id "
-                  "JOIN target t ON t.tensor_id = p.target_tensor_id JOIN bench b ON b.tensor_id = p.bench_tensor_id")
-        keep = [("o.pair_index", "pair_index"), ("t._row", "target_row"), ("b._row", "bench_row")]
-        out = con.sql(statistics_sql(source, keep, "pair_index")).to_arrow_table()
+        paired = con.sql("SELECT target_tensor_id, bench_tensor_id FROM paired").to_arrow_table()
+        # each pair's two rows by position (tensor_id is unique on each side), put in the
+        # target's execution order (execution_order sorts in full: tensor_id, its last key,
+        # is unique, so the order the pairs come in does not matter); the two sides'
+        # statistics then go to the metrics query side by side, row k of each the k-th
+        # pair (a positional join: no join by id in DuckDB)
+        at = [pc.index_in(paired.column(f"{side}_tensor_id"), value_set=table.column("tensor_id")).combine_chunks()
+              for side, table in (("target", target), ("bench", bench))]
+        order = pa.array(execution_order(target.select(list(ORDER_KEYS)).take(at[0])))
+        at = [rows.take(order) for rows in at]
+        n = len(order)
+        for name, table, rows in (("t_stats", target, at[0]), ("b_stats", bench, at[1])):
+            con.register(name, pa.table({"pair_index": pa.array(np.arange(n, dtype=np.int64)),
+                                         **{c: table.column(c).take(rows) for c in stats}}))
+        out = con.sql(statistics_sql("t_stats t POSITIONAL JOIN b_stats b", [("t.pair_index", "pair_index")],
+                                     "pair_index")).to_arrow_table()
     finally:
         con.close()
-    t = target.select(tcols).take(out.column("target_row").combine_chunks())
-    b = bench.select(bcols).take(out.column("bench_row").combine_chunks())
+    t = target.select(tcols).take(at[0])
+    b = bench.select(bcols).take(at[1])
     metrics = out.select([*STAT_METRICS, "err_message"])
     pairs = pa.table({"target_tensor_id": t.column("tensor_id"), "bench_tensor_id": b.column("tensor_id"),
                       "match_strategy": pa.repeat(pa.scalar("exact"), n),

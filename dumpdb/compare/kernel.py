@@ -309,19 +309,23 @@ def _lanes8(w, m8, lanes):
 
 
 def _lanes8x9(work, m8, lanes):
-    """:func:`_lanes8` of the first nine rows of ``work`` into the rows of ``lanes`` (9, 8).
+    """:func:`_lanes8` of the first nine rows of ``work`` into the rows of ``lanes`` (9, 8):
+    :func:`compiled` puts :func:`_lanes8x9_intrinsic`'s loop here, or the scalar
+    :func:`_lanes8x9_scalar` where that cannot be built (:func:`_vector_lanes`)."""
+    _lanes8x9_scalar(work, m8, lanes)
 
-    :func:`compiled` replaces it with :func:`_lanes8x9_intrinsic`'s loop: the same additions
-    in the same order, lane by lane, but four lanes to a vector instruction and the nine rows
-    in one loop. Written as scalars (above), the 72 lane sums of a block step are 72 scalar
-    additions: numba's loop vectoriser cannot take them (a reduction it may not reorder) and
-    it leaves LLVM's SLP vectoriser off (numba issue 8705), so they cost ~1.7 ns an element,
-    a sixth of the kernel; as 18 vector additions ~0.6 ns."""
+
+def _lanes8x9_scalar(work, m8, lanes):
+    """:func:`_lanes8x9` as scalar additions.
+
+    The intrinsic does the same additions in the same order, lane by lane, but four lanes to
+    a vector instruction and the nine rows in one loop. Written as scalars, the 72 lane sums
+    of a block step are 72 scalar additions: numba's loop vectoriser cannot take them (a
+    reduction it may not reorder) and it leaves LLVM's SLP vectoriser off (numba issue
+    8705), so they cost ~1.7 ns an element, a sixth of the kernel; as 18 vector additions
+    ~0.6 ns."""
     for k in range(9):
         _lanes8(work[k], m8, lanes[k])
-
-
-_LANES8X9_SCALAR = _lanes8x9  # what compiled() keeps when the intrinsic cannot be built (_vector_lanes)
 
 
 def _lanes8x9_intrinsic():
@@ -670,8 +674,8 @@ def _fold_py(lanes: np.ndarray) -> float:
 # The functions numba compiles, callers before callees or not: numba looks each callee up in
 # this module's namespace when it compiles the caller, on its first call.
 _COMPILED = ("half_to_float32", "_fold", "_widen", "_zero_invalid", "_terms", "_rel32", "_rel64", "_log_block",
-             "_product", "_lanes8", "_max_bits", "_bits_value", "_chunk", "chunk_rows", "scan", "segment_rows",
-             "fold_row", "fold_rows", "scan_scalar", "_scan_block", "_min_of", "_max_of",
+             "_product", "_lanes8", "_lanes8x9_scalar", "_max_bits", "_bits_value", "_chunk", "chunk_rows", "scan",
+             "segment_rows", "fold_row", "fold_rows", "scan_scalar", "_scan_block", "_min_of", "_max_of",
              "_first_zero")
 _compile_lock = threading.Lock()
 _compiled: ModuleType | None = None
@@ -706,7 +710,7 @@ def _vector_lanes(numba: ModuleType) -> bool:
             return True
     except Exception:  # noqa: BLE001  # any failure to build or run the intrinsic: the scalar loop serves
         pass
-    namespace["_lanes8x9"] = numba.njit(cache=True, nogil=True, error_model="numpy")(_LANES8X9_SCALAR)
+    namespace["_lanes8x9"] = namespace["_lanes8x9_scalar"]
     return False
 
 
@@ -723,9 +727,9 @@ def compiled() -> ModuleType:
                 import numba
 
                 namespace = globals()
-                _vector_lanes(numba)
                 _widen_any_overload()
                 for name in _COMPILED:
                     namespace[name] = numba.njit(cache=True, nogil=True, error_model="numpy")(namespace[name])
+                _vector_lanes(numba)  # after: its fallback is the compiled _lanes8x9_scalar
                 _compiled = importlib.import_module(__name__)
     return _compiled

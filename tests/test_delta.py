@@ -246,17 +246,23 @@ def _crashkit(archive: Path, args: list[str], **extra) -> subprocess.CompletedPr
 
 @pytest.mark.timeout(600)
 def test_ingest_writing_deltas_killed_anywhere_keeps_committed_rows_exact_and_reruns_verified(tmp_path):
+    # e1's iteration 0 only (195 of its 390 files, the same relative paths, so the committed
+    # rows check against E1's files): all of e1's delta payloads are in it, at half the work
+    # of each of the seven ingests
+    dump = tmp_path / "e1"
+    shutil.copytree(E1, dump)
+    shutil.rmtree(dump / "rank_0" / "LeNet5" / "0" / "1")
     archive = tmp_path / "a.dumpdb"
-    args = ["ingest", str(E1), "--archive", str(archive), "--run", "e1", "-q"]
+    args = ["ingest", str(dump), "--archive", str(archive), "--run", "e1", "-q"]
     probe = tmp_path / "probe.dumpdb"
     count_file = tmp_path / "events.txt"
-    proc = _crashkit(probe, ["ingest", str(E1), "--archive", str(probe), "--run", "e1", "-q"],
+    proc = _crashkit(probe, ["ingest", str(dump), "--archive", str(probe), "--run", "e1", "-q"],
                      CRASHKIT_COUNT_FILE=str(count_file))
     assert proc.returncode == 0, proc.stderr
     assert dumpdb.open(probe).sql("SELECT count(*) AS n FROM blobs WHERE base_hash IS NOT NULL"
                                   ).to_pylist()[0]["n"] > 0  # these settings do write deltas
     total = int(count_file.read_text().split()[0])
-    n_files = len(npy_files(E1))
+    n_files = len(npy_files(dump))
     # events vary a little from run to run (threads, commit timing): points in the first 90 %
     for at in kill_points(count_file, 3, "delta-ingest", head=0.9):
         if archive.exists():

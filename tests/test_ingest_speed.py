@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 from catalog_snapshot import catalog_snapshot
 from crashkit import kill_points
+from test_crash_safety import run_in_process
 
 import dumpdb
 from dumpdb.dumpio import confine
@@ -177,10 +178,13 @@ def test_store_writer_references_write_the_same_bytes_here_when_the_pool_drops_t
     assert set(dropped) == {"pack", "large"}
 
 
+# the small_store sizes and a commit after every batch, for the kill runs and the runs after them
+SETTINGS = ("dumpdb.storage.store.PACK_BYTES=600000;dumpdb.storage.store.LARGE_BYTES=1048576;"
+            "dumpdb.ingestion.pipeline.COMMIT_SECONDS=0")
+
+
 def _crashkit(archive: Path, args: list[str], **env) -> subprocess.CompletedProcess:
-    full = {**os.environ, "CRASHKIT_WATCH": str(archive),
-            "CRASHKIT_SET": "dumpdb.storage.store.PACK_BYTES=600000;dumpdb.storage.store.LARGE_BYTES=1048576;"
-                            "dumpdb.ingestion.pipeline.COMMIT_SECONDS=0", **env}
+    full = {**os.environ, "CRASHKIT_WATCH": str(archive), "CRASHKIT_SET": SETTINGS, **env}
     full["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     return subprocess.run([sys.executable, str(CRASHKIT), "-m", "dumpdb", *args], env=full,
                           capture_output=True, text=True, timeout=240)
@@ -210,11 +214,13 @@ def test_killed_while_workers_write_packs_reruns_to_the_clean_ingest(tmp_path):
         if (archive / "catalog.duckdb").exists():
             committed = read_back(archive)  # what was committed reads back exactly
             assert all(want[k] == v for k, v in committed.items()), where
-        rerun = _crashkit(archive, args)
+        # the runs that complete what the kill left need no process of their own (as in
+        # test_crash_safety): this process, the same settings; the re-run's workers are processes
+        rerun = run_in_process(args, SETTINGS)
         assert rerun.returncode == 0, f"{where}: re-run failed: {rerun.stderr[-500:]}"
         assert read_back(archive) == want, where
         assert dumpdb.open(archive).verify().ok, where
-        gc = _crashkit(archive, ["gc", "--archive", str(archive), "--grace", "0"])
+        gc = run_in_process(["gc", "--archive", str(archive), "--grace", "0"], SETTINGS)
         assert gc.returncode == 0, f"{where}: gc failed: {gc.stderr[-500:]}"
         assert read_back(archive) == want and dumpdb.open(archive).verify().ok, where
 

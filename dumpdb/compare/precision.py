@@ -499,7 +499,7 @@ def _errors_columns(c: Columns) -> tuple[np.ndarray, ...]:
     reason = np.full(n, None, dtype=object)
     dtypes = (c.target_dtype, c.bench_dtype, c.target_dtype_declared, c.bench_dtype_declared)
     if n:  # _dtype_rule once per distinct combination
-        codes = group_codes([string_codes(pa.array(col.tolist())) for col in dtypes])
+        codes = group_codes([string_codes(pa.array(col)) for col in dtypes])
         _, first = np.unique(codes, return_index=True)
         found = [_dtype_rule(*(col[i] for col in dtypes)) for i in first.tolist()]
         low[:] = np.array([f[0] for f in found] + [None], dtype=object)[:-1][codes]
@@ -575,7 +575,7 @@ def judge_precision_columns(c: Columns, rules: PrecisionRules = PrecisionRules()
     result = np.full(n, PASS, dtype=object)
     origin = np.full(n, None, dtype=object)
     names, scopes, op_types = (_optional(c, k, n) for k in ("target_name", "scope_name", "op_type"))
-    text = [pa.array(v.tolist(), pa.string()) for v in (names, scopes, op_types)]  # converted once
+    text = [pa.array(v, pa.string()) for v in (names, scopes, op_types)]  # converted once
     container = containers(text[2], text[0])
     phase = phases(text[0], text[1], c.where, c.run_rank)
     # outputs of in-place optimizer kernels hold buffers the kernel never wrote (module
@@ -758,10 +758,10 @@ def _backward_of_forward(c: Columns, names: pa.Array, op_types: np.ndarray, g: n
     gradient differs by at most that."""
     n = len(g)
     fwd_in, kink, flips = np.zeros(groups), np.zeros(n), np.zeros(n, np.int64)
-    text = names.to_pylist() if n else []
     first = np.full(groups, -1, np.int64)
     first[g[::-1]] = np.arange(n)[::-1]  # one row per call (its first)
     reps = first[first >= 0]
+    text = dict(zip(reps.tolist(), names.take(pa.array(reps)).to_pylist())) if n else {}  # the calls' names only
     backward = [int(i) for i in reps.tolist() if isinstance(text[i], str) and ".backward" in text[i]]
     if not backward:
         return fwd_in, kink, flips
@@ -822,7 +822,7 @@ def _stale_outputs(c: Columns, op_types: np.ndarray, phase: np.ndarray) -> np.nd
         return out
     g = c.group
     names = _optional(c, "target_name", n)
-    boxed = containers(pa.array(op_types.tolist(), pa.string()), pa.array(names.tolist(), pa.string()))
+    boxed = containers(pa.array(op_types, pa.string()), pa.array(names, pa.string()))
     start = np.full(int(g.max()) + 1, np.iinfo(np.int64).max, np.int64)  # when each op call ran
     np.minimum.at(start, g, c.run_rank)
     evidence: set = set()
@@ -834,7 +834,7 @@ def _stale_outputs(c: Columns, op_types: np.ndarray, phase: np.ndarray) -> np.nd
         known = np.not_equal(hashes, _NONE).astype(bool) & ~boxed
         # per (iteration, rank) and hash: one process's tensors (data-parallel ranks hold
         # equal bytes: an all_reduce's result), when the earliest op call holding it ran
-        code = np.where(known, group_codes([c.where, string_codes(pa.array(hashes.tolist(), pa.string()))]), 0)
+        code = np.where(known, group_codes([c.where, string_codes(pa.array(hashes, pa.string()))]), 0)
         first = np.full(int(code.max()) + 1, np.iinfo(np.int64).max, np.int64)
         np.minimum.at(first, code[known], start[g[known]])
         earlier = np.flatnonzero(candidates & known & ~constant & (first[code] < start[g])).tolist()

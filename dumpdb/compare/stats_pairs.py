@@ -71,7 +71,7 @@ def statistics_pairs(target: pa.Table, bench: pa.Table, *, group_by: Sequence[st
         # pair (a positional join: no join by id in DuckDB)
         at = [pc.index_in(paired.column(f"{side}_tensor_id"), value_set=table.column("tensor_id")).combine_chunks()
               for side, table in (("target", target), ("bench", bench))]
-        order = pa.array(execution_order(_rows(target.select(list(ORDER_KEYS)), at[0])))
+        order = pa.array(execution_order(target.select(list(ORDER_KEYS)).take(at[0])))
         at = [rows.take(order) for rows in at]
         n = len(order)
         for name, table, rows in (("t_stats", target, at[0]), ("b_stats", bench, at[1])):
@@ -81,22 +81,10 @@ def statistics_pairs(target: pa.Table, bench: pa.Table, *, group_by: Sequence[st
                                      "pair_index")).to_arrow_table()
     finally:
         con.close()
-    t = _rows(target.select(tcols), at[0])
-    b = _rows(bench.select(bcols), at[1])
+    t = target.select(tcols).take(at[0])
+    b = bench.select(bcols).take(at[1])
     metrics = out.select([*STAT_METRICS, "err_message"])
     pairs = pa.table({"target_tensor_id": t.column("tensor_id"), "bench_tensor_id": b.column("tensor_id"),
                       "match_strategy": pa.repeat(pa.scalar("exact"), n),
                       "realigned": pa.repeat(pa.scalar(False), n)}).cast(PAIRS_SCHEMA)
     return Alignment(pairs, *left), t, b, metrics
-
-
-def _rows(table: pa.Table, rows: pa.Array) -> pa.Table:
-    """``table.take(rows)``; ``table`` itself when ``rows`` is 0, 1, ... its last row (every
-    row paired, the side already in execution order: the usual run-to-run dump), whose take
-    would copy every column (strings and shape lists among them) for nothing."""
-    n = table.num_rows
-    if len(rows) == n and rows.null_count == 0 and \
-            np.array_equal(rows.to_numpy(zero_copy_only=False), np.arange(n, dtype=np.int64)):
-        return table
-    return table.take(rows)
-

@@ -761,14 +761,18 @@ def _backward_of_forward(c: Columns, names: pa.Array, op_types: np.ndarray, g: n
     first = np.full(groups, -1, np.int64)
     first[g[::-1]] = np.arange(n)[::-1]  # one row per call (its first)
     reps = first[first >= 0]
-    text = dict(zip(reps.tolist(), names.take(pa.array(reps)).to_pylist())) if n else {}  # the calls' names only
-    backward = [int(i) for i in reps.tolist() if isinstance(text[i], str) and ".backward" in text[i]]
-    if not backward:
+    rep_names = names.take(pa.array(reps))  # each call's name (its first row's)
+
+    def named(part: str) -> np.ndarray:
+        return pc.fill_null(pc.match_substring(rep_names, part), False).to_numpy(zero_copy_only=False)
+    is_backward = named(".backward")
+    if not is_backward.any():
         return fwd_in, kink, flips
-    forward = {(int(c.where[i]), text[i]): int(g[i]) for i in reps.tolist()
-               if isinstance(text[i], str) and ".forward" in text[i]}
-    for i in backward:
-        f = forward.get((int(c.where[i]), _forward_name(text[i])))
+    is_forward = named(".forward")
+    forward = {(int(c.where[i]), name): int(g[i])
+               for i, name in zip(reps[is_forward].tolist(), rep_names.filter(is_forward).to_pylist())}
+    for i, name in zip(reps[is_backward].tolist(), rep_names.filter(is_backward).to_pylist()):
+        f = forward.get((int(c.where[i]), _forward_name(name)))
         if f is not None and has_in[f]:
             fwd_in[g[i]] = worst[f]
     e = fwd_in[g]

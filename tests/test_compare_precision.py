@@ -485,3 +485,26 @@ def test_the_html_report_lists_not_comparable_rows():
     html = _evidence_section(table)
     assert 'id="not-comparable"' in html and "(1 pairs)" in html and "AdamWeightDecay-op0" in html
     assert "MatMul-op1" not in html
+
+
+def test_reason_fields_format_as_str_format_row_by_row():
+    """precision._format groups a ``.Ng`` float column by its rounded digits before formatting
+    (one text per group): every row still reads exactly as ``template.format`` writes it,
+    across magnitudes, signs, zeros, NaN/Inf, subnormals, float32 and values at rounding ties."""
+    from dumpdb.compare.precision import _format
+
+    rng = np.random.default_rng(7)
+    n = 8000
+    specials = np.array([0.0, -0.0, np.nan, np.inf, -np.inf, 5e-324, 1e-310, 0.125, 0.15, 1.005, 2.675, 999.5,
+                         9995.0, 1e16, 123456789.0, 1e-5, 9.995e-5])
+    cols = [np.exp(rng.normal(0, 40, n)) * rng.choice([-1.0, 1.0], n),
+            rng.integers(0, 100000, n) / 10000.0 + 0.00005,  # many values on a 3-digit tie
+            np.nextafter(10.0 ** rng.integers(-20, 20, n), rng.choice([0.0, np.inf], n)),  # beside powers of 10
+            np.resize(specials, n)]
+    names = np.resize(np.array(["MatMul", None, "Cast"], dtype=object), n)
+    for col in cols:
+        for template in ("error {:.3g} x {:.1g} ({}) {:.6g}", "{:g}/{:.3g}"):
+            with np.errstate(over="ignore"):  # float32: beyond its range, inf
+                args = (col, col[::-1].copy(), names, col.astype(np.float32))[:template.count("{")]
+            want = [template.format(*row) for row in zip(*(a.tolist() for a in args))]
+            assert _format(template, *args).tolist() == want

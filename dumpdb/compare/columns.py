@@ -199,7 +199,7 @@ _CONTAINER_PREFIXES = ("Module.", "Cell.")
 
 def _text(values) -> pa.Array:
     """An object array of str / None (or an Arrow string array, as it is) as Arrow strings."""
-    return values if isinstance(values, pa.Array) else pa.array(values.tolist(), pa.string())
+    return values if isinstance(values, pa.Array) else pa.array(values, pa.string())
 
 
 def _contains(values, token: str, lower: bool = False) -> np.ndarray:

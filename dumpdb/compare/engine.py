@@ -58,11 +58,10 @@ arrays), and the precision rules' departing inputs and cancellation candidates
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 from collections import defaultdict, deque
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -604,6 +603,9 @@ def _pool(archive, tensor_bytes: int, mode, workers: int):
         tensor_bytes = 0
     many = workers > THREAD_MAX_WORKERS and tensor_bytes >= PROCESS_MIN_BYTES_MANY
     if workers > 1 and (tensor_bytes >= PROCESS_MIN_BYTES or many):
+        import multiprocessing  # here: only a tensor compare with worker processes loads it (~40 ms)
+        from concurrent.futures import ProcessPoolExecutor
+
         ctx = multiprocessing.get_context("forkserver")
         pool: Executor = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
                                    initargs=(archive.store.zstore, archive.store.verify))

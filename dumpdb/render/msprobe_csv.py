@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from dumpdb.compare import registry
 
@@ -215,6 +214,8 @@ def _pair_metrics(archive, target: tuple, bench: tuple):
 
 def write_parquet(results: pa.Table, path: str | Path) -> Path:
     """Write every result column as zstd Parquet (parent directories created). Returns the path."""
+    import pyarrow.parquet as pq  # here: every compare imports this module, few write Parquet (~40 ms)
+
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(results, path, compression="zstd")
     return Path(path)

@@ -4,6 +4,7 @@ parallel and folded in order, each giving what ``metrics.tensor_metrics`` gives 
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -115,6 +116,35 @@ def test_a_large_pair_runs_as_segments_on_worker_threads(tmp_path, monkeypatch):
             want, message = tensor_metrics(target[k], bench[k])
         assert {m: row[m] for m in TENSOR_METRICS} == want, k
         assert row["err_message"].startswith(message)  # then the verdict's reason
+
+
+def test_pairs_read_ahead_stay_within_the_inflight_bytes(tmp_path, monkeypatch):
+    """The thread path reads a queued pair as soon as a thread is free (its segments wait
+    behind it): only ``INFLIGHT_BYTES`` of pairs may be queued, or the read-ahead sets the
+    peak memory (issue 29: 256 MiB put the Transformer pair's compare over 1 GB once)."""
+    archive, target, bench = _archive(tmp_path)
+    pair = target[0].nbytes + bench[0].nbytes  # every computed pair here: float16 against float32
+    monkeypatch.setattr(engine, "INFLIGHT_BYTES", pair)  # one pair at a time
+    lock = threading.Lock()
+    started, finished, ahead = [0], [0], []
+    read, finish = engine._read_pair, engine._finish
+
+    def reading(store, t, b):
+        with lock:
+            started[0] += 1
+            ahead.append(started[0] - finished[0])
+        return read(store, t, b)
+
+    def finishing(item, res, computed):
+        done = finish(item, res, computed)
+        with lock:
+            finished[0] += 1
+        return done
+
+    monkeypatch.setattr(engine, "_read_pair", reading)
+    monkeypatch.setattr(engine, "_finish", finishing)
+    out = compare(dumpdb.open(archive), "target", "bench", workers=2, store_results=False).results
+    assert out.num_rows == 5 and started[0] == 3 and max(ahead) == 1
 
 
 def test_a_null_shape_and_the_0d_shape_are_different_pairs():

@@ -104,3 +104,25 @@ def test_chunk_that_fails_to_decode_raises_and_leaves_nothing_behind(tmp_path, m
     with pytest.raises(ValueError, match="damaged frame"):
         store._chunk(loc.array_path, meta, 0)
     assert not store._chunks and not store._decoding and store._chunk_bytes == 0
+
+
+def test_payload_of_exactly_one_chunk_is_decoded_into_the_result_not_the_cache(tmp_path):
+    # a payload that is one whole chunk (the conv-net dump: 1 GB of such 4 MiB payloads) is
+    # decoded into the array read returns, as a spanning payload's whole chunks are: no
+    # decode into the cache and copy out of it
+    rng = np.random.default_rng(11)
+    one = rng.standard_normal(CHUNK, dtype=np.float32)
+    tail = rng.standard_normal(CHUNK // 4, dtype=np.float32)  # starts chunk 1
+    locations = _pack(tmp_path, {"one": one, "tail": tail})
+    loc = locations["one"]
+    store = TensorStore(tmp_path / "s.zarr")
+    assert store._pack(loc.array_path).chunk == CHUNK and loc.elem_offset == 0 and loc.elem_count == CHUNK
+    got = store.read(loc.array_path, loc.elem_offset, loc.elem_count, np.dtype(np.float32), one.shape)
+    assert got.tobytes() == one.tobytes() and got.flags.writeable and not store._chunks
+    t = locations["tail"]
+    part = store.read(t.array_path, t.elem_offset, t.elem_count, np.dtype(np.float32), tail.shape)
+    assert part.tobytes() == tail.tobytes() and {i for (_, i) in store._chunks} == {1}
+    # read_pack_range: the same bytes, whether the chunk is cached or not
+    assert store.read_pack_range(loc.array_path, 0, CHUNK).tobytes() == one.tobytes()
+    store._chunk(loc.array_path, store._pack(loc.array_path), 0)
+    assert store.read_pack_range(loc.array_path, 0, CHUNK).tobytes() == one.tobytes()

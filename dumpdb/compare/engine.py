@@ -111,7 +111,14 @@ from dumpdb.dtypes import from_catalog_name
 from dumpdb.errors import DumpdbError
 from dumpdb.runtime import quiet_gc
 
-INFLIGHT_BYTES = 256 << 20
+# Payload bytes of the large pairs queued at once. On the thread path a queued pair is read
+# as soon as a thread is free, while the segments of the pairs read before it wait behind it
+# in the pool's queue: the whole budget is read ahead. 256 MiB put the conv-net pair's peak
+# RSS at 0.87-0.97 GB (the 1 GB goal of issue 29) and about 0.7 GB of first-touch page faults
+# (clear_page) into its CPU; 128 MiB: 0.68 GB, a quarter fewer faults, the same CPU and wall
+# time within noise (docs/compare-kernel.md). Still two pairs of 2 x 32 MiB payloads in
+# flight, as the Transformer pair's largest.
+INFLIGHT_BYTES = 128 << 20
 # Pairs of at most SMALL_ELEMENTS elements a side are read in storage order and computed
 # BATCH_ELEMENTS at a time by metrics.tensor_metrics_batch (segment reductions: ~10 us a
 # pair instead of ~0.3 ms for tensor_metrics' ~60 numpy calls).

@@ -463,6 +463,10 @@ class TensorStore:
         first, last = start // meta.chunk, (start + count - 1) // meta.chunk
         if first == last:
             lo = start - first * meta.chunk
+            if count == meta.chunk:  # the whole chunk: decoded straight into the result, as in fill()
+                whole = np.empty(count, dtype=meta.dtype)
+                if self._decode_into(array_path, meta, first, whole):
+                    return whole, True
             return self._chunk(array_path, meta, first)[lo : lo + count], False
         out = np.empty(count, dtype=meta.dtype)
 

@@ -14,6 +14,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 import zarr
+from test_store_pack_reads import write_payloads
 
 import dumpdb
 from dumpdb.errors import DumpdbError, StorageError
@@ -23,29 +24,12 @@ from dumpdb.storage.store import StoreWriter, TensorStore, payload_hash
 DUMP = Path(__file__).parent / "data" / "mindspore" / "c1_inputs_kernels_iter"
 
 
-def _write(root: Path, payloads: dict[str, np.ndarray], compressor: str | None = None,
-           large_bytes: int = 64 << 20) -> dict:
-    TensorStore.create(root)
-    store = TensorStore(root, read_only=False)
-    if compressor is not None:
-        store.choose_compressor(compressor)
-    writer = StoreWriter(store, large_bytes=large_bytes)
-    locations = {}
-    for name, a in payloads.items():
-        for loc in writer.add(name, a):
-            locations[loc.content_hash] = loc
-    for loc in writer.flush():
-        locations[loc.content_hash] = loc
-    writer.close()
-    return locations
-
-
 def test_payload_over_many_chunks_decodes_on_the_pool_to_the_same_bytes(tmp_path, monkeypatch):
     monkeypatch.setattr(store_mod, "MEDIUM_CHUNK_BYTES", 64 << 10)  # a 1.2 MB payload spans 19 chunks
     rng = np.random.default_rng(7)
     head = rng.standard_normal(70_000, dtype=np.float32)  # the big payload starts inside a chunk
     big = (rng.standard_normal(300_001, dtype=np.float32) * 0.01).round(3)
-    loc = _write(tmp_path / "s.zarr", {"head": head, "big": big})["big"]
+    loc = write_payloads(tmp_path / "s.zarr", {"head": head, "big": big})["big"]
     assert loc.elem_offset % (16 << 10) != 0
 
     def read(parallel: bool) -> tuple[np.ndarray, set[str]]:
@@ -84,7 +68,7 @@ def test_lz4_store_round_trips_bit_exact_and_reopens_with_its_codec(tmp_path):
     }
     TensorStore.create(tmp_path / "default.zarr")
     assert TensorStore(tmp_path / "default.zarr").compressor == "zstd"  # a store that records none
-    locs = _write(tmp_path / "s.zarr", payloads, "lz4", large_bytes=2 << 20)
+    locs = write_payloads(tmp_path / "s.zarr", payloads, "lz4", large_bytes=2 << 20)
     store = TensorStore(tmp_path / "s.zarr")
     assert store.compressor == "lz4"
     for name, a in payloads.items():

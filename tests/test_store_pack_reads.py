@@ -15,10 +15,16 @@ from dumpdb.storage.store import MEDIUM_CHUNK_BYTES, StoreWriter, TensorStore
 CHUNK = MEDIUM_CHUNK_BYTES // 4  # float32 elements of one inner chunk of a pack of medium payloads
 
 
-def _pack(tmp_path, payloads: dict[str, np.ndarray]) -> dict:
-    TensorStore.create(tmp_path / "s.zarr")
-    writer = StoreWriter(TensorStore(tmp_path / "s.zarr", read_only=False), large_bytes=64 << 20)
-    writer.delta = False  # plain payloads: the reads below are the pack's own chunks
+def write_payloads(root, payloads: dict[str, np.ndarray], compressor: str | None = None,
+                   large_bytes: int = 64 << 20) -> dict:
+    """A new store at ``root`` holding ``payloads`` (plain: no XOR deltas, so the reads are the
+    packs' own chunks), with ``compressor`` chosen first when given; their locations by hash."""
+    TensorStore.create(root)
+    store = TensorStore(root, read_only=False)
+    if compressor is not None:
+        store.choose_compressor(compressor)
+    writer = StoreWriter(store, large_bytes=large_bytes)
+    writer.delta = False
     locations = {}
     for name, a in payloads.items():
         for loc in writer.add(name, a):
@@ -33,7 +39,7 @@ def test_payload_over_whole_chunks_reads_back_without_filling_the_cache(tmp_path
     rng = np.random.default_rng(3)
     head = rng.standard_normal(CHUNK // 3, dtype=np.float32)  # the big payload starts inside chunk 0
     big = rng.standard_normal(2 * CHUNK + 17, dtype=np.float32)  # covers chunk 1 whole, 0 and 2 in part
-    locations = _pack(tmp_path, {"head": head, "big": big})
+    locations = write_payloads(tmp_path / "s.zarr", {"head": head, "big": big})
     loc = locations["big"]
     store = TensorStore(tmp_path / "s.zarr")
     got = store.read(loc.array_path, loc.elem_offset, loc.elem_count, np.dtype(np.float32), big.shape)
@@ -50,7 +56,7 @@ def test_payload_over_whole_chunks_reads_back_without_filling_the_cache(tmp_path
 
 def test_whole_chunk_of_the_wrong_size_is_an_error_naming_the_pack(tmp_path, monkeypatch):
     big = np.arange(2 * CHUNK, dtype=np.float32)
-    loc = _pack(tmp_path, {"big": big})["big"]
+    loc = write_payloads(tmp_path / "s.zarr", {"big": big})["big"]
     store = TensorStore(tmp_path / "s.zarr")
     meta = store._pack(loc.array_path)
     short = meta.decoder.encode(np.zeros(CHUNK - 1, np.float32))  # a frame that decodes to fewer elements
@@ -63,7 +69,7 @@ def test_whole_chunk_of_the_wrong_size_is_an_error_naming_the_pack(tmp_path, mon
 
 def test_chunk_two_threads_want_at_once_is_decoded_once_and_counted_once(tmp_path, monkeypatch):
     small = np.arange(1000, dtype=np.float32)
-    loc = _pack(tmp_path, {"small": small})["small"]
+    loc = write_payloads(tmp_path / "s.zarr", {"small": small})["small"]
     store = TensorStore(tmp_path / "s.zarr")
     meta = store._pack(loc.array_path)
     decoding, go = threading.Event(), threading.Event()
@@ -93,7 +99,7 @@ def test_chunk_two_threads_want_at_once_is_decoded_once_and_counted_once(tmp_pat
 
 
 def test_chunk_that_fails_to_decode_raises_and_leaves_nothing_behind(tmp_path, monkeypatch):
-    loc = _pack(tmp_path, {"small": np.arange(10, dtype=np.float32)})["small"]
+    loc = write_payloads(tmp_path / "s.zarr", {"small": np.arange(10, dtype=np.float32)})["small"]
     store = TensorStore(tmp_path / "s.zarr")
     meta = store._pack(loc.array_path)
 
@@ -113,7 +119,7 @@ def test_payload_of_exactly_one_chunk_is_decoded_into_the_result_not_the_cache(t
     rng = np.random.default_rng(11)
     one = rng.standard_normal(CHUNK, dtype=np.float32)
     tail = rng.standard_normal(CHUNK // 4, dtype=np.float32)  # starts chunk 1
-    locations = _pack(tmp_path, {"one": one, "tail": tail})
+    locations = write_payloads(tmp_path / "s.zarr", {"one": one, "tail": tail})
     loc = locations["one"]
     store = TensorStore(tmp_path / "s.zarr")
     assert store._pack(loc.array_path).chunk == CHUNK and loc.elem_offset == 0 and loc.elem_count == CHUNK

@@ -32,6 +32,15 @@ REPO = Path(__file__).resolve().parents[1]
 DUMP = ms_case("a_tensor_all_eval")
 
 
+def _last_line_of(script: str, timeout: float) -> str:
+    """The last line a fresh interpreter prints running ``script`` with this checkout on its path
+    (and nothing else of the environment); fails the test when the script fails."""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout,
+                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip().splitlines()[-1]
+
+
 def _keys(archive: Path) -> list[str]:
     con = duckdb.connect(str(archive / "catalog.duckdb"), read_only=True)
     try:
@@ -158,10 +167,7 @@ def test_the_dumpdb_process_exits_without_a_last_collection():
         "sys.argv = ['dumpdb', '--version']\n"
         "runpy.run_module('dumpdb', run_name='__main__')\n"
     )
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
-    assert proc.returncode == 0, proc.stderr
-    assert int(proc.stdout.strip().splitlines()[-1].split(":")[1]) > 1000
+    assert int(_last_line_of(script, timeout=120).split(":")[1]) > 1000
 
 
 def test_a_statistics_compare_runs_with_the_collector_quiet(tmp_path, monkeypatch):
@@ -204,10 +210,7 @@ def test_the_ingest_command_skips_pandas_yet_pandas_works_after(tmp_path):
         "import json\n"
         "print(json.dumps([code, imported, type(frame).__name__, frame['a'].tolist()]))\n"
     )
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
-    assert proc.returncode == 0, proc.stderr
-    code, imported, kind, values = json.loads(proc.stdout.strip().splitlines()[-1])
+    code, imported, kind, values = json.loads(_last_line_of(script, timeout=300))
     assert code in (0, None) and imported is False
     assert kind == "DataFrame" and values == [1, 2]
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import zarr
 import zarr.codecs
+from store_payloads import write_payloads
 
 from dumpdb.dtypes import BFLOAT16
 from dumpdb.storage.objects import ObjectStore
@@ -38,8 +39,6 @@ def test_encoded_shard_reads_back_through_zarr(tmp_path, dtype, n, chunk):
 
 
 def test_store_writer_round_trips_special_bit_patterns(tmp_path):
-    TensorStore.create(tmp_path / "s.zarr")
-    store = TensorStore(tmp_path / "s.zarr", read_only=False)
     nan_payload = np.array([0x7FC00001, 0xFFC12345, 0x80000000, 0x7F800000], np.uint32).view(np.float32)
     arrays = {
         "neg_zero": np.full(300_000, -0.0, np.float32),  # a whole inner chunk of -0.0
@@ -49,14 +48,7 @@ def test_store_writer_round_trips_special_bit_patterns(tmp_path):
         "empty": np.zeros((0, 7), np.float16),
         "large": np.arange(40_000, dtype=np.float64).reshape(200, 200),
     }
-    writer = StoreWriter(store, pack_bytes=1 << 20, large_bytes=300_000)
-    locations = {}
-    for name, a in arrays.items():
-        for loc in writer.add(name, a):
-            locations[loc.content_hash] = loc
-    for loc in writer.flush():
-        locations[loc.content_hash] = loc
-    writer.close()
+    locations = write_payloads(tmp_path / "s.zarr", arrays, pack_bytes=1 << 20, large_bytes=300_000)
     assert set(locations) == set(arrays)
     assert locations["large"].elem_offset is None and locations["large"].array_path.startswith("large/")
     assert locations["empty"].array_path is None

@@ -14,7 +14,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 import zarr
-from test_store_pack_reads import write_payloads
+from store_payloads import write_payloads
 
 import dumpdb
 from dumpdb.errors import DumpdbError, StorageError

@@ -8,31 +8,12 @@ import threading
 
 import numpy as np
 import pytest
+from store_payloads import write_payloads
 
 from dumpdb.storage import store as store_mod
-from dumpdb.storage.store import MEDIUM_CHUNK_BYTES, StoreWriter, TensorStore
+from dumpdb.storage.store import MEDIUM_CHUNK_BYTES, TensorStore
 
 CHUNK = MEDIUM_CHUNK_BYTES // 4  # float32 elements of one inner chunk of a pack of medium payloads
-
-
-def write_payloads(root, payloads: dict[str, np.ndarray], compressor: str | None = None,
-                   large_bytes: int = 64 << 20) -> dict:
-    """A new store at ``root`` holding ``payloads`` (plain: no XOR deltas, so the reads are the
-    packs' own chunks), with ``compressor`` chosen first when given; their locations by hash."""
-    TensorStore.create(root)
-    store = TensorStore(root, read_only=False)
-    if compressor is not None:
-        store.choose_compressor(compressor)
-    writer = StoreWriter(store, large_bytes=large_bytes)
-    writer.delta = False
-    locations = {}
-    for name, a in payloads.items():
-        for loc in writer.add(name, a):
-            locations[loc.content_hash] = loc
-    for loc in writer.flush():
-        locations[loc.content_hash] = loc
-    writer.close()
-    return locations
 
 
 def test_payload_over_whole_chunks_reads_back_without_filling_the_cache(tmp_path):

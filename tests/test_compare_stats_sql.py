@@ -145,3 +145,23 @@ def test_statistics_pairs_equal_the_step_by_step_path(case, tmp_path, monkeypatc
         assert sql.unmatched.to_pylist() == steps.unmatched.to_pylist()
         assert repr(sql.first_divergence) == repr(steps.first_divergence)
         assert repr(sql.summary) == repr(steps.summary)
+
+
+@pytest.mark.parametrize("ids", ["consecutive", "gaps", "shuffled"])
+def test_pair_rows_found_by_tensor_id(ids):
+    """stats_pairs._positions finds each paired id's row as a hash lookup does, whether a
+    side's ids run without gaps (an offset), in order with gaps (a binary search) or in no
+    order; an id the side does not hold is an error."""
+    import pyarrow.compute as pc
+
+    from dumpdb.compare.stats_pairs import _positions
+
+    rng = np.random.default_rng(3)
+    have = {"consecutive": np.arange(40, 1040), "gaps": np.sort(rng.choice(10**6, 1000, replace=False)),
+            "shuffled": rng.permutation(10**6)[:1000]}[ids].astype(np.int64)
+    column = pa.chunked_array([pa.array(have[:300]), pa.array(have[300:])])
+    wanted = pa.chunked_array([pa.array(rng.permutation(have)[:700])])
+    expected = pc.index_in(wanted, value_set=column).combine_chunks().to_numpy()
+    assert np.array_equal(_positions(column, wanted), expected)
+    with pytest.raises(ValueError, match="not among"):
+        _positions(column, pa.chunked_array([pa.array([int(have.max()) + 1], pa.int64())]))

@@ -69,10 +69,10 @@ def statistics_pairs(target: pa.Table, bench: pa.Table, *, group_by: Sequence[st
         # is unique, so the order the pairs come in does not matter); the two sides'
         # statistics then go to the metrics query side by side, row k of each the k-th
         # pair (a positional join: no join by id in DuckDB)
-        at = [pc.index_in(paired.column(f"{side}_tensor_id"), value_set=table.column("tensor_id")).combine_chunks()
+        at = [_positions(table.column("tensor_id"), paired.column(f"{side}_tensor_id"))
               for side, table in (("target", target), ("bench", bench))]
-        order = pa.array(execution_order(target.select(list(ORDER_KEYS)).take(at[0])))
-        at = [rows.take(order) for rows in at]
+        order = execution_order(target.select(list(ORDER_KEYS)).take(at[0]))
+        at = [pa.array(rows[order]) for rows in at]
         n = len(order)
         for name, table, rows in (("t_stats", target, at[0]), ("b_stats", bench, at[1])):
             con.register(name, pa.table({"pair_index": pa.array(np.arange(n, dtype=np.int64)),
@@ -88,3 +88,33 @@ def statistics_pairs(target: pa.Table, bench: pa.Table, *, group_by: Sequence[st
                       "match_strategy": pa.repeat(pa.scalar("exact"), n),
                       "realigned": pa.repeat(pa.scalar(False), n)}).cast(PAIRS_SCHEMA)
     return Alignment(pairs, *left), t, b, metrics
+
+
+def _positions(ids: pa.ChunkedArray, wanted: pa.ChunkedArray) -> np.ndarray:
+    """Row of ``ids`` (a side's ``tensor_id``: unique, no NULL) holding each of ``wanted``
+    (ids taken from that side), as int64. A run's ids usually come in order without gaps
+    (one ingest numbers its tensors from a sequence): the row is then the id minus the
+    first; ids in order with gaps take a binary search, others a hash lookup
+    (``pc.index_in``). On 500,000 ids: 0.004 s, 0.11 s, 0.12-0.25 s of CPU. Raises
+    ValueError for an id not in ``ids``."""
+    have = ids.to_numpy()
+    want = wanted.to_numpy()
+    if have.size == 0 or want.size == 0:
+        if want.size:
+            raise ValueError("a paired tensor_id is not among its side's rows")
+        return np.zeros(0, np.int64)
+    ascending = bool(np.all(have[1:] > have[:-1]))
+    if ascending and int(have[-1]) - int(have[0]) == have.size - 1:  # consecutive ids
+        at = want - have[0]
+        if int(at.min()) < 0 or int(at.max()) >= have.size:
+            raise ValueError("a paired tensor_id is not among its side's rows")
+        return at.astype(np.int64, copy=False)
+    if not ascending:  # sorting first costs more than the hash lookup
+        found = pc.index_in(wanted, value_set=ids).combine_chunks()
+        if found.null_count:
+            raise ValueError("a paired tensor_id is not among its side's rows")
+        return found.to_numpy().astype(np.int64, copy=False)
+    at = np.searchsorted(have, want)
+    if int(at.max()) >= have.size or not np.array_equal(have[at], want):
+        raise ValueError("a paired tensor_id is not among its side's rows")
+    return at.astype(np.int64, copy=False)

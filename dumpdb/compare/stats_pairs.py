@@ -91,30 +91,29 @@ def statistics_pairs(target: pa.Table, bench: pa.Table, *, group_by: Sequence[st
 
 
 def _positions(ids: pa.ChunkedArray, wanted: pa.ChunkedArray) -> np.ndarray:
-    """Row of ``ids`` (a side's ``tensor_id``: unique, no NULL) holding each of ``wanted``
-    (ids taken from that side), as int64. A run's ids usually come in order without gaps
-    (one ingest numbers its tensors from a sequence): the row is then the id minus the
-    first; ids in order with gaps take a binary search, others a hash lookup
-    (``pc.index_in``). On 500,000 ids: 0.004 s, 0.11 s, 0.12-0.25 s of CPU. Raises
-    ValueError for an id not in ``ids``."""
+    """Row of ``ids`` (a side's ``tensor_id``: unique, no NULL, in any order) holding each
+    of ``wanted`` (ids taken from that side), as int64. A run's ids are usually dense (one
+    ingest numbers its tensors from a sequence): then a table from id to row, filled in one
+    pass (ids spanning at most four times their number); otherwise a hash lookup
+    (``pc.index_in``). On 500,000 ids 0.01 s of CPU against 0.2 s. Raises ValueError for
+    an id not in ``ids``."""
     have = ids.to_numpy()
     want = wanted.to_numpy()
-    if have.size == 0 or want.size == 0:
-        if want.size:
-            raise ValueError("a paired tensor_id is not among its side's rows")
+    if want.size == 0:
         return np.zeros(0, np.int64)
-    ascending = bool(np.all(have[1:] > have[:-1]))
-    if ascending and int(have[-1]) - int(have[0]) == have.size - 1:  # consecutive ids
-        at = want - have[0]
-        if int(at.min()) < 0 or int(at.max()) >= have.size:
+    lowest = int(have.min()) if have.size else 0
+    span = int(have.max()) - lowest + 1 if have.size else 0
+    if 0 < span <= 4 * have.size + 1024:
+        row = np.full(span, -1, np.int64)
+        row[have - lowest] = np.arange(have.size, dtype=np.int64)
+        offset = want - lowest
+        if int(offset.min()) < 0 or int(offset.max()) >= span:
             raise ValueError("a paired tensor_id is not among its side's rows")
-        return at.astype(np.int64, copy=False)
-    if not ascending:  # sorting first costs more than the hash lookup
-        found = pc.index_in(wanted, value_set=ids).combine_chunks()
-        if found.null_count:
+        at = row[offset]
+        if int(at.min()) < 0:
             raise ValueError("a paired tensor_id is not among its side's rows")
-        return found.to_numpy().astype(np.int64, copy=False)
-    at = np.searchsorted(have, want)
-    if int(at.max()) >= have.size or not np.array_equal(have[at], want):
+        return at
+    found = pc.index_in(wanted, value_set=ids).combine_chunks()
+    if found.null_count:
         raise ValueError("a paired tensor_id is not among its side's rows")
-    return at.astype(np.int64, copy=False)
+    return found.to_numpy().astype(np.int64, copy=False)

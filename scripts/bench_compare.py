@@ -200,6 +200,18 @@ def timed(cmd: list[str], log: Path, env: dict | None = None) -> tuple[float, in
     return wall, peak
 
 
+def version_env(path: str, out: Path) -> dict[str, str]:
+    """The environment of a timed Python process: ``PYTHONPATH=path``, and bytecode read from
+    and written to ``out/pycache`` (``PYTHONPYCACHEPREFIX``; ``PYTHONDONTWRITEBYTECODE``
+    dropped). An installed dumpdb runs from bytecode compiled at install; a checkout whose
+    ``__pycache__`` cannot be written (``PYTHONDONTWRITEBYTECODE=1``) or is stale compiles
+    its modules in every process (0.1-0.4 s of CPU, more for the larger checkout), which is
+    no cost of the compare. The first, untimed run of each command fills the cache."""
+    env = {**os.environ, "PYTHONPATH": path, "PYTHONPYCACHEPREFIX": str(out / "pycache")}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
 def cat_seconds(dirs: list[Path], log: Path) -> float:
     """Wall time of ``cat`` of every ``.npy`` (and ``.json``) file below ``dirs`` (page cache as it is)."""
     os.sync()
@@ -228,13 +240,17 @@ def compare(args, dumpdb: str, archive: Path, out: Path, name: str, *extra: str,
     measured: dict[str, list[tuple[float, float, float]]] = {label: [] for label, _ in versions}
     if baseline:
         measured = {"baseline": [], **measured}
+        timed(baseline, out / f"{name}-baseline.log", version_env(os.environ.get("PYTHONPATH", ""), out))
+    for label, path in versions:  # untimed: fills the bytecode cache (version_env)
+        timed(cmd, out / f"compare-{name}-{label}.log", version_env(path, out))
     for k in range(max(args.repeat, 1)):
         if baseline:
-            wall, rss_kib = timed(baseline, out / f"{name}-baseline.log")
+            wall, rss_kib = timed(baseline, out / f"{name}-baseline.log",
+                                  version_env(os.environ.get("PYTHONPATH", ""), out))
             print(f"  baseline (run {k + 1}): {wall:.2f} s (cpu {LAST_CPU['seconds']:.2f} s), {rss_kib / 1024:.0f} MB")
             measured["baseline"].append((wall, rss_kib / 1024, LAST_CPU["seconds"]))
         for label, path in versions:
-            env = {**os.environ, "PYTHONPATH": path}
+            env = version_env(path, out)
             log = out / f"compare-{name}-{label}.log"
             wall, rss_kib = timed(cmd, log, env)
             lines = log.read_text().strip().splitlines()
@@ -368,7 +384,7 @@ def startup_cpu(args, out: Path) -> dict[str, float]:
     for _ in range(max(args.repeat, 1)):
         for label, path in versions:
             timed([sys.executable, "-c", "import dumpdb.cli, dumpdb.compare.engine"], out / f"startup-{label}.log",
-                  {**os.environ, "PYTHONPATH": path})
+                  version_env(path, out))
             cpus[label].append(LAST_CPU["seconds"])
     return {label: float(np.median(v)) for label, v in cpus.items()}
 

@@ -226,3 +226,22 @@ def test_random_statistics_take_the_sql_path_only_where_align_keeps_every_exact_
         _same(fast, full)
         assert full.suspects.num_rows == 0 and not any(full.pairs.column("realigned").to_pylist())
     assert taken and declined  # both ways were exercised
+
+
+def test_family_count_still_checked_when_every_tensor_pairs_but_an_op_type_differs():
+    """Every tensor of both sides pairs by its key. With the same op_type on both sides
+    each family has as many ops on both (the SQL path answers, as align); with one bench op
+    a Cast (a cast-only op has no family) family Net_Add has two ops on the target and one
+    on the bench, and the SQL path leaves the decision to align() (None)."""
+    def side(op_types: list[str], start: int) -> pa.Table:
+        rows = _rows([("Net/Add-op1", "output", 0, [2], 0, 1), ("Net/Add-op2", "output", 0, [2], 0, 2)], start)
+        rows = rows.append_column("op_type", pa.array(op_types, pa.string()))
+        for c in ("l2norm", "mean", "min", "max"):
+            rows = rows.append_column(c, pa.array([1.0, 2.0], pa.float64()))
+        return rows
+
+    target = side(["Add", "Add"], 1)
+    same = align_exact(target, side(["Add", "Add"], 10))
+    assert same is not None and same.pairs.num_rows == 2
+    _same(same, align(target, side(["Add", "Add"], 10)))
+    assert align_exact(target, side(["Add", "Cast"], 10)) is None

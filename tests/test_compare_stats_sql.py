@@ -145,3 +145,25 @@ def test_statistics_pairs_equal_the_step_by_step_path(case, tmp_path, monkeypatc
         assert sql.unmatched.to_pylist() == steps.unmatched.to_pylist()
         assert repr(sql.first_divergence) == repr(steps.first_divergence)
         assert repr(sql.summary) == repr(steps.summary)
+
+
+@pytest.mark.parametrize("ids", ["consecutive", "shuffled_range", "sparse"])
+def test_pair_rows_found_by_tensor_id(ids):
+    """stats_pairs._positions finds each paired id's row as a hash lookup does, whether a
+    side's ids are dense (consecutive, or a shuffled range with gaps: a table from id to
+    row) or sparse (the hash lookup); an id the side does not hold is an error."""
+    import pyarrow.compute as pc
+
+    from dumpdb.compare.stats_pairs import _positions
+
+    rng = np.random.default_rng(3)
+    have = {"consecutive": np.arange(40, 1040), "shuffled_range": rng.permutation(np.arange(5, 3005))[:1000],
+            "sparse": rng.choice(10**7, 1000, replace=False)}[ids].astype(np.int64)
+    column = pa.chunked_array([pa.array(have[:300]), pa.array(have[300:])])
+    wanted = pa.chunked_array([pa.array(rng.permutation(have)[:700])])
+    expected = pc.index_in(wanted, value_set=column).combine_chunks().to_numpy()
+    assert np.array_equal(_positions(column, wanted), expected)
+    missing = int(np.setdiff1d(np.arange(have.min(), have.max()), have)[0]) if ids != "consecutive" else 1040
+    for absent in (missing, int(have.max()) + 1, int(have.min()) - 1):
+        with pytest.raises(ValueError, match="not among"):
+            _positions(column, pa.chunked_array([pa.array([int(have[0]), absent], pa.int64())]))

@@ -1092,7 +1092,8 @@ def _judge_precision(view: _View, trows: pa.Table, rules: PrecisionRules) -> dic
         inputs_of=inputs_of,
         target_name=strings(ctx["target_name"]), scope_name=strings(ctx["scope_name"]),
         op_type=strings(ctx["op_type"]), arg_diff=arg_diff, iteration=ints(it, -1),
-        timestamp=np.where(ts_valid, ts_values, np.nan))
+        timestamp=np.where(ts_valid, ts_values, np.nan),
+        arrow={k: _string_array(ctx[k]) for k in ("target_name", "scope_name", "op_type")})
     view.precision, departure = judge_precision_columns(columns, rules)
     return departure
 

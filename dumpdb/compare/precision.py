@@ -468,6 +468,10 @@ class Columns:
     timestamp: np.ndarray | None = None
     inputs_of: Callable[[int], list[tuple[str, int]]] | None = None
     bench_content_hash: np.ndarray | None = None
+    # target_name, scope_name, op_type as Arrow string arrays where the caller holds them
+    # (the same values): the rules that match text in Arrow then read them without
+    # converting the object arrays back (0.25 s of CPU for 500,000 rows)
+    arrow: Mapping[str, pa.Array] = field(default_factory=dict)
 
     def row(self, i: int) -> dict:
         """Row ``i`` as a dict, as :func:`_pair_error` reads it (None for NULL)."""
@@ -575,7 +579,8 @@ def judge_precision_columns(c: Columns, rules: PrecisionRules = PrecisionRules()
     result = np.full(n, PASS, dtype=object)
     origin = np.full(n, None, dtype=object)
     names, scopes, op_types = (_optional(c, k, n) for k in ("target_name", "scope_name", "op_type"))
-    text = [pa.array(v, pa.string()) for v in (names, scopes, op_types)]  # converted once
+    text = [c.arrow[k] if k in c.arrow else pa.array(v, pa.string())  # converted once
+            for k, v in (("target_name", names), ("scope_name", scopes), ("op_type", op_types))]
     container = containers(text[2], text[0])
     phase = phases(text[0], text[1], c.where, c.run_rank)
     # outputs of in-place optimizer kernels hold buffers the kernel never wrote (module

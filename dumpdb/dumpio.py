@@ -218,11 +218,10 @@ class ReadBuffer:
 # Reads that go around the page cache (O_DIRECT): the kernel moves the file's blocks
 # straight into the reader's buffer instead of filling the page cache and copying out of
 # it: a third of the CPU of a buffered read of an uncached dump (docs/storage-design.md,
-# "Ingest time"). Only for files from
-# DIRECT_MIN_BYTES (a small file's blocks cost a request each; its copy is cheap) and
-# only where the file is not already in the page cache (DIRECT_READS "uncached": a
-# cached file is copied at memory speed, a direct read of it waits for the disk);
-# "always" and "never" are for measuring.
+# "Reading around the page cache"). Only for files from DIRECT_MIN_BYTES (a small file's
+# blocks cost a request each; its copy is cheap) and only where the file is not already
+# in the page cache (DIRECT_READS "uncached": a cached file is copied at memory speed, a
+# direct read of it waits for the disk); "always" and "never" are for measuring.
 DIRECT_MIN_BYTES = 1 << 20
 DIRECT_READS = "uncached"
 _DIRECT_ALIGN = 4096  # offsets, lengths and addresses of a direct read: a page covers every logical block size

@@ -5,7 +5,8 @@ in the page cache with ``O_DIRECT`` into its page-aligned buffer, and falls back
 read where the file system refuses it (tmpfs: EINVAL) or a direct read fails with EINVAL half
 way. Whatever the path, the bytes are the file's: checked on odd sizes, a read-only file,
 reads cut short (as every read of a file over 2 GiB is), and a whole ingest of a real
-MindSpore dump whose catalog and payloads equal those of a buffered ingest.
+MindSpore dump, read and written (``storage.local.durable_put``) around the page cache,
+whose catalog and payloads equal those of a buffered ingest.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from conftest import ms_case
 import dumpdb
 from dumpdb import dumpio
 from dumpdb.ingestion import pipeline
+from dumpdb.storage import local
 
 MIB = 1 << 20
 
@@ -154,14 +156,17 @@ def _payloads(archive: Path) -> dict[str, bytes]:
         return {r["source_file"]: arch.tensor(r["tensor_id"]).tobytes() for r in rows}
 
 
-def test_an_ingest_reading_around_the_page_cache_stores_the_same(tmp_path, monkeypatch):
+def test_an_ingest_reading_and_writing_around_the_page_cache_stores_the_same(tmp_path, monkeypatch):
     dump = ms_case("d2_compare_fp16_bf16_iter0")
-    # every file through the reader threads' buffers and read with O_DIRECT
+    # every file through the reader threads' buffers and read with O_DIRECT, every object
+    # of the store (shards, zarr.json) written with O_DIRECT
     monkeypatch.setattr(pipeline, "READ_BUFFER_MIN_BYTES", 0)
     monkeypatch.setattr(dumpio, "DIRECT_MIN_BYTES", 0)
     monkeypatch.setattr(dumpio, "DIRECT_READS", "always")
-    reads = []
-    read_dump_into = dumpio.read_dump_into
+    monkeypatch.setattr(local, "DIRECT_WRITE_MIN_BYTES", 1)
+    monkeypatch.setattr(local, "_NO_DIRECT_ROOTS", set())
+    reads, opened = [], []
+    read_dump_into, os_open = dumpio.read_dump_into, os.open
 
     def spy(path, where, buffer, confined=True):
         view = read_dump_into(path, where, buffer, confined)
@@ -170,13 +175,18 @@ def test_an_ingest_reading_around_the_page_cache_stores_the_same(tmp_path, monke
 
     monkeypatch.setattr(dumpio, "read_dump_into", spy)
     monkeypatch.setattr("dumpdb.npy.read_dump_into", spy)
+    monkeypatch.setattr(os, "open", lambda path, flags, *a, **k: opened.append(flags) or os_open(path, flags, *a, **k))
     direct = dumpdb.ingest(dump, tmp_path / "direct", run="r", workers=1)
-    if os.stat(dump).st_dev in dumpio._NO_DIRECT:
-        pytest.skip("the corpus's file system has no O_DIRECT: the tmpfs test covers the fallback")
+    if os.stat(dump).st_dev in dumpio._NO_DIRECT or local._NO_DIRECT_ROOTS:
+        pytest.skip("the corpus's or tmp_path's file system has no O_DIRECT: the refusal tests cover the fallback")
     assert direct.ok and direct.tensors_added > 0 and reads and all(reads)
+    assert sum(1 for f in opened if f & os.O_DIRECT) >= 2  # a shard and its zarr.json at least
     monkeypatch.setattr(dumpio, "DIRECT_READS", "never")
+    monkeypatch.setattr(local, "DIRECT_WRITES", False)
     buffered = dumpdb.ingest(dump, tmp_path / "buffered", run="r", workers=1)
     assert buffered.ok and buffered.tensors_added == direct.tensors_added
     assert catalog_snapshot(tmp_path / "direct") == catalog_snapshot(tmp_path / "buffered")
     got = _payloads(tmp_path / "direct")
     assert got == _payloads(tmp_path / "buffered") and len(got) == direct.tensors_added
+    with dumpdb.open(tmp_path / "direct") as arch:
+        assert arch.verify().ok

@@ -23,7 +23,6 @@ from __future__ import annotations
 import errno
 import mmap
 import os
-import threading
 import uuid
 from pathlib import Path
 
@@ -67,10 +66,10 @@ def _make_parents(path: Path, root: Path) -> None:
 # disk. DIRECT_WRITES False writes every object buffered.
 DIRECT_WRITE_MIN_BYTES = 1 << 20
 DIRECT_WRITES = True
-_STAGE_BYTES = 8 << 20  # per writing thread
+_STAGE_BYTES = 8 << 20  # per object being written
 _ALIGN = 4096  # a page: offsets, lengths and addresses of a direct write
 _NO_DIRECT_ROOTS: set[Path] = set()  # stores whose file system refused O_DIRECT: written buffered
-_stage = threading.local()
+_stages: list[memoryview] = []  # staging buffers not in use (list.append/pop: atomic)
 
 
 def _write_direct(tmp: Path, parts: list[bytes | bytearray | memoryview], root: Path) -> int | None:
@@ -90,10 +89,9 @@ def _write_direct(tmp: Path, parts: list[bytes | bytearray | memoryview], root: 
             raise
         _NO_DIRECT_ROOTS.add(root)
         return None
+    stage = None
     try:
-        stage = getattr(_stage, "buffer", None)
-        if stage is None or len(stage) != _STAGE_BYTES:
-            stage = _stage.buffer = memoryview(mmap.mmap(-1, _STAGE_BYTES))  # page aligned
+        stage = _take_stage()
         fill = 0
         for part in parts:
             view = memoryview(part).cast("B")
@@ -119,6 +117,20 @@ def _write_direct(tmp: Path, parts: list[bytes | bytearray | memoryview], root: 
         return total
     finally:
         os.close(fd)
+        if stage is not None:
+            _stages.append(stage)
+
+
+def _take_stage() -> memoryview:
+    """A page-aligned staging buffer of ``_STAGE_BYTES`` (reused: as many exist as objects
+    were ever written at once; the caller gives it back to ``_stages``)."""
+    while True:
+        try:
+            stage = _stages.pop()
+        except IndexError:
+            return memoryview(mmap.mmap(-1, _STAGE_BYTES))  # anonymous memory: page aligned
+        if len(stage) == _STAGE_BYTES:
+            return stage
 
 
 def _write_all(fd: int, view: memoryview) -> bool:

@@ -21,6 +21,9 @@ starts with the file's name as the caller gives it (``where``).
 from __future__ import annotations
 
 import contextvars
+import errno
+import fcntl
+import mmap
 import os
 import stat
 from collections.abc import Iterator
@@ -189,20 +192,107 @@ class ReadBuffer:
 
     A fresh buffer per file costs the kernel a page fault and a page of zeroes for every
     4 KiB read (~0.4 s of CPU per GB, issue 12's ``perf`` of a real dump); a reused one is
-    faulted in once. What is read into it is a view, valid until the next read: the reader
-    copies what it keeps (:func:`dumpdb.ingestion.workers.load_entry`). ``used`` tells
-    whether a read went into it since the reader last cleared it.
+    faulted in once. Its memory is an anonymous ``mmap``: page aligned, so a read may go
+    around the page cache (:func:`read_dump_into`, ``O_DIRECT``). What is read into it is
+    a view, valid until the next read: the reader copies what it keeps
+    (:func:`dumpdb.ingestion.workers.load_entry`). ``used`` tells whether a read went into
+    it since the reader last cleared it; ``direct`` whether the last read into it went
+    around the page cache (to the end of the file).
     """
 
     def __init__(self) -> None:
-        self.data = bytearray()
+        self.data: mmap.mmap | bytearray = bytearray()
         self.used = False
+        self.direct = False
 
     def view(self, size: int) -> memoryview:
-        """``size`` bytes of the buffer (grown, by a new allocation, when smaller)."""
+        """``size`` bytes of the buffer, starting on a page boundary (grown, by a new
+        mapping rounded up to whole pages, when smaller)."""
         if len(self.data) < size:
-            self.data = bytearray(max(size, 2 * len(self.data)))  # views of the old one stay valid
+            grown = max(size, 2 * len(self.data))
+            # the old mapping lives on while views of it do (a memoryview keeps its exporter)
+            self.data = mmap.mmap(-1, -(-grown // mmap.PAGESIZE) * mmap.PAGESIZE)
         return memoryview(self.data)[:size]
+
+
+# Reads that go around the page cache (O_DIRECT): the kernel moves the file's blocks
+# straight into the reader's buffer instead of filling the page cache and copying out of
+# it: a third of the CPU of a buffered read of an uncached dump (docs/storage-design.md,
+# "Reading around the page cache"). Only for files from DIRECT_MIN_BYTES (a small file's
+# blocks cost a request each; its copy is cheap) and only where the file is not already
+# in the page cache (DIRECT_READS "uncached": a cached file is copied at memory speed, a
+# direct read of it waits for the disk); "always" and "never" are for measuring.
+DIRECT_MIN_BYTES = 1 << 20
+DIRECT_READS = "uncached"
+_DIRECT_ALIGN = 4096  # offsets, lengths and addresses of a direct read: a page covers every logical block size
+# st_dev of file systems that refused O_DIRECT (tmpfs, some FUSE and network file systems):
+# asked once per file system, then read buffered
+_NO_DIRECT: set[int] = set()
+
+
+class _Mincore:
+    """``mincore(2)`` of a file's pages through ctypes (Python's ``mmap`` has no mincore):
+    the share of a file in the page cache, read without touching the file, so without the
+    readahead a probing read starts (``preadv2(RWF_NOWAIT)`` of an uncached page queues
+    its readahead: the next probe would find it cached)."""
+
+    def __init__(self) -> None:
+        import ctypes
+        import ctypes.util
+
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        self.mmap, self.munmap, self.mincore = libc.mmap, libc.munmap, libc.mincore
+        self.mmap.restype = ctypes.c_void_p
+        self.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                              ctypes.c_long]
+        self.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        self.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+        self.failed = ctypes.c_void_p(-1).value
+        self.buffer = ctypes.create_string_buffer
+
+    def resident(self, fd: int, size: int) -> float | None:
+        """Share (0..1) of the file's pages in the page cache; None if it cannot tell.
+        The mapping is never read (no page fault, no SIGBUS if the file shrinks)."""
+        addr = self.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if addr is None or addr == self.failed:
+            return None
+        try:
+            pages = -(-size // mmap.PAGESIZE)
+            vec = self.buffer(pages)
+            if self.mincore(addr, size, vec) != 0:
+                return None
+            # the low bit of each page's byte tells; the others are reserved
+            return vec.raw[:pages].translate(_LOW_BIT).count(1) / pages if pages else 1.0
+        finally:
+            self.munmap(addr, size)
+
+
+_mincore: _Mincore | None = None
+_LOW_BIT = bytes(i & 1 for i in range(256))
+
+
+def _direct_wanted(fd: int, st: os.stat_result) -> bool:
+    """Whether to read this file with O_DIRECT: large, on a file system not known to
+    refuse it and (DIRECT_READS "uncached") at most half of it in the page cache
+    (:class:`_Mincore`; where that cannot tell, buffered as before)."""
+    global _mincore
+    if DIRECT_READS == "never" or st.st_size < DIRECT_MIN_BYTES or st.st_dev in _NO_DIRECT \
+            or not hasattr(os, "O_DIRECT"):
+        return False
+    if DIRECT_READS == "uncached" and st.st_size:
+        try:
+            _mincore = _mincore or _Mincore()
+            share = _mincore.resident(fd, st.st_size)
+        except (OSError, AttributeError):  # no libc mincore (not Linux)
+            share = None
+        return share is not None and share <= 0.5
+    return True
+
+
+def _set_direct(fd: int, on: bool) -> None:
+    """Set or clear O_DIRECT on ``fd`` (raises OSError EINVAL where the file system has none)."""
+    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    fcntl.fcntl(fd, fcntl.F_SETFL, flags | os.O_DIRECT if on else flags & ~os.O_DIRECT)
 
 
 _read_buffer: contextvars.ContextVar[ReadBuffer | None] = contextvars.ContextVar("dumpdb_read_buffer", default=None)
@@ -227,18 +317,48 @@ def current_read_buffer() -> ReadBuffer | None:
 def read_dump_into(path: str | os.PathLike, where: str, buffer: ReadBuffer, confined: bool = True) -> memoryview:
     """:func:`read_dump_bytes` into ``buffer``: a view of its first bytes (at most the
     file's size at open time), valid until ``buffer`` is read into again. Raises as
-    :func:`read_dump_bytes`."""
+    :func:`read_dump_bytes`.
+
+    A file of ``DIRECT_MIN_BYTES`` or more that is not in the page cache is read with
+    ``O_DIRECT`` (whole pages into the page-aligned buffer, the tail past the size
+    ignored); a file system that refuses it (EINVAL: tmpfs, ...) is remembered and read
+    buffered, as is the rest of a file whose direct read fails with EINVAL. The bytes are
+    the same either way."""
     fd, st = _open_checked(path, where, confined)
     try:
-        view = buffer.view(st.st_size)
+        size = st.st_size
+        # room for whole pages: a direct read asks for a multiple of the page size
+        view = buffer.view(-(-size // _DIRECT_ALIGN) * _DIRECT_ALIGN)
         buffer.used = True
+        direct = _direct_wanted(fd, st)
+        if direct:
+            try:
+                _set_direct(fd, True)
+            except OSError:
+                _NO_DIRECT.add(st.st_dev)
+                direct = False
         got = 0
-        while got < st.st_size:
-            n = os.readv(fd, [view[got:]])
+        while got < size:
+            if direct:
+                try:
+                    n = os.readv(fd, [view[got:]])
+                except OSError as exc:
+                    if exc.errno != errno.EINVAL:
+                        raise
+                    _NO_DIRECT.add(st.st_dev)  # this file system takes the flag but not the read
+                    _set_direct(fd, False)
+                    direct = False
+                    continue  # the failed read moved nothing: go on buffered from ``got``
+                if n % _DIRECT_ALIGN:
+                    got += n
+                    break  # a short direct read is the end of the file
+            else:
+                n = os.readv(fd, [view[got:size]])
             if not n:
                 break  # shrank while read: the caller's size checks report it
             got += n
-        return view[:got]
+        buffer.direct = direct
+        return view[:min(got, size)]  # grown while read: only what it held at open time
     except OSError as exc:
         raise DumpFileError(f"{where}: cannot read: {exc.strerror or exc}") from exc
     finally:

@@ -3,6 +3,8 @@
 
 Generates a deterministic synthetic dump (see reference/performance.md, "Synthetic corpus"),
 warms the page cache, then times A = dumpdb ingest and B = tar+zstd alternately (A B A B ...).
+With --cold, the dump's pages are dropped from the page cache before each timed run instead
+(posix_fadvise DONTNEED per file: no root needed), as for a dump read for the first time.
 The machine is noisy, so the figures that matter are the ratios, not the seconds.
 Exit status is non-zero only when a subprocess fails; a missed target is only reported.
 """
@@ -46,6 +48,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--keep", action="store_true", help="keep generated files (default: delete them at the end)")
     p.add_argument("--seed", type=int, default=0, metavar="N", help="generator seed (default 0)")
     p.add_argument("--workers", type=int, metavar="N", help="reader threads, passed to 'dumpdb ingest -j'")
+    p.add_argument("--cold", action="store_true",
+                   help="drop the dump from the page cache before each timed run (default: warm it once)")
     args = p.parse_args()
     if args.size_gb <= 0 or args.iterations < 1 or args.repeats < 1:
         p.error("--size-gb must be > 0, --iterations and --repeats >= 1")
@@ -204,6 +208,22 @@ def tree_size(path: Path) -> tuple[int, int]:
     return sum(sizes), len(sizes)
 
 
+def evict(dump: Path) -> int:
+    """Drop the dump's clean pages from the page cache (``posix_fadvise(DONTNEED)`` per
+    file, after a sync so none is dirty); returns the number of files."""
+    os.sync()
+    count = 0
+    for path in dump.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+            count += 1
+    return count
+
+
 def timed(cmd: list[str], log: Path) -> tuple[float, int, float]:
     """Run ``cmd`` (output to ``log``); return (wall seconds, peak RSS KiB, CPU seconds: user +
     system of it and its waited-for children). Exit if it fails."""
@@ -272,6 +292,8 @@ def main() -> None:
     ingest_s, tar_s, rss, sizes, ingest_cpu, tar_cpu = [], [], [], [], [], []
     for i in range(args.repeats):
         archive = out / f"archive-{i}"
+        if args.cold:
+            evict(dump)
         sec, kib, cpu = timed([dumpdb, "ingest", str(dump), "--archive", str(archive), "--run", "bench", "-q", *jobs],
                          out / "ingest.log")
         ingest_s.append(sec)
@@ -281,6 +303,8 @@ def main() -> None:
         if i < args.repeats - 1:
             remove(archive)
         tarball.unlink(missing_ok=True)
+        if args.cold:
+            evict(dump)
         sec, _, cpu = timed(tar_cmd, out / "tar.log")
         tar_s.append(sec)
         tar_cpu.append(cpu)
@@ -292,6 +316,7 @@ def main() -> None:
     t_ratio = statistics.median(a / b for a, b in zip(ingest_s, tar_s))
     s_ratio = arch_bytes / tar_bytes
     source = f"existing dump {dump}" if args.dump else f"generated {dump}, seed {args.seed}"
+    source += ", page cache dropped before each run" if args.cold else ", page cache warm"
     rows = [
         ("dump files (.npy)", f"{files}"),
         ("dump payload", f"{payload / GB:.3f} GB (all files: {tree_size(dump)[0] / GB:.3f} GB)"),

@@ -72,7 +72,7 @@ from threadpoolctl import threadpool_limits
 
 from dumpdb import __version__
 from dumpdb.catalog import insert_arrow
-from dumpdb.compare import registry
+from dumpdb.compare import kernel, registry
 from dumpdb.compare.align import Alignment, align, load_mapping
 from dumpdb.compare.align_sql import align_exact
 from dumpdb.compare.choices import MODES, RULES, STRATEGIES
@@ -441,6 +441,10 @@ def compare(archive, target: str | Selection, bench: str | Selection, *, iterati
     statistics_only = mode == "statistics" or (mode == "auto" and (
         trows.column("content_hash").null_count == trows.num_rows
         or brows.column("content_hash").null_count == brows.num_rows))
+    if not statistics_only and scheduler is None:
+        # numba and the kernel load (~1 CPU s, mostly holding the GIL) while DuckDB aligns and
+        # the first payloads are read (both release it), not after them on the first pair
+        kernel.preload()
     stats = None
     alignment: Alignment | None
     try:
@@ -484,6 +488,7 @@ def compare(archive, target: str | Selection, bench: str | Selection, *, iterati
     else:
         with quiet_gc():
             res = _compute(archive, t, b, mode, workers, progress, scheduler)
+    kernel.wait_preload()  # loaded by now unless no pair needed it (all identical, statistics)
     view = _view(t, b, strategy, res)
     view.context["realigned"] = realigned
     view.context["arg_diff"] = _arg_diff(archive, tsel, bsel, view)

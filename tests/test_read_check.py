@@ -133,10 +133,14 @@ def test_a_large_uncompressed_payload_is_checked(tmp_path, monkeypatch, how):
     assert unchecked.tobytes() != array.tobytes() and unchecked.tobytes()[:1 << 20] == array.tobytes()[:1 << 20]
 
 
-def test_map_private_of_a_missing_short_or_remote_object(tmp_path):
+def test_map_private_of_a_missing_short_or_remote_object(tmp_path, monkeypatch):
     """ObjectStore.map_private: PayloadMissing for a missing object, PayloadCorrupt (naming
     it) for one shorter than asked (a mapping past the end would kill the process with
-    SIGBUS when read), None for a store not on local disk."""
+    SIGBUS when read), None (the caller reads instead) for a store not on local disk and
+    for a file system that cannot map the file."""
+    import errno
+    import mmap
+
     from zarr.storage import MemoryStore
 
     from dumpdb.errors import PayloadMissing
@@ -152,3 +156,9 @@ def test_map_private_of_a_missing_short_or_remote_object(tmp_path):
     with pytest.raises(PayloadMissing):
         objects.map_private("gone", 4)
     assert ObjectStore(MemoryStore()).map_private("k", 4) is None
+
+    def no_mmap(*args, **kwargs):
+        raise OSError(errno.ENODEV, "No such device")
+
+    monkeypatch.setattr(mmap, "mmap", no_mmap)
+    assert objects.map_private("k", 4) is None

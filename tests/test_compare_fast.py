@@ -168,3 +168,22 @@ def test_engine_short_cut_notes_shared_nan_inf(tmp_path):
     (row,) = compare(dumpdb.open(archive), "a", "b", store_results=False).results.to_pylist()
     assert row["cosine"] == 1.0 and row["max_abs_err"] == 0.0 and MSG_NAN_INF_ZEROED in row["err_message"]
     assert not math.isnan(row["rmse"])
+
+
+def test_engine_starts_loading_the_kernel_before_it_aligns(pair_archive, monkeypatch):
+    """A tensor compare starts kernel.preload() (numba and the kernel load in a background
+    thread) before the alignment's DuckDB queries, and waits for it before returning; a
+    statistics compare starts none (it computes no tensor metric)."""
+    from dumpdb.compare import kernel
+
+    events = []
+    real_align = engine.align_exact
+    monkeypatch.setattr(kernel, "preload", lambda: events.append("preload"))
+    monkeypatch.setattr(kernel, "wait_preload", lambda: events.append("wait"))
+    monkeypatch.setattr(engine, "align_exact", lambda *a, **k: events.append("align") or real_align(*a, **k))
+    a = dumpdb.open(pair_archive)
+    assert compare(a, "fp16", "fp32", store_results=False).results.num_rows > 50
+    assert events == ["preload", "align", "wait"]
+    events.clear()
+    compare(a, "fp16", "fp32", store_results=False, mode="statistics")
+    assert "preload" not in events

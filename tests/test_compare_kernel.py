@@ -334,3 +334,66 @@ def test_statistics_compare_imports_neither_numba_nor_pandas(tmp_path):
     assert code in (0, None) and not numba_loaded and not pandas_loaded
     with dumpdb.open(archive) as a:
         assert a.sql("SELECT count(*) AS n FROM compare_results").to_pylist()[0]["n"] > 10
+
+
+def _fresh_python(script: str, env: dict[str, str] | None = None) -> list:
+    """Run ``script`` in a fresh interpreter with this checkout's dumpdb; its last line as JSON."""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          env={"PYTHONPATH": str(Path(__file__).parents[1]), "PATH": "/usr/bin:/bin", **(env or {})})
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+_PAIR = ("import json, sys, threading\n"
+         "import numpy as np\n"
+         "from dumpdb.compare import kernel, metrics\n"
+         "rng = np.random.default_rng(5)\n"
+         "x = rng.standard_normal(100_003).astype(np.float32)\n"
+         "y = (x * (1 + 1e-3 * rng.standard_normal(x.size))).astype(np.float32)\n")
+
+
+@pytest.mark.skipif(not kernel.HAVE_NUMBA, reason="numba is not installed: the compiled kernel cannot run")
+def test_preload_loads_the_kernel_in_a_background_thread_and_a_failure_there_falls_back():
+    """kernel.preload() loads numba and the kernel in a thread of its own (the compare engine
+    starts it before aligning); compiled() then returns that kernel. A failure in that thread
+    is dropped: the caller's compiled() loads the kernel itself. The metrics are the same bits
+    as the numpy form's either way."""
+    script = _PAIR + (
+        "real = kernel.compiled\n"
+        "def broken():\n"
+        "    raise ImportError('numba cannot load')\n"
+        "kernel.compiled = broken\n"
+        "kernel.preload()\n"
+        "kernel.wait_preload()\n"
+        "failed = [kernel._compiled is None, kernel._preloader.name, kernel._preloader.is_alive()]\n"
+        "kernel.compiled = real\n"
+        "fallback = metrics.tensor_metrics(x, y)[0]\n"  # compiled() in this thread
+        "kernel._preloader = None\n"
+        "kernel.preload()\n"  # loaded: no thread
+        "again = kernel._preloader is None\n"
+        "print(json.dumps([failed, kernel._compiled is not None, again, fallback]))\n")
+    failed, loaded, again, fallback = _fresh_python(script)
+    assert failed == [True, "dumpdb-kernel-load", False]
+    assert loaded and again
+    script = _PAIR + (
+        "kernel.preload()\n"
+        "thread = kernel._preloader\n"
+        "main = threading.get_ident()\n"
+        "kernel.wait_preload()\n"
+        "got = metrics.tensor_metrics(x, y)[0]\n"
+        "print(json.dumps([thread.name, thread.ident != main, kernel._compiled is not None, got]))\n")
+    name, other_thread, loaded, background = _fresh_python(script)
+    assert name == "dumpdb-kernel-load" and other_thread and loaded
+    script = _PAIR + (
+        "kernel.preload()\n"
+        "kernel.wait_preload()\n"
+        "got = metrics.tensor_metrics(x, y)[0]\n"
+        "print(json.dumps([kernel._preloader is None, 'numba' in sys.modules, got]))\n")
+    no_thread, numba_loaded, numpy_form = _fresh_python(script, {"DUMPDB_METRICS_KERNEL": "numpy"})
+    assert no_thread and not numba_loaded  # DUMPDB_METRICS_KERNEL=numpy: nothing loaded in the background
+    for name in M.TENSOR_METRICS:  # the same bits from the kernel loaded either way and from numpy
+        assert _same_float(background[name], numpy_form[name]) and _same_float(fallback[name], numpy_form[name]), name
+
+
+def _same_float(a, b) -> bool:
+    return (a is None and b is None) or (a is not None and b is not None and (a == b or (a != a and b != b)))

@@ -84,16 +84,23 @@ def test_cli_compare_stops_on_damage_and_no_verify_opts_out(damaged):
     assert result.exit_code == 0, result.output
 
 
-def test_a_large_uncompressed_payload_is_checked_piece_by_piece_as_it_is_read(tmp_path, monkeypatch):
-    """The read check of a large uncompressed array hashes piece k while piece k+1 is read
-    (issue 30: the check cost +14 % on large reads); it must still catch 4 damaged bytes
-    in any piece, name the array, and ``verify=False`` still returns what is stored."""
+@pytest.mark.parametrize("how", ["mapped", "read"])
+def test_a_large_uncompressed_payload_is_checked(tmp_path, monkeypatch, how):
+    """A large uncompressed array on a local store is mapped copy-on-write (issue 29: no page
+    zeroed, nothing copied; a write to the array never reaches the file); elsewhere
+    (``read``: ObjectStore.map_private answering None, as for S3) it is read with piece k
+    hashed while piece k+1 is read (issue 30: the check cost +14 % on large reads). Either
+    way the check must catch 4 damaged bytes in any piece, name the array, and
+    ``verify=False`` still returns what is stored."""
     from conftest import write_payloads
 
     from dumpdb.storage import store as store_mod
+    from dumpdb.storage.objects import ObjectStore
     from dumpdb.storage.store import StoreWriter, TensorStore, payload_hash
 
     monkeypatch.setattr(store_mod, "HASH_PIECE_BYTES", 64 << 10)  # 2 MiB read as 32 pieces
+    if how == "read":
+        monkeypatch.setattr(ObjectStore, "map_private", lambda self, key, nbytes: None)
     array = np.random.default_rng(0).standard_normal(1 << 19).astype(np.float32)  # incompressible: stored plain
     h = payload_hash(array)
     root = tmp_path / "s.zarr"
@@ -104,7 +111,14 @@ def test_a_large_uncompressed_payload_is_checked_piece_by_piece_as_it_is_read(tm
     reader = TensorStore(root)
     got = reader.read(loc.array_path, None, array.size, np.dtype(np.float32), array.shape, h)
     assert got.tobytes() == array.tobytes()
-    assert reader._hash_pool is not None  # hashed as it arrived, not after
+    if how == "read":
+        assert reader._hash_pool is not None  # hashed as it arrived, not after
+    else:
+        assert reader._hash_pool is None and not got.flags.owndata and got.flags.writeable
+        got[:4] = 7.0  # copy-on-write: this process's page, not the file
+        assert reader.read(loc.array_path, None, array.size, np.dtype(np.float32), array.shape,
+                           h).tobytes() == array.tobytes()
+    del got
     assert reader.read_payload(loc.array_path, None, array.size, h).tobytes() == array.tobytes()
     raw = bytearray(shard.read_bytes())
     assert len(raw) >= array.nbytes  # the bytes themselves, in order (the uncompressed layout)
@@ -117,3 +131,34 @@ def test_a_large_uncompressed_payload_is_checked_piece_by_piece_as_it_is_read(tm
     unchecked = TensorStore(root).read(loc.array_path, None, array.size, np.dtype(np.float32), array.shape, h,
                                        verify=False)
     assert unchecked.tobytes() != array.tobytes() and unchecked.tobytes()[:1 << 20] == array.tobytes()[:1 << 20]
+
+
+def test_map_private_of_a_missing_short_or_remote_object(tmp_path, monkeypatch):
+    """ObjectStore.map_private: PayloadMissing for a missing object, PayloadCorrupt (naming
+    it) for one shorter than asked (a mapping past the end would kill the process with
+    SIGBUS when read), None (the caller reads instead) for a store not on local disk and
+    for a file system that cannot map the file."""
+    import errno
+    import mmap
+
+    from zarr.storage import MemoryStore
+
+    from dumpdb.errors import PayloadMissing
+    from dumpdb.storage.local import DurableLocalStore
+    from dumpdb.storage.objects import ObjectStore
+
+    objects = ObjectStore(DurableLocalStore(tmp_path))
+    (tmp_path / "k").write_bytes(b"0123456789")
+    assert bytes(objects.map_private("k", 4)) == b"0123"
+    with pytest.raises(PayloadCorrupt, match="too short") as info:
+        objects.map_private("k", 11)
+    assert "k" in str(info.value)
+    with pytest.raises(PayloadMissing):
+        objects.map_private("gone", 4)
+    assert ObjectStore(MemoryStore()).map_private("k", 4) is None
+
+    def no_mmap(*args, **kwargs):
+        raise OSError(errno.ENODEV, "No such device")
+
+    monkeypatch.setattr(mmap, "mmap", no_mmap)
+    assert objects.map_private("k", 4) is None

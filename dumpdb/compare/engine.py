@@ -72,7 +72,7 @@ from threadpoolctl import threadpool_limits
 
 from dumpdb import __version__
 from dumpdb.catalog import insert_arrow
-from dumpdb.compare import registry
+from dumpdb.compare import kernel, registry
 from dumpdb.compare.align import Alignment, align, load_mapping
 from dumpdb.compare.align_sql import align_exact
 from dumpdb.compare.choices import MODES, RULES, STRATEGIES
@@ -441,6 +441,10 @@ def compare(archive, target: str | Selection, bench: str | Selection, *, iterati
     statistics_only = mode == "statistics" or (mode == "auto" and (
         trows.column("content_hash").null_count == trows.num_rows
         or brows.column("content_hash").null_count == brows.num_rows))
+    if not statistics_only and scheduler is None:
+        # numba and the kernel load (~1 CPU s, mostly holding the GIL) while DuckDB aligns and
+        # the first payloads are read (both release it), not after them on the first pair
+        kernel.preload()
     stats = None
     alignment: Alignment | None
     try:
@@ -475,6 +479,7 @@ def compare(archive, target: str | Selection, bench: str | Selection, *, iterati
         trows = trows.slice(0, 0)
     del brows
     pa.default_memory_pool().release_unused()
+    arg_diff = None
     if stats is not None:
         res = _statistics_columns(stats[3], progress)
         del stats, metrics
@@ -482,11 +487,14 @@ def compare(archive, target: str | Selection, bench: str | Selection, *, iterati
                                                            & _valid(b.column("content_hash"))).any()):
         res = _compute_statistics_only(t, b, progress)  # no payload to read: the store is not opened
     else:
-        with quiet_gc():
+        # the arg_diff column (catalog queries, DuckDB: off the GIL) while the payloads are compared
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="dumpdb-compare-args") as side, quiet_gc():
+            arg_diff = side.submit(_arg_diff, archive, tsel, bsel, t, b)
             res = _compute(archive, t, b, mode, workers, progress, scheduler)
+    kernel.wait_preload()  # loaded by now unless no pair needed it (all identical, statistics)
     view = _view(t, b, strategy, res)
     view.context["realigned"] = realigned
-    view.context["arg_diff"] = _arg_diff(archive, tsel, bsel, view)
+    view.context["arg_diff"] = arg_diff.result() if arg_diff is not None else _arg_diff(archive, tsel, bsel, t, b)
     view.result, view.err_message = _judge(view, thresholds)
     departure = _judge_precision(view, trows, precision or PrecisionRules())
     column = view.result if rules == "msprobe" else view.precision["precision_result"]
@@ -525,17 +533,21 @@ def compare(archive, target: str | Selection, bench: str | Selection, *, iterati
     return outcome
 
 
-def _arg_diff(archive, tsel: Selection, bsel: Selection, view: _View) -> pa.Array:
-    """The ``arg_diff`` column (:func:`dumpdb.compare.args.arg_diff_column`): NULL where no
-    scalar argument is recorded or the two calls' scalars agree."""
+_ARG_DIFF_KEYS = ("target_name", "bench_name", "rank", "iteration", "bench_rank", "bench_iteration", "scope_name",
+                  "bench_scope_name", "graph_id", "bench_graph_id")
+
+
+def _arg_diff(archive, tsel: Selection, bsel: Selection, t: pa.Table, b: pa.Table) -> pa.Array:
+    """The ``arg_diff`` column of the pairs ``t[i]``/``b[i]``
+    (:func:`dumpdb.compare.args.arg_diff_column`): NULL where no scalar argument is recorded
+    or the two calls' scalars agree. Reads only the pairs' names and the catalog (no metric)."""
     from dumpdb.compare.args import arg_diff_column
 
-    ctx = view.context
+    sides = (t, b)
+    ctx = {key: _one_chunk(sides[side].column(column)) for key, side, column in _ROW_FIELDS if key in _ARG_DIFF_KEYS}
     with archive.reader() as con:
-        col = arg_diff_column(con, tsel.run, bsel.run, {k: ctx[k] for k in (
-            "target_name", "bench_name", "rank", "iteration", "bench_rank", "bench_iteration", "scope_name",
-            "bench_scope_name", "graph_id", "bench_graph_id")})
-    return pa.nulls(view.n, pa.string()) if col is None else pa.array(col, pa.string())
+        col = arg_diff_column(con, tsel.run, bsel.run, ctx)
+    return pa.nulls(t.num_rows, pa.string()) if col is None else pa.array(col, pa.string())
 
 
 def _arg_diff_ops(view: _View) -> list[dict]:

@@ -733,3 +733,40 @@ def compiled() -> ModuleType:
                 _vector_lanes(numba)  # after: its fallback is the compiled _lanes8x9_scalar
                 _compiled = importlib.import_module(__name__)
     return _compiled
+
+
+_preloader: threading.Thread | None = None
+
+
+def preload() -> None:
+    """Start :func:`compiled` in a background thread (once a process; nothing when numba is
+    not used, :data:`AVAILABLE` False, or the kernel is loaded already), so that importing
+    numba and loading the kernel from its cache (about 1 CPU s, mostly holding the GIL) runs
+    while the caller waits on work that releases the GIL: DuckDB queries, reading and
+    decoding payloads. A later :func:`compiled` waits for it (its lock), then returns the
+    loaded kernel. A failure in the background is dropped there: :func:`compiled` then finds
+    the kernel not loaded, loads it in its own thread and raises there. The thread compiles no
+    signature of its own (only the lane-sum probe, cached like the rest): a signature the
+    compare never calls would cost seconds of compiling on a first run. Call
+    :func:`wait_preload` before the process may exit (a daemon thread stopped in the middle
+    of an import at interpreter shutdown is not safe)."""
+    global _preloader
+    if not AVAILABLE or _compiled is not None or _preloader is not None:
+        return
+    thread = threading.Thread(target=_preload, name="dumpdb-kernel-load", daemon=True)
+    _preloader = thread
+    thread.start()
+
+
+def _preload() -> None:
+    try:
+        compiled()
+    except Exception:  # noqa: BLE001  # compiled() in the caller's thread raises it again, where it is handled
+        pass
+
+
+def wait_preload() -> None:
+    """Wait until a :func:`preload` thread has finished (at once when none was started)."""
+    thread = _preloader
+    if thread is not None:
+        thread.join()

@@ -21,6 +21,7 @@ the object. Write failures (ENOSPC...) propagate as OSError.
 
 from __future__ import annotations
 
+import mmap
 import os
 import re
 from collections.abc import Callable, Coroutine, Iterable, Iterator
@@ -222,6 +223,41 @@ class ObjectStore:
         if on_piece is not None:
             for i in range(0, len(out), piece_bytes):
                 on_piece(out[i : i + piece_bytes])
+
+    def map_private(self, key: str, nbytes: int) -> memoryview | None:
+        """The first ``nbytes`` bytes of object ``key`` mapped into memory copy-on-write
+        (``mmap`` ``MAP_PRIVATE``, writable: a write changes this process's copy, never the
+        file), for a store on local disk; None for any other store (or ``nbytes`` 0, a
+        platform without ``MAP_PRIVATE``, a file system that cannot map the file): then
+        :meth:`get_into`. Nothing is copied: the pages are the page cache's until written,
+        where a read into a new array first has the kernel zero each (huge) page of it and
+        then copies the file into it (docs/compare-kernel.md, issue 29). Safe because the
+        store never changes a file in place (writes go to a temporary file that is renamed,
+        ``durable_put``): a file deleted meanwhile stays readable while mapped. Raises
+        PayloadMissing if the object does not exist, PayloadCorrupt if it is shorter than
+        ``nbytes``."""
+        root = getattr(self.store, "root", None)
+        if not (isinstance(self.store, LocalStore) and root is not None and nbytes > 0
+                and hasattr(mmap, "MAP_PRIVATE")):
+            return None
+        try:
+            fd = os.open(os.path.join(root, key), os.O_RDONLY)
+        except FileNotFoundError as exc:
+            raise PayloadMissing(f"{self.where(key)}: object missing from the tensor store") from exc
+        except OSError:
+            return None  # get_into reads it, or says what is wrong
+        try:
+            size = os.fstat(fd).st_size
+            if size < nbytes:  # mapped pages past the end would raise SIGBUS when read
+                raise PayloadCorrupt(f"{self.where(key)}: object too short for bytes [0, {nbytes}) "
+                                     f"(got {size} of {nbytes})")
+            try:
+                mapped = mmap.mmap(fd, nbytes, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            except OSError:  # ENODEV (a file system without mmap), ENOMEM: read it instead
+                return None
+        finally:
+            os.close(fd)  # the mapping keeps the file
+        return memoryview(mapped)
 
     def exists(self, key: str) -> bool:
         """True if object ``key`` exists (a prefix with objects under it is not one)."""

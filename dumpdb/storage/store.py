@@ -713,11 +713,12 @@ class TensorStore:
 
     def _large_uncompressed(self, meta: _LargeMeta, check: str | None = None) -> np.ndarray | None:
         """An uncompressed large array whose shard holds exactly its bytes in order (no edge
-        padding): read from the shard straight into the result, one copy as ``np.load``
-        does. None for any other layout (then :meth:`_large_direct` decodes chunk by chunk).
-        ``check``: a content hash the bytes are hashed against as they arrive (piece k hashed
-        in a helper thread while piece k+1 is read, :data:`HASH_PIECE_BYTES`); PayloadCorrupt
-        naming the shard if they differ."""
+        padding): on a local store the shard's bytes mapped copy-on-write, nothing copied
+        (:meth:`~dumpdb.storage.objects.ObjectStore.map_private`); on any other, read from
+        the shard straight into the result, one copy as ``np.load`` does. None for any other
+        layout (then :meth:`_large_direct` decodes chunk by chunk). ``check``: a content hash
+        the bytes are hashed against (a read's piece k hashed in a helper thread while piece
+        k+1 is read, :data:`HASH_PIECE_BYTES`); PayloadCorrupt naming the shard if they differ."""
         nbytes = math.prod(meta.shape) * meta.dtype.itemsize
         chunk_bytes = meta.chunk_elems * meta.dtype.itemsize
         if nbytes != meta.n_chunks * chunk_bytes:
@@ -730,6 +731,11 @@ class TensorStore:
         expected = np.arange(meta.n_chunks, dtype=np.uint64) * np.uint64(chunk_bytes)
         if not (np.array_equal(index[:, 0], expected) and bool((index[:, 1] == chunk_bytes).all())):
             return None  # chunks not back to back in order
+        mapped = self.objects.map_private(meta.key, nbytes)
+        if mapped is not None:  # a local store: the file's pages, nothing copied (ObjectStore.map_private)
+            if check is not None and xxhash.xxh3_128_hexdigest(mapped) != check:
+                raise self._mismatch(meta.array_path, check)
+            return np.frombuffer(mapped, dtype=meta.dtype).reshape(meta.shape)
         out = np.empty(meta.shape, dtype=meta.dtype)
         view = out.reshape(-1).view(np.uint8).data
         if check is None:

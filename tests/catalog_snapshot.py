@@ -1,10 +1,13 @@
-"""The comparable content of a catalog, for tests that check two ingests gave the same one."""
+"""The comparable content of an archive (catalog rows, payload bytes), for tests that check two
+ingests gave the same one."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import duckdb
+
+import dumpdb
 
 # Ingestion ids and times, and where a payload sits in the store (pack names are random).
 VOLATILE = frozenset({"tensor_id", "ingest_started", "ingest_finished", "time", "array_path", "created_at",
@@ -28,3 +31,10 @@ def catalog_snapshot(archive: Path) -> dict[str, list]:
         return out
     finally:
         con.close()
+
+
+def payloads_by_source_file(archive: Path) -> dict[str, bytes]:
+    """The bytes of every stored payload of the archive, by the dump file it came from."""
+    with dumpdb.open(archive) as arch:
+        rows = arch.sql("SELECT tensor_id, source_file FROM tensors WHERE content_hash IS NOT NULL").to_pylist()
+        return {r["source_file"]: arch.tensor(r["tensor_id"]).tobytes() for r in rows}

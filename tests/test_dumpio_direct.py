@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from catalog_snapshot import catalog_snapshot
+from catalog_snapshot import catalog_snapshot, payloads_by_source_file
 from conftest import ms_case
 
 import dumpdb
@@ -150,12 +150,6 @@ def test_a_file_system_refusing_o_direct_is_read_buffered(tmp_path, monkeypatch)
         path.unlink(missing_ok=True)
 
 
-def _payloads(archive: Path) -> dict[str, bytes]:
-    with dumpdb.open(archive) as arch:
-        rows = arch.sql("SELECT tensor_id, source_file FROM tensors WHERE content_hash IS NOT NULL").to_pylist()
-        return {r["source_file"]: arch.tensor(r["tensor_id"]).tobytes() for r in rows}
-
-
 def test_an_ingest_reading_and_writing_around_the_page_cache_stores_the_same(tmp_path, monkeypatch):
     dump = ms_case("d2_compare_fp16_bf16_iter0")
     # every file through the reader threads' buffers and read with O_DIRECT, every object
@@ -186,7 +180,7 @@ def test_an_ingest_reading_and_writing_around_the_page_cache_stores_the_same(tmp
     buffered = dumpdb.ingest(dump, tmp_path / "buffered", run="r", workers=1)
     assert buffered.ok and buffered.tensors_added == direct.tensors_added
     assert catalog_snapshot(tmp_path / "direct") == catalog_snapshot(tmp_path / "buffered")
-    got = _payloads(tmp_path / "direct")
-    assert got == _payloads(tmp_path / "buffered") and len(got) == direct.tensors_added
+    got = payloads_by_source_file(tmp_path / "direct")
+    assert got == payloads_by_source_file(tmp_path / "buffered") and len(got) == direct.tensors_added
     with dumpdb.open(tmp_path / "direct") as arch:
         assert arch.verify().ok

@@ -10,10 +10,8 @@ that copies into fresh memory, on a real MindSpore dump (float32, float16, bfloa
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
-from catalog_snapshot import catalog_snapshot
+from catalog_snapshot import catalog_snapshot, payloads_by_source_file
 from conftest import ms_case
 
 import dumpdb
@@ -38,12 +36,6 @@ def test_a_block_is_reused_only_once_nothing_refers_to_it():
     # past the limit a copy is fresh memory and the blocks held stay within it
     big = [memory.copy(np.ones(100_000, np.float32)) for _ in range(4)]
     assert memory.held <= 1 << 20 and not any(np.shares_memory(big[-1], block) for block in memory.blocks)
-
-
-def _payloads(archive: Path) -> dict[str, bytes]:
-    with dumpdb.open(archive) as arch:
-        rows = arch.sql("SELECT tensor_id, source_file FROM tensors WHERE content_hash IS NOT NULL").to_pylist()
-        return {r["source_file"]: arch.tensor(r["tensor_id"]).tobytes() for r in rows}
 
 
 def test_recycled_memory_stores_what_fresh_copies_store(tmp_path, monkeypatch):
@@ -71,5 +63,5 @@ def test_recycled_memory_stores_what_fresh_copies_store(tmp_path, monkeypatch):
     fresh = dumpdb.ingest(dump, tmp_path / "fresh", run="r", workers=1)
     assert fresh.ok and fresh.tensors_added == recycled.tensors_added > 0
     assert catalog_snapshot(tmp_path / "recycled") == catalog_snapshot(tmp_path / "fresh")
-    got = _payloads(tmp_path / "recycled")
-    assert got == _payloads(tmp_path / "fresh") and len(got) == recycled.tensors_added
+    got = payloads_by_source_file(tmp_path / "recycled")
+    assert got == payloads_by_source_file(tmp_path / "fresh") and len(got) == recycled.tensors_added

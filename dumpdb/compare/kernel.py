@@ -45,7 +45,13 @@ import importlib.util
 import math
 import os
 import threading
+import time
 from types import ModuleType
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; each process compiles what it misses, as numba alone does
+    fcntl = None  # type: ignore[assignment]
 
 import numpy as np
 
@@ -705,7 +711,7 @@ def _vector_lanes(numba: ModuleType) -> bool:
         _lanes8(work[k], 64, expect[k])  # Python or compiled: IEEE double additions, the same bits
     try:
         namespace["_lanes8x9"] = _lanes8x9_intrinsic()
-        numba.njit(cache=True, nogil=True)(_lanes_probe)(work, 64, got)
+        _one_compiler(numba.njit(cache=True, nogil=True)(_lanes_probe))(work, 64, got)
         if got.tobytes() == expect.tobytes():
             return True
     except Exception:  # noqa: BLE001  # any failure to build or run the intrinsic: the scalar loop serves
@@ -714,12 +720,117 @@ def _vector_lanes(numba: ModuleType) -> bool:
     return False
 
 
+# Seconds a process that misses the cache waits for another process compiling into the same
+# cache directory before compiling itself (a holder stuck, not dead: a dead one's flock is gone).
+COMPILE_WAIT = 120.0
+# The lock file, in numba's cache directory of this module (``__pycache__`` beside it, numba's
+# user cache directory when that is read-only, or ``NUMBA_CACHE_DIR``).
+COMPILE_LOCK = "dumpdb-kernel.compile.lock"
+# This process's compile state, changed only under numba's global compiler lock: the depth of
+# kernel compiles under way (a function compiles the kernel functions it calls inside its own
+# compile), the descriptor of the lock file while this process holds it, and whether a wait
+# timed out (then this process stops waiting and compiles what it misses).
+_lock_state: dict = {"depth": 0, "fd": None, "gave_up": False}
+
+
+def _take_compile_lock(directory: str) -> bool:
+    """Hold the exclusive flock of ``directory``/:data:`COMPILE_LOCK`, waiting at most
+    :data:`COMPILE_WAIT` seconds for another process that holds it. False when it cannot be
+    had (no fcntl, a directory where the file cannot be made, a filesystem without flock, the
+    wait timed out): the caller compiles anyway, as numba alone does."""
+    if fcntl is None or _lock_state["gave_up"]:
+        return False
+    try:
+        fd = os.open(os.path.join(directory, COMPILE_LOCK), os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError:
+        return False
+    deadline = time.monotonic() + COMPILE_WAIT
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # another process compiles: wait for it, then load what it saved
+            if time.monotonic() < deadline:
+                time.sleep(0.05)
+                continue
+            _lock_state["gave_up"] = True
+        except OSError:
+            pass
+        else:
+            _lock_state["fd"] = fd
+            return True
+        os.close(fd)
+        return False
+
+
+def _release_compile_lock() -> None:
+    fd = _lock_state["fd"]
+    if fd is not None:
+        _lock_state["fd"] = None
+        os.close(fd)  # closing the only descriptor of the open file releases its flock
+
+
+class _WaitingCache:
+    """numba's cache of one kernel function (``dispatcher._cache``), which on a miss takes the
+    compile lock (:func:`_take_compile_lock`) and looks again: the process that held it may
+    have just saved this very signature. Every other attribute is the cache's own."""
+
+    def __init__(self, cache, directory: str) -> None:
+        self._cache = cache
+        self._directory = directory
+
+    def __getattr__(self, name):
+        return getattr(self._cache, name)
+
+    def load_overload(self, sig, target_context):
+        data = self._cache.load_overload(sig, target_context)
+        if (data is None and _lock_state["depth"] and _lock_state["fd"] is None
+                and _take_compile_lock(self._directory)):
+            data = self._cache.load_overload(sig, target_context)
+        return data
+
+    def save_overload(self, sig, data):
+        self._cache.save_overload(sig, data)
+
+
+def _one_compiler(dispatcher):
+    """``dispatcher`` (a numba ``njit(cache=True)`` function of this module) made to compile
+    one process at a time per cache directory: on a cache miss the process takes an exclusive
+    flock on :data:`COMPILE_LOCK` there and holds it until its outermost compile ends, so a
+    second process starting on an empty cache waits and then loads the first one's result
+    instead of compiling the same signature itself (each xdist worker, each worker process of
+    a compare, each CLI call started together). A holder killed mid-compile loses its flock
+    with its life; one that holds it longer than :data:`COMPILE_WAIT` seconds is not waited
+    for. Uses numba's dispatcher ``_cache`` and ``compile``: when a numba release lacks them,
+    the dispatcher is returned as it is (each process compiles its misses)."""
+    cache = getattr(dispatcher, "_cache", None)
+    directory = getattr(cache, "cache_path", None)
+    compile_ = getattr(dispatcher, "compile", None)
+    if fcntl is None or not isinstance(directory, str) or not hasattr(cache, "load_overload") or compile_ is None:
+        return dispatcher
+    from numba.core.compiler_lock import global_compiler_lock
+
+    def compile(sig):
+        with global_compiler_lock:  # numba's (re-entrant): the one lock of every compile in a process
+            _lock_state["depth"] += 1
+            try:
+                return compile_(sig)
+            finally:
+                _lock_state["depth"] -= 1
+                if not _lock_state["depth"]:
+                    _release_compile_lock()
+
+    dispatcher._cache = _WaitingCache(cache, directory)
+    dispatcher.compile = compile
+    return dispatcher
+
+
 def compiled() -> ModuleType:
     """This module with its kernel functions (:func:`chunk_rows`, :func:`scan`,
     :func:`segment_rows`, :func:`fold_rows`, ...) compiled by numba: numba is imported on the
     first call (about a second), each function compiled on its first call with a new dtype
-    signature (a few seconds, then cached beside the module). Raises ImportError without
-    numba (see :data:`AVAILABLE`)."""
+    signature (a few seconds, then cached beside the module; one process at a time per cache
+    directory compiles, the others wait and load its result: :func:`_one_compiler`). Raises
+    ImportError without numba (see :data:`AVAILABLE`)."""
     global _compiled
     if _compiled is None:
         with _compile_lock:
@@ -729,7 +840,8 @@ def compiled() -> ModuleType:
                 namespace = globals()
                 _widen_any_overload()
                 for name in _COMPILED:
-                    namespace[name] = numba.njit(cache=True, nogil=True, error_model="numpy")(namespace[name])
+                    namespace[name] = _one_compiler(
+                        numba.njit(cache=True, nogil=True, error_model="numpy")(namespace[name]))
                 _vector_lanes(numba)  # after: its fallback is the compiled _lanes8x9_scalar
                 _compiled = importlib.import_module(__name__)
     return _compiled

@@ -720,15 +720,15 @@ def _vector_lanes(numba: ModuleType) -> bool:
     return False
 
 
-# Seconds a process that misses the cache waits for another process compiling into the same
+# Seconds a process that needs a new signature waits for another process compiling into the same
 # cache directory before compiling itself (a holder stuck, not dead: a dead one's flock is gone).
 COMPILE_WAIT = 120.0
 # The lock file, in numba's cache directory of this module (``__pycache__`` beside it, numba's
 # user cache directory when that is read-only, or ``NUMBA_CACHE_DIR``).
 COMPILE_LOCK = "dumpdb-kernel.compile.lock"
 # This process's compile state, changed only under numba's global compiler lock: the depth of
-# kernel compiles under way (a function compiles the kernel functions it calls inside its own
-# compile), the descriptor of the lock file while this process holds it, and whether a wait
+# kernel compiles under way (a function compiles or loads the kernel functions it calls inside
+# its own compile), the descriptor of the lock file while this process holds it, and whether a wait
 # timed out (then this process stops waiting and compiles what it misses).
 _lock_state: dict = {"depth": 0, "fd": None, "gave_up": False}
 
@@ -769,57 +769,35 @@ def _release_compile_lock() -> None:
         os.close(fd)  # closing the only descriptor of the open file releases its flock
 
 
-class _WaitingCache:
-    """numba's cache of one kernel function (``dispatcher._cache``), which on a miss takes the
-    compile lock (:func:`_take_compile_lock`) and looks again: the process that held it may
-    have just saved this very signature. Every other attribute is the cache's own."""
-
-    def __init__(self, cache, directory: str) -> None:
-        self._cache = cache
-        self._directory = directory
-
-    def __getattr__(self, name):
-        return getattr(self._cache, name)
-
-    def load_overload(self, sig, target_context):
-        data = self._cache.load_overload(sig, target_context)
-        if (data is None and _lock_state["depth"] and _lock_state["fd"] is None
-                and _take_compile_lock(self._directory)):
-            data = self._cache.load_overload(sig, target_context)
-        return data
-
-    def save_overload(self, sig, data):
-        self._cache.save_overload(sig, data)
-
-
 def _one_compiler(dispatcher):
     """``dispatcher`` (a numba ``njit(cache=True)`` function of this module) made to compile
-    one process at a time per cache directory: on a cache miss the process takes an exclusive
-    flock on :data:`COMPILE_LOCK` there and holds it until its outermost compile ends, so a
-    second process starting on an empty cache waits and then loads the first one's result
-    instead of compiling the same signature itself (each xdist worker, each worker process of
-    a compare, each CLI call started together). A holder killed mid-compile loses its flock
-    with its life; one that holds it longer than :data:`COMPILE_WAIT` seconds is not waited
-    for. Uses numba's dispatcher ``_cache`` and ``compile``: when a numba release lacks them,
-    the dispatcher is returned as it is (each process compiles its misses)."""
-    cache = getattr(dispatcher, "_cache", None)
-    directory = getattr(cache, "cache_path", None)
+    one process at a time per cache directory: its outermost compile (the first call with a
+    new signature: a load from numba's cache or, on a miss, a compile and a save) runs holding
+    an exclusive flock on :data:`COMPILE_LOCK` there, so a second process starting on an empty
+    cache waits and then loads the first one's result instead of compiling the same signature
+    itself (each xdist worker, each worker process of a compare, each CLI call started
+    together). A holder killed mid-compile loses its flock with its life; one that holds it
+    longer than :data:`COMPILE_WAIT` seconds is not waited for. Uses the dispatcher's
+    ``compile`` and ``stats.cache_path``: where a numba release lacks them, the dispatcher is
+    returned as it is (each process compiles its misses)."""
     compile_ = getattr(dispatcher, "compile", None)
-    if fcntl is None or not isinstance(directory, str) or not hasattr(cache, "load_overload") or compile_ is None:
+    directory = getattr(getattr(dispatcher, "stats", None), "cache_path", None)
+    if fcntl is None or compile_ is None or not isinstance(directory, str):
         return dispatcher
     from numba.core.compiler_lock import global_compiler_lock
 
     def compile(sig):
         with global_compiler_lock:  # numba's (re-entrant): the one lock of every compile in a process
+            if not _lock_state["depth"] and _lock_state["fd"] is None:
+                _take_compile_lock(directory)  # not had (timeout, no flock): compile anyway
             _lock_state["depth"] += 1
             try:
-                return compile_(sig)
+                return compile_(sig)  # loads from the cache when the holder before us saved it
             finally:
                 _lock_state["depth"] -= 1
                 if not _lock_state["depth"]:
                     _release_compile_lock()
 
-    dispatcher._cache = _WaitingCache(cache, directory)
     dispatcher.compile = compile
     return dispatcher
 

@@ -16,6 +16,7 @@ import json
 import math
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import ml_dtypes
@@ -397,3 +398,106 @@ def test_preload_loads_the_kernel_in_a_background_thread_and_a_failure_there_fal
 
 def _same_float(a, b) -> bool:
     return (a is None and b is None) or (a is not None and b is not None and (a == b or (a != a and b != b)))
+
+
+# A kernel-like function in a module file of its own (numba caches only functions of a source
+# file), wrapped as compiled() wraps the kernel's: a second process on the same empty cache
+# must wait for the first one's compile and load its result. The first holds the compile lock
+# until the test has seen the second one waiting for it (kernel.time.sleep, its poll), so the
+# overlap does not depend on how fast either starts.
+_ONE_COMPILER = '''
+import pathlib, sys, time
+import numba
+from dumpdb.compare import kernel
+
+def add_one(x):
+    return x + 1
+
+role, here = sys.argv[1], pathlib.Path(sys.argv[2])
+if role == "first":
+    take = kernel._take_compile_lock
+
+    def take_then_hold(directory):
+        got = take(directory)
+        (here / "locked").write_text(str(got))
+        while not (here / "go").exists():
+            time.sleep(0.01)
+        return got
+
+    kernel._take_compile_lock = take_then_hold
+else:
+    sleep = time.sleep
+
+    def noting_sleep(seconds):
+        (here / "waiting").touch()
+        sleep(seconds)
+
+    kernel.time.sleep = noting_sleep
+f = kernel._one_compiler(numba.njit(cache=True)(add_one))
+print(f(41), sum(f.stats.cache_misses.values()), flush=True)
+'''
+
+
+def _wait_for(path: Path, proc: subprocess.Popen) -> None:
+    for _ in range(6000):  # a bound, not a timing check: a process that never gets there fails the test
+        if path.exists() or proc.poll() is not None:
+            break
+        time.sleep(0.02)
+    assert path.exists(), f"{path.name} never appeared (process exited: {proc.poll()})"
+
+
+def test_a_second_process_loads_what_the_first_compiles_instead_of_compiling_it(tmp_path):
+    """On an empty numba cache, two processes that need the same signature: the first takes
+    the compile lock and compiles (one cache miss); the second waits for the lock, then loads
+    the first one's result from the cache (no miss: it compiled nothing)."""
+    (tmp_path / "one_compiler.py").write_text(_ONE_COMPILER)
+    env = {"PYTHONPATH": str(Path(__file__).parents[1]), "PATH": "/usr/bin:/bin",
+           "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+    script = [sys.executable, str(tmp_path / "one_compiler.py")]
+    first = subprocess.Popen([*script, "first", str(tmp_path)], env=env, stdout=subprocess.PIPE, text=True)
+    second = None
+    try:
+        _wait_for(tmp_path / "locked", first)
+        assert (tmp_path / "locked").read_text() == "True"  # the first one holds the lock
+        second = subprocess.Popen([*script, "second", str(tmp_path)], env=env, stdout=subprocess.PIPE, text=True)
+        _wait_for(tmp_path / "waiting", second)
+        (tmp_path / "go").touch()
+        out_first, _ = first.communicate(timeout=240)
+        out_second, _ = second.communicate(timeout=240)
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert (first.returncode, second.returncode) == (0, 0)
+    assert out_first.split() == ["42", "1"]  # compiled
+    assert out_second.split() == ["42", "0"]  # loaded from the cache the first one wrote
+
+
+def test_the_compile_lock_is_waited_for_only_while_its_holder_lives_and_not_past_the_timeout(tmp_path, monkeypatch):
+    """A live holder is waited for at most kernel.COMPILE_WAIT seconds, then the process
+    compiles without the lock (and waits no more); a holder killed mid-compile releases the
+    lock with its life (flock), so the next process takes it at once."""
+    monkeypatch.setattr(kernel, "COMPILE_WAIT", 0.2)
+    monkeypatch.setitem(kernel._lock_state, "gave_up", False)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, os, sys, time\n"
+         "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\nfcntl.flock(fd, fcntl.LOCK_EX)\n"
+         "print('held', flush=True)\ntime.sleep(600)", str(tmp_path / kernel.COMPILE_LOCK)],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        assert kernel._take_compile_lock(str(tmp_path)) is False  # not taken: compile anyway
+        assert kernel._lock_state["gave_up"] and kernel._lock_state["fd"] is None
+        assert kernel._take_compile_lock(str(tmp_path)) is False  # gave up: no second wait
+    finally:
+        holder.kill()
+        holder.wait()
+    monkeypatch.setitem(kernel._lock_state, "gave_up", False)
+    assert kernel._take_compile_lock(str(tmp_path)) is True  # the killed holder's lock is gone
+    try:
+        assert kernel._lock_state["fd"] is not None
+    finally:
+        kernel._release_compile_lock()
+    assert kernel._lock_state["fd"] is None
+    assert kernel._take_compile_lock(str(tmp_path / "missing")) is False  # no directory: no lock, no error

@@ -6,6 +6,7 @@ reader's helpers."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -25,12 +26,12 @@ from dumpdb.errors import DumpFileError, LayoutError
 from dumpdb.layouts import detect
 from dumpdb.layouts.msprobe import MsprobeDump, load_pt, parse_record_key
 
-try:
-    import torch
-except ImportError:  # CI installs dumpdb[test] only; the .pt tests need dumpdb[torch]
-    torch = None
+# Whether torch is installed (CI installs dumpdb[test] only; the .pt tests need dumpdb[torch]),
+# without importing it (about 1.5 CPU s in each pytest worker that collects this file): the
+# tests that use torch import it themselves.
+HAVE_TORCH = importlib.util.find_spec("torch") is not None
 
-needs_torch = pytest.mark.skipif(torch is None, reason="PyTorch not installed (pip install 'dumpdb[torch]')")
+needs_torch = pytest.mark.skipif(not HAVE_TORCH, reason="PyTorch not installed (pip install 'dumpdb[torch]')")
 
 MSP = DATA / "msprobe"
 CASES = ["statistics_mix_md5", "statistics_mix_2rank_gloo", "tensor_mix"]
@@ -91,6 +92,8 @@ def count_tensor_leaves(root: Path) -> int:
 
 def torch_payload(path: Path) -> tuple[str, tuple, bytes]:
     """(dtype name, shape, bytes) of a .pt file read with torch alone."""
+    import torch
+
     t = torch.load(path, map_location="cpu", weights_only=True).contiguous()
     name = str(t.dtype).removeprefix("torch.")
     if t.dtype == torch.bfloat16:
@@ -103,7 +106,7 @@ def archive(tmp_path_factory) -> Path:
     """One archive with the tests/data cases, one run each (read-only use); tensor_mix
     (.pt payloads) only when torch is installed."""
     path = tmp_path_factory.mktemp("msprobe") / "msprobe.dumpdb"
-    for case in CASES if torch is not None else STAT_CASES:
+    for case in CASES if HAVE_TORCH else STAT_CASES:
         report = dumpdb.ingest(MSP / case, archive=path, run=case)
         assert report.ok, report.errors
         assert report.layout == "msprobe"
@@ -204,7 +207,7 @@ def test_scan_mapping_matches_dump_json(case):
         assert e.shape_declared == tuple(leaf["shape"]) and e.requires_grad is leaf["requires_grad"]
         assert e.key.startswith(os.path.relpath(x["dump_json"], root) + "#" + e.op_name + ".")
         assert (e.op_type, e.direction, e.call_index) == msprobe_key_fields(e.op_name), e.op_name
-        if x["file"] is not None and torch is None and x["file"].suffix == ".pt":
+        if x["file"] is not None and not HAVE_TORCH and x["file"].suffix == ".pt":
             # without PyTorch a .pt payload cannot be read: the entry keeps its file name, no path
             assert e.source_file == os.path.relpath(x["file"], root) and e.path is None
         elif x["file"] is not None:
@@ -292,7 +295,7 @@ def test_missing_and_broken_files_are_reported(tmp_path):
     e = next(e for e in scan.entries if e.key.endswith("#Functional.relu.0.forward.input.0"))
     assert e.path is None and e.stats and "missing" in e.note  # statistics kept
     bad = next(e for e in scan.entries if e.key.endswith("#Functional.relu.0.forward.output.0"))
-    if torch is None:
+    if not HAVE_TORCH:
         pytest.skip("PyTorch not installed (pip install 'dumpdb[torch]'): the .pt part is not checked")
     with pytest.raises(DumpFileError, match=r"^dump/step0/proc\d+/dump_tensor_data/Functional.relu.0.forward"
                                             r".output.0.pt: not a readable torch.save file"):
@@ -302,6 +305,7 @@ def test_missing_and_broken_files_are_reported(tmp_path):
 @needs_torch
 def test_load_pt_bfloat16_noncontiguous_and_unsupported(tmp_path):
     import ml_dtypes
+    import torch
 
     src = torch.linspace(-3, 3, 12, dtype=torch.bfloat16).reshape(3, 4)
     torch.save(src, tmp_path / "bf16.pt")
@@ -365,7 +369,7 @@ def test_md5_case_stores_crc32(archive):
     rows = _rows(archive, "statistics_mix_md5")
     assert rows and all(r["checksum_algo"] == "crc32" and re.fullmatch(r"[0-9a-f]{8}", r["checksum"]) for r in rows)
     assert all(r["checksum"] is None for r in _rows(archive, "statistics_mix_2rank_gloo"))
-    if torch is None:
+    if not HAVE_TORCH:
         pytest.skip("PyTorch not installed (pip install 'dumpdb[torch]'): payload CRC32s not checked")
     # Same model, seeds and inputs as tensor_mix: its payloads have these CRC32s.
     md5 = {(r["step"], r["tensor_key"].split("#")[1]): r["checksum"] for r in rows}
@@ -380,7 +384,7 @@ def test_md5_case_stores_crc32(archive):
 
 def test_call_stacks_and_module_tree_join_tensors(archive):
     a = dumpdb.open(archive)
-    for case in CASES if torch is not None else STAT_CASES:
+    for case in CASES if HAVE_TORCH else STAT_CASES:
         n_stack = a.sql("SELECT count(*) AS n FROM call_stacks WHERE run = ?", [case])["n"][0].as_py()
         n_tree = a.sql("SELECT count(*) AS n FROM module_tree WHERE run = ?", [case])["n"][0].as_py()
         assert n_stack > 0 and n_tree > 0
@@ -447,7 +451,7 @@ def test_without_torch_pt_files_keep_statistics_and_a_later_ingest_fills_them_in
     with pytest.warns(dumpdb.DumpdbWarning):  # still no torch: nothing to fill in, nothing changes
         again = dumpdb.ingest(MSP / "tensor_mix", archive=archive, run="t")
     assert again.tensors_added == again.tensors_replaced == 0 and again.tensors_skipped == 194
-    if torch is None:
+    if not HAVE_TORCH:
         return  # the fill-in needs torch: checked where it is installed (.ci/run installs it)
     monkeypatch.undo()
     from dumpdb.layouts import msprobe

@@ -41,11 +41,18 @@ most an ulp, the KL sum in its last one or two bits.
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import math
 import os
 import threading
+import time
 from types import ModuleType
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; each process compiles what it misses, as numba alone does
+    fcntl = None  # type: ignore[assignment]
 
 import numpy as np
 
@@ -705,7 +712,7 @@ def _vector_lanes(numba: ModuleType) -> bool:
         _lanes8(work[k], 64, expect[k])  # Python or compiled: IEEE double additions, the same bits
     try:
         namespace["_lanes8x9"] = _lanes8x9_intrinsic()
-        numba.njit(cache=True, nogil=True)(_lanes_probe)(work, 64, got)
+        _one_compiler(numba.njit(cache=True, nogil=True)(_lanes_probe))(work, 64, got)
         if got.tobytes() == expect.tobytes():
             return True
     except Exception:  # noqa: BLE001  # any failure to build or run the intrinsic: the scalar loop serves
@@ -714,12 +721,95 @@ def _vector_lanes(numba: ModuleType) -> bool:
     return False
 
 
+# Seconds a process that needs a new signature waits for another process compiling into the same
+# cache directory before compiling itself (a holder stuck, not dead: a dead one's flock is gone).
+COMPILE_WAIT = 120.0
+# The lock file, in numba's cache directory of this module (``__pycache__`` beside it, numba's
+# user cache directory when that is read-only, or ``NUMBA_CACHE_DIR``).
+COMPILE_LOCK = "dumpdb-kernel.compile.lock"
+# This process's compile state, changed only under numba's global compiler lock: the depth of
+# kernel compiles under way (a function compiles or loads the kernel functions it calls inside
+# its own compile), the descriptor of the lock file while this process holds it, and whether a wait
+# timed out (then this process stops waiting and compiles what it misses).
+_lock_state: dict = {"depth": 0, "fd": None, "gave_up": False}
+
+
+def _take_compile_lock(directory: str) -> bool:
+    """Hold the exclusive flock of ``directory``/:data:`COMPILE_LOCK`, waiting at most
+    :data:`COMPILE_WAIT` seconds for another process that holds it. False when it cannot be
+    had (no fcntl, a directory where the file cannot be made, a filesystem without flock, the
+    wait timed out): the caller compiles anyway, as numba alone does."""
+    if fcntl is None or _lock_state["gave_up"]:
+        return False
+    try:
+        fd = os.open(os.path.join(directory, COMPILE_LOCK), os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError:
+        return False
+    deadline = time.monotonic() + COMPILE_WAIT
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # another process compiles: wait for it, then load what it saved
+            if time.monotonic() < deadline:
+                time.sleep(0.05)
+                continue
+            _lock_state["gave_up"] = True
+        except OSError:
+            pass
+        else:
+            _lock_state["fd"] = fd
+            return True
+        os.close(fd)
+        return False
+
+
+def _release_compile_lock() -> None:
+    fd = _lock_state["fd"]
+    if fd is not None:
+        _lock_state["fd"] = None
+        os.close(fd)  # closing the only descriptor of the open file releases its flock
+
+
+def _one_compiler(dispatcher):
+    """``dispatcher`` (a numba ``njit(cache=True)`` function of this module) made to compile
+    one process at a time per cache directory: its outermost compile (the first call with a
+    new signature: a load from numba's cache or, on a miss, a compile and a save) runs holding
+    an exclusive flock on :data:`COMPILE_LOCK` there, so a second process starting on an empty
+    cache waits and then loads the first one's result instead of compiling the same signature
+    itself (each xdist worker, each worker process of a compare, each CLI call started
+    together). A holder killed mid-compile loses its flock with its life; one that holds it
+    longer than :data:`COMPILE_WAIT` seconds is not waited for. Uses the dispatcher's
+    ``compile`` and ``stats.cache_path``: where a numba release lacks them, the dispatcher is
+    returned as it is (each process compiles its misses)."""
+    compile_ = getattr(dispatcher, "compile", None)
+    directory = getattr(getattr(dispatcher, "stats", None), "cache_path", None)
+    if fcntl is None or compile_ is None or not isinstance(directory, str):
+        return dispatcher
+    from numba.core.compiler_lock import global_compiler_lock
+
+    def compile(sig):
+        with global_compiler_lock:  # numba's (re-entrant): the one lock of every compile in a process
+            if not _lock_state["depth"] and _lock_state["fd"] is None:
+                _take_compile_lock(directory)  # not had (timeout, no flock): compile anyway
+            _lock_state["depth"] += 1
+            try:
+                return compile_(sig)  # loads from the cache when the holder before us saved it
+            finally:
+                _lock_state["depth"] -= 1
+                if not _lock_state["depth"]:
+                    _release_compile_lock()
+
+    dispatcher.compile = compile
+    return dispatcher
+
+
 def compiled() -> ModuleType:
     """This module with its kernel functions (:func:`chunk_rows`, :func:`scan`,
     :func:`segment_rows`, :func:`fold_rows`, ...) compiled by numba: numba is imported on the
     first call (about a second), each function compiled on its first call with a new dtype
-    signature (a few seconds, then cached beside the module). Raises ImportError without
-    numba (see :data:`AVAILABLE`)."""
+    signature (a few seconds, then cached beside the module; one process at a time per cache
+    directory compiles, the others wait and load its result: :func:`_one_compiler`). Raises
+    ImportError without numba (see :data:`AVAILABLE`)."""
     global _compiled
     if _compiled is None:
         with _compile_lock:
@@ -729,7 +819,8 @@ def compiled() -> ModuleType:
                 namespace = globals()
                 _widen_any_overload()
                 for name in _COMPILED:
-                    namespace[name] = numba.njit(cache=True, nogil=True, error_model="numpy")(namespace[name])
+                    namespace[name] = _one_compiler(
+                        numba.njit(cache=True, nogil=True, error_model="numpy")(namespace[name]))
                 _vector_lanes(numba)  # after: its fallback is the compiled _lanes8x9_scalar
                 _compiled = importlib.import_module(__name__)
     return _compiled
@@ -747,15 +838,17 @@ def preload() -> None:
     loaded kernel. A failure in the background is dropped there: :func:`compiled` then finds
     the kernel not loaded, loads it in its own thread and raises there. The thread compiles no
     signature of its own (only the lane-sum probe, cached like the rest): a signature the
-    compare never calls would cost seconds of compiling on a first run. Call
-    :func:`wait_preload` before the process may exit (a daemon thread stopped in the middle
-    of an import at interpreter shutdown is not safe)."""
+    compare never calls would cost seconds of compiling on a first run. The process waits
+    for the thread at exit (:func:`wait_preload`, registered with ``atexit``), also when the
+    caller failed before waiting for it itself: a daemon thread stopped in the middle of an
+    import at interpreter shutdown is not safe."""
     global _preloader
     if not AVAILABLE or _compiled is not None or _preloader is not None:
         return
     thread = threading.Thread(target=_preload, name="dumpdb-kernel-load", daemon=True)
     _preloader = thread
     thread.start()
+    atexit.register(wait_preload)
 
 
 def _preload() -> None:

@@ -476,7 +476,7 @@ def compare(archive, target: str | Selection, bench: str | Selection, *, iterati
     trows = trows.select(["tensor_id", "io", "content_hash", "op_name", "iteration", "rank", "graph_id", "position",
                           "timestamp", "call_index", "slot"])
     if trows.column("content_hash").null_count == trows.num_rows:
-        trows = trows.slice(0, 0)
+        trows = trows.schema.empty_table()  # not a slice: that would keep the whole columns alive
     del brows
     pa.default_memory_pool().release_unused()
     arg_diff = None

@@ -109,7 +109,7 @@ from dumpdb.compare.verdict import Columns as VerdictColumns
 from dumpdb.compare.verdict import Thresholds, op_results_columns
 from dumpdb.dtypes import from_catalog_name
 from dumpdb.errors import DumpdbError
-from dumpdb.runtime import quiet_gc
+from dumpdb.runtime import quiet_gc, release_free_memory
 
 # Payload bytes of the large pairs queued at once. On the thread path a queued pair is read
 # as soon as a thread is free, while the segments of the pairs read before it wait behind it
@@ -478,7 +478,7 @@ def compare(archive, target: str | Selection, bench: str | Selection, *, iterati
     if trows.column("content_hash").null_count == trows.num_rows:
         trows = trows.schema.empty_table()  # not a slice: that would keep the whole columns alive
     del brows
-    pa.default_memory_pool().release_unused()
+    release_free_memory()
     arg_diff = None
     if stats is not None:
         res = _statistics_columns(stats[3], progress)
@@ -519,6 +519,7 @@ def compare(archive, target: str | Selection, bench: str | Selection, *, iterati
         "thresholds": thresholds.__dict__ if hasattr(thresholds, "__dict__") else str(thresholds),
         "dumpdb_version": __version__,
     }
+    release_free_memory()  # what the rules freed, before the result table comes on top
     results = _result_table(view)
     del view, res, t, b  # the Arrow table is the result from here on
     compare_id = _store(archive, tsel, bsel, results, unmatched, summary, mapping) if store_results else None

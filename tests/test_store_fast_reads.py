@@ -37,8 +37,17 @@ def test_payload_over_many_chunks_decodes_on_the_pool_to_the_same_bytes(tmp_path
         threads: set[str] = set()
         fill = store._decode_into
 
+        pool_decoded = threading.Event()
+
         def spy(*args):
-            threads.add(threading.current_thread().name)
+            name = threading.current_thread().name
+            threads.add(name)
+            if name.startswith("dumpdb-decode"):
+                pool_decoded.set()
+            elif parallel:
+                # the calling thread decodes too: on a busy machine it could take every chunk before
+                # a pool thread starts; it waits (bounded) for the pool to take one
+                pool_decoded.wait(10)
             return fill(*args)
 
         monkeypatch.setattr(store, "_decode_into", spy)
@@ -128,4 +137,7 @@ def test_bench_codecs_archive_says_which_codec_costs_more_than_it_saves(tmp_path
     assert "float32/256K (stored as zstd)" in out, out
     for label in ("shuffle-zstd-1 against raw", "shuffle-lz4-9 against raw", "shuffle-zstd-1 against shuffle-lz4-9"):
         line = next(x for x in out.splitlines() if label in x)
-        assert "COSTS MORE THAN IT SAVES" in line or "saves more than it costs" in line, line
+        # one of the script's three verdicts; which one rests on decode times measured on a shared
+        # machine (zstd timed no slower than lz4 is "never costs more than it saves")
+        assert any(v in line for v in ("COSTS MORE THAN IT SAVES", "saves more than it costs",
+                                       "never costs more than it saves")), line

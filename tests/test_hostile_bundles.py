@@ -185,6 +185,18 @@ def test_unlisted_file_is_refused(bundle, target):
     refused(target, bundle, "tensors.zarr/extra is not in the manifest")
 
 
+def test_listed_file_name_with_a_newline_is_refused_in_one_line(bundle, target):
+    m = manifest(bundle)
+    m["files"]["tensors.zarr/a\nb"] = {"bytes": 1, "sha256": "0" * 64}
+    write_manifest(bundle, m)
+    refused(target, bundle, "'tensors.zarr/a\\\\nb' holds a control character")
+
+
+def test_unlisted_file_with_a_newline_in_its_name_is_named_in_one_line(bundle, target):
+    (bundle / "tensors.zarr" / "extra\nline").write_bytes(b"nobody vouched for me")
+    refused(target, bundle, "'tensors.zarr/extra\\\\nline' is not in the manifest")
+
+
 def test_listed_file_missing_is_refused(bundle, target):
     rel = next(r for r in manifest(bundle)["files"] if r.startswith("tensors.zarr/packs"))
     (bundle / rel).unlink()

@@ -51,6 +51,8 @@ def safe_relpath(rel: object, source: Path, what: str) -> str:
         raise BundleError(f"{source}: {what} {rel!r} is not a path")
     if "\\" in rel or "\x00" in rel or rel.startswith("/") or re.match(r"^[A-Za-z]:", rel):
         raise BundleError(f"{source}: {what} {rel!r} is not a relative path inside the bundle")
+    if not rel.isprintable():  # a newline or other control character: no file dumpdb exports has one
+        raise BundleError(f"{source}: {what} {rel!r} holds a control character")
     parts = rel.split("/")
     if any(p in ("", ".", "..") for p in parts):
         raise BundleError(f"{source}: {what} {rel!r} leaves the bundle or is not normalised")
@@ -230,12 +232,18 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def _shown(name: str) -> str:
+    """A zip member's name as an error message shows it: as it is, or quoted and escaped when
+    it holds a newline or another character that would break the one-line message."""
+    return name if name.isprintable() else repr(name)
+
+
 def _same_sets(present: set[str], listed: set[str], source: Path) -> None:
     extra, missing = sorted(present - listed), sorted(listed - present)
     if missing:
         raise BundleError(f"{source}: {missing[0]} is missing ({len(missing)} file(s) of the manifest absent)")
     if extra:
-        raise BundleError(f"{source}: {extra[0]} is not in the manifest ({len(extra)} unlisted file(s)); "
+        raise BundleError(f"{source}: {_shown(extra[0])} is not in the manifest ({len(extra)} unlisted file(s)); "
                           "refusing files nobody vouched for")
 
 

@@ -1103,7 +1103,6 @@ def _judge_precision(view: _View, trows: pa.Table, rules: PrecisionRules) -> dic
         bench_content_hash=strings(ctx["bench_content_hash"]),
         target_shape=view.shapes("target_shape"), bench_shape=view.shapes("bench_shape"), producers=producers,
         inputs_of=inputs_of,
-        target_name=strings(ctx["target_name"]), scope_name=strings(ctx["scope_name"]),
         op_type=strings(ctx["op_type"]), arg_diff=arg_diff, iteration=ints(it, -1),
         timestamp=np.where(ts_valid, ts_values, np.nan),
         arrow={k: _string_array(ctx[k]) for k in ("target_name", "scope_name", "op_type")})

@@ -189,6 +189,7 @@ from dumpdb.compare.columns import (
     keys,
     phases,
     string_codes,
+    strings,
 )
 from dumpdb.compare.metrics import MSG_NAN_INF_MISMATCH
 
@@ -433,7 +434,9 @@ class Columns:
     the tensor's place in the target's execution order).
 
     Optional (absent: the rules that read them do not apply): object arrays
-    ``target_name``, ``scope_name``, ``op_type`` (phases, containers, the growth table),
+    ``target_name``, ``scope_name``, ``op_type`` (phases, containers, the growth table;
+    each may come instead as an Arrow string array in ``arrow``, which the rules read as
+    it is: 500,000 distinct names are 80 MB as Python strings),
     ``arg_diff`` (the alignment's scalar-argument difference, None where they agree);
     ``iteration`` (int64) and ``timestamp`` (float64, NaN where NULL) for the order across
     ranks; ``inputs_of``: a function from a target op's order rank to its input tensors,
@@ -469,9 +472,24 @@ class Columns:
     inputs_of: Callable[[int], list[tuple[str, int]]] | None = None
     bench_content_hash: np.ndarray | None = None
     # target_name, scope_name, op_type as Arrow string arrays where the caller holds them
-    # (the same values): the rules that match text in Arrow then read them without
-    # converting the object arrays back (0.25 s of CPU for 500,000 rows)
+    # (the same values as the object arrays, or in their place): the rules that match text
+    # in Arrow then read them without converting the object arrays back (0.25 s of CPU for
+    # 500,000 rows), and names given only here are never made Python strings
     arrow: Mapping[str, pa.Array] = field(default_factory=dict)
+
+    def text(self, name: str) -> pa.Array:
+        """``target_name``, ``scope_name`` or ``op_type`` as an Arrow string array (all
+        NULL where the caller gave neither form)."""
+        if name in self.arrow:
+            return self.arrow[name]
+        return pa.array(_optional(self, name, len(self.group)), pa.string())
+
+    def objects(self, name: str) -> np.ndarray:
+        """``target_name``, ``scope_name`` or ``op_type`` as an object array (None for NULL),
+        converted from ``arrow`` when the caller gave only that form."""
+        if getattr(self, name, None) is None and name in self.arrow:
+            return strings(self.arrow[name])
+        return _optional(self, name, len(self.group))
 
     def row(self, i: int) -> dict:
         """Row ``i`` as a dict, as :func:`_pair_error` reads it (None for NULL)."""
@@ -578,9 +596,8 @@ def judge_precision_columns(c: Columns, rules: PrecisionRules = PrecisionRules()
     departs = np.not_equal(reason, _NONE) | (ratio_ok & (ratio > rules.margin))
     result = np.full(n, PASS, dtype=object)
     origin = np.full(n, None, dtype=object)
-    names, scopes, op_types = (_optional(c, k, n) for k in ("target_name", "scope_name", "op_type"))
-    text = [c.arrow[k] if k in c.arrow else pa.array(v, pa.string())  # converted once
-            for k, v in (("target_name", names), ("scope_name", scopes), ("op_type", op_types))]
+    op_types = c.objects("op_type")
+    text = [c.text(k) for k in ("target_name", "scope_name", "op_type")]  # converted once
     container = containers(text[2], text[0])
     phase = phases(text[0], text[1], c.where, c.run_rank)
     # outputs of in-place optimizer kernels hold buffers the kernel never wrote (module
@@ -830,8 +847,8 @@ def _stale_outputs(c: Columns, op_types: np.ndarray, phase: np.ndarray) -> np.nd
     if not candidates.any():
         return out
     g = c.group
-    names = _optional(c, "target_name", n)
-    boxed = containers(pa.array(op_types, pa.string()), pa.array(names, pa.string()))
+    names = c.objects("target_name")  # a few optimizer outputs: as Python strings only here
+    boxed = containers(pa.array(op_types, pa.string()), c.text("target_name"))
     start = np.full(int(g.max()) + 1, np.iinfo(np.int64).max, np.int64)  # when each op call ran
     np.minimum.at(start, g, c.run_rank)
     evidence: set = set()

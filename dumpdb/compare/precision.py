@@ -185,6 +185,7 @@ from dumpdb.compare.columns import (
     Shapes,
     collectives,
     containers,
+    filled,
     group_codes,
     keys,
     phases,
@@ -594,7 +595,7 @@ def judge_precision_columns(c: Columns, rules: PrecisionRules = PrecisionRules()
         r = np.where((floor == 0) & (err > 0), np.inf, np.where(err == 0, 0.0, err / floor))
     ratio[ratio_ok] = r[ratio_ok]
     departs = np.not_equal(reason, _NONE) | (ratio_ok & (ratio > rules.margin))
-    result = np.full(n, PASS, dtype=object)
+    result = filled(n, PASS)
     origin = np.full(n, None, dtype=object)
     op_types = c.objects("op_type")
     text = [c.text(k) for k in ("target_name", "scope_name", "op_type")]  # converted once

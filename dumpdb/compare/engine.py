@@ -1067,7 +1067,8 @@ def _judge(view: _View, thresholds: Thresholds) -> tuple[np.ndarray, np.ndarray]
         group=view.op_codes(), output=pc.fill_null(pc.equal(io, "output"), False).to_numpy(zero_copy_only=False),
         statistics=view.mode == "statistics", target_name=_string_array(view.context["target_name"]),
         bench_name=_string_array(view.context["bench_name"]),
-        target_dtype=_string_array(view.context["target_dtype"]), bench_dtype=_string_array(view.context["bench_dtype"]), err_message=view.err_message, values=values,
+        target_dtype=_string_array(view.context["target_dtype"]),
+        bench_dtype=_string_array(view.context["bench_dtype"]), err_message=view.err_message, values=values,
         valid=valid, target_shape=view.shapes("target_shape"), bench_shape=view.shapes("bench_shape"))
     result, reason = op_results_columns(columns, thresholds)
     # numpy's stub has no None among where's scalars; None is an object array's NULL
@@ -1106,7 +1107,8 @@ def _judge_precision(view: _View, trows: pa.Table, rules: PrecisionRules) -> dic
         inputs_of=inputs_of,
         op_type=strings(ctx["op_type"]), arg_diff=arg_diff, iteration=ints(it, -1),
         timestamp=np.where(ts_valid, ts_values, np.nan),
-        arrow={k: _string_array(ctx[k]) for k in ("target_name", "scope_name", "op_type")})
+        arrow={k: _string_array(ctx[k]) for k in ("target_name", "scope_name", "op_type", "target_dtype",
+                                                   "bench_dtype", "target_dtype_declared", "bench_dtype_declared")})
     view.precision, departure = judge_precision_columns(columns, rules)
     return departure
 

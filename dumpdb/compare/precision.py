@@ -191,6 +191,7 @@ from dumpdb.compare.columns import (
     phases,
     string_codes,
     strings,
+    truthy,
 )
 from dumpdb.compare.metrics import MSG_NAN_INF_MISMATCH
 
@@ -413,6 +414,7 @@ _NUMBERS = ("flat_euc_dist", "euc_dist", "max_abs_err", "l2norm_diff", "bench_l2
             "bench_max", "bench_min")
 _TEXTS = ("target_dtype", "bench_dtype", "target_dtype_declared", "bench_dtype_declared", "err_message",
           "target_content_hash")
+_DTYPES = ("target_dtype", "bench_dtype", "target_dtype_declared", "bench_dtype_declared")
 OUTPUT_COLUMNS = ("scaled_err", "precision_floor", "precision_ratio", "precision_dtype", "precision_result",
                   "precision_reason")
 
@@ -472,14 +474,16 @@ class Columns:
     timestamp: np.ndarray | None = None
     inputs_of: Callable[[int], list[tuple[str, int]]] | None = None
     bench_content_hash: np.ndarray | None = None
-    # target_name, scope_name, op_type as Arrow string arrays where the caller holds them
-    # (the same values as the object arrays, or in their place): the rules that match text
+    # target_name, scope_name, op_type (and the dtype columns) as Arrow string arrays where
+    # the caller holds them (the same values as the object arrays, or for the names in their
+    # place): the rules that match text
     # in Arrow then read them without converting the object arrays back (0.25 s of CPU for
     # 500,000 rows), and names given only here are never made Python strings
     arrow: Mapping[str, pa.Array] = field(default_factory=dict)
 
     def text(self, name: str) -> pa.Array:
-        """``target_name``, ``scope_name`` or ``op_type`` as an Arrow string array (all
+        """A text column (``target_name``, ``scope_name``, ``op_type``, a dtype column) as an
+        Arrow string array: ``arrow``'s where given, else the object array converted (all
         NULL where the caller gave neither form)."""
         if name in self.arrow:
             return self.arrow[name]
@@ -520,9 +524,9 @@ def _errors_columns(c: Columns) -> tuple[np.ndarray, ...]:
     floor, floor_ok = np.full(n, np.nan), np.zeros(n, bool)
     low = np.full(n, None, dtype=object)
     reason = np.full(n, None, dtype=object)
-    dtypes = (c.target_dtype, c.bench_dtype, c.target_dtype_declared, c.bench_dtype_declared)
+    dtypes = tuple(getattr(c, k) for k in _DTYPES)
     if n:  # _dtype_rule once per distinct combination
-        codes = group_codes([string_codes(pa.array(col)) for col in dtypes])
+        codes = group_codes([string_codes(c.text(k)) for k in _DTYPES])
         _, first = np.unique(codes, return_index=True)
         found = [_dtype_rule(*(col[i] for col in dtypes)) for i in first.tolist()]
         low[:] = np.array([f[0] for f in found] + [None], dtype=object)[:-1][codes]
@@ -1089,7 +1093,7 @@ def _arg_diff_columns(c: Columns, g: np.ndarray, groups: int, result: np.ndarray
     diff = getattr(c, "arg_diff", None)
     if diff is None:
         return
-    has = truthy_mask(diff)
+    has = truthy(diff)
     if not has.any():
         return
     text = np.full(groups, None, dtype=object)
@@ -1263,7 +1267,7 @@ def _judge_inputs_columns(c: Columns, rows_mask, g, err, err_ok, floor_ok, floor
         return
     if boxed_rows is None:
         boxed_rows = np.zeros(len(g), bool)
-    hashes = {c.target_content_hash[i] for i in rows.tolist()} - {None}
+    hashes = set(c.target_content_hash[rows][np.not_equal(c.target_content_hash[rows], _NONE).astype(bool)].tolist())
     producers = c.producers(hashes) if hashes else {}
     # a module/cell record holds a copy of what an op inside it computed: the producer is
     # that op (a block whose residual add was dropped: its module output holds the bytes of
@@ -1286,7 +1290,7 @@ def _judge_inputs_columns(c: Columns, rows_mask, g, err, err_ok, floor_ok, floor
                     made_at[i], name[i], compared[i] = producers[h][k - 1]
                     has[i] = True
     up, before = upstream[g], inf_before[g]
-    none = ~truthy_mask(reason)
+    none = ~truthy(reason)
     changed_leaf = exact & ~has
     at = np.flatnonzero(changed_leaf)
     reason[at] = _format("input differs (error {:.3g} = {:.3g} x floor) where every earlier tensor of its iteration "
@@ -1351,7 +1355,7 @@ def _judge_inputs_columns(c: Columns, rows_mask, g, err, err_ok, floor_ok, floor
     reason[at] = _format("input error propagated from {}", name[at])
     at = np.flatnonzero(a2)
     what = reason[at]
-    what[~truthy_mask(what)] = "nan/inf"
+    what[~truthy(what)] = "nan/inf"
     reason[at] = _format("{}: propagated from earlier nan/inf", what)
     at = np.flatnonzero(a3)
     produced = _format(" (produced by {})", name[at])
@@ -1363,7 +1367,7 @@ def _judge_inputs_columns(c: Columns, rows_mask, g, err, err_ok, floor_ok, floor
                          f"an op only the target has, + {CHAIN_ROUNDINGS:g} x floor", err[at], src[at], name[at])
     at = np.flatnonzero(a4)
     what = reason[at]
-    blank = ~truthy_mask(what)
+    blank = ~truthy(what)
     what[blank] = _format("input departs: error {} = {} x floor", _fmts(err[at][blank], err_ok[at][blank]),
                           _fmts(ratio[at][blank], ratio_ok[at][blank]))
     by = has[at]
@@ -1447,12 +1451,6 @@ class _SourceErrors:
         self.memo[k] = worst
         return worst
 
-
-def truthy_mask(values: np.ndarray) -> np.ndarray:
-    """bool(v) per element of an object array."""
-    if values.size == 0:
-        return np.zeros(0, bool)
-    return np.frompyfunc(bool, 1, 1)(values).astype(bool)
 
 
 def _runs(values: np.ndarray) -> tuple[list[int], list[int]]:

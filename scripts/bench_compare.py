@@ -363,6 +363,8 @@ def stats_scenario(args, dumpdb: str, out: Path) -> list[str]:
     lines = [f"stats: {args.stat_pairs} pairs; one DuckDB join {join_s:.2f} s (cpu {join_cpu:.2f} s), peak "
              f"{join_peak:.0f} MB (baseline){median}"]
     startup = startup_cpu(args, out)
+    if args.before:
+        lines.append(same_rows(catalog, out, "stats"))
     for label, wall, peak in found:
         ratio = wall / join_s
         cpu = CPU_MEDIAN[label]
@@ -372,6 +374,38 @@ def stats_scenario(args, dumpdb: str, out: Path) -> list[str]:
             f"{peak:.0f} MB (target <= {TARGET_PEAK_MB}: {mark(peak <= TARGET_PEAK_MB)}); of which importing "
             f"the CLI and the compare engine (no work) cpu {startup[label]:.2f} s")
     return lines
+
+
+def same_rows(catalog: Path, out: Path, name: str) -> str:
+    """Whether the last before and after compares stored the same ``compare_results`` rows:
+    every column but ``compare_id`` of every row, ``EXCEPT ALL`` both ways (doubles as DuckDB
+    compares them: NaN equals NaN, -0.0 equals 0.0; reason strings and verdicts too) and the same counts.
+    The compare ids come from each version's log (its first line, ``compare N: ...``).
+    Raises SystemExit when they differ: a faster compare with other results is no result."""
+    import duckdb
+
+    ids = {}
+    for label in ("before", "after"):
+        first = (out / f"compare-{name}-{label}.log").read_text().split(":", 1)[0].split()
+        ids[label] = int(first[1])
+    con = duckdb.connect(str(catalog), read_only=True)
+    try:
+        cols = ", ".join(f'"{c}"' for c in (r[0] for r in con.execute(
+            "SELECT column_name FROM duckdb_columns() WHERE table_name = 'compare_results' "
+            "AND column_name <> 'compare_id' ORDER BY column_index").fetchall()))
+        sel = f"SELECT {cols} FROM compare_results WHERE compare_id = ?"
+        counts = [con.execute(f"SELECT count(*) FROM ({sel})", [i]).fetchone()[0] for i in ids.values()]
+        extra = [con.execute(f"SELECT count(*) FROM ({sel} EXCEPT ALL {sel})", [a, b]).fetchone()[0]
+                 for a, b in ((ids["before"], ids["after"]), (ids["after"], ids["before"]))]
+    finally:
+        con.close()
+    verdict = f"{name}: compare_results of before (compare {ids['before']}) and after (compare {ids['after']}): " \
+              f"{counts[0]} and {counts[1]} rows, {extra[0]} only before, {extra[1]} only after (EXCEPT ALL, " \
+              "every column but compare_id)"
+    print(verdict)
+    if counts[0] != counts[1] or any(extra):
+        raise SystemExit(f"DIFFERENT RESULTS: {verdict}")
+    return verdict + ": identical"
 
 
 def startup_cpu(args, out: Path) -> dict[str, float]:

@@ -15,6 +15,7 @@ verdicts and precision rules over columns, give what the pair-by-pair code gives
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from collections import defaultdict
@@ -28,7 +29,7 @@ from verdict_rows import op_results
 
 import dumpdb
 from dumpdb.compare import registry
-from dumpdb.compare.columns import Shapes, group_codes, run_order
+from dumpdb.compare.columns import Shapes, filled, group_codes, run_order, truthy
 from dumpdb.compare.engine import compare
 from dumpdb.compare.metrics import MSG_NAN_INF_MISMATCH
 from dumpdb.compare.precision import Columns as PrecisionColumns
@@ -253,6 +254,15 @@ def test_precision_columns_equal_judge_precision(seed, statistics_only):
     columns = _precision_columns(rows, producers)
     rules = PrecisionRules()
     got, departure = judge_precision_columns(columns, rules)
+    # the engine's form: names only as Arrow, dtypes as Arrow too (Columns.text/objects)
+    arrowed = dataclasses.replace(columns, target_name=None, scope_name=None, arrow={
+        k: pa.array(getattr(columns, k), pa.string()) for k in ("target_name", "scope_name", "op_type", "target_dtype",
+                                                                 "bench_dtype", "target_dtype_declared",
+                                                                 "bench_dtype_declared")})
+    got_arrow, departure_arrow = judge_precision_columns(arrowed, rules)
+    assert repr(departure_arrow) == repr(departure)
+    for name, col in got.items():
+        assert repr(got_arrow[name].tolist()) == repr(col.tolist()), name
     expected = [dict(r) for r in rows]
     reference.judge_precision(expected, producers, rules)
     wrapped = [dict(r) for r in rows]
@@ -289,6 +299,17 @@ def test_generated_rows_reach_every_precision_branch():
                    "overflow:", "nan/inf at different positions", "rounding noise:", "scalar arguments differ",
                    "module/cell record", "not comparable"):
         assert branch in reasons, branch
+
+
+def test_filled_shares_one_object_and_truthy_is_bool():
+    """columns.filled holds one object n times (np.full made a str per row); truthy is
+    bool() per element, None, "" and 0 False."""
+    text = "".join(["for", "ward"])  # not interned
+    out = filled(5, text)
+    assert out.tolist() == [text] * 5 and all(v is text for v in out.tolist())
+    values = np.array([None, "", "x", 0, 1.5, None], dtype=object)
+    assert truthy(values).tolist() == [bool(v) for v in values.tolist()]
+    assert truthy(np.array([], dtype=object)).tolist() == []
 
 
 def test_group_codes_and_shapes():

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 __all__ = ["Shapes", "ResultColumns", "execution_order", "execution_keys", "string_codes", "group_codes", "ints",
-           "floats", "strings", "join_messages", "truthy", "IO_ORDER", "ORDER_KEYS", "run_order", "run_ranks",
+           "floats", "filled", "strings", "join_messages", "truthy", "IO_ORDER", "ORDER_KEYS", "run_order", "run_ranks",
            "FORWARD", "BACKWARD", "OPTIMIZER", "PHASES", "phases", "containers", "collectives", "keys"]
 
 # The target columns execution_order reads.
@@ -63,11 +63,23 @@ def strings(col) -> np.ndarray:
     return values[pc.fill_null(enc.indices, len(enc.dictionary)).to_numpy(zero_copy_only=False)]
 
 
+def filled(n: int, value: object) -> np.ndarray:
+    """An object array of ``n`` references to the one object ``value``. (``np.full(n, "text",
+    dtype=object)`` makes a new ``str`` per element, through a unicode array: 32 MB for
+    500,000 rows instead of 4 MB.)"""
+    out = np.empty(n, dtype=object)
+    out.fill(value)
+    return out
+
+
 def truthy(values: np.ndarray) -> np.ndarray:
     """bool(v) of each element of an object array (None and "" are False)."""
-    if values.size == 0:
-        return np.zeros(0, bool)
-    return np.frompyfunc(bool, 1, 1)(values).astype(bool)
+    out = np.zeros(values.size, bool)
+    # bool() only where not None (most messages are None): half the CPU on 500,000 rows
+    at = np.flatnonzero(np.not_equal(values, np.array(None, dtype=object)).astype(bool))
+    if at.size:
+        out[at] = np.frompyfunc(bool, 1, 1)(values[at]).astype(bool)
+    return out
 
 
 class Shapes:
@@ -256,7 +268,7 @@ def phases(name, scope, where: np.ndarray, run_rank: np.ndarray) -> np.ndarray:
     string arrays)."""
     n = len(name)
     back = _contains(name, ".backward") | _contains(name, ".parameters_grad.") | _contains(scope, "Gradients/")
-    out = np.full(n, FORWARD, dtype=object)
+    out = filled(n, FORWARD)
     if n == 0:
         return out
     last = np.full(int(where.max()) + 1, -1, np.int64)

@@ -81,6 +81,7 @@ from dumpdb.compare.columns import (
     Shapes,
     execution_keys,
     execution_order,
+    filled,
     floats,
     group_codes,
     ints,
@@ -864,7 +865,7 @@ def _statistics_columns(metrics: pa.Table, progress) -> ResultColumns:
     the :data:`STAT_METRICS` columns and ``err_message`` of stats_sql)."""
     n = metrics.num_rows
     res = ResultColumns(n, (*TENSOR_METRICS, *STAT_METRICS, "flat_euc_dist", *_plugin_metrics()))
-    res.mode = np.full(n, "statistics", dtype=object)
+    res.mode = filled(n, "statistics")
     rows = np.arange(n)
     for name in STAT_METRICS:
         res.put(rows, name, *floats(metrics.column(name)))
@@ -1065,8 +1066,9 @@ def _judge(view: _View, thresholds: Thresholds) -> tuple[np.ndarray, np.ndarray]
     columns = VerdictColumns(
         group=view.op_codes(), output=pc.fill_null(pc.equal(io, "output"), False).to_numpy(zero_copy_only=False),
         statistics=view.mode == "statistics", target_name=_string_array(view.context["target_name"]),
-        bench_name=_string_array(view.context["bench_name"]), target_dtype=strings(view.context["target_dtype"]),
-        bench_dtype=strings(view.context["bench_dtype"]), err_message=view.err_message, values=values,
+        bench_name=_string_array(view.context["bench_name"]),
+        target_dtype=_string_array(view.context["target_dtype"]),
+        bench_dtype=_string_array(view.context["bench_dtype"]), err_message=view.err_message, values=values,
         valid=valid, target_shape=view.shapes("target_shape"), bench_shape=view.shapes("bench_shape"))
     result, reason = op_results_columns(columns, thresholds)
     # numpy's stub has no None among where's scalars; None is an object array's NULL
@@ -1103,10 +1105,10 @@ def _judge_precision(view: _View, trows: pa.Table, rules: PrecisionRules) -> dic
         bench_content_hash=strings(ctx["bench_content_hash"]),
         target_shape=view.shapes("target_shape"), bench_shape=view.shapes("bench_shape"), producers=producers,
         inputs_of=inputs_of,
-        target_name=strings(ctx["target_name"]), scope_name=strings(ctx["scope_name"]),
         op_type=strings(ctx["op_type"]), arg_diff=arg_diff, iteration=ints(it, -1),
         timestamp=np.where(ts_valid, ts_values, np.nan),
-        arrow={k: _string_array(ctx[k]) for k in ("target_name", "scope_name", "op_type")})
+        arrow={k: _string_array(ctx[k]) for k in ("target_name", "scope_name", "op_type", "target_dtype",
+                                                   "bench_dtype", "target_dtype_declared", "bench_dtype_declared")})
     view.precision, departure = judge_precision_columns(columns, rules)
     return departure
 

@@ -185,10 +185,13 @@ from dumpdb.compare.columns import (
     Shapes,
     collectives,
     containers,
+    filled,
     group_codes,
     keys,
     phases,
     string_codes,
+    strings,
+    truthy,
 )
 from dumpdb.compare.metrics import MSG_NAN_INF_MISMATCH
 
@@ -411,6 +414,7 @@ _NUMBERS = ("flat_euc_dist", "euc_dist", "max_abs_err", "l2norm_diff", "bench_l2
             "bench_max", "bench_min")
 _TEXTS = ("target_dtype", "bench_dtype", "target_dtype_declared", "bench_dtype_declared", "err_message",
           "target_content_hash")
+_DTYPES = ("target_dtype", "bench_dtype", "target_dtype_declared", "bench_dtype_declared")
 OUTPUT_COLUMNS = ("scaled_err", "precision_floor", "precision_ratio", "precision_dtype", "precision_result",
                   "precision_reason")
 
@@ -433,7 +437,9 @@ class Columns:
     the tensor's place in the target's execution order).
 
     Optional (absent: the rules that read them do not apply): object arrays
-    ``target_name``, ``scope_name``, ``op_type`` (phases, containers, the growth table),
+    ``target_name``, ``scope_name``, ``op_type`` (phases, containers, the growth table;
+    each may come instead as an Arrow string array in ``arrow``, which the rules read as
+    it is: 500,000 distinct names are 80 MB as Python strings),
     ``arg_diff`` (the alignment's scalar-argument difference, None where they agree);
     ``iteration`` (int64) and ``timestamp`` (float64, NaN where NULL) for the order across
     ranks; ``inputs_of``: a function from a target op's order rank to its input tensors,
@@ -468,10 +474,27 @@ class Columns:
     timestamp: np.ndarray | None = None
     inputs_of: Callable[[int], list[tuple[str, int]]] | None = None
     bench_content_hash: np.ndarray | None = None
-    # target_name, scope_name, op_type as Arrow string arrays where the caller holds them
-    # (the same values): the rules that match text in Arrow then read them without
-    # converting the object arrays back (0.25 s of CPU for 500,000 rows)
+    # target_name, scope_name, op_type (and the dtype columns) as Arrow string arrays where
+    # the caller holds them (the same values as the object arrays, or for the names in their
+    # place): the rules that match text
+    # in Arrow then read them without converting the object arrays back (0.25 s of CPU for
+    # 500,000 rows), and names given only here are never made Python strings
     arrow: Mapping[str, pa.Array] = field(default_factory=dict)
+
+    def text(self, name: str) -> pa.Array:
+        """A text column (``target_name``, ``scope_name``, ``op_type``, a dtype column) as an
+        Arrow string array: ``arrow``'s where given, else the object array converted (all
+        NULL where the caller gave neither form)."""
+        if name in self.arrow:
+            return self.arrow[name]
+        return pa.array(_optional(self, name, len(self.group)), pa.string())
+
+    def objects(self, name: str) -> np.ndarray:
+        """``target_name``, ``scope_name`` or ``op_type`` as an object array (None for NULL),
+        converted from ``arrow`` when the caller gave only that form."""
+        if getattr(self, name, None) is None and name in self.arrow:
+            return strings(self.arrow[name])
+        return _optional(self, name, len(self.group))
 
     def row(self, i: int) -> dict:
         """Row ``i`` as a dict, as :func:`_pair_error` reads it (None for NULL)."""
@@ -501,9 +524,9 @@ def _errors_columns(c: Columns) -> tuple[np.ndarray, ...]:
     floor, floor_ok = np.full(n, np.nan), np.zeros(n, bool)
     low = np.full(n, None, dtype=object)
     reason = np.full(n, None, dtype=object)
-    dtypes = (c.target_dtype, c.bench_dtype, c.target_dtype_declared, c.bench_dtype_declared)
+    dtypes = tuple(getattr(c, k) for k in _DTYPES)
     if n:  # _dtype_rule once per distinct combination
-        codes = group_codes([string_codes(pa.array(col)) for col in dtypes])
+        codes = group_codes([string_codes(c.text(k)) for k in _DTYPES])
         _, first = np.unique(codes, return_index=True)
         found = [_dtype_rule(*(col[i] for col in dtypes)) for i in first.tolist()]
         low[:] = np.array([f[0] for f in found] + [None], dtype=object)[:-1][codes]
@@ -576,11 +599,10 @@ def judge_precision_columns(c: Columns, rules: PrecisionRules = PrecisionRules()
         r = np.where((floor == 0) & (err > 0), np.inf, np.where(err == 0, 0.0, err / floor))
     ratio[ratio_ok] = r[ratio_ok]
     departs = np.not_equal(reason, _NONE) | (ratio_ok & (ratio > rules.margin))
-    result = np.full(n, PASS, dtype=object)
+    result = filled(n, PASS)
     origin = np.full(n, None, dtype=object)
-    names, scopes, op_types = (_optional(c, k, n) for k in ("target_name", "scope_name", "op_type"))
-    text = [c.arrow[k] if k in c.arrow else pa.array(v, pa.string())  # converted once
-            for k, v in (("target_name", names), ("scope_name", scopes), ("op_type", op_types))]
+    op_types = c.objects("op_type")
+    text = [c.text(k) for k in ("target_name", "scope_name", "op_type")]  # converted once
     container = containers(text[2], text[0])
     phase = phases(text[0], text[1], c.where, c.run_rank)
     # outputs of in-place optimizer kernels hold buffers the kernel never wrote (module
@@ -830,8 +852,8 @@ def _stale_outputs(c: Columns, op_types: np.ndarray, phase: np.ndarray) -> np.nd
     if not candidates.any():
         return out
     g = c.group
-    names = _optional(c, "target_name", n)
-    boxed = containers(pa.array(op_types, pa.string()), pa.array(names, pa.string()))
+    names = c.objects("target_name")  # a few optimizer outputs: as Python strings only here
+    boxed = containers(pa.array(op_types, pa.string()), c.text("target_name"))
     start = np.full(int(g.max()) + 1, np.iinfo(np.int64).max, np.int64)  # when each op call ran
     np.minimum.at(start, g, c.run_rank)
     evidence: set = set()
@@ -1071,7 +1093,7 @@ def _arg_diff_columns(c: Columns, g: np.ndarray, groups: int, result: np.ndarray
     diff = getattr(c, "arg_diff", None)
     if diff is None:
         return
-    has = truthy_mask(diff)
+    has = truthy(diff)
     if not has.any():
         return
     text = np.full(groups, None, dtype=object)
@@ -1245,7 +1267,7 @@ def _judge_inputs_columns(c: Columns, rows_mask, g, err, err_ok, floor_ok, floor
         return
     if boxed_rows is None:
         boxed_rows = np.zeros(len(g), bool)
-    hashes = {c.target_content_hash[i] for i in rows.tolist()} - {None}
+    hashes = set(c.target_content_hash[rows][np.not_equal(c.target_content_hash[rows], _NONE).astype(bool)].tolist())
     producers = c.producers(hashes) if hashes else {}
     # a module/cell record holds a copy of what an op inside it computed: the producer is
     # that op (a block whose residual add was dropped: its module output holds the bytes of
@@ -1268,7 +1290,7 @@ def _judge_inputs_columns(c: Columns, rows_mask, g, err, err_ok, floor_ok, floor
                     made_at[i], name[i], compared[i] = producers[h][k - 1]
                     has[i] = True
     up, before = upstream[g], inf_before[g]
-    none = ~truthy_mask(reason)
+    none = ~truthy(reason)
     changed_leaf = exact & ~has
     at = np.flatnonzero(changed_leaf)
     reason[at] = _format("input differs (error {:.3g} = {:.3g} x floor) where every earlier tensor of its iteration "
@@ -1333,7 +1355,7 @@ def _judge_inputs_columns(c: Columns, rows_mask, g, err, err_ok, floor_ok, floor
     reason[at] = _format("input error propagated from {}", name[at])
     at = np.flatnonzero(a2)
     what = reason[at]
-    what[~truthy_mask(what)] = "nan/inf"
+    what[~truthy(what)] = "nan/inf"
     reason[at] = _format("{}: propagated from earlier nan/inf", what)
     at = np.flatnonzero(a3)
     produced = _format(" (produced by {})", name[at])
@@ -1345,7 +1367,7 @@ def _judge_inputs_columns(c: Columns, rows_mask, g, err, err_ok, floor_ok, floor
                          f"an op only the target has, + {CHAIN_ROUNDINGS:g} x floor", err[at], src[at], name[at])
     at = np.flatnonzero(a4)
     what = reason[at]
-    blank = ~truthy_mask(what)
+    blank = ~truthy(what)
     what[blank] = _format("input departs: error {} = {} x floor", _fmts(err[at][blank], err_ok[at][blank]),
                           _fmts(ratio[at][blank], ratio_ok[at][blank]))
     by = has[at]
@@ -1429,12 +1451,6 @@ class _SourceErrors:
         self.memo[k] = worst
         return worst
 
-
-def truthy_mask(values: np.ndarray) -> np.ndarray:
-    """bool(v) per element of an object array."""
-    if values.size == 0:
-        return np.zeros(0, bool)
-    return np.frompyfunc(bool, 1, 1)(values).astype(bool)
 
 
 def _runs(values: np.ndarray) -> tuple[list[int], list[int]]:

@@ -171,7 +171,7 @@ class Columns:
     engine's result columns): ``group`` (int64 op code: rows of one op share it),
     ``output`` (bool: ``io == 'output'``), ``statistics`` (bool: the row's mode),
     ``target_name``/``bench_name``/``target_dtype``/``bench_dtype``/``err_message``
-    (object arrays, None for NULL; the names may also be Arrow string arrays),
+    (object arrays, None for NULL; the names and dtypes may also be Arrow string arrays),
     ``values``/``valid`` (float64 values and validity of
     ``cosine``, ``one_thousandth_err_ratio``, ``max_abs_err``, ``l2norm_rel_diff``,
     ``target_max``, ``target_min``, ``bench_max``, ``bench_min``, ``target_requires_grad``,
@@ -185,8 +185,8 @@ class Columns:
     statistics: np.ndarray
     target_name: np.ndarray | pa.Array
     bench_name: np.ndarray | pa.Array
-    target_dtype: np.ndarray
-    bench_dtype: np.ndarray
+    target_dtype: np.ndarray | pa.Array
+    bench_dtype: np.ndarray | pa.Array
     err_message: np.ndarray
     values: dict[str, np.ndarray]
     valid: dict[str, np.ndarray]
@@ -211,6 +211,13 @@ def _texts(*columns) -> list[pa.Array] | None:
 def _objects(col) -> np.ndarray | list:
     """A text column as Python objects (an Arrow array as its list)."""
     return col.to_pylist() if isinstance(col, pa.Array) else col
+
+
+def _at(col, rows: np.ndarray) -> list:
+    """Rows ``rows`` of a text column (object array or Arrow array) as Python objects."""
+    if isinstance(col, pa.Array):
+        return col.take(pa.array(rows, pa.int64())).to_pylist()
+    return [col[i] for i in rows.tolist()]
 
 
 def _mask(values) -> np.ndarray:
@@ -404,12 +411,13 @@ def _checks(c: Columns, th: Thresholds) -> tuple[np.ndarray, list[tuple[str, np.
     else:
         fused = np.fromiter((isinstance(x, str) and ("qkv" in x or "gate_up" in x) for x in _objects(c.bench_name)),
                             bool, n)
+        td, bd = _objects(td), _objects(bd)
         known = np.fromiter((bool(x) and bool(y) for x, y in zip(td, bd)), bool, n)
         differ = np.zeros(n, bool)
         sel = np.flatnonzero(per_row & ~fused & known)
         differ[sel] = np.fromiter((str(td[i]) != str(bd[i]) for i in sel.tolist()), bool, sel.size)
     rows = np.flatnonzero(differ)
-    flag(rows, 2, [f"dtypes differ (target {td[i]}, bench {bd[i]})" for i in rows.tolist()])
+    flag(rows, 2, [f"dtypes differ (target {t}, bench {b})" for t, b in zip(_at(td, rows), _at(bd, rows))])
     checker = "shape"  # ShapeErrChecker
     ts, bs = c.target_shape, c.bench_shape
     rows = np.flatnonzero(per_row & ts.valid & bs.valid & ~ts.equal(bs))

@@ -96,15 +96,16 @@ def _parse_trace(line: str) -> tuple[dict, bool] | None:
     if not m:
         return None
     number = m.group("line") or m.group("line2")
+    file = m.group("file")
     frame = {
-        "file": m.group("file"),
+        "file": file,
         # beyond 19 digits: out of any column's range (the scan reports it), and int()
         # of thousands of digits raises
         "line": (int(number) if len(number) <= 19 else 1 << 63) if number else None,
         "is_range": bool(m.group("range")),
         "code": m.group("code").strip(),
     }
-    return frame, not any(s in frame["file"] for s in _SITE_PACKAGES)
+    return frame, not any(s in file for s in _SITE_PACKAGES)
 
 
 def _user_frame(trace: list[str], parsed_lines: dict[str, tuple[dict, bool] | None]) -> dict | None:

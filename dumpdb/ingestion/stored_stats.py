@@ -48,8 +48,6 @@ class StoredStats:
         import pyarrow.compute as pc
 
         table = con.sql(_SQL).to_arrow_table()
-        if not table.num_rows:  # a new archive: to_numpy of a column without chunks imports pandas (~0.3 s CPU)
-            return cls(np.array([], dtype="S32"), [], {})
         hashes = np.array(table.column("content_hash").to_pylist(), dtype="S32")
         columns = {}
         for c in STAT_COLUMNS:

@@ -163,6 +163,10 @@ def test_npy_header_dicts(header, descr, payload):
 
 
 # -- CANN .bin headers -----------------------------------------------------------------------------
+# the protobuf classes are built on first use (cann_pb): here, not within a measured allocation
+_DUMP_DATA = cann_pb.DumpData
+
+
 def _container() -> bytes:
     return cann_wire.container(inputs=[np.arange(12, dtype=np.float32).reshape(3, 4)],
                                outputs=[np.ones((2, 2), np.float16)], op_name="Default/Add-op1")

@@ -67,6 +67,7 @@ from dumpdb.ingestion.workers import (
     PROCESS_MIN_BYTES,
     PROCESS_MIN_CORES,
     PROCESS_MIN_FILES,
+    READ_BUFFER_MIN_BYTES,
     THREAD_BATCH_BYTES,
     Loaded,
     LoadTask,
@@ -100,7 +101,6 @@ INFLIGHT_BYTES = 256 << 20
 # csv text per streamed statistics batch (one commit each): ~60,000 rows of statistic.csv
 STATISTIC_BATCH_BYTES = 8 << 20
 INFLIGHT_COUNT = 64
-READ_BUFFER_MIN_BYTES = 256 << 10  # files from this size are read into a reader thread's ReadBuffer (_load)
 THREAD_INFLIGHT_BYTES = 64 << 20  # reader threads: past INFLIGHT_COUNT files, more only while under this
 # new payloads copied out of the reader threads' buffers live until their pack is written: at most
 # INFLIGHT_BYTES being read plus the writer's buffered and in-flight packs; this much is recycled

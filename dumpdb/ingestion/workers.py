@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import multiprocessing
 import operator
 import os
@@ -65,6 +66,11 @@ PROCESS_MIN_BYTES = 256 << 20
 # Default worker processes only from this many cores: the ingesting process compresses and
 # commits alone, so on fewer cores processes compete with it (2 cores: 0.71x of threads).
 PROCESS_MIN_CORES = 4
+# Files from this size are read into the reading thread's reused ReadBuffer (dumpio: no page
+# faults per file; O_DIRECT when the page cache does not hold the file): reader threads of the
+# ingesting process and worker processes alike. Small files come from the allocator's free
+# lists already: no faults to save, a copy to pay.
+READ_BUFFER_MIN_BYTES = 256 << 10
 
 
 @dataclass(slots=True)  # slots: pickled as a tuple, ~3x faster than a dict-backed dataclass
@@ -192,6 +198,16 @@ class PayloadMemory:
             return block
 
 
+def _batch_ref(task: LoadTask, item: Loaded) -> PayloadRef | None:
+    """:func:`load_batch` without ``task.keep_arrays``: a reference to ``item``'s payload
+    when it is ``MEDIUM_BYTES`` or more (small payloads come back whole: reading them again
+    costs more than sending them, and their packs are cheap to compress), else None."""
+    if item.array is None or item.content_hash is None or item.entry is None or item.array.nbytes < MEDIUM_BYTES:
+        return None
+    return PayloadRef(task.layout, task.root, task.follow_symlinks, item.entry, item.file_bytes,
+                      item.content_hash, item.array.dtype, tuple(item.array.shape))
+
+
 def one_line(exc: BaseException) -> str:
     """``exc`` as one line of at most 300 characters."""
     text = " ".join(str(exc).split())
@@ -296,32 +312,37 @@ def _own(item: Loaded, buffer: ReadBuffer | None, stored: Callable[[Loaded], Pay
 
 
 _CACHE: dict[tuple[str, str], dict] = {}  # per worker process: statistics by content
+_LOCAL = threading.local()  # per worker thread (a process's, or a Dask worker's threads): its ReadBuffer
 
 
 def load_batch(task: LoadTask) -> list[Loaded]:
     """The worker function: :func:`load_entry` for each entry of ``task``, in order.
-    Runs in a worker process or a Dask task; reads the dump, never the archive. Without
-    ``task.keep_arrays`` each payload of ``MEDIUM_BYTES`` or more (packs of 4 MiB chunks,
-    large arrays) comes back as a :class:`PayloadRef`."""
+    Runs in a worker process or a Dask task; reads the dump, never the archive. Files of
+    ``READ_BUFFER_MIN_BYTES`` or more are read into the thread's reused
+    :class:`~dumpdb.dumpio.ReadBuffer` (``O_DIRECT`` when the page cache does not hold
+    them, as the reader threads of the ingesting process). Without ``task.keep_arrays``
+    each payload of ``MEDIUM_BYTES`` or more (packs of 4 MiB chunks, large arrays) comes
+    back as a :class:`PayloadRef`; other payloads read into the buffer come back as a copy."""
     layout = get_layout(task.layout)
     if len(_CACHE) > 100_000:
         _CACHE.clear()
+    buffer = getattr(_LOCAL, "buffer", None)
+    if buffer is None:
+        buffer = _LOCAL.buffer = ReadBuffer()
+    stored = None if task.keep_arrays else functools.partial(_batch_ref, task)
     with confine(task.root, task.follow_symlinks):
-        items = [load_entry(layout, e, s, _CACHE) for e, s in zip(task.entries, task.sizes)]
+        items = [load_entry(layout, e, s, _CACHE, buffer=buffer if s >= READ_BUFFER_MIN_BYTES else None,
+                            stored=stored) for e, s in zip(task.entries, task.sizes)]
     if task.row is not None:  # the rows too: the ingesting process only dedupes and commits
         run, label, columns = task.row
         for item in items:
             if not item.error:
                 item.row = tensor_row(item, run, label, columns)
-    if not task.keep_arrays:
-        for item in items:
-            # small payloads (their own pack class) come back whole: reading them again
-            # costs more than sending them, and their packs are cheap to compress
-            if item.array is not None and item.content_hash is not None and item.entry is not None \
-                    and item.array.nbytes >= MEDIUM_BYTES:
-                item.ref = PayloadRef(task.layout, task.root, task.follow_symlinks, item.entry, item.file_bytes,
-                                      item.content_hash, item.array.dtype, tuple(item.array.shape))
-                item.array = None
+    if stored is not None:
+        for item in items:  # payloads a layout read into new memory (not into the buffer)
+            ref = stored(item)
+            if ref is not None:
+                item.ref, item.array = ref, None
     for item in items:
         if item.row is not None and item.ref is None:
             # the row holds entry, statistics, note and file identity: not sent twice

@@ -41,16 +41,17 @@ import struct
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-from google.protobuf.message import DecodeError
 
 from dumpdb.dtypes import BFLOAT16
 from dumpdb.dumpio import open_dump_file, read_dump_bytes
 from dumpdb.errors import DumpFileError
 from dumpdb.formats import OUTPUT_FORMAT
+
+if TYPE_CHECKING:
+    from google.protobuf import descriptor_pb2
 
 PACKAGE = "toolkit.dumpdata"
 HEADER_LEN_SIZE = 8  # uint64 header_len
@@ -91,6 +92,8 @@ OVERFLOW_RECORD_SIZE = 1024 + 3 * 8  # ... AI Core kernel_code, block_idx, statu
 
 # -- the schema, built at run time ----------------------------------------------
 def _file_descriptor() -> descriptor_pb2.FileDescriptorProto:
+    from google.protobuf import descriptor_pb2
+
     F = descriptor_pb2.FieldDescriptorProto
     fdp = descriptor_pb2.FileDescriptorProto(name="dumpdb/layouts/dump_data.proto", package=PACKAGE,
                                              syntax="proto3")
@@ -138,20 +141,34 @@ def _file_descriptor() -> descriptor_pb2.FileDescriptorProto:
     return fdp
 
 
-_POOL = descriptor_pool.DescriptorPool()
-_POOL.Add(_file_descriptor())
+# The message classes are built on first use, not at import: protobuf and the pool cost
+# ~0.1 s of CPU, and most ingests (MindSpore, msprobe) never meet a CANN container.
+MESSAGES = ("DumpData", "OpInput", "OpOutput", "OpBuffer", "Shape", "OriginalOp")
+_classes: dict[str, Any] = {}
+_classes_lock = threading.Lock()
 
 
-def _message_class(name: str):
-    return message_factory.GetMessageClass(_POOL.FindMessageTypeByName(f"{PACKAGE}.{name}"))
+def _message_class(name: str) -> Any:
+    """The generated class of message ``name`` (one of :data:`MESSAGES`), built once."""
+    cls = _classes.get(name)
+    if cls is None:
+        with _classes_lock:
+            if not _classes:
+                from google.protobuf import descriptor_pool, message_factory
+
+                pool = descriptor_pool.DescriptorPool()
+                pool.Add(_file_descriptor())
+                for n in MESSAGES:
+                    _classes[n] = message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{PACKAGE}.{n}"))
+        cls = _classes[name]
+    return cls
 
 
-DumpData = _message_class("DumpData")
-OpInput = _message_class("OpInput")
-OpOutput = _message_class("OpOutput")
-OpBuffer = _message_class("OpBuffer")
-Shape = _message_class("Shape")
-OriginalOp = _message_class("OriginalOp")
+def __getattr__(name: str) -> Any:
+    """``cann_pb.DumpData`` and the other message classes (PEP 562: built on first use)."""
+    if name in MESSAGES:
+        return _message_class(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # -- parsed header ---------------------------------------------------------------
@@ -234,7 +251,9 @@ def parse_header(head: bytes, file_size: int, where: str) -> DumpHeader:
             f"{file_size - HEADER_LEN_SIZE} after the 8-byte length); not a CANN dump or truncated")
     if len(head) < HEADER_LEN_SIZE + header_len:
         raise DumpFileError(f"{where}: cannot read the {header_len}-byte header")
-    msg = DumpData()
+    from google.protobuf.message import DecodeError
+
+    msg = _message_class("DumpData")()
     try:
         msg.ParseFromString(bytes(head[HEADER_LEN_SIZE:HEADER_LEN_SIZE + header_len]))
     except (DecodeError, RuntimeError, ValueError) as exc:

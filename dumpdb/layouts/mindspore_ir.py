@@ -46,6 +46,7 @@ _TYPE_ITEM_RE = re.compile(r"<([^<>]*)>")
 _TENSOR_ITEM_RE = re.compile(r"^(?:Ref\[)?Tensor\[(\w+)\]\]?,\s*\(([\d,\s]*)\)")
 _OP_NUMBER_RE = re.compile(r"-op(\d+)$")
 _SITE_PACKAGES = ("site-packages", "dist-packages")
+_GARBLED_RE = re.compile("[\x00-\x1f\x7f\ufffd]")  # control characters, DEL, U+FFFD (garbled_scope)
 
 
 def _param(line: str) -> tuple[str, str] | None:
@@ -88,30 +89,44 @@ def _parse_types(text: str) -> tuple[list, list]:
     return shapes, dtypes
 
 
-def _parse_trace(line: str) -> dict | None:
+def _parse_trace(line: str) -> tuple[dict, bool] | None:
+    """(file, line, is_range, code) of a ``# In file`` trace, and whether the file is the
+    user's own code (not site-packages), or None."""
     m = _TRACE_PARTS_RE.match(line.strip())
     if not m:
         return None
     number = m.group("line") or m.group("line2")
-    return {
-        "file": m.group("file"),
+    file = m.group("file")
+    frame = {
+        "file": file,
         # beyond 19 digits: out of any column's range (the scan reports it), and int()
         # of thousands of digits raises
         "line": (int(number) if len(number) <= 19 else 1 << 63) if number else None,
         "is_range": bool(m.group("range")),
         "code": m.group("code").strip(),
     }
+    return frame, not any(s in file for s in _SITE_PACKAGES)
 
 
-def _user_frame(trace: list[str]) -> dict | None:
+def _user_frame(trace: list[str], parsed_lines: dict[str, tuple[dict, bool] | None]) -> dict | None:
     """The innermost source line in the user's own code.
 
     Frames inside site-packages/dist-packages (MindSpore's nn layers) are
     skipped, and a frame whose line is a range (``79~97``: a whole ``def``) is
-    less specific than a single line.
+    less specific than a single line. ``parsed_lines``: :func:`_parse_trace` of the lines
+    met so far in this file (the nodes of one layer repeat the same traces: a Transformer
+    IR has 13,061 trace lines, a few hundred distinct; the dicts are shared, read only).
     """
-    parsed = [p for p in (_parse_trace(t) for t in trace) if p]
-    user = [p for p in parsed if not any(s in p["file"] for s in _SITE_PACKAGES)]
+    frames = []
+    for line in trace:
+        if line in parsed_lines:
+            p = parsed_lines[line]
+        else:
+            p = parsed_lines[line] = _parse_trace(line)
+        if p:
+            frames.append(p)
+    parsed = [p for p, _ in frames]
+    user = [p for p, mine in frames if mine]
     for candidates in (
         [p for p in user if not p["is_range"]],
         user,
@@ -229,8 +244,9 @@ def parse_ir(path: Path) -> tuple[list[dict], list[str]]:
             type_lines += 1
         elif stripped.startswith("}") or stripped.startswith("subgraph") or not stripped:
             current = None
+    parsed_lines: dict[str, tuple[dict, bool] | None] = {}
     for node in nodes:
-        frame = _user_frame(node["code_trace"])
+        frame = _user_frame(node["code_trace"], parsed_lines)
         node["code_file"] = frame["file"] if frame else None
         node["code_line"] = frame["line"] if frame else None
         node["code_text"] = frame["code"] if frame else None
@@ -240,7 +256,7 @@ def parse_ir(path: Path) -> tuple[list[dict], list[str]]:
 def garbled_scope(line: str) -> bool:
     """True if an execution-order line is not a scope name: control characters (NUL...)
     or undecodable bytes, which no MindSpore scope name holds."""
-    return any(c == "\ufffd" or c < " " or c == "\x7f" for c in line)
+    return _GARBLED_RE.search(line) is not None
 
 
 def read_execution_order(path: Path) -> list[str]:

@@ -23,12 +23,14 @@ from __future__ import annotations
 import contextvars
 import errno
 import fcntl
+import functools
 import mmap
 import os
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 from dumpdb.errors import DumpFileError
 
@@ -230,6 +232,23 @@ _DIRECT_ALIGN = 4096  # offsets, lengths and addresses of a direct read: a page 
 _NO_DIRECT: set[int] = set()
 
 
+@functools.cache
+def libc() -> Any:
+    """The C library's functions through ctypes (``ctypes.CDLL``, ``errno`` kept for
+    ``ctypes.get_errno``), or None where the process cannot load it. The process's own
+    global symbols (``dlopen(NULL)``): the C library the interpreter runs on, found without
+    ``ctypes.util.find_library``'s ``ldconfig`` subprocess. The one place dumpdb loads it
+    (``mincore`` here, ``malloc_trim`` in ``runtime``, ``prctl`` in ingest workers); a
+    function the C library lacks (``malloc_trim`` outside glibc) raises AttributeError at
+    the caller."""
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+
+
 class _Mincore:
     """``mincore(2)`` of a file's pages through ctypes (Python's ``mmap`` has no mincore):
     the share of a file in the page cache, read without touching the file, so without the
@@ -238,10 +257,11 @@ class _Mincore:
 
     def __init__(self) -> None:
         import ctypes
-        import ctypes.util
 
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        self.mmap, self.munmap, self.mincore = libc.mmap, libc.munmap, libc.mincore
+        c = libc()
+        if c is None:
+            raise OSError("no C library")
+        self.mmap, self.munmap, self.mincore = c.mmap, c.munmap, c.mincore
         self.mmap.restype = ctypes.c_void_p
         self.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                               ctypes.c_long]

@@ -61,12 +61,8 @@ def release_free_memory() -> None:
 
     pa.default_memory_pool().release_unused()
     if _malloc_trim is None:
-        import ctypes
-        import ctypes.util
+        from dumpdb.dumpio import libc
 
-        try:
-            _malloc_trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-        except (OSError, AttributeError):
-            _malloc_trim = False
+        _malloc_trim = getattr(libc(), "malloc_trim", False)
     if _malloc_trim:
         _malloc_trim(0)

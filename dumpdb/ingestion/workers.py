@@ -29,7 +29,6 @@ ingesting process. A worker never writes the catalog.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
 import multiprocessing
 import operator
@@ -46,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from dumpdb.dtypes import dtype_name, from_dump_name
-from dumpdb.dumpio import ReadBuffer, check_dump_file, confine, confined, reading_into
+from dumpdb.dumpio import ReadBuffer, check_dump_file, confine, confined, libc, reading_into
 from dumpdb.errors import DumpdbError, DumpFileError
 from dumpdb.layouts import Layout, TensorEntry, get_layout
 from dumpdb.layouts.base import display_name, encodable
@@ -490,9 +489,8 @@ def _worker_start(parent: int) -> None:
     # pipes, so an orphan would keep them open - and whoever waits on them - forever.
     # Linux prctl(PR_SET_PDEATHSIG, SIGKILL); elsewhere the pool's own shutdown applies.
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
+        libc().prctl(1, signal.SIGKILL, 0, 0, 0)
+    except AttributeError:  # no C library, or none with prctl (not Linux)
         return
     if os.getppid() != parent:  # the ingesting process died before prctl took effect
         os.kill(os.getpid(), signal.SIGKILL)

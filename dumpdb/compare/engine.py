@@ -765,7 +765,10 @@ class _EarlyPairs:
     ``PROCESS_MIN_BYTES`` or more of exact pairs, or more than ``THREAD_MAX_WORKERS``
     workers, nothing starts early and :func:`_compute_large` runs as before). One driver
     thread submits the pairs in storage order with at most ``INFLIGHT_BYTES`` of payload in
-    flight, as _compute_large does; :meth:`finish` hands it the pairs it has not seen."""
+    flight, as _compute_large does; :meth:`finish` hands it the pairs it has not seen.
+    :meth:`start` then waits for numba's load (:func:`~dumpdb.compare.kernel.wait_preload`)
+    before the alignment goes on: both hold the GIL, and the workers need the kernel, not
+    the rest of the alignment (a first compare that compiles the kernel aligns after it)."""
 
     def __init__(self, archive, trows: pa.Table, brows: pa.Table, workers: int | None) -> None:
         self.archive, self.trows, self.brows = archive, trows, brows
@@ -814,6 +817,12 @@ class _EarlyPairs:
         self._thread = threading.Thread(target=self._drive, name="dumpdb-compare-early", daemon=True)
         self.started = True
         self._thread.start()
+        # The workers can read now but compute nothing before numba is loaded (kernel.preload,
+        # ~0.7 CPU s holding the GIL); the rest of the alignment (content check, align(): ~0.6
+        # CPU s, also mostly holding it) would share the GIL with that load and delay the
+        # kernel by as much. It runs after the load instead, beside the pair loop, whose
+        # reading and kernel release the GIL.
+        kernel.wait_preload()
 
     def _drive(self) -> None:
         try:

@@ -58,6 +58,7 @@ arrays), and the precision rules' departing inputs and cancellation candidates
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 from collections import defaultdict, deque
@@ -790,24 +791,26 @@ class _EarlyPairs:
         elements or other shapes (:func:`_compute`'s split)."""
         if registry.metrics("tensor", builtin=False) or self.workers > THREAD_MAX_WORKERS:
             return
-        keys = (*_LOC_KEYS, "nbytes", "stats_source", "nan_count", "pos_inf_count", "neg_inf_count", "min", "max")
-        tpos = _positions(self.trows.column("tensor_id"), pairs.column("target_tensor_id"))
-        bpos = _positions(self.brows.column("tensor_id"), pairs.column("bench_tensor_id"))
-        t, b = self.trows.select(list(keys)).take(tpos), self.brows.select(list(keys)).take(bpos)
-        both = _valid(t.column("array_path")) & _valid(b.column("array_path"))
-        tshape, bshape = Shapes(t.column("shape")), Shapes(b.column("shape"))
-        same = pc.fill_null(pc.equal(t.column("content_hash"), b.column("content_hash")), False).to_numpy(
-            zero_copy_only=False)
-        large = np.flatnonzero(both & ~same & ~(tshape.equal(bshape) & (tshape.size <= SMALL_ELEMENTS)))
-        if not large.size:
-            return
-        at = pa.array(large, pa.int64())
+        # in Python over to_pylist(): the first numpy or Python value given to pyarrow makes it
+        # import pandas when installed (~0.3 CPU s holding the GIL), which would come here,
+        # before the workers start; to_pylist does not
+        keys = ["tensor_id", *_LOC_KEYS, "nbytes", "stats_source", "nan_count", "pos_inf_count", "neg_inf_count",
+                "min", "max"]
+        tby = {r["tensor_id"]: r for r in self.trows.select(keys).to_pylist()}
+        bby = {r["tensor_id"]: r for r in self.brows.select(keys).to_pylist()}
         items, seen = [], set()
-        for x, y in zip(t.take(at).to_pylist(), b.take(at).to_pylist()):
+        for p in pairs.to_pylist():
+            x, y = tby[p["target_tensor_id"]], bby[p["bench_tensor_id"]]
+            if x["array_path"] is None or y["array_path"] is None or x["content_hash"] == y["content_hash"]:
+                continue  # statistics, or the same bytes (_identical settles most such pairs unread)
+            if x["shape"] is not None and x["shape"] == y["shape"] and math.prod(x["shape"]) <= SMALL_ELEMENTS:
+                continue  # a small pair: the batched path
             key = _pair_key(x, y)
             if key not in seen:
                 seen.add(key)
                 items.append((key, x, y, (x["nbytes"] or 0) + (y["nbytes"] or 0)))
+        if not items:
+            return
         if sum(item[3] for item in items) >= PROCESS_MIN_BYTES:
             return  # worker processes: _compute_large
         items.sort(key=lambda item: _storage_order((0, item[1], item[2])))

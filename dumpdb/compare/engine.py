@@ -766,7 +766,8 @@ class _EarlyPairs:
     ``PROCESS_MIN_BYTES`` or more of exact pairs, or more than ``THREAD_MAX_WORKERS``
     workers, nothing starts early and :func:`_compute_large` runs as before). One driver
     thread submits the pairs in storage order with at most ``INFLIGHT_BYTES`` of payload in
-    flight, as _compute_large does; :meth:`finish` hands it the pairs it has not seen.
+    flight, as _compute_large does; :meth:`finish` merges the pairs it has not seen into
+    those not started yet, in one storage order.
     :meth:`start` then waits for numba's load (:func:`~dumpdb.compare.kernel.wait_preload`)
     before the alignment goes on: both hold the GIL, and the workers need the kernel, not
     the rest of the alignment (a first compare that compiles the kernel aligns after it)."""
@@ -777,7 +778,11 @@ class _EarlyPairs:
         self.started = False
         self._pool: ThreadPoolExecutor | None = None
         self._thread: threading.Thread | None = None
-        self._todo: deque = deque()  # lists of (key, target row, bench row, bytes); None: no more
+        # (key, target row, bench row, bytes) in storage order; the driver has submitted those
+        # before _next; finish() merges the pairs it adds into the rest and sets _closed
+        self._pending: list[tuple] = []
+        self._next = 0
+        self._closed = False
         self._results: dict[tuple, tuple[dict, str | None] | BaseException] = {}
         self._landed: list[tuple] = []  # keys in the order their results came
         self._failed: BaseException | None = None  # the driver itself failed (opening the store)
@@ -815,7 +820,7 @@ class _EarlyPairs:
             return  # worker processes: _compute_large
         items.sort(key=lambda item: _storage_order((0, item[1], item[2])))
         self._seen = seen
-        self._todo.append(items)
+        self._pending = items
         self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="dumpdb-compare")
         self._thread = threading.Thread(target=self._drive, name="dumpdb-compare-early", daemon=True)
         self.started = True
@@ -836,32 +841,34 @@ class _EarlyPairs:
                 self._cond.notify_all()
 
     def _submit_all(self) -> None:
-        """Submit what :meth:`start` and :meth:`finish` hand over, at most INFLIGHT_BYTES in
-        flight, and keep each result (or its exception) under its key."""
+        """Submit the pending pairs in order, at most INFLIGHT_BYTES in flight, and keep each
+        result (or its exception) under its key, until :meth:`finish` closed the list and all
+        are submitted, or :meth:`close`."""
         store = self.archive.store  # opened here, off the main thread (zarr's import: ~0.3 s)
         assert self._pool is not None
         inflight: deque = deque()
         inflight_bytes = 0
         while True:
             with self._cond:
-                while not (self._todo or self._stop or inflight):
+                while not (self._stop or self._next < len(self._pending) or self._closed or inflight):
                     self._cond.wait()
                 if self._stop:
                     break
-                batch = self._todo.popleft() if self._todo else []  # []: nothing new, land one
-            if batch is None:  # finish handed over the last pairs
-                break
-            if not batch:
+                item = None
+                if self._next < len(self._pending):
+                    item = self._pending[self._next]
+                    self._next += 1
+                elif self._closed:
+                    break
+            if item is None:  # nothing new yet: land what is in flight
                 inflight_bytes -= self._land(inflight.popleft())
                 continue
-            for key, x, y, size in batch:
-                while inflight and inflight_bytes + size > INFLIGHT_BYTES:
-                    inflight_bytes -= self._land(inflight.popleft())
-                if self._stop:
-                    break
-                inflight.append((key, size, self._pool.submit(_pair_in_thread, self._pool, store, _loc(x), _loc(y),
-                                                              _ranges(x, y))))
-                inflight_bytes += size
+            key, x, y, size = item
+            while inflight and inflight_bytes + size > INFLIGHT_BYTES:
+                inflight_bytes -= self._land(inflight.popleft())
+            inflight.append((key, size, self._pool.submit(_pair_in_thread, self._pool, store, _loc(x), _loc(y),
+                                                          _ranges(x, y))))
+            inflight_bytes += size
         while inflight:
             self._land(inflight.popleft())
 
@@ -889,9 +896,13 @@ class _EarlyPairs:
                 for key, (_, x, y) in zip(rows, todo) if key not in self._seen]
         computed: dict[int, tuple[dict, str | None]] = {}
         with self._cond:
-            if rest:
-                self._todo.append(rest)
-            self._todo.append(None)
+            # the pairs not started yet and the new ones in one storage order: a new pair
+            # lying among the exact ones reads its pack chunks while they are in the store's
+            # chunk cache (at the end, the Transformer pair decoded 450 MB more: 1.23x)
+            tail = self._pending[self._next:] + rest
+            tail.sort(key=lambda item: _storage_order((0, item[1], item[2])))
+            self._pending[self._next:] = tail
+            self._closed = True
             self._cond.notify_all()
         waiting, seen = set(rows), 0
         while waiting:

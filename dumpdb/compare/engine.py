@@ -40,7 +40,10 @@ tests/test_compare_stats_sql.py, tests/test_compare_align_sql.py):
   msprobe's verdicts and the precision rules then run over columns as for any compare;
 * without a mapping, the ``exact`` strategy runs as one DuckDB query
   (:func:`~dumpdb.compare.align_sql.align_exact`) and align() only when later strategies
-  have tensors left to pair.
+  have tensors left to pair;
+* the large pairs that query finds start on the worker threads while the rest of the
+  alignment runs (:class:`_EarlyPairs`: results kept by payload, taken only for a final
+  pair of the same payloads; tests/test_compare_large.py).
 
 Results as columns (issue 13): the pairs stay Arrow tables from selection to stored result
 (:func:`_pair_sides`: both sides' rows in target execution order,

@@ -19,6 +19,11 @@ shared machine the wall seconds stretch with the load; the thread CPU seconds do
 Used for issue 29's fourth round (docs/compare-kernel.md)::
 
     PYTHONPATH=. python scripts/compare_timeline.py -- compare RUN_A RUN_B -a ARCHIVE --no-store --show 0
+
+Where ``PYTHONDONTWRITEBYTECODE`` is set (as in this project's shared environment), every
+process compiles dumpdb's modules from source, ~0.25 CPU s of the imports that an installed
+dumpdb (byte-compiled by pip) does not pay; run with ``PYTHONPYCACHEPREFIX=DIR`` and without
+``PYTHONDONTWRITEBYTECODE``, once untimed, as ``bench_compare.py`` does.
 """
 
 from __future__ import annotations
@@ -113,6 +118,10 @@ def instrument() -> None:
     wrap(metrics.SplitPair, "_segment", "segment")
     wrap(metrics.SplitPair, "finish", "split.finish")
     wrap(kernel, "compiled", "kernel.compiled")
+    wrap(kernel, "wait_preload", "kernel.wait_preload")
+    if hasattr(engine, "_EarlyPairs"):  # the exact pairs started during the alignment
+        wrap(engine._EarlyPairs, "start", "early.start")
+        wrap(engine._EarlyPairs, "finish", "early.finish")
     for name in ("read", "read_many"):
         wrap(store.TensorStore, name, f"store.{name}")
     wrap(store, "decode_frame", "decode")

@@ -8,6 +8,7 @@ import threading
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 from conftest import record_pools
 from threadpoolctl import threadpool_limits
 
@@ -127,7 +128,7 @@ def test_pairs_read_ahead_stay_within_the_inflight_bytes(tmp_path, monkeypatch):
     monkeypatch.setattr(engine, "INFLIGHT_BYTES", pair)  # one pair at a time
     lock = threading.Lock()
     started, finished, ahead = [0], [0], []
-    read, finish = engine._read_pair, engine._finish
+    read, finish, land = engine._read_pair, engine._finish, engine._EarlyPairs._land
 
     def reading(store, t, b):
         with lock:
@@ -141,10 +142,67 @@ def test_pairs_read_ahead_stay_within_the_inflight_bytes(tmp_path, monkeypatch):
             finished[0] += 1
         return done
 
+    def landing(self, item):  # the exact pairs started during the alignment (_EarlyPairs)
+        done = land(self, item)
+        with lock:
+            finished[0] += 1
+        return done
+
     monkeypatch.setattr(engine, "_read_pair", reading)
     monkeypatch.setattr(engine, "_finish", finishing)
+    monkeypatch.setattr(engine._EarlyPairs, "_land", landing)
     out = compare(dumpdb.open(archive), "target", "bench", workers=2, store_results=False).results
     assert out.num_rows == 5 and started[0] == 3 and max(ahead) == 1
+
+
+def test_exact_pairs_start_during_the_alignment_and_a_repaired_pair_is_not_taken(tmp_path, monkeypatch):
+    """The exact pairs go to the worker threads while the alignment still runs
+    (_EarlyPairs, issue 29); a result is taken only for a final pair of the same payloads:
+    pairs the alignment then changes give the rows of a compare that started nothing early."""
+    archive, _, _ = _archive(tmp_path)
+    a = dumpdb.open(archive)
+    columns = [c for c in engine.RESULT_COLUMNS if c != "compare_id"]
+
+    def table(out):
+        return [repr(v) for c in columns for v in out.column(c).to_pylist()]
+
+    with monkeypatch.context() as m:
+        m.setattr(engine._EarlyPairs, "start", lambda self, pairs: None)  # nothing early: the loop after align
+        want = table(compare(a, "target", "bench", workers=2, store_results=False).results)
+
+    real_exact, read = engine.align_exact, engine._read_pair
+    read_during_alignment = threading.Event()
+
+    def reading(store, t, b):
+        read_during_alignment.set()
+        return read(store, t, b)
+
+    def exact_then_wait(*args, **kwargs):
+        found = real_exact(*args, **kwargs)
+        read_during_alignment.wait(10)  # the alignment goes on: a read must come meanwhile
+        return found
+
+    monkeypatch.setattr(engine, "_read_pair", reading)
+    monkeypatch.setattr(engine, "align_exact", exact_then_wait)
+    assert table(compare(a, "target", "bench", workers=2, store_results=False).results) == want
+    assert read_during_alignment.is_set()
+
+    def crossed(*args, on_pairs=None, **kwargs):
+        """Exact pairs each with another bench tensor (as a content check might take them
+        back), then align() decides the real pairs."""
+        def shifted(pairs):
+            bench = pairs.column("bench_tensor_id").to_pylist()
+            on_pairs(pairs.set_column(1, "bench_tensor_id", pa.array(bench[1:] + bench[:1], pa.int64())))
+        real_exact(*args, on_pairs=shifted, **kwargs)
+        return None
+
+    started = []
+    real_start = engine._EarlyPairs.start
+    monkeypatch.setattr(engine._EarlyPairs, "start", lambda self, pairs: (started.append(self),
+                                                                        real_start(self, pairs))[1])
+    monkeypatch.setattr(engine, "align_exact", crossed)
+    assert table(compare(a, "target", "bench", workers=2, store_results=False).results) == want
+    assert started and len(started[0]._seen) >= 2  # the crossed pairs were computed, and not taken
 
 
 def test_a_null_shape_and_the_0d_shape_are_different_pairs():

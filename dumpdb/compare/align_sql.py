@@ -26,7 +26,7 @@ synthetic runs.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import duckdb
 import pyarrow as pa
@@ -119,19 +119,27 @@ def _unmatched_sql(side: str, column: str) -> str:
 
 
 def align_exact(target: pa.Table, bench: pa.Table, *, group_by: Sequence[str] = (),
-                strategies: Sequence[str] = ("exact",)) -> Alignment | None:
+                strategies: Sequence[str] = ("exact",),
+                on_pairs: Callable[[pa.Table], None] | None = None) -> Alignment | None:
     """:func:`dumpdb.compare.align.align` of ``target``/``bench`` (catalog ``tensors`` rows
     with the columns align reads, ``shape`` a list of int64) when ``strategies`` (without
     ``mapping``: the caller has no mapping) start with ``exact`` and exact pairing settles
     every tensor it can (module docstring); None otherwise, and also when a column is
     missing (align treats a missing column as NULL; the caller then runs align).
 
+    ``on_pairs(pairs)``, when given, is called once with the exact rule's pairs
+    (``target_tensor_id``, ``bench_tensor_id``, int64, unordered) as soon as they are known,
+    before the content check and the unmatched tensors: the compare engine starts reading
+    and computing them while the rest of the alignment runs. Those pairs are what align()
+    pairs by ``exact`` unless its content check takes some back (a doubted pair: then this
+    returns None) or a mapping is given (then align_exact is not called).
+
     Returns an :class:`~dumpdb.compare.align.Alignment` whose ``pairs`` all have strategy
     ``exact``. Raises ValueError for a ``group_by`` column missing from a side (as align).
     """
     con = duckdb.connect()
     try:
-        left = exact_paired(con, target, bench, group_by=group_by, strategies=strategies)
+        left = exact_paired(con, target, bench, group_by=group_by, strategies=strategies, on_pairs=on_pairs)
         if left is None:
             return None
         order = ", ".join(f't."{c}" ASC NULLS LAST' for c in _ORDER)
@@ -145,7 +153,8 @@ def align_exact(target: pa.Table, bench: pa.Table, *, group_by: Sequence[str] = 
 
 def exact_paired(con: duckdb.DuckDBPyConnection, target: pa.Table, bench: pa.Table, *,
                  group_by: Sequence[str] = (), strategies: Sequence[str] = ("exact",),
-                 keep: Sequence[str] = ()) -> tuple[pa.Table, pa.Table] | None:
+                 keep: Sequence[str] = (),
+                 on_pairs: Callable[[pa.Table], None] | None = None) -> tuple[pa.Table, pa.Table] | None:
     """The work of :func:`align_exact` on the DuckDB connection ``con``, left there for more
     queries: ``target`` and ``bench`` registered as relations of the same names (the
     columns align reads, plus ``keep``), and temp table ``paired`` (``target_tensor_id``,
@@ -153,7 +162,7 @@ def exact_paired(con: duckdb.DuckDBPyConnection, target: pa.Table, bench: pa.Tab
     execution order, iteration, rank, graph_id, position, timestamp, tensor_id). Returns
     the unmatched tensors of each side (:data:`~dumpdb.compare.align.UNMATCHED_SCHEMA`), or
     None where :func:`align_exact` gives None (nothing is then left on ``con``). Raises
-    ValueError as align_exact."""
+    ValueError as align_exact. ``on_pairs``: as align_exact's."""
     run = [s for s in dict.fromkeys(strategies) if s != "mapping"]
     if not run or run[0] != "exact":
         return None
@@ -168,6 +177,8 @@ def exact_paired(con: duckdb.DuckDBPyConnection, target: pa.Table, bench: pa.Tab
         extra = (*keep, *_CHECKED)  # what the content check reads (_doubted), where the table has it
         con.register(name, table.select(list(dict.fromkeys((*cols, *(c for c in extra if c in table.column_names))))))
     _pair(con, group_by)
+    if on_pairs is not None:
+        on_pairs(con.sql("SELECT target_tensor_id, bench_tensor_id FROM paired").to_arrow_table())
     left_t = con.sql(_unmatched_sql("target", "target_tensor_id")).to_arrow_table()
     left_b = con.sql(_unmatched_sql("bench", "bench_tensor_id")).to_arrow_table()
     if (left_t.num_rows and left_b.num_rows and len(run) > 1) or \

@@ -40,7 +40,10 @@ tests/test_compare_stats_sql.py, tests/test_compare_align_sql.py):
   msprobe's verdicts and the precision rules then run over columns as for any compare;
 * without a mapping, the ``exact`` strategy runs as one DuckDB query
   (:func:`~dumpdb.compare.align_sql.align_exact`) and align() only when later strategies
-  have tensors left to pair.
+  have tensors left to pair;
+* the large pairs that query finds start on the worker threads while the rest of the
+  alignment runs (:class:`_EarlyPairs`: results kept by payload, taken only for a final
+  pair of the same payloads; tests/test_compare_large.py).
 
 Results as columns (issue 13): the pairs stay Arrow tables from selection to stored result
 (:func:`_pair_sides`: both sides' rows in target execution order,
@@ -58,7 +61,9 @@ arrays), and the precision rules' departing inputs and cancellation candidates
 from __future__ import annotations
 
 import json
+import math
 import os
+import threading
 from collections import defaultdict, deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
@@ -448,6 +453,7 @@ def compare(archive, target: str | Selection, bench: str | Selection, *, iterati
         kernel.preload()
     stats = None
     alignment: Alignment | None
+    early: _EarlyPairs | None = None
     try:
         if statistics_only and not mapping_dict:  # align, sides and metrics in DuckDB (stats_pairs)
             stats = statistics_pairs(trows, brows, group_by=_group_by(tsel, bsel), strategies=strategies,
@@ -459,39 +465,52 @@ def compare(archive, target: str | Selection, bench: str | Selection, *, iterati
             # the exact strategy in SQL when it settles the alignment (align_sql), else align();
             # not again when statistics_pairs just found it does not (align gives the same pairs)
             tried = statistics_only and not mapping_dict
-            alignment = None if mapping_dict or tried else align_exact(trows, brows, group_by=_group_by(tsel, bsel),
-                                                                       strategies=strategies)
+            if not (mapping_dict or tried or statistics_only or scheduler is not None or mode == "statistics"):
+                # the exact pairs go to the worker threads as soon as the SQL finds them, while the
+                # content check and align() run (_EarlyPairs: results by payload, so the same bits)
+                early = _EarlyPairs(archive, trows, brows, workers)
+            alignment = None if mapping_dict or tried else align_exact(
+                trows, brows, group_by=_group_by(tsel, bsel), strategies=strategies,
+                on_pairs=early.start if early is not None else None)
             if alignment is None:
                 alignment = align(trows, brows, group_by=_group_by(tsel, bsel), mapping=mapping_dict,
                                   strategies=strategies)
-    except ValueError as exc:
-        raise DumpdbError(f"compare: {exc}") from exc
-    if stats is None:
-        t, b, strategy, realigned = _pair_sides(trows, brows, alignment.pairs)
-    else:
-        realigned = _one_chunk(alignment.pairs.column("realigned"))
-    trows_names, brows_names = _leaf_names(trows, alignment.suspects, ("target_tensor_id",)), \
-        _leaf_names(brows, alignment.suspects, ("bench_tensor_id", "better_bench_tensor_id"))
-    # what the precision rules' producers need of the whole target selection (nothing when
-    # no target tensor has a payload: no input then has a producer); the rest goes
-    trows = trows.select(["tensor_id", "io", "content_hash", "op_name", "iteration", "rank", "graph_id", "position",
-                          "timestamp", "call_index", "slot"])
-    if trows.column("content_hash").null_count == trows.num_rows:
-        trows = trows.schema.empty_table()  # not a slice: that would keep the whole columns alive
-    del brows
-    release_free_memory()
-    arg_diff = None
-    if stats is not None:
-        res = _statistics_columns(stats[3], progress)
-        del stats, metrics
-    elif mode == "statistics" or (mode == "auto" and not (_valid(t.column("content_hash"))
-                                                           & _valid(b.column("content_hash"))).any()):
-        res = _compute_statistics_only(t, b, progress)  # no payload to read: the store is not opened
-    else:
-        # the arg_diff column (catalog queries, DuckDB: off the GIL) while the payloads are compared
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="dumpdb-compare-args") as side, quiet_gc():
-            arg_diff = side.submit(_arg_diff, archive, tsel, bsel, t, b)
-            res = _compute(archive, t, b, mode, workers, progress, scheduler)
+    except BaseException as exc:
+        if early is not None:
+            early.close()
+        if isinstance(exc, ValueError):
+            raise DumpdbError(f"compare: {exc}") from exc
+        raise
+    try:
+        if stats is None:
+            t, b, strategy, realigned = _pair_sides(trows, brows, alignment.pairs)
+        else:
+            realigned = _one_chunk(alignment.pairs.column("realigned"))
+        trows_names, brows_names = _leaf_names(trows, alignment.suspects, ("target_tensor_id",)), \
+            _leaf_names(brows, alignment.suspects, ("bench_tensor_id", "better_bench_tensor_id"))
+        # what the precision rules' producers need of the whole target selection (nothing when
+        # no target tensor has a payload: no input then has a producer); the rest goes
+        trows = trows.select(["tensor_id", "io", "content_hash", "op_name", "iteration", "rank", "graph_id", "position",
+                              "timestamp", "call_index", "slot"])
+        if trows.column("content_hash").null_count == trows.num_rows:
+            trows = trows.schema.empty_table()  # not a slice: that would keep the whole columns alive
+        del brows
+        release_free_memory()
+        arg_diff = None
+        if stats is not None:
+            res = _statistics_columns(stats[3], progress)
+            del stats, metrics
+        elif mode == "statistics" or (mode == "auto" and not (_valid(t.column("content_hash"))
+                                                               & _valid(b.column("content_hash"))).any()):
+            res = _compute_statistics_only(t, b, progress)  # no payload to read: the store is not opened
+        else:
+            # the arg_diff column (catalog queries, DuckDB: off the GIL) while the payloads are compared
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="dumpdb-compare-args") as side, quiet_gc():
+                arg_diff = side.submit(_arg_diff, archive, tsel, bsel, t, b)
+                res = _compute(archive, t, b, mode, workers, progress, scheduler, early)
+    finally:
+        if early is not None:
+            early.close()  # what it started and nobody took (all pairs identical, or an error)
     kernel.wait_preload()  # loaded by now unless no pair needed it (all identical, statistics)
     view = _view(t, b, strategy, res)
     view.context["realigned"] = realigned
@@ -594,13 +613,8 @@ def _pair_sides(trows: pa.Table, brows: pa.Table,
     """Both sides' rows of the aligned pairs (``pairs``: target_tensor_id, bench_tensor_id,
     match_strategy, realigned), their strategies and realigned flags, in target execution
     order (:func:`~dumpdb.compare.columns.execution_order` over the paired target rows)."""
-    def positions(ids, wanted) -> np.ndarray:
-        have = ints(ids, -1)
-        sorter = np.argsort(have, kind="stable")
-        return sorter[np.searchsorted(have, ints(wanted, -1), sorter=sorter)]
-
-    tpos = positions(trows.column("tensor_id"), pairs.column("target_tensor_id"))
-    bpos = positions(brows.column("tensor_id"), pairs.column("bench_tensor_id"))
+    tpos = _positions(trows.column("tensor_id"), pairs.column("target_tensor_id"))
+    bpos = _positions(brows.column("tensor_id"), pairs.column("bench_tensor_id"))
     order = execution_order(trows.select(list(ORDER_KEYS)).take(tpos))
 
     def rows(table: pa.Table, at: np.ndarray, side: int) -> pa.Table:
@@ -642,10 +656,11 @@ _NO_PAYLOAD = "no payload on one side: statistics compared instead"
 
 
 def _compute(archive, t: pa.Table, b: pa.Table, mode: str, workers, progress,
-             scheduler: str | None = None) -> ResultColumns:
+             scheduler: str | None = None, early: _EarlyPairs | None = None) -> ResultColumns:
     """Metric columns of the pairs ``t[i]``/``b[i]`` (plus ``mode`` per pair in
     ``res.mode``): statistics pairs in one DuckDB query, identical payloads from the
-    definitions, small pairs batched, the rest one by one in a pool."""
+    definitions, small pairs batched, the rest one by one in a pool (``early``'s, when the
+    exact pairs were started during the alignment)."""
     n = t.num_rows
     res = ResultColumns(n, (*TENSOR_METRICS, *STAT_METRICS, "flat_euc_dist", *_plugin_metrics()))
     workers = workers or os.cpu_count() or 2
@@ -692,7 +707,10 @@ def _compute(archive, t: pa.Table, b: pa.Table, mode: str, workers, progress,
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="dumpdb-compare-small") as helper, \
             threadpool_limits(1, user_api="blas"):
         smalls = helper.submit(lambda: list(_small_batches(archive.store, t, b, small, small_sizes)))
-        done = _compute_large(archive, t, b, large, mode, workers, fast, res, done, progress)
+        if early is not None and early.started and fast:
+            done = early.finish(t, b, large, res, done, progress)
+        else:
+            done = _compute_large(archive, t, b, large, mode, workers, fast, res, done, progress)
         for rows, metrics in smalls.result():
             _put_small(res, rows, metrics)
             done += rows.size
@@ -733,6 +751,207 @@ def _compute_large(archive, t: pa.Table, b: pa.Table, large: np.ndarray, mode: s
     if progress and repeats:
         progress(done, n)
     return done
+
+
+class _EarlyPairs:
+    """The large pairs of the ``exact`` strategy, read and computed on the worker threads
+    from the moment :func:`~dumpdb.compare.align_sql.align_exact` finds them, while its
+    content check, align() and the planning run on the main thread (issue 29: ~0.6 s of
+    alignment before the pair loop, the second core idle).
+
+    A result is kept under its :func:`_pair_key` (both payloads, dtypes, shapes and the
+    catalog ranges: everything a large pair's metrics depend on), and
+    :meth:`finish` takes a final pair's metrics from there only for a pair of the same key:
+    the same inputs to the same :func:`_pair_in_thread`, so the same bits whatever the
+    alignment decides later. A pair the content check or a later strategy re-pairs is then
+    computed as any pair; the early one is dropped (wasted work, never a wrong row).
+
+    Only on the thread path without plug-in metrics (:func:`_pool`'s threads; with
+    ``PROCESS_MIN_BYTES`` or more of exact pairs, or more than ``THREAD_MAX_WORKERS``
+    workers, nothing starts early and :func:`_compute_large` runs as before). One driver
+    thread submits the pairs in storage order with at most ``INFLIGHT_BYTES`` of payload in
+    flight, as _compute_large does; :meth:`finish` merges the pairs it has not seen into
+    those not started yet, in one storage order.
+    :meth:`start` then waits for numba's load (:func:`~dumpdb.compare.kernel.wait_preload`)
+    before the alignment goes on: both hold the GIL, and the workers need the kernel, not
+    the rest of the alignment (a first compare that compiles the kernel aligns after it)."""
+
+    def __init__(self, archive, trows: pa.Table, brows: pa.Table, workers: int | None) -> None:
+        self.archive, self.trows, self.brows = archive, trows, brows
+        self.workers = workers or os.cpu_count() or 2
+        self.started = False
+        self._pool: ThreadPoolExecutor | None = None
+        self._thread: threading.Thread | None = None
+        # (key, target row, bench row, bytes) in storage order; the driver has submitted those
+        # before _next; finish() merges the pairs it adds into the rest and sets _closed
+        self._pending: list[tuple] = []
+        self._next = 0
+        self._closed = False
+        self._results: dict[tuple, tuple[dict, str | None] | BaseException] = {}
+        self._landed: list[tuple] = []  # keys in the order their results came
+        self._failed: BaseException | None = None  # the driver itself failed (opening the store)
+        self._seen: set[tuple] = set()  # keys handed to the driver
+        self._cond = threading.Condition()
+        self._stop = False
+
+    def start(self, pairs: pa.Table) -> None:
+        """Start the large pairs among ``pairs`` (target_tensor_id, bench_tensor_id) that may
+        need reading: both payloads stored, not the same bytes, more than ``SMALL_ELEMENTS``
+        elements or other shapes (:func:`_compute`'s split)."""
+        if registry.metrics("tensor", builtin=False) or self.workers > THREAD_MAX_WORKERS:
+            return
+        # in Python over to_pylist(): the first numpy or Python value given to pyarrow makes it
+        # import pandas when installed (~0.3 CPU s holding the GIL), which would come here,
+        # before the workers start; to_pylist does not
+        keys = ["tensor_id", *_LOC_KEYS, "nbytes", "stats_source", "nan_count", "pos_inf_count", "neg_inf_count",
+                "min", "max"]
+        tby = {r["tensor_id"]: r for r in self.trows.select(keys).to_pylist()}
+        bby = {r["tensor_id"]: r for r in self.brows.select(keys).to_pylist()}
+        items, seen = [], set()
+        for p in pairs.to_pylist():
+            x, y = tby[p["target_tensor_id"]], bby[p["bench_tensor_id"]]
+            if x["array_path"] is None or y["array_path"] is None or x["content_hash"] == y["content_hash"]:
+                continue  # statistics, or the same bytes (_identical settles most such pairs unread)
+            if x["shape"] is not None and x["shape"] == y["shape"] and math.prod(x["shape"]) <= SMALL_ELEMENTS:
+                continue  # a small pair: the batched path
+            key = _pair_key(x, y)
+            if key not in seen:
+                seen.add(key)
+                items.append((key, x, y, (x["nbytes"] or 0) + (y["nbytes"] or 0)))
+        if not items:
+            return
+        if sum(item[3] for item in items) >= PROCESS_MIN_BYTES:
+            return  # worker processes: _compute_large
+        items.sort(key=lambda item: _storage_order((0, item[1], item[2])))
+        self._seen = seen
+        self._pending = items
+        self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="dumpdb-compare")
+        self._thread = threading.Thread(target=self._drive, name="dumpdb-compare-early", daemon=True)
+        self.started = True
+        self._thread.start()
+        # The workers can read now but compute nothing before numba is loaded (kernel.preload,
+        # ~0.7 CPU s holding the GIL); the rest of the alignment (content check, align(): ~0.6
+        # CPU s, also mostly holding it) would share the GIL with that load and delay the
+        # kernel by as much. It runs after the load instead, beside the pair loop, whose
+        # reading and kernel release the GIL.
+        kernel.wait_preload()
+
+    def _drive(self) -> None:
+        try:
+            self._submit_all()
+        except BaseException as exc:  # raised by finish
+            with self._cond:
+                self._failed = exc
+                self._cond.notify_all()
+
+    def _submit_all(self) -> None:
+        """Submit the pending pairs in order, at most INFLIGHT_BYTES in flight, and keep each
+        result (or its exception) under its key, until :meth:`finish` closed the list and all
+        are submitted, or :meth:`close`."""
+        store = self.archive.store  # opened here, off the main thread (zarr's import: ~0.3 s)
+        assert self._pool is not None
+        inflight: deque = deque()
+        inflight_bytes = 0
+        while True:
+            with self._cond:
+                while not (self._stop or self._next < len(self._pending) or self._closed or inflight):
+                    self._cond.wait()
+                if self._stop:
+                    break
+                item = None
+                if self._next < len(self._pending):
+                    item = self._pending[self._next]
+                    self._next += 1
+                elif self._closed:
+                    break
+            if item is None:  # nothing new yet: land what is in flight
+                inflight_bytes -= self._land(inflight.popleft())
+                continue
+            key, x, y, size = item
+            while inflight and inflight_bytes + size > INFLIGHT_BYTES:
+                inflight_bytes -= self._land(inflight.popleft())
+            inflight.append((key, size, self._pool.submit(_pair_in_thread, self._pool, store, _loc(x), _loc(y),
+                                                          _ranges(x, y))))
+            inflight_bytes += size
+        while inflight:
+            self._land(inflight.popleft())
+
+    def _land(self, item) -> int:
+        key, size, future = item
+        try:
+            found = future.result()
+            one: tuple[dict, str | None] | BaseException = found.result() if isinstance(found, _Segments) else found
+        except BaseException as exc:  # raised where a final pair asks for it (finish)
+            one = exc
+        with self._cond:
+            self._results[key] = one
+            self._landed.append(key)
+            self._cond.notify_all()
+        return size
+
+    def finish(self, t: pa.Table, b: pa.Table, large: np.ndarray, res: ResultColumns, done: int, progress) -> int:
+        """:func:`_compute_large` with the early results: the final large pairs whose key the
+        driver has are taken from it (waiting for them), the others handed to it now.
+        Returns ``done``."""
+        n = res.n
+        todo, repeats = _plan_large(t, b, large, True)  # one pair per key: repeats take its metrics
+        rows = {_pair_key(x, y): i for i, x, y in todo}
+        rest = [(key, x, y, (x["nbytes"] or 0) + (y["nbytes"] or 0))
+                for key, (_, x, y) in zip(rows, todo) if key not in self._seen]
+        computed: dict[int, tuple[dict, str | None]] = {}
+        with self._cond:
+            # the pairs not started yet and the new ones in one storage order: a new pair
+            # lying among the exact ones reads its pack chunks while they are in the store's
+            # chunk cache (at the end, the Transformer pair decoded 450 MB more: 1.23x)
+            tail = self._pending[self._next:] + rest
+            tail.sort(key=lambda item: _storage_order((0, item[1], item[2])))
+            self._pending[self._next:] = tail
+            self._closed = True
+            self._cond.notify_all()
+        waiting, seen = set(rows), 0
+        while waiting:
+            with self._cond:
+                while seen == len(self._landed) and self._failed is None:
+                    self._cond.wait()
+                if self._failed is not None and seen == len(self._landed):
+                    raise self._failed
+                ready = [k for k in self._landed[seen:] if k in waiting]
+                seen = len(self._landed)
+            for key in ready:
+                waiting.discard(key)
+                one = self._results[key]
+                if isinstance(one, BaseException):
+                    raise one
+                computed[rows[key]] = one
+                res.put_row(rows[key], *one)
+                done += 1
+            if progress:
+                progress(done, n)
+        for i, lead in repeats:
+            res.put_row(i, *computed[lead])
+            done += 1
+        if progress and repeats:
+            progress(done, n)
+        return done
+
+    def close(self) -> None:
+        """Stop the driver (what it has in flight finishes) and the worker threads."""
+        if not self.started:
+            return
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        assert self._thread is not None and self._pool is not None
+        self._thread.join()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self.started = False
+
+
+def _positions(ids, wanted) -> np.ndarray:
+    """Row of each of ``wanted`` in ``ids`` (tensor ids; every wanted id is there)."""
+    have = ints(ids, -1)
+    sorter = np.argsort(have, kind="stable")
+    return sorter[np.searchsorted(have, ints(wanted, -1), sorter=sorter)]
 
 
 def _plan_large(t: pa.Table, b: pa.Table, large: np.ndarray, fast: bool) -> tuple[list, list]:

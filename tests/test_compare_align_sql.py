@@ -11,8 +11,8 @@ from conftest import ms_case
 
 import dumpdb
 import dumpdb.compare.engine as engine
-from dumpdb.compare.align import STRATEGIES, align
 from dumpdb.compare import align_sql
+from dumpdb.compare.align import STRATEGIES, align
 from dumpdb.compare.align_sql import align_exact
 from dumpdb.compare.engine import Selection
 

@@ -170,9 +170,9 @@ def test_pair_rows_found_by_tensor_id(ids):
 
 
 def test_pair_rows_taken_as_slices_where_they_run_in_order():
-    """stats_pairs._take gives table.take's rows (values, types, row count) for rows in a
-    few runs of consecutive rows (zero-copy slices: the result's buffers are the table's),
-    a shuffle, every row but one (the runs still cover nine tenths), too few rows, and none."""
+    """stats_pairs._take gives table.take's rows (values, types, row count), one chunk per
+    column, for rows in a few runs of consecutive rows (slices concatenated), a shuffle,
+    every row but one (the runs still cover nine tenths), too few rows, and none."""
     from dumpdb.compare.stats_pairs import _take
 
     n = 3000
@@ -188,7 +188,4 @@ def test_pair_rows_taken_as_slices_where_they_run_in_order():
         rows = rows.astype(np.int64)
         got = _take(table, rows)
         assert got.schema == table.schema and got.equals(table.take(pa.array(rows))), name
-    sliced = _take(table, runs)
-    assert sliced.column("op_name").num_chunks > 1  # slices, not a copy
-    first = sliced.column("tensor_id").chunk(0)
-    assert first.buffers()[1].address == table.column("tensor_id").chunk(0).buffers()[1].address
+        assert all(column.num_chunks <= 1 for column in got.columns), name

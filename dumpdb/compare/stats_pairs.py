@@ -91,18 +91,20 @@ def statistics_pairs(target: pa.Table, bench: pa.Table, *, group_by: Sequence[st
 
 
 def _take(table: pa.Table, rows: np.ndarray) -> pa.Table:
-    """``table.take(rows)`` (``rows``: int64 row numbers). When ``rows`` are at most
-    :data:`_RUNS` runs of consecutive rows covering nine tenths of the table or more (the
-    pairs nearly in the side's row order, every row paired: the usual run-to-run case), the
-    result is zero-copy slices of ``table`` concatenated (other chunks, the same values):
-    a take copies every column, 1 CPU s for both sides' 56 columns at 500,000 pairs."""
+    """``table.take(rows)`` (``rows``: int64 row numbers), one chunk per column. When
+    ``rows`` are at most :data:`_RUNS` runs of consecutive rows covering nine tenths of the
+    table or more (the pairs nearly in the side's row order, every row paired: the usual
+    run-to-run case), slices of ``table`` concatenated into one chunk each (a copy of
+    whole buffers, no gather per element: 0.1-0.5 CPU s against take's 0.8-1.1 for the
+    target's 33 columns at 500,000 pairs). One chunk, as take gives: the engine reads each
+    column as one array (a second copy otherwise, with the side's rows still alive)."""
     n = rows.size
     breaks = np.flatnonzero(np.diff(rows) != 1) + 1 if n else np.zeros(0, np.int64)
     if n == 0 or breaks.size >= _RUNS or 10 * n < 9 * table.num_rows:
         return table.take(pa.array(rows, pa.int64()))
     starts = np.concatenate(([0], breaks))
     ends = np.concatenate((breaks, [n]))
-    return pa.concat_tables([table.slice(int(rows[s]), int(e - s)) for s, e in zip(starts, ends)])
+    return pa.concat_tables([table.slice(int(rows[s]), int(e - s)) for s, e in zip(starts, ends)]).combine_chunks()
 
 
 _RUNS = 64  # _take: at most this many runs of consecutive rows go as slices

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import duckdb
 import pyarrow as pa
 import pytest
 from conftest import ms_case
 
 import dumpdb
 import dumpdb.compare.engine as engine
+from dumpdb.compare import align_sql
 from dumpdb.compare.align import STRATEGIES, align
 from dumpdb.compare.align_sql import align_exact
 from dumpdb.compare.engine import Selection
@@ -245,3 +247,47 @@ def test_family_count_still_checked_when_every_tensor_pairs_but_an_op_type_diffe
     assert same is not None and same.pairs.num_rows == 2
     _same(same, align(target, side(["Add", "Add"], 10)))
     assert align_exact(target, side(["Add", "Cast"], 10)) is None
+
+
+def test_keys_held_once_on_both_sides_pair_by_one_join():
+    """Every key met on both sides held once on each (align_sql._pair's one join, no
+    grouping): -opN names still need equal element counts, NULL op names and slots pair,
+    a key on one side only stays unpaired; the same answer as align. A key held 40 times on
+    both sides (1,600 joined rows, more than either side's rows) leaves the join for the
+    execution-order rule, still align's answer."""
+    target = _rows([("Net/Add-op1", "output", 0, [2, 3], 0, 50), ("Net/Mul-op2", "output", 0, [6], 0, 40),
+                    ("relu", "input", 0, [4], 0, 30), (None, "output", None, [1], 0, 10),
+                    ("only_target", "output", 0, [1], 0, 5)], 100)
+    bench = _rows([("Net/Add-op1", "output", 0, [7], 0, 1), ("Net/Mul-op2", "output", 0, [3, 2], 0, 2),
+                   ("relu", "input", 0, [4], 0, 3), (None, "output", None, [2], 0, 4),
+                   ("only_bench", "output", 0, [1], 0, 5)], 500)
+    queries: list[str] = []
+
+    class Recording:  # the real connection, recording the statements run on it
+        def __init__(self, con):
+            self.con = con
+
+        def execute(self, sql, *args):
+            queries.append(sql)
+            return self.con.execute(sql, *args)
+
+        def __getattr__(self, name):
+            return getattr(self.con, name)
+
+    for group_by in ((), ("iteration",)):
+        got = align_exact(target, bench, group_by=group_by)
+        assert got is not None
+        _same(got, align(target, bench, group_by=group_by, strategies=("exact",)))
+        assert got.pairs.num_rows == 3 and got.unmatched_target.num_rows == 2
+        queries.clear()
+        con = duckdb.connect()
+        assert align_sql.exact_paired(Recording(con), target, bench, group_by=group_by) is not None
+        made = [q for q in queries if "CREATE TEMP TABLE paired" in q]
+        assert len(made) == 1 and "GROUP BY" not in made[0] and "OVER" not in made[0]
+        assert con.sql("SELECT count(*) FROM paired").fetchall()[0][0] == 3
+        con.close()
+    many_t = _rows([("loop", "output", 0, [4], 0, 100 - k) for k in range(40)], 100)
+    many_b = _rows([("loop", "output", 0, [4], 0, k) for k in range(40)], 500)
+    got = align_exact(many_t, many_b)
+    assert got is not None and got.pairs.num_rows == 40
+    _same(got, align(many_t, many_b, strategies=("exact",)))

@@ -167,3 +167,25 @@ def test_pair_rows_found_by_tensor_id(ids):
     for absent in (missing, int(have.max()) + 1, int(have.min()) - 1):
         with pytest.raises(ValueError, match="not among"):
             _positions(column, pa.chunked_array([pa.array([int(have[0]), absent], pa.int64())]))
+
+
+def test_pair_rows_taken_as_slices_where_they_run_in_order():
+    """stats_pairs._take gives table.take's rows (values, types, row count), one chunk per
+    column, for rows in a few runs of consecutive rows (slices concatenated), a shuffle,
+    every row but one (the runs still cover nine tenths), too few rows, and none."""
+    from dumpdb.compare.stats_pairs import _take
+
+    n = 3000
+    table = pa.table({"tensor_id": pa.chunked_array([pa.array(np.arange(1000)), pa.array(np.arange(1000, n))]),
+                      "op_name": pa.chunked_array([pa.array([f"op{k}" for k in range(1000)]),
+                                                   pa.array([None if k % 7 == 0 else f"op{k}" for k in range(1000, n)])]),
+                      "shape": pa.array([[k % 5, 2] for k in range(n)], pa.list_(pa.int64()))})
+    rng = np.random.default_rng(5)
+    runs = np.concatenate([np.arange(0, 900), np.arange(1500, n), np.arange(900, 1500)])
+    cases = {"runs": runs, "shuffled": rng.permutation(n), "all but one": np.delete(np.arange(n), 1234),
+             "a tenth": np.arange(0, 300), "none": np.zeros(0, np.int64)}
+    for name, rows in cases.items():
+        rows = rows.astype(np.int64)
+        got = _take(table, rows)
+        assert got.schema == table.schema and got.equals(table.take(pa.array(rows))), name
+        assert all(column.num_chunks <= 1 for column in got.columns), name

@@ -52,9 +52,10 @@ _FINITE = " AND ".join(f"isfinite({c})" for c in ("tl", "bl", "tm", "bm", "tn", 
 _NEEDED = ("tensor_id", "op_name", "scope_name", "shape", "io", "slot", "slot_path", "arg_name", *_ORDER)
 
 
-def _keyed_sql(name: str, group_by: Sequence[str]) -> str:
-    """CTE ``{name}_o``: each row's id, key (with ``size``) and execution order columns."""
-    carried = ", ".join(f'"{k}"' for k in dict.fromkeys(("tensor_id", *group_by, *_KEY, *_ORDER)) if k != "size")
+def _keyed_sql(name: str, group_by: Sequence[str], extra: Sequence[str] = ()) -> str:
+    """CTE ``{name}_o``: each row's id, key (with ``size``), execution order columns and ``extra``."""
+    carried = ", ".join(f'"{k}"' for k in dict.fromkeys(("tensor_id", *group_by, *_KEY, *_ORDER, *extra))
+                        if k != "size")
     return f"""
     {name}_o AS (
       SELECT {carried}, CASE WHEN op_name IS NOT NULL AND shape IS NOT NULL
@@ -87,18 +88,77 @@ def _sql(group_by: Sequence[str]) -> str:
     """
 
 
-def _pair(con: duckdb.DuckDBPyConnection, group_by: Sequence[str]) -> None:
-    """Temp table ``paired`` of the exact rule (module docstring). When no key is held by
-    two or more tensors on both sides (msprobe record keys of one iteration: the usual
-    case) the rule pairs the keys held once on both sides: one grouping per side gives
-    them, without the execution-order window (half its CPU on 100,000 tensors);
-    otherwise :func:`_sql` (a key held twice on one side only pairs nothing either way)."""
-    keys = ", ".join(f'"{k}"' for k in (*group_by, *_KEY))
+def _check_sql(dtype: bool) -> str:
+    """Select-list ``wrong, other_op`` of a pair whose target row is ``t`` and bench row
+    ``b`` (columns shape, l2norm, mean, min, max, graph_id, op_type; dtype if ``dtype``):
+    ``wrong``, the pair looks wrong (other shape or dtype, align's form, a superset of its
+    dtype class; or :func:`~dumpdb.compare.align.stat_distance`'s formula above
+    :data:`~dumpdb.compare.align.LOOKS_WRONG`; NULL or non-finite: unknown, not wrong;
+    both L2 norms 0 with other statistics: 1.0); ``other_op``, another graph_id or op_type
+    (see :func:`_doubted`)."""
+    l2 = "greatest(abs(t.l2norm), abs(b.l2norm))"
+    scale = f"({l2} / sqrt(greatest(coalesce(list_aggregate(t.shape, 'product'), 1), 1)))"
+    finite = " AND ".join(f"isfinite({a}.{c})" for c in ("l2norm", "mean", "min", "max") for a in "tb")
+    other_dtype = " OR t.dtype IS DISTINCT FROM b.dtype" if dtype else ""
+    return f"""coalesce(t.shape IS DISTINCT FROM b.shape{other_dtype} OR (
+                 {finite} AND CASE WHEN {l2} = 0
+                   THEN (t.mean, t.min, t.max) IS DISTINCT FROM (b.mean, b.min, b.max)
+                   ELSE greatest(abs(t.l2norm - b.l2norm) / {l2}, abs(t.mean - b.mean) / {scale},
+                                 abs(t.min - b.min) / {scale}, abs(t.max - b.max) / {scale}) > {LOOKS_WRONG} END),
+                 false) AS wrong,
+               t.graph_id IS DISTINCT FROM b.graph_id OR t.op_type IS DISTINCT FROM b.op_type AS other_op"""
+
+
+def _checks(con: duckdb.DuckDBPyConnection) -> tuple[tuple[str, ...], bool] | None:
+    """What :func:`_check_sql` reads and whether a dtype is on both sides, when both
+    registered sides have op_type and the four statistics (the full content check of
+    :func:`_doubted`); None otherwise."""
+    have = [set(con.sql(f"SELECT * FROM {name} LIMIT 0").columns) for name in ("target", "bench")]
+    read = ("shape", "graph_id", "op_type", "l2norm", "mean", "min", "max")
+    if not all(c in cols for c in read for cols in have):
+        return None
+    dtype = all("dtype" in cols for cols in have)
+    return (*read, *(("dtype",) if dtype else ())), dtype
+
+
+def _pair(con: duckdb.DuckDBPyConnection, group_by: Sequence[str], rows: tuple[int, int]) -> int:
+    """Temp table ``paired`` of the exact rule (module docstring); returns its number of
+    rows. ``rows``: the number of rows of target and bench.
+
+    First one join of the two sides on the key, cut at ``min(rows) + 1`` rows (so that a
+    key held by many tensors on both sides costs no product of their numbers). A key held
+    by n_t target and n_b bench tensors (both at least 1) gives n_t * n_b joined rows with
+    n_t distinct target and n_b distinct bench ids (a tensor has one key, ``tensor_id`` is
+    unique on a side); summed over the keys, the row count equals both distinct counts only
+    if every n_t * n_b = n_t = n_b, that is every key met on both sides is held once on
+    each: then the rule pairs exactly the joined rows (keys held on one side only pair
+    nothing either way), the usual case (msprobe record keys of one iteration), one hash
+    join instead of a grouping per side and a join (about half the CPU on 500,000 pairs).
+    Otherwise, when no key is held by two or more tensors on both sides, the rule pairs the
+    keys held once on both sides (one grouping per side gives them, without the
+    execution-order window); otherwise :func:`_sql`.
+
+    The one join also gives each pair's ``wrong`` and ``other_op`` (:func:`_check_sql`)
+    where :func:`_doubted` reads them (:func:`_checks`): its content check then needs no
+    second join of the pairs with both sides."""
     on = " AND ".join(f't."{k}" IS NOT DISTINCT FROM b."{k}"' for k in (*group_by, *_KEY))
+    checks = _checks(con)
+    read, check = (checks[0], f", {_check_sql(checks[1])}") if checks else ((), "")
+    con.execute(f"""CREATE TEMP TABLE paired AS
+                    WITH {_keyed_sql('target', group_by, read)}, {_keyed_sql('bench', group_by, read)}
+                    SELECT t.tensor_id AS target_tensor_id, b.tensor_id AS bench_tensor_id{check}
+                    FROM target_o t JOIN bench_o b ON {on} LIMIT {min(rows) + 1}""")
+    n, nt, nb = con.sql("SELECT count(*), count(DISTINCT target_tensor_id), count(DISTINCT bench_tensor_id) "
+                        "FROM paired").fetchall()[0]
+    if n == nt == nb and n <= min(rows):
+        return int(n)
+    con.execute("DROP TABLE paired")
+    sides = f"{_keyed_sql('target', group_by)}, {_keyed_sql('bench', group_by)}"
+    keys = ", ".join(f'"{k}"' for k in (*group_by, *_KEY))
     once = ", ".join(f"""{side}_n AS (SELECT {keys}, count(*) AS n, any_value(tensor_id) AS tensor_id
                                   FROM {side}_o GROUP BY ALL)""" for side in ("target", "bench"))
     con.execute(f"""CREATE TEMP TABLE paired AS
-                    WITH {_keyed_sql("target", group_by)}, {_keyed_sql("bench", group_by)}, {once}
+                    WITH {sides}, {once}
                     SELECT t.tensor_id AS target_tensor_id, b.tensor_id AS bench_tensor_id, t.n
                     FROM target_n t JOIN bench_n b ON {on} AND t.n = b.n""")
     # a key held by as many tensors (two or more) on both sides: pairs in execution order
@@ -107,6 +167,7 @@ def _pair(con: duckdb.DuckDBPyConnection, group_by: Sequence[str]) -> None:
         con.execute(_sql(group_by))
     else:
         con.execute("ALTER TABLE paired DROP COLUMN n")
+    return int(con.sql("SELECT count(*) FROM paired").fetchall()[0][0])
 
 
 def _unmatched_sql(side: str, column: str) -> str:
@@ -176,11 +237,12 @@ def exact_paired(con: duckdb.DuckDBPyConnection, target: pa.Table, bench: pa.Tab
     for name, table in (("target", target), ("bench", bench)):
         extra = (*keep, *_CHECKED)  # what the content check reads (_doubted), where the table has it
         con.register(name, table.select(list(dict.fromkeys((*cols, *(c for c in extra if c in table.column_names))))))
-    _pair(con, group_by)
+    n = _pair(con, group_by, (target.num_rows, bench.num_rows))
     if on_pairs is not None:
         on_pairs(con.sql("SELECT target_tensor_id, bench_tensor_id FROM paired").to_arrow_table())
-    left_t = con.sql(_unmatched_sql("target", "target_tensor_id")).to_arrow_table()
-    left_b = con.sql(_unmatched_sql("bench", "bench_tensor_id")).to_arrow_table()
+    # a side whose every row is paired has nothing left: no query (the usual case)
+    left_t, left_b = (con.sql(_unmatched_sql(side, f"{side}_tensor_id")).to_arrow_table() if n < table.num_rows
+                      else UNMATCHED_SCHEMA.empty_table() for side, table in (("target", target), ("bench", bench)))
     if (left_t.num_rows and left_b.num_rows and len(run) > 1) or \
             _doubted(con, group_by, all_paired=not left_t.num_rows and not left_b.num_rows):
         con.execute("DROP TABLE paired")
@@ -216,32 +278,20 @@ def _doubted(con: duckdb.DuckDBPyConnection, group_by: Sequence[str], all_paired
             con.sql("SELECT count(*) FROM paired p JOIN target t ON t.tensor_id = p.target_tensor_id "
                     "JOIN bench b ON b.tensor_id = p.bench_tensor_id "
                     "WHERE t.shape IS DISTINCT FROM b.shape").fetchall()[0][0] > 0
-    # pairs that look wrong: other shape or dtype (align's form, a superset of its dtype
-    # class), or stat_distance > LOOKS_WRONG (align.stat_distance's formula; NULL or
-    # non-finite: unknown, not wrong; both L2 norms 0 with other statistics: 1.0); and,
-    # in the same join, pairs of another graph_id or op_type (other_op: see all_paired)
-    dtype = "t.dtype AS td, b.dtype AS bd," if all("dtype" in have[side] for side in have) else \
-        "NULL AS td, NULL AS bd,"
-    con.execute(f"""
-        CREATE TEMP TABLE checked AS
-        WITH x AS (
-          SELECT p.target_tensor_id, p.bench_tensor_id, {dtype}
-                 t.shape AS ts, b.shape AS bs, t.l2norm AS tl, b.l2norm AS bl, t.mean AS tm, b.mean AS bm,
-                 t.min AS tn, b.min AS bn, t.max AS tx, b.max AS bx,
-                 greatest(abs(t.l2norm), abs(b.l2norm)) AS l2,
-                 greatest(coalesce(list_aggregate(t.shape, 'product'), 1), 1) AS k,
-                 t.graph_id IS DISTINCT FROM b.graph_id OR t.op_type IS DISTINCT FROM b.op_type AS other_op
-          FROM paired p JOIN target t ON t.tensor_id = p.target_tensor_id
-          JOIN bench b ON b.tensor_id = p.bench_tensor_id),
-        y AS (
-          SELECT target_tensor_id, bench_tensor_id, other_op,
-                 coalesce(ts IS DISTINCT FROM bs OR td IS DISTINCT FROM bd OR (
-                   {_FINITE} AND CASE WHEN l2 = 0
-                     THEN (tm, tn, tx) IS DISTINCT FROM (bm, bn, bx)
-                     ELSE greatest(abs(tl - bl) / l2, abs(tm - bm) / (l2 / sqrt(k)), abs(tn - bn) / (l2 / sqrt(k)),
-                                   abs(tx - bx) / (l2 / sqrt(k))) > {LOOKS_WRONG} END), false) AS wrong
-          FROM x)
-        SELECT * FROM y WHERE wrong OR other_op""")
+    # pairs that look wrong or of another graph_id or op_type (_check_sql; other_op: see
+    # all_paired): given by _pair's one join, else a join of the pairs with both sides
+    if "wrong" in con.sql("SELECT * FROM paired LIMIT 0").columns:
+        con.execute("CREATE TEMP TABLE checked AS SELECT target_tensor_id, bench_tensor_id, wrong, other_op "
+                    "FROM paired WHERE wrong OR other_op")
+    else:
+        dtype = all("dtype" in have[side] for side in have)
+        con.execute(f"""
+            CREATE TEMP TABLE checked AS
+            SELECT * FROM (
+              SELECT p.target_tensor_id, p.bench_tensor_id, {_check_sql(dtype)}
+              FROM paired p JOIN target t ON t.tensor_id = p.target_tensor_id
+              JOIN bench b ON b.tensor_id = p.bench_tensor_id)
+            WHERE wrong OR other_op""")
     try:
         if not all_paired or con.sql("SELECT count(*) FROM checked WHERE other_op").fetchall()[0][0]:
             if _other_family_counts(con, keys):

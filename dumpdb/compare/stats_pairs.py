@@ -71,23 +71,43 @@ def statistics_pairs(target: pa.Table, bench: pa.Table, *, group_by: Sequence[st
         # pair (a positional join: no join by id in DuckDB)
         at = [_positions(table.column("tensor_id"), paired.column(f"{side}_tensor_id"))
               for side, table in (("target", target), ("bench", bench))]
-        order = execution_order(target.select(list(ORDER_KEYS)).take(at[0]))
-        at = [pa.array(rows[order]) for rows in at]
+        order = execution_order(_take(target.select(list(ORDER_KEYS)), at[0]))
+        at = [rows[order] for rows in at]
         n = len(order)
         for name, table, rows in (("t_stats", target, at[0]), ("b_stats", bench, at[1])):
-            con.register(name, pa.table({"pair_index": pa.array(np.arange(n, dtype=np.int64)),
-                                         **{c: table.column(c).take(rows) for c in stats}}))
+            con.register(name, _take(table.select(stats), rows).add_column(
+                0, "pair_index", pa.array(np.arange(n, dtype=np.int64))))
         out = con.sql(statistics_sql("t_stats t POSITIONAL JOIN b_stats b", [("t.pair_index", "pair_index")],
                                      "pair_index")).to_arrow_table()
     finally:
         con.close()
-    t = target.select(tcols).take(at[0])
-    b = bench.select(bcols).take(at[1])
+    t = _take(target.select(tcols), at[0])
+    b = _take(bench.select(bcols), at[1])
     metrics = out.select([*STAT_METRICS, "err_message"])
     pairs = pa.table({"target_tensor_id": t.column("tensor_id"), "bench_tensor_id": b.column("tensor_id"),
                       "match_strategy": pa.repeat(pa.scalar("exact"), n),
                       "realigned": pa.repeat(pa.scalar(False), n)}).cast(PAIRS_SCHEMA)
     return Alignment(pairs, *left), t, b, metrics
+
+
+def _take(table: pa.Table, rows: np.ndarray) -> pa.Table:
+    """``table.take(rows)`` (``rows``: int64 row numbers), one chunk per column. When
+    ``rows`` are at most :data:`_RUNS` runs of consecutive rows covering nine tenths of the
+    table or more (the pairs nearly in the side's row order, every row paired: the usual
+    run-to-run case), slices of ``table`` concatenated into one chunk each (a copy of
+    whole buffers, no gather per element: 0.1-0.5 CPU s against take's 0.8-1.1 for the
+    target's 33 columns at 500,000 pairs). One chunk, as take gives: the engine reads each
+    column as one array (a second copy otherwise, with the side's rows still alive)."""
+    n = rows.size
+    breaks = np.flatnonzero(np.diff(rows) != 1) + 1 if n else np.zeros(0, np.int64)
+    if n == 0 or breaks.size >= _RUNS or 10 * n < 9 * table.num_rows:
+        return table.take(pa.array(rows, pa.int64()))
+    starts = np.concatenate(([0], breaks))
+    ends = np.concatenate((breaks, [n]))
+    return pa.concat_tables([table.slice(int(rows[s]), int(e - s)) for s, e in zip(starts, ends)]).combine_chunks()
+
+
+_RUNS = 64  # _take: at most this many runs of consecutive rows go as slices
 
 
 def _positions(ids: pa.ChunkedArray, wanted: pa.ChunkedArray) -> np.ndarray:

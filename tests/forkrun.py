@@ -36,8 +36,9 @@ from pathlib import Path
 TESTS = Path(__file__).resolve().parent
 CRASHKIT = TESTS / "crashkit.py"
 # What a `dumpdb` command of the crash tests imports before its first event.
-PRELOAD = ("dumpdb", "dumpdb.cli", "dumpdb.__main__", "dumpdb.ingestion.pipeline", "dumpdb.ingestion.workers",
-           "dumpdb.storage.store", "dumpdb.catalog.connection", "dumpdb.maintenance", "dumpdb.bundle",
+# Not dumpdb.__main__: runpy runs it as __main__ in the child, as in a real process.
+PRELOAD = ("dumpdb", "dumpdb.cli", "dumpdb.ingestion.pipeline", "dumpdb.ingestion.workers",
+           "dumpdb.storage.store", "dumpdb.catalog.connection", "dumpdb.archival.maintenance", "dumpdb.archival.bundle",
            "dumpdb.archive", "duckdb", "numpy", "pyarrow", "pyarrow.parquet", "zarr", "crashkit")
 
 
@@ -70,7 +71,7 @@ def _serve() -> None:
         req = json.loads(line)
         pid = os.fork()
         if pid == 0:  # the child: becomes `python crashkit.py -m dumpdb ARGS`
-            os.close(rfd)
+            reader.close()  # its descriptor, closed once (not again when the object goes)
             os.close(wfd)
             os.close(devnull)
             for fd, path, flags in ((0, req["stdin"], os.O_RDONLY), (1, req["stdout"], os.O_WRONLY),

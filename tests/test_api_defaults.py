@@ -4,6 +4,7 @@ message when the library is missing."""
 
 from __future__ import annotations
 
+import shutil
 import sys
 
 import numpy as np
@@ -13,10 +14,18 @@ from conftest import ms_case, npy_payload
 import dumpdb
 
 
-@pytest.fixture
-def one_run(tmp_path):
-    archive = tmp_path / "a.dumpdb"
+@pytest.fixture(scope="module")
+def _one_run_once(tmp_path_factory):
+    archive = tmp_path_factory.mktemp("one-run") / "a.dumpdb"
     assert dumpdb.ingest(ms_case("f_long_names"), archive=archive, run="f").ok
+    return archive
+
+
+@pytest.fixture
+def one_run(_one_run_once, tmp_path):
+    """A private copy (a test ingests a second run into it) of one f ingest per module."""
+    archive = tmp_path / "a.dumpdb"
+    shutil.copytree(_one_run_once, archive)
     return archive
 
 

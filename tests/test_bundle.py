@@ -4,6 +4,7 @@ damage detected, idempotent, name conflicts refused or renamed."""
 from __future__ import annotations
 
 import json
+import shutil
 import zipfile
 
 import numpy as np
@@ -17,11 +18,19 @@ import dumpdb
 from dumpdb.cli import app
 
 
+@pytest.fixture(scope="module")
+def _source_once(tmp_path_factory):
+    archive = tmp_path_factory.mktemp("bundle-src") / "src.dumpdb"
+    assert dumpdb.ingest(ms_case("d2_compare_fp16_bf16_iter0"), archive=archive, run="d2").ok
+    assert dumpdb.ingest(ms_case("c1_inputs_kernels_iter"), archive=archive, run="c1").ok
+    return archive
+
+
 @pytest.fixture
-def source_archive(tmp_path):
+def source_archive(_source_once, tmp_path):
+    """A private copy (a test prunes it) of one d2 + c1 ingest per module."""
     archive = tmp_path / "src.dumpdb"
-    dumpdb.ingest(ms_case("d2_compare_fp16_bf16_iter0"), archive=archive, run="d2")
-    dumpdb.ingest(ms_case("c1_inputs_kernels_iter"), archive=archive, run="c1")
+    shutil.copytree(_source_once, archive)
     return archive
 
 

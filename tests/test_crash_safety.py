@@ -19,19 +19,18 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from conftest import ms_case, npy_files, npy_payload
 from crashkit import kill_points
+from forkrun import crashkit_process
 
 import dumpdb
 import dumpdb.archive  # is_archive: a submodule, not imported by "import dumpdb" alone
 
 REPO = Path(__file__).resolve().parents[1]
-CRASHKIT = Path(__file__).with_name("crashkit.py")
 SEED = int(os.environ.get("DUMPDB_CRASH_SEED", "20"))
 # Small packs and a commit after every accepted batch: many shards, renames and commits
 # (hundreds of kill points: d2's ingest shows about 400 events of all ten kinds, 14 commits)
@@ -54,9 +53,9 @@ def _env(archive: Path, settings: str = SETTINGS, **extra) -> dict:
 
 def crashkit_run(archive: Path, args: list[str], settings: str = SETTINGS, **extra) -> subprocess.CompletedProcess:
     """``dumpdb ARGS`` under tests/crashkit.py, watching ``archive``, with the module
-    constants ``settings`` (``CRASHKIT_SET``) and more ``CRASHKIT_*`` variables in ``extra``."""
-    return subprocess.run([sys.executable, str(CRASHKIT), "-m", "dumpdb", *args],
-                          env=_env(archive, settings, **extra), capture_output=True, text=True, timeout=240)
+    constants ``settings`` (``CRASHKIT_SET``) and more ``CRASHKIT_*`` variables in ``extra``:
+    a process of its own, forked from a parent that imported dumpdb (tests/forkrun.py)."""
+    return crashkit_process(args, _env(archive, settings, **extra))
 
 
 @contextlib.contextmanager

@@ -273,10 +273,18 @@ def test_ctrl_c_stops_a_running_sql_command_with_exit_130(sql_archive):
 
 
 # -- item 15: a damaged catalog, a killed import, a full disk ------------------------------------
+@pytest.fixture(scope="module")
+def _c1_once(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("c1") / "a.dumpdb"
+    assert dumpdb.ingest(C1, archive=path, run="r").ok
+    return path
+
+
 @pytest.fixture
-def c1_archive(tmp_path) -> Path:
+def c1_archive(_c1_once, tmp_path) -> Path:
+    """A private copy (the tests damage it) of one c1 ingest per module."""
     path = tmp_path / "a.dumpdb"
-    dumpdb.ingest(C1, archive=path, run="r")
+    shutil.copytree(_c1_once, path)
     return path
 
 

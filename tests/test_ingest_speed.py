@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 from catalog_snapshot import catalog_snapshot
 from crashkit import kill_points
+from forkrun import crashkit_process
 from test_crash_safety import run_in_process
 
 import dumpdb
@@ -37,7 +38,6 @@ from dumpdb.storage import store as store_mod
 from dumpdb.storage.store import StoreWriter, TensorStore, payload_hash
 
 REPO = Path(__file__).resolve().parents[1]
-CRASHKIT = Path(__file__).with_name("crashkit.py")
 NAME = "{op}.Default_network-Net_{op}-op{i}.0.0.{ts}.output.0.DefaultFormat.{dt}.npy"
 
 
@@ -186,8 +186,7 @@ SETTINGS = ("dumpdb.storage.store.PACK_BYTES=600000;dumpdb.storage.store.LARGE_B
 def _crashkit(archive: Path, args: list[str], **env) -> subprocess.CompletedProcess:
     full = {**os.environ, "CRASHKIT_WATCH": str(archive), "CRASHKIT_SET": SETTINGS, **env}
     full["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    return subprocess.run([sys.executable, str(CRASHKIT), "-m", "dumpdb", *args], env=full,
-                          capture_output=True, text=True, timeout=240)
+    return crashkit_process(args, full)  # forked from a parent that imported dumpdb (tests/forkrun.py)
 
 
 @pytest.mark.timeout(900)

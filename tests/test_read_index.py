@@ -4,6 +4,7 @@ order yet yields in the query's order."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 
@@ -15,11 +16,22 @@ from dumpdb.catalog.locations import catalog_stamp
 from dumpdb.errors import DumpdbError, PayloadMissing
 
 
+@pytest.fixture(scope="module")
+def _archive_once(tmp_path_factory):
+    path = tmp_path_factory.mktemp("read-index") / "a.dumpdb"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("dumpdb.storage.store.PACK_BYTES", 32 << 10)  # several packs
+        assert dumpdb.ingest(ms_case("c1_inputs_kernels_iter"), archive=path, run="c1").ok
+    return path
+
+
 @pytest.fixture
-def archive(tmp_path, monkeypatch):
-    monkeypatch.setattr("dumpdb.storage.store.PACK_BYTES", 32 << 10)  # several packs
+def archive(_archive_once, tmp_path, monkeypatch):
+    """A private copy (the tests prune and damage it) of one c1 ingest per module in 32 KiB
+    packs, the pack size staying set for the test."""
+    monkeypatch.setattr("dumpdb.storage.store.PACK_BYTES", 32 << 10)
     path = tmp_path / "a.dumpdb"
-    dumpdb.ingest(ms_case("c1_inputs_kernels_iter"), archive=path, run="c1")
+    shutil.copytree(_archive_once, path)
     return path
 
 

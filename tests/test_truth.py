@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ms_case, npy_files, npy_payload
+from forkrun import crashkit_process
 from typer.testing import CliRunner
 
 import dumpdb
@@ -212,10 +213,9 @@ def test_a_killed_ingest_reads_interrupted_with_the_command_that_completes_it(tm
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     probe = tmp_path / "probe.dumpdb"
     counts = tmp_path / "events.txt"
-    subprocess.run([sys.executable, str(CRASHKIT), "-m", "dumpdb", *[str(probe) if a == str(archive) else a
-                                                                       for a in args]],
-                   env={**env, "CRASHKIT_WATCH": str(probe), "CRASHKIT_COUNT_FILE": str(counts)}, check=True,
-                   capture_output=True, timeout=240)
+    counted = crashkit_process([str(probe) if a == str(archive) else a for a in args],  # tests/forkrun.py
+                               {**env, "CRASHKIT_WATCH": str(probe), "CRASHKIT_COUNT_FILE": str(counts)})
+    assert counted.returncode == 0, counted.stderr
     kinds = counts.read_text().split()[1:]
     commits = [i + 1 for i, k in enumerate(kinds) if k == "commit-after"]
     assert len(commits) > 6

@@ -12,11 +12,19 @@ import dumpdb
 from dumpdb.cli import app
 
 
+@pytest.fixture(scope="module")
+def _archive_once(tmp_path_factory):
+    path = tmp_path_factory.mktemp("verify") / "a.dumpdb"
+    assert dumpdb.ingest(ms_case("c1_inputs_kernels_iter"), archive=path, run="c1").ok
+    assert dumpdb.ingest(ms_case("f_long_names"), archive=path, run="f").ok
+    return path
+
+
 @pytest.fixture
-def archive(tmp_path):
+def archive(_archive_once, tmp_path):
+    """A private copy (the tests damage it) of one c1 + f ingest per module."""
     path = tmp_path / "a.dumpdb"
-    dumpdb.ingest(ms_case("c1_inputs_kernels_iter"), archive=path, run="c1")
-    dumpdb.ingest(ms_case("f_long_names"), archive=path, run="f")
+    shutil.copytree(_archive_once, path)
     return path
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import selectors
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -28,10 +29,18 @@ HOLD = ("import duckdb, sys; c = duckdb.connect(sys.argv[1]); print('locked', fl
         "sys.stdin.readline(); c.close()")
 
 
-@pytest.fixture
-def archive(tmp_path) -> Path:
-    path = tmp_path / "a.dumpdb"
+@pytest.fixture(scope="module")
+def _archive_once(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("waits") / "a.dumpdb"
     assert dumpdb.ingest(ms_case("c1_inputs_kernels_iter"), archive=path, run="c1").ok
+    return path
+
+
+@pytest.fixture
+def archive(_archive_once, tmp_path) -> Path:
+    """A private copy of one c1 ingest per module (the tests lock and change it)."""
+    path = tmp_path / "a.dumpdb"
+    shutil.copytree(_archive_once, path)
     return path
 
 

@@ -745,9 +745,15 @@ def _compute_large(archive, t: pa.Table, b: pa.Table, large: np.ndarray, mode: s
             done += 1
             if progress:
                 progress(done, n)
+    return _put_repeats(res, repeats, computed, done, n, progress)
+
+
+def _put_repeats(res: ResultColumns, repeats, computed: dict, done: int, n: int, progress) -> int:
+    """The rows of the pairs whose payloads repeat a computed pair's (``repeats``: (row,
+    lead row) from :func:`_plan_large`) take the lead's metrics; returns ``done`` counting them."""
     for i, lead in repeats:
         res.put_row(i, *computed[lead])
-        done += 1
+    done += len(repeats)
     if progress and repeats:
         progress(done, n)
     return done
@@ -927,12 +933,7 @@ class _EarlyPairs:
                 done += 1
             if progress:
                 progress(done, n)
-        for i, lead in repeats:
-            res.put_row(i, *computed[lead])
-            done += 1
-        if progress and repeats:
-            progress(done, n)
-        return done
+        return _put_repeats(res, repeats, computed, done, n, progress)
 
     def close(self) -> None:
         """Stop the driver (what it has in flight finishes) and the worker threads."""
@@ -1012,10 +1013,7 @@ def _compute_remote(archive, scheduler: str, workers, t: pa.Table, b: pa.Table, 
         done += rows.size
         if progress:
             progress(done, n)
-    for i, lead in repeats:
-        res.put_row(i, *computed[lead])
-    if progress and repeats:
-        progress(done + len(repeats), n)
+    _put_repeats(res, repeats, computed, done, n, progress)
 
 
 def small_pairs_metrics(store, t: pa.Table, b: pa.Table, sizes: np.ndarray) -> list[tuple[np.ndarray, MetricColumns]]:

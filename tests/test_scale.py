@@ -110,7 +110,7 @@ def test_streamed_statistics_resume_adds_nothing_twice(tmp_path, monkeypatch):
     (dump / IT / "statistic.csv").write_text(text, encoding="utf-8")
     for p in (dump / IT).glob("*.npy"):
         p.unlink()
-    monkeypatch.setattr(pipeline, "STATISTIC_BATCH_BYTES", 512)  # many batches
+    monkeypatch.setattr(pipeline, "STATISTIC_BATCH_BYTES", 2048)  # several batches
 
     class Stop(Reporter):
         def __init__(self):

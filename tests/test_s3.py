@@ -10,6 +10,7 @@ wrong credentials need a server that checks them: tests/test_seaweedfs.py.
 from __future__ import annotations
 
 import json
+import shutil
 
 import google_crc32c
 import numpy as np
@@ -60,9 +61,28 @@ def pair(moto_s3, tmp_path_factory):
 
 
 @pytest.fixture
-def s3_archive(tmp_path, s3_url):
-    """A fresh S3-backed archive (the three runs) a test may change."""
-    return _make(tmp_path / "a.dumpdb", s3_url), s3_url
+def s3_archive(pair, moto_s3, tmp_path, s3_url):
+    """A fresh S3-backed archive (the three runs) a test may change: a copy of ``pair``'s S3
+    archive (its directory, its objects copied server-side into a fresh bucket, the marker
+    pointed at them), so the three runs are ingested once per module, not once per test."""
+    src_dir, _local, src_url = pair
+    path = tmp_path / "a.dumpdb"
+    shutil.copytree(src_dir, path)
+    src_bucket, _, src_prefix = src_url.removeprefix("s3://").partition("/")
+    dst_bucket, _, dst_prefix = s3_url.removeprefix("s3://").partition("/")
+    client = moto_s3.client()
+    copied = 0
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=src_bucket, Prefix=src_prefix + "/"):
+        for obj in page.get("Contents", []):
+            key = dst_prefix + obj["Key"][len(src_prefix):]
+            client.copy_object(Bucket=dst_bucket, Key=key, CopySource={"Bucket": src_bucket, "Key": obj["Key"]})
+            copied += 1
+    assert copied > 3
+    marker = json.loads((path / "dumpdb.json").read_text())
+    assert marker["store"]["url"] == src_url
+    marker["store"]["url"] = s3_url
+    (path / "dumpdb.json").write_text(json.dumps(marker, indent=2) + "\n")
+    return path, s3_url
 
 
 def _objects(url) -> ObjectStore:

@@ -110,7 +110,7 @@ def test_streamed_statistics_resume_adds_nothing_twice(tmp_path, monkeypatch):
     (dump / IT / "statistic.csv").write_text(text, encoding="utf-8")
     for p in (dump / IT).glob("*.npy"):
         p.unlink()
-    monkeypatch.setattr(pipeline, "STATISTIC_BATCH_BYTES", 512)  # many batches
+    monkeypatch.setattr(pipeline, "STATISTIC_BATCH_BYTES", 2048)  # several batches
 
     class Stop(Reporter):
         def __init__(self):
@@ -135,15 +135,28 @@ def test_streamed_statistics_resume_adds_nothing_twice(tmp_path, monkeypatch):
 
 class _Watcher(Reporter):
     """Counts the run's committed tensors from a separate read-only connection each time
-    the ingest reports progress (the ingest holds no connection between commits)."""
+    the ingest reports progress (the ingest holds no connection between commits) and the
+    catalog's files (database, WAL) changed since it last looked: rows become visible only
+    by a commit, which writes them, so an unchanged catalog would show the count seen last."""
 
     def __init__(self, archive: Path):
         self.archive = archive
         self.seen: list[int] = []
+        self._files: list[tuple] = []
 
     def advance(self, tensors, bytes_read):
         if not (self.archive / "catalog.duckdb").exists():
             return
+        files = []
+        for p in sorted(self.archive.glob("catalog.duckdb*")):
+            try:
+                st = p.stat()
+            except FileNotFoundError:  # a WAL checkpointed away meanwhile
+                continue
+            files.append((p.name, st.st_mtime_ns, st.st_size))
+        if files == self._files:
+            return
+        self._files = files
         with dumpdb.open(self.archive) as arch:
             self.seen.append(arch.sql("SELECT count(*) AS n FROM tensors")["n"][0].as_py())
 
@@ -157,7 +170,7 @@ def test_rows_are_visible_while_the_ingest_runs(tmp_path, monkeypatch, statistic
         (dump / IT / "statistic.csv").write_text(text, encoding="utf-8")
         for p in (dump / IT).glob("*.npy"):
             p.unlink()
-        monkeypatch.setattr(pipeline, "STATISTIC_BATCH_BYTES", 512)
+        monkeypatch.setattr(pipeline, "STATISTIC_BATCH_BYTES", 2048)  # several commits
     else:
         monkeypatch.setattr(pipeline, "COMMIT_ROWS", 8)
     watcher = _Watcher(tmp_path / "a")

@@ -127,3 +127,11 @@ class SourceChanged(DumpdbError):
 class DumpdbWarning(UserWarning):
     """Something dumpdb left out on purpose and says once (e.g. ``.pt`` payloads not
     stored because PyTorch is missing: the statistics are kept). Not an error: exit 0."""
+
+
+def shown(name: str) -> str:
+    """A name read from the input (a zip member, an msprobe record key) as an error message
+    shows it: as it is, or quoted and escaped (``repr``) when it holds a newline or another
+    character that would break the message's one line. Found by hypothesis: an msprobe
+    ``dump.json`` record named ``"\\n"`` and a bundle member named ``"\\n"``."""
+    return name if name.isprintable() else repr(name)

@@ -302,6 +302,24 @@ def test_missing_and_broken_files_are_reported(tmp_path):
         MsprobeDump().load(bad)
 
 
+def test_record_names_with_control_characters_give_one_line_errors(tmp_path):
+    """A record key is text from dump.json: a newline or tab in it is shown escaped, so each
+    error stays one line and still names the record (found by test_properties' hypothesis
+    test: a record named "\\n" gave a two-line message)."""
+    rank = tmp_path / "step0" / "rank0"
+    rank.mkdir(parents=True)
+    leaf = {"type": "torch.Tensor", "dtype": "torch.float32", "shape": [1]}
+    data = {"Functional.relu.0.forward\n": {"input": [dict(leaf, data_name="missing.pt")]},
+            "Functional.gelu.0.\tforward": {"input": [dict(leaf, data_name="../up.pt")]}}
+    (rank / "dump.json").write_text(json.dumps({"task": "tensor", "level": "L1", "framework": "pytorch",
+                                                "data": data}))
+    messages = [msg for _, msg in MsprobeDump().scan(tmp_path).errors]
+    assert len(messages) == 2 and all(m.isprintable() for m in messages)
+    assert any(m.startswith("missing: dump.json ('Functional.relu.0.forward\\n') names it") for m in messages)
+    assert any(m.startswith("'Functional.gelu.0.\\tforward': data_name '../up.pt' is not a file name")
+               for m in messages)
+
+
 @needs_torch
 def test_load_pt_bfloat16_noncontiguous_and_unsupported(tmp_path):
     import ml_dtypes

@@ -33,7 +33,7 @@ import stat
 import zipfile
 from pathlib import Path
 
-from dumpdb.errors import BundleError
+from dumpdb.errors import BundleError, shown
 
 MAX_BUNDLE_BYTES = 1 << 40  # 1 TiB: default of --max-bundle-size
 MAX_MANIFEST_BYTES = 64 << 20
@@ -232,18 +232,12 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _shown(name: str) -> str:
-    """A zip member's name as an error message shows it: as it is, or quoted and escaped when
-    it holds a newline or another character that would break the one-line message."""
-    return name if name.isprintable() else repr(name)
-
-
 def _same_sets(present: set[str], listed: set[str], source: Path) -> None:
     extra, missing = sorted(present - listed), sorted(listed - present)
     if missing:
         raise BundleError(f"{source}: {missing[0]} is missing ({len(missing)} file(s) of the manifest absent)")
     if extra:
-        raise BundleError(f"{source}: {_shown(extra[0])} is not in the manifest ({len(extra)} unlisted file(s)); "
+        raise BundleError(f"{source}: {shown(extra[0])} is not in the manifest ({len(extra)} unlisted file(s)); "
                           "refusing files nobody vouched for")
 
 

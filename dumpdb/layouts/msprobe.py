@@ -96,7 +96,7 @@ import numpy as np
 
 from dumpdb.dtypes import BFLOAT16, dtype_name, from_dump_name
 from dumpdb.dumpio import MAX_TEXT_BYTES, read_dump_text, reason
-from dumpdb.errors import DumpdbError, DumpdbWarning, DumpFileError, LayoutError
+from dumpdb.errors import DumpdbError, DumpdbWarning, DumpFileError, LayoutError, shown
 from dumpdb.layouts import DumpScan, Layout, LoadedTensor, TensorEntry, register
 from dumpdb.layouts.base import display_name, file_sizes, known_match, load_json
 from dumpdb.npy import read_npy
@@ -512,7 +512,7 @@ class MsprobeDump(Layout):
             text = json.dumps(record)
             too_big = _oversized(key, text)
             if too_big:  # issue 30, item 12: a 100 MB key or md5 took gigabytes and failed the ingest
-                scan.errors.append((dump_json, f"{display_name(key[:80])}...: {too_big}; record skipped"))
+                scan.errors.append((dump_json, f"{shown(display_name(key[:80]))}...: {too_big}; record skipped"))
                 continue
             # kept whole and in dump order: msprobe's CSV rows (non-tensor arguments too)
             # and its execution order come from here
@@ -524,13 +524,14 @@ class MsprobeDump(Layout):
             try:
                 items = list(record_leaves(key, record))
             except RecursionError:  # nesting just under json's own limit
-                scan.errors.append((dump_json, f"{key[:80]}: record nested too deeply; skipped"))
+                scan.errors.append((dump_json, f"{shown(key[:80])}: record nested too deeply; skipped"))
                 continue
             for item in items:
                 long_field = next((f for f, v in item["leaf"].items() if isinstance(v, str)
                                    and len(v) > MAX_FIELD_CHARS), None) if isinstance(item["leaf"], dict) else None
                 if long_field is not None:
-                    scan.errors.append((dump_json, f"{display_name(key[:200])} {item['name'][:200]}: field "
+                    scan.errors.append((dump_json, f"{shown(display_name(key[:200]))} "
+                                        f"{shown(item['name'][:200])}: field "
                                         f"{long_field!r} of {len(item['leaf'][long_field])} characters (over "
                                         f"{MAX_FIELD_CHARS}); tensor skipped"))
                     continue
@@ -582,10 +583,10 @@ class MsprobeDump(Layout):
             data_name = str(data_name)
             file_rel = rel(os.path.join(DATA_DIR, data_name))
             if os.path.basename(data_name) != data_name or data_name in (".", ".."):
-                scan.errors.append((dump_json, f"{key}: data_name {data_name!r} is not a file name; "
+                scan.errors.append((dump_json, f"{shown(key)}: data_name {data_name!r} is not a file name; "
                                                "statistics from dump.json kept"))
             elif data_name not in sizes:
-                scan.errors.append((file_rel, f"missing: dump.json ({key}) names it; statistics from "
+                scan.errors.append((file_rel, f"missing: dump.json ({shown(key)}) names it; statistics from "
                                               "dump.json kept"))
                 notes.append(f"payload file {DATA_DIR}/{data_name} missing")
             elif data_name.lower().endswith(".pt") and not torch_available():

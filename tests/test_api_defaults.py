@@ -4,29 +4,24 @@ message when the library is missing."""
 
 from __future__ import annotations
 
-import shutil
 import sys
 
 import numpy as np
 import pytest
-from conftest import ms_case, npy_payload
+from conftest import ingest_runs, ms_case, npy_payload, private_copy
 
 import dumpdb
 
 
 @pytest.fixture(scope="module")
 def _one_run_once(tmp_path_factory):
-    archive = tmp_path_factory.mktemp("one-run") / "a.dumpdb"
-    assert dumpdb.ingest(ms_case("f_long_names"), archive=archive, run="f").ok
-    return archive
+    return ingest_runs(tmp_path_factory.mktemp("one-run") / "a.dumpdb", f="f_long_names")
 
 
 @pytest.fixture
 def one_run(_one_run_once, tmp_path):
     """A private copy (a test ingests a second run into it) of one f ingest per module."""
-    archive = tmp_path / "a.dumpdb"
-    shutil.copytree(_one_run_once, archive)
-    return archive
+    return private_copy(_one_run_once, tmp_path)
 
 
 def test_tensor_by_key_without_run_when_the_archive_holds_one_run(one_run):

@@ -4,14 +4,13 @@ damage detected, idempotent, name conflicts refused or renamed."""
 from __future__ import annotations
 
 import json
-import shutil
 import zipfile
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import zarr
-from conftest import ms_case, npy_files, npy_payload
+from conftest import ingest_runs, ms_case, npy_files, npy_payload, private_copy
 from typer.testing import CliRunner
 
 import dumpdb
@@ -20,18 +19,14 @@ from dumpdb.cli import app
 
 @pytest.fixture(scope="module")
 def _source_once(tmp_path_factory):
-    archive = tmp_path_factory.mktemp("bundle-src") / "src.dumpdb"
-    assert dumpdb.ingest(ms_case("d2_compare_fp16_bf16_iter0"), archive=archive, run="d2").ok
-    assert dumpdb.ingest(ms_case("c1_inputs_kernels_iter"), archive=archive, run="c1").ok
-    return archive
+    return ingest_runs(tmp_path_factory.mktemp("bundle-src") / "src.dumpdb",
+                       d2="d2_compare_fp16_bf16_iter0", c1="c1_inputs_kernels_iter")
 
 
 @pytest.fixture
 def source_archive(_source_once, tmp_path):
     """A private copy (a test prunes it) of one d2 + c1 ingest per module."""
-    archive = tmp_path / "src.dumpdb"
-    shutil.copytree(_source_once, archive)
-    return archive
+    return private_copy(_source_once, tmp_path)
 
 
 def _exact(archive, run, src):

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import ms_case, npy_files, npy_payload
+from conftest import ingest_runs, ms_case, npy_files, npy_payload, private_copy
 from typer.testing import CliRunner
 
 import dumpdb
@@ -43,18 +43,14 @@ def bundle(exported, tmp_path):
 
 @pytest.fixture(scope="module")
 def _target_once(tmp_path_factory):
-    archive = tmp_path_factory.mktemp("target") / "target.dumpdb"
-    assert dumpdb.ingest(ms_case("f_long_names"), archive=archive, run="f").ok
-    return archive
+    return ingest_runs(tmp_path_factory.mktemp("target") / "target.dumpdb", f="f_long_names")
 
 
 @pytest.fixture
 def target(_target_once, tmp_path):
     """An archive with another run in it, to import into: a private copy of one ingest per
     module (33 tests import into it; a copy is ~0.01 s, an ingest ~0.4 CPU s and its fsyncs)."""
-    archive = tmp_path / "target.dumpdb"
-    shutil.copytree(_target_once, archive)
-    return archive
+    return private_copy(_target_once, tmp_path)
 
 
 def snapshot(archive: Path) -> tuple:

@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
 import subprocess
 import sys
 
 import pytest
 
+from dumpdb.dumpio import libc
+
 
 def _has_malloc_trim() -> bool:
-    try:
-        return bool(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim)
-    except (OSError, AttributeError):
-        return False
+    return hasattr(libc(), "malloc_trim")
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux") or not _has_malloc_trim(),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from conftest import ms_case
+from conftest import ingest_runs, private_copy
 from typer.testing import CliRunner
 
 import dumpdb
@@ -14,18 +14,13 @@ from dumpdb.cli import app
 
 @pytest.fixture(scope="module")
 def _archive_once(tmp_path_factory):
-    path = tmp_path_factory.mktemp("verify") / "a.dumpdb"
-    assert dumpdb.ingest(ms_case("c1_inputs_kernels_iter"), archive=path, run="c1").ok
-    assert dumpdb.ingest(ms_case("f_long_names"), archive=path, run="f").ok
-    return path
+    return ingest_runs(tmp_path_factory.mktemp("verify") / "a.dumpdb", c1="c1_inputs_kernels_iter", f="f_long_names")
 
 
 @pytest.fixture
 def archive(_archive_once, tmp_path):
     """A private copy (the tests damage it) of one c1 + f ingest per module."""
-    path = tmp_path / "a.dumpdb"
-    shutil.copytree(_archive_once, path)
-    return path
+    return private_copy(_archive_once, tmp_path)
 
 
 def _pack_of(archive, run="c1", dtype="float32"):

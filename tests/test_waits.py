@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import os
 import selectors
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import ms_case
+from conftest import ingest_runs, ms_case, private_copy
 
 import dumpdb
 from dumpdb.catalog.locks import EXCLUSIVE, store_lock
@@ -31,17 +30,13 @@ HOLD = ("import duckdb, sys; c = duckdb.connect(sys.argv[1]); print('locked', fl
 
 @pytest.fixture(scope="module")
 def _archive_once(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("waits") / "a.dumpdb"
-    assert dumpdb.ingest(ms_case("c1_inputs_kernels_iter"), archive=path, run="c1").ok
-    return path
+    return ingest_runs(tmp_path_factory.mktemp("waits") / "a.dumpdb", c1="c1_inputs_kernels_iter")
 
 
 @pytest.fixture
 def archive(_archive_once, tmp_path) -> Path:
     """A private copy of one c1 ingest per module (the tests lock and change it)."""
-    path = tmp_path / "a.dumpdb"
-    shutil.copytree(_archive_once, path)
-    return path
+    return private_copy(_archive_once, tmp_path)
 
 
 @pytest.fixture

@@ -366,9 +366,9 @@ def _better_partner_may_exist(con: duckdb.DuckDBPyConnection, group_by: Sequence
     rows' places in execution order are one int64 (:func:`_order_numbers`: the row number
     when the rows already come in that order, the usual case), their dtype classes a
     column beside them: the window orders by one integer and carries three (the bench
-    tensor's id, kind and place), the statistics are joined to the candidates only, and
-    the whole kind is searched only when some pair's bench tensor is of another kind
-    (a count first)."""
+    tensor's id, kind and place) and numbers only the kinds of the pairs' target tensors,
+    the statistics are joined to the candidates only, and the whole kind is searched only
+    when some pair's bench tensor is of another kind (a count first)."""
     if not con.sql("SELECT count(*) FROM looks_wrong").fetchall()[0][0]:
         return False
     if bench is None:
@@ -398,19 +398,24 @@ def _better_partner_may_exist(con: duckdb.DuckDBPyConnection, group_by: Sequence
         con.execute(f"""
             CREATE TEMP TABLE partner_kinds AS SELECT *, row_number() OVER () AS kid
             FROM (SELECT DISTINCT {part} FROM bench_k)""")
+        # the looks-wrong pairs' target tensors with their kinds; the bench tensors' places
+        # only in those kinds (a partner of another kind is searched for in the target's kind)
+        con.execute(f"""
+            CREATE TEMP TABLE partner_targets AS
+            SELECT x.tensor_id, x.shape, {", ".join(f"x.{c}" for c in stats)}, k.kid
+            FROM ({classed_target}) x LEFT JOIN partner_kinds k ON {same("x", "k")}
+            WHERE x.tensor_id IN (SELECT target_tensor_id FROM looks_wrong)""")
         con.execute(f"""
             CREATE TEMP TABLE partner_places AS
             SELECT tensor_id, kid, r, r // {NEIGHBOURS} AS bucket FROM (
               SELECT b.tensor_id, k.kid, row_number() OVER (PARTITION BY k.kid ORDER BY b.eo) - 1 AS r
-              FROM bench_k b JOIN partner_kinds k ON {same("b", "k")})""")
-        con.execute(f"""
+              FROM bench_k b JOIN partner_kinds k ON {same("b", "k")}
+              WHERE k.kid IN (SELECT kid FROM partner_targets))""")
+        con.execute("""
             CREATE TEMP TABLE partner_pairs AS
-            WITH tk AS (SELECT x.tensor_id, x.shape, {", ".join(f"x.{c}" for c in stats)}, k.kid
-                        FROM ({classed_target}) x LEFT JOIN partner_kinds k ON {same("x", "k")}
-                        WHERE x.tensor_id IN (SELECT target_tensor_id FROM looks_wrong))
             SELECT x.*, w.bench_tensor_id AS partner, CASE WHEN x.kid = y.kid THEN y.r END AS pr
-            FROM looks_wrong w JOIN tk x ON x.tensor_id = w.target_tensor_id
-            JOIN partner_places y ON y.tensor_id = w.bench_tensor_id""")
+            FROM looks_wrong w JOIN partner_targets x ON x.tensor_id = w.target_tensor_id
+            LEFT JOIN partner_places y ON y.tensor_id = w.bench_tensor_id""")
         fields = ("x.l2norm AS tl, s.l2norm AS bl, x.mean AS tm, s.mean AS bm, x.min AS tn, s.min AS bn, "
                   "x.max AS tx, s.max AS bx, greatest(abs(x.l2norm), abs(s.l2norm)) AS l2, "
                   "greatest(coalesce(list_aggregate(x.shape, 'product'), 1), 1) AS k")
@@ -434,7 +439,7 @@ def _better_partner_may_exist(con: duckdb.DuckDBPyConnection, group_by: Sequence
                 abs(tl - bl) / l2, abs(tm - bm) / (l2 / sqrt(k)), abs(tn - bn) / (l2 / sqrt(k)),
                 abs(tx - bx) / (l2 / sqrt(k))) < {FITS})""").fetchall()[0][0] > 0
     finally:
-        for table in ("partner_pairs", "partner_places", "partner_kinds"):
+        for table in ("partner_pairs", "partner_places", "partner_targets", "partner_kinds"):
             con.execute(f"DROP TABLE IF EXISTS {table}")
         con.unregister("dtype_class")
         con.unregister("bench_k")

@@ -374,7 +374,7 @@ def _better_partner_may_exist(con: duckdb.DuckDBPyConnection, group_by: Sequence
     if bench is None:
         bench = con.sql("SELECT * FROM bench").to_arrow_table()
     kind = (*group_by, "graph_id", "op_type", "io", "slot", "slot_path", "arg_name", "cls", "shape")
-    read = [c for c in dict.fromkeys(("tensor_id", *(k for k in kind if k != "cls"), "l2norm", "mean", "min", "max"))]
+    read = list(dict.fromkeys(("tensor_id", *(k for k in kind if k != "cls"), "l2norm", "mean", "min", "max")))
     con.register("bench_k", bench.select(read).append_column("cls", _dtype_classes(bench))
                  .append_column("eo", pa.array(_order_numbers(bench))))
     part = ", ".join(f'"{k}"' for k in kind)

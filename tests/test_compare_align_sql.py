@@ -291,3 +291,30 @@ def test_keys_held_once_on_both_sides_pair_by_one_join():
     got = align_exact(many_t, many_b)
     assert got is not None and got.pairs.num_rows == 40
     _same(got, align(many_t, many_b, strategies=("exact",)))
+
+
+def test_order_numbers_are_align_execution_order():
+    """align_sql._order_numbers (the better-partner window's one integer) numbers rows as
+    DuckDB's ORDER BY of align's execution order (iteration, rank, graph_id, position,
+    timestamp, tensor_id, NULLs last): rows in order, shuffled, with NULLs and constant
+    keys, one row and none."""
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    n = 300
+
+    def col(values, null_share, typ):
+        return pa.array([None if rng.random() < null_share else int(v) for v in values], typ)
+
+    base = {"iteration": col(rng.integers(0, 2, n), 0.1, pa.int64()), "rank": pa.nulls(n, pa.int32()),
+            "graph_id": col(np.zeros(n), 0.0, pa.int32()), "position": col(rng.integers(0, 50, n), 0.2, pa.int32()),
+            "timestamp": col(rng.integers(0, 9, n), 0.3, pa.int64()),
+            "tensor_id": pa.array(rng.permutation(n) + 7, pa.int64())}
+    order = ", ".join(f'"{c}" ASC NULLS LAST' for c in align_sql._ORDER)
+    for rows in (pa.table(base), pa.table(base).slice(0, 1), pa.table(base).slice(0, 0)):
+        numbered = duckdb.sql(f"SELECT tensor_id, row_number() OVER (ORDER BY {order}) - 1 AS k FROM rows").to_arrow_table()
+        expected = dict(zip(numbered.column("tensor_id").to_pylist(), numbered.column("k").to_pylist()))
+        in_order = duckdb.sql(f"SELECT * FROM rows ORDER BY {order}").to_arrow_table()  # one pass
+        for table in (rows, in_order):
+            got = align_sql._order_numbers(table).tolist()
+            assert got == [expected[i] for i in table.column("tensor_id").to_pylist()]

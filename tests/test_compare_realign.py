@@ -127,6 +127,37 @@ def test_arg_diff_names_the_changed_scalar_argument(rw, target, op, text):
     assert text in r.output
 
 
+def test_has_scalar_is_written_at_ingest_and_a_null_one_is_read_from_the_text(rw, tmp_path):
+    """msprobe_records.has_scalar (schema 11) is the record text's test "holds the key
+    value" for every ingested record, true for the records holding the changed epsilon;
+    with it NULL (a part an older ingest-worker wrote) compare tests the text and names
+    the same changed scalar; an archive of schema 10 gets the column filled on open."""
+    from conftest import private_copy
+
+    a = dumpdb.open(rw)
+    rows = a.sql("SELECT count(*) AS n, count(*) FILTER (WHERE has_scalar) AS hit, count(*) FILTER (WHERE "
+                 "has_scalar IS DISTINCT FROM contains(record, '\"value\"')) AS off FROM msprobe_records").to_pylist()[0]
+    assert rows["n"] and 0 < rows["hit"] < rows["n"] and rows["off"] == 0
+    copy = private_copy(rw, tmp_path)
+    import duckdb
+
+    con = duckdb.connect(str(copy / "catalog.duckdb"))
+    con.execute("UPDATE msprobe_records SET has_scalar = NULL WHERE run = 'eps'")
+    con.close()
+    out = compare(dumpdb.open(copy), "eps", "none", store_results=False)
+    assert out.summary["arg_diffs"] == [{"target": "Functional.layer_norm.2.forward",
+                                         "bench": "Functional.layer_norm.2.forward", "arg_diff": "input.4: 1e-05 -> 0.1"}]
+    # an archive of schema 10 (no column) gets it filled by the same test when it is opened (migration 011)
+    con = duckdb.connect(str(copy / "catalog.duckdb"))
+    con.execute("ALTER TABLE msprobe_records DROP COLUMN has_scalar")
+    con.execute("DELETE FROM schema_version WHERE version = 11")
+    con.close()
+    again = dumpdb.open(copy).sql("SELECT count(*) FILTER (WHERE has_scalar) AS hit, count(*) FILTER (WHERE "
+                                  "has_scalar IS DISTINCT FROM contains(record, '\"value\"')) AS off "
+                                  "FROM msprobe_records").to_pylist()[0]
+    assert again == {"hit": rows["hit"], "off": 0}
+
+
 def test_arg_diff_is_null_for_a_clean_pair(rw):
     out = compare(dumpdb.open(rw), "none", "none", store_results=False)
     assert out.results["arg_diff"].null_count == out.results.num_rows

@@ -29,7 +29,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import duckdb
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from dumpdb.compare.align import (
     FITS,
@@ -41,6 +43,7 @@ from dumpdb.compare.align import (
     dtype_class,
     family_column,
 )
+from dumpdb.compare.columns import ints
 
 __all__ = ["align_exact", "exact_paired"]
 
@@ -244,7 +247,8 @@ def exact_paired(con: duckdb.DuckDBPyConnection, target: pa.Table, bench: pa.Tab
     left_t, left_b = (con.sql(_unmatched_sql(side, f"{side}_tensor_id")).to_arrow_table() if n < table.num_rows
                       else UNMATCHED_SCHEMA.empty_table() for side, table in (("target", target), ("bench", bench)))
     if (left_t.num_rows and left_b.num_rows and len(run) > 1) or \
-            _doubted(con, group_by, all_paired=not left_t.num_rows and not left_b.num_rows):
+            _doubted(con, group_by, all_paired=not left_t.num_rows and not left_b.num_rows,
+                     bench=bench):
         con.execute("DROP TABLE paired")
         con.unregister("target")
         con.unregister("bench")
@@ -252,7 +256,8 @@ def exact_paired(con: duckdb.DuckDBPyConnection, target: pa.Table, bench: pa.Tab
     return left_t.cast(UNMATCHED_SCHEMA), left_b.cast(UNMATCHED_SCHEMA)
 
 
-def _doubted(con: duckdb.DuckDBPyConnection, group_by: Sequence[str], all_paired: bool = False) -> bool:
+def _doubted(con: duckdb.DuckDBPyConnection, group_by: Sequence[str], all_paired: bool = False,
+             bench: pa.Table | None = None) -> bool:
     """Would align()'s content check take back some exact pairs? A cheap, conservative test
     on ``con`` (after the ``paired`` table is made): a name family
     (:func:`~dumpdb.compare.align.family`) holding paired ops has another number of ops on
@@ -267,7 +272,8 @@ def _doubted(con: duckdb.DuckDBPyConnection, group_by: Sequence[str], all_paired
     two tensors have the same ``graph_id`` and ``op_type`` (the key gives the same group
     columns and ``op_name``), each side holds the same set of ops, so every family has as
     many ops on both sides whatever :func:`~dumpdb.compare.align.family` gives: the family
-    count is not needed (the usual run-to-run case; about a third of this test's CPU)."""
+    count is not needed (the usual run-to-run case; about a third of this test's CPU).
+    ``bench``: the bench table registered on ``con`` (:func:`_better_partner_may_exist`)."""
     keys = list(group_by)  # ops counted per (graph, name): a counter is per graph
     have = {name: set(con.sql(f"SELECT * FROM {name} LIMIT 0").columns) for name in ("target", "bench")}
     if any("op_type" not in cols_ for cols_ in have.values()):
@@ -301,7 +307,7 @@ def _doubted(con: duckdb.DuckDBPyConnection, group_by: Sequence[str], all_paired
     finally:
         con.execute("DROP TABLE checked")
     try:
-        return _better_partner_may_exist(con, group_by)
+        return _better_partner_may_exist(con, group_by, bench)
     finally:
         con.execute("DROP TABLE looks_wrong")
 
@@ -343,7 +349,8 @@ def _other_family_counts(con: duckdb.DuckDBPyConnection, keys: Sequence[str]) ->
     return False
 
 
-def _better_partner_may_exist(con: duckdb.DuckDBPyConnection, group_by: Sequence[str]) -> bool:
+def _better_partner_may_exist(con: duckdb.DuckDBPyConnection, group_by: Sequence[str],
+                              bench: pa.Table | None = None) -> bool:
     """Might align()'s ``_better_partner`` find, for a pair in temp table ``looks_wrong``, a
     bench tensor other than its partner that fits the target tensor within
     :data:`~dumpdb.compare.align.FITS`? Only then can the content check take a pair back
@@ -353,65 +360,128 @@ def _better_partner_may_exist(con: duckdb.DuckDBPyConnection, group_by: Sequence
     pair's bench tensor; the same window here (the whole kind when the bench tensor is of
     another kind), with :func:`~dumpdb.compare.align.stat_distance`'s formula below
     ``FITS`` (conservative: align's bound is also below a quarter of the pair's distance;
-    both L2 norms 0 count whatever the other statistics)."""
+    both L2 norms 0 count whatever the other statistics).
+
+    ``bench``: the rows registered as ``bench`` (read from ``con`` when None). Their
+    rows' places in execution order are one int64 (:func:`_order_numbers`: the row number
+    when the rows already come in that order, the usual case), their dtype classes a
+    column beside them: the window orders by one integer and carries three (the bench
+    tensor's id, kind and place) and numbers only the kinds of the pairs' target tensors,
+    the statistics are joined to the candidates only, and the whole kind is searched only
+    when some pair's bench tensor is of another kind (a count first)."""
     if not con.sql("SELECT count(*) FROM looks_wrong").fetchall()[0][0]:
         return False
-    # dtype class per dtype string: align's rule (dtype_class), over the distinct values
-    dtypes = set()
-    for side in ("target", "bench"):
-        if "dtype" in con.sql(f"SELECT * FROM {side} LIMIT 0").columns:
-            dtypes |= {r[0] for r in con.sql(f"SELECT DISTINCT dtype FROM {side}").fetchall()}
-    con.register("dtype_class", pa.table({"dtype": pa.array(sorted(d for d in dtypes if d is not None), pa.string()),
-                                          "cls": pa.array([dtype_class(d) for d in sorted(d for d in dtypes
-                                                                                            if d is not None)],
-                                                          pa.string())}))
+    if bench is None:
+        bench = con.sql("SELECT * FROM bench").to_arrow_table()
     kind = (*group_by, "graph_id", "op_type", "io", "slot", "slot_path", "arg_name", "cls", "shape")
-
-    # only what the test reads goes through the window and the joins (they materialise
-    # every column they carry)
-    read = ", ".join(f's."{c}"' for c in dict.fromkeys(
-        ("tensor_id", *(k for k in kind if k != "cls"), *_ORDER, "l2norm", "mean", "min", "max")))
-
-    def classed(side: str) -> str:
-        has = "dtype" in con.sql(f"SELECT * FROM {side} LIMIT 0").columns
-        return (f"SELECT {read}, c.cls FROM {side} s LEFT JOIN dtype_class c ON c.dtype = s.dtype" if has else
-                f"SELECT {read}, NULL::VARCHAR AS cls FROM {side} s")
+    read = list(dict.fromkeys(("tensor_id", *(k for k in kind if k != "cls"), "l2norm", "mean", "min", "max")))
+    con.register("bench_k", bench.select(read).append_column("cls", _dtype_classes(bench))
+                 .append_column("eo", pa.array(_order_numbers(bench))))
     part = ", ".join(f'"{k}"' for k in kind)
 
     def same(a: str, b: str) -> str:
         return " AND ".join(f'{a}."{k}" IS NOT DISTINCT FROM {b}."{k}"' for k in kind)
+    # dtype class per dtype string of the target's rows in looks_wrong: align's rule (dtype_class)
+    has_dtype = "dtype" in con.sql("SELECT * FROM target LIMIT 0").columns
+    dtypes = sorted({r[0] for r in con.sql(
+        "SELECT DISTINCT dtype FROM target WHERE tensor_id IN (SELECT target_tensor_id FROM looks_wrong)"
+    ).fetchall()} - {None}) if has_dtype else []
+    con.register("dtype_class", pa.table({"dtype": pa.array(dtypes, pa.string()),
+                                          "cls": pa.array([dtype_class(d) for d in dtypes], pa.string())}))
+    tread = ", ".join(f'x."{c}"' for c in read)
+    classed_target = (f"SELECT {tread}, c.cls FROM target x LEFT JOIN dtype_class c ON c.dtype = x.dtype" if has_dtype
+                      else f"SELECT {tread}, NULL::VARCHAR AS cls FROM target x")
+    stats = ("l2norm", "mean", "min", "max")
     # each kind numbered once (kid): the window and the candidate joins then partition and
     # join by one integer instead of the kind's columns (a list among them)
-    order_b = ", ".join(f'b."{c}" ASC NULLS LAST' for c in _ORDER)
     try:
+        con.execute(f"""
+            CREATE TEMP TABLE partner_kinds AS SELECT *, row_number() OVER () AS kid
+            FROM (SELECT DISTINCT {part} FROM bench_k)""")
+        # the looks-wrong pairs' target tensors with their kinds; the bench tensors' places
+        # only in those kinds (a partner of another kind is searched for in the target's kind)
+        con.execute(f"""
+            CREATE TEMP TABLE partner_targets AS
+            SELECT x.tensor_id, x.shape, {", ".join(f"x.{c}" for c in stats)}, k.kid
+            FROM ({classed_target}) x LEFT JOIN partner_kinds k ON {same("x", "k")}
+            WHERE x.tensor_id IN (SELECT target_tensor_id FROM looks_wrong)""")
+        con.execute(f"""
+            CREATE TEMP TABLE partner_places AS
+            SELECT tensor_id, kid, r, r // {NEIGHBOURS} AS bucket FROM (
+              SELECT b.tensor_id, k.kid, row_number() OVER (PARTITION BY k.kid ORDER BY b.eo) - 1 AS r
+              FROM bench_k b JOIN partner_kinds k ON {same("b", "k")}
+              WHERE k.kid IN (SELECT kid FROM partner_targets))""")
+        con.execute("""
+            CREATE TEMP TABLE partner_pairs AS
+            SELECT x.*, w.bench_tensor_id AS partner, CASE WHEN x.kid = y.kid THEN y.r END AS pr
+            FROM looks_wrong w JOIN partner_targets x ON x.tensor_id = w.target_tensor_id
+            LEFT JOIN partner_places y ON y.tensor_id = w.bench_tensor_id""")
+        fields = ("x.l2norm AS tl, s.l2norm AS bl, x.mean AS tm, s.mean AS bm, x.min AS tn, s.min AS bn, "
+                  "x.max AS tx, s.max AS bx, greatest(abs(x.l2norm), abs(s.l2norm)) AS l2, "
+                  "greatest(coalesce(list_aggregate(x.shape, 'product'), 1), 1) AS k")
+        # of another kind: the whole kind (align bisects to a place in it); only when there is such a pair
+        other = f"""
+              UNION ALL
+              SELECT {fields}
+              FROM partner_pairs x JOIN partner_places y ON y.kid = x.kid JOIN bench_k s ON s.tensor_id = y.tensor_id
+              WHERE x.pr IS NULL AND y.tensor_id <> x.partner""" if con.sql(
+            "SELECT count(*) FROM partner_pairs WHERE pr IS NULL AND kid IS NOT NULL").fetchall()[0][0] else ""
         return con.sql(f"""
-            WITH bc AS ({classed("bench")}),
-            kinds AS (SELECT *, row_number() OVER () AS kid FROM (SELECT DISTINCT {part} FROM bc)),
-            tk AS (SELECT x.*, k.kid FROM ({classed("target")}) x LEFT JOIN kinds k ON {same("x", "k")}
-                   WHERE x.tensor_id IN (SELECT target_tensor_id FROM looks_wrong)),
-            bk AS (SELECT *, r // {NEIGHBOURS} AS bucket FROM (
-                     SELECT b.*, k.kid, row_number() OVER (PARTITION BY k.kid ORDER BY {order_b}) - 1 AS r
-                     FROM bc b JOIN kinds k ON {same("b", "k")})),
-            w AS (SELECT x.*, w.bench_tensor_id AS partner,
-                         CASE WHEN x.kid = y.kid THEN y.r END AS pr
-                  FROM looks_wrong w JOIN tk x ON x.tensor_id = w.target_tensor_id
-                  JOIN bk y ON y.tensor_id = w.bench_tensor_id),
-            near AS (  -- the bench tensor is of the target's kind: the NEIGHBOURS either side of it
-              SELECT w.*, unnest([w.pr // {NEIGHBOURS} - 1, w.pr // {NEIGHBOURS}, w.pr // {NEIGHBOURS} + 1])
-                     AS bucket FROM w WHERE pr IS NOT NULL),
+            WITH near AS (  -- the bench tensor is of the target's kind: the NEIGHBOURS either side of it
+              SELECT x.*, unnest([x.pr // {NEIGHBOURS} - 1, x.pr // {NEIGHBOURS}, x.pr // {NEIGHBOURS} + 1])
+                     AS bucket FROM partner_pairs x WHERE pr IS NOT NULL),
             cand AS (
-              SELECT x.l2norm AS tl, y.l2norm AS bl, x.mean AS tm, y.mean AS bm, x.min AS tn, y.min AS bn,
-                     x.max AS tx, y.max AS bx, greatest(abs(x.l2norm), abs(y.l2norm)) AS l2,
-                     greatest(coalesce(list_aggregate(x.shape, 'product'), 1), 1) AS k
-              FROM near x JOIN bk y ON y.kid = x.kid AND y.bucket = x.bucket
-              WHERE y.tensor_id <> x.partner AND y.r BETWEEN x.pr - {NEIGHBOURS} AND x.pr + {NEIGHBOURS}
-              UNION ALL  -- of another kind: the whole kind (align bisects to a place in it)
-              SELECT x.l2norm, y.l2norm, x.mean, y.mean, x.min, y.min, x.max, y.max,
-                     greatest(abs(x.l2norm), abs(y.l2norm)),
-                     greatest(coalesce(list_aggregate(x.shape, 'product'), 1), 1)
-              FROM w x JOIN bk y ON y.kid = x.kid WHERE x.pr IS NULL AND y.tensor_id <> x.partner)
+              SELECT {fields}
+              FROM near x JOIN partner_places y ON y.kid = x.kid AND y.bucket = x.bucket
+              JOIN bench_k s ON s.tensor_id = y.tensor_id
+              WHERE y.tensor_id <> x.partner AND y.r BETWEEN x.pr - {NEIGHBOURS} AND x.pr + {NEIGHBOURS}{other})
             SELECT count(*) FROM cand WHERE {_FINITE} AND (l2 = 0 OR greatest(
                 abs(tl - bl) / l2, abs(tm - bm) / (l2 / sqrt(k)), abs(tn - bn) / (l2 / sqrt(k)),
                 abs(tx - bx) / (l2 / sqrt(k))) < {FITS})""").fetchall()[0][0] > 0
     finally:
+        for table in ("partner_pairs", "partner_places", "partner_targets", "partner_kinds"):
+            con.execute(f"DROP TABLE IF EXISTS {table}")
         con.unregister("dtype_class")
+        con.unregister("bench_k")
+
+
+def _dtype_classes(table: pa.Table) -> pa.Array:
+    """:func:`~dumpdb.compare.align.dtype_class` of each row's ``dtype`` (string; NULL
+    without one, or where the table has no dtype), computed once per distinct dtype."""
+    if "dtype" not in table.column_names:
+        return pa.nulls(table.num_rows, pa.string())
+    enc = pc.dictionary_encode(table.column("dtype").combine_chunks())
+    classes = pa.array([dtype_class(d) for d in enc.dictionary.to_pylist()], pa.string())
+    return pc.take(classes, enc.indices)
+
+
+def _order_numbers(table: pa.Table) -> np.ndarray:
+    """Each row's place (int64, 0 upwards) in align's execution order (``_ORDER``: iteration,
+    rank, graph_id, position, timestamp, tensor_id, NULLs last). The row number itself when
+    the rows already come in that order (one pass comparing each row with the next: the
+    usual case, a run's tensors read as they were ingested), else from a sort
+    (``tensor_id`` is unique on a side: the order is total either way) on the keys that
+    differ between rows (a key of one value, or NULL, on every row orders nothing)."""
+    n = table.num_rows
+    if n < 2:
+        return np.arange(n, dtype=np.int64)
+    keys = []
+    for c in _ORDER:
+        arr = table.column(c).combine_chunks()
+        if arr.null_count == n:
+            continue  # NULL on every row: orders nothing
+        if arr.null_count:
+            keys.append((~arr.is_valid().to_numpy(zero_copy_only=False)).astype(np.int64))
+        values = ints(arr, 0)
+        if values.min() < values.max():  # one value on every row orders nothing either
+            keys.append(values)
+    before = np.zeros(n - 1, bool)  # row i sorts before row i + 1 on the keys so far
+    tied = np.ones(n - 1, bool)
+    for k in keys:
+        before |= tied & (k[:-1] < k[1:])
+        tied &= k[:-1] == k[1:]
+    if before.all():
+        return np.arange(n, dtype=np.int64)
+    out = np.empty(n, np.int64)
+    out[np.lexsort(keys[::-1])] = np.arange(n, dtype=np.int64)
+    return out

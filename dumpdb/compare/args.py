@@ -58,14 +58,41 @@ def arg_diff(target: Mapping[str, Any], bench: Mapping[str, Any]) -> str | None:
 
 
 # a record without the text "value" has no scalar leaf (scalar_args keeps only leaves with a
-# "value" key): {} without sending or parsing it (most records of a statistics dump)
-_HAS_VALUE = "coalesce(contains(record, '\"value\"'), false)"
+# "value" key): {} without sending or parsing it (most records of a statistics dump). The
+# catalog keeps that test's answer per record (has_scalar, schema 11: written at ingest by
+# dumpdb.layouts.msprobe.may_hold_scalar, by this expression for older rows); a row without
+# it (NULL: a part an older ingest-worker wrote; or no such column) is tested on its text here.
+_TEXT_HAS_VALUE = "coalesce(contains(record, '\"value\"'), false)"
+
+
+def _has_value(con) -> str:
+    """The SQL test "may hold a scalar leaf" of an ``msprobe_records`` row on ``con``."""
+    columns = {d[0] for d in con.execute("SELECT * FROM msprobe_records LIMIT 0").description}
+    return f"coalesce(has_scalar, {_TEXT_HAS_VALUE})" if "has_scalar" in columns else _TEXT_HAS_VALUE
+
+
+def _scalar_counts(con, runs: list[str]) -> tuple[int, int]:
+    """(records, records that may hold a scalar leaf) of ``runs``: from ``has_scalar``
+    without reading the records' text (0.005 s against 0.3 s on 500,000 records), the text
+    only of the rows where it is NULL."""
+    has_value = _has_value(con)
+    if has_value == _TEXT_HAS_VALUE:
+        n, hit = con.execute(f"SELECT count(*), count(*) FILTER (WHERE {has_value}) FROM msprobe_records "
+                             "WHERE run IN (?, ?)", runs).fetchall()[0]
+        return int(n), int(hit)
+    n, hit, unknown = con.execute("SELECT count(*), count(*) FILTER (WHERE has_scalar), "
+                                  "count(*) FILTER (WHERE has_scalar IS NULL) FROM msprobe_records "
+                                  "WHERE run IN (?, ?)", runs).fetchall()[0]
+    if unknown:
+        hit += con.execute(f"SELECT count(*) FILTER (WHERE {_TEXT_HAS_VALUE}) FROM msprobe_records "
+                           "WHERE run IN (?, ?) AND has_scalar IS NULL", runs).fetchall()[0][0]
+    return int(n), int(hit)
 
 
 def _records(con, run: str, names: list[str], bare: bool = False) -> dict[tuple, dict[str, Any]]:
     """(rank, iteration, op_name) -> scalar arguments of ``run``'s msprobe records named in
     ``names`` that hold a scalar leaf (``bare``: ``{}`` for each of the others instead)."""
-    has_value = _HAS_VALUE
+    has_value = _has_value(con)
     if bare:
         return {(rank, iteration, op_name): {} for rank, iteration, op_name in con.execute(
             f"SELECT rank, iteration, op_name FROM msprobe_records WHERE run = ? AND NOT {has_value} "
@@ -141,8 +168,7 @@ def arg_diff_column(con, target_run: str, bench_run: str, pairs: Mapping[str, li
     col = _PairColumns(pairs)
     n = len(pairs["target_name"])
     out = np.full(n, None, dtype=object)
-    has = con.execute(f"SELECT count(*), count(*) FILTER (WHERE {_HAS_VALUE}) FROM msprobe_records "
-                      "WHERE run IN (?, ?)", [target_run, bench_run]).fetchall()
+    has = [_scalar_counts(con, [target_run, bench_run])]
     if has[0][0] and not has[0][1]:
         # no record of either run holds a scalar (a statistics dump): every pair's is None,
         # without reading the pairs' names (what _records would find: nothing)

@@ -156,16 +156,18 @@ def _plugin_metrics() -> tuple[str, ...]:
     registry.load_plugins()
     return registry.names(builtin=False)
 
+# the payload location each row gets from blobs, and its type there
+_BLOB_COLUMNS = {"array_path": "VARCHAR", "elem_offset": "BIGINT", "elem_count": "BIGINT"}
 _SELECT_SQL = """
 SELECT t.tensor_id, t.run, t.rank, t.device_id, t.graph_id, t.iteration, t.op_type, t.op_name,
        t.scope_name, t.io, t.slot, t.arg_name, t.slot_path, t.direction, t.timestamp, t.dtype,
        t.dtype_declared,
        t.shape, t.nbytes, t.content_hash, t.min, t.max, t.mean, t.l2norm, t.requires_grad,
        t.nan_count, t.pos_inf_count, t.neg_inf_count, t.stats_source, t.call_index, t.tensor_key,
-       t.source_file, b.array_path, b.elem_offset, b.elem_count,
+       t.source_file, {blob_columns},
        e.position, o.code_file, o.code_line, o.code_text
 FROM tensors t
-LEFT JOIN blobs b ON b.content_hash = t.content_hash
+{blob_join}
 LEFT JOIN execution_order e ON e.run = t.run AND e.rank IS NOT DISTINCT FROM t.rank
      AND e.device_id IS NOT DISTINCT FROM t.device_id AND e.graph_id IS NOT DISTINCT FROM t.graph_id
      AND e.scope_name = t.scope_name
@@ -245,7 +247,12 @@ def select_rows(con, sel: Selection, drop: Sequence[str] = ()) -> pa.Table:
     location, execution-order position, code line), as Arrow, without the columns ``drop``.
     Raises DumpdbError for an unknown run or an empty selection."""
     where, params = sel.where()
-    query = _SELECT_SQL.format(where=where)
+    if set(_BLOB_COLUMNS) <= set(drop):  # no payload location read (statistics): no join with blobs
+        query = _SELECT_SQL.format(where=where, blob_join="", blob_columns=", ".join(
+            f"NULL::{kind} AS {name}" for name, kind in _BLOB_COLUMNS.items()))
+    else:
+        query = _SELECT_SQL.format(where=where, blob_join="LEFT JOIN blobs b ON b.content_hash = t.content_hash",
+                                   blob_columns=", ".join(f"b.{name}" for name in _BLOB_COLUMNS))
     if drop:
         query = f"SELECT * EXCLUDE ({', '.join(drop)}) FROM ({query})"
     table = con.sql(query, params=params).to_arrow_table()

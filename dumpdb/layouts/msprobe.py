@@ -229,6 +229,16 @@ def scalar_args(record: dict) -> dict[str, Any]:
     return out
 
 
+def may_hold_scalar(text: str) -> bool:
+    """Whether the JSON text of a dump.json record may hold a scalar argument: it holds the
+    key ``"value"`` (every leaf :func:`scalar_args` keeps has one; the other way round the
+    text may also hold it as a string, hence "may"). Written to ``msprobe_records.has_scalar``
+    at ingest (schema 11), so that compare knows a record holds no scalar without its text;
+    the catalog's SQL for rows without it (``dumpdb.compare.args``, migration 011) is the
+    same substring test."""
+    return '"value"' in text
+
+
 def record_leaves(key: str, record: dict) -> Iterator[dict]:
     """Tensor leaves of one dump.json record with their catalog position.
 
@@ -517,7 +527,7 @@ class MsprobeDump(Layout):
             # kept whole and in dump order: msprobe's CSV rows (non-tensor arguments too)
             # and its execution order come from here
             scan.msprobe_records.append({"rank": rank, "iteration": step, "position": position,
-                                         "op_name": key, "record": text})
+                                         "op_name": key, "record": text, "has_scalar": may_hold_scalar(text)})
             if not isinstance(record, dict):
                 continue
             parsed = parse_record_key(key)

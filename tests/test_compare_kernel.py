@@ -501,3 +501,28 @@ def test_the_compile_lock_is_waited_for_only_while_its_holder_lives_and_not_past
         kernel._release_compile_lock()
     assert kernel._lock_state["fd"] is None
     assert kernel._take_compile_lock(str(tmp_path / "missing")) is False  # no directory: no lock, no error
+
+
+def test_tensor_compare_of_a_local_archive_never_imports_zarr(pair_archive):
+    """A local archive's payloads are read as the store's files (ObjectStore.local), so a
+    tensor compare, as a whole process, never imports zarr (~0.3 CPU s holding the GIL before
+    the first pair, docs/compare-kernel.md "sixth round"); its metrics are the ones a
+    process that has zarr loaded computes."""
+    import dumpdb
+    from dumpdb.compare.engine import compare
+
+    script = (
+        "import json, sys\n"
+        "import dumpdb\n"
+        "from dumpdb.compare.engine import compare\n"
+        f"with dumpdb.open({str(pair_archive)!r}) as a:\n"
+        "    out = compare(a, 'fp16', 'fp32', store_results=False)\n"
+        "    rows = out.results.select(['cosine', 'max_abs_err']).to_pylist()\n"
+        "print(json.dumps(['zarr' in sys.modules, rows]))\n")
+    zarr_loaded, rows = _fresh_python(script, {"DUMPDB_METRICS_KERNEL": "numpy"})
+    assert not zarr_loaded
+    assert sum(r["cosine"] is not None for r in rows) > 10  # tensor metrics computed from payloads
+    import zarr  # noqa: F401  # here zarr is loaded: the same numbers
+    with dumpdb.open(pair_archive) as a:
+        here = compare(a, "fp16", "fp32", store_results=False).results.select(["cosine", "max_abs_err"]).to_pylist()
+    assert json.loads(json.dumps(here)) == rows

@@ -526,3 +526,26 @@ def test_tensor_compare_of_a_local_archive_never_imports_zarr(pair_archive):
     with dumpdb.open(pair_archive) as a:
         here = compare(a, "fp16", "fp32", store_results=False).results.select(["cosine", "max_abs_err"]).to_pylist()
     assert json.loads(json.dumps(here)) == rows
+
+
+@pytest.mark.skipif(not kernel.HAVE_NUMBA, reason="numba is not installed: no BLAS probe to skip")
+def test_compare_command_skips_numbas_blas_probe_and_nothing_else(pair_archive):
+    """The ``dumpdb compare`` process loads the numba kernel without numba's import of
+    ``scipy.linalg`` for its BLAS probe (dumpdb.__main__.skip_blas_probe, ~0.26 CPU s); the
+    compare still computes its tensor metrics with the kernel, and ``scipy.linalg`` stays
+    importable afterwards in that process (only the probe was refused)."""
+    script = (
+        "import runpy, sys, json\n"
+        f"sys.argv = ['dumpdb', 'compare', 'fp16', 'fp32', '-a', {str(pair_archive)!r}, '--no-store', '--show', '0']\n"
+        "try:\n"
+        "    runpy.run_module('dumpdb', run_name='__main__')\n"
+        "except SystemExit as exc:\n"
+        "    code = exc.code\n"
+        "from dumpdb.compare import kernel\n"
+        "state = [code, kernel._compiled is not None, 'scipy.linalg' in sys.modules, 'zarr' in sys.modules]\n"
+        "import scipy.linalg\n"
+        "print(json.dumps(state + [hasattr(scipy.linalg, 'cython_blas') or bool(scipy.linalg.blas)]))\n")
+    code, kernel_loaded, linalg_loaded, zarr_loaded, linalg_later = _fresh_python(script)
+    assert code in (0, None) and kernel_loaded
+    assert not linalg_loaded and not zarr_loaded
+    assert linalg_later

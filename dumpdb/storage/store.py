@@ -305,8 +305,9 @@ class _LargeMeta:
 class TensorStore:
     """Read access to ``tensors.zarr`` (and the store a :class:`StoreWriter` writes to).
 
-    ``location`` is a directory (opened as a
-    :class:`~dumpdb.storage.local.DurableLocalStore`) or any
+    ``location`` is a directory (its objects read as its files, without importing zarr:
+    :meth:`ObjectStore.local <dumpdb.storage.objects.ObjectStore.local>`; a
+    :class:`~dumpdb.storage.local.DurableLocalStore` made for anything else), a URL, or any
     :class:`zarr.abc.store.Store`; every byte goes through :attr:`objects`
     (:class:`~dumpdb.storage.objects.ObjectStore`).
 

@@ -12,6 +12,8 @@ from dumpdb.runtime import quiet_exit
 
 # Commands that build Arrow tables from Python lists and numpy arrays and never use pandas.
 NO_PANDAS_COMMANDS = ("ingest", "ingest-worker", "commit", "compare")
+# Commands whose numba kernel (dumpdb.compare.kernel) may load: numba's BLAS probe is skipped.
+NO_BLAS_PROBE_COMMANDS = ("compare",)
 
 
 def skip_pandas_probe() -> None:
@@ -45,6 +47,42 @@ class _NoPandas:
             raise ImportError(f"{name}: not imported by dumpdb's ingest commands")
 
 
+def skip_blas_probe() -> None:
+    """Spare this process numba's import of ``scipy.linalg`` (~0.26 CPU s holding the GIL
+    while the compare kernel loads, on the critical path of a tensor compare; ~0.11 s of it
+    scipy's copy of numpy's namespace, which imports ``numpy.f2py``).
+
+    ``numba.np.arraymath`` probes once, on import, whether ``scipy.linalg.cython_blas`` can
+    be imported (``_check_blas``) and uses the answer for one choice alone: whether
+    ``np.correlate`` and ``np.convolve`` in jitted code call BLAS or numba's own loop.
+    dumpdb's kernel calls neither (nor any BLAS function), so here that probe, and only it
+    (its caller is on the importing thread's stack), is answered "no scipy.linalg"; every
+    other import of scipy, in any thread, is untouched, and numba's BLAS functions
+    (``np.dot``...) still import it when they are compiled. Only in the ``dumpdb`` process
+    itself, for the commands that may load the kernel (never in a library call, where the
+    caller's own jitted code may want BLAS in ``np.correlate``)."""
+    if "numba" not in sys.modules:
+        sys.meta_path.insert(0, _NoBlasProbe)
+
+
+class _NoBlasProbe:
+    """A meta path finder refusing ``scipy.linalg`` to numba's BLAS probe alone (see
+    :func:`skip_blas_probe`)."""
+
+    @staticmethod
+    def find_spec(name: str, path: object = None, target: object = None) -> None:
+        if name != "scipy.linalg" and not name.startswith("scipy.linalg."):
+            return None
+        import inspect
+
+        frame = inspect.currentframe()
+        while frame is not None:
+            if frame.f_code.co_name == "_check_blas" and frame.f_globals.get("__name__") == "numba.np.arraymath":
+                raise ImportError(f"{name}: not imported for numba's BLAS probe by dumpdb's compare")
+            frame = frame.f_back
+        return None
+
+
 def main() -> None:
     """Entry point of the ``dumpdb`` command (see :mod:`dumpdb.cli`; Ctrl-C at any moment exits 130)."""
     sigint.install()
@@ -52,6 +90,8 @@ def main() -> None:
     try:
         if len(sys.argv) > 1 and sys.argv[1] in NO_PANDAS_COMMANDS:
             skip_pandas_probe()
+        if len(sys.argv) > 1 and sys.argv[1] in NO_BLAS_PROBE_COMMANDS:
+            skip_blas_probe()
         from dumpdb.cli import main as cli_main
     except KeyboardInterrupt:  # SIGINT handling not installable (not the main thread)
         sigint.exit_interrupted()

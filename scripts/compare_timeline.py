@@ -194,15 +194,30 @@ def report(started: float, end: float, bucket: float, out) -> None:
                 print(f"  {short[tid]:14s} {had:6.2f} s of {b0 - a0:.2f} s", file=out)
 
 
+def entry_point(command: str) -> None:
+    """What the ``dumpdb`` command does for ``command`` before it imports the CLI
+    (:mod:`dumpdb.__main__`: the pandas probe of the ingest commands and compare, numba's
+    BLAS probe of compare), where the checkout has it (an older one may not)."""
+    t, c = time.perf_counter() - T0, time.thread_time()
+    import dumpdb.__main__ as entry
+
+    if command in getattr(entry, "NO_PANDAS_COMMANDS", ()):
+        entry.skip_pandas_probe()
+    if command in getattr(entry, "NO_BLAS_PROBE_COMMANDS", ()):
+        entry.skip_blas_probe()
+    _record("dumpdb entry point", t, c)
+
+
 def main() -> None:
     started = _started_before()
     sampler = threading.Thread(target=_sample, daemon=True)
     sampler.start()
     NAMES[threading.get_native_id()] = "main"
+    sys.argv = ["dumpdb", *(sys.argv[sys.argv.index("--") + 1:] if "--" in sys.argv else sys.argv[1:])]
+    entry_point(sys.argv[1] if len(sys.argv) > 1 else "")
     instrument()
     import dumpdb.cli as cli
 
-    sys.argv = ["dumpdb", *(sys.argv[sys.argv.index("--") + 1:] if "--" in sys.argv else sys.argv[1:])]
     t, c = time.perf_counter() - T0, time.thread_time()
     try:
         cli.main()

@@ -501,3 +501,51 @@ def test_the_compile_lock_is_waited_for_only_while_its_holder_lives_and_not_past
         kernel._release_compile_lock()
     assert kernel._lock_state["fd"] is None
     assert kernel._take_compile_lock(str(tmp_path / "missing")) is False  # no directory: no lock, no error
+
+
+def test_tensor_compare_of_a_local_archive_never_imports_zarr(pair_archive):
+    """A local archive's payloads are read as the store's files (ObjectStore.local), so a
+    tensor compare, as a whole process, never imports zarr (~0.3 CPU s holding the GIL before
+    the first pair, docs/compare-kernel.md "sixth round"); its metrics are the ones a
+    process that has zarr loaded computes."""
+    import dumpdb
+    from dumpdb.compare.engine import compare
+
+    script = (
+        "import json, sys\n"
+        "import dumpdb\n"
+        "from dumpdb.compare.engine import compare\n"
+        f"with dumpdb.open({str(pair_archive)!r}) as a:\n"
+        "    out = compare(a, 'fp16', 'fp32', store_results=False)\n"
+        "    rows = out.results.select(['cosine', 'max_abs_err']).to_pylist()\n"
+        "print(json.dumps(['zarr' in sys.modules, rows]))\n")
+    zarr_loaded, rows = _fresh_python(script, {"DUMPDB_METRICS_KERNEL": "numpy"})
+    assert not zarr_loaded
+    assert sum(r["cosine"] is not None for r in rows) > 10  # tensor metrics computed from payloads
+    import zarr  # noqa: F401  # here zarr is loaded: the same numbers
+    with dumpdb.open(pair_archive) as a:
+        here = compare(a, "fp16", "fp32", store_results=False).results.select(["cosine", "max_abs_err"]).to_pylist()
+    assert json.loads(json.dumps(here)) == rows
+
+
+@pytest.mark.skipif(not kernel.HAVE_NUMBA, reason="numba is not installed: no BLAS probe to skip")
+def test_compare_command_skips_numbas_blas_probe_and_nothing_else(pair_archive):
+    """The ``dumpdb compare`` process loads the numba kernel without numba's import of
+    ``scipy.linalg`` for its BLAS probe (dumpdb.__main__.skip_blas_probe, ~0.26 CPU s); the
+    compare still computes its tensor metrics with the kernel, and ``scipy.linalg`` stays
+    importable afterwards in that process (only the probe was refused)."""
+    script = (
+        "import runpy, sys, json\n"
+        f"sys.argv = ['dumpdb', 'compare', 'fp16', 'fp32', '-a', {str(pair_archive)!r}, '--no-store', '--show', '0']\n"
+        "try:\n"
+        "    runpy.run_module('dumpdb', run_name='__main__')\n"
+        "except SystemExit as exc:\n"
+        "    code = exc.code\n"
+        "from dumpdb.compare import kernel\n"
+        "state = [code, kernel._compiled is not None, 'scipy.linalg' in sys.modules, 'zarr' in sys.modules]\n"
+        "import scipy.linalg\n"
+        "print(json.dumps(state + [hasattr(scipy.linalg, 'cython_blas') or bool(scipy.linalg.blas)]))\n")
+    code, kernel_loaded, linalg_loaded, zarr_loaded, linalg_later = _fresh_python(script)
+    assert code in (0, None) and kernel_loaded
+    assert not linalg_loaded and not zarr_loaded
+    assert linalg_later

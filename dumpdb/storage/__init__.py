@@ -2,6 +2,7 @@
 
 * :mod:`~dumpdb.storage.objects`: :class:`ObjectStore`, the synchronous facade over a
   zarr Store through which every byte goes (ranged get, whole-object set, delete, list);
+  a local store's reads go to its files without zarr (``ObjectStore.local``);
 * :mod:`~dumpdb.storage.local`: :class:`DurableLocalStore`, zarr's LocalStore with
   fsync'd, rename-into-place writes (local archives);
 * :mod:`~dumpdb.storage.store`: :class:`TensorStore` (reads, large arrays, faults) and

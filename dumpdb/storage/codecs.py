@@ -72,7 +72,6 @@ from typing import Any
 import numcodecs
 import numcodecs.blosc
 import numpy as np
-import zarr.codecs
 
 from dumpdb.errors import DumpdbError
 
@@ -118,6 +117,8 @@ class Codec:
         """The zarr v3 bytes-to-bytes codec that ``zarr.json`` records (None: uncompressed)."""
         if self.raw:
             return None
+        import zarr.codecs  # only writers need it: a read decodes frames with numcodecs alone
+
         if self.cname == "lz4":
             return zarr.codecs.BloscCodec(typesize=self.typesize, cname="lz4", clevel=self.level,
                                           shuffle="shuffle" if self.shuffle else "noshuffle",

@@ -1,5 +1,5 @@
 """The one door to the tensor store's bytes: a small synchronous facade over a
-:class:`zarr.abc.store.Store`.
+:class:`zarr.abc.store.Store`, or over a directory on local disk (:meth:`ObjectStore.local`).
 
 Every byte dumpdb reads or writes under ``tensors.zarr`` (pack shards, large
 arrays, ``zarr.json``) passes through an :class:`ObjectStore`, which speaks in
@@ -14,6 +14,14 @@ zarr's Store API is async. Stores that also have zarr's synchronous methods
 directly, so a small tensor's read is one ranged ``get`` with no event-loop hop;
 everything else runs on zarr's own event loop thread (:func:`zarr.core.sync.sync`).
 
+A store on local disk opened with :meth:`ObjectStore.local` reads its objects as the files
+``<root>/<key>`` (``pread``, ``mmap``) without zarr: zarr (~0.3 CPU s of imports holding
+the GIL, docs/compare-kernel.md "sixth round") is imported, and the zarr Store made
+(:class:`~dumpdb.storage.local.DurableLocalStore`), only when something else is asked of it
+(listing, size, writing) or of :attr:`ObjectStore.store`. A tensor compare reads through
+:meth:`~ObjectStore.get`, :meth:`~ObjectStore.get_suffix`, :meth:`~ObjectStore.get_into`
+and :meth:`~ObjectStore.map_private` alone, so it never imports zarr.
+
 Errors: a missing object raises :class:`~dumpdb.errors.PayloadMissing`, a ranged
 read the object is too short for :class:`~dumpdb.errors.PayloadCorrupt`; both name
 the object. Write failures (ENOSPC...) propagate as OSError.
@@ -25,15 +33,15 @@ import mmap
 import os
 import re
 from collections.abc import Callable, Coroutine, Iterable, Iterator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import google_crc32c
-from zarr.abc.store import RangeByteRequest, Store, SuffixByteRequest, SupportsSyncStore
-from zarr.core.buffer import Buffer, default_buffer_prototype
-from zarr.core.sync import sync
-from zarr.storage import LocalStore
 
 from dumpdb.errors import DumpdbError, PayloadCorrupt, PayloadMissing, StorageError
+
+if TYPE_CHECKING:
+    from zarr.abc.store import RangeByteRequest, Store, SuffixByteRequest
+    from zarr.core.buffer import Buffer
 
 T = TypeVar("T")
 
@@ -41,7 +49,23 @@ _BLOCK = 16 << 20  # streaming reads (checksums of big objects) go in blocks of 
 
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:
+    from zarr.core.sync import sync
+
     return sync(coro)
+
+
+_zarr_ready = False
+
+
+def configure_zarr() -> None:
+    """Set zarr's configuration for dumpdb once per process (its thread pool: one thread per
+    core), importing zarr; every place that hands work to zarr calls this first."""
+    global _zarr_ready
+    if not _zarr_ready:
+        import zarr
+
+        zarr.config.set({"threading.max_workers": os.cpu_count() or 2})
+        _zarr_ready = True
 
 
 def _view(buf: Buffer) -> memoryview:
@@ -105,12 +129,48 @@ class ObjectStore:
     access denied) raises :class:`~dumpdb.errors.StorageError`, one line naming both.
     """
 
-    def __init__(self, store: Store, name: str | None = None, endpoint: str | None = None):
-        self.store = store
-        self.name = name or str(store)
+    def __init__(self, store: Store | None, name: str | None = None, endpoint: str | None = None, *,
+                 root: str | os.PathLike[str] | None = None, read_only: bool = True):
+        self._store = store
+        self.name = name or str(store if store is not None else root)
         self.endpoint = endpoint
+        if store is not None:
+            self._root: str | None = getattr(store, "root", None) if _is_local(store) else None
+            self._read_only = bool(store.read_only)
+        else:  # local(): the files under root
+            self._root, self._read_only = str(root), read_only
+        self._sync = False
+        self._proto: Any = None
+        if store is not None:
+            self._adopt(store)
+
+    @classmethod
+    def local(cls, root: str | os.PathLike[str], read_only: bool = True, name: str | None = None) -> ObjectStore:
+        """The objects of a store on local disk: the files under ``root`` (``<root>/<key>``,
+        the layout of zarr's ``LocalStore``), read without zarr (module docstring); its
+        zarr Store, a :class:`~dumpdb.storage.local.DurableLocalStore`, is made on first
+        need. ``read_only`` False: it may be written (through that store)."""
+        return cls(None, name or str(root), root=root, read_only=read_only)
+
+    def _adopt(self, store: Store) -> None:
+        from zarr.abc.store import SupportsSyncStore
+        from zarr.core.buffer import default_buffer_prototype
+
         self._sync = isinstance(store, SupportsSyncStore)
         self._proto = default_buffer_prototype()
+
+    @property
+    def store(self) -> Store:
+        """The zarr Store underneath (for :meth:`local`: a DurableLocalStore of its root,
+        made now if not yet, importing zarr)."""
+        if self._store is None:
+            configure_zarr()
+            from dumpdb.storage.local import DurableLocalStore
+
+            store = DurableLocalStore(str(self._root), read_only=self._read_only)
+            self._adopt(store)
+            self._store = store
+        return self._store
 
     def __repr__(self) -> str:
         return f"<ObjectStore {self.name}>"
@@ -118,7 +178,7 @@ class ObjectStore:
     @property
     def read_only(self) -> bool:
         """True if the underlying zarr store refuses writes."""
-        return self.store.read_only
+        return self._read_only if self._store is None else bool(self._store.read_only)
 
     def where(self, key: str) -> str:
         """``<store>/<key>``: how messages name an object."""
@@ -145,9 +205,29 @@ class ObjectStore:
 
     # -- reading ---------------------------------------------------------------
     def _get(self, key: str, byte_range: RangeByteRequest | SuffixByteRequest | None) -> Buffer | None:
+        store = self.store
         if self._sync:
-            return self.store.get_sync(key, prototype=self._proto, byte_range=byte_range)  # type: ignore[attr-defined]
-        return self._async(f"read {key}", self.store.get(key, self._proto, byte_range))
+            return store.get_sync(key, prototype=self._proto, byte_range=byte_range)  # type: ignore[attr-defined]
+        return self._async(f"read {key}", store.get(key, self._proto, byte_range))
+
+    def _read_file(self, key: str, start: int | None, end: int | None, suffix: int | None = None) -> bytes | None:
+        """Bytes of the file of object ``key`` in a local store (``_root``): ``[start, end)``,
+        the last ``suffix`` bytes, or the whole file; None if it does not exist (what zarr's
+        LocalStore answers; a range past the end comes back short, as there)."""
+        try:
+            fd = os.open(os.path.join(str(self._root), key), os.O_RDONLY)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        try:
+            if start is not None and end is not None:
+                return os.pread(fd, max(end - start, 0), start)
+            size = os.fstat(fd).st_size
+            lo = max(size - suffix, 0) if suffix is not None else 0
+            return os.pread(fd, size - lo, lo)
+        except IsADirectoryError:
+            return None
+        finally:
+            os.close(fd)
 
     def get(self, key: str, start: int | None = None, end: int | None = None) -> memoryview:
         """The bytes ``[start, end)`` of object ``key`` (the whole object when both are None),
@@ -157,16 +237,21 @@ class ObjectStore:
         Raises PayloadMissing if the object does not exist, PayloadCorrupt if it
         ends before ``end``.
         """
-        if start is None and end is None:
+        if start is not None and end is None:
+            raise ValueError("get(): give end with start (use get_suffix for a tail)")
+        if self._root is not None:
+            raw = self._read_file(key, None if end is None else start or 0, end)
+            buf: Any = raw if raw is None else memoryview(raw)
+        elif start is None and end is None:
             buf = self._get(key, None)
         else:
+            from zarr.abc.store import RangeByteRequest
+
             lo = start or 0
-            if end is None:
-                raise ValueError("get(): give end with start (use get_suffix for a tail)")
-            buf = self._get(key, RangeByteRequest(lo, max(end, lo)))
+            buf = self._get(key, RangeByteRequest(lo, max(end or 0, lo)))
         if buf is None:
             raise PayloadMissing(f"{self.where(key)}: object missing from the tensor store")
-        data = _view(buf)
+        data = buf if isinstance(buf, memoryview) else _view(buf)
         if end is not None and len(data) != end - (start or 0):
             raise PayloadCorrupt(f"{self.where(key)}: object too short for bytes [{start or 0}, {end}) "
                                  f"(got {len(data)} of {end - (start or 0)})")
@@ -175,10 +260,16 @@ class ObjectStore:
     def get_suffix(self, key: str, n: int) -> memoryview:
         """The last ``n`` bytes of object ``key`` (a view, as :meth:`get`); PayloadCorrupt
         if it is shorter."""
-        buf = self._get(key, SuffixByteRequest(n))
+        if self._root is not None:
+            raw = self._read_file(key, None, None, suffix=n)
+            buf: Any = raw if raw is None else memoryview(raw)
+        else:
+            from zarr.abc.store import SuffixByteRequest
+
+            buf = self._get(key, SuffixByteRequest(n))
         if buf is None:
             raise PayloadMissing(f"{self.where(key)}: object missing from the tensor store")
-        data = _view(buf)
+        data = buf if isinstance(buf, memoryview) else _view(buf)
         if len(data) != n:
             raise PayloadCorrupt(f"{self.where(key)}: object has {len(data)} bytes, fewer than the {n} expected")
         return data
@@ -191,8 +282,8 @@ class ObjectStore:
         consecutive piece of ``out`` (``piece_bytes`` each, the last shorter) as soon as it is
         filled, in order, so a caller can hash piece k while piece k+1 is read. Raises as
         :meth:`get`."""
-        root = getattr(self.store, "root", None)
-        if isinstance(self.store, LocalStore) and root is not None:
+        root = self._root
+        if root is not None:
             path = os.path.join(root, key)
             step = piece_bytes if on_piece is not None else max(len(out), 1)
             got = 0
@@ -236,9 +327,8 @@ class ObjectStore:
         ``durable_put``): a file deleted meanwhile stays readable while mapped. Raises
         PayloadMissing if the object does not exist, PayloadCorrupt if it is shorter than
         ``nbytes``."""
-        root = getattr(self.store, "root", None)
-        if not (isinstance(self.store, LocalStore) and root is not None and nbytes > 0
-                and hasattr(mmap, "MAP_PRIVATE")):
+        root = self._root
+        if not (root is not None and nbytes > 0 and hasattr(mmap, "MAP_PRIVATE")):
             return None
         try:
             fd = os.open(os.path.join(root, key), os.O_RDONLY)
@@ -341,14 +431,16 @@ class ObjectStore:
 
     def set_if_not_exists(self, key: str, data: bytes) -> None:
         """Write object ``key`` unless it exists (then nothing changes)."""
-        self._async(f"write {key}", self.store.set_if_not_exists(key, self._proto.buffer.from_bytes(data)))
+        store = self.store  # made first: it sets _proto
+        self._async(f"write {key}", store.set_if_not_exists(key, self._proto.buffer.from_bytes(data)))
 
     def delete(self, key: str) -> None:
         """Delete object ``key`` (no error if it is gone already)."""
+        store = self.store  # made first: it sets _sync
         if self._sync:
-            self.store.delete_sync(key)  # type: ignore[attr-defined]
+            store.delete_sync(key)  # type: ignore[attr-defined]
         else:
-            self._async(f"delete {key}", self.store.delete(key))
+            self._async(f"delete {key}", store.delete(key))
 
     def delete_prefix(self, prefix: str) -> int:
         """Delete every object under ``prefix``; returns how many there were."""
@@ -356,6 +448,16 @@ class ObjectStore:
         if keys:  # LocalStore: its directories too
             self._async(f"delete {prefix}", self.store.delete_dir(prefix.rstrip("/")))
         return len(keys)
+
+
+def _is_local(store: Any) -> bool:
+    """True for zarr's LocalStore (and DurableLocalStore): its objects are the files
+    ``<root>/<key>``. Asked only of a store that exists, so zarr is imported already."""
+    if store is None:
+        return False
+    from zarr.storage import LocalStore
+
+    return isinstance(store, LocalStore) and getattr(store, "root", None) is not None
 
 
 def _guarded(objects: ObjectStore, prefix: str, it: Iterator[T]) -> Iterator[T]:

@@ -39,14 +39,11 @@ from concurrent.futures import BrokenExecutor, CancelledError, Future, ThreadPoo
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numcodecs
 import numpy as np
 import xxhash
-import zarr
-import zarr.codecs
-from zarr.abc.store import Store
 
 from dumpdb.dtypes import storage_dtype
 from dumpdb.errors import PayloadCorrupt, PayloadMissing, StorageError
@@ -65,8 +62,7 @@ from dumpdb.storage.codecs import (
     frame_decoder,
     redundant_codec,
 )
-from dumpdb.storage.local import DurableLocalStore
-from dumpdb.storage.objects import ObjectStore, is_transport_error
+from dumpdb.storage.objects import ObjectStore, configure_zarr, is_transport_error
 from dumpdb.storage.shard import (
     EMPTY_CHUNK,
     ShardTarget,
@@ -75,6 +71,10 @@ from dumpdb.storage.shard import (
     shard_index_bytes,
     write_shard,
 )
+
+if TYPE_CHECKING:
+    import zarr
+    from zarr.abc.store import Store
 
 PACK_BYTES = 64 << 20
 LARGE_BYTES = 16 << 20
@@ -305,8 +305,9 @@ class _LargeMeta:
 class TensorStore:
     """Read access to ``tensors.zarr`` (and the store a :class:`StoreWriter` writes to).
 
-    ``location`` is a directory (opened as a
-    :class:`~dumpdb.storage.local.DurableLocalStore`) or any
+    ``location`` is a directory (its objects read as its files, without importing zarr:
+    :meth:`ObjectStore.local <dumpdb.storage.objects.ObjectStore.local>`; a
+    :class:`~dumpdb.storage.local.DurableLocalStore` made for anything else), a URL, or any
     :class:`zarr.abc.store.Store`; every byte goes through :attr:`objects`
     (:class:`~dumpdb.storage.objects.ObjectStore`).
 
@@ -332,23 +333,24 @@ class TensorStore:
                  verify: bool = True):
         self.verify = verify  # default of read/read_many/read_payload: re-hash what they return
         endpoint = None
-        if isinstance(location, Store):
+        if not isinstance(location, (str, os.PathLike)):  # a zarr Store
+            configure_zarr()
             zstore: Store = location if location.read_only == read_only or not read_only \
                 else location.with_read_only(True)
             self.root: Path | None = getattr(location, "root", None)
             self.capabilities = backends.LOCAL if self.root is not None else backends.Capabilities()
-            name = str(location)
+            self.objects = ObjectStore(zstore, str(location))
         elif backends.is_url(location):  # SCHEME://BUCKET/PREFIX (dumpdb.storage.backends)
+            configure_zarr()
             zstore = backends.open_store(str(location), storage_options, read_only=read_only)
-            self.root, name = None, str(location)
+            self.root = None
             self.capabilities = backends.backend(str(location)).capabilities
             endpoint = backends.endpoint(str(location), storage_options)
-        else:
+            self.objects = ObjectStore(zstore, str(location), endpoint)
+        else:  # a directory: read without zarr, its DurableLocalStore made on first need (ObjectStore.local)
             self.root = Path(location)
             self.capabilities = backends.LOCAL
-            zstore = DurableLocalStore(str(self.root), read_only=read_only)
-            name = str(self.root)
-        self.objects = ObjectStore(zstore, name, endpoint)
+            self.objects = ObjectStore.local(self.root, read_only, str(self.root))
         self._arrays: OrderedDict[str, zarr.Array] = OrderedDict()
         self._cache_size = cache_size
         self._packs: OrderedDict[str, _PackMeta] = OrderedDict()
@@ -362,14 +364,14 @@ class TensorStore:
         self._reading = 0  # multi-chunk pack reads in flight (_fill_chunks)
         self._compressor: str | None = None  # the store's compressor, read on first use
         self._hash_pool: ThreadPoolExecutor | None = None  # hashes a checked large read as it arrives
-        zarr.config.set({"threading.max_workers": os.cpu_count() or 2})
 
     def __repr__(self) -> str:
         return f"<TensorStore {self.objects.name}>"
 
     @property
     def zstore(self) -> Store:
-        """The zarr Store underneath (picklable for local stores: worker processes reopen it)."""
+        """The zarr Store underneath (picklable for local stores: worker processes reopen it;
+        for a local store made, and zarr imported, on first use: :meth:`ObjectStore.local`)."""
         return self.objects.store
 
     @property
@@ -603,14 +605,21 @@ class TensorStore:
         A remote location must not hold a tensor store already (two archives sharing one
         store would take each other's arrays for crash leftovers): StorageError naming it.
         """
+        import zarr
+
+        configure_zarr()
         if backends.is_url(location):
             target = TensorStore(location, read_only=False, storage_options=storage_options)
             if target.objects.exists("zarr.json"):
                 raise StorageError(f"{location}: already holds a tensor store (of another archive?); "
                                    "give each archive its own prefix")
             store: Store = target.zstore
+        elif isinstance(location, (str, os.PathLike)):
+            from dumpdb.storage.local import DurableLocalStore
+
+            store = DurableLocalStore(str(location), read_only=False)
         else:
-            store = location if isinstance(location, Store) else DurableLocalStore(str(location), read_only=False)
+            store = location
         try:
             zarr.create_group(store, attributes={"dumpdb": {"kind": "tensor-store", "layout": 1,
                                                               **DESCRIBE["tensor-store"]}})
@@ -628,6 +637,9 @@ class TensorStore:
         """
         arr = self._arrays.get(path)
         if arr is None:
+            import zarr
+
+            configure_zarr()
             try:
                 arr = zarr.open_array(self.zstore, path=path, mode="r")
             except FileNotFoundError as exc:  # zarr.errors.ArrayNotFoundError too
@@ -1170,6 +1182,9 @@ class StoreWriter:
 
     def _create(self, name: str, data: np.ndarray, chunks, shards, kind: str, codec: Codec, write: bool = True,
                 **attrs) -> zarr.Array:
+        import zarr
+
+        configure_zarr()
         arr = zarr.create_array(
             self.store.zstore, name=name, shape=data.shape, dtype=data.dtype, chunks=chunks,
             shards=shards, compressors=codec.zarr_codec(), fill_value=0,

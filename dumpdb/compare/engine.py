@@ -61,7 +61,6 @@ arrays), and the precision rules' departing inputs and cancellation candidates
 from __future__ import annotations
 
 import json
-import math
 import os
 import threading
 from collections import defaultdict, deque
@@ -692,16 +691,14 @@ def _compute(archive, t: pa.Table, b: pa.Table, mode: str, workers, progress,
             res.note(rows, metrics.message[settled])
     done = int(np.count_nonzero(settled))
     pending = pending[~settled]
-    tshape, bshape = Shapes(t.column("shape").take(pending)), Shapes(b.column("shape").take(pending))
-    small_mask = np.zeros(pending.size, bool)
-    if fast:
-        small_mask = tshape.equal(bshape) & (tshape.size <= SMALL_ELEMENTS) \
-            & _valid(t.column("array_path").take(pending)) & _valid(b.column("array_path").take(pending))
+    small_mask, sizes = _small_pairs(t.select(_SMALL_KEYS).take(pending), b.select(_SMALL_KEYS).take(pending))
+    if not fast:
+        small_mask[:] = False
     small, large = pending[small_mask], pending[~small_mask]
     done += _compute_statistics(t, b, statistics, res)
     if progress and done:
         progress(done, n)
-    small_sizes = tshape.size[small_mask]
+    small_sizes = sizes[small_mask]
     if scheduler is not None and (small.size or large.size):
         _compute_remote(archive, scheduler, workers, t, b, small, small_sizes, large, fast, res, done, progress)
         return res
@@ -813,19 +810,17 @@ class _EarlyPairs:
         elements or other shapes (:func:`_compute`'s split)."""
         if registry.metrics("tensor", builtin=False) or self.workers > THREAD_MAX_WORKERS:
             return
-        # in Python over to_pylist(): the first numpy or Python value given to pyarrow makes it
-        # import pandas when installed (~0.3 CPU s holding the GIL), which would come here,
-        # before the workers start; to_pylist does not
+        # the pairs' rows in pair order, split as _compute splits them (_small_pairs)
         keys = ["tensor_id", *_LOC_KEYS, "nbytes", "stats_source", "nan_count", "pos_inf_count", "neg_inf_count",
                 "min", "max"]
-        tby = {r["tensor_id"]: r for r in self.trows.select(keys).to_pylist()}
-        bby = {r["tensor_id"]: r for r in self.brows.select(keys).to_pylist()}
+        t = self.trows.select(keys).take(pc.index_in(pairs.column("target_tensor_id"), self.trows.column("tensor_id")))
+        b = self.brows.select(keys).take(pc.index_in(pairs.column("bench_tensor_id"), self.brows.column("tensor_id")))
+        small, _ = _small_pairs(t, b)
         items, seen = [], set()
-        for p in pairs.to_pylist():
-            x, y = tby[p["target_tensor_id"]], bby[p["bench_tensor_id"]]
+        for x, y, is_small in zip(t.to_pylist(), b.to_pylist(), small.tolist()):
             if x["array_path"] is None or y["array_path"] is None or x["content_hash"] == y["content_hash"]:
                 continue  # statistics, or the same bytes (_identical settles most such pairs unread)
-            if x["shape"] is not None and x["shape"] == y["shape"] and math.prod(x["shape"]) <= SMALL_ELEMENTS:
+            if is_small:
                 continue  # a small pair: the batched path
             key = _pair_key(x, y)
             if key not in seen:
@@ -1048,6 +1043,20 @@ def _pair_key(x: dict, y: dict) -> tuple:
         return None if row["shape"] is None else tuple(row["shape"])  # NULL is not the 0-d shape ()
 
     return (x["content_hash"], x["dtype"], shape(x), y["content_hash"], y["dtype"], shape(y), _ranges(x, y))
+
+
+_SMALL_KEYS = ["shape", "array_path"]
+
+
+def _small_pairs(t: pa.Table, b: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """Which pairs ``t[i]``/``b[i]`` (tables with ``_SMALL_KEYS``) take the batched small
+    path: both payloads stored, the same known shape, at most ``SMALL_ELEMENTS`` elements;
+    and the target's element counts (0 where its shape is NULL). The one home of the split
+    that :func:`_compute` and :meth:`_EarlyPairs.start` both make."""
+    tshape, bshape = Shapes(t.column("shape")), Shapes(b.column("shape"))
+    mask = tshape.equal(bshape) & (tshape.size <= SMALL_ELEMENTS) \
+        & _valid(t.column("array_path")) & _valid(b.column("array_path"))
+    return mask, tshape.size
 
 
 def _valid(col) -> np.ndarray:

@@ -79,7 +79,7 @@ def judge_precision(rows: list[dict], producers: dict[str, list[tuple[int, str, 
         for name in ("scaled_err", "precision_floor", "precision_ratio"):
             r[name] = float(out[name][i]) if out[f"{name}_valid"][i] else None
         r.update(precision_dtype=out["precision_dtype"][i], precision_result=out["precision_result"][i],
-                 precision_reason=out["precision_reason"][i])
+                 precision_reason=out["precision_reason"][i].as_py())
         if out["origin_op"][i] is not None:
             r["origin_op"] = out["origin_op"][i]
 

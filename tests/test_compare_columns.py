@@ -212,6 +212,15 @@ def _precision_columns(rows: list[dict], producers: dict) -> PrecisionColumns:
         timestamp=np.array([np.nan if r["timestamp"] is None else float(r["timestamp"]) for r in rows]))
 
 
+def _listed(col):
+    """A column of judge_precision_columns' output as numpy (the reasons come as an Arrow array)."""
+    if isinstance(col, pa.Array):
+        out = np.empty(len(col), dtype=object)
+        out[:] = col.to_pylist()
+        return out
+    return col
+
+
 def _same(a, b) -> bool:
     return repr(a) == repr(b)
 
@@ -261,8 +270,9 @@ def test_precision_columns_equal_judge_precision(seed, statistics_only):
                                                                  "bench_dtype_declared")})
     got_arrow, departure_arrow = judge_precision_columns(arrowed, rules)
     assert repr(departure_arrow) == repr(departure)
+    got = {k: _listed(v) for k, v in got.items()}  # the reasons come as Arrow
     for name, col in got.items():
-        assert repr(got_arrow[name].tolist()) == repr(col.tolist()), name
+        assert repr(_listed(got_arrow[name]).tolist()) == repr(col.tolist()), name
     expected = [dict(r) for r in rows]
     reference.judge_precision(expected, producers, rules)
     wrapped = [dict(r) for r in rows]
@@ -323,3 +333,59 @@ def test_group_codes_and_shapes():
     t = Shapes(pa.array([[2, 3], [], None, [2, 3]], pa.list_(pa.int64())))
     assert s.equal(t).tolist() == [True, True, False, False]
     assert s.size.tolist() == [6, 1, 0, 6] and s.text(0) == "[2, 3]" and s.text(2) == "None"
+
+
+def test_texts_and_format_equal_python_strings():
+    """columns.Texts (the precision reasons as Arrow parts, no str per row) reads, overwrites,
+    NULLs and truthiness as an object array does; precision._format equals str.format row
+    by row over numbers (-0.0, nan, inf, ties of .3g), objects (str, None, a number, bytes)
+    and Arrow texts with NULL."""
+    from dumpdb.compare.columns import Texts, nonempty, replaced
+    from dumpdb.compare.precision import _format
+
+    more = random.Random(7)
+    n = 300
+    want = np.full(n, None, dtype=object)
+    texts = Texts(n)
+    for step in range(12):
+        at = np.array(sorted(more.sample(range(n), more.randint(0, 60))), np.int64)
+        kind = step % 4
+        if kind == 0:
+            values = [more.choice([None, "", f"r{step}-{i}"]) for i in range(len(at))]
+            texts[at] = values
+        elif kind == 1:
+            values = [f"{v}: propagated" if v is not None else None for v in want[at].tolist()]
+            texts[at] = pa.array(values, pa.large_string())
+        elif kind == 2:
+            mask = np.zeros(n, bool)
+            mask[at] = True
+            values = ["same"] * len(at)
+            texts[mask] = "same"
+        else:
+            values = [None] * len(at)
+            texts[at] = None
+        want[at] = values
+        rows = np.array(more.sample(range(n), 40))
+        assert texts[rows].to_pylist() == want[rows].tolist()
+    assert texts.arrow().to_pylist() == want.tolist() and texts.arrow().type == pa.string()
+    assert texts.present().tolist() == [v is not None for v in want.tolist()]
+    assert texts.nonempty().tolist() == truthy(want).tolist()
+    assert texts.get(int(np.flatnonzero(texts.present())[0])) == want[np.flatnonzero(texts.present())[0]]
+    arr = texts[np.arange(n)]
+    assert nonempty(arr).tolist() == truthy(want).tolist()
+    blank = ~truthy(want)
+    assert replaced(arr, blank, "x").to_pylist() == [("x" if b else v) for v, b in zip(want.tolist(), blank.tolist())]
+
+    floats = np.array([0.0, -0.0, 1.5, 0.0012345, 0.00123449999, 2.5e-7, np.nan, np.inf, -np.inf, 1e300, 12345.0] * 3)
+    objects = np.empty(len(floats), dtype=object)
+    objects[:] = ([None, "a", "", "float32"] * 9)[:len(floats)]
+    mixed = objects.copy()
+    mixed[1], mixed[2] = 3.5, b"x"
+    arrow = pa.array([None if i % 5 == 0 else f"t{i}" for i in range(len(floats))], pa.large_string())
+    for template, cols in (("error {:.3g} = {:g} x floor", (floats, floats[::-1].copy())),
+                           ("{}: {} of {:.3g}", (objects, mixed, floats)),
+                           ("{}; produced by {}", (arrow, objects)),
+                           ("a {!r} b {}", (objects, floats))):
+        got = _format(template, *cols).to_pylist()
+        lists = [c.to_pylist() if isinstance(c, pa.Array) else c.tolist() for c in cols]
+        assert got == [template.format(*row) for row in zip(*lists)], template

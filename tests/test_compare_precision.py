@@ -357,7 +357,7 @@ def test_an_input_an_inserted_op_made_is_judged_by_that_ops_inputs():
     out, fd = judged(0.168)
     assert out["precision_result"][2] == "error" and out["precision_ratio"][2] < 64
     assert out["origin_op"][2] == "Functional.silu.0.forward" and fd["origin_op"] == "Functional.silu.0.forward"
-    assert "0.005 of the inputs of Functional.silu.0.forward" in out["precision_reason"][2]
+    assert "0.005 of the inputs of Functional.silu.0.forward" in out["precision_reason"][2].as_py()
     out, fd = judged(0.05)
     assert fd is None and out["precision_result"][2] == "pass"
 

@@ -20,7 +20,8 @@ import pyarrow.compute as pc
 
 __all__ = ["Shapes", "ResultColumns", "execution_order", "execution_keys", "string_codes", "group_codes", "ints",
            "floats", "filled", "strings", "join_messages", "truthy", "IO_ORDER", "ORDER_KEYS", "run_order", "run_ranks",
-           "FORWARD", "BACKWARD", "OPTIMIZER", "PHASES", "phases", "containers", "collectives", "keys"]
+           "FORWARD", "BACKWARD", "OPTIMIZER", "PHASES", "phases", "containers", "collectives", "keys", "Texts",
+           "nonempty", "replaced"]
 
 # The target columns execution_order reads.
 ORDER_KEYS = ("iteration", "rank", "graph_id", "position", "timestamp", "call_index", "io", "slot", "tensor_id")
@@ -339,3 +340,107 @@ class ResultColumns:
             return pa.nulls(self.n, pa.float64())
         values, valid = self.values.pop(name), self.valid.pop(name)
         return pa.array(values, pa.float64(), mask=~valid)
+
+
+class Texts:
+    """A text column of ``n`` rows written in parts, with no Python ``str`` per row (the
+    precision reasons: 500,000 mostly distinct texts, each an Arrow element only).
+
+    Each write keeps one Arrow string array (``large_string``) and points its rows at its
+    elements: ``codes[i]`` is row ``i``'s element among all parts written so far (part k
+    holds the codes from ``starts[k]``), -1 for NULL. Reading some rows (``texts[rows]``)
+    takes them from the parts they point into; :meth:`arrow` gives the whole column."""
+
+    def __init__(self, n: int) -> None:
+        self.codes = np.full(n, -1, np.int64)
+        self._parts: list[pa.Array] = []
+        self._starts: list[int] = []
+        self._size = 0
+
+    def __len__(self) -> int:
+        return len(self.codes)
+
+    def __setitem__(self, rows, values) -> None:
+        """Write ``values`` (an Arrow string array, an object array or list of str/None, one
+        per row; or one str/None for every row) to ``rows`` (indices, a bool mask or one
+        index)."""
+        at = np.flatnonzero(rows) if isinstance(rows, np.ndarray) and rows.dtype == bool else np.atleast_1d(rows)
+        if values is None:
+            self.codes[at] = -1
+            return
+        if isinstance(values, str):
+            arr = pa.array([values], pa.large_string())
+            codes = np.zeros(len(at), np.int64)
+        else:
+            arr = _array(values) if isinstance(values, (pa.Array, pa.ChunkedArray)) else pa.array(
+                list(values) if not isinstance(values, np.ndarray) else values, pa.large_string())
+            if arr.type != pa.large_string():
+                arr = arr.cast(pa.large_string())
+            if len(arr) != len(at):
+                raise ValueError(f"{len(arr)} texts for {len(at)} rows")
+            codes = np.arange(len(arr), dtype=np.int64)
+            if arr.null_count:
+                codes[~arr.is_valid().to_numpy(zero_copy_only=False)] = -1 - self._size
+        if not len(at):
+            return
+        self.codes[at] = codes + self._size
+        self._parts.append(arr)
+        self._starts.append(self._size)
+        self._size += len(arr)
+
+    def _gather(self, codes: np.ndarray) -> tuple[pa.Array, np.ndarray]:
+        """(the parts ``codes`` point into, joined; each code's element in it)."""
+        valid = codes >= 0
+        starts = np.array(self._starts, np.int64)
+        part = np.searchsorted(starts, codes, side="right") - 1
+        used = np.flatnonzero(np.bincount(part[valid], minlength=len(starts))).tolist()
+        if not used:
+            return pa.array([], pa.large_string()), np.zeros(len(codes), np.int64)
+        base = np.zeros(len(starts), np.int64)  # each used part's first element in the joined array
+        sizes = [len(self._parts[k]) for k in used]
+        base[used] = np.cumsum([0, *sizes[:-1]])
+        joined = self._parts[used[0]] if len(used) == 1 else pa.concat_arrays([self._parts[k] for k in used])
+        return joined, np.where(valid, codes - starts[np.maximum(part, 0)] + base[np.maximum(part, 0)], 0)
+
+    def __getitem__(self, rows) -> pa.Array:
+        """The texts of ``rows`` (indices or a bool mask) as an Arrow ``large_string`` array."""
+        codes = self.codes[rows]
+        joined, local = self._gather(codes)
+        return joined.take(pa.array(local, pa.int64(), mask=codes < 0))
+
+    def get(self, i: int) -> str | None:
+        """Row ``i``'s text (a Python str; None for NULL)."""
+        return self[np.array([i])][0].as_py()
+
+    def present(self) -> np.ndarray:
+        """Not NULL, per row."""
+        return self.codes >= 0
+
+    def nonempty(self) -> np.ndarray:
+        """Neither NULL nor "", per row (as :func:`truthy` of the texts)."""
+        if not self._parts:
+            return np.zeros(len(self.codes), bool)
+        # a length per element of every part, indexed by the codes themselves (no text copied)
+        lengths = np.concatenate([pc.binary_length(p).to_numpy(zero_copy_only=False) for p in self._parts])
+        present = self.codes >= 0
+        return present & (lengths[np.where(present, self.codes, 0)] > 0)
+
+    def arrow(self) -> pa.Array:
+        """The column as one Arrow ``string`` array."""
+        return self[np.arange(len(self.codes))].cast(pa.string())
+
+
+def nonempty(texts: pa.Array) -> np.ndarray:
+    """bool(text) of each element of an Arrow string array (NULL and "" are False), as numpy."""
+    return pc.fill_null(pc.greater(pc.binary_length(texts), 0), False).to_numpy(zero_copy_only=False)
+
+
+def replaced(texts: pa.Array, rows: np.ndarray, values) -> pa.Array:
+    """``texts`` with the ``rows`` (a bool mask) replaced by ``values`` (one str, or an Arrow
+    string array of one text per row of the mask), as a new Arrow array of the same type."""
+    if isinstance(values, str):
+        values = pa.array([values] * int(np.count_nonzero(rows)), texts.type)
+    if not len(values):
+        return texts
+    spread = values.cast(texts.type).take(pa.array(np.maximum(np.cumsum(rows) - 1, 0)))
+    return pc.if_else(pa.array(rows, pa.bool_()), spread, texts)

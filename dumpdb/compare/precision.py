@@ -183,12 +183,15 @@ from dumpdb.compare.columns import (
     OPTIMIZER,
     PHASES,
     Shapes,
+    Texts,
     collectives,
     containers,
     filled,
     group_codes,
     keys,
+    nonempty,
     phases,
+    replaced,
     string_codes,
     strings,
     truthy,
@@ -515,7 +518,7 @@ def _side_nonfinite(c: Columns, side: str) -> np.ndarray:
     return out
 
 
-def _errors_columns(c: Columns) -> tuple[np.ndarray, ...]:
+def _errors_columns(c: Columns) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, Texts]:
     """:func:`_pair_error` of every row: (err, err valid, floor, floor valid, dtype, reason);
     vectorised, with the rows it settles by a special case (a reshape, NaN/Inf only on the
     target side or at different positions) computed by _pair_error itself."""
@@ -574,7 +577,10 @@ def _errors_columns(c: Columns) -> tuple[np.ndarray, ...]:
             err[i], err_ok[i] = e1, True
         if f1 is not None:
             floor[i], floor_ok[i] = f1, True
-    return err, err_ok, floor, floor_ok, low, reason
+    texts = Texts(n)
+    at = np.flatnonzero(np.not_equal(reason, _NONE).astype(bool))
+    texts[at] = reason[at]
+    return err, err_ok, floor, floor_ok, low, texts
 
 
 def judge_precision_columns(c: Columns, rules: PrecisionRules = PrecisionRules(),
@@ -598,7 +604,7 @@ def judge_precision_columns(c: Columns, rules: PrecisionRules = PrecisionRules()
     with np.errstate(all="ignore"):
         r = np.where((floor == 0) & (err > 0), np.inf, np.where(err == 0, 0.0, err / floor))
     ratio[ratio_ok] = r[ratio_ok]
-    departs = np.not_equal(reason, _NONE) | (ratio_ok & (ratio > rules.margin))
+    departs = reason.present() | (ratio_ok & (ratio > rules.margin))
     result = filled(n, PASS)
     origin = np.full(n, None, dtype=object)
     op_types = c.objects("op_type")
@@ -613,10 +619,11 @@ def judge_precision_columns(c: Columns, rules: PrecisionRules = PrecisionRules()
            "precision_ratio": ratio, "precision_ratio_valid": ratio_ok, "precision_dtype": low,
            "precision_result": result, "precision_reason": reason, "origin_op": origin, "phase": phase}
     if n == 0:
+        out["precision_reason"] = reason.arrow()
         return out, None
     g = c.group
     groups = int(g.max()) + 1
-    none = np.equal(reason, _NONE).astype(bool)
+    none = ~reason.present()
     # rounding noise (module docstring, "Noise"): both sides far below the op's own scale
     noise, scale, u_w = _noise_columns(c, departs & none & ~container, g, groups, err, err_ok, low, rules)
     signature, step_scale, ratio_u = _signature_noise(c, departs & none & ~container & ~noise, err, err_ok, rules)
@@ -750,6 +757,7 @@ def judge_precision_columns(c: Columns, rules: PrecisionRules = PrecisionRules()
     at = np.flatnonzero(container & (result != PASS))
     result[at] = WARNING
     reason[at] = _format("module/cell record, judged by the ops inside it ({})", reason[at])
+    out["precision_reason"] = reason.arrow()
     return out, first_departures(c, out)
 
 
@@ -897,7 +905,7 @@ def _forward_name(name: str) -> str:
     return f"{head}.forward{tail}"
 
 
-def _misattributed_backward(c: Columns, names: pa.Array, result: np.ndarray, reason: np.ndarray) -> None:
+def _misattributed_backward(c: Columns, names: pa.Array, result: np.ndarray, reason: Texts) -> None:
     """A backward record's outputs are the gradients of its op's inputs, so each has the
     shape of one of that op's forward inputs (msprobe's data_dump: ``X.backward`` output k is
     the gradient of ``X.forward`` input k). A departing output pair whose shapes differ, where
@@ -937,7 +945,7 @@ def _misattributed_backward(c: Columns, names: pa.Array, result: np.ndarray, rea
         reason[i] = (f"not comparable: the {side}'s {text[i]} output has shape {shape}, none of its forward "
                      f"inputs' ({shapes}): that side's "
                      "record holds another op's gradients (an op that returned its input unchanged has no "
-                     f"backward of its own); {reason[i]}")
+                     f"backward of its own); {reason.get(i)}")
 
 
 def _optional(c: Columns, name: str, n: int) -> np.ndarray:
@@ -1086,7 +1094,7 @@ def _other_max(g: np.ndarray, groups: int, values: np.ndarray, known: np.ndarray
     return np.where(out > 0, out, np.nan)
 
 
-def _arg_diff_columns(c: Columns, g: np.ndarray, groups: int, result: np.ndarray, reason: np.ndarray) -> None:
+def _arg_diff_columns(c: Columns, g: np.ndarray, groups: int, result: np.ndarray, reason: Texts) -> None:
     """An op call whose recorded scalar arguments differ (``arg_diff``, the align step's
     column: NULL when they agree, else e.g. ``eps: 1e-05 -> 0.1``) departs: its output rows
     (its rows when it has no output) become errors naming the difference."""
@@ -1103,40 +1111,73 @@ def _arg_diff_columns(c: Columns, g: np.ndarray, groups: int, result: np.ndarray
     outputs = np.bincount(g[c.output], minlength=groups) > 0
     rows = marked[g] & (c.output | ~outputs[g])
     at = np.flatnonzero(rows)
-    reason[at] = _objects([f"scalar arguments differ ({t})" + (f"; {r}" if r else "")
-                           for t, r in zip(text[g[at]].tolist(), reason[at].tolist())])
+    reason[at] = [f"scalar arguments differ ({t})" + (f"; {r}" if r else "")
+                  for t, r in zip(text[g[at]].tolist(), reason[at].to_pylist())]
     result[at] = ERROR
 
 
-def _format(template: str, *columns: np.ndarray) -> np.ndarray:
+def _format(template: str, *columns) -> pa.Array:
     """``template.format(*values)`` of each row of some columns (numpy: floats as Python
-    floats, objects as they are), as an object array.
+    floats, objects as they are; Arrow string arrays: NULL as ``None``), as an Arrow
+    ``large_string`` array (no Python str per row).
 
     Each field's column is formatted once per distinct value (``format(value, spec)``,
-    what ``str.format`` does for a field without conversion) and the pieces are joined
-    column by column: a reason template over 100,000 rows repeats few distinct values."""
+    what ``str.format`` does for a field without conversion), the row's pieces are taken
+    from those few texts and joined by Arrow: a reason template over 100,000 rows repeats
+    few distinct values."""
     n = len(columns[0]) if columns else 0
-    out = np.empty(n, dtype=object)
     fields = _template_fields(template)
     if fields is None or len(fields) - 1 != len(columns) or not n:
-        out[:] = [template.format(*v) for v in zip(*(col.tolist() for col in columns))]
-        return out
-    # each field's text with the literal after it, per distinct value; the row's pieces are
-    # joined once (adding object arrays column by column built every partial string)
-    pieces: list[list] = []
+        return pa.array([template.format(*v) for v in zip(*(_values(col) for col in columns))], pa.large_string())
+    pieces: list = []
     for k, (col, (spec, literal)) in enumerate(zip(columns, fields[1:])):
         lead = fields[0] if k == 0 else ""
+        if isinstance(col, (pa.Array, pa.ChunkedArray)) and spec == "" and pa.types.is_large_string(col.type):
+            pieces.extend(p for p in (lead, col.fill_null("None"), literal) if not isinstance(p, str) or p)
+            continue
+        if isinstance(col, (pa.Array, pa.ChunkedArray)):
+            col = _objects(col.to_pylist())
         if col.dtype == object:
-            memo: dict = {}
-            pieces.append([memo[v] if v in memo else memo.setdefault(v, lead + format(v, spec) + literal)
-                           for v in col.tolist()])
+            inverse, distinct = _object_codes(col)
+            names = [lead + format(v, spec) + literal for v in distinct]
         else:  # numbers: format the distinct values (floats by their bits: -0.0 is not 0.0), then index
             first, inverse = _distinct(col, spec)
-            names = np.empty(len(first), dtype=object)
-            names[:] = [lead + format(v, spec) + literal for v in col[first].tolist()]
-            pieces.append(names[inverse].tolist())
-    out[:] = pieces[0] if len(pieces) == 1 else list(map("".join, zip(*pieces)))
-    return out
+            names = [lead + format(v, spec) + literal for v in col[first].tolist()]
+        pieces.append(pa.array(names, pa.large_string()).take(pa.array(inverse)))
+    if len(pieces) == 1 and not isinstance(pieces[0], str):
+        return pieces[0]
+    return pc.binary_join_element_wise(*(pa.scalar(p, pa.large_string()) if isinstance(p, str) else p
+                                         for p in pieces), pa.scalar("", pa.large_string()))
+
+
+def _object_codes(col: np.ndarray) -> tuple[np.ndarray, list]:
+    """(each row's code, the distinct values by code) of an object column: by Arrow's
+    dictionary encoding when every value is a str or None (Arrow's inference says so: a
+    bytes or number value makes it another type or fails), else by a dict over the values."""
+    try:
+        arr = pa.array(col, from_pandas=False)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        arr = None
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    if arr is not None and pa.types.is_null(arr.type):
+        return np.zeros(len(col), np.int64), [None]
+    if arr is not None and (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
+        enc = pc.dictionary_encode(arr)
+        distinct = enc.dictionary.to_pylist()
+        codes = enc.indices
+        if codes.null_count:
+            codes = pc.fill_null(codes, len(distinct))
+            distinct.append(None)
+        return codes.to_numpy(zero_copy_only=False).astype(np.int64), distinct
+    memo: dict = {}
+    inverse = np.array([memo.setdefault(v, len(memo)) for v in col.tolist()], np.int64)
+    return inverse, list(memo)
+
+
+def _values(col) -> list:
+    """A numpy or Arrow column as a Python list."""
+    return col.to_pylist() if isinstance(col, (pa.Array, pa.ChunkedArray)) else col.tolist()
 
 
 def _distinct(col: np.ndarray, spec: str) -> tuple[np.ndarray, np.ndarray]:
@@ -1290,7 +1331,7 @@ def _judge_inputs_columns(c: Columns, rows_mask, g, err, err_ok, floor_ok, floor
                     made_at[i], name[i], compared[i] = producers[h][k - 1]
                     has[i] = True
     up, before = upstream[g], inf_before[g]
-    none = ~truthy(reason)
+    none = ~reason.nonempty()
     changed_leaf = exact & ~has
     at = np.flatnonzero(changed_leaf)
     reason[at] = _format("input differs (error {:.3g} = {:.3g} x floor) where every earlier tensor of its iteration "
@@ -1341,7 +1382,7 @@ def _judge_inputs_columns(c: Columns, rows_mask, g, err, err_ok, floor_ok, floor
         # no producer in the forward pass: a copy the dump left out (LEAF_GROWTH); an op only
         # the target has, whose inputs' error is known: that error (chain_ok)
         allowed = np.where(forward & ~has, LEAF_GROWTH, rules.growth)
-        a3 = rows_mask & ~a1 & ~a2 & np.equal(reason, _NONE).astype(bool) & err_ok & \
+        a3 = rows_mask & ~a1 & ~a2 & ~reason.present() & err_ok & \
             np.where(known, chain_ok & ~cast, err <= allowed * up + rules.margin * np.where(floor_ok, floor, 0.0))
     # an op only the target has produced it (an AMP run's Cast) and its error is within the
     # target's own lowest precision: rounding of that precision, not a departure beyond it
@@ -1355,11 +1396,11 @@ def _judge_inputs_columns(c: Columns, rows_mask, g, err, err_ok, floor_ok, floor
     reason[at] = _format("input error propagated from {}", name[at])
     at = np.flatnonzero(a2)
     what = reason[at]
-    what[~truthy(what)] = "nan/inf"
+    what = replaced(what, ~nonempty(what), "nan/inf")
     reason[at] = _format("{}: propagated from earlier nan/inf", what)
     at = np.flatnonzero(a3)
     produced = _format(" (produced by {})", name[at])
-    produced[~has[at]] = ""
+    produced = replaced(produced, ~has[at], "")
     reason[at] = _format("input error {:.3g} within {:.3g} x the largest earlier error {:.3g}{}",
                          err[at], allowed[at], up[at], produced)
     at = np.flatnonzero(a3 & known)
@@ -1367,16 +1408,20 @@ def _judge_inputs_columns(c: Columns, rows_mask, g, err, err_ok, floor_ok, floor
                          f"an op only the target has, + {CHAIN_ROUNDINGS:g} x floor", err[at], src[at], name[at])
     at = np.flatnonzero(a4)
     what = reason[at]
-    blank = ~truthy(what)
-    what[blank] = _format("input departs: error {} = {} x floor", _fmts(err[at][blank], err_ok[at][blank]),
-                          _fmts(ratio[at][blank], ratio_ok[at][blank]))
+    blank = ~nonempty(what)
+    what = replaced(what, blank, _format("input departs: error {} = {} x floor",
+                                         _fmts(err[at][blank], err_ok[at][blank]),
+                                         _fmts(ratio[at][blank], ratio_ok[at][blank])))
     by = has[at]
-    what = np.where(known[at], _format("{}, beyond the error {:.3g} of its producer's inputs", what, src[at]), what)
-    reason[at] = np.where(by, _format("{}; produced by {}, an op only the target has", what, name[at]),
-                          _format("{}; no compared op produced it (parameter or data input)", what))
+    what = pc.if_else(pa.array(known[at], pa.bool_()),
+                      _format("{}, beyond the error {:.3g} of its producer's inputs", what, src[at]), what)
+    reason[at] = pc.if_else(pa.array(by, pa.bool_()),
+                            _format("{}; produced by {}, an op only the target has", what, name[at]),
+                            _format("{}; no compared op produced it (parameter or data input)", what))
     mismatch = at[compared[at]]
     reason[mismatch] = _format("{}; produced by {}, whose compared output does not carry this error: the op reads "
-                               "other data than the bench's", what[compared[at]], name[mismatch])
+                               "other data than the bench's", what.filter(pa.array(compared[at], pa.bool_())),
+                               name[mismatch])
     by = by & ~compared[at]
     origin[at[by]] = name[at[by]]
     if by.any() and getattr(c, "inputs_of", None) is not None:  # the first of a chain of one-input ops
@@ -1519,7 +1564,7 @@ def first_departures(c: Columns, out: dict[str, np.ndarray]) -> dict[str, Any] |
         return {"io": c.io[i], "slot": c.slot[i], "scaled_err": value("scaled_err", i),
                 "floor": value("precision_floor", i), "ratio": value("precision_ratio", i),
                 "target_dtype": c.target_dtype[i], "bench_dtype": c.bench_dtype[i],
-                "result": result[i], "reason": out["precision_reason"][i]}
+                "result": result[i], "reason": _text_at(out["precision_reason"], i)}
 
     pick = per_rank[0]
     group = np.flatnonzero(c.group == c.group[pick]).tolist()
@@ -1528,6 +1573,11 @@ def first_departures(c: Columns, out: dict[str, np.ndarray]) -> dict[str, Any] |
             "outputs": [side(i) for i in group if c.output[i]],
             "ranks": [{"pair_index": i, "phase": phase[i]} for i in per_rank],
             "phases": {k: {"pair_index": i, "phase": k} for k, i in by_phase.items()}}
+
+
+def _text_at(texts, i: int) -> str | None:
+    """Element ``i`` of a text column (an Arrow string array or an object array)."""
+    return texts[i].as_py() if isinstance(texts, pa.Array) else texts[i]
 
 
 def _pick(c: Columns, out: dict[str, np.ndarray], row: int) -> int:

@@ -74,35 +74,52 @@ AVAILABLE = HAVE_NUMBA and os.environ.get("DUMPDB_METRICS_KERNEL", "numba") != "
 # uint16 bits (_widen_any). A few compiled signatures, not forty.
 NATIVE = frozenset((np.dtype(np.float32), np.dtype(np.float64)))
 
-# The dtype codes of chunk_rows' sides (:func:`_side`, :func:`_widen_any`): float16 as its
-# uint16 bits.
-KINDS = {np.dtype(np.float64): 0, np.dtype(np.float32): 1, np.dtype(np.float16): 2, np.dtype(np.uint16): 2}
-
-
 def _readonly(a: np.ndarray) -> np.ndarray:
     """``a`` as the compiled functions take every input array: 1-D, C-contiguous, aligned (a
-    copy only when ``a`` is not) and read-only (a view: the caller's flags are unchanged).
-    numba compiles a signature per array type, and writeable, layout and alignment are part
-    of it: a caller's writeable arrays and another's read-only ones (a payload read from a
-    buffer) would each compile every kernel function again, about a second each."""
-    if not (a.flags.c_contiguous and a.flags.aligned):
+    copy only when ``a`` is not) and read-only (``a`` itself when it is all that, else a view:
+    the caller's flags are unchanged). numba compiles a signature per array type, and
+    writeable, layout and alignment are part of it: a caller's writeable arrays and another's
+    read-only ones (a payload read from a buffer) would each compile every kernel function
+    again, about a second each."""
+    f = a.flags
+    if not (f.c_contiguous and f.aligned):
         a = np.ascontiguousarray(a)
         if not a.flags.aligned:  # ascontiguousarray keeps a misaligned contiguous array as it is
             a = a.copy()
-    v = a.reshape(-1)
-    v = v.view() if v is a else v
-    v.flags.writeable = False
-    return v
+    elif not f.writeable and a.ndim == 1:
+        return a
+    a = a.reshape(-1)  # a new array object (a view, as a is contiguous): flags of its own
+    a.flags.writeable = False
+    return a
 
 
-def _side(a: np.ndarray) -> tuple[np.ndarray, int]:
-    """One side of :func:`chunk_rows` as its compiled form takes it: its bytes (uint8,
-    :func:`_readonly`) and its dtype code (:data:`KINDS`), so that one compiled signature
-    serves every dtype pair. Raises ValueError for a dtype outside :data:`KINDS`."""
-    kind = KINDS.get(a.dtype)
-    if kind is None:
-        raise ValueError(f"the tensor kernel reads float64, float32 and float16 (or its uint16 bits), not {a.dtype}")
-    return _readonly(a).view(np.uint8), kind
+def _empty(dtype) -> np.ndarray:
+    a = np.empty(0, dtype)
+    a.flags.writeable = False
+    return a
+
+
+# The stand-ins for the two dtypes a side of chunk_rows does not have (_side).
+_NONE64, _NONE32, _NONE16 = _empty(np.float64), _empty(np.float32), _empty(np.uint16)
+
+
+def _side(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """One side of :func:`chunk_rows` as its compiled form takes it, ``(float64, float32,
+    uint16, kind)``: the side (:func:`_readonly`; float16 as its uint16 bits) in the slot of
+    its dtype, empty arrays in the other two, and ``kind`` 0, 1 or 2 naming the slot
+    (:func:`_widen_any`), so that one compiled signature serves every dtype pair. Raises
+    ValueError for another dtype."""
+    a = _readonly(a)
+    code = a.dtype.char
+    if code == "d":
+        return a, _NONE32, _NONE16, 0
+    if code == "f":
+        return _NONE64, a, _NONE16, 1
+    if code == "H":
+        return _NONE64, _NONE32, a, 2
+    if code == "e":
+        return _NONE64, _NONE32, a.view(np.uint16), 2
+    raise ValueError(f"the tensor kernel reads float64, float32 and float16 (or its uint16 bits), not {a.dtype}")
 
 
 EPS64 = float(np.finfo(np.float64).eps)
@@ -144,20 +161,19 @@ def _widen(x, out):
         out[i] = np.float64(x[i])
 
 
-def _widen_any(xb, kind, b0, m, out, hf, hb):
-    """out[:m] = float64 of elements [b0, b0 + m) of one side (exact). ``xb`` is the side's
-    bytes (:func:`_side`) and ``kind`` its dtype code (:data:`KINDS`): float64, float32, or
-    float16 bits (uint16), widened by :func:`half_to_float32` into ``hf`` (float32 scratch of
-    at least ``m`` elements; ``hb`` its uint32 view) and then to float64, with no chunk-sized
-    float32 copy made first. A run-time choice per block, so one compiled :func:`_chunk`
-    serves every dtype pair (a compiled signature per pair cost about a second each of cold
-    compiling)."""
+def _widen_any(x64, x32, x16, kind, b0, m, out, hf, hb):
+    """out[:m] = float64 of elements [b0, b0 + m) of one side (exact): ``x64``, ``x32`` or
+    ``x16`` as ``kind`` is 0, 1 or 2 (:func:`_side`); float16 bits (``x16``, uint16) are
+    widened by :func:`half_to_float32` into ``hf`` (float32 scratch of at least ``m``
+    elements; ``hb`` its uint32 view) and then to float64, with no chunk-sized float32 copy
+    made first. A run-time choice per block, so one compiled :func:`_chunk` serves every dtype
+    pair (a compiled signature per pair cost about a second each of cold compiling)."""
     if kind == 0:
-        _widen(xb.view(np.float64)[b0:b0 + m], out)
+        _widen(x64[b0:b0 + m], out)
     elif kind == 1:
-        _widen(xb.view(np.float32)[b0:b0 + m], out)
+        _widen(x32[b0:b0 + m], out)
     else:
-        _half_to_float32(xb.view(np.uint16)[b0:b0 + m], hf[:m], hb[:m])
+        _half_to_float32(x16[b0:b0 + m], hf[:m], hb[:m])
         _widen(hf[:m], out)
 
 
@@ -432,10 +448,10 @@ def _bits_value(bits, scratch, iscratch):
     return scratch[0]
 
 
-def _chunk(xb, xk, yb, yk, s, e, row, zero_invalid, rt32, eps, thr1, thr5, xmin, xrange, ymin, yrange, work,
-           iwork):
-    """Accumulators of elements [s, e) of x and y (their bytes ``xb``/``yb`` and dtype codes
-    ``xk``/``yk``: :func:`_side`) into ``row`` (FIELDS order). ``work`` is float64 scratch
+def _chunk(x64, x32, x16, xk, y64, y32, y16, yk, s, e, row, zero_invalid, rt32, eps, thr1, thr5, xmin, xrange,
+           ymin, yrange, work, iwork):
+    """Accumulators of elements [s, e) of x and y (each side as :func:`_side` gives it) into
+    ``row`` (FIELDS order). ``work`` is float64 scratch
     ``(WORK_ROWS, BLOCK)``, ``iwork`` its int64 view."""
     lanes = np.zeros((9, 8))  # dot xx yy dd abs_sum acc_rel kl_sx kl_sy kl_t
     top_abs = np.int64(-1)  # max_abs, max_rel as bits (_max_bits)
@@ -455,8 +471,8 @@ def _chunk(xb, xk, yb, yk, s, e, row, zero_invalid, rt32, eps, thr1, thr5, xmin,
     hb = hf.view(np.uint32)
     for b0 in range(s, e, BLOCK):
         m = min(e, b0 + BLOCK) - b0
-        _widen_any(xb, xk, b0, m, xw, hf, hb)
-        _widen_any(yb, yk, b0, m, yw, hf, hb)
+        _widen_any(x64, x32, x16, xk, b0, m, xw, hf, hb)
+        _widen_any(y64, y32, y16, yk, b0, m, yw, hf, hb)
         if zero_invalid:  # NaN/Inf at the same positions on both sides (checked before)
             _zero_invalid(xw, yw, m)
         _terms(xw, yw, m, xmin, xrange, ymin, yrange, work[0], work[1], work[2], work[3], work[4], work[5],
@@ -508,19 +524,18 @@ def chunk_rows(x: np.ndarray, y: np.ndarray, chunk: int, out: np.ndarray, zero_i
     its epsilon and thresholds; ``xmin``, ``xrange``, ``ymin``, ``yrange``: the KL
     normalisation (a range of 0 leaves the values as they are). The GIL is released. Raises
     ValueError for another dtype. One compiled signature for every dtype pair (:func:`_side`)."""
-    xb, xk = _side(x)
-    yb, yk = _side(y)
-    _chunk_rows(xb, xk, yb, yk, x.size, chunk, out, bool(zero_invalid), bool(rt32), float(eps), float(thr1),
+    _chunk_rows(*_side(x), *_side(y), x.size, chunk, out, bool(zero_invalid), bool(rt32), float(eps), float(thr1),
                 float(thr5), float(xmin), float(xrange), float(ymin), float(yrange))
 
 
-def _chunk_rows(xb, xk, yb, yk, n, chunk, out, zero_invalid, rt32, eps, thr1, thr5, xmin, xrange, ymin, yrange):
-    """:func:`chunk_rows` of the sides' bytes and dtype codes (:func:`_side`), ``n`` elements."""
+def _chunk_rows(x64, x32, x16, xk, y64, y32, y16, yk, n, chunk, out, zero_invalid, rt32, eps, thr1, thr5, xmin,
+                xrange, ymin, yrange):
+    """:func:`chunk_rows` of the sides as :func:`_side` gives them, ``n`` elements."""
     work = np.zeros((WORK_ROWS, BLOCK))
     iwork = work.view(np.int64)
     for c in range(out.shape[0]):
         s = c * chunk
-        _chunk(xb, xk, yb, yk, s, min(n, s + chunk), out[c], zero_invalid, rt32, eps, thr1, thr5,
+        _chunk(x64, x32, x16, xk, y64, y32, y16, yk, s, min(n, s + chunk), out[c], zero_invalid, rt32, eps, thr1, thr5,
                xmin, xrange, ymin, yrange, work, iwork)
 
 
@@ -666,21 +681,18 @@ def segment_rows(x: np.ndarray, y: np.ndarray, starts: np.ndarray, sizes: np.nda
     sizes[k])`` of the float64 1-D arrays x and y), its chunks folded in order into ``out[k]``
     (float64, ``(n_segments, 13)``); ``status[k]`` is the segment's scan status (a segment
     with status 2 or 1 is left for the caller to compute alone). The GIL is released."""
-    xb, xk = _side(x)
-    yb, yk = _side(y)
-    if xk != 0 or yk != 0:
+    xs, ys = _side(x), _side(y)
+    if xs[3] != 0 or ys[3] != 0:
         raise ValueError(f"segment_rows takes float64 arrays, not {x.dtype} and {y.dtype}")
     # the dtype codes, check_invalid and zero_invalid as arguments, not constants: a literal 0,
     # True or False in the compiled code would compile _scan and _chunk once more for it
-    _segment_rows(xb, xk, yb, yk, starts, sizes, chunk, out, status, True, False, bool(rt32), float(eps),
+    _segment_rows(*xs, *ys, starts, sizes, chunk, out, status, True, False, bool(rt32), float(eps),
                   float(thr1), float(thr5))
 
 
-def _segment_rows(xb, xk, yb, yk, starts, sizes, chunk, out, status, check_invalid, zero_invalid, rt32, eps, thr1,
-                  thr5):
-    """:func:`segment_rows` of the float64 sides' bytes (:func:`_side`)."""
-    x = xb.view(np.float64)
-    y = yb.view(np.float64)
+def _segment_rows(x, x32, x16, xk, y, y32, y16, yk, starts, sizes, chunk, out, status, check_invalid, zero_invalid,
+                  rt32, eps, thr1, thr5):
+    """:func:`segment_rows` of the float64 sides as :func:`_side` gives them."""
     row = np.zeros(13)
     work = np.zeros((WORK_ROWS, BLOCK))
     iwork = work.view(np.int64)
@@ -697,7 +709,7 @@ def _segment_rows(xb, xk, yb, yk, starts, sizes, chunk, out, status, check_inval
         acc[5] = -np.inf
         acc[6] = -np.inf
         for c in range(s, e, chunk):
-            _chunk(xb, xk, yb, yk, c, min(e, c + chunk), row, zero_invalid, rt32, eps, thr1, thr5,
+            _chunk(x, x32, x16, xk, y, y32, y16, yk, c, min(e, c + chunk), row, zero_invalid, rt32, eps, thr1, thr5,
                    xmin, xmax - xmin, ymin, ymax - ymin, work, iwork)
             fold_row(acc, row)
 

@@ -74,6 +74,54 @@ AVAILABLE = HAVE_NUMBA and os.environ.get("DUMPDB_METRICS_KERNEL", "numba") != "
 # uint16 bits (_widen_any). A few compiled signatures, not forty.
 NATIVE = frozenset((np.dtype(np.float32), np.dtype(np.float64)))
 
+def _readonly(a: np.ndarray) -> np.ndarray:
+    """``a`` as the compiled functions take every input array: 1-D, C-contiguous, aligned (a
+    copy only when ``a`` is not) and read-only (``a`` itself when it is all that, else a view:
+    the caller's flags are unchanged). numba compiles a signature per array type, and
+    writeable, layout and alignment are part of it: a caller's writeable arrays and another's
+    read-only ones (a payload read from a buffer) would each compile every kernel function
+    again, about a second each."""
+    f = a.flags
+    if not (f.c_contiguous and f.aligned):
+        a = np.ascontiguousarray(a)
+        if not a.flags.aligned:  # ascontiguousarray keeps a misaligned contiguous array as it is
+            a = a.copy()
+    elif not f.writeable and a.ndim == 1:
+        return a
+    a = a.reshape(-1)  # a new array object (a view, as a is contiguous): flags of its own
+    a.flags.writeable = False
+    return a
+
+
+def _empty(dtype) -> np.ndarray:
+    a = np.empty(0, dtype)
+    a.flags.writeable = False
+    return a
+
+
+# The stand-ins for the two dtypes a side of chunk_rows does not have (_side).
+_NONE64, _NONE32, _NONE16 = _empty(np.float64), _empty(np.float32), _empty(np.uint16)
+
+
+def _side(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """One side of :func:`chunk_rows` as its compiled form takes it, ``(float64, float32,
+    uint16, kind)``: the side (:func:`_readonly`; float16 as its uint16 bits) in the slot of
+    its dtype, empty arrays in the other two, and ``kind`` 0, 1 or 2 naming the slot
+    (:func:`_widen_any`), so that one compiled signature serves every dtype pair. Raises
+    ValueError for another dtype."""
+    a = _readonly(a)
+    code = a.dtype.char
+    if code == "d":
+        return a, _NONE32, _NONE16, 0
+    if code == "f":
+        return _NONE64, a, _NONE16, 1
+    if code == "H":
+        return _NONE64, _NONE32, a, 2
+    if code == "e":
+        return _NONE64, _NONE32, a.view(np.uint16), 2
+    raise ValueError(f"the tensor kernel reads float64, float32 and float16 (or its uint16 bits), not {a.dtype}")
+
+
 EPS64 = float(np.finfo(np.float64).eps)
 EPS32 = float(np.finfo(np.float32).eps)
 
@@ -113,38 +161,20 @@ def _widen(x, out):
         out[i] = np.float64(x[i])
 
 
-def _widen_any(x, out, hf, hb):
-    """out[i] = float64(x[i]) (exact), where a uint16 ``x`` holds float16 bits (the kernel's
-    float16 input: no chunk-sized float32 copy made first): widened by
-    :func:`half_to_float32` into ``hf`` (float32 scratch of at least ``x.size`` elements;
-    ``hb`` its uint32 view), then to float64. :func:`compiled` registers the choice by
-    dtype (:func:`_widen_any_overload`); this form is the definition."""
-    if x.dtype == np.uint16:
-        m = x.shape[0]
-        half_to_float32(x, hf[:m], hb[:m])
-        _widen(hf[:m], out)
+def _widen_any(x64, x32, x16, kind, b0, m, out, hf, hb):
+    """out[:m] = float64 of elements [b0, b0 + m) of one side (exact): ``x64``, ``x32`` or
+    ``x16`` as ``kind`` is 0, 1 or 2 (:func:`_side`); float16 bits (``x16``, uint16) are
+    widened by :func:`half_to_float32` into ``hf`` (float32 scratch of at least ``m``
+    elements; ``hb`` its uint32 view) and then to float64, with no chunk-sized float32 copy
+    made first. A run-time choice per block, so one compiled :func:`_chunk` serves every dtype
+    pair (a compiled signature per pair cost about a second each of cold compiling)."""
+    if kind == 0:
+        _widen(x64[b0:b0 + m], out)
+    elif kind == 1:
+        _widen(x32[b0:b0 + m], out)
     else:
-        _widen(x, out)
-
-
-def _widen_any_overload():
-    """Register :func:`_widen_any` with numba: the float16 path compiled for uint16 input,
-    :func:`_widen` for every other dtype (imports numba)."""
-    from numba.core import types
-    from numba.extending import overload
-
-    @overload(_widen_any, jit_options={"nogil": True, "error_model": "numpy"})
-    def widen_any(x, out, hf, hb):
-        if x.dtype == types.uint16:
-            def half(x, out, hf, hb):
-                m = x.shape[0]
-                half_to_float32(x, hf[:m], hb[:m])
-                _widen(hf[:m], out)
-            return half
-
-        def plain(x, out, hf, hb):
-            _widen(x, out)
-        return plain
+        _half_to_float32(x16[b0:b0 + m], hf[:m], hb[:m])
+        _widen(hf[:m], out)
 
 
 def _zero_invalid(xw, yw, m):
@@ -274,7 +304,14 @@ def log_numpy(q: np.ndarray) -> np.ndarray:
     return out
 
 
-def half_to_float32(h, out, out_bits):
+def half_to_float32(h: np.ndarray, out: np.ndarray, out_bits: np.ndarray) -> None:
+    """out = float16 values of the bits ``h`` (uint16, 1-D) as float32, exactly as numpy's
+    cast (``out_bits``: out's uint32 view): :func:`_half_to_float32`, compiled once
+    (``h`` passed read-only, :func:`_readonly`)."""
+    _half_to_float32(_readonly(h), out, out_bits)
+
+
+def _half_to_float32(h, out, out_bits):
     """out = float16 values of the bits ``h`` (uint16, 1-D) as float32, exactly as numpy's cast
     (``out_bits``: out's uint32 view). Bits of a finite half shifted into place read as a
     float32 2**112 times too small (subnormal halves as float32 subnormals), so one exact
@@ -411,9 +448,11 @@ def _bits_value(bits, scratch, iscratch):
     return scratch[0]
 
 
-def _chunk(x, y, s, e, row, zero_invalid, rt32, eps, thr1, thr5, xmin, xrange, ymin, yrange, work, iwork):
-    """Accumulators of elements [s, e) of x and y into ``row`` (FIELDS order). ``work`` is
-    float64 scratch ``(WORK_ROWS, BLOCK)``, ``iwork`` its int64 view."""
+def _chunk(x64, x32, x16, xk, y64, y32, y16, yk, s, e, row, zero_invalid, rt32, eps, thr1, thr5, xmin, xrange,
+           ymin, yrange, work, iwork):
+    """Accumulators of elements [s, e) of x and y (each side as :func:`_side` gives it) into
+    ``row`` (FIELDS order). ``work`` is float64 scratch
+    ``(WORK_ROWS, BLOCK)``, ``iwork`` its int64 view."""
     lanes = np.zeros((9, 8))  # dot xx yy dd abs_sum acc_rel kl_sx kl_sy kl_t
     top_abs = np.int64(-1)  # max_abs, max_rel as bits (_max_bits)
     top_rel = np.int64(-1)
@@ -432,8 +471,8 @@ def _chunk(x, y, s, e, row, zero_invalid, rt32, eps, thr1, thr5, xmin, xrange, y
     hb = hf.view(np.uint32)
     for b0 in range(s, e, BLOCK):
         m = min(e, b0 + BLOCK) - b0
-        _widen_any(x[b0:b0 + m], xw, hf, hb)
-        _widen_any(y[b0:b0 + m], yw, hf, hb)
+        _widen_any(x64, x32, x16, xk, b0, m, xw, hf, hb)
+        _widen_any(y64, y32, y16, yk, b0, m, yw, hf, hb)
         if zero_invalid:  # NaN/Inf at the same positions on both sides (checked before)
             _zero_invalid(xw, yw, m)
         _terms(xw, yw, m, xmin, xrange, ymin, yrange, work[0], work[1], work[2], work[3], work[4], work[5],
@@ -472,25 +511,42 @@ def _chunk(x, y, s, e, row, zero_invalid, rt32, eps, thr1, thr5, xmin, xrange, y
     row[12] = lanes[8, 0]
 
 
-def chunk_rows(x, y, chunk, out, zero_invalid, rt32, eps, thr1, thr5, xmin, xrange, ymin, yrange):
+def chunk_rows(x: np.ndarray, y: np.ndarray, chunk: int, out: np.ndarray, zero_invalid: bool, rt32: bool,
+               eps: float, thr1: float, thr5: float, xmin: float, xrange: float, ymin: float,
+               yrange: float) -> None:
     """One row of accumulators per chunk of ``chunk`` elements of the 1-D arrays x and y
-    (same length; float32 or float64, :data:`NATIVE`, or uint16 holding float16 bits, widened
-    block by block: :func:`_widen_any`) into ``out`` (float64, ``(n_chunks, 13)``).
+    (same length; float32 or float64, :data:`NATIVE`, or float16, or uint16 holding float16
+    bits, widened block by block: :func:`_widen_any`) into ``out`` (float64, ``(n_chunks,
+    13)``).
 
     ``zero_invalid``: set NaN/Inf positions (the same on both sides, checked before) to 0;
     ``rt32``: msprobe's relative error in float32 (else float64) with ``eps``/``thr1``/``thr5``
     its epsilon and thresholds; ``xmin``, ``xrange``, ``ymin``, ``yrange``: the KL
-    normalisation (a range of 0 leaves the values as they are). The GIL is released."""
-    n = x.shape[0]
+    normalisation (a range of 0 leaves the values as they are). The GIL is released. Raises
+    ValueError for another dtype. One compiled signature for every dtype pair (:func:`_side`)."""
+    _chunk_rows(*_side(x), *_side(y), x.size, chunk, out, bool(zero_invalid), bool(rt32), float(eps), float(thr1),
+                float(thr5), float(xmin), float(xrange), float(ymin), float(yrange))
+
+
+def _chunk_rows(x64, x32, x16, xk, y64, y32, y16, yk, n, chunk, out, zero_invalid, rt32, eps, thr1, thr5, xmin,
+                xrange, ymin, yrange):
+    """:func:`chunk_rows` of the sides as :func:`_side` gives them, ``n`` elements."""
     work = np.zeros((WORK_ROWS, BLOCK))
     iwork = work.view(np.int64)
     for c in range(out.shape[0]):
         s = c * chunk
-        _chunk(x, y, s, min(n, s + chunk), out[c], zero_invalid, rt32, eps, thr1, thr5,
+        _chunk(x64, x32, x16, xk, y64, y32, y16, yk, s, min(n, s + chunk), out[c], zero_invalid, rt32, eps, thr1, thr5,
                xmin, xrange, ymin, yrange, work, iwork)
 
 
-def scan(x, y, check_invalid):
+def scan(x: np.ndarray, y: np.ndarray, check_invalid: bool) -> tuple[int, float, float, float, float]:
+    """:func:`_scan` of two 1-D float32 or float64 arrays, passed read-only and C-contiguous
+    (:func:`_readonly`: one compiled signature per dtype pair, whether or not the caller's
+    arrays are writeable)."""
+    return _scan(_readonly(x), _readonly(y), bool(check_invalid))
+
+
+def _scan(x, y, check_invalid):
     """First pass over two 1-D arrays of the same length: ``(status, xmin, xmax, ymin, ymax)``
     with status 0 (all finite), 1 (NaN/Inf at the same positions on both sides: msprobe
     zeroes them; min/max are of the zeroed values) or 2 (NaN or Inf positions differ: no
@@ -520,7 +576,7 @@ def scan(x, y, check_invalid):
             nxt[:, m:] = acc[:, m:]
         acc, nxt = nxt, acc
         if bad and check_invalid:
-            return scan_scalar(x, y, check_invalid)
+            return _scan_scalar(x, y, check_invalid)
     xmin = _min_of(acc[0])
     xmax = _max_of(acc[1])
     ymin = _min_of(acc[2])
@@ -580,7 +636,12 @@ def _first_zero(x):
     return np.float64(0.0)
 
 
-def scan_scalar(x, y, check_invalid):
+def scan_scalar(x: np.ndarray, y: np.ndarray, check_invalid: bool) -> tuple[int, float, float, float, float]:
+    """:func:`_scan_scalar` of two 1-D float32 or float64 arrays (read-only, as :func:`scan`)."""
+    return _scan_scalar(_readonly(x), _readonly(y), bool(check_invalid))
+
+
+def _scan_scalar(x, y, check_invalid):
     """:func:`scan` element by element (its definition, and its path for arrays that hold a
     NaN or an Inf): ``(status, xmin, xmax, ymin, ymax)``
     with status 0 (all finite), 1 (NaN/Inf at the same positions on both sides: msprobe
@@ -614,18 +675,31 @@ def scan_scalar(x, y, check_invalid):
     return status, xmin, xmax, ymin, ymax
 
 
-def segment_rows(x, y, starts, sizes, chunk, out, status, rt32, eps, thr1, thr5):
+def segment_rows(x: np.ndarray, y: np.ndarray, starts: np.ndarray, sizes: np.ndarray, chunk: int,
+                 out: np.ndarray, status: np.ndarray, rt32: bool, eps: float, thr1: float, thr5: float) -> None:
     """:func:`scan` then :func:`chunk_rows` for each segment ``k`` (``[starts[k], starts[k] +
-    sizes[k])`` of the 1-D arrays x and y), its chunks folded in order into ``out[k]``
+    sizes[k])`` of the float64 1-D arrays x and y), its chunks folded in order into ``out[k]``
     (float64, ``(n_segments, 13)``); ``status[k]`` is the segment's scan status (a segment
     with status 2 or 1 is left for the caller to compute alone). The GIL is released."""
+    xs, ys = _side(x), _side(y)
+    if xs[3] != 0 or ys[3] != 0:
+        raise ValueError(f"segment_rows takes float64 arrays, not {x.dtype} and {y.dtype}")
+    # the dtype codes, check_invalid and zero_invalid as arguments, not constants: a literal 0,
+    # True or False in the compiled code would compile _scan and _chunk once more for it
+    _segment_rows(*xs, *ys, starts, sizes, chunk, out, status, True, False, bool(rt32), float(eps),
+                  float(thr1), float(thr5))
+
+
+def _segment_rows(x, x32, x16, xk, y, y32, y16, yk, starts, sizes, chunk, out, status, check_invalid, zero_invalid,
+                  rt32, eps, thr1, thr5):
+    """:func:`segment_rows` of the float64 sides as :func:`_side` gives them."""
     row = np.zeros(13)
     work = np.zeros((WORK_ROWS, BLOCK))
     iwork = work.view(np.int64)
     for k in range(starts.shape[0]):
         s = starts[k]
         e = s + sizes[k]
-        st, xmin, xmax, ymin, ymax = scan(x[s:e], y[s:e], True)
+        st, xmin, xmax, ymin, ymax = _scan(x[s:e], y[s:e], check_invalid)
         status[k] = st
         if st != 0:
             continue
@@ -635,7 +709,7 @@ def segment_rows(x, y, starts, sizes, chunk, out, status, rt32, eps, thr1, thr5)
         acc[5] = -np.inf
         acc[6] = -np.inf
         for c in range(s, e, chunk):
-            _chunk(x, y, c, min(e, c + chunk), row, False, rt32, eps, thr1, thr5,
+            _chunk(x, x32, x16, xk, y, y32, y16, yk, c, min(e, c + chunk), row, zero_invalid, rt32, eps, thr1, thr5,
                    xmin, xmax - xmin, ymin, ymax - ymin, work, iwork)
             fold_row(acc, row)
 
@@ -680,10 +754,12 @@ def _fold_py(lanes: np.ndarray) -> float:
 
 # The functions numba compiles, callers before callees or not: numba looks each callee up in
 # this module's namespace when it compiles the caller, on its first call.
-_COMPILED = ("half_to_float32", "_fold", "_widen", "_zero_invalid", "_terms", "_rel32", "_rel64", "_log_block",
-             "_product", "_lanes8", "_lanes8x9_scalar", "_max_bits", "_bits_value", "_chunk", "chunk_rows", "scan",
-             "segment_rows", "fold_row", "fold_rows", "scan_scalar", "_scan_block", "_min_of", "_max_of",
-             "_first_zero")
+# The public names chunk_rows, scan, scan_scalar, segment_rows and half_to_float32 stay
+# Python: each passes its arrays in the one form its compiled function takes (_side, _readonly).
+_COMPILED = ("_half_to_float32", "_fold", "_widen", "_widen_any", "_zero_invalid", "_terms", "_rel32", "_rel64",
+             "_log_block", "_product", "_lanes8", "_lanes8x9_scalar", "_max_bits", "_bits_value", "_chunk",
+             "_chunk_rows", "_scan", "_segment_rows", "fold_row", "fold_rows", "_scan_scalar", "_scan_block",
+             "_min_of", "_max_of", "_first_zero")
 _compile_lock = threading.Lock()
 _compiled: ModuleType | None = None
 
@@ -817,7 +893,6 @@ def compiled() -> ModuleType:
                 import numba
 
                 namespace = globals()
-                _widen_any_overload()
                 for name in _COMPILED:
                     namespace[name] = _one_compiler(
                         numba.njit(cache=True, nogil=True, error_model="numpy")(namespace[name]))

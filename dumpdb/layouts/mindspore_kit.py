@@ -615,6 +615,16 @@ def _safe_cut(buf: bytes, end: int) -> int:
     return 0
 
 
+def _is_utf8(data: bytes) -> bool:
+    if data.isascii():
+        return True
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 class _Parser:
     """The records of one statistic.csv after its header, chunk by chunk (see
     :func:`statistic_batches`): each chunk ends at a record boundary; Arrow's csv reader
@@ -632,7 +642,10 @@ class _Parser:
         return fast if fast is not None else self._slow(chunk, first_line, lines)
 
     def _fast(self, chunk: bytes, first_line: int, lines: int) -> StatisticBatch | None:
-        if b"\x00" in chunk or not self.cols:
+        if b"\x00" in chunk or not self.cols or not _is_utf8(chunk):
+            # undecodable bytes go record by record anyway (pyarrow refuses them in a string
+            # column); checked first because pyarrow cannot hand such a row to ``odd``: the
+            # handler would fail inside pyarrow, which only prints that failure
             return None
         invalid: list[object] = []
 

@@ -176,18 +176,22 @@ def test_small_tensor_read_is_one_ranged_get(zstore, small_units, monkeypatch):
     a, b = locations["f32-1"], locations["f32-64"]  # b: exactly chunk 1
     assert a.array_path == b.array_path and a.elem_offset // 64 != b.elem_offset // 64  # other chunk
     reader.read(a.array_path, a.elem_offset, a.elem_count, np.dtype(np.float32), (1,))  # pack metadata read
-    calls = []
-    real = ObjectStore._get
+    calls = []  # (key, ranged) of every request, through zarr's store or a local store's files
+    real_get, real_file = ObjectStore._get, ObjectStore._read_file
 
     def counting(self, key, byte_range):
-        calls.append((key, byte_range))
-        return real(self, key, byte_range)
+        calls.append((key, isinstance(byte_range, RangeByteRequest)))
+        return real_get(self, key, byte_range)
+
+    def counting_file(self, key, start, end, suffix=None):
+        calls.append((key, start is not None and end is not None))
+        return real_file(self, key, start, end, suffix)
 
     monkeypatch.setattr(ObjectStore, "_get", counting)
+    monkeypatch.setattr(ObjectStore, "_read_file", counting_file)
     got = reader.read(b.array_path, b.elem_offset, b.elem_count, np.dtype(np.float32), (64,))
     assert got.tobytes() == payloads["f32-64"].tobytes()
-    assert len(calls) == 1 and isinstance(calls[0][1], RangeByteRequest)
-    assert calls[0][0] == shard_key(b.array_path, 1)
+    assert calls == [(shard_key(b.array_path, 1), True)]
 
 
 @pytest.mark.parametrize("what", ["pack shard", "pack metadata", "large shard", "large array"])

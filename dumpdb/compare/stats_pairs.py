@@ -6,12 +6,14 @@ pairs are all compared by their statistics (``--mode statistics``, or a side wit
 payload) and aligned by ``exact`` alone: :func:`~dumpdb.compare.align_sql.exact_paired`
 pairs the two sides' rows in DuckDB (the same query as
 :func:`~dumpdb.compare.align_sql.align_exact`), each pair's two rows are found by
-position (``tensor_id`` is unique on a side) and put in the target's execution order
+position (``tensor_id`` is unique on a side), put in the target's execution order
 (:func:`~dumpdb.compare.columns.execution_order` over the paired target rows' keys, the
-engine's one rule), and one query computes the metrics over the two sides' statistics
-side by side (a positional join; :func:`~dumpdb.compare.stats_sql.statistics_sql`, the
-rules of :func:`dumpdb.compare.metrics.stats_metrics`), returning the columns the engine
-reads in that order. ``tests/test_compare_stats_sql.py`` and ``tests/test_compare_columns.py``
+engine's one rule) and taken once: the alignment's content check reads them side by side
+(``exact_paired``'s ``sides``: the pairing join then carries the two ids only), and one
+query computes the metrics over the two sides' statistics side by side (a positional
+join; :func:`~dumpdb.compare.stats_sql.statistics_sql`, the rules of
+:func:`dumpdb.compare.metrics.stats_metrics`), returning the columns the engine reads in
+that order. ``tests/test_compare_stats_sql.py`` and ``tests/test_compare_columns.py``
 check the engine's result tables through this path against the step-by-step path and the
 per-pair rules.
 """

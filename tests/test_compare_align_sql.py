@@ -318,3 +318,76 @@ def test_order_numbers_are_align_execution_order():
         for table in (rows, in_order):
             got = align_sql._order_numbers(table).tolist()
             assert got == [expected[i] for i in table.column("tensor_id").to_pylist()]
+
+
+def test_content_check_over_the_pairs_rows_equals_the_one_in_the_join():
+    """exact_paired's ``sides`` (the content check computed over the pairs' rows side by
+    side, as statistics_pairs gives them) yields the ``paired`` table (ids, ``wrong``,
+    ``other_op``) that _pair's join computes, and statistics_pairs declines exactly where
+    align_exact does: random runs with shuffled bench rows, other shapes, dtypes, op types
+    and graphs, NULL, NaN, +-Inf and zero statistics, with and without a dtype column."""
+    import numpy as np
+
+    from dumpdb.compare.stats_pairs import statistics_pairs
+
+    rng = np.random.default_rng(11)
+    specials = [np.nan, np.inf, -np.inf, 0.0, -0.0]
+
+    def side(n, stats, start, shapes, dtypes, op_types, graphs, dtype):
+        cols = {
+            "tensor_id": pa.array(range(start, start + n), pa.int64()), "op_type": op_types,
+            "op_name": [f"Functional.{o}.{i}.forward" for i, o in enumerate(op_types)], "scope_name": [None] * n,
+            "io": ["output"] * n, "slot": pa.array([0] * n, pa.int32()), "slot_path": pa.array([None] * n, pa.string()),
+            "arg_name": pa.array([None] * n, pa.string()), "shape": pa.array(shapes, pa.list_(pa.int64())),
+            "iteration": pa.array([0] * n, pa.int64()), "rank": pa.array([None] * n, pa.int32()),
+            "graph_id": pa.array(graphs, pa.int32()), "position": pa.array(range(n), pa.int32()),
+            "timestamp": pa.array(range(n), pa.int64()), "call_index": pa.array([None] * n, pa.int32()),
+            **{c: pa.array(stats[:, k], pa.float64(), mask=np.isnan(stats[:, k]) & (stats[:, k] != stats[:, k]) &
+                           (rng.random(n) < 0.3))
+               for k, c in enumerate(("l2norm", "mean", "min", "max"))}}
+        if dtype:
+            cols["dtype"] = dtypes
+        return pa.table(cols)
+
+    checked = 0
+    for case in range(60):
+        n = int(rng.integers(2, 30))
+        st = rng.standard_normal((n, 4))
+        st[:, 0] = np.abs(st[:, 0]) * rng.choice([0.001, 1, 10], n)
+        st[rng.random((n, 4)) < 0.1] = rng.choice(specials)
+        bst = st * (1 + 1e-3 * rng.standard_normal((n, 4)))
+        for _ in range(int(rng.integers(0, 4))):
+            i, j = rng.integers(0, n, 2)
+            bst[i] = st[j] * (1 + 1e-4) if rng.random() < 0.5 else bst[i] * 50 + 1
+        shapes = [[int(rng.choice([2, 3]))] if rng.random() > 0.1 else None for _ in range(n)]
+        dtypes = [str(d) if rng.random() > 0.1 else None for d in rng.choice(["float32", "float16"], n)]
+        ops = ["relu"] * n
+        graphs = [0] * n
+        dtype = case % 3 != 0
+        target = side(n, st, 0, shapes, dtypes, ops, graphs, dtype)
+        bench = side(n, bst, 1000, [s if rng.random() > 0.1 else [5] for s in shapes],
+                     [d if rng.random() > 0.1 else "int32" for d in dtypes], ops,
+                     [g if rng.random() > 0.05 else 1 for g in graphs], dtype)
+        bench = bench.take(pa.array(rng.permutation(n)))
+        cons = [duckdb.connect(), duckdb.connect()]
+        for con in cons:
+            con.register("target", target)
+            con.register("bench", bench)
+        align_sql._pair(cons[0], (), (n, n))
+
+        def sides(paired, target=target, bench=bench):
+            paired = paired.take(pa.array(rng.permutation(paired.num_rows)))  # any order of the pairs
+            ids = [t.column("tensor_id").to_pylist() for t in (target, bench)]
+            rows = [[ids[k].index(i) for i in paired.column(c).to_pylist()]
+                    for k, c in enumerate(("target_tensor_id", "bench_tensor_id"))]
+            return target.take(pa.array(rows[0])), bench.take(pa.array(rows[1]))
+
+        align_sql._pair(cons[1], (), (n, n), check=False)
+        align_sql._checked_pairs(cons[1], sides)
+        got = [con.sql("SELECT * FROM paired ORDER BY target_tensor_id").fetchall() for con in cons]
+        assert got[0] == got[1] and len(got[0][0]) == 4
+        checked += any(r[2] or r[3] for r in got[0])
+        fast = statistics_pairs(target, bench, target_columns=target.column_names,
+                                bench_columns=bench.column_names)
+        assert (fast is None) == (align_exact(target, bench, strategies=STRATEGIES) is None)
+    assert checked > 10  # pairs that look wrong or are of another op were checked

@@ -124,7 +124,8 @@ def _checks(con: duckdb.DuckDBPyConnection) -> tuple[tuple[str, ...], bool] | No
     return (*read, *(("dtype",) if dtype else ())), dtype
 
 
-def _pair(con: duckdb.DuckDBPyConnection, group_by: Sequence[str], rows: tuple[int, int]) -> int:
+def _pair(con: duckdb.DuckDBPyConnection, group_by: Sequence[str], rows: tuple[int, int],
+          check: bool = True) -> int:
     """Temp table ``paired`` of the exact rule (module docstring); returns its number of
     rows. ``rows``: the number of rows of target and bench.
 
@@ -143,13 +144,14 @@ def _pair(con: duckdb.DuckDBPyConnection, group_by: Sequence[str], rows: tuple[i
 
     The one join also gives each pair's ``wrong`` and ``other_op`` (:func:`_check_sql`)
     where :func:`_doubted` reads them (:func:`_checks`): its content check then needs no
-    second join of the pairs with both sides."""
+    second join of the pairs with both sides. Not ``check``: the join carries the ids only
+    (the caller gives the check columns another way: :func:`exact_paired`'s ``sides``)."""
     on = " AND ".join(f't."{k}" IS NOT DISTINCT FROM b."{k}"' for k in (*group_by, *_KEY))
-    checks = _checks(con)
-    read, check = (checks[0], f", {_check_sql(checks[1])}") if checks else ((), "")
+    checks = _checks(con) if check else None
+    read, check_items = (checks[0], f", {_check_sql(checks[1])}") if checks else ((), "")
     con.execute(f"""CREATE TEMP TABLE paired AS
                     WITH {_keyed_sql('target', group_by, read)}, {_keyed_sql('bench', group_by, read)}
-                    SELECT t.tensor_id AS target_tensor_id, b.tensor_id AS bench_tensor_id{check}
+                    SELECT t.tensor_id AS target_tensor_id, b.tensor_id AS bench_tensor_id{check_items}
                     FROM target_o t JOIN bench_o b ON {on} LIMIT {min(rows) + 1}""")
     n, nt, nb = con.sql("SELECT count(*), count(DISTINCT target_tensor_id), count(DISTINCT bench_tensor_id) "
                         "FROM paired").fetchall()[0]
@@ -218,7 +220,9 @@ def align_exact(target: pa.Table, bench: pa.Table, *, group_by: Sequence[str] = 
 def exact_paired(con: duckdb.DuckDBPyConnection, target: pa.Table, bench: pa.Table, *,
                  group_by: Sequence[str] = (), strategies: Sequence[str] = ("exact",),
                  keep: Sequence[str] = (),
-                 on_pairs: Callable[[pa.Table], None] | None = None) -> tuple[pa.Table, pa.Table] | None:
+                 on_pairs: Callable[[pa.Table], None] | None = None,
+                 sides: Callable[[pa.Table], tuple[pa.Table, pa.Table]] | None = None,
+                 ) -> tuple[pa.Table, pa.Table] | None:
     """The work of :func:`align_exact` on the DuckDB connection ``con``, left there for more
     queries: ``target`` and ``bench`` registered as relations of the same names (the
     columns align reads, plus ``keep``), and temp table ``paired`` (``target_tensor_id``,
@@ -226,7 +230,16 @@ def exact_paired(con: duckdb.DuckDBPyConnection, target: pa.Table, bench: pa.Tab
     execution order, iteration, rank, graph_id, position, timestamp, tensor_id). Returns
     the unmatched tensors of each side (:data:`~dumpdb.compare.align.UNMATCHED_SCHEMA`), or
     None where :func:`align_exact` gives None (nothing is then left on ``con``). Raises
-    ValueError as align_exact. ``on_pairs``: as align_exact's."""
+    ValueError as align_exact. ``on_pairs``: as align_exact's.
+
+    ``sides``, when given, is called once with the pairs (``target_tensor_id``,
+    ``bench_tensor_id``, unordered) and returns the pairs' target rows and bench rows (Arrow
+    tables of ``target``'s and ``bench``'s columns, row k of each the k-th pair, in any
+    order of the pairs; at least ``tensor_id`` and what the content check reads): the
+    check (:func:`_check_sql`) is then computed over them side by side (a positional join)
+    instead of carried through the pairing join (a caller that takes the pairs' rows anyway,
+    :func:`~dumpdb.compare.stats_pairs.statistics_pairs`, saves the join's payload: about
+    a third of its CPU)."""
     run = [s for s in dict.fromkeys(strategies) if s != "mapping"]
     if not run or run[0] != "exact":
         return None
@@ -240,7 +253,9 @@ def exact_paired(con: duckdb.DuckDBPyConnection, target: pa.Table, bench: pa.Tab
     for name, table in (("target", target), ("bench", bench)):
         extra = (*keep, *_CHECKED)  # what the content check reads (_doubted), where the table has it
         con.register(name, table.select(list(dict.fromkeys((*cols, *(c for c in extra if c in table.column_names))))))
-    n = _pair(con, group_by, (target.num_rows, bench.num_rows))
+    n = _pair(con, group_by, (target.num_rows, bench.num_rows), check=sides is None)
+    if sides is not None:
+        _checked_pairs(con, sides)
     if on_pairs is not None:
         on_pairs(con.sql("SELECT target_tensor_id, bench_tensor_id FROM paired").to_arrow_table())
     # a side whose every row is paired has nothing left: no query (the usual case)
@@ -254,6 +269,27 @@ def exact_paired(con: duckdb.DuckDBPyConnection, target: pa.Table, bench: pa.Tab
         con.unregister("bench")
         return None  # a later strategy may pair some of them, or the content check doubts a pair: align() decides
     return left_t.cast(UNMATCHED_SCHEMA), left_b.cast(UNMATCHED_SCHEMA)
+
+
+def _checked_pairs(con: duckdb.DuckDBPyConnection, sides: Callable[[pa.Table], tuple[pa.Table, pa.Table]]) -> None:
+    """Temp table ``paired`` again, with each pair's ``wrong`` and ``other_op``
+    (:func:`_check_sql`) computed over the pairs' rows that ``sides`` gives (see
+    :func:`exact_paired`), as :func:`_pair` computes them in its join; unchanged when a
+    side lacks what the check reads (:func:`_checks`: :func:`_doubted` then joins)."""
+    checks = _checks(con)
+    if checks is None:
+        return
+    t, b = sides(con.sql("SELECT target_tensor_id, bench_tensor_id FROM paired").to_arrow_table())
+    read = list(dict.fromkeys(("tensor_id", *checks[0], *(("dtype",) if checks[1] else ()))))
+    con.register("paired_target", t.select(read))
+    con.register("paired_bench", b.select(read))
+    try:
+        con.execute(f"""CREATE OR REPLACE TEMP TABLE paired AS
+                        SELECT t.tensor_id AS target_tensor_id, b.tensor_id AS bench_tensor_id, {_check_sql(checks[1])}
+                        FROM paired_target t POSITIONAL JOIN paired_bench b""")
+    finally:
+        con.unregister("paired_target")
+        con.unregister("paired_bench")
 
 
 def _doubted(con: duckdb.DuckDBPyConnection, group_by: Sequence[str], all_paired: bool = False,

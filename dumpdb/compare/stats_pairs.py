@@ -6,12 +6,14 @@ pairs are all compared by their statistics (``--mode statistics``, or a side wit
 payload) and aligned by ``exact`` alone: :func:`~dumpdb.compare.align_sql.exact_paired`
 pairs the two sides' rows in DuckDB (the same query as
 :func:`~dumpdb.compare.align_sql.align_exact`), each pair's two rows are found by
-position (``tensor_id`` is unique on a side) and put in the target's execution order
+position (``tensor_id`` is unique on a side), put in the target's execution order
 (:func:`~dumpdb.compare.columns.execution_order` over the paired target rows' keys, the
-engine's one rule), and one query computes the metrics over the two sides' statistics
-side by side (a positional join; :func:`~dumpdb.compare.stats_sql.statistics_sql`, the
-rules of :func:`dumpdb.compare.metrics.stats_metrics`), returning the columns the engine
-reads in that order. ``tests/test_compare_stats_sql.py`` and ``tests/test_compare_columns.py``
+engine's one rule) and taken once: the alignment's content check reads them side by side
+(``exact_paired``'s ``sides``: the pairing join then carries the two ids only), and one
+query computes the metrics over the two sides' statistics side by side (a positional
+join; :func:`~dumpdb.compare.stats_sql.statistics_sql`, the rules of
+:func:`dumpdb.compare.metrics.stats_metrics`), returning the columns the engine reads in
+that order. ``tests/test_compare_stats_sql.py`` and ``tests/test_compare_columns.py``
 check the engine's result tables through this path against the step-by-step path and the
 per-pair rules.
 """
@@ -56,33 +58,41 @@ def statistics_pairs(target: pa.Table, bench: pa.Table, *, group_by: Sequence[st
     if any(c not in target.column_names for c in ORDER_KEYS):
         return None
     stats = [c for c in ("max", "min", "mean", "l2norm") if c in target.column_names and c in bench.column_names]
+    checked = [c for c in _CHECK_COLUMNS if c in target.column_names and c in bench.column_names]
     if len(stats) < 4:
         return None
-    con = duckdb.connect()
-    try:
-        left = exact_paired(con, target, bench, group_by=group_by, strategies=strategies, keep=stats)
-        if left is None:
-            return None
-        paired = con.sql("SELECT target_tensor_id, bench_tensor_id FROM paired").to_arrow_table()
+    taken: list[pa.Table] = []
+
+    def sides(paired: pa.Table) -> tuple[pa.Table, pa.Table]:
         # each pair's two rows by position (tensor_id is unique on each side), put in the
         # target's execution order (execution_order sorts in full: tensor_id, its last key,
-        # is unique, so the order the pairs come in does not matter); the two sides'
-        # statistics then go to the metrics query side by side, row k of each the k-th
-        # pair (a positional join: no join by id in DuckDB)
+        # is unique, so the order the pairs come in does not matter); the rows taken once,
+        # for the content check (exact_paired's sides), the metrics and the engine
         at = [_positions(table.column("tensor_id"), paired.column(f"{side}_tensor_id"))
               for side, table in (("target", target), ("bench", bench))]
         order = execution_order(_take(target.select(list(ORDER_KEYS)), at[0]))
-        at = [rows[order] for rows in at]
-        n = len(order)
-        for name, table, rows in (("t_stats", target, at[0]), ("b_stats", bench, at[1])):
-            con.register(name, _take(table.select(stats), rows).add_column(
-                0, "pair_index", pa.array(np.arange(n, dtype=np.int64))))
+        taken[:] = [_take(table.select(list(dict.fromkeys((*cols, *checked, *stats)))), rows[order])
+                    for table, cols, rows in ((target, tcols, at[0]), (bench, bcols, at[1]))]
+        return taken[0], taken[1]
+
+    con = duckdb.connect()
+    try:
+        left = exact_paired(con, target, bench, group_by=group_by, strategies=strategies, keep=stats, sides=sides)
+        if left is None:
+            return None
+        if not taken:  # a side without what the content check reads: exact_paired did not ask
+            sides(con.sql("SELECT target_tensor_id, bench_tensor_id FROM paired").to_arrow_table())
+        n = taken[0].num_rows
+        # the two sides' statistics go to the metrics query side by side, row k of each the
+        # k-th pair (a positional join: no join by id in DuckDB)
+        for name, table in (("t_stats", taken[0]), ("b_stats", taken[1])):
+            con.register(name, table.select(stats).add_column(0, "pair_index", pa.array(np.arange(n, dtype=np.int64))))
         out = con.sql(statistics_sql("t_stats t POSITIONAL JOIN b_stats b", [("t.pair_index", "pair_index")],
                                      "pair_index")).to_arrow_table()
     finally:
         con.close()
-    t = _take(target.select(tcols), at[0])
-    b = _take(bench.select(bcols), at[1])
+    t, b = taken[0].select(tcols), taken[1].select(bcols)
+    del taken[:]
     metrics = out.select([*STAT_METRICS, "err_message"])
     pairs = pa.table({"target_tensor_id": t.column("tensor_id"), "bench_tensor_id": b.column("tensor_id"),
                       "match_strategy": pa.repeat(pa.scalar("exact"), n),
@@ -106,6 +116,9 @@ def _take(table: pa.Table, rows: np.ndarray) -> pa.Table:
     ends = np.concatenate((breaks, [n]))
     return pa.concat_tables([table.slice(int(rows[s]), int(e - s)) for s, e in zip(starts, ends)]).combine_chunks()
 
+
+# what exact_paired's content check reads of the pairs' rows (align_sql._check_sql), where both sides have it
+_CHECK_COLUMNS = ("tensor_id", "shape", "graph_id", "op_type", "dtype", "l2norm", "mean", "min", "max")
 
 _RUNS = 64  # _take: at most this many runs of consecutive rows go as slices
 

@@ -10,6 +10,9 @@ the process tree, workers included) against a baseline measured in the same run:
   compare two real dumps instead (e.g. two ``make_big_dump.sh`` runs with different
   ``--seed``). Baseline: ``cat`` of both dumps' ``.npy`` files. Figure: GB/s per run
   (one run's tensor bytes / compare time).
+  One more compare, untimed, runs the kernel's numpy form (``DUMPDB_METRICS_KERNEL=numpy``)
+  and must store the same ``compare_results`` rows as the compiled kernel (issue 29: results
+  identical to the numpy path; ``--no-numpy-check`` skips it).
 * ``tiny``: ``--tiny-pairs`` (default 131,000) pairs of tiny float32 tensors (4-64
   elements) in two MindSpore-layout dumps. Baseline: ``cat`` of the same files. Figures:
   compare time, per-pair cost, peak RSS.
@@ -74,6 +77,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--repeat", type=int, default=1,
                    help="run each compare this many times (before and after alternating) and report the medians "
                         "(other processes sharing the cores make single runs noisy)")
+    p.add_argument("--no-numpy-check", dest="numpy_check", action="store_false",
+                   help="tensor scenario: skip the one untimed compare with the kernel's numpy form "
+                        "(DUMPDB_METRICS_KERNEL=numpy) whose compare_results must equal the compiled kernel's")
     p.add_argument("--before", type=Path,
                    help="a checkout of dumpdb before the change: each compare also runs with PYTHONPATH=BEFORE "
                         "on the same archive (before/after in one session)")
@@ -295,6 +301,12 @@ def tensor_scenario(args, dumpdb: str, out: Path) -> list[str]:
     found = compare(args, dumpdb, archive, out, "tensor", runs=runs)  # type: ignore[arg-type]
     if args.before:  # a faster compare with other results is no result (SystemExit if they differ)
         lines.append(same_rows(archive / "catalog.duckdb", out, "tensor"))
+    if args.numpy_check:  # issue 29: the compiled kernel's results are the numpy path's
+        env = {**version_env(os.environ.get("PYTHONPATH", ""), out), "DUMPDB_METRICS_KERNEL": "numpy"}
+        cmd = [dumpdb, "compare", *runs, "-a", str(archive), "--show", "0"]
+        wall, _ = timed(cmd, out / "compare-tensor-numpy.log", env)
+        print(f"  numpy path (untimed check): {wall:.2f} s (cpu {LAST_CPU['seconds']:.2f} s)")
+        lines.append(same_rows(archive / "catalog.duckdb", out, "tensor", ("after", "numpy")))
     for label, wall, peak in found:
         per_run = payload / GB / wall
         cpu = CPU_MEDIAN[label]  # CPU seconds: less moved than wall time by other processes' load
@@ -379,8 +391,9 @@ def stats_scenario(args, dumpdb: str, out: Path) -> list[str]:
     return lines
 
 
-def same_rows(catalog: Path, out: Path, name: str) -> str:
-    """Whether the last before and after compares stored the same ``compare_results`` rows:
+def same_rows(catalog: Path, out: Path, name: str, labels: tuple[str, str] = ("before", "after")) -> str:
+    """Whether the last compares of two versions (``labels``: before and after, or after and
+    the kernel's numpy form) stored the same ``compare_results`` rows:
     every column but ``compare_id`` of every row, ``EXCEPT ALL`` both ways (doubles as DuckDB
     compares them: NaN equals NaN, -0.0 equals 0.0; reason strings and verdicts too) and the same counts.
     The compare ids come from each version's log (its first line, ``compare N: ...``).
@@ -388,7 +401,7 @@ def same_rows(catalog: Path, out: Path, name: str) -> str:
     import duckdb
 
     ids = {}
-    for label in ("before", "after"):
+    for label in labels:
         first = (out / f"compare-{name}-{label}.log").read_text().split(":", 1)[0].split()
         ids[label] = int(first[1])
     con = duckdb.connect(str(catalog), read_only=True)
@@ -398,12 +411,14 @@ def same_rows(catalog: Path, out: Path, name: str) -> str:
             "AND column_name <> 'compare_id' ORDER BY column_index").fetchall()))
         sel = f"SELECT {cols} FROM compare_results WHERE compare_id = ?"
         counts = [con.execute(f"SELECT count(*) FROM ({sel})", [i]).fetchone()[0] for i in ids.values()]
+        first, second = (ids[label] for label in labels)
         extra = [con.execute(f"SELECT count(*) FROM ({sel} EXCEPT ALL {sel})", [a, b]).fetchone()[0]
-                 for a, b in ((ids["before"], ids["after"]), (ids["after"], ids["before"]))]
+                 for a, b in ((first, second), (second, first))]
     finally:
         con.close()
-    verdict = f"{name}: compare_results of before (compare {ids['before']}) and after (compare {ids['after']}): " \
-              f"{counts[0]} and {counts[1]} rows, {extra[0]} only before, {extra[1]} only after (EXCEPT ALL, " \
+    one, two = labels
+    verdict = f"{name}: compare_results of {one} (compare {ids[one]}) and {two} (compare {ids[two]}): " \
+              f"{counts[0]} and {counts[1]} rows, {extra[0]} only {one}, {extra[1]} only {two} (EXCEPT ALL, " \
               "every column but compare_id)"
     print(verdict)
     if counts[0] != counts[1] or any(extra):

@@ -757,11 +757,12 @@ def _compute_large(archive, t: pa.Table, b: pa.Table, large: np.ndarray, mode: s
     computed: dict[int, tuple[dict, str | None]] = {}
     tensor_bytes = sum((x["nbytes"] or 0) + (y["nbytes"] or 0) for _, x, y in todo)
     pool, submit = _pool(archive, tensor_bytes, mode, workers)
+    views = isinstance(pool, ThreadPoolExecutor) and fast  # _pair_in_thread: chunk-cache views (_held_bytes)
     with pool:
         inflight: deque = deque()
         inflight_bytes = 0
         for i, x, y in todo:
-            size = _held_bytes(x, y)
+            size = _held_bytes(x, y) if views else (x["nbytes"] or 0) + (y["nbytes"] or 0)
             while inflight and inflight_bytes + size > INFLIGHT_BYTES:
                 inflight_bytes -= _finish(inflight.popleft(), res, computed)
                 done += 1

@@ -213,3 +213,40 @@ def test_a_null_shape_and_the_0d_shape_are_different_pairs():
     scalar = {**row, "shape": []}
     assert engine._pair_key(row, row) != engine._pair_key(scalar, scalar)
     assert engine._pair_key(scalar, scalar) == engine._pair_key({**scalar}, {**scalar})
+
+
+def test_a_large_pair_in_one_pack_chunk_is_read_as_views_of_the_chunk_cache(tmp_path, monkeypatch):
+    """The worker threads read a large pair's pack payloads that lie in one chunk as read-only
+    views of the store's chunk cache (TensorStore.read_many), not as copies (TensorStore.read):
+    the same bits as tensor_metrics of the arrays; each such payload counts as its whole
+    chunk against INFLIGHT_BYTES (_held_bytes)."""
+    from dumpdb.storage.store import MEDIUM_CHUNK_BYTES, TensorStore
+
+    archive, target, bench = _archive(tmp_path)
+    copies, views = [], []
+    real_read, real_pair = TensorStore.read, engine._read_pair
+
+    def reading(self, array_path, elem_offset, *args, **kwargs):
+        copies.append(array_path)
+        return real_read(self, array_path, elem_offset, *args, **kwargs)
+
+    def pair(store, t, b):
+        found = real_pair(store, t, b)
+        views.extend(not x.flags.writeable for x in found)
+        return found
+
+    monkeypatch.setattr(TensorStore, "read", reading)
+    monkeypatch.setattr(engine, "_read_pair", pair)
+    out = compare(dumpdb.open(archive), "target", "bench", workers=2, store_results=False).results
+    # three computed pairs, six read-only sides, none read as a copy but a float16 payload
+    # across the boundary of two 256 KiB chunks (a new array: TensorStore.read)
+    assert views == [True] * 6 and len(copies) <= 1 and all("float16" in path for path in copies)
+    rows = _rows(out)
+    for k in range(5):
+        row = next(r for name, r in rows.items() if name.endswith(f"-op{k}"))
+        with threadpool_limits(1, user_api="blas"):
+            want, _ = tensor_metrics(target[k], bench[k])
+        assert {m: row[m] for m in TENSOR_METRICS} == want, k
+    x = {"nbytes": 1000, "elem_offset": 0}
+    assert engine._held_bytes(x, {"nbytes": 1000, "elem_offset": None}) == MEDIUM_CHUNK_BYTES + 1000
+    assert engine._held_bytes({"nbytes": 3 * MEDIUM_CHUNK_BYTES, "elem_offset": 7}, x) == 4 * MEDIUM_CHUNK_BYTES

@@ -115,6 +115,7 @@ from dumpdb.compare.verdict import Thresholds, op_results_columns
 from dumpdb.dtypes import from_catalog_name
 from dumpdb.errors import DumpdbError
 from dumpdb.runtime import quiet_gc, release_free_memory
+from dumpdb.storage.store import MEDIUM_CHUNK_BYTES
 
 # Payload bytes of the large pairs queued at once. On the thread path a queued pair is read
 # as soon as a thread is free, while the segments of the pairs read before it wait behind it
@@ -322,15 +323,39 @@ def _read_many(store, locs: list[tuple]) -> list[np.ndarray]:
     return store.read_many([(loc[0], loc[1], loc[2] or 0, dtypes[loc[3]], tuple(loc[4]), loc[5]) for loc in locs])
 
 
-def _read_pair(store, t: tuple, b: tuple) -> tuple[np.ndarray, np.ndarray]:
-    """Both payloads of a pair; a payload both sides share (same hash, dtype, shape) is read once."""
+def _read_pair_writable(store, t: tuple, b: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """Both payloads of a pair as new, writable arrays (for plug-in metrics, worker processes
+    and cluster tasks); a payload both sides share (same hash, dtype, shape) is read once."""
     a = _read(store, t)
     return a, a if t[5] == b[5] and t[3] == b[3] and list(t[4]) == list(b[4]) else _read(store, b)
 
 
+def _read_pair(store, t: tuple, b: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """Both payloads of a large pair for the worker threads, read-only
+    (:meth:`~dumpdb.storage.store.TensorStore.read_many`): a payload lying in one pack chunk is
+    a view of the store's chunk cache, not a copy into a new array (the Transformer pair's
+    compare copied ~0.78 GB of its 1.74 GB so); a payload both sides share (same hash, dtype,
+    shape) is read once. The metrics read any array as read-only (kernel._readonly), so they
+    are the same bits; a view holds its whole chunk while the pair is in flight
+    (:func:`_held_bytes`)."""
+    if t[5] == b[5] and t[3] == b[3] and list(t[4]) == list(b[4]):
+        a = _read_many(store, [t])[0]
+        return a, a
+    a, c = _read_many(store, [t, b])
+    return a, c
+
+
+def _held_bytes(x: dict, y: dict) -> int:
+    """Memory a large pair in flight may hold (``INFLIGHT_BYTES`` counts it): its payload bytes,
+    each pack payload counted as at least the pack chunk it may lie in and hold
+    (:func:`_read_pair`; payloads of large pairs sit in packs of 4 MiB chunks)."""
+    return sum(max(row["nbytes"] or 0, MEDIUM_CHUNK_BYTES) if row["elem_offset"] is not None else row["nbytes"] or 0
+               for row in (x, y))
+
+
 def _pair_metrics(store, t: tuple, b: tuple, ranges=None) -> tuple[dict, str | None]:
-    """Metrics of one pair, read and computed here (:func:`_read_pair`, :func:`_metrics_of`)."""
-    return _metrics_of(*_read_pair(store, t, b), ranges)
+    """Metrics of one pair, read and computed here (:func:`_read_pair_writable`, :func:`_metrics_of`)."""
+    return _metrics_of(*_read_pair_writable(store, t, b), ranges)
 
 
 class _Segments:
@@ -732,11 +757,12 @@ def _compute_large(archive, t: pa.Table, b: pa.Table, large: np.ndarray, mode: s
     computed: dict[int, tuple[dict, str | None]] = {}
     tensor_bytes = sum((x["nbytes"] or 0) + (y["nbytes"] or 0) for _, x, y in todo)
     pool, submit = _pool(archive, tensor_bytes, mode, workers)
+    views = isinstance(pool, ThreadPoolExecutor) and fast  # _pair_in_thread: chunk-cache views (_held_bytes)
     with pool:
         inflight: deque = deque()
         inflight_bytes = 0
         for i, x, y in todo:
-            size = (x["nbytes"] or 0) + (y["nbytes"] or 0)
+            size = _held_bytes(x, y) if views else (x["nbytes"] or 0) + (y["nbytes"] or 0)
             while inflight and inflight_bytes + size > INFLIGHT_BYTES:
                 inflight_bytes -= _finish(inflight.popleft(), res, computed)
                 done += 1
@@ -875,7 +901,8 @@ class _EarlyPairs:
             if item is None:  # nothing new yet: land what is in flight
                 inflight_bytes -= self._land(inflight.popleft())
                 continue
-            key, x, y, size = item
+            key, x, y, _ = item
+            size = _held_bytes(x, y)
             while inflight and inflight_bytes + size > INFLIGHT_BYTES:
                 inflight_bytes -= self._land(inflight.popleft())
             inflight.append((key, size, self._pool.submit(_pair_in_thread, self._pool, store, _loc(x), _loc(y),

@@ -140,6 +140,40 @@ def test_ranged_reads_and_short_objects(zstore):
         objects.get_suffix("x/blob", 2000)
 
 
+def test_large_ranged_reads_of_a_local_store_are_mapped_with_pread_s_answers(tmp_path, monkeypatch):
+    """A local store's ranged read of MAP_READ_BYTES or more is a read-only view of the file
+    mapped (no copy): the same bytes as a pread, short at the end of the file (PayloadCorrupt
+    from get), PayloadMissing for a missing object; a replaced file keeps its old bytes in a
+    view taken before (the store writes by rename)."""
+    import dumpdb.storage.objects as objects_mod
+
+    root = tmp_path / "tensors.zarr"
+    (root / "x").mkdir(parents=True)
+    data = np.random.default_rng(3).integers(0, 256, 3 * objects_mod.MAP_READ_BYTES + 12345, np.uint8).tobytes()
+    (root / "x" / "blob").write_bytes(data)
+    objects = ObjectStore.local(root)
+    n = objects_mod.MAP_READ_BYTES
+    mapped = []
+    real = objects_mod._map_range
+    monkeypatch.setattr(objects_mod, "_map_range", lambda fd, start, k: mapped.append((start, k)) or real(fd, start, k))
+    for start in (0, 1, 4095, 4096, 65537, len(data) - n):
+        got = objects.get("x/blob", start, start + n)
+        assert got.readonly and bytes(got) == data[start : start + n]
+    assert objects.get("x/blob", 10, 20) == data[10:20]  # small: a pread
+    assert len(mapped) == 6
+    with pytest.raises(PayloadCorrupt, match=r"x/blob: object too short"):
+        objects.get("x/blob", len(data) - n + 1, len(data) + 1)
+    with pytest.raises(PayloadCorrupt, match=r"x/blob: object too short"):
+        objects.get("x/blob", len(data) + 5, len(data) + 5 + n)
+    with pytest.raises(PayloadMissing):
+        objects.get("x/none", 0, n)
+    kept = objects.get("x/blob", 0, n)
+    tmp = root / "x" / "blob.tmp"
+    tmp.write_bytes(bytes(len(data)))
+    os.replace(tmp, root / "x" / "blob")
+    assert bytes(kept) == data[:n] and bytes(objects.get("x/blob", 0, n)) == bytes(n)
+
+
 def test_listing_and_delete(zstore, small_units):
     payloads = _payloads()
     _, arrays = _write(zstore, small_units, payloads)

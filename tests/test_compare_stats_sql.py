@@ -147,6 +147,73 @@ def test_statistics_pairs_equal_the_step_by_step_path(case, tmp_path, monkeypatc
         assert repr(sql.summary) == repr(steps.summary)
 
 
+@pytest.mark.parametrize("case", ["statistics_mix", "naninf_vs_L1"])
+def test_verdicts_beside_the_precision_rules_equal_one_after_the_other(case, tmp_path, monkeypatch):
+    """A statistics compare runs msprobe's verdicts in a second thread beside the precision
+    rules (engine._verdicts_and_precision), the rules then reading the metrics' messages
+    instead of the verdicts' joined onto them. The result table, summary and first
+    departure / divergence equal those of the two one after the other, whichever finishes
+    first (the verdicts held back until the rules are done, or the rules until the verdicts
+    are), and with every message the rules may read replaced by the nan/inf mismatch note
+    (the one message the rules read, and only on tensor-mode rows)."""
+    import threading
+    import time
+
+    from dumpdb.compare import engine
+    from dumpdb.compare.metrics import MSG_NAN_INF_MISMATCH
+
+    target, bench = CASES[case]
+    archive = tmp_path / "a.dumpdb"
+    assert dumpdb.ingest(target, archive=archive, run="t").ok
+    assert dumpdb.ingest(bench, archive=archive, run="b").ok
+    a = dumpdb.open(archive)
+    real_judge, real_precision = engine._judge, engine._judge_precision
+
+    def one_after_the_other(view, trows, thresholds, rules):
+        view.result, view.err_message = real_judge(view, thresholds)
+        return real_precision(view, trows, rules)
+
+    threads: list[str] = []
+
+    def judge(view, thresholds, delay=0.0):
+        threads.append(threading.current_thread().name)
+        time.sleep(delay)
+        return real_judge(view, thresholds)
+
+    def precision(view, trows, rules, delay=0.0):
+        time.sleep(delay)
+        return real_precision(view, trows, rules)
+
+    def noted(**columns):  # the rules' columns with the nan/inf note as every row's message
+        columns["err_message"] = np.full(len(columns["group"]), MSG_NAN_INF_MISMATCH, dtype=object)
+        return real_columns(**columns)
+
+    real_columns = engine.PrecisionColumns
+
+    for rules in ("precision", "msprobe"):
+        with monkeypatch.context() as m:
+            m.setattr(engine, "_verdicts_and_precision", one_after_the_other)
+            serial = compare(a, "t", "b", mode="statistics", store_results=False, rules=rules)
+        assert serial.results.num_rows > 10
+        assert any(r for r in serial.results.column("err_message").to_pylist())
+        for verdicts_late, rules_late, note in ((0.0, 0.0, False), (0.3, 0.0, False), (0.0, 0.3, False),
+                                                (0.0, 0.0, True)):
+            with monkeypatch.context() as m:
+                m.setattr(engine, "_judge", lambda view, th, d=verdicts_late: judge(view, th, d))
+                m.setattr(engine, "_judge_precision", lambda view, trows, r, d=rules_late: precision(view, trows, r, d))
+                if note:
+                    m.setattr(engine, "PrecisionColumns", noted)
+                side = compare(a, "t", "b", mode="statistics", store_results=False, rules=rules)
+            assert threads[-1].startswith("dumpdb-compare-verdicts"), threads
+            assert side.results.schema == serial.results.schema
+            for name in side.results.column_names:
+                # repr: NaN equal to NaN, -0.0 not equal to 0.0
+                assert repr(side.results.column(name).to_pylist()) == repr(serial.results.column(name).to_pylist()), \
+                    (name, verdicts_late, rules_late, note)
+            assert repr(side.summary) == repr(serial.summary)
+            assert repr(side.first_divergence) == repr(serial.first_divergence)
+
+
 @pytest.mark.parametrize("ids", ["consecutive", "shuffled_range", "sparse"])
 def test_pair_rows_found_by_tensor_id(ids):
     """stats_pairs._positions finds each paired id's row as a hash lookup does, whether a

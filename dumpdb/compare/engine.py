@@ -521,8 +521,7 @@ def compare(archive, target: str | Selection, bench: str | Selection, *, iterati
     view = _view(t, b, strategy, res)
     view.context["realigned"] = realigned
     view.context["arg_diff"] = arg_diff.result() if arg_diff is not None else _arg_diff(archive, tsel, bsel, t, b)
-    view.result, view.err_message = _judge(view, thresholds)
-    departure = _judge_precision(view, trows, precision or PrecisionRules())
+    departure = _verdicts_and_precision(view, trows, thresholds, precision or PrecisionRules())
     column = view.result if rules == "msprobe" else view.precision["precision_result"]
     unmatched = pa.concat_tables([
         alignment.unmatched_target.append_column("side", pa.array(["target"] * alignment.unmatched_target.num_rows)),
@@ -1249,11 +1248,15 @@ class _View:
         self.precision: dict[str, np.ndarray] = {}
         self._shapes: dict[str, Shapes] = {}
         self._ops: np.ndarray | None = None
+        # the verdicts and the precision rules may read the view in two threads at once
+        # (_verdicts_and_precision): each cached column is computed once, by whichever asks first
+        self._cache_lock = threading.Lock()
 
     def shapes(self, name: str) -> Shapes:
-        if name not in self._shapes:
-            self._shapes[name] = Shapes(self.context[name])
-        return self._shapes[name]
+        with self._cache_lock:
+            if name not in self._shapes:
+                self._shapes[name] = Shapes(self.context[name])
+            return self._shapes[name]
 
     def numbers(self, names) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """(values, valid) of computed metrics and numeric context columns."""
@@ -1267,10 +1270,11 @@ class _View:
 
     def op_codes(self) -> np.ndarray:
         """One code per op call: iteration, rank, graph_id, call_index, target name (NULL equal to NULL)."""
-        if self._ops is None:
-            keys = [ints(self.context[k], _NULL_KEY) for k in ("iteration", "rank", "graph_id", "call_index")]
-            self._ops = group_codes([*keys, string_codes(self.context["target_name"])])
-        return self._ops
+        with self._cache_lock:
+            if self._ops is None:
+                keys = [ints(self.context[k], _NULL_KEY) for k in ("iteration", "rank", "graph_id", "call_index")]
+                self._ops = group_codes([*keys, string_codes(self.context["target_name"])])
+            return self._ops
 
 
 _NULL_KEY = np.iinfo(np.int64).min
@@ -1288,6 +1292,28 @@ def _view(t: pa.Table, b: pa.Table, strategy: pa.Array, res: ResultColumns) -> _
 def _string_array(col: pa.Array) -> pa.Array:
     """A text column as one Arrow string array (the verdicts read names as Arrow)."""
     return col if col.type == pa.string() else col.cast(pa.string())
+
+
+def _verdicts_and_precision(view: _View, trows: pa.Table, thresholds: Thresholds,
+                            rules: PrecisionRules) -> dict | None:
+    """msprobe's verdicts (``view.result``, ``view.err_message``: :func:`_judge`) and the
+    precision columns (:func:`_judge_precision`); returns the first departure.
+
+    When every pair is compared by its statistics the two run side by side, the verdicts in
+    a second thread (much of either is numpy and Arrow work, which releases the GIL). The
+    precision rules then get the metrics' messages, not the verdicts' joined onto them: they
+    read a message only on a tensor-mode row (``precision.Columns.err_message``: the nan/inf
+    mismatch note), so the result is the same. Neither writes to the view; the view's cached
+    columns (op codes, shapes) are computed once, by the first thread to ask (:class:`_View`);
+    the verdicts are set on it once both are done. With a tensor pair, one after the other."""
+    if not np.all(view.mode == "statistics"):  # a tensor pair's precision reads the verdicts' messages
+        view.result, view.err_message = _judge(view, thresholds)
+        return _judge_precision(view, trows, rules)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="dumpdb-compare-verdicts") as side:
+        verdicts = side.submit(_judge, view, thresholds)
+        departure = _judge_precision(view, trows, rules)
+        view.result, view.err_message = verdicts.result()
+    return departure
 
 
 def _judge(view: _View, thresholds: Thresholds) -> tuple[np.ndarray, np.ndarray]:

@@ -21,6 +21,7 @@ per-pair rules.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import duckdb
 import numpy as np
@@ -71,8 +72,13 @@ def statistics_pairs(target: pa.Table, bench: pa.Table, *, group_by: Sequence[st
         at = [_positions(table.column("tensor_id"), paired.column(f"{side}_tensor_id"))
               for side, table in (("target", target), ("bench", bench))]
         order = execution_order(_take(target.select(list(ORDER_KEYS)), at[0]))
-        taken[:] = [_take(table.select(list(dict.fromkeys((*cols, *checked, *stats)))), rows[order])
-                    for table, cols, rows in ((target, tcols, at[0]), (bench, bcols, at[1]))]
+        # the bench side's rows in a second thread while this one takes the target's: Arrow
+        # copies them without the GIL (each side's own table, rows and columns: no shared write)
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="dumpdb-compare-take") as side:
+            bench_rows = side.submit(_take, bench.select(list(dict.fromkeys((*bcols, *checked, *stats)))),
+                                     at[1][order])
+            target_rows = _take(target.select(list(dict.fromkeys((*tcols, *checked, *stats)))), at[0][order])
+            taken[:] = [target_rows, bench_rows.result()]
         return taken[0], taken[1]
 
     con = duckdb.connect()

@@ -155,7 +155,9 @@ def test_verdicts_beside_the_precision_rules_equal_one_after_the_other(case, tmp
     departure / divergence equal those of the two one after the other, whichever finishes
     first (the verdicts held back until the rules are done, or the rules until the verdicts
     are), and with every message the rules may read replaced by the nan/inf mismatch note
-    (the one message the rules read, and only on tensor-mode rows)."""
+    (the one message the rules read, and only on tensor-mode rows). The rules read the
+    name masks (containers, phases, collectives) the verdicts' thread computes
+    (``precision.Columns.name_masks``); one after the other, they compute them."""
     import threading
     import time
 
@@ -180,9 +182,10 @@ def test_verdicts_beside_the_precision_rules_equal_one_after_the_other(case, tmp
         time.sleep(delay)
         return real_judge(view, thresholds)
 
-    def precision(view, trows, rules, delay=0.0):
+    def precision(view, trows, rules, masks, delay=0.0):
+        threads.append("masks" if masks is not None else "no masks")
         time.sleep(delay)
-        return real_precision(view, trows, rules)
+        return real_precision(view, trows, rules, masks)
 
     def noted(**columns):  # the rules' columns with the nan/inf note as every row's message
         columns["err_message"] = np.full(len(columns["group"]), MSG_NAN_INF_MISMATCH, dtype=object)
@@ -200,11 +203,13 @@ def test_verdicts_beside_the_precision_rules_equal_one_after_the_other(case, tmp
                                                 (0.0, 0.0, True)):
             with monkeypatch.context() as m:
                 m.setattr(engine, "_judge", lambda view, th, d=verdicts_late: judge(view, th, d))
-                m.setattr(engine, "_judge_precision", lambda view, trows, r, d=rules_late: precision(view, trows, r, d))
+                m.setattr(engine, "_judge_precision",
+                          lambda view, trows, r, masks=None, d=rules_late: precision(view, trows, r, masks, d))
                 if note:
                     m.setattr(engine, "PrecisionColumns", noted)
                 side = compare(a, "t", "b", mode="statistics", store_results=False, rules=rules)
-            assert threads[-1].startswith("dumpdb-compare-verdicts"), threads
+            assert "masks" in threads[-2:] and any(t.startswith("dumpdb-compare-verdicts") for t in threads[-2:]), \
+                threads
             assert side.results.schema == serial.results.schema
             for name in side.results.column_names:
                 # repr: NaN equal to NaN, -0.0 not equal to 0.0

@@ -106,7 +106,7 @@ from dumpdb.compare.metrics import (
     tensor_metrics,
     tensor_metrics_batch,
 )
-from dumpdb.compare.precision import NOISE, PrecisionRules, judge_precision_columns
+from dumpdb.compare.precision import NOISE, PrecisionRules, judge_precision_columns, name_masks
 from dumpdb.compare.precision import Columns as PrecisionColumns
 from dumpdb.compare.stats_pairs import ORDER_KEYS, statistics_pairs
 from dumpdb.compare.stats_sql import statistics_metrics
@@ -1244,7 +1244,7 @@ class _View:
         self.res = res
         self.mode = res.mode
         self.result = np.full(self.n, None, dtype=object)
-        self.err_message = res.message
+        self.err_message: np.ndarray | pa.Array = res.message
         self.precision: dict[str, np.ndarray] = {}
         self._shapes: dict[str, Shapes] = {}
         self._ops: np.ndarray | None = None
@@ -1300,19 +1300,38 @@ def _verdicts_and_precision(view: _View, trows: pa.Table, thresholds: Thresholds
     precision columns (:func:`_judge_precision`); returns the first departure.
 
     When every pair is compared by its statistics the two run side by side, the verdicts in
-    a second thread (much of either is numpy and Arrow work, which releases the GIL). The
+    a second thread (much of either is numpy and Arrow work, which releases the GIL), which
+    first computes what the rules read of the names (``precision.name_masks``). The
     precision rules then get the metrics' messages, not the verdicts' joined onto them: they
     read a message only on a tensor-mode row (``precision.Columns.err_message``: the nan/inf
     mismatch note), so the result is the same. Neither writes to the view; the view's cached
     columns (op codes, shapes) are computed once, by the first thread to ask (:class:`_View`);
-    the verdicts are set on it once both are done. With a tensor pair, one after the other."""
+    the verdicts are set on it once both are done (``err_message`` then as an Arrow string
+    array, the result table's column). With a tensor pair, one after the other."""
     if not np.all(view.mode == "statistics"):  # a tensor pair's precision reads the verdicts' messages
         view.result, view.err_message = _judge(view, thresholds)
         return _judge_precision(view, trows, rules)
+
+    def verdicts() -> tuple[np.ndarray, pa.Array]:
+        # the messages as the result table's Arrow column, made here, off the main thread:
+        # 500,000 Python strings of reasons freed while the precision rules still run
+        result, messages = _judge(view, thresholds)
+        out = result, _text_array(messages)
+        del messages
+        # what this thread freed stays in its own glibc heap, which the main thread's
+        # allocations do not reuse: given back now (at 500,000 pairs the precision rules'
+        # peak was ~70 MB higher without)
+        release_free_memory()
+        return out
+
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="dumpdb-compare-verdicts") as side:
-        verdicts = side.submit(_judge, view, thresholds)
-        departure = _judge_precision(view, trows, rules)
-        view.result, view.err_message = verdicts.result()
+        # first what the rules read of the names (Arrow's text kernels: no GIL held), while
+        # the rules convert their other columns; then the verdicts
+        masks = side.submit(name_masks, *(_string_array(view.context[k])
+                                          for k in ("target_name", "scope_name", "op_type")))
+        judged = side.submit(verdicts)
+        departure = _judge_precision(view, trows, rules, masks.result)
+        view.result, view.err_message = judged.result()
     return departure
 
 
@@ -1335,11 +1354,13 @@ def _judge(view: _View, thresholds: Thresholds) -> tuple[np.ndarray, np.ndarray]
     return result, join_messages(view.err_message, add)
 
 
-def _judge_precision(view: _View, trows: pa.Table, rules: PrecisionRules) -> dict | None:
+def _judge_precision(view: _View, trows: pa.Table, rules: PrecisionRules,
+                     masks: Callable[[], tuple] | None = None) -> dict | None:
     """Precision columns on ``view`` (dumpdb.compare.precision) and the first departure.
     Producers of inputs: every target output (compared or not) by content hash. The
     alignment's ``arg_diff`` column (scalar arguments that differ), when the pairs carry
-    it, is evidence the rules read."""
+    it, is evidence the rules read. ``masks``: ``precision.Columns.name_masks`` (computed
+    by the rules otherwise)."""
     n = view.n
     ctx = view.context
     it, rank, ts = ctx["iteration"], ctx["rank"], ctx["timestamp"]
@@ -1367,7 +1388,8 @@ def _judge_precision(view: _View, trows: pa.Table, rules: PrecisionRules) -> dic
         op_type=strings(ctx["op_type"]), arg_diff=arg_diff, iteration=ints(it, -1),
         timestamp=np.where(ts_valid, ts_values, np.nan),
         arrow={k: _string_array(ctx[k]) for k in ("target_name", "scope_name", "op_type", "target_dtype",
-                                                   "bench_dtype", "target_dtype_declared", "bench_dtype_declared")})
+                                                   "bench_dtype", "target_dtype_declared", "bench_dtype_declared")},
+        name_masks=masks)
     view.precision, departure = judge_precision_columns(columns, rules)
     return departure
 

@@ -264,3 +264,42 @@ def test_pair_rows_taken_as_slices_where_they_run_in_order():
         got = _take(table, rows)
         assert got.schema == table.schema and got.equals(table.take(pa.array(rows))), name
         assert all(column.num_chunks <= 1 for column in got.columns), name
+
+
+def test_pairs_order_from_the_whole_sides_order_equals_the_paired_rows_order():
+    """stats_pairs._pairs_order (the pairs' order from execution_order of every target row,
+    sorted while DuckDB pairs them) equals execution_order of the paired rows taken in pair
+    order, on random sides (several iterations, ranks and graphs whose first timestamps
+    order them, NULL positions, timestamps and slots, shuffled rows) paired in a random
+    order; and gives None where the pairs miss a target row or hold one twice (the paired
+    rows' graphs may then start at other timestamps: execution_order of them decides)."""
+    from dumpdb.compare.columns import ORDER_KEYS, execution_order
+    from dumpdb.compare.stats_pairs import _pairs_order
+
+    rng = np.random.default_rng(11)
+    for _ in range(40):
+        n = int(rng.integers(1, 400))
+
+        def nullable(values, p):
+            return pa.array([None if rng.random() < p else int(v) for v in values], pa.int64())
+
+        table = pa.table({"iteration": nullable(rng.integers(0, 3, n), 0.05),
+                          "rank": nullable(rng.integers(0, 2, n), 0.05),
+                          "graph_id": nullable(rng.integers(0, 4, n), 0.1),
+                          "position": nullable(rng.integers(0, 50, n), 0.2),
+                          "timestamp": nullable(rng.integers(0, 1000, n), 0.2),
+                          "call_index": nullable(rng.integers(0, 5, n), 0.1),
+                          "io": pa.array(rng.choice(["input", "output", "parameter", None], n).tolist(), pa.string()),
+                          "slot": nullable(rng.integers(0, 3, n), 0.1),
+                          "tensor_id": pa.array(rng.permutation(n * 3)[:n].astype(np.int64))})
+        assert set(ORDER_KEYS) <= set(table.column_names)
+        everything = execution_order(table)
+        rows = rng.permutation(n).astype(np.int64)  # every row once, in the pairs' order
+        want = execution_order(table.take(pa.array(rows)))
+        assert np.array_equal(_pairs_order(rows, everything), want)
+        assert _pairs_order(rows, None) is None
+        if n > 1:
+            twice = rows.copy()
+            twice[0] = twice[1]
+            assert _pairs_order(twice, everything) is None
+            assert _pairs_order(rows[1:], everything) is None

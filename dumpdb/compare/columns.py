@@ -231,8 +231,11 @@ def containers(op_type, name) -> np.ndarray:
     if len(op_type) == 0:
         return np.zeros(0, bool)
     text = _text(op_type)
-    hit = pc.or_(*(pc.starts_with(text, p) for p in _CONTAINER_PREFIXES))
-    return pc.fill_null(hit, False).to_numpy(zero_copy_only=False) & ~_contains(name, ".parameters_grad.")
+    hit = pc.fill_null(pc.or_(*(pc.starts_with(text, p) for p in _CONTAINER_PREFIXES)), False).to_numpy(
+        zero_copy_only=False)
+    if not hit.any():  # no module or cell record (levels L1, MindSpore): the names need no scan
+        return hit
+    return hit & ~_contains(name, ".parameters_grad.")
 
 
 # collective communication ops, whose output combines the inputs of every rank of the same

@@ -8,8 +8,9 @@ Runs the compare in this process (``dumpdb.cli``, the arguments after ``--``), w
   precision rules, ``arg_diff``, containers): per thread and phase, the calls, wall seconds,
   thread CPU seconds and the first start / last end (seconds from this script's start);
 * a sampler thread reading every thread's on-CPU time (``/proc/self/task/*/schedstat``)
-  every 10 ms: per bucket (``TIMELINE_BUCKET`` seconds, 0.1 by default), the cores busy and
-  each thread's share with the phase it was in;
+  and the process's resident memory (``/proc/self/statm``) every 10 ms: per bucket
+  (``TIMELINE_BUCKET`` seconds, 0.1 by default), the cores busy, the highest RSS and each
+  thread's share with the phase it was in;
 * per thread, how long it had a task during the pair loop (``_compute``): a worker that
   waits for work, or in ``kernel.compiled()`` for numba, shows here.
 
@@ -39,6 +40,8 @@ T0 = time.perf_counter()
 EVENTS: list[tuple[int, int, str, float, float, float, float]] = []  # tid, depth, label, t0, t1, cpu0, cpu1
 NAMES: dict[int, str] = {}  # native thread id -> thread name
 SAMPLES: list[tuple[float, dict[int, int]]] = []  # (t, {tid: on-CPU ns})
+RSS: list[tuple[float, int]] = []  # (t, resident bytes)
+PAGE = os.sysconf("SC_PAGE_SIZE")
 _stop = threading.Event()
 _local = threading.local()
 
@@ -66,6 +69,8 @@ def _sample() -> None:
             except OSError:  # the thread ended meanwhile
                 pass
         SAMPLES.append((t, cpu))
+        with open("/proc/self/statm") as f:
+            RSS.append((t, int(f.read().split()[1]) * PAGE))
         time.sleep(0.01)
 
 
@@ -110,9 +115,16 @@ def instrument() -> None:
     for name in ("select_rows", "align", "align_exact", "_pair_sides", "_view", "_arg_diff", "_judge",
                  "_judge_precision", "_result_table", "_store", "first_divergence_of", "_departure_report",
                  "_compute", "_compute_large", "_plan_large", "_identical", "_compute_statistics", "_add_containers",
-                 "first_difference_of", "_pair_in_thread", "_read_pair", "_read_many", "_put_small", "_finish"):
+                 "first_difference_of", "_pair_in_thread", "_read_pair", "_read_many", "_put_small", "_finish",
+                 "statistics_pairs", "_statistics_columns", "_proc_as_rank0", "release_free_memory",
+                 "_verdicts_and_precision"):
         if hasattr(engine, name):
             wrap(engine, name)
+    from dumpdb.compare import stats_pairs
+
+    for name in ("_take", "exact_paired", "execution_order"):  # the statistics compare's pairing
+        if hasattr(stats_pairs, name):
+            wrap(stats_pairs, name)
     for name in ("_kernel_rows", "_kernel_segments", "tensor_metrics", "_batch_group"):
         wrap(metrics, name)
     wrap(metrics.SplitPair, "_segment", "segment")
@@ -168,14 +180,19 @@ def report(started: float, end: float, bucket: float, out) -> None:
             return ""
         return max(counter.items(), key=lambda kv: (kv[1] > bucket * 0.3, kv[0][0], kv[1]))[0][1]
 
+    rss = [0] * nb
+    for t, b in RSS:
+        k = min(int(t / bucket), nb - 1)
+        rss[k] = max(rss[k], b)
     shown = [tid for tid in tids if sum(busy[tid]) > 0.05]
-    print("\n t(s)  cores | " + " | ".join(f"{short[t]:>22s}" for t in shown), file=out)
+    print("\n t(s)  cores  RSS MB | " + " | ".join(f"{short[t]:>22s}" for t in shown), file=out)
     for k in range(nb):
         cells = []
         for t in shown:
             share = busy[t][k] / bucket
             cells.append(f"{top(phase[t][k])[:16]:>16s} {share:4.0%}" if share > 0.02 or phase[t][k] else " " * 22)
-        print(f"{k * bucket:5.1f} {sum(busy[t][k] for t in tids) / bucket:5.2f}  | " + " | ".join(cells), file=out)
+        print(f"{k * bucket:5.1f} {sum(busy[t][k] for t in tids) / bucket:5.2f} {rss[k] / 2**20:7.0f} | "
+              + " | ".join(cells), file=out)
 
     loop = [e for e in EVENTS if e[2] == "_compute"]
     if loop:

@@ -147,6 +147,78 @@ def test_statistics_pairs_equal_the_step_by_step_path(case, tmp_path, monkeypatc
         assert repr(sql.summary) == repr(steps.summary)
 
 
+@pytest.mark.parametrize("case", ["statistics_mix", "naninf_vs_L1"])
+def test_verdicts_beside_the_precision_rules_equal_one_after_the_other(case, tmp_path, monkeypatch):
+    """A statistics compare runs msprobe's verdicts in a second thread beside the precision
+    rules (engine._verdicts_and_precision), the rules then reading the metrics' messages
+    instead of the verdicts' joined onto them. The result table, summary and first
+    departure / divergence equal those of the two one after the other, whichever finishes
+    first (the verdicts held back until the rules are done, or the rules until the verdicts
+    are), and with every message the rules may read replaced by the nan/inf mismatch note
+    (the one message the rules read, and only on tensor-mode rows). The rules read the
+    name masks (containers, phases, collectives) the verdicts' thread computes
+    (``precision.Columns.name_masks``); one after the other, they compute them."""
+    import threading
+    import time
+
+    from dumpdb.compare import engine
+    from dumpdb.compare.metrics import MSG_NAN_INF_MISMATCH
+
+    target, bench = CASES[case]
+    archive = tmp_path / "a.dumpdb"
+    assert dumpdb.ingest(target, archive=archive, run="t").ok
+    assert dumpdb.ingest(bench, archive=archive, run="b").ok
+    a = dumpdb.open(archive)
+    real_judge, real_precision = engine._judge, engine._judge_precision
+
+    def one_after_the_other(view, trows, thresholds, rules):
+        view.result, view.err_message = real_judge(view, thresholds)
+        return real_precision(view, trows, rules)
+
+    threads: list[str] = []
+
+    def judge(view, thresholds, delay=0.0):
+        threads.append(threading.current_thread().name)
+        time.sleep(delay)
+        return real_judge(view, thresholds)
+
+    def precision(view, trows, rules, masks, delay=0.0):
+        threads.append("masks" if masks is not None else "no masks")
+        time.sleep(delay)
+        return real_precision(view, trows, rules, masks)
+
+    def noted(**columns):  # the rules' columns with the nan/inf note as every row's message
+        columns["err_message"] = np.full(len(columns["group"]), MSG_NAN_INF_MISMATCH, dtype=object)
+        return real_columns(**columns)
+
+    real_columns = engine.PrecisionColumns
+
+    for rules in ("precision", "msprobe"):
+        with monkeypatch.context() as m:
+            m.setattr(engine, "_verdicts_and_precision", one_after_the_other)
+            serial = compare(a, "t", "b", mode="statistics", store_results=False, rules=rules)
+        assert serial.results.num_rows > 10
+        assert any(r for r in serial.results.column("err_message").to_pylist())
+        for verdicts_late, rules_late, note in ((0.0, 0.0, False), (0.3, 0.0, False), (0.0, 0.3, False),
+                                                (0.0, 0.0, True)):
+            with monkeypatch.context() as m:
+                m.setattr(engine, "_judge", lambda view, th, d=verdicts_late: judge(view, th, d))
+                m.setattr(engine, "_judge_precision",
+                          lambda view, trows, r, masks=None, d=rules_late: precision(view, trows, r, masks, d))
+                if note:
+                    m.setattr(engine, "PrecisionColumns", noted)
+                side = compare(a, "t", "b", mode="statistics", store_results=False, rules=rules)
+            assert "masks" in threads[-2:] and any(t.startswith("dumpdb-compare-verdicts") for t in threads[-2:]), \
+                threads
+            assert side.results.schema == serial.results.schema
+            for name in side.results.column_names:
+                # repr: NaN equal to NaN, -0.0 not equal to 0.0
+                assert repr(side.results.column(name).to_pylist()) == repr(serial.results.column(name).to_pylist()), \
+                    (name, verdicts_late, rules_late, note)
+            assert repr(side.summary) == repr(serial.summary)
+            assert repr(side.first_divergence) == repr(serial.first_divergence)
+
+
 @pytest.mark.parametrize("ids", ["consecutive", "shuffled_range", "sparse"])
 def test_pair_rows_found_by_tensor_id(ids):
     """stats_pairs._positions finds each paired id's row as a hash lookup does, whether a
@@ -192,3 +264,42 @@ def test_pair_rows_taken_as_slices_where_they_run_in_order():
         got = _take(table, rows)
         assert got.schema == table.schema and got.equals(table.take(pa.array(rows))), name
         assert all(column.num_chunks <= 1 for column in got.columns), name
+
+
+def test_pairs_order_from_the_whole_sides_order_equals_the_paired_rows_order():
+    """stats_pairs._pairs_order (the pairs' order from execution_order of every target row,
+    sorted while DuckDB pairs them) equals execution_order of the paired rows taken in pair
+    order, on random sides (several iterations, ranks and graphs whose first timestamps
+    order them, NULL positions, timestamps and slots, shuffled rows) paired in a random
+    order; and gives None where the pairs miss a target row or hold one twice (the paired
+    rows' graphs may then start at other timestamps: execution_order of them decides)."""
+    from dumpdb.compare.columns import ORDER_KEYS, execution_order
+    from dumpdb.compare.stats_pairs import _pairs_order
+
+    rng = np.random.default_rng(11)
+    for _ in range(40):
+        n = int(rng.integers(1, 400))
+
+        def nullable(values, p):
+            return pa.array([None if rng.random() < p else int(v) for v in values], pa.int64())
+
+        table = pa.table({"iteration": nullable(rng.integers(0, 3, n), 0.05),
+                          "rank": nullable(rng.integers(0, 2, n), 0.05),
+                          "graph_id": nullable(rng.integers(0, 4, n), 0.1),
+                          "position": nullable(rng.integers(0, 50, n), 0.2),
+                          "timestamp": nullable(rng.integers(0, 1000, n), 0.2),
+                          "call_index": nullable(rng.integers(0, 5, n), 0.1),
+                          "io": pa.array(rng.choice(["input", "output", "parameter", None], n).tolist(), pa.string()),
+                          "slot": nullable(rng.integers(0, 3, n), 0.1),
+                          "tensor_id": pa.array(rng.permutation(n * 3)[:n].astype(np.int64))})
+        assert set(ORDER_KEYS) <= set(table.column_names)
+        everything = execution_order(table)
+        rows = rng.permutation(n).astype(np.int64)  # every row once, in the pairs' order
+        want = execution_order(table.take(pa.array(rows)))
+        assert np.array_equal(_pairs_order(rows, everything), want)
+        assert _pairs_order(rows, None) is None
+        if n > 1:
+            twice = rows.copy()
+            twice[0] = twice[1]
+            assert _pairs_order(twice, everything) is None
+            assert _pairs_order(rows[1:], everything) is None

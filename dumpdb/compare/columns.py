@@ -231,8 +231,11 @@ def containers(op_type, name) -> np.ndarray:
     if len(op_type) == 0:
         return np.zeros(0, bool)
     text = _text(op_type)
-    hit = pc.or_(*(pc.starts_with(text, p) for p in _CONTAINER_PREFIXES))
-    return pc.fill_null(hit, False).to_numpy(zero_copy_only=False) & ~_contains(name, ".parameters_grad.")
+    hit = pc.fill_null(pc.or_(*(pc.starts_with(text, p) for p in _CONTAINER_PREFIXES)), False).to_numpy(
+        zero_copy_only=False)
+    if not hit.any():  # no module or cell record (levels L1, MindSpore): the names need no scan
+        return hit
+    return hit & ~_contains(name, ".parameters_grad.")
 
 
 # collective communication ops, whose output combines the inputs of every rank of the same
@@ -258,7 +261,15 @@ def keys(*columns: np.ndarray, sep: str = "|") -> pa.Array:
     return pc.binary_join_element_wise(*(pc.fill_null(_text(c), "None") for c in columns), sep)
 
 
-def phases(name, scope, where: np.ndarray, run_rank: np.ndarray) -> np.ndarray:
+def phase_marks(name, scope) -> tuple[np.ndarray, np.ndarray]:
+    """What :func:`phases` reads of the texts (bool per row): (a backward record or kernel,
+    a scope naming an optimizer). Arrow's text kernels alone: the GIL is free meanwhile."""
+    back = _contains(name, ".backward") | _contains(name, ".parameters_grad.") | _contains(scope, "Gradients/")
+    return back, _contains(scope, "optimizer", lower=True)
+
+
+def phases(name, scope, where: np.ndarray, run_rank: np.ndarray,
+           marks: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """The phase of each row (object array of :data:`PHASES`): ``backward`` for msprobe
     records named ``*.backward*`` or ``*.parameters_grad.*`` (formats.md 1.3) and MindSpore
     kernels in a ``Gradients/`` scope (the autodiff graph's scope); ``optimizer`` for a
@@ -266,16 +277,17 @@ def phases(name, scope, where: np.ndarray, run_rank: np.ndarray) -> np.ndarray:
     other op that runs (``run_rank``) after the last backward row of its iteration and
     rank (``where``: e.g. msprobe's ``Tensor.add_`` of ``SGD.step``); ``forward`` else.
     ``name``/``scope``: target op and scope names (object arrays of str / None, or Arrow
-    string arrays)."""
+    string arrays). ``marks``: :func:`phase_marks` of ``name`` and ``scope`` where the caller
+    has them."""
     n = len(name)
-    back = _contains(name, ".backward") | _contains(name, ".parameters_grad.") | _contains(scope, "Gradients/")
+    back, optimizer = marks if marks is not None else phase_marks(name, scope)
     out = filled(n, FORWARD)
     if n == 0:
         return out
     last = np.full(int(where.max()) + 1, -1, np.int64)
     np.maximum.at(last, where[back], run_rank[back])
     after = (run_rank > last[where]) & (last[where] >= 0)
-    out[(after | _contains(scope, "optimizer", lower=True)) & ~back] = OPTIMIZER
+    out[(after | optimizer) & ~back] = OPTIMIZER
     out[back] = BACKWARD
     return out
 

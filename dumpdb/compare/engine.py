@@ -106,7 +106,7 @@ from dumpdb.compare.metrics import (
     tensor_metrics,
     tensor_metrics_batch,
 )
-from dumpdb.compare.precision import NOISE, PrecisionRules, judge_precision_columns
+from dumpdb.compare.precision import NOISE, PrecisionRules, judge_precision_columns, name_masks
 from dumpdb.compare.precision import Columns as PrecisionColumns
 from dumpdb.compare.stats_pairs import ORDER_KEYS, statistics_pairs
 from dumpdb.compare.stats_sql import statistics_metrics
@@ -546,8 +546,7 @@ def compare(archive, target: str | Selection, bench: str | Selection, *, iterati
     view = _view(t, b, strategy, res)
     view.context["realigned"] = realigned
     view.context["arg_diff"] = arg_diff.result() if arg_diff is not None else _arg_diff(archive, tsel, bsel, t, b)
-    view.result, view.err_message = _judge(view, thresholds)
-    departure = _judge_precision(view, trows, precision or PrecisionRules())
+    departure = _verdicts_and_precision(view, trows, thresholds, precision or PrecisionRules())
     column = view.result if rules == "msprobe" else view.precision["precision_result"]
     unmatched = pa.concat_tables([
         alignment.unmatched_target.append_column("side", pa.array(["target"] * alignment.unmatched_target.num_rows)),
@@ -1272,15 +1271,19 @@ class _View:
         self.res = res
         self.mode = res.mode
         self.result = np.full(self.n, None, dtype=object)
-        self.err_message = res.message
+        self.err_message: np.ndarray | pa.Array = res.message
         self.precision: dict[str, np.ndarray] = {}
         self._shapes: dict[str, Shapes] = {}
         self._ops: np.ndarray | None = None
+        # the verdicts and the precision rules may read the view in two threads at once
+        # (_verdicts_and_precision): each cached column is computed once, by whichever asks first
+        self._cache_lock = threading.Lock()
 
     def shapes(self, name: str) -> Shapes:
-        if name not in self._shapes:
-            self._shapes[name] = Shapes(self.context[name])
-        return self._shapes[name]
+        with self._cache_lock:
+            if name not in self._shapes:
+                self._shapes[name] = Shapes(self.context[name])
+            return self._shapes[name]
 
     def numbers(self, names) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """(values, valid) of computed metrics and numeric context columns."""
@@ -1294,10 +1297,11 @@ class _View:
 
     def op_codes(self) -> np.ndarray:
         """One code per op call: iteration, rank, graph_id, call_index, target name (NULL equal to NULL)."""
-        if self._ops is None:
-            keys = [ints(self.context[k], _NULL_KEY) for k in ("iteration", "rank", "graph_id", "call_index")]
-            self._ops = group_codes([*keys, string_codes(self.context["target_name"])])
-        return self._ops
+        with self._cache_lock:
+            if self._ops is None:
+                keys = [ints(self.context[k], _NULL_KEY) for k in ("iteration", "rank", "graph_id", "call_index")]
+                self._ops = group_codes([*keys, string_codes(self.context["target_name"])])
+            return self._ops
 
 
 _NULL_KEY = np.iinfo(np.int64).min
@@ -1315,6 +1319,47 @@ def _view(t: pa.Table, b: pa.Table, strategy: pa.Array, res: ResultColumns) -> _
 def _string_array(col: pa.Array) -> pa.Array:
     """A text column as one Arrow string array (the verdicts read names as Arrow)."""
     return col if col.type == pa.string() else col.cast(pa.string())
+
+
+def _verdicts_and_precision(view: _View, trows: pa.Table, thresholds: Thresholds,
+                            rules: PrecisionRules) -> dict | None:
+    """msprobe's verdicts (``view.result``, ``view.err_message``: :func:`_judge`) and the
+    precision columns (:func:`_judge_precision`); returns the first departure.
+
+    When every pair is compared by its statistics the two run side by side, the verdicts in
+    a second thread (much of either is numpy and Arrow work, which releases the GIL), which
+    first computes what the rules read of the names (``precision.name_masks``). The
+    precision rules then get the metrics' messages, not the verdicts' joined onto them: they
+    read a message only on a tensor-mode row (``precision.Columns.err_message``: the nan/inf
+    mismatch note), so the result is the same. Neither writes to the view; the view's cached
+    columns (op codes, shapes) are computed once, by the first thread to ask (:class:`_View`);
+    the verdicts are set on it once both are done (``err_message`` then as an Arrow string
+    array, the result table's column). With a tensor pair, one after the other."""
+    if not np.all(view.mode == "statistics"):  # a tensor pair's precision reads the verdicts' messages
+        view.result, view.err_message = _judge(view, thresholds)
+        return _judge_precision(view, trows, rules)
+
+    def verdicts() -> tuple[np.ndarray, pa.Array]:
+        # the messages as the result table's Arrow column, made here, off the main thread:
+        # 500,000 Python strings of reasons freed while the precision rules still run
+        result, messages = _judge(view, thresholds)
+        out = result, _text_array(messages)
+        del messages
+        # what this thread freed stays in its own glibc heap, which the main thread's
+        # allocations do not reuse: given back now (at 500,000 pairs the precision rules'
+        # peak was ~70 MB higher without)
+        release_free_memory()
+        return out
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="dumpdb-compare-verdicts") as side:
+        # first what the rules read of the names (Arrow's text kernels: no GIL held), while
+        # the rules convert their other columns; then the verdicts
+        masks = side.submit(name_masks, *(_string_array(view.context[k])
+                                          for k in ("target_name", "scope_name", "op_type")))
+        judged = side.submit(verdicts)
+        departure = _judge_precision(view, trows, rules, masks.result)
+        view.result, view.err_message = judged.result()
+    return departure
 
 
 def _judge(view: _View, thresholds: Thresholds) -> tuple[np.ndarray, np.ndarray]:
@@ -1336,11 +1381,13 @@ def _judge(view: _View, thresholds: Thresholds) -> tuple[np.ndarray, np.ndarray]
     return result, join_messages(view.err_message, add)
 
 
-def _judge_precision(view: _View, trows: pa.Table, rules: PrecisionRules) -> dict | None:
+def _judge_precision(view: _View, trows: pa.Table, rules: PrecisionRules,
+                     masks: Callable[[], tuple] | None = None) -> dict | None:
     """Precision columns on ``view`` (dumpdb.compare.precision) and the first departure.
     Producers of inputs: every target output (compared or not) by content hash. The
     alignment's ``arg_diff`` column (scalar arguments that differ), when the pairs carry
-    it, is evidence the rules read."""
+    it, is evidence the rules read. ``masks``: ``precision.Columns.name_masks`` (computed
+    by the rules otherwise)."""
     n = view.n
     ctx = view.context
     it, rank, ts = ctx["iteration"], ctx["rank"], ctx["timestamp"]
@@ -1368,7 +1415,8 @@ def _judge_precision(view: _View, trows: pa.Table, rules: PrecisionRules) -> dic
         op_type=strings(ctx["op_type"]), arg_diff=arg_diff, iteration=ints(it, -1),
         timestamp=np.where(ts_valid, ts_values, np.nan),
         arrow={k: _string_array(ctx[k]) for k in ("target_name", "scope_name", "op_type", "target_dtype",
-                                                   "bench_dtype", "target_dtype_declared", "bench_dtype_declared")})
+                                                   "bench_dtype", "target_dtype_declared", "bench_dtype_declared")},
+        name_masks=masks)
     view.precision, departure = judge_precision_columns(columns, rules)
     return departure
 

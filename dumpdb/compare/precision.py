@@ -190,6 +190,7 @@ from dumpdb.compare.columns import (
     group_codes,
     keys,
     nonempty,
+    phase_marks,
     phases,
     replaced,
     string_codes,
@@ -448,7 +449,9 @@ class Columns:
     ranks; ``inputs_of``: a function from a target op's order rank to its input tensors,
     [(content hash, order rank of the call)] (the rules that follow an input back through
     ops only the target has); ``bench_content_hash`` (object array: the bench tensor's
-    payload hash, for the in-place optimizer outputs rule on the bench side)."""
+    payload hash, for the in-place optimizer outputs rule on the bench side); ``name_masks``
+    (a function giving :func:`name_masks` of the rows' texts, which the caller computes
+    beside the rules; computed here otherwise)."""
 
     group: np.ndarray
     where: np.ndarray
@@ -483,6 +486,10 @@ class Columns:
     # in Arrow then read them without converting the object arrays back (0.25 s of CPU for
     # 500,000 rows), and names given only here are never made Python strings
     arrow: Mapping[str, pa.Array] = field(default_factory=dict)
+    # name_masks(target_name, scope_name, op_type) of these rows' texts where the caller
+    # computes them beside the rules (the engine: in the verdicts' thread), as a function
+    # giving them once they are there
+    name_masks: Callable[[], tuple[np.ndarray, tuple[np.ndarray, np.ndarray], np.ndarray]] | None = None
 
     def text(self, name: str) -> pa.Array:
         """A text column (``target_name``, ``scope_name``, ``op_type``, a dtype column) as an
@@ -583,6 +590,16 @@ def _errors_columns(c: Columns) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.
     return err, err_ok, floor, floor_ok, low, texts
 
 
+def name_masks(target_name: pa.Array, scope_name: pa.Array,
+               op_type: pa.Array) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray], np.ndarray]:
+    """What the rules read of the rows' texts (Arrow string arrays, one element per row):
+    (:func:`~dumpdb.compare.columns.containers` of op type and name, bool per row;
+    :func:`~dumpdb.compare.columns.phase_marks` of name and scope; the
+    :func:`~dumpdb.compare.columns.collectives` among the op types, bool per row). Arrow's
+    text kernels alone (no GIL held meanwhile): the engine runs this in a second thread."""
+    return containers(op_type, target_name), phase_marks(target_name, scope_name), collectives(op_type)
+
+
 def judge_precision_columns(c: Columns, rules: PrecisionRules = PrecisionRules(),
                             ) -> tuple[dict[str, np.ndarray], dict[str, Any] | None]:
     """The precision rules (module docstring) over columns (:class:`Columns`): the one
@@ -609,8 +626,8 @@ def judge_precision_columns(c: Columns, rules: PrecisionRules = PrecisionRules()
     origin = np.full(n, None, dtype=object)
     op_types = c.objects("op_type")
     text = [c.text(k) for k in ("target_name", "scope_name", "op_type")]  # converted once
-    container = containers(text[2], text[0])
-    phase = phases(text[0], text[1], c.where, c.run_rank)
+    container, marks, collective = c.name_masks() if c.name_masks is not None else name_masks(*text)
+    phase = phases(text[0], text[1], c.where, c.run_rank, marks)
     # outputs of in-place optimizer kernels hold buffers the kernel never wrote (module
     # docstring, "Not comparable"): never a departure, and their error counts for nothing
     stale = _stale_outputs(c, op_types, phase) & departs & ~container
@@ -633,7 +650,6 @@ def judge_precision_columns(c: Columns, rules: PrecisionRules = PrecisionRules()
         eff = np.where(noise, err * rms / scale, np.where(signature, err * rms / step_scale, err))
     signature_rows = signature
     noise = noise | signature
-    collective = collectives(text[2])
     call = _collective_calls(c, text[0], collective)
     coll_noise, coll_scale = _collective_noise(c, call, departs & none & ~container & ~noise, departs & ~noise, noise)
     with np.errstate(all="ignore"):

@@ -21,6 +21,7 @@ per-pair rules.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import duckdb
 import numpy as np
@@ -62,6 +63,12 @@ def statistics_pairs(target: pa.Table, bench: pa.Table, *, group_by: Sequence[st
     if len(stats) < 4:
         return None
     taken: list[pa.Table] = []
+    helper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dumpdb-compare-order")
+    # the execution order of every target row, sorted while DuckDB pairs them (numpy and
+    # Arrow: off the GIL); the pairs' order when every target row is paired (_pairs_order).
+    # A bench side with fewer rows cannot pair them all: not sorted then
+    everything = helper.submit(execution_order, target.select(list(ORDER_KEYS))) \
+        if target.num_rows <= bench.num_rows else None
 
     def sides(paired: pa.Table) -> tuple[pa.Table, pa.Table]:
         # each pair's two rows by position (tensor_id is unique on each side), put in the
@@ -70,9 +77,15 @@ def statistics_pairs(target: pa.Table, bench: pa.Table, *, group_by: Sequence[st
         # for the content check (exact_paired's sides), the metrics and the engine
         at = [_positions(table.column("tensor_id"), paired.column(f"{side}_tensor_id"))
               for side, table in (("target", target), ("bench", bench))]
-        order = execution_order(_take(target.select(list(ORDER_KEYS)), at[0]))
-        taken[:] = [_take(table.select(list(dict.fromkeys((*cols, *checked, *stats)))), rows[order])
-                    for table, cols, rows in ((target, tcols, at[0]), (bench, bcols, at[1]))]
+        order = _pairs_order(at[0], everything.result() if everything is not None else None)
+        if order is None:
+            order = execution_order(_take(target.select(list(ORDER_KEYS)), at[0]))
+        # the bench side's rows in a second thread while this one takes the target's: Arrow
+        # copies them without the GIL (each side's own table, rows and columns: no shared write)
+        bench_rows = helper.submit(_take, bench.select(list(dict.fromkeys((*bcols, *checked, *stats)))),
+                                   at[1][order])
+        target_rows = _take(target.select(list(dict.fromkeys((*tcols, *checked, *stats)))), at[0][order])
+        taken[:] = [target_rows, bench_rows.result()]
         return taken[0], taken[1]
 
     con = duckdb.connect()
@@ -91,6 +104,7 @@ def statistics_pairs(target: pa.Table, bench: pa.Table, *, group_by: Sequence[st
                                      "pair_index")).to_arrow_table()
     finally:
         con.close()
+        helper.shutdown(cancel_futures=True)
     t, b = taken[0].select(tcols), taken[1].select(bcols)
     del taken[:]
     metrics = out.select([*STAT_METRICS, "err_message"])
@@ -98,6 +112,23 @@ def statistics_pairs(target: pa.Table, bench: pa.Table, *, group_by: Sequence[st
                       "match_strategy": pa.repeat(pa.scalar("exact"), n),
                       "realigned": pa.repeat(pa.scalar(False), n)}).cast(PAIRS_SCHEMA)
     return Alignment(pairs, *left), t, b, metrics
+
+
+def _pairs_order(rows: np.ndarray, everything: np.ndarray | None) -> np.ndarray | None:
+    """The permutation putting the pairs in their target rows' execution order, from
+    ``everything`` (:func:`~dumpdb.compare.columns.execution_order` of all the target
+    rows) when the pairs' target rows ``rows`` (int64, one per pair) are every target row
+    once: then the paired rows are the rows ``everything`` sorted, whose keys (a graph's
+    start is its rows' first timestamp) are theirs, and the order is the one
+    ``execution_order`` of the paired rows gives (a total order: tensor_id, its last key,
+    is unique). None otherwise (some row unpaired, or ``everything`` not given)."""
+    if everything is None or rows.size != everything.size:
+        return None
+    pair_of = np.full(rows.size, -1, np.int64)  # the pair holding each target row
+    pair_of[rows] = np.arange(rows.size, dtype=np.int64)
+    if int(pair_of.min(initial=0)) < 0:  # a row in no pair (another in two): not every row once
+        return None
+    return pair_of[everything]
 
 
 def _take(table: pa.Table, rows: np.ndarray) -> pa.Table:

@@ -156,9 +156,11 @@ def stats_dump(out: Path, pairs: int, seed: int, perturbed: bool) -> None:
 
 
 def _tree_rss_kib(root: int) -> int:
-    """Sum of VmRSS over ``root`` and all its descendants (compare's worker processes)."""
+    """Sum of VmRSS over ``root`` and all its descendants (compare's worker processes), or
+    ``root``'s own VmHWM (its peak RSS since it started) if that is larger."""
     children: dict[int, list[int]] = {}
     rss: dict[int, int] = {}
+    hwm = 0
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -170,12 +172,14 @@ def _tree_rss_kib(root: int) -> int:
         pid = int(entry)
         children.setdefault(int(fields.get("PPid", "0").strip()), []).append(pid)
         rss[pid] = int(fields.get("VmRSS", "0 kB").split()[0])
+        if pid == root:
+            hwm = int(fields.get("VmHWM", "0 kB").split()[0])
     total, stack = 0, [root]
     while stack:
         pid = stack.pop()
         total += rss.get(pid, 0)
         stack.extend(children.get(pid, []))
-    return total
+    return max(total, hwm)
 
 
 # CPU seconds (user + system, the process and the children it waited for) of the last
@@ -189,8 +193,10 @@ def _children_cpu() -> float:
 
 
 def timed(cmd: list[str], log: Path, env: dict | None = None) -> tuple[float, int]:
-    """(wall seconds, peak RSS KiB of the whole process tree, sampled every 50 ms) of
-    ``cmd`` (its CPU seconds in ``LAST_CPU``); exits if it fails."""
+    """(wall seconds, peak RSS KiB) of ``cmd`` (its CPU seconds in ``LAST_CPU``); exits if it
+    fails. Sampled every 50 ms: the larger of the whole process tree's RSS (worker processes
+    counted together) and the process's own high-water mark (``VmHWM``, its exact peak so far:
+    a threads-only compare's peak between two samples is not missed)."""
     cpu0 = _children_cpu()
     with open(log, "w") as f:
         start = time.perf_counter()

@@ -563,7 +563,8 @@ def test_compare_command_skips_numbas_coverage_and_yaml_imports_only_where_unuse
     ``coverage`` and ``yaml`` (dumpdb.__main__.skip_numba_extras), which numba uses only for
     ``NUMBA_JIT_COVERAGE`` and ``.numba_config.yaml``; both stay importable afterwards. With a
     ``.numba_config.yaml`` in the current directory, or ``NUMBA_JIT_COVERAGE`` set, numba
-    imports them as usual (its configuration is read, its coverage support is available)."""
+    imports them as usual (its configuration is read, its coverage support is available).
+    With stderr not a terminal (no progress bar drawn) ``rich.progress`` is not imported."""
     script = (
         "import importlib.util, json, runpy, sys\n"
         f"sys.argv = ['dumpdb', 'compare', 'fp16', 'fp32', '-a', {str(pair_archive)!r}, '--no-store', '--show', '0']\n"
@@ -573,8 +574,8 @@ def test_compare_command_skips_numbas_coverage_and_yaml_imports_only_where_unuse
         "    code = exc.code\n"
         "from dumpdb.compare import kernel\n"
         "import numba.core.config as config, numba.misc.coverage_support as cs\n"
-        "state = [code, kernel._compiled is not None, 'yaml' in sys.modules, 'coverage' in sys.modules,\n"
-        "         config._HAVE_YAML, cs.coverage_available]\n"
+        "state = [[code, 'rich.progress' in sys.modules], kernel._compiled is not None,\n"
+        "         'yaml' in sys.modules, 'coverage' in sys.modules, config._HAVE_YAML, cs.coverage_available]\n"
         "later = [importlib.import_module(m).__name__ == m if importlib.util.find_spec(m) else None\n"
         "         for m in ('yaml', 'coverage')]\n"
         "print(json.dumps(state + later))\n")
@@ -590,8 +591,9 @@ def test_compare_command_skips_numbas_coverage_and_yaml_imports_only_where_unuse
     have_coverage = importlib.util.find_spec("coverage") is not None
     plain = tmp_path / "plain"
     plain.mkdir()
-    code, loaded, yaml_in, coverage_in, numba_yaml, numba_coverage, yaml_later, coverage_later = run(plain)
-    assert code in (0, None) and loaded
+    (code, progress_in), loaded, yaml_in, coverage_in, numba_yaml, numba_coverage, yaml_later, coverage_later = \
+        run(plain)
+    assert code in (0, None) and loaded and not progress_in
     assert not yaml_in and not coverage_in and not numba_yaml and not numba_coverage
     assert yaml_later is (True if have_yaml else None) and coverage_later is (True if have_coverage else None)
 

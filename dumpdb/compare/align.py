@@ -1267,38 +1267,14 @@ def _better_partner(ct: _Content, cb: _Content, ti: int, bi: int, d: float) -> t
     k = at.get(bi)
     if k is None:  # the current partner is of another kind: look around the target's place
         k = bisect_left([b.okey[j] for j in rows], b.okey[bi])
-    near = [j for j in rows[max(0, k - NEIGHBOURS):k + NEIGHBOURS + 1] if j != bi]
-    if not near:
-        return None
-    dj = _stat_distances(ct.st[ti], cb.st[near])
-    # the first of the nearest below the bound, as a loop over ``near`` taking only a
-    # strictly smaller distance would (NaN never is)
-    below = dj < min(FITS, d / FAR_BETTER)
-    if not below.any():
-        return None
-    x = int(np.argmin(np.where(below, dj, math.inf)))
-    return near[x], float(dj[x]), d
-
-
-def _stat_distances(x: np.ndarray, ys: np.ndarray) -> np.ndarray:
-    """:func:`stat_distance` of statistics row ``x`` (float64 ``(5,)``: l2norm, mean, min,
-    max, elements; NaN where unknown) with each row of ``ys`` (float64 ``(n, 5)``), bit for
-    bit: the same float64 operations in the same order, and Python's ``max`` (the first
-    argument unless a later one compares greater) where a NaN may take part."""
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        y0 = np.abs(ys[:, 0])
-        l2 = np.where(y0 > abs(x[0]), y0, abs(x[0]))
-        n = np.where(ys[:, 4] > x[4], ys[:, 4], x[4])
-        rms = l2 / np.sqrt(np.where(1 > n, 1.0, n))
-        d = np.abs(x[0] - ys[:, 0]) / l2
-        for c in (1, 2, 3):
-            r = np.abs(x[c] - ys[:, c]) / rms
-            d = np.where(r > d, r, d)
-        zero = l2 == 0.0
-        if zero.any():
-            d[zero] = np.where((ys[zero, 1:4] == x[1:4]).all(axis=1), 0.0, 1.0)
-        d[~(np.isfinite(x[:4]).all() & np.isfinite(ys[:, :4]).all(axis=1))] = math.nan
-    return d
+    best, best_d = -1, min(FITS, d / FAR_BETTER)
+    for j in rows[max(0, k - NEIGHBOURS):k + NEIGHBOURS + 1]:
+        if j == bi:
+            continue
+        dj = stat_distance(tuple(ct.st[ti].tolist()), tuple(cb.st[j].tolist()))
+        if dj < best_d:
+            best, best_d = j, dj
+    return (best, best_d, d) if best >= 0 else None
 
 
 def _leaves_fitting(ct: _Content, trows: list[int], cb: _Content, brows: list[int]) -> int:

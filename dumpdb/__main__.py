@@ -7,6 +7,7 @@ as one line, "interrupted", with exit code 130.
 
 import os
 import sys
+from types import FrameType
 
 from dumpdb import sigint
 from dumpdb.runtime import quiet_exit
@@ -119,7 +120,7 @@ class _NoNumbaExtras:
         importer = self.refused.get(name)
         if importer is None:
             return None
-        frame = sys._getframe(1)
+        frame: FrameType | None = sys._getframe(1)
         while frame is not None and frame.f_code.co_filename.startswith("<frozen importlib"):
             frame = frame.f_back  # the import machinery's frames: up to the importing code
         if frame is not None and frame.f_globals.get("__name__") == importer:

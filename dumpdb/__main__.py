@@ -120,7 +120,10 @@ class _NoNumbaExtras:
         importer = self.refused.get(name)
         if importer is None:
             return None
-        frame: FrameType | None = sys._getframe(1)
+        import inspect
+
+        here = inspect.currentframe()
+        frame: FrameType | None = here.f_back if here is not None else None  # the caller of find_spec
         while frame is not None and frame.f_code.co_filename.startswith("<frozen importlib"):
             frame = frame.f_back  # the import machinery's frames: up to the importing code
         if frame is not None and frame.f_globals.get("__name__") == importer:

@@ -5,7 +5,9 @@ module is imported, so a Ctrl-C at any moment - while modules load included - en
 as one line, "interrupted", with exit code 130.
 """
 
+import os
 import sys
+from types import FrameType
 
 from dumpdb import sigint
 from dumpdb.runtime import quiet_exit
@@ -83,6 +85,52 @@ class _NoBlasProbe:
         return None
 
 
+def skip_numba_extras() -> None:
+    """Spare this process two imports numba makes and never uses while ``NUMBA_JIT_COVERAGE``
+    is off (~0.05 CPU s of the kernel's load, holding the GIL while the workers wait for it):
+
+    * ``coverage`` (where installed), imported by ``numba.misc.coverage_support`` only to report
+      jitted lines to a running coverage measurement, which numba does only when
+      ``NUMBA_JIT_COVERAGE`` is set (numba.core.config; off by default);
+    * ``yaml`` (where installed), imported by ``numba.core.config`` only to read
+      ``.numba_config.yaml`` in the current directory.
+
+    Nothing is refused when numba is loaded already, when ``NUMBA_JIT_COVERAGE`` is set (the
+    coverage import), or when ``.numba_config.yaml`` exists (it may set ``jit_coverage``): then
+    numba imports as usual. A running coverage measurement has ``coverage`` loaded already,
+    which no finder is asked for again. Only numba's own module-level import is refused (the
+    importing module is checked); any other import of ``coverage`` or ``yaml`` is untouched.
+    Only in the ``dumpdb`` process itself, for the commands that may load the kernel."""
+    if "numba" in sys.modules or os.path.isfile(".numba_config.yaml"):
+        return
+    refused = {"yaml": "numba.core.config"}
+    if "NUMBA_JIT_COVERAGE" not in os.environ:
+        refused["coverage"] = "numba.misc.coverage_support"
+    sys.meta_path.insert(0, _NoNumbaExtras(refused))
+
+
+class _NoNumbaExtras:
+    """A meta path finder refusing top-level modules to one importing module each (see
+    :func:`skip_numba_extras`)."""
+
+    def __init__(self, refused: dict[str, str]) -> None:
+        self.refused = refused  # module -> the one module whose import of it is refused
+
+    def find_spec(self, name: str, path: object = None, target: object = None) -> None:
+        importer = self.refused.get(name)
+        if importer is None:
+            return None
+        import inspect
+
+        here = inspect.currentframe()
+        frame: FrameType | None = here.f_back if here is not None else None  # the caller of find_spec
+        while frame is not None and frame.f_code.co_filename.startswith("<frozen importlib"):
+            frame = frame.f_back  # the import machinery's frames: up to the importing code
+        if frame is not None and frame.f_globals.get("__name__") == importer:
+            raise ImportError(f"{name}: not imported for numba by dumpdb's compare (unused by numba here)")
+        return None
+
+
 def main() -> None:
     """Entry point of the ``dumpdb`` command (see :mod:`dumpdb.cli`; Ctrl-C at any moment exits 130)."""
     sigint.install()
@@ -92,6 +140,7 @@ def main() -> None:
             skip_pandas_probe()
         if len(sys.argv) > 1 and sys.argv[1] in NO_BLAS_PROBE_COMMANDS:
             skip_blas_probe()
+            skip_numba_extras()
         from dumpdb.cli import main as cli_main
     except KeyboardInterrupt:  # SIGINT handling not installable (not the main thread)
         sigint.exit_interrupted()

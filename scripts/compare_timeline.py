@@ -222,6 +222,8 @@ def entry_point(command: str) -> None:
         entry.skip_pandas_probe()
     if command in getattr(entry, "NO_BLAS_PROBE_COMMANDS", ()):
         entry.skip_blas_probe()
+        if hasattr(entry, "skip_numba_extras"):
+            entry.skip_numba_extras()
     _record("dumpdb entry point", t, c)
 
 

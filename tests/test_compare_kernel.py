@@ -555,3 +555,52 @@ def test_compare_command_skips_numbas_blas_probe_and_nothing_else(pair_archive):
     assert not linalg_loaded and not zarr_loaded
     # where scipy is installed, it still imports in that process: only numba's probe was refused
     assert linalg_later is (True if importlib.util.find_spec("scipy") is not None else None)
+
+
+@pytest.mark.skipif(not kernel.HAVE_NUMBA, reason="numba is not installed: nothing of its to skip")
+def test_compare_command_skips_numbas_coverage_and_yaml_imports_only_where_unused(pair_archive, tmp_path):
+    """The ``dumpdb compare`` process loads the numba kernel without numba's imports of
+    ``coverage`` and ``yaml`` (dumpdb.__main__.skip_numba_extras), which numba uses only for
+    ``NUMBA_JIT_COVERAGE`` and ``.numba_config.yaml``; both stay importable afterwards. With a
+    ``.numba_config.yaml`` in the current directory, or ``NUMBA_JIT_COVERAGE`` set, numba
+    imports them as usual (its configuration is read, its coverage support is available).
+    With stderr not a terminal (no progress bar drawn) ``rich.progress`` is not imported."""
+    script = (
+        "import importlib.util, json, runpy, sys\n"
+        f"sys.argv = ['dumpdb', 'compare', 'fp16', 'fp32', '-a', {str(pair_archive)!r}, '--no-store', '--show', '0']\n"
+        "try:\n"
+        "    runpy.run_module('dumpdb', run_name='__main__')\n"
+        "except SystemExit as exc:\n"
+        "    code = exc.code\n"
+        "from dumpdb.compare import kernel\n"
+        "import numba.core.config as config, numba.misc.coverage_support as cs\n"
+        "state = [[code, 'rich.progress' in sys.modules], kernel._compiled is not None,\n"
+        "         'yaml' in sys.modules, 'coverage' in sys.modules, config._HAVE_YAML, cs.coverage_available]\n"
+        "later = [importlib.import_module(m).__name__ == m if importlib.util.find_spec(m) else None\n"
+        "         for m in ('yaml', 'coverage')]\n"
+        "print(json.dumps(state + later))\n")
+    env = {"PYTHONPATH": str(Path(__file__).parents[1]), "PATH": "/usr/bin:/bin"}
+
+    def run(cwd: Path, **extra: str) -> list:
+        proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                              cwd=cwd, env={**env, **extra})
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    have_yaml = importlib.util.find_spec("yaml") is not None
+    have_coverage = importlib.util.find_spec("coverage") is not None
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (code, progress_in), loaded, yaml_in, coverage_in, numba_yaml, numba_coverage, yaml_later, coverage_later = \
+        run(plain)
+    assert code in (0, None) and loaded and not progress_in
+    assert not yaml_in and not coverage_in and not numba_yaml and not numba_coverage
+    assert yaml_later is (True if have_yaml else None) and coverage_later is (True if have_coverage else None)
+
+    configured = tmp_path / "configured"
+    configured.mkdir()
+    (configured / ".numba_config.yaml").write_text("# numba reads this file: yaml is imported\n")
+    _, loaded, yaml_in, _, numba_yaml, _, _, _ = run(configured, NUMBA_JIT_COVERAGE="0")
+    assert loaded and numba_yaml is have_yaml and yaml_in is have_yaml
+    _, loaded, _, coverage_in, _, numba_coverage, _, _ = run(plain, NUMBA_JIT_COVERAGE="0")
+    assert loaded and numba_coverage is have_coverage and coverage_in is have_coverage

@@ -20,6 +20,9 @@ import numpy as np
 
 from dumpdb.errors import DumpdbError
 
+# Where a "local" cluster's scheduler serves its HTTP routes: this host only, a free port.
+LOCAL_HTTP_ADDRESS = "127.0.0.1:0"
+
 
 @contextmanager
 def dask_client(scheduler: str, workers: int, on_start: Callable[[str], None] | None = None) -> Iterator[Any]:
@@ -40,8 +43,14 @@ def dask_client(scheduler: str, workers: int, on_start: Callable[[str], None] | 
     cluster = None
     try:
         if scheduler == "local":
+            # dashboard_address=None turns the dashboard off, yet the scheduler still serves its
+            # HTTP routes (health, metrics) and, given no address, asks for port 8787: a second
+            # cluster on the machine (another command, a test's cluster) then gets "Port 8787 is
+            # already in use" and another port. The scheduler's own address (127.0.0.1, port 0:
+            # any free one) keeps it private and quiet; the workers' HTTP servers take a free port already.
             cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                                   host="127.0.0.1", dashboard_address=None)
+                                   host="127.0.0.1", dashboard_address=None,
+                                   scheduler_kwargs={"dashboard_address": LOCAL_HTTP_ADDRESS})
             client = Client(cluster)
         else:
             client = Client(scheduler, timeout=30)

@@ -11,7 +11,9 @@ real worker processes reading S3 themselves.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+import socket
 
 import numpy as np
 import pyarrow as pa
@@ -71,9 +73,23 @@ def archive(env, tmp_path_factory):
 @pytest.fixture(scope="module")
 def cluster():
     """A 2-worker in-process LocalCluster (threads: starts in ~1 s); tests pass its address."""
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
-                                  dashboard_address=None) as c:
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None,
+                                  scheduler_kwargs={"dashboard_address": dist.LOCAL_HTTP_ADDRESS}) as c:
         yield c
+
+
+@contextlib.contextmanager
+def _port_taken(port: int):
+    """``port`` on 127.0.0.1 held by a listening socket for the block (when nothing else holds
+    it already): an HTTP server asking for that port must then take another one and warns."""
+    sock = socket.socket()
+    try:
+        with contextlib.suppress(OSError):  # held already: the same for the block
+            sock.bind(("127.0.0.1", port))
+            sock.listen()
+        yield
+    finally:
+        sock.close()
 
 
 def _stored(a, compare_id: int) -> pa.Table:
@@ -132,10 +148,14 @@ def test_partition_keeps_a_pack_in_one_task_and_bounds_task_bytes():
     assert [t.tolist() for t in tasks] == [[0, 2, 3], [1]]
 
 
-def test_compare_with_local_worker_processes(archive, env, local):
+def test_compare_with_local_worker_processes(archive, env, local, recwarn):
     """``scheduler="local"``: a LocalCluster of 2 worker processes, each opening the S3
-    store from its own environment."""
-    remote = _on_cluster(archive, "local", workers=2)
+    store from its own environment. Its scheduler serves HTTP on a free port of 127.0.0.1:
+    with dask's default port 8787 taken (another cluster on the machine) it starts with no
+    "Port 8787 is already in use" warning."""
+    with _port_taken(8787):
+        remote = _on_cluster(archive, "local", workers=2)
+    assert not [w for w in recwarn if "already in use" in str(w.message)]
     assert not dist._OPEN  # nothing was read in this process: the workers did it
     _same_bits(local.results.drop_columns(["compare_id"]), remote.results.drop_columns(["compare_id"]))
     with dumpdb.open(archive) as a:

@@ -241,13 +241,13 @@ class ObjectStore:
         return self._async(f"read {key}", store.get(key, self._proto, byte_range))
 
     def _read_file(self, key: str, start: int | None, end: int | None,
-                   suffix: int | None = None) -> bytes | memoryview | None:
+                   suffix: int | None = None, mapped: bool = True) -> bytes | memoryview | None:
         """Bytes of the file of object ``key`` in a local store (``_root``): ``[start, end)``,
         the last ``suffix`` bytes, or the whole file; None if it does not exist (what zarr's
         LocalStore answers; a range past the end comes back short, as there). A range of
         :data:`MAP_READ_BYTES` or more (a pack frame, a large array's shard) comes as a
-        read-only view of the file mapped (:func:`_map_range`), a smaller one as ``pread``'s
-        bytes."""
+        read-only view of the file mapped (:func:`_map_range`), a smaller one (or any, not
+        ``mapped``) as ``pread``'s bytes."""
         try:
             fd = os.open(os.path.join(str(self._root), key), os.O_RDONLY)
         except (FileNotFoundError, NotADirectoryError):
@@ -259,20 +259,23 @@ class ObjectStore:
                 size = os.fstat(fd).st_size
                 lo = max(size - suffix, 0) if suffix is not None else 0
                 n = size - lo
-            if n >= MAP_READ_BYTES:
-                mapped = _map_range(fd, lo, n)
-                if mapped is not None:
-                    return mapped
+            if mapped and n >= MAP_READ_BYTES:
+                view = _map_range(fd, lo, n)
+                if view is not None:
+                    return view
             return os.pread(fd, n, lo)
         except IsADirectoryError:
             return None
         finally:
             os.close(fd)
 
-    def get(self, key: str, start: int | None = None, end: int | None = None) -> memoryview:
+    def get(self, key: str, start: int | None = None, end: int | None = None, *, mapped: bool = True) -> memoryview:
         """The bytes ``[start, end)`` of object ``key`` (the whole object when both are None),
         as a view of the buffer the store returned (no copy: pack frames are up to
         1 MiB and are decoded straight from it; never write to it, ``bytes(...)`` it to keep it).
+        ``mapped`` False: a local store's large read is a ``pread`` too, not a mapping
+        (:meth:`_read_file`): a disk's read error is then an OSError, where a mapped page that
+        cannot be read is SIGBUS, the end of the process (:meth:`checksum`, verify's reads).
 
         Raises PayloadMissing if the object does not exist, PayloadCorrupt if it
         ends before ``end``.
@@ -280,7 +283,7 @@ class ObjectStore:
         if start is not None and end is None:
             raise ValueError("get(): give end with start (use get_suffix for a tail)")
         if self._root is not None:
-            raw = self._read_file(key, None if end is None else start or 0, end)
+            raw = self._read_file(key, None if end is None else start or 0, end, mapped=mapped)
             buf: Any = raw if raw is None or isinstance(raw, memoryview) else memoryview(raw)
         elif start is None and end is None:
             buf = self._get(key, None)
@@ -407,14 +410,16 @@ class ObjectStore:
 
     def checksum(self, key: str) -> str:
         """``crc32c:<hex>`` of object ``key``, read in blocks (bounded memory); an object store
-        that has just written ``key`` answers from the bytes it sent (no download)."""
+        that has just written ``key`` answers from the bytes it sent (no download). A local
+        store's blocks are read (``pread``), never mapped: a read error is an OSError, which
+        verify reports as a shard it cannot read (a mapped page would be SIGBUS)."""
         known = getattr(self.store, "written_checksum", None)
         if known is not None and (crc := known(key)) is not None:
             return str(crc)
         total = self.size(key)
         crc = 0
         for lo in range(0, total, _BLOCK):
-            crc = google_crc32c.extend(crc, bytes(self.get(key, lo, min(lo + _BLOCK, total))))
+            crc = google_crc32c.extend(crc, bytes(self.get(key, lo, min(lo + _BLOCK, total), mapped=False)))
         return f"crc32c:{crc:08x}"
 
     def list_prefix(self, prefix: str) -> list[str]:

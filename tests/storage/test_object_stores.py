@@ -174,6 +174,32 @@ def test_large_ranged_reads_of_a_local_store_are_mapped_with_pread_s_answers(tmp
     assert bytes(kept) == data[:n] and bytes(objects.get("x/blob", 0, n)) == bytes(n)
 
 
+def test_a_local_store_s_checksum_is_read_not_mapped(tmp_path, monkeypatch):
+    """ObjectStore.checksum (verify's shard check) reads a local object's blocks with pread,
+    never as a mapping, however large: a disk's read error is then an OSError, which verify
+    reports ("cannot read <shard>"), where a mapped page that cannot be read is SIGBUS and the
+    process dies without a report."""
+    import errno
+
+    import google_crc32c
+
+    import dumpdb.storage.objects as objects_mod
+
+    root = tmp_path / "tensors.zarr"
+    (root / "x").mkdir(parents=True)
+    data = np.random.default_rng(5).integers(0, 256, 3 * objects_mod.MAP_READ_BYTES + 7, np.uint8).tobytes()
+    (root / "x" / "blob").write_bytes(data)
+    objects = ObjectStore.local(root)
+    assert objects.checksum("x/blob") == f"crc32c:{google_crc32c.value(data):08x}"
+
+    def unreadable(fd, n, offset):  # what pread answers for a bad sector
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "pread", unreadable)
+    with pytest.raises(OSError, match="Input/output error"):
+        objects.checksum("x/blob")
+
+
 def test_listing_and_delete(zstore, small_units):
     payloads = _payloads()
     _, arrays = _write(zstore, small_units, payloads)
@@ -217,9 +243,9 @@ def test_small_tensor_read_is_one_ranged_get(zstore, small_units, monkeypatch):
         calls.append((key, isinstance(byte_range, RangeByteRequest)))
         return real_get(self, key, byte_range)
 
-    def counting_file(self, key, start, end, suffix=None):
+    def counting_file(self, key, start, end, suffix=None, **kwargs):
         calls.append((key, start is not None and end is not None))
-        return real_file(self, key, start, end, suffix)
+        return real_file(self, key, start, end, suffix, **kwargs)
 
     monkeypatch.setattr(ObjectStore, "_get", counting)
     monkeypatch.setattr(ObjectStore, "_read_file", counting_file)

@@ -231,3 +231,48 @@ def test_a_shard_the_system_refuses_to_read_is_named_with_its_reason(archive, mo
     assert report.damaged_shards == {r["array_path"]: f"cannot read {store.shard_name(r['array_path'], r['ndim'])}: "
                                      "Permission denied" for r in arrays}
     assert report.shards_checked == 0 and not report.ok
+
+
+def test_verify_maps_no_file_and_reads_map_again_after(tmp_path, monkeypatch):
+    """verify reads every payload as pread copies, never a file mapping
+    (``ObjectStore.map_reads``): a mapped page the disk cannot read is SIGBUS, which would kill
+    verify instead of reporting the damage. With ``MAP_READ_BYTES`` 1 every local read of this
+    archive is a mapping otherwise (a tensor read shows it), and again after verify."""
+    import mmap
+
+    import numpy as np
+
+    monkeypatch.setattr("dumpdb.storage.store.LARGE_BYTES", 8 << 10)
+    monkeypatch.setattr("dumpdb.storage.objects.MAP_READ_BYTES", 1)
+    it = tmp_path / "dump/rank_0/Net/0/0"
+    it.mkdir(parents=True)
+    np.save(it / "Add.Default_Add-op1.0.0.1623124369613541.output.0.DefaultFormat.npy",
+            np.arange(4096, dtype=np.float32).reshape(64, 64))  # 16 KiB: its own (large) array here
+    np.save(it / "Add.Default_Add-op1.0.0.1623124369613541.input.0.DefaultFormat.npy", np.ones(3, np.float32))
+    archive = tmp_path / "a.dumpdb"
+    assert dumpdb.ingest(tmp_path / "dump", archive=archive, run="r").ok
+    maps: list = []
+    real = mmap.mmap
+
+    def counted(*args, **kwargs):
+        maps.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(mmap, "mmap", counted)
+    ids = dumpdb.open(archive).sql("SELECT tensor_id FROM tensors ORDER BY 1")["tensor_id"].to_pylist()
+
+    def read_all():  # a new Archive each time: nothing comes from a chunk cache
+        a = dumpdb.open(archive)
+        return a, [a.tensor(i) for i in ids]
+
+    _, tensors = read_all()
+    assert len(maps) >= len(ids)  # the read path maps both payloads
+    maps.clear()
+    a = dumpdb.open(archive)
+    report = a.verify()
+    assert report.ok and report.blobs_checked == 2 and report.bytes_checked == 16384 + 12
+    assert maps == []
+    assert a.store.objects.map_reads  # restored: a later read of the same Archive maps again
+    maps.clear()
+    assert [t.tolist() for t in (a.tensor(i) for i in ids)] == [t.tolist() for t in tensors]
+    assert maps

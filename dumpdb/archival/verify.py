@@ -125,22 +125,29 @@ def _verify(archive, run, sample, seed, progress, repair: bool, grace: float | N
         keep = max(1, round(len(rows) * sample))
         rows = sorted(rng.sample(rows, keep), key=lambda r: (r["array_path"] or "", r["elem_offset"] or 0))
     store = archive.store
-    for i, row in enumerate(rows):
-        try:
-            data = _payload_bytes(store, row)
-            if data.size != row["nbytes"]:
-                raise ValueError(f"{data.size} bytes stored, catalog says {row['nbytes']}")
-            digest = xxhash.xxh3_128_hexdigest(data.data)
-            if digest != row["content_hash"]:
-                raise ValueError("content hash mismatch: the stored bytes changed")
-        except (OSError, ValueError, RuntimeError, KeyError, DumpdbError) as exc:
-            where_ = row["array_path"] or "(empty)"
-            report.damaged[row["content_hash"]] = f"{where_}: {exc}"
-        else:
-            report.bytes_checked += row["nbytes"]
-        report.blobs_checked += 1
-        if progress:
-            progress(i + 1, len(rows))
+    # every payload read as pread copies, none mapped: a disk read error is then an OSError
+    # reported as damage below, not SIGBUS killing the process (ObjectStore.map_reads)
+    # (restored after: a library caller's later compare of the same Archive maps again)
+    maps, store.objects.map_reads = store.objects.map_reads, False
+    try:
+        for i, row in enumerate(rows):
+            try:
+                data = _payload_bytes(store, row)
+                if data.size != row["nbytes"]:
+                    raise ValueError(f"{data.size} bytes stored, catalog says {row['nbytes']}")
+                digest = xxhash.xxh3_128_hexdigest(data.data)
+                if digest != row["content_hash"]:
+                    raise ValueError("content hash mismatch: the stored bytes changed")
+            except (OSError, ValueError, RuntimeError, KeyError, DumpdbError) as exc:
+                where_ = row["array_path"] or "(empty)"
+                report.damaged[row["content_hash"]] = f"{where_}: {exc}"
+            else:
+                report.bytes_checked += row["nbytes"]
+            report.blobs_checked += 1
+            if progress:
+                progress(i + 1, len(rows))
+    finally:
+        store.objects.map_reads = maps
     _check_shards(archive, {r["array_path"] for r in rows if r["array_path"]}, report)
     report.catalog_problems = catalog_problems
     bad_refs, report.tensors_checked = _check_references(archive, run)

@@ -50,6 +50,8 @@ __all__ = ["align_exact", "exact_paired"]
 _KEY = ("op_name", "size", "io", "slot", "slot_path", "arg_name")
 _ORDER = ("iteration", "rank", "graph_id", "position", "timestamp", "tensor_id")
 _CHECKED = ("op_type", "dtype", "l2norm", "mean", "min", "max")
+# what the content check (_check_sql) reads of both sides' rows; dtype too where both have one (_checks)
+CHECK_COLUMNS = ("shape", "graph_id", "op_type", "l2norm", "mean", "min", "max")
 # every statistic of both tensors finite (each on its own: a sum of finite values can overflow)
 _FINITE = " AND ".join(f"isfinite({c})" for c in ("tl", "bl", "tm", "bm", "tn", "bn", "tx", "bx"))
 _NEEDED = ("tensor_id", "op_name", "scope_name", "shape", "io", "slot", "slot_path", "arg_name", *_ORDER)
@@ -117,7 +119,7 @@ def _checks(con: duckdb.DuckDBPyConnection) -> tuple[tuple[str, ...], bool] | No
     registered sides have op_type and the four statistics (the full content check of
     :func:`_doubted`); None otherwise."""
     have = [set(con.sql(f"SELECT * FROM {name} LIMIT 0").columns) for name in ("target", "bench")]
-    read = ("shape", "graph_id", "op_type", "l2norm", "mean", "min", "max")
+    read = CHECK_COLUMNS
     if not all(c in cols for c in read for cols in have):
         return None
     dtype = all("dtype" in cols for cols in have)
@@ -232,7 +234,8 @@ def exact_paired(con: duckdb.DuckDBPyConnection, target: pa.Table, bench: pa.Tab
     None where :func:`align_exact` gives None (nothing is then left on ``con``). Raises
     ValueError as align_exact. ``on_pairs``: as align_exact's.
 
-    ``sides``, when given, is called once with the pairs (``target_tensor_id``,
+    ``sides``, when given, is called at most once (not when the rule declines with rows
+    left on both sides, nor when a side lacks what the check reads) with the pairs (``target_tensor_id``,
     ``bench_tensor_id``, unordered) and returns the pairs' target rows and bench rows (Arrow
     tables of ``target``'s and ``bench``'s columns, row k of each the k-th pair, in any
     order of the pairs; at least ``tensor_id`` and what the content check reads): the
@@ -254,14 +257,17 @@ def exact_paired(con: duckdb.DuckDBPyConnection, target: pa.Table, bench: pa.Tab
         extra = (*keep, *_CHECKED)  # what the content check reads (_doubted), where the table has it
         con.register(name, table.select(list(dict.fromkeys((*cols, *(c for c in extra if c in table.column_names))))))
     n = _pair(con, group_by, (target.num_rows, bench.num_rows), check=sides is None)
-    if sides is not None:
+    # both sides with rows left and another strategy to try: declined below whatever the check
+    # says, so the pairs' rows are not taken for it (pairs are one to one: n rows paired a side)
+    declined = n < target.num_rows and n < bench.num_rows and len(run) > 1
+    if sides is not None and not declined:
         _checked_pairs(con, sides)
     if on_pairs is not None:
         on_pairs(con.sql("SELECT target_tensor_id, bench_tensor_id FROM paired").to_arrow_table())
     # a side whose every row is paired has nothing left: no query (the usual case)
     left_t, left_b = (con.sql(_unmatched_sql(side, f"{side}_tensor_id")).to_arrow_table() if n < table.num_rows
                       else UNMATCHED_SCHEMA.empty_table() for side, table in (("target", target), ("bench", bench)))
-    if (left_t.num_rows and left_b.num_rows and len(run) > 1) or \
+    if declined or \
             _doubted(con, group_by, all_paired=not left_t.num_rows and not left_b.num_rows,
                      bench=bench):
         con.execute("DROP TABLE paired")
@@ -281,6 +287,8 @@ def _checked_pairs(con: duckdb.DuckDBPyConnection, sides: Callable[[pa.Table], t
         return
     t, b = sides(con.sql("SELECT target_tensor_id, bench_tensor_id FROM paired").to_arrow_table())
     read = list(dict.fromkeys(("tensor_id", *checks[0], *(("dtype",) if checks[1] else ()))))
+    if t.num_rows != b.num_rows:  # a positional join would pad the shorter side with NULLs: no check
+        raise ValueError(f"sides gave {t.num_rows} target rows and {b.num_rows} bench rows for the same pairs")
     con.register("paired_target", t.select(read))
     con.register("paired_bench", b.select(read))
     try:

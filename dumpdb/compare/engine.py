@@ -345,10 +345,17 @@ def _read_pair(store, t: tuple, b: tuple) -> tuple[np.ndarray, np.ndarray]:
     return a, c
 
 
+def _plain_bytes(x: dict, y: dict) -> int:
+    """Memory a large pair in flight holds when both payloads are read as new arrays
+    (:func:`_read_pair_writable`): their bytes."""
+    return (x["nbytes"] or 0) + (y["nbytes"] or 0)
+
+
 def _held_bytes(x: dict, y: dict) -> int:
-    """Memory a large pair in flight may hold (``INFLIGHT_BYTES`` counts it): its payload bytes,
-    each pack payload counted as at least the pack chunk it may lie in and hold
-    (:func:`_read_pair`; payloads of large pairs sit in packs of 4 MiB chunks)."""
+    """Memory a large pair in flight may hold when read by :func:`_pair_in_thread`
+    (``INFLIGHT_BYTES`` counts it): its payload bytes, each pack payload counted as at least
+    a 4 MiB pack chunk it may lie in and hold (:func:`_read_pair`: a view of the chunk cache;
+    a payload in a pack of smaller chunks is over-counted, which is safe)."""
     return sum(max(row["nbytes"] or 0, MEDIUM_CHUNK_BYTES) if row["elem_offset"] is not None else row["nbytes"] or 0
                for row in (x, y))
 
@@ -663,7 +670,9 @@ def _pair_sides(trows: pa.Table, brows: pa.Table,
 def _pool(archive, tensor_bytes: int, mode, workers: int):
     """``workers`` worker processes (each pair read and computed whole in one) where the GIL
     would bind, ``workers`` threads otherwise (a pair read by one, then its segments on all:
-    :func:`_pair_in_thread`). The same bits either way. Returns (pool, submit(t, b) -> future)."""
+    :func:`_pair_in_thread`). The same bits either way. Returns (pool, submit(t, b) -> future,
+    held(t, b) -> bytes a submitted pair may hold in memory until it is done: :func:`_held_bytes`
+    where the threads read chunk-cache views, :func:`_plain_bytes` else)."""
     if mode == "statistics":
         tensor_bytes = 0
     many = workers > THREAD_MAX_WORKERS and tensor_bytes >= PROCESS_MIN_BYTES_MANY
@@ -674,12 +683,12 @@ def _pool(archive, tensor_bytes: int, mode, workers: int):
         ctx = multiprocessing.get_context("forkserver")
         pool: Executor = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
                                    initargs=(archive.store.zstore, archive.store.verify))
-        return pool, lambda t, b: pool.submit(_pair_metrics_in_worker, _loc(t), _loc(b), _ranges(t, b))
+        return pool, lambda t, b: pool.submit(_pair_metrics_in_worker, _loc(t), _loc(b), _ranges(t, b)), _plain_bytes
     pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="dumpdb-compare")
     store = archive.store
     if registry.metrics("tensor", builtin=False):  # plug-ins see each pair whole
-        return pool, lambda t, b: pool.submit(_pair_metrics, store, _loc(t), _loc(b), _ranges(t, b))
-    return pool, lambda t, b: pool.submit(_pair_in_thread, pool, store, _loc(t), _loc(b), _ranges(t, b))
+        return pool, lambda t, b: pool.submit(_pair_metrics, store, _loc(t), _loc(b), _ranges(t, b)), _plain_bytes
+    return pool, lambda t, b: pool.submit(_pair_in_thread, pool, store, _loc(t), _loc(b), _ranges(t, b)), _held_bytes
 
 
 _NO_PAYLOAD = "no payload on one side: statistics compared instead"
@@ -754,14 +763,13 @@ def _compute_large(archive, t: pa.Table, b: pa.Table, large: np.ndarray, mode: s
     n = res.n
     todo, repeats = _plan_large(t, b, large, fast)
     computed: dict[int, tuple[dict, str | None]] = {}
-    tensor_bytes = sum((x["nbytes"] or 0) + (y["nbytes"] or 0) for _, x, y in todo)
-    pool, submit = _pool(archive, tensor_bytes, mode, workers)
-    views = isinstance(pool, ThreadPoolExecutor) and fast  # _pair_in_thread: chunk-cache views (_held_bytes)
+    tensor_bytes = sum(_plain_bytes(x, y) for _, x, y in todo)
+    pool, submit, held = _pool(archive, tensor_bytes, mode, workers)
     with pool:
         inflight: deque = deque()
         inflight_bytes = 0
         for i, x, y in todo:
-            size = _held_bytes(x, y) if views else (x["nbytes"] or 0) + (y["nbytes"] or 0)
+            size = held(x, y)
             while inflight and inflight_bytes + size > INFLIGHT_BYTES:
                 inflight_bytes -= _finish(inflight.popleft(), res, computed)
                 done += 1
@@ -850,7 +858,7 @@ class _EarlyPairs:
             key = _pair_key(x, y)
             if key not in seen:
                 seen.add(key)
-                items.append((key, x, y, (x["nbytes"] or 0) + (y["nbytes"] or 0)))
+                items.append((key, x, y, _plain_bytes(x, y)))
         if not items:
             return
         if sum(item[3] for item in items) >= PROCESS_MIN_BYTES:
@@ -930,7 +938,7 @@ class _EarlyPairs:
         n = res.n
         todo, repeats = _plan_large(t, b, large, True)  # one pair per key: repeats take its metrics
         rows = {_pair_key(x, y): i for i, x, y in todo}
-        rest = [(key, x, y, (x["nbytes"] or 0) + (y["nbytes"] or 0))
+        rest = [(key, x, y, _plain_bytes(x, y))
                 for key, (_, x, y) in zip(rows, todo) if key not in self._seen]
         computed: dict[int, tuple[dict, str | None]] = {}
         with self._cond:
@@ -1026,7 +1034,7 @@ def _compute_remote(archive, scheduler: str, workers, t: pa.Table, b: pa.Table, 
     todo, repeats = _plan_large(t, b, large, fast)
     at = pa.array(small, pa.int64())
     small_bytes = ints(t.column("nbytes").take(at), 0) + ints(b.column("nbytes").take(at), 0)
-    jobs = [(i, _loc(x), _loc(y), _ranges(x, y), (x["nbytes"] or 0) + (y["nbytes"] or 0)) for i, x, y in todo]
+    jobs = [(i, _loc(x), _loc(y), _ranges(x, y), _plain_bytes(x, y)) for i, x, y in todo]
     computed: dict[int, tuple[dict, str | None]] = {}
     locs = (t.select(list(_LOC_KEYS)), b.select(list(_LOC_KEYS)))
     for kind, rows, found in compare_pairs(archive, scheduler, workers, *locs, small, small_sizes, small_bytes, jobs,
@@ -1331,7 +1339,8 @@ def _verdicts_and_precision(view: _View, trows: pa.Table, thresholds: Thresholds
     first computes what the rules read of the names (``precision.name_masks``). The
     precision rules then get the metrics' messages, not the verdicts' joined onto them: they
     read a message only on a tensor-mode row (``precision.Columns.err_message``: the nan/inf
-    mismatch note), so the result is the same. Neither writes to the view; the view's cached
+    mismatch note), so the result is the same. The verdicts write nothing to the view and
+    never read ``view.precision``, which the rules set meanwhile; the view's cached
     columns (op codes, shapes) are computed once, by the first thread to ask (:class:`_View`);
     the verdicts are set on it once both are done (``err_message`` then as an Arrow string
     array, the result table's column). With a tensor pair, one after the other."""

@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dumpdb.compare.align import PAIRS_SCHEMA, Alignment
-from dumpdb.compare.align_sql import exact_paired
+from dumpdb.compare.align_sql import CHECK_COLUMNS, exact_paired
 from dumpdb.compare.columns import ORDER_KEYS, execution_order
 from dumpdb.compare.metrics import STAT_METRICS
 from dumpdb.compare.stats_sql import statistics_sql
@@ -149,7 +149,7 @@ def _take(table: pa.Table, rows: np.ndarray) -> pa.Table:
 
 
 # what exact_paired's content check reads of the pairs' rows (align_sql._check_sql), where both sides have it
-_CHECK_COLUMNS = ("tensor_id", "shape", "graph_id", "op_type", "dtype", "l2norm", "mean", "min", "max")
+_CHECK_COLUMNS = ("tensor_id", *CHECK_COLUMNS, "dtype")
 
 _RUNS = 64  # _take: at most this many runs of consecutive rows go as slices
 

@@ -134,7 +134,11 @@ def _map_range(fd: int, start: int, n: int) -> memoryview | None:
     caller preads). The view keeps the mapping, which is undone when the last view of it is
     gone; closing ``fd`` does not end it. Safe because the store never changes a file in
     place (a write goes to a temporary file that is renamed, ``durable_put``): a file replaced
-    or deleted meanwhile keeps its old bytes in the mapping, as an open descriptor would."""
+    or deleted meanwhile keeps its old bytes in the mapping, as an open descriptor would. Not
+    safe against a disk read error or a file truncated in place from outside: reading such a
+    page is SIGBUS, not an OSError (``ObjectStore.map_reads`` False for verify). Each live
+    mapping holds a duplicate of ``fd`` (Python < 3.13 has no ``trackfd=False``): the views
+    are short-lived (decoded at once)."""
     if not hasattr(mmap, "MAP_SHARED") or start < 0 or n <= 0:
         return None
     try:
@@ -171,6 +175,12 @@ class ObjectStore:
             self._root, self._read_only = str(root), read_only
         self._sync = False
         self._proto: Any = None
+        # False: a local store's reads are all pread copies, none a mapping (_read_file,
+        # map_private). A page of a mapping that the disk cannot read, or that a file truncated
+        # in place from outside no longer has, kills the process with SIGBUS where a pread
+        # raises OSError or comes back short; verify, whose job is to report such files, sets
+        # it False (archival/verify.py).
+        self.map_reads = True
         if store is not None:
             self._adopt(store)
 
@@ -259,7 +269,7 @@ class ObjectStore:
                 size = os.fstat(fd).st_size
                 lo = max(size - suffix, 0) if suffix is not None else 0
                 n = size - lo
-            if mapped and n >= MAP_READ_BYTES:
+            if mapped and self.map_reads and n >= MAP_READ_BYTES:
                 view = _map_range(fd, lo, n)
                 if view is not None:
                     return view
@@ -271,8 +281,8 @@ class ObjectStore:
 
     def get(self, key: str, start: int | None = None, end: int | None = None, *, mapped: bool = True) -> memoryview:
         """The bytes ``[start, end)`` of object ``key`` (the whole object when both are None),
-        as a view of the buffer the store returned (no copy: pack frames are up to
-        1 MiB and are decoded straight from it; never write to it, ``bytes(...)`` it to keep it).
+        as a view of the buffer the store returned (no copy: pack frames are up to a 4 MiB
+        chunk and are decoded straight from it; never write to it, ``bytes(...)`` it to keep it).
         ``mapped`` False: a local store's large read is a ``pread`` too, not a mapping
         (:meth:`_read_file`): a disk's read error is then an OSError, where a mapped page that
         cannot be read is SIGBUS, the end of the process (:meth:`checksum`, verify's reads).
@@ -361,7 +371,7 @@ class ObjectStore:
     def map_private(self, key: str, nbytes: int) -> memoryview | None:
         """The first ``nbytes`` bytes of object ``key`` mapped into memory copy-on-write
         (``mmap`` ``MAP_PRIVATE``, writable: a write changes this process's copy, never the
-        file), for a store on local disk; None for any other store (or ``nbytes`` 0, a
+        file), for a store on local disk; None for any other store (or ``map_reads`` False, ``nbytes`` 0, a
         platform without ``MAP_PRIVATE``, a file system that cannot map the file): then
         :meth:`get_into`. Nothing is copied: the pages are the page cache's until written,
         where a read into a new array first has the kernel zero each (huge) page of it and
@@ -371,7 +381,7 @@ class ObjectStore:
         PayloadMissing if the object does not exist, PayloadCorrupt if it is shorter than
         ``nbytes``."""
         root = self._root
-        if not (root is not None and nbytes > 0 and hasattr(mmap, "MAP_PRIVATE")):
+        if not (root is not None and self.map_reads and nbytes > 0 and hasattr(mmap, "MAP_PRIVATE")):
             return None
         try:
             fd = os.open(os.path.join(root, key), os.O_RDONLY)

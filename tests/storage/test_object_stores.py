@@ -8,6 +8,7 @@ are at the end.
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import signal
 import subprocess
@@ -159,6 +160,7 @@ def test_large_ranged_reads_of_a_local_store_are_mapped_with_pread_s_answers(tmp
     for start in (0, 1, 4095, 4096, 65537, len(data) - n):
         got = objects.get("x/blob", start, start + n)
         assert got.readonly and bytes(got) == data[start : start + n]
+        assert isinstance(got.obj, mmap.mmap)  # a view of the file mapped, not of pread's bytes
     assert objects.get("x/blob", 10, 20) == data[10:20]  # small: a pread
     assert len(mapped) == 6
     with pytest.raises(PayloadCorrupt, match=r"x/blob: object too short"):

@@ -529,20 +529,27 @@ def test_tensor_compare_of_a_local_archive_never_imports_zarr(pair_archive):
     assert json.loads(json.dumps(here)) == rows
 
 
+def _compare_command_script(pair_archive) -> str:
+    """The start of a script for :func:`_fresh_python`: ``dumpdb compare fp16 fp32`` of
+    ``pair_archive`` run as the ``dumpdb`` command runs it (``python -m dumpdb``, in that
+    process), its exit code then in ``code``, and ``kernel`` imported."""
+    return (
+        "import importlib.util, json, runpy, sys\n"
+        f"sys.argv = ['dumpdb', 'compare', 'fp16', 'fp32', '-a', {str(pair_archive)!r}, '--no-store', '--show', '0']\n"
+        "try:\n"
+        "    runpy.run_module('dumpdb', run_name='__main__')\n"
+        "except SystemExit as exc:\n"
+        "    code = exc.code\n"
+        "from dumpdb.compare import kernel\n")
+
+
 @pytest.mark.skipif(not kernel.HAVE_NUMBA, reason="numba is not installed: no BLAS probe to skip")
 def test_compare_command_skips_numbas_blas_probe_and_nothing_else(pair_archive):
     """The ``dumpdb compare`` process loads the numba kernel without numba's import of
     ``scipy.linalg`` for its BLAS probe (dumpdb.__main__.skip_blas_probe, ~0.26 CPU s); the
     compare still computes its tensor metrics with the kernel, and ``scipy.linalg`` stays
     importable afterwards in that process (only the probe was refused)."""
-    script = (
-        "import runpy, sys, json\n"
-        f"sys.argv = ['dumpdb', 'compare', 'fp16', 'fp32', '-a', {str(pair_archive)!r}, '--no-store', '--show', '0']\n"
-        "try:\n"
-        "    runpy.run_module('dumpdb', run_name='__main__')\n"
-        "except SystemExit as exc:\n"
-        "    code = exc.code\n"
-        "from dumpdb.compare import kernel\n"
+    script = _compare_command_script(pair_archive) + (
         "state = [code, kernel._compiled is not None, 'scipy.linalg' in sys.modules, 'zarr' in sys.modules]\n"
         "try:\n"
         "    import scipy.linalg\n"
@@ -565,14 +572,7 @@ def test_compare_command_skips_numbas_coverage_and_yaml_imports_only_where_unuse
     ``.numba_config.yaml`` in the current directory, or ``NUMBA_JIT_COVERAGE`` set, numba
     imports them as usual (its configuration is read, its coverage support is available).
     With stderr not a terminal (no progress bar drawn) ``rich.progress`` is not imported."""
-    script = (
-        "import importlib.util, json, runpy, sys\n"
-        f"sys.argv = ['dumpdb', 'compare', 'fp16', 'fp32', '-a', {str(pair_archive)!r}, '--no-store', '--show', '0']\n"
-        "try:\n"
-        "    runpy.run_module('dumpdb', run_name='__main__')\n"
-        "except SystemExit as exc:\n"
-        "    code = exc.code\n"
-        "from dumpdb.compare import kernel\n"
+    script = _compare_command_script(pair_archive) + (
         "import numba.core.config as config, numba.misc.coverage_support as cs\n"
         "state = [[code, 'rich.progress' in sys.modules], kernel._compiled is not None,\n"
         "         'yaml' in sys.modules, 'coverage' in sys.modules, config._HAVE_YAML, cs.coverage_available]\n"

@@ -57,6 +57,18 @@ def _rows(results) -> dict[str, dict]:
     return {r["target_name"]: r for r in results.to_pylist()}
 
 
+def _assert_metrics_of_each_pair(results, target, bench) -> None:
+    """Each of the five pairs' stored metrics are tensor_metrics' of its arrays (one BLAS
+    thread), and its message starts with tensor_metrics' (then the verdict's reason)."""
+    rows = _rows(results)
+    for k in range(5):
+        row = next(r for name, r in rows.items() if name.endswith(f"-op{k}"))
+        with threadpool_limits(1, user_api="blas"):
+            want, message = tensor_metrics(target[k], bench[k])
+        assert {m: row[m] for m in TENSOR_METRICS} == want, k
+        assert row["err_message"].startswith(message)
+
+
 def test_pairs_of_the_same_payloads_are_computed_once(tmp_path, monkeypatch):
     archive, target, bench = _archive(tmp_path)
     calls = []
@@ -110,13 +122,7 @@ def test_a_large_pair_runs_as_segments_on_worker_threads(tmp_path, monkeypatch):
     monkeypatch.setattr(metrics.SplitPair, "tasks", recording)
     out = compare(dumpdb.open(archive), "target", "bench", workers=2, store_results=False).results
     assert segments == [2, 2, 2]  # 70,000 elements: two 64 Ki-element chunks, one segment each
-    rows = _rows(out)
-    for k in range(5):
-        row = next(r for name, r in rows.items() if name.endswith(f"-op{k}"))
-        with threadpool_limits(1, user_api="blas"):
-            want, message = tensor_metrics(target[k], bench[k])
-        assert {m: row[m] for m in TENSOR_METRICS} == want, k
-        assert row["err_message"].startswith(message)  # then the verdict's reason
+    _assert_metrics_of_each_pair(out, target, bench)
 
 
 def test_pairs_read_ahead_stay_within_the_inflight_bytes(tmp_path, monkeypatch):
@@ -241,12 +247,7 @@ def test_a_large_pair_in_one_pack_chunk_is_read_as_views_of_the_chunk_cache(tmp_
     # three computed pairs, six read-only sides, none read as a copy but a float16 payload
     # across the boundary of two 256 KiB chunks (a new array: TensorStore.read)
     assert views == [True] * 6 and len(copies) <= 1 and all("float16" in path for path in copies)
-    rows = _rows(out)
-    for k in range(5):
-        row = next(r for name, r in rows.items() if name.endswith(f"-op{k}"))
-        with threadpool_limits(1, user_api="blas"):
-            want, _ = tensor_metrics(target[k], bench[k])
-        assert {m: row[m] for m in TENSOR_METRICS} == want, k
+    _assert_metrics_of_each_pair(out, target, bench)
     x = {"nbytes": 1000, "elem_offset": 0}
     assert engine._held_bytes(x, {"nbytes": 1000, "elem_offset": None}) == MEDIUM_CHUNK_BYTES + 1000
     assert engine._held_bytes({"nbytes": 3 * MEDIUM_CHUNK_BYTES, "elem_offset": 7}, x) == 4 * MEDIUM_CHUNK_BYTES

@@ -238,15 +238,19 @@ def ingest(dumpdb: str, dump: Path, archive: Path, run: str, out: Path) -> float
     return wall
 
 
+def compare_cmd(args, dumpdb: str, archive: Path, runs: tuple[str, str], *extra: str) -> list[str]:
+    """The ``dumpdb compare`` command line every timed or checking compare runs."""
+    cmd = [dumpdb, "compare", *runs, "-a", str(archive), "--show", "0", *extra]
+    return cmd + (["-j", str(args.workers)] if args.workers else [])
+
+
 def compare(args, dumpdb: str, archive: Path, out: Path, name: str, *extra: str,
             runs: tuple[str, str] = ("target", "bench"), baseline: list[str] | None = None,
             ) -> list[tuple[str, float, float]]:
     """[(label, wall s, peak MB)] of ``dumpdb compare`` (before, if --before, then now): the
     medians of ``--repeat`` runs each. ``baseline``: a command timed before each repetition
     (the same load for both), its medians first as label ``baseline``."""
-    cmd = [dumpdb, "compare", *runs, "-a", str(archive), "--show", "0", *extra]
-    if args.workers:
-        cmd += ["-j", str(args.workers)]
+    cmd = compare_cmd(args, dumpdb, archive, runs, *extra)
     versions = ([("before", str(args.before.resolve()))] if args.before else []) + \
         [("after", os.environ.get("PYTHONPATH", ""))]
     measured: dict[str, list[tuple[float, float, float]]] = {label: [] for label, _ in versions}
@@ -309,8 +313,7 @@ def tensor_scenario(args, dumpdb: str, out: Path) -> list[str]:
         lines.append(same_rows(archive / "catalog.duckdb", out, "tensor"))
     if args.numpy_check:  # issue 29: the compiled kernel's results are the numpy path's
         env = {**version_env(os.environ.get("PYTHONPATH", ""), out), "DUMPDB_METRICS_KERNEL": "numpy"}
-        cmd = [dumpdb, "compare", *runs, "-a", str(archive), "--show", "0"]
-        wall, _ = timed(cmd, out / "compare-tensor-numpy.log", env)
+        wall, _ = timed(compare_cmd(args, dumpdb, archive, runs), out / "compare-tensor-numpy.log", env)
         print(f"  numpy path (untimed check): {wall:.2f} s (cpu {LAST_CPU['seconds']:.2f} s)")
         lines.append(same_rows(archive / "catalog.duckdb", out, "tensor", ("after", "numpy")))
     for label, wall, peak in found:

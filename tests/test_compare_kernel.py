@@ -338,9 +338,10 @@ def test_statistics_compare_imports_neither_numba_nor_pandas(tmp_path):
         assert a.sql("SELECT count(*) AS n FROM compare_results").to_pylist()[0]["n"] > 10
 
 
-def _fresh_python(script: str, env: dict[str, str] | None = None) -> list:
-    """Run ``script`` in a fresh interpreter with this checkout's dumpdb; its last line as JSON."""
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+def _fresh_python(script: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> list:
+    """Run ``script`` in a fresh interpreter with this checkout's dumpdb (in directory ``cwd``);
+    its last line as JSON."""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=cwd,
                           env={"PYTHONPATH": str(Path(__file__).parents[1]), "PATH": "/usr/bin:/bin", **(env or {})})
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -579,13 +580,9 @@ def test_compare_command_skips_numbas_coverage_and_yaml_imports_only_where_unuse
         "later = [importlib.import_module(m).__name__ == m if importlib.util.find_spec(m) else None\n"
         "         for m in ('yaml', 'coverage')]\n"
         "print(json.dumps(state + later))\n")
-    env = {"PYTHONPATH": str(Path(__file__).parents[1]), "PATH": "/usr/bin:/bin"}
 
     def run(cwd: Path, **extra: str) -> list:
-        proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                              cwd=cwd, env={**env, **extra})
-        assert proc.returncode == 0, proc.stderr
-        return json.loads(proc.stdout.strip().splitlines()[-1])
+        return _fresh_python(script, extra, cwd=cwd)
 
     have_yaml = importlib.util.find_spec("yaml") is not None
     have_coverage = importlib.util.find_spec("coverage") is not None

@@ -264,17 +264,24 @@ def exact_paired(con: duckdb.DuckDBPyConnection, target: pa.Table, bench: pa.Tab
         _checked_pairs(con, sides)
     if on_pairs is not None:
         on_pairs(con.sql("SELECT target_tensor_id, bench_tensor_id FROM paired").to_arrow_table())
+    if declined:  # a later strategy may pair some of the rows left: align() decides
+        _discard(con)
+        return None
     # a side whose every row is paired has nothing left: no query (the usual case)
     left_t, left_b = (con.sql(_unmatched_sql(side, f"{side}_tensor_id")).to_arrow_table() if n < table.num_rows
                       else UNMATCHED_SCHEMA.empty_table() for side, table in (("target", target), ("bench", bench)))
-    if declined or \
-            _doubted(con, group_by, all_paired=not left_t.num_rows and not left_b.num_rows,
-                     bench=bench):
-        con.execute("DROP TABLE paired")
-        con.unregister("target")
-        con.unregister("bench")
-        return None  # a later strategy may pair some of them, or the content check doubts a pair: align() decides
+    if _doubted(con, group_by, bench, all_paired=not left_t.num_rows and not left_b.num_rows):
+        _discard(con)  # the content check doubts a pair: align() decides
+        return None
     return left_t.cast(UNMATCHED_SCHEMA), left_b.cast(UNMATCHED_SCHEMA)
+
+
+def _discard(con: duckdb.DuckDBPyConnection) -> None:
+    """Nothing of :func:`exact_paired` left on ``con`` (it gives None): temp table ``paired``
+    dropped, ``target`` and ``bench`` unregistered."""
+    con.execute("DROP TABLE paired")
+    con.unregister("target")
+    con.unregister("bench")
 
 
 def _checked_pairs(con: duckdb.DuckDBPyConnection, sides: Callable[[pa.Table], tuple[pa.Table, pa.Table]]) -> None:
@@ -286,7 +293,7 @@ def _checked_pairs(con: duckdb.DuckDBPyConnection, sides: Callable[[pa.Table], t
     if checks is None:
         return
     t, b = sides(con.sql("SELECT target_tensor_id, bench_tensor_id FROM paired").to_arrow_table())
-    read = list(dict.fromkeys(("tensor_id", *checks[0], *(("dtype",) if checks[1] else ()))))
+    read = ["tensor_id", *checks[0]]  # checks[0] holds dtype where the check reads it
     if t.num_rows != b.num_rows:  # a positional join would pad the shorter side with NULLs: no check
         raise ValueError(f"sides gave {t.num_rows} target rows and {b.num_rows} bench rows for the same pairs")
     con.register("paired_target", t.select(read))
@@ -300,8 +307,8 @@ def _checked_pairs(con: duckdb.DuckDBPyConnection, sides: Callable[[pa.Table], t
         con.unregister("paired_bench")
 
 
-def _doubted(con: duckdb.DuckDBPyConnection, group_by: Sequence[str], all_paired: bool = False,
-             bench: pa.Table | None = None) -> bool:
+def _doubted(con: duckdb.DuckDBPyConnection, group_by: Sequence[str], bench: pa.Table,
+             all_paired: bool = False) -> bool:
     """Would align()'s content check take back some exact pairs? A cheap, conservative test
     on ``con`` (after the ``paired`` table is made): a name family
     (:func:`~dumpdb.compare.align.family`) holding paired ops has another number of ops on
@@ -394,7 +401,7 @@ def _other_family_counts(con: duckdb.DuckDBPyConnection, keys: Sequence[str]) ->
 
 
 def _better_partner_may_exist(con: duckdb.DuckDBPyConnection, group_by: Sequence[str],
-                              bench: pa.Table | None = None) -> bool:
+                              bench: pa.Table) -> bool:
     """Might align()'s ``_better_partner`` find, for a pair in temp table ``looks_wrong``, a
     bench tensor other than its partner that fits the target tensor within
     :data:`~dumpdb.compare.align.FITS`? Only then can the content check take a pair back
@@ -406,7 +413,7 @@ def _better_partner_may_exist(con: duckdb.DuckDBPyConnection, group_by: Sequence
     ``FITS`` (conservative: align's bound is also below a quarter of the pair's distance;
     both L2 norms 0 count whatever the other statistics).
 
-    ``bench``: the rows registered as ``bench`` (read from ``con`` when None). Their
+    ``bench``: the rows registered as ``bench``. Their
     rows' places in execution order are one int64 (:func:`_order_numbers`: the row number
     when the rows already come in that order, the usual case), their dtype classes a
     column beside them: the window orders by one integer and carries three (the bench
@@ -415,8 +422,6 @@ def _better_partner_may_exist(con: duckdb.DuckDBPyConnection, group_by: Sequence
     when some pair's bench tensor is of another kind (a count first)."""
     if not con.sql("SELECT count(*) FROM looks_wrong").fetchall()[0][0]:
         return False
-    if bench is None:
-        bench = con.sql("SELECT * FROM bench").to_arrow_table()
     kind = (*group_by, "graph_id", "op_type", "io", "slot", "slot_path", "arg_name", "cls", "shape")
     read = list(dict.fromkeys(("tensor_id", *(k for k in kind if k != "cls"), "l2norm", "mean", "min", "max")))
     con.register("bench_k", bench.select(read).append_column("cls", _dtype_classes(bench))

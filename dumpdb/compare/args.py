@@ -70,16 +70,17 @@ def _has_scalar_column(con) -> bool:
     return "has_scalar" in {d[0] for d in con.execute("SELECT * FROM msprobe_records LIMIT 0").description}
 
 
-def _has_value(con) -> str:
-    """The SQL test "may hold a scalar leaf" of an ``msprobe_records`` row on ``con``."""
-    return f"coalesce(has_scalar, {_TEXT_HAS_VALUE})" if _has_scalar_column(con) else _TEXT_HAS_VALUE
+def _has_value(has_column: bool) -> str:
+    """The SQL test "may hold a scalar leaf" of an ``msprobe_records`` row, where the table
+    has the ``has_scalar`` column (:func:`_has_scalar_column`) or not."""
+    return f"coalesce(has_scalar, {_TEXT_HAS_VALUE})" if has_column else _TEXT_HAS_VALUE
 
 
-def _scalar_counts(con, runs: list[str]) -> tuple[int, int]:
+def _scalar_counts(con, runs: list[str], has_column: bool) -> tuple[int, int]:
     """(records, records that may hold a scalar leaf) of ``runs``: from ``has_scalar``
-    without reading the records' text (0.005 s against 0.3 s on 500,000 records), the text
-    only of the rows where it is NULL."""
-    if not _has_scalar_column(con):
+    (``has_column``: :func:`_has_scalar_column`) without reading the records' text (0.005 s
+    against 0.3 s on 500,000 records), the text only of the rows where it is NULL."""
+    if not has_column:
         n, hit = con.execute(f"SELECT count(*), count(*) FILTER (WHERE {_TEXT_HAS_VALUE}) FROM msprobe_records "
                              "WHERE run IN (?, ?)", runs).fetchall()[0]
         return int(n), int(hit)
@@ -92,10 +93,10 @@ def _scalar_counts(con, runs: list[str]) -> tuple[int, int]:
     return int(n), int(hit)
 
 
-def _records(con, run: str, names: list[str], bare: bool = False) -> dict[tuple, dict[str, Any]]:
+def _records(con, run: str, names: list[str], has_value: str, bare: bool = False) -> dict[tuple, dict[str, Any]]:
     """(rank, iteration, op_name) -> scalar arguments of ``run``'s msprobe records named in
-    ``names`` that hold a scalar leaf (``bare``: ``{}`` for each of the others instead)."""
-    has_value = _has_value(con)
+    ``names`` that hold a scalar leaf (``has_value``: the SQL test, :func:`_has_value`;
+    ``bare``: ``{}`` for each of the others instead)."""
     if bare:
         return {(rank, iteration, op_name): {} for rank, iteration, op_name in con.execute(
             f"SELECT rank, iteration, op_name FROM msprobe_records WHERE run = ? AND NOT {has_value} "
@@ -171,21 +172,23 @@ def arg_diff_column(con, target_run: str, bench_run: str, pairs: Mapping[str, li
     col = _PairColumns(pairs)
     n = len(pairs["target_name"])
     out = np.full(n, None, dtype=object)
-    records, with_scalar = _scalar_counts(con, [target_run, bench_run])
+    has_column = _has_scalar_column(con)  # the catalog's schema: asked once
+    records, with_scalar = _scalar_counts(con, [target_run, bench_run], has_column)
     if records and not with_scalar:
         # no record of either run holds a scalar (a statistics dump): every pair's is None,
         # without reading the pairs' names (what _records would find: nothing)
         return out
     if records:
         tnames, bnames = col.names("target_name"), col.names("bench_name")
-        trec, brec = _records(con, target_run, tnames), _records(con, bench_run, bnames)
+        has_value = _has_value(has_column)
+        trec, brec = _records(con, target_run, tnames, has_value), _records(con, bench_run, bnames, has_value)
         if not trec and not brec:
             # no record of either run holds a scalar (a statistics dump): every pair's is None
             # (arg_diff of two empty records, or a side without a record), nothing more to read
             return out
         # the records without scalars count as {}: against a side's recorded scalars they differ
-        trec = {**_records(con, target_run, tnames, bare=True), **trec}
-        brec = {**_records(con, bench_run, bnames, bare=True), **brec}
+        trec = {**_records(con, target_run, tnames, has_value, bare=True), **trec}
+        brec = {**_records(con, bench_run, bnames, has_value, bare=True), **brec}
         tkeys = list(zip(col["rank"], col["iteration"], col["target_name"]))
         bkeys = list(zip(col["bench_rank"], col["bench_iteration"], col["bench_name"]))
     else:

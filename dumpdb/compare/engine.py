@@ -323,11 +323,16 @@ def _read_many(store, locs: list[tuple]) -> list[np.ndarray]:
     return store.read_many([(loc[0], loc[1], loc[2] or 0, dtypes[loc[3]], tuple(loc[4]), loc[5]) for loc in locs])
 
 
+def _same_payload(t: tuple, b: tuple) -> bool:
+    """Whether the two sides' locations (:func:`_loc`) are one payload: same hash, dtype, shape."""
+    return t[5] == b[5] and t[3] == b[3] and list(t[4]) == list(b[4])
+
+
 def _read_pair_writable(store, t: tuple, b: tuple) -> tuple[np.ndarray, np.ndarray]:
     """Both payloads of a pair as new, writable arrays (for plug-in metrics, worker processes
-    and cluster tasks); a payload both sides share (same hash, dtype, shape) is read once."""
+    and cluster tasks); a payload both sides share (:func:`_same_payload`) is read once."""
     a = _read(store, t)
-    return a, a if t[5] == b[5] and t[3] == b[3] and list(t[4]) == list(b[4]) else _read(store, b)
+    return a, a if _same_payload(t, b) else _read(store, b)
 
 
 def _read_pair(store, t: tuple, b: tuple) -> tuple[np.ndarray, np.ndarray]:
@@ -338,7 +343,7 @@ def _read_pair(store, t: tuple, b: tuple) -> tuple[np.ndarray, np.ndarray]:
     shape) is read once. The metrics read any array as read-only (kernel._readonly), so they
     are the same bits; a view holds its whole chunk while the pair is in flight
     (:func:`_held_bytes`)."""
-    if t[5] == b[5] and t[3] == b[3] and list(t[4]) == list(b[4]):
+    if _same_payload(t, b):
         a = _read_many(store, [t])[0]
         return a, a
     a, c = _read_many(store, [t, b])

@@ -10,10 +10,13 @@ import sys
 from types import FrameType
 
 from dumpdb import sigint
-from dumpdb.runtime import quiet_exit
+from dumpdb.runtime import quiet_exit, use_memory_pool
 
 # Commands that build Arrow tables from Python lists and numpy arrays and never use pandas.
 NO_PANDAS_COMMANDS = ("ingest", "ingest-worker", "commit", "compare")
+# Commands whose process, and the worker processes it starts, take dumpdb's Arrow memory pool
+# (dumpdb.runtime.use_memory_pool); the others import pyarrow only when they need it.
+MEMORY_POOL_COMMANDS = NO_PANDAS_COMMANDS
 # Commands whose numba kernel (dumpdb.compare.kernel) may load: numba's BLAS probe is skipped.
 NO_BLAS_PROBE_COMMANDS = ("compare",)
 
@@ -136,6 +139,8 @@ def main() -> None:
     sigint.install()
     quiet_exit()
     try:
+        if len(sys.argv) > 1 and sys.argv[1] in MEMORY_POOL_COMMANDS:
+            use_memory_pool()  # before the first Arrow buffer (skip_pandas_probe makes one)
         if len(sys.argv) > 1 and sys.argv[1] in NO_PANDAS_COMMANDS:
             skip_pandas_probe()
         if len(sys.argv) > 1 and sys.argv[1] in NO_BLAS_PROBE_COMMANDS:

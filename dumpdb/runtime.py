@@ -5,6 +5,8 @@ from __future__ import annotations
 import atexit
 import contextlib
 import gc
+import os
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -45,17 +47,66 @@ def quiet_exit() -> None:
     atexit.register(gc.freeze)
 
 
+# Arrow's memory pool of the dumpdb process (use_memory_pool): glibc's malloc, as numpy's and
+# Python's memory already is (docs/statistics-compare.md, "Arrow's memory pool").
+MEMORY_POOL = "system"
+POOL_ENV = "ARROW_DEFAULT_MEMORY_POOL"  # Arrow's own variable, read once when pyarrow is imported
+_POOLS = ("jemalloc", "mimalloc", "system")
+
+
+def use_memory_pool(backend: str = MEMORY_POOL) -> str | None:
+    """Make ``backend`` (``"system"``, ``"jemalloc"`` or ``"mimalloc"``) Arrow's memory pool in
+    this process and in the processes it starts from now on: it sets ``ARROW_DEFAULT_MEMORY_POOL``,
+    which pyarrow reads when it is imported (dumpdb's ingest and compare worker processes and a
+    local Dask cluster's workers inherit it). Before pyarrow is imported, ``"system"`` (built
+    into every pyarrow) goes through that variable alone and becomes Arrow's default for all
+    its allocations, those of Arrow's C++ code included; otherwise the backend is checked
+    against ``pyarrow.supported_memory_backends()`` and set with ``pyarrow.set_memory_pool``,
+    which covers what pyarrow allocates (not the pools Arrow's C++ code takes by itself).
+    Buffers allocated before the call stay in the pool they came from.
+
+    Returns the backend set, or None where nothing changed: ``ARROW_DEFAULT_MEMORY_POOL`` set
+    already (the user's choice wins), or ``backend`` not built into this pyarrow (e.g. jemalloc
+    in Windows wheels: pyarrow's default stays, silently). Raises ``ValueError`` for another name.
+
+    Why the system allocator: pyarrow's default pool, mimalloc, asks for transparent huge pages
+    for its arena, so every page it purges and uses again is zeroed anew as a whole 2 MiB page;
+    in a statistics compare, which allocates ~1 GB through Arrow's pool at 500,000 pairs, that
+    was the largest share of the system CPU time (docs/statistics-compare.md, "Arrow's memory
+    pool"). The ``dumpdb`` process calls this at start for the commands that build Arrow tables
+    (``dumpdb.__main__``); importing dumpdb as a library never does (a library does not change
+    its host's allocator)."""
+    if backend not in _POOLS:
+        raise ValueError(f"unknown Arrow memory pool {backend!r}: one of {', '.join(_POOLS)}")
+    if os.environ.get(POOL_ENV):
+        return None
+    if backend == "system" and "pyarrow" not in sys.modules:
+        os.environ[POOL_ENV] = backend
+        return backend
+    import pyarrow as pa
+
+    if backend not in pa.supported_memory_backends():
+        return None
+    pools = {"jemalloc": pa.jemalloc_memory_pool, "mimalloc": pa.mimalloc_memory_pool,
+             "system": pa.system_memory_pool}
+    pa.set_memory_pool(pools[backend]())
+    os.environ[POOL_ENV] = backend
+    return backend
+
+
 _malloc_trim: Any = None
 
 
 def release_free_memory() -> None:
-    """Give the memory the process has freed back to the operating system: Arrow's pool
-    (``release_unused``) and glibc's heaps (``malloc_trim(0)``; nothing where the C library
-    has none, e.g. musl or macOS). Freed numpy arrays and Python objects stay in glibc's
-    heaps otherwise, and the next large allocations (a result table) come on top of them:
-    in a statistics compare of 500,000 pairs, 163 MB of such pages went back before the
-    result table was built (docs/statistics-compare.md). Settles nothing else: malloc's
-    settings are the caller's. Costs a walk of the heaps (milliseconds)."""
+    """Give the memory the process has freed back to the operating system: Arrow's pool in use
+    (``release_unused``: jemalloc purges its arenas, mimalloc its pages; the system pool's
+    memory, the ``dumpdb`` process's, is glibc's) and glibc's heaps (``malloc_trim(0)``;
+    nothing where the C library has none, e.g. musl or macOS). Freed numpy arrays, Python
+    objects and the system pool's Arrow buffers stay in glibc's heaps otherwise, and the next
+    large allocations (a result table) come on top of them: in a statistics compare of 500,000
+    pairs, 163 MB of such pages went back before the result table was built
+    (docs/statistics-compare.md). Settles nothing else: malloc's settings are the caller's.
+    Costs a walk of the heaps (milliseconds)."""
     global _malloc_trim
     import pyarrow as pa
 

@@ -1,13 +1,17 @@
-"""dumpdb.runtime: memory a long command has freed goes back to the operating system."""
+"""dumpdb.runtime: memory a long command has freed goes back to the operating system; Arrow's
+memory pool of the dumpdb process."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 
+import pyarrow as pa
 import pytest
 
+from dumpdb import runtime
 from dumpdb.dumpio import libc
 
 
@@ -36,3 +40,92 @@ def test_freed_heap_memory_goes_back_to_the_system():
     assert out.returncode == 0, out.stderr
     assert int(out.stdout) > 100 << 20  # of ~190 MB freed
 
+
+
+# Arrow's memory pool (runtime.use_memory_pool): the dumpdb process and its workers take the
+# system allocator; the user's ARROW_DEFAULT_MEMORY_POOL wins; a library import changes nothing.
+
+_POOL_REPORT = (
+    "import json, runpy, sys\n"
+    "sys.argv = ['dumpdb'] + sys.argv[1:]\n"
+    "try:\n"
+    "    runpy.run_module('dumpdb', run_name='__main__')\n"
+    "except SystemExit:\n"
+    "    pass\n"
+    "import pyarrow as pa\n"
+    "from dumpdb.ingestion.workers import process_pool\n"
+    "with process_pool(1) as pool:\n"  # dumpdb's ingest workers (spawn): a fresh interpreter
+    "    worker = pool.submit(eval, \"__import__('pyarrow').default_memory_pool().backend_name\").result()\n"
+    "print(json.dumps([pa.default_memory_pool().backend_name, worker]))\n"
+)
+
+
+def _pools(args: list[str], **env: str) -> list[str]:
+    """[the process's Arrow pool, a worker's] after ``python -m dumpdb ARGS`` ran in a fresh
+    interpreter (without the caller's ARROW_DEFAULT_MEMORY_POOL unless given in ``env``)."""
+    base = {k: v for k, v in os.environ.items() if k != runtime.POOL_ENV}
+    out = subprocess.run([sys.executable, "-c", _POOL_REPORT, *args], capture_output=True, text=True, timeout=300,
+                         env={**base, "PYTHONPATH": os.pathsep.join(sys.path), **env})
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _fresh_default_pool() -> str:
+    out = subprocess.run([sys.executable, "-c", "import pyarrow as pa; print(pa.default_memory_pool().backend_name)"],
+                         capture_output=True, text=True, timeout=120,
+                         env={k: v for k, v in os.environ.items() if k != runtime.POOL_ENV})
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def test_the_dumpdb_process_and_its_workers_take_the_system_pool():
+    assert runtime.MEMORY_POOL == "system"
+    assert _pools(["compare", "--help"]) == ["system", "system"]
+    assert _pools(["ingest", "--help"]) == ["system", "system"]
+
+
+def test_a_command_without_arrow_work_keeps_pyarrows_default_pool():
+    default = _fresh_default_pool()
+    assert _pools(["--help"]) == [default, default]
+
+
+@pytest.mark.skipif("jemalloc" not in pa.supported_memory_backends(), reason="this pyarrow has no jemalloc")
+def test_the_users_arrow_default_memory_pool_wins():
+    assert _pools(["compare", "--help"], ARROW_DEFAULT_MEMORY_POOL="jemalloc") == ["jemalloc", "jemalloc"]
+
+
+def test_importing_dumpdb_as_a_library_changes_no_pool():
+    script = ("import json, os\n"
+              "import dumpdb, dumpdb.cli, dumpdb.compare.engine, dumpdb.ingestion.pipeline\n"
+              "import pyarrow as pa\n"
+              f"print(json.dumps([pa.default_memory_pool().backend_name, os.environ.get({runtime.POOL_ENV!r})]))\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                         env={**{k: v for k, v in os.environ.items() if k != runtime.POOL_ENV},
+                              "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [_fresh_default_pool(), None]
+
+
+def test_use_memory_pool_after_pyarrows_import_sets_pyarrows_pool_and_the_workers_variable(monkeypatch):
+    monkeypatch.delenv(runtime.POOL_ENV, raising=False)
+    before = pa.default_memory_pool()
+    try:
+        assert runtime.use_memory_pool("system") == "system"
+        assert pa.default_memory_pool().backend_name == "system"
+        assert os.environ[runtime.POOL_ENV] == "system"
+    finally:
+        pa.set_memory_pool(before)
+
+
+def test_a_backend_this_pyarrow_lacks_leaves_the_default_silently(monkeypatch):
+    monkeypatch.delenv(runtime.POOL_ENV, raising=False)
+    monkeypatch.setattr(pa, "supported_memory_backends", lambda: ["mimalloc", "system"])
+    before = pa.default_memory_pool().backend_name
+    assert runtime.use_memory_pool("jemalloc") is None
+    assert pa.default_memory_pool().backend_name == before
+    assert runtime.POOL_ENV not in os.environ
+    monkeypatch.setenv(runtime.POOL_ENV, "mimalloc")  # the user's: kept, whatever dumpdb would choose
+    assert runtime.use_memory_pool("system") is None
+    assert pa.default_memory_pool().backend_name == before
+    with pytest.raises(ValueError, match="unknown Arrow memory pool"):
+        runtime.use_memory_pool("tcmalloc")

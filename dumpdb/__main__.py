@@ -15,8 +15,9 @@ from dumpdb.runtime import quiet_exit, use_memory_pool
 # Commands that build Arrow tables from Python lists and numpy arrays and never use pandas.
 NO_PANDAS_COMMANDS = ("ingest", "ingest-worker", "commit", "compare")
 # Commands whose process, and the worker processes it starts, take dumpdb's Arrow memory pool
-# (dumpdb.runtime.use_memory_pool); the others import pyarrow only when they need it.
-MEMORY_POOL_COMMANDS = NO_PANDAS_COMMANDS
+# (dumpdb.runtime.use_memory_pool): the commands that build and read large Arrow tables; the others
+# import pyarrow only when they need it.
+MEMORY_POOL_COMMANDS = (*NO_PANDAS_COMMANDS, "first-divergence", "ranks", "scan")
 # Commands whose numba kernel (dumpdb.compare.kernel) may load: numba's BLAS probe is skipped.
 NO_BLAS_PROBE_COMMANDS = ("compare",)
 

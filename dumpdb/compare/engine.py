@@ -854,12 +854,15 @@ class _EarlyPairs:
         t = self.trows.select(keys).take(pc.index_in(pairs.column("target_tensor_id"), self.trows.column("tensor_id")))
         b = self.brows.select(keys).take(pc.index_in(pairs.column("bench_tensor_id"), self.brows.column("tensor_id")))
         small, _ = _small_pairs(t, b)
+        # the pairs read here, before any row goes to Python: both payloads stored, not the same
+        # bytes (_identical settles most such pairs unread; two NULL hashes count as the same, as
+        # Python's ==), not a small pair (the batched path)
+        th, bh = t.column("content_hash"), b.column("content_hash")
+        same = pc.fill_null(pc.equal(th, bh), False).to_numpy(zero_copy_only=False) \
+            | (~_valid(th) & ~_valid(bh))
+        large = pa.array(_valid(t.column("array_path")) & _valid(b.column("array_path")) & ~same & ~small)
         items, seen = [], set()
-        for x, y, is_small in zip(t.to_pylist(), b.to_pylist(), small.tolist()):
-            if x["array_path"] is None or y["array_path"] is None or x["content_hash"] == y["content_hash"]:
-                continue  # statistics, or the same bytes (_identical settles most such pairs unread)
-            if is_small:
-                continue  # a small pair: the batched path
+        for x, y in zip(t.filter(large).to_pylist(), b.filter(large).to_pylist()):
             key = _pair_key(x, y)
             if key not in seen:
                 seen.add(key)

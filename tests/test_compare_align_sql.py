@@ -322,8 +322,9 @@ def test_order_numbers_are_align_execution_order():
 
 def test_content_check_over_the_pairs_rows_equals_the_one_in_the_join():
     """exact_paired's ``sides`` (the content check computed over the pairs' rows side by
-    side, as statistics_pairs gives them) yields the ``paired`` table (ids, ``wrong``,
-    ``other_op``) that _pair's join computes, and statistics_pairs declines exactly where
+    side, as statistics_pairs gives them) yields, in table ``checked``, the rows of the
+    ``paired`` table (ids, ``wrong``, ``other_op``) that _pair's join computes where either
+    flag is true, and statistics_pairs declines exactly where
     align_exact does: random runs with shuffled bench rows, other shapes, dtypes, op types
     and graphs, NULL, NaN, +-Inf and zero statistics, with and without a dtype column."""
     import numpy as np
@@ -382,11 +383,13 @@ def test_content_check_over_the_pairs_rows_equals_the_one_in_the_join():
                     for k, c in enumerate(("target_tensor_id", "bench_tensor_id"))]
             return target.take(pa.array(rows[0])), bench.take(pa.array(rows[1]))
 
-        align_sql._pair(cons[1], (), (n, n), check=False)
-        align_sql._checked_pairs(cons[1], sides)
-        got = [con.sql("SELECT * FROM paired ORDER BY target_tensor_id").fetchall() for con in cons]
-        assert got[0] == got[1] and len(got[0][0]) == 4
-        checked += any(r[2] or r[3] for r in got[0])
+        _, ids = align_sql._pair(cons[1], (), (n, n), check=False)
+        assert ids is not None and sorted(ids.column("target_tensor_id").to_pylist()) == list(range(n))
+        assert align_sql._checked_pairs(cons[1], sides, ids)
+        got = [cons[0].sql("SELECT * FROM paired WHERE wrong OR other_op ORDER BY target_tensor_id").fetchall(),
+               cons[1].sql("SELECT * FROM checked ORDER BY target_tensor_id").fetchall()]
+        assert got[0] == got[1] and all(len(r) == 4 for r in got[0])
+        checked += len(got[0]) > 0
         fast = statistics_pairs(target, bench, target_columns=target.column_names,
                                 bench_columns=bench.column_names)
         assert (fast is None) == (align_exact(target, bench, strategies=STRATEGIES) is None)

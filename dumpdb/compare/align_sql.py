@@ -59,11 +59,13 @@ _NEEDED = ("tensor_id", "op_name", "scope_name", "shape", "io", "slot", "slot_pa
 
 def _keyed_sql(name: str, group_by: Sequence[str], extra: Sequence[str] = ()) -> str:
     """CTE ``{name}_o``: each row's id, key (with ``size``), execution order columns and ``extra``."""
+    # contains() first: every match of the expression holds '-op', and the substring test
+    # spares the regular expression the names without it (most msprobe names)
     carried = ", ".join(f'"{k}"' for k in dict.fromkeys(("tensor_id", *group_by, *_KEY, *_ORDER, *extra))
                         if k != "size")
     return f"""
     {name}_o AS (
-      SELECT {carried}, CASE WHEN op_name IS NOT NULL AND shape IS NOT NULL
+      SELECT {carried}, CASE WHEN op_name IS NOT NULL AND shape IS NOT NULL AND contains(op_name, '-op')
                           AND regexp_matches(op_name, '-op[0-9]+\\n?$')
                      THEN coalesce(list_aggregate(shape, 'product'), 1)::BIGINT END AS size
       FROM {name})"""
@@ -127,9 +129,11 @@ def _checks(con: duckdb.DuckDBPyConnection) -> tuple[tuple[str, ...], bool] | No
 
 
 def _pair(con: duckdb.DuckDBPyConnection, group_by: Sequence[str], rows: tuple[int, int],
-          check: bool = True) -> int:
+          check: bool = True) -> tuple[int, pa.Table | None]:
     """Temp table ``paired`` of the exact rule (module docstring); returns its number of
-    rows. ``rows``: the number of rows of target and bench.
+    rows and, when the one join below settles it, its two id columns (``target_tensor_id``,
+    ``bench_tensor_id``, int64, unordered; None otherwise). ``rows``: the number of rows of
+    target and bench.
 
     First one join of the two sides on the key, cut at ``min(rows) + 1`` rows (so that a
     key held by many tensors on both sides costs no product of their numbers). A key held
@@ -155,10 +159,11 @@ def _pair(con: duckdb.DuckDBPyConnection, group_by: Sequence[str], rows: tuple[i
                     WITH {_keyed_sql('target', group_by, read)}, {_keyed_sql('bench', group_by, read)}
                     SELECT t.tensor_id AS target_tensor_id, b.tensor_id AS bench_tensor_id{check_items}
                     FROM target_o t JOIN bench_o b ON {on} LIMIT {min(rows) + 1}""")
-    n, nt, nb = con.sql("SELECT count(*), count(DISTINCT target_tensor_id), count(DISTINCT bench_tensor_id) "
-                        "FROM paired").fetchall()[0]
-    if n == nt == nb and n <= min(rows):
-        return int(n)
+    # the ids fetched once (the caller reads them too) and their distinct counts taken in
+    # numpy: a third of a count(DISTINCT) query over the table
+    ids = con.sql("SELECT target_tensor_id, bench_tensor_id FROM paired").to_arrow_table()
+    if ids.num_rows <= min(rows) and all(_distinct(ids.column(c)) for c in ids.column_names):
+        return ids.num_rows, ids
     con.execute("DROP TABLE paired")
     sides = f"{_keyed_sql('target', group_by)}, {_keyed_sql('bench', group_by)}"
     keys = ", ".join(f'"{k}"' for k in (*group_by, *_KEY))
@@ -174,7 +179,21 @@ def _pair(con: duckdb.DuckDBPyConnection, group_by: Sequence[str], rows: tuple[i
         con.execute(_sql(group_by))
     else:
         con.execute("ALTER TABLE paired DROP COLUMN n")
-    return int(con.sql("SELECT count(*) FROM paired").fetchall()[0][0])
+    return int(con.sql("SELECT count(*) FROM paired").fetchall()[0][0]), None
+
+
+def _distinct(ids: pa.ChunkedArray) -> bool:
+    """Are the ``ids`` (int64, no NULL: tensor ids) all different? A count per id when
+    they span at most four times their number plus 1,024 (one ingest numbers a run's
+    tensors from a sequence), else a sort."""
+    v = ids.to_numpy()
+    if v.size < 2:
+        return True
+    lowest = int(v.min())
+    span = int(v.max()) - lowest + 1
+    if span <= 4 * v.size + 1024:
+        return int(np.bincount(v - lowest, minlength=span).max()) <= 1
+    return int(np.unique(v).size) == v.size
 
 
 def _unmatched_sql(side: str, column: str) -> str:
@@ -256,21 +275,22 @@ def exact_paired(con: duckdb.DuckDBPyConnection, target: pa.Table, bench: pa.Tab
     for name, table in (("target", target), ("bench", bench)):
         extra = (*keep, *_CHECKED)  # what the content check reads (_doubted), where the table has it
         con.register(name, table.select(list(dict.fromkeys((*cols, *(c for c in extra if c in table.column_names))))))
-    n = _pair(con, group_by, (target.num_rows, bench.num_rows), check=sides is None)
+    n, ids = _pair(con, group_by, (target.num_rows, bench.num_rows), check=sides is None)
     # both sides with rows left and another strategy to try: declined below whatever the check
     # says, so the pairs' rows are not taken for it (pairs are one to one: n rows paired a side)
     declined = n < target.num_rows and n < bench.num_rows and len(run) > 1
-    if sides is not None and not declined:
-        _checked_pairs(con, sides)
+    if ids is None and (on_pairs is not None or (sides is not None and not declined)):
+        ids = con.sql("SELECT target_tensor_id, bench_tensor_id FROM paired").to_arrow_table()
+    checked = sides is not None and not declined and _checked_pairs(con, sides, ids)
     if on_pairs is not None:
-        on_pairs(con.sql("SELECT target_tensor_id, bench_tensor_id FROM paired").to_arrow_table())
+        on_pairs(ids)
     if declined:  # a later strategy may pair some of the rows left: align() decides
         _discard(con)
         return None
     # a side whose every row is paired has nothing left: no query (the usual case)
     left_t, left_b = (con.sql(_unmatched_sql(side, f"{side}_tensor_id")).to_arrow_table() if n < table.num_rows
                       else UNMATCHED_SCHEMA.empty_table() for side, table in (("target", target), ("bench", bench)))
-    if _doubted(con, group_by, bench, all_paired=not left_t.num_rows and not left_b.num_rows):
+    if _doubted(con, group_by, bench, all_paired=not left_t.num_rows and not left_b.num_rows, checked=checked):
         _discard(con)  # the content check doubts a pair: align() decides
         return None
     return left_t.cast(UNMATCHED_SCHEMA), left_b.cast(UNMATCHED_SCHEMA)
@@ -284,31 +304,38 @@ def _discard(con: duckdb.DuckDBPyConnection) -> None:
     con.unregister("bench")
 
 
-def _checked_pairs(con: duckdb.DuckDBPyConnection, sides: Callable[[pa.Table], tuple[pa.Table, pa.Table]]) -> None:
-    """Temp table ``paired`` again, with each pair's ``wrong`` and ``other_op``
-    (:func:`_check_sql`) computed over the pairs' rows that ``sides`` gives (see
-    :func:`exact_paired`), as :func:`_pair` computes them in its join; unchanged when a
-    side lacks what the check reads (:func:`_checks`: :func:`_doubted` then joins)."""
+def _checked_pairs(con: duckdb.DuckDBPyConnection, sides: Callable[[pa.Table], tuple[pa.Table, pa.Table]],
+                   pairs: pa.Table) -> bool:
+    """Temp table ``checked``: the pairs (``target_tensor_id``, ``bench_tensor_id``) whose
+    ``wrong`` or ``other_op`` (:func:`_check_sql`, both columns kept) is true, computed over
+    the pairs' rows that ``sides`` gives for ``pairs`` (the rows of temp table ``paired``;
+    see :func:`exact_paired`), the rows :func:`_doubted` takes from :func:`_pair`'s join
+    otherwise; returns True. False, nothing made, when a side lacks what the check reads
+    (:func:`_checks`: :func:`_doubted` then joins)."""
     checks = _checks(con)
     if checks is None:
-        return
-    t, b = sides(con.sql("SELECT target_tensor_id, bench_tensor_id FROM paired").to_arrow_table())
+        return False
+    t, b = sides(pairs)
     read = ["tensor_id", *checks[0]]  # checks[0] holds dtype where the check reads it
     if t.num_rows != b.num_rows:  # a positional join would pad the shorter side with NULLs: no check
         raise ValueError(f"sides gave {t.num_rows} target rows and {b.num_rows} bench rows for the same pairs")
     con.register("paired_target", t.select(read))
     con.register("paired_bench", b.select(read))
     try:
-        con.execute(f"""CREATE OR REPLACE TEMP TABLE paired AS
-                        SELECT t.tensor_id AS target_tensor_id, b.tensor_id AS bench_tensor_id, {_check_sql(checks[1])}
-                        FROM paired_target t POSITIONAL JOIN paired_bench b""")
+        # only the pairs _doubted reads (a few): no table of every pair's two flags
+        con.execute(f"""CREATE TEMP TABLE checked AS SELECT * FROM (
+                          SELECT t.tensor_id AS target_tensor_id, b.tensor_id AS bench_tensor_id,
+                                 {_check_sql(checks[1])}
+                          FROM paired_target t POSITIONAL JOIN paired_bench b)
+                        WHERE wrong OR other_op""")
     finally:
         con.unregister("paired_target")
         con.unregister("paired_bench")
+    return True
 
 
 def _doubted(con: duckdb.DuckDBPyConnection, group_by: Sequence[str], bench: pa.Table,
-             all_paired: bool = False) -> bool:
+             all_paired: bool = False, checked: bool = False) -> bool:
     """Would align()'s content check take back some exact pairs? A cheap, conservative test
     on ``con`` (after the ``paired`` table is made): a name family
     (:func:`~dumpdb.compare.align.family`) holding paired ops has another number of ops on
@@ -324,20 +351,25 @@ def _doubted(con: duckdb.DuckDBPyConnection, group_by: Sequence[str], bench: pa.
     columns and ``op_name``), each side holds the same set of ops, so every family has as
     many ops on both sides whatever :func:`~dumpdb.compare.align.family` gives: the family
     count is not needed (the usual run-to-run case; about a third of this test's CPU).
-    ``bench``: the bench table registered on ``con`` (:func:`_better_partner_may_exist`)."""
+    ``bench``: the bench table registered on ``con`` (:func:`_better_partner_may_exist`).
+    ``checked``: temp table ``checked`` holds the pairs that look wrong or are of another
+    op (:func:`_checked_pairs`; dropped here), else they come from ``paired``."""
     keys = list(group_by)  # ops counted per (graph, name): a counter is per graph
     have = {name: set(con.sql(f"SELECT * FROM {name} LIMIT 0").columns) for name in ("target", "bench")}
     if any("op_type" not in cols_ for cols_ in have.values()):
         return False
     stats = ("l2norm", "mean", "min", "max")
-    if not all(c in have[side] for c in stats for side in have):
+    if not checked and not all(c in have[side] for c in stats for side in have):
         return _other_family_counts(con, keys) or \
             con.sql("SELECT count(*) FROM paired p JOIN target t ON t.tensor_id = p.target_tensor_id "
                     "JOIN bench b ON b.tensor_id = p.bench_tensor_id "
                     "WHERE t.shape IS DISTINCT FROM b.shape").fetchall()[0][0] > 0
     # pairs that look wrong or of another graph_id or op_type (_check_sql; other_op: see
-    # all_paired): given by _pair's one join, else a join of the pairs with both sides
-    if "wrong" in con.sql("SELECT * FROM paired LIMIT 0").columns:
+    # all_paired): given by _checked_pairs, or by _pair's one join, else a join of the pairs
+    # with both sides
+    if checked:
+        pass
+    elif "wrong" in con.sql("SELECT * FROM paired LIMIT 0").columns:
         con.execute("CREATE TEMP TABLE checked AS SELECT target_tensor_id, bench_tensor_id, wrong, other_op "
                     "FROM paired WHERE wrong OR other_op")
     else:

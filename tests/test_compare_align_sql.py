@@ -394,3 +394,58 @@ def test_content_check_over_the_pairs_rows_equals_the_one_in_the_join():
                                 bench_columns=bench.column_names)
         assert (fast is None) == (align_exact(target, bench, strategies=STRATEGIES) is None)
     assert checked > 10  # pairs that look wrong or are of another op were checked
+
+
+def test_positional_pairs_are_the_joins_pairs():
+    """align_sql._positional_pairs (sides of as many rows, each in execution order, row i of
+    one with row i's key on the other) pairs what _pair's join pairs: repeated keys (the
+    k-th with the k-th), NULL keys, -opN names (their shapes equal) and other names whose
+    shapes differ (no element count in their key); it declines (None) when a key, an -opN
+    name's shape or the row count differs, or a side's rows are not in execution order."""
+    import numpy as np
+
+    rng = np.random.default_rng(29)
+    names = ["Net/Add-op1", "Net/Mul-op22", "relu", "dup", None]
+
+    def side(keys, start, shapes):
+        return _rows([(name, io, slot, shape, it, 10 * k) for k, ((name, io, slot, it), shape)
+                      in enumerate(zip(keys, shapes))], start)
+
+    def join_pairs(target, bench):
+        con = duckdb.connect()
+        con.register("target", target)
+        con.register("bench", bench)
+        align_sql._pair(con, (), (target.num_rows, bench.num_rows), check=False)
+        return sorted(con.sql("SELECT target_tensor_id, bench_tensor_id FROM paired").fetchall())
+
+    paired = declined = 0
+    for case in range(80):
+        n = int(rng.integers(1, 25))
+        keys = [(names[rng.integers(0, len(names))], ["input", "output"][rng.integers(0, 2)],
+                 None if rng.random() < 0.1 else int(rng.integers(0, 2)), int(rng.integers(0, 2))) for _ in range(n)]
+        keys.sort(key=lambda k: k[3])  # iteration first in execution order, then the timestamps side() gives
+        shapes = [None if rng.random() < 0.1 else [int(rng.integers(1, 4))] for _ in range(n)]
+        target = side(keys, 100, shapes)
+        change = case % 4
+        bkeys, bshapes = list(keys), list(shapes)
+        i = int(rng.integers(0, n))
+        if change == 1:  # another key at one place
+            bkeys[i] = ("other", *keys[i][1:])
+        elif change == 2:  # another shape at one place: declines only for an -opN name
+            bshapes[i] = [9, 9]
+        bench = side(bkeys, 1000, bshapes)
+        if change == 3 and n > 1:  # the bench's rows out of execution order
+            bench = bench.take(pa.array(np.roll(np.arange(n), 1)))
+        got = align_sql._positional_pairs(target, bench, ())
+        counter = keys[i][0] is not None and "-op" in keys[i][0]
+        if change == 1 or (change == 2 and counter) or (change == 3 and n > 1):
+            assert got is None
+            declined += 1
+            continue
+        assert got is not None
+        assert sorted(zip(got.column("target_tensor_id").to_pylist(),
+                          got.column("bench_tensor_id").to_pylist())) == join_pairs(target, bench)
+        paired += 1
+    assert paired > 20 and declined > 20
+    one = side([("relu", "output", 0, 0)], 1, [[2]])
+    assert align_sql._positional_pairs(one, side([("relu", "output", 0, 0)] * 2, 5, [[2], [2]]), ()) is None

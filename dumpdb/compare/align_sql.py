@@ -55,6 +55,8 @@ CHECK_COLUMNS = ("shape", "graph_id", "op_type", "l2norm", "mean", "min", "max")
 # every statistic of both tensors finite (each on its own: a sum of finite values can overflow)
 _FINITE = " AND ".join(f"isfinite({c})" for c in ("tl", "bl", "tm", "bm", "tn", "bn", "tx", "bx"))
 _NEEDED = ("tensor_id", "op_name", "scope_name", "shape", "io", "slot", "slot_path", "arg_name", *_ORDER)
+# every column exact_paired reads of a side (beside its group_by and keep columns), where the side has it
+READ_COLUMNS = (*_NEEDED, *_CHECKED)
 
 
 def _keyed_sql(name: str, group_by: Sequence[str], extra: Sequence[str] = ()) -> str:
@@ -275,7 +277,15 @@ def exact_paired(con: duckdb.DuckDBPyConnection, target: pa.Table, bench: pa.Tab
     for name, table in (("target", target), ("bench", bench)):
         extra = (*keep, *_CHECKED)  # what the content check reads (_doubted), where the table has it
         con.register(name, table.select(list(dict.fromkeys((*cols, *(c for c in extra if c in table.column_names))))))
-    n, ids = _pair(con, group_by, (target.num_rows, bench.num_rows), check=sides is None)
+    # the caller takes the pairs' rows (sides): the check needs no join, nor do pairs in place
+    positional = _positional_pairs(target, bench, group_by) if sides is not None else None
+    if positional is not None:
+        con.register("positional_pairs", positional)
+        con.execute("CREATE TEMP TABLE paired AS SELECT * FROM positional_pairs")
+        con.unregister("positional_pairs")
+        n, ids = positional.num_rows, positional
+    else:
+        n, ids = _pair(con, group_by, (target.num_rows, bench.num_rows), check=sides is None)
     # both sides with rows left and another strategy to try: declined below whatever the check
     # says, so the pairs' rows are not taken for it (pairs are one to one: n rows paired a side)
     declined = n < target.num_rows and n < bench.num_rows and len(run) > 1
@@ -544,10 +554,20 @@ def _order_numbers(table: pa.Table) -> np.ndarray:
     (``tensor_id`` is unique on a side: the order is total either way) on the keys that
     differ between rows (a key of one value, or NULL, on every row orders nothing)."""
     n = table.num_rows
-    if n < 2:
+    keys = _order_keys(table)
+    if _ascending(keys, n):
         return np.arange(n, dtype=np.int64)
+    out = np.empty(n, np.int64)
+    out[np.lexsort(keys[::-1])] = np.arange(n, dtype=np.int64)
+    return out
+
+
+def _order_keys(table: pa.Table) -> list[np.ndarray]:
+    """Sort keys (int64, most significant first) of ``_ORDER``, NULLs last, leaving out a
+    column of one value (or NULL) on every row: it orders nothing."""
+    n = table.num_rows
     keys = []
-    for c in _ORDER:
+    for c in _ORDER if n > 1 else ():
         arr = table.column(c).combine_chunks()
         if arr.null_count == n:
             continue  # NULL on every row: orders nothing
@@ -556,13 +576,62 @@ def _order_numbers(table: pa.Table) -> np.ndarray:
         values = ints(arr, 0)
         if values.min() < values.max():  # one value on every row orders nothing either
             keys.append(values)
+    return keys
+
+
+def _ascending(keys: Sequence[np.ndarray], n: int) -> bool:
+    """Does each of the ``n`` rows sort strictly before the next on ``keys``
+    (:func:`_order_keys`)? One pass comparing each row with the next."""
+    if n < 2:
+        return True
     before = np.zeros(n - 1, bool)  # row i sorts before row i + 1 on the keys so far
     tied = np.ones(n - 1, bool)
     for k in keys:
         before |= tied & (k[:-1] < k[1:])
         tied &= k[:-1] == k[1:]
-    if before.all():
-        return np.arange(n, dtype=np.int64)
-    out = np.empty(n, np.int64)
-    out[np.lexsort(keys[::-1])] = np.arange(n, dtype=np.int64)
-    return out
+    return bool(before.all())
+
+
+def _positional_pairs(target: pa.Table, bench: pa.Table, group_by: Sequence[str]) -> pa.Table | None:
+    """The exact rule's pairs (``target_tensor_id``, ``bench_tensor_id``) without a join,
+    when both sides hold as many rows, each already in execution order (``_ORDER``, row by
+    row: :func:`_ascending`), and row i of the target has the key of row i of the bench
+    (group columns, ``op_name``, ``io``, ``slot``, ``slot_path``, ``arg_name``, NULL equal
+    to NULL; the shape too where the name holds ``-op``, so the element count ``size`` is
+    equal where it counts): then each key is held at the same places on the two sides, its
+    k-th tensor in execution order on one side is at the place of the k-th on the other,
+    and the rule pairs row i with row i (two runs of one model dumped alike, their rows
+    read in ingest order). None otherwise (the join decides), also for columns of types
+    that do not compare."""
+    n = target.num_rows
+    if n != bench.num_rows or n == 0:
+        return None
+    if not all(_ascending(_order_keys(side), n) for side in (target, bench)):
+        return None
+    try:
+        if not all(_same(target.column(c), bench.column(c))
+                   for c in (*group_by, "op_name", "io", "slot", "slot_path", "arg_name")):
+            return None
+        named = pc.fill_null(pc.match_substring(target.column("op_name"), "-op"), False)
+        if pc.any(named).as_py() and not _same_lists(target.column("shape").filter(named),
+                                                     bench.column("shape").filter(named)):
+            return None
+    except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError):
+        return None
+    return pa.table({"target_tensor_id": target.column("tensor_id"), "bench_tensor_id": bench.column("tensor_id")})
+
+
+def _same(a: pa.ChunkedArray | pa.Array, b: pa.ChunkedArray | pa.Array) -> bool:
+    """Equal row by row, NULL equal to NULL (SQL ``IS NOT DISTINCT FROM``)."""
+    if len(a) != len(b):
+        return False
+    equal = pc.fill_null(pc.equal(a, b), False)
+    return bool(pc.all(pc.or_(equal, pc.and_(pc.is_null(a), pc.is_null(b)))).as_py())
+
+
+def _same_lists(a: pa.ChunkedArray, b: pa.ChunkedArray) -> bool:
+    """Lists (``shape``) equal row by row, NULL equal to NULL: the same lengths (NULL where
+    the list is), then the same values in turn."""
+    a, b = a.combine_chunks(), b.combine_chunks()
+    return _same(pc.list_value_length(a), pc.list_value_length(b)) and \
+        _same(pc.list_flatten(a), pc.list_flatten(b))

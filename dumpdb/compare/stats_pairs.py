@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dumpdb.compare.align import PAIRS_SCHEMA, Alignment
-from dumpdb.compare.align_sql import CHECK_COLUMNS, exact_paired
+from dumpdb.compare.align_sql import CHECK_COLUMNS, READ_COLUMNS, exact_paired
 from dumpdb.compare.columns import ORDER_KEYS, execution_order
 from dumpdb.compare.metrics import STAT_METRICS
 from dumpdb.compare.stats_sql import statistics_sql
@@ -62,6 +62,13 @@ def statistics_pairs(target: pa.Table, bench: pa.Table, *, group_by: Sequence[st
     checked = [c for c in _CHECK_COLUMNS if c in target.column_names and c in bench.column_names]
     if len(stats) < 4:
         return None
+    # each side's rows in tensor_id order (a run's ingest order, usually its execution order),
+    # one chunk a column: the one copy of the rows (DuckDB gives them as a few runs out of
+    # order, its threads' parts), after which the pairs are usually the rows in place: the
+    # pairing (align_sql._positional_pairs), the orders and the rows taken need no sort or copy
+    target, bench = (_by_id(table.select([c for c in dict.fromkeys((*cols, *checked, *stats, *ORDER_KEYS, *group_by,
+                                                                    *READ_COLUMNS)) if c in table.column_names]))
+                     for table, cols in ((target, tcols), (bench, bcols)))
     taken: list[pa.Table] = []
     helper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dumpdb-compare-order")
     # the execution order of every target row, sorted while DuckDB pairs them (numpy and
@@ -136,6 +143,19 @@ def _pairs_order(rows: np.ndarray, everything: np.ndarray | None) -> np.ndarray 
     return pair_of[everything]
 
 
+def _by_id(table: pa.Table) -> pa.Table:
+    """``table`` with its rows in ``tensor_id`` order (int64, unique, no NULL), one chunk a
+    column: as it is when it already is so; else one copy (:func:`_take` of the rows a
+    stable sort of the ids gives: a few runs of consecutive rows, as DuckDB's threads
+    return them, go as slices)."""
+    if "tensor_id" not in table.column_names:  # not a side exact_paired pairs: it declines
+        return table
+    ids = table.column("tensor_id").to_numpy()
+    if ids.size > 1 and not bool((ids[1:] > ids[:-1]).all()):
+        return _take(table, np.argsort(ids, kind="stable"))
+    return table if all(c.num_chunks <= 1 for c in table.columns) else table.combine_chunks()
+
+
 def _take(table: pa.Table, rows: np.ndarray) -> pa.Table:
     """``table.take(rows)`` (``rows``: int64 row numbers), one chunk per column. When
     ``rows`` are at most :data:`_RUNS` runs of consecutive rows covering nine tenths of the
@@ -145,6 +165,9 @@ def _take(table: pa.Table, rows: np.ndarray) -> pa.Table:
     target's 33 columns at 500,000 pairs). One chunk, as take gives: the engine reads each
     column as one array (a second copy otherwise, with the side's rows still alive)."""
     n = rows.size
+    if n == table.num_rows and (n == 0 or (int(rows[0]) == 0 and bool((np.diff(rows) == 1).all()))) and \
+            all(c.num_chunks == 1 for c in table.columns):
+        return table  # the rows in place (_by_id): no copy
     breaks = np.flatnonzero(np.diff(rows) != 1) + 1 if n else np.zeros(0, np.int64)
     if n == 0 or breaks.size >= _RUNS or 10 * n < 9 * table.num_rows:
         return table.take(pa.array(rows, pa.int64()))

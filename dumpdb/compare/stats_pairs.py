@@ -63,9 +63,9 @@ def statistics_pairs(target: pa.Table, bench: pa.Table, *, group_by: Sequence[st
     if len(stats) < 4:
         return None
     # each side's rows in tensor_id order (a run's ingest order, usually its execution order),
-    # one chunk a column: the one copy of the rows (DuckDB gives them as a few runs out of
-    # order, its threads' parts), after which the pairs are usually the rows in place: the
-    # pairing (align_sql._positional_pairs), the orders and the rows taken need no sort or copy
+    # one chunk a column: as engine.select_rows gives them (no copy), else copied once; the
+    # pairs are then usually the rows in place: the pairing (align_sql._positional_pairs),
+    # the orders and the rows taken need no sort or copy
     target, bench = (_by_id(table.select([c for c in dict.fromkeys((*cols, *checked, *stats, *ORDER_KEYS, *group_by,
                                                                     *READ_COLUMNS)) if c in table.column_names]))
                      for table, cols in ((target, tcols), (bench, bcols)))
@@ -146,8 +146,8 @@ def _pairs_order(rows: np.ndarray, everything: np.ndarray | None) -> np.ndarray 
 def _by_id(table: pa.Table) -> pa.Table:
     """``table`` with its rows in ``tensor_id`` order (int64, unique, no NULL), one chunk a
     column: as it is when it already is so; else one copy (:func:`_take` of the rows a
-    stable sort of the ids gives: a few runs of consecutive rows, as DuckDB's threads
-    return them, go as slices)."""
+    stable sort of the ids gives: a few runs of consecutive rows, as a parallel DuckDB
+    query returns them, go as slices)."""
     if "tensor_id" not in table.column_names:  # not a side exact_paired pairs: it declines
         return table
     ids = table.column("tensor_id").to_numpy()

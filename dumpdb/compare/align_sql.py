@@ -45,7 +45,11 @@ from dumpdb.compare.align import (
 )
 from dumpdb.compare.columns import ints
 
-__all__ = ["align_exact", "exact_paired"]
+__all__ = ["align_exact", "exact_paired", "Measure"]
+
+# exact_paired's measure: a query over the pairs' rows from (FROM clause, carried select
+# items), and what receives its output
+Measure = tuple[Callable[[str, Sequence[tuple[str, str]]], str], Callable[[pa.Table], None]]
 
 _KEY = ("op_name", "size", "io", "slot", "slot_path", "arg_name")
 _ORDER = ("iteration", "rank", "graph_id", "position", "timestamp", "tensor_id")
@@ -105,17 +109,23 @@ def _check_sql(dtype: bool) -> str:
     :data:`~dumpdb.compare.align.LOOKS_WRONG`; NULL or non-finite: unknown, not wrong;
     both L2 norms 0 with other statistics: 1.0); ``other_op``, another graph_id or op_type
     (see :func:`_doubted`)."""
+    wrong, other_op = _check_items(dtype)
+    return f"{wrong} AS wrong, {other_op} AS other_op"
+
+
+def _check_items(dtype: bool) -> tuple[str, str]:
+    """The expressions of :func:`_check_sql`'s ``wrong`` and ``other_op``."""
     l2 = "greatest(abs(t.l2norm), abs(b.l2norm))"
     scale = f"({l2} / sqrt(greatest(coalesce(list_aggregate(t.shape, 'product'), 1), 1)))"
     finite = " AND ".join(f"isfinite({a}.{c})" for c in ("l2norm", "mean", "min", "max") for a in "tb")
     other_dtype = " OR t.dtype IS DISTINCT FROM b.dtype" if dtype else ""
-    return f"""coalesce(t.shape IS DISTINCT FROM b.shape{other_dtype} OR (
+    return (f"""coalesce(t.shape IS DISTINCT FROM b.shape{other_dtype} OR (
                  {finite} AND CASE WHEN {l2} = 0
                    THEN (t.mean, t.min, t.max) IS DISTINCT FROM (b.mean, b.min, b.max)
                    ELSE greatest(abs(t.l2norm - b.l2norm) / {l2}, abs(t.mean - b.mean) / {scale},
                                  abs(t.min - b.min) / {scale}, abs(t.max - b.max) / {scale}) > {LOOKS_WRONG} END),
-                 false) AS wrong,
-               t.graph_id IS DISTINCT FROM b.graph_id OR t.op_type IS DISTINCT FROM b.op_type AS other_op"""
+                 false)""",
+            "t.graph_id IS DISTINCT FROM b.graph_id OR t.op_type IS DISTINCT FROM b.op_type")
 
 
 def _checks(con: duckdb.DuckDBPyConnection) -> tuple[tuple[str, ...], bool] | None:
@@ -245,6 +255,7 @@ def exact_paired(con: duckdb.DuckDBPyConnection, target: pa.Table, bench: pa.Tab
                  keep: Sequence[str] = (),
                  on_pairs: Callable[[pa.Table], None] | None = None,
                  sides: Callable[[pa.Table], tuple[pa.Table, pa.Table]] | None = None,
+                 measure: Measure | None = None,
                  ) -> tuple[pa.Table, pa.Table] | None:
     """The work of :func:`align_exact` on the DuckDB connection ``con``, left there for more
     queries: ``target`` and ``bench`` registered as relations of the same names (the
@@ -263,7 +274,16 @@ def exact_paired(con: duckdb.DuckDBPyConnection, target: pa.Table, bench: pa.Tab
     check (:func:`_check_sql`) is then computed over them side by side (a positional join)
     instead of carried through the pairing join (a caller that takes the pairs' rows anyway,
     :func:`~dumpdb.compare.stats_pairs.statistics_pairs`, saves the join's payload: about
-    a third of its CPU)."""
+    a third of its CPU).
+
+    ``measure`` (with ``sides``): ``(query, done)``; the check is then ``query(source,
+    keep)``, a query over ``source`` (a FROM clause in which ``t`` and ``b`` are the rows
+    ``sides`` gave, row k of each the k-th pair, with ``tensor_id``, ``pair_index`` = k
+    and the columns the check reads: ``t.max`` is the target's max) carrying the ``keep`` select items (``(expression,
+    output name)``: the two ids, ``wrong``, ``other_op``, ``pair_index``) among its output
+    columns, one row per pair; ``done(table)`` receives its output (in any order of its
+    rows). The caller's own measures of the pairs ride on the check's one pass over them
+    (:func:`~dumpdb.compare.stats_pairs.statistics_pairs`: the statistics metrics)."""
     run = [s for s in dict.fromkeys(strategies) if s != "mapping"]
     if not run or run[0] != "exact":
         return None
@@ -291,7 +311,7 @@ def exact_paired(con: duckdb.DuckDBPyConnection, target: pa.Table, bench: pa.Tab
     declined = n < target.num_rows and n < bench.num_rows and len(run) > 1
     if ids is None and (on_pairs is not None or (sides is not None and not declined)):
         ids = con.sql("SELECT target_tensor_id, bench_tensor_id FROM paired").to_arrow_table()
-    checked = sides is not None and not declined and _checked_pairs(con, sides, ids)
+    checked = sides is not None and not declined and _checked_pairs(con, sides, ids, measure)
     if on_pairs is not None:
         on_pairs(ids)
     if declined:  # a later strategy may pair some of the rows left: align() decides
@@ -315,13 +335,13 @@ def _discard(con: duckdb.DuckDBPyConnection) -> None:
 
 
 def _checked_pairs(con: duckdb.DuckDBPyConnection, sides: Callable[[pa.Table], tuple[pa.Table, pa.Table]],
-                   pairs: pa.Table) -> bool:
+                   pairs: pa.Table, measure: Measure | None = None) -> bool:
     """Temp table ``checked``: the pairs (``target_tensor_id``, ``bench_tensor_id``) whose
     ``wrong`` or ``other_op`` (:func:`_check_sql`, both columns kept) is true, computed over
     the pairs' rows that ``sides`` gives for ``pairs`` (the rows of temp table ``paired``;
     see :func:`exact_paired`), the rows :func:`_doubted` takes from :func:`_pair`'s join
     otherwise; returns True. False, nothing made, when a side lacks what the check reads
-    (:func:`_checks`: :func:`_doubted` then joins)."""
+    (:func:`_checks`: :func:`_doubted` then joins). ``measure``: see :func:`exact_paired`."""
     checks = _checks(con)
     if checks is None:
         return False
@@ -329,19 +349,42 @@ def _checked_pairs(con: duckdb.DuckDBPyConnection, sides: Callable[[pa.Table], t
     read = ["tensor_id", *checks[0]]  # checks[0] holds dtype where the check reads it
     if t.num_rows != b.num_rows:  # a positional join would pad the shorter side with NULLs: no check
         raise ValueError(f"sides gave {t.num_rows} target rows and {b.num_rows} bench rows for the same pairs")
-    con.register("paired_target", t.select(read))
-    con.register("paired_bench", b.select(read))
+    # the pairs' rows side by side as one relation, each side a struct column (t, b: the
+    # check's t.shape reads field shape of column t), row k the k-th pair: one scan that
+    # DuckDB's threads share (a positional join of two relations runs on one thread)
+    tt = t.select(read)
+    tt = tt.append_column("pair_index", pa.array(np.arange(t.num_rows, dtype=np.int64)))
+    con.register("paired_rows", pa.table({"t": _struct(tt), "b": _struct(b.select(read))}))
     try:
-        # only the pairs _doubted reads (a few): no table of every pair's two flags
-        con.execute(f"""CREATE TEMP TABLE checked AS SELECT * FROM (
-                          SELECT t.tensor_id AS target_tensor_id, b.tensor_id AS bench_tensor_id,
-                                 {_check_sql(checks[1])}
-                          FROM paired_target t POSITIONAL JOIN paired_bench b)
-                        WHERE wrong OR other_op""")
+        if measure is None:
+            # only the pairs _doubted reads (a few): no table of every pair's two flags
+            con.execute(f"""CREATE TEMP TABLE checked AS SELECT * FROM (
+                              SELECT t.tensor_id AS target_tensor_id, b.tensor_id AS bench_tensor_id,
+                                     {_check_sql(checks[1])}
+                              FROM paired_rows)
+                            WHERE wrong OR other_op""")
+            return True
+        query, done = measure
+        wrong, other_op = _check_items(checks[1])
+        out = con.sql(query("paired_rows", [("t.tensor_id", "target_tensor_id"), ("b.tensor_id", "bench_tensor_id"),
+                                            (wrong, "wrong"), (other_op, "other_op"),
+                                            ("t.pair_index", "pair_index")])).to_arrow_table()
+        flagged = out.filter(pc.or_(out.column("wrong"), out.column("other_op"))).select(
+            ["target_tensor_id", "bench_tensor_id", "wrong", "other_op"])
+        con.register("flagged", flagged)
+        try:
+            con.execute("CREATE TEMP TABLE checked AS SELECT * FROM flagged")
+        finally:
+            con.unregister("flagged")
     finally:
-        con.unregister("paired_target")
-        con.unregister("paired_bench")
+        con.unregister("paired_rows")
+    done(out)
     return True
+
+
+def _struct(table: pa.Table) -> pa.StructArray:
+    """``table``'s columns as one struct array (no copy of a column of one chunk)."""
+    return pa.StructArray.from_arrays([c.combine_chunks() for c in table.columns], table.column_names)
 
 
 def _doubted(con: duckdb.DuckDBPyConnection, group_by: Sequence[str], bench: pa.Table,

@@ -95,22 +95,28 @@ def statistics_pairs(target: pa.Table, bench: pa.Table, *, group_by: Sequence[st
         taken[:] = [target_rows, bench_rows.result()]
         return taken[0], taken[1]
 
+    # the metrics computed in the content check's one pass over the pairs' rows, side by side
+    # (exact_paired's measure), no ORDER BY (a sort of every row: a positional scan gives them
+    # in order; checked below, sorted only if not)
+    measured: list[pa.Table] = []
     con = duckdb.connect()
     try:
-        left = exact_paired(con, target, bench, group_by=group_by, strategies=strategies, keep=stats, sides=sides)
+        left = exact_paired(con, target, bench, group_by=group_by, strategies=strategies, keep=stats, sides=sides,
+                            measure=(lambda source, keep: statistics_sql(source, keep, None), measured.append))
         if left is None:
             return None
         if not taken:  # a side without what the content check reads: exact_paired did not ask
             sides(con.sql("SELECT target_tensor_id, bench_tensor_id FROM paired").to_arrow_table())
         n = taken[0].num_rows
-        # the two sides' statistics go to the metrics query side by side, row k of each the
-        # k-th pair (a positional join: no join by id in DuckDB)
-        for name, table in (("t_stats", taken[0]), ("b_stats", taken[1])):
-            con.register(name, table.select(stats).add_column(0, "pair_index", pa.array(np.arange(n, dtype=np.int64))))
-        # no ORDER BY (a sort of every row, a third of the query): a positional scan gives
-        # the rows in order; checked below, sorted only if not
-        out = con.sql(statistics_sql("t_stats t POSITIONAL JOIN b_stats b", [("t.pair_index", "pair_index")],
-                                     None)).to_arrow_table()
+        if not measured:
+            # the two sides' statistics side by side, row k of each the k-th pair (a positional
+            # join: no join by id in DuckDB)
+            for name, table in (("t_stats", taken[0]), ("b_stats", taken[1])):
+                con.register(name, table.select(stats).add_column(0, "pair_index",
+                                                                  pa.array(np.arange(n, dtype=np.int64))))
+            measured.append(con.sql(statistics_sql("t_stats t POSITIONAL JOIN b_stats b",
+                                                   [("t.pair_index", "pair_index")], None)).to_arrow_table())
+        out = measured.pop()
     finally:
         con.close()
         helper.shutdown(cancel_futures=True)

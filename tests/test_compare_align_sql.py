@@ -449,3 +449,20 @@ def test_positional_pairs_are_the_joins_pairs():
     assert paired > 20 and declined > 20
     one = side([("relu", "output", 0, 0)], 1, [[2]])
     assert align_sql._positional_pairs(one, side([("relu", "output", 0, 0)] * 2, 5, [[2], [2]]), ()) is None
+
+
+def test_places_in_kind_are_the_windows_row_numbers():
+    """align_sql._places_in_kind numbers each row as DuckDB's row_number() OVER (PARTITION
+    BY kid ORDER BY eo) - 1: few kinds (16-bit codes) and many (above them), eo a subset
+    of a permutation, one row and none."""
+    import numpy as np
+
+    rng = np.random.default_rng(5)
+    for n, kinds in ((1000, 7), (3000, 1 << 17), (1, 3), (0, 3)):
+        kid = rng.integers(1, kinds + 1, n).astype(np.int64)
+        eo = rng.permutation(2 * n)[:n].astype(np.int64)
+        con = duckdb.connect()
+        con.register("rows", pa.table({"kid": kid, "eo": eo, "i": np.arange(n)}))
+        expected = con.sql("SELECT i, row_number() OVER (PARTITION BY kid ORDER BY eo) - 1 AS r FROM rows "
+                           "ORDER BY i").to_arrow_table().column("r").to_pylist()
+        assert align_sql._places_in_kind(kid, eo).tolist() == expected

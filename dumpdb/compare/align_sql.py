@@ -539,12 +539,19 @@ def _better_partner_may_exist(con: duckdb.DuckDBPyConnection, group_by: Sequence
             SELECT x.tensor_id, x.shape, {", ".join(f"x.{c}" for c in stats)}, k.kid
             FROM ({classed_target}) x LEFT JOIN partner_kinds k ON {same("x", "k")}
             WHERE x.tensor_id IN (SELECT target_tensor_id FROM looks_wrong)""")
-        con.execute(f"""
-            CREATE TEMP TABLE partner_places AS
-            SELECT tensor_id, kid, r, r // {NEIGHBOURS} AS bucket FROM (
-              SELECT b.tensor_id, k.kid, row_number() OVER (PARTITION BY k.kid ORDER BY b.eo) - 1 AS r
-              FROM bench_k b JOIN partner_kinds k ON {same("b", "k")}
-              WHERE k.kid IN (SELECT kid FROM partner_targets))""")
+        # each bench tensor's place r in its kind's execution order (row_number() OVER
+        # (PARTITION BY kid ORDER BY eo) - 1), numbered in numpy: the window's sort of every
+        # row was most of this test's CPU
+        places = con.sql(f"""
+            SELECT b.tensor_id, k.kid, b.eo FROM bench_k b JOIN partner_kinds k ON {same("b", "k")}
+            WHERE k.kid IN (SELECT kid FROM partner_targets)""").to_arrow_table()
+        r = _places_in_kind(places.column("kid").to_numpy(), places.column("eo").to_numpy())
+        con.register("places", pa.table({"tensor_id": places.column("tensor_id"), "kid": places.column("kid"),
+                                         "r": r, "bucket": r // NEIGHBOURS}))
+        try:
+            con.execute("CREATE TEMP TABLE partner_places AS SELECT * FROM places")
+        finally:
+            con.unregister("places")
         con.execute("""
             CREATE TEMP TABLE partner_pairs AS
             SELECT x.*, w.bench_tensor_id AS partner, CASE WHEN x.kid = y.kid THEN y.r END AS pr
@@ -577,6 +584,29 @@ def _better_partner_may_exist(con: duckdb.DuckDBPyConnection, group_by: Sequence
             con.execute(f"DROP TABLE IF EXISTS {table}")
         con.unregister("dtype_class")
         con.unregister("bench_k")
+
+
+def _places_in_kind(kid: np.ndarray, eo: np.ndarray) -> np.ndarray:
+    """Each row's ``row_number() OVER (PARTITION BY kid ORDER BY eo) - 1`` (int64): its
+    place among the rows of its ``kid`` in ``eo`` order (``kid``, ``eo``: int64 per row,
+    ``eo`` unique and not negative, :func:`_order_numbers`). The rows put in ``eo`` order
+    by their numbers (no sort), then grouped by ``kid`` keeping that order (a stable sort;
+    a radix sort when the kinds fit 16 bits)."""
+    n = kid.size
+    if n == 0:
+        return np.zeros(0, np.int64)
+    at = np.full(int(eo.max()) + 1, -1, np.int64)
+    at[eo] = np.arange(n, dtype=np.int64)
+    rows = at[at >= 0]  # the rows in eo order
+    k = kid[rows]
+    small = k.astype(np.uint16) if int(k.min()) >= 0 and int(k.max()) < 1 << 16 else k
+    grouped = rows[np.argsort(small, kind="stable")]  # by kid, in eo order within one
+    kg = kid[grouped]
+    starts = np.flatnonzero(np.concatenate(([True], kg[1:] != kg[:-1])))
+    first = np.repeat(starts, np.diff(np.concatenate((starts, [n]))))
+    out = np.empty(n, np.int64)
+    out[grouped] = np.arange(n, dtype=np.int64) - first
+    return out
 
 
 def _dtype_classes(table: pa.Table) -> pa.Array:

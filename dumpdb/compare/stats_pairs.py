@@ -3,17 +3,18 @@ statistics metrics of every pair in one DuckDB connection, no Arrow round trip p
 
 :func:`statistics_pairs` is what the engine's separate steps give for a comparison whose
 pairs are all compared by their statistics (``--mode statistics``, or a side without any
-payload) and aligned by ``exact`` alone: :func:`~dumpdb.compare.align_sql.exact_paired`
-pairs the two sides' rows in DuckDB (the same query as
-:func:`~dumpdb.compare.align_sql.align_exact`), each pair's two rows are found by
-position (``tensor_id`` is unique on a side), put in the target's execution order
-(:func:`~dumpdb.compare.columns.execution_order` over the paired target rows' keys, the
-engine's one rule) and taken once: the alignment's content check reads them side by side
-(``exact_paired``'s ``sides``: the pairing join then carries the two ids only), and one
-query computes the metrics over the two sides' statistics side by side (a positional
-join; :func:`~dumpdb.compare.stats_sql.statistics_sql`, the rules of
-:func:`dumpdb.compare.metrics.stats_metrics`), returning the columns the engine reads in
-that order. ``tests/test_compare_stats_sql.py`` and ``tests/test_compare_columns.py``
+payload) and aligned by ``exact`` alone: each side's rows in ``tensor_id`` order (as
+:func:`~dumpdb.compare.engine.select_rows` gives them), :func:`~dumpdb.compare.align_sql.exact_paired`
+pairs them (row i with row i when the two sides hold the same keys in the same execution
+order, else the same query as :func:`~dumpdb.compare.align_sql.align_exact`), each pair's
+two rows are found by position (``tensor_id`` is unique on a side), put in the target's
+execution order (:func:`~dumpdb.compare.columns.execution_order` over the paired target
+rows' keys, the engine's one rule) and taken once (no copy when they are the rows in
+place): one query over them side by side computes the alignment's content check
+(``exact_paired``'s ``sides``: the pairing carries the two ids only) and the metrics
+(``exact_paired``'s ``measure``; :func:`~dumpdb.compare.stats_sql.statistics_sql`, the
+rules of :func:`dumpdb.compare.metrics.stats_metrics`), returning the columns the engine
+reads in that order. ``tests/test_compare_stats_sql.py`` and ``tests/test_compare_columns.py``
 check the engine's result tables through this path against the step-by-step path and the
 per-pair rules.
 """
@@ -96,8 +97,8 @@ def statistics_pairs(target: pa.Table, bench: pa.Table, *, group_by: Sequence[st
         return taken[0], taken[1]
 
     # the metrics computed in the content check's one pass over the pairs' rows, side by side
-    # (exact_paired's measure), no ORDER BY (a sort of every row: a positional scan gives them
-    # in order; checked below, sorted only if not)
+    # (exact_paired's measure), no ORDER BY (a sort of every row: DuckDB keeps a scan's row
+    # order; checked below, sorted only if not)
     measured: list[pa.Table] = []
     con = duckdb.connect()
     try:

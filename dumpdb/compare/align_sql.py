@@ -279,10 +279,10 @@ def exact_paired(con: duckdb.DuckDBPyConnection, target: pa.Table, bench: pa.Tab
     ``measure`` (with ``sides``): ``(query, done)``; the check is then ``query(source,
     keep)``, a query over ``source`` (a FROM clause in which ``t`` and ``b`` are the rows
     ``sides`` gave, row k of each the k-th pair, with ``tensor_id``, ``pair_index`` = k
-    and the columns the check reads: ``t.max`` is the target's max) carrying the ``keep`` select items (``(expression,
-    output name)``: the two ids, ``wrong``, ``other_op``, ``pair_index``) among its output
-    columns, one row per pair; ``done(table)`` receives its output (in any order of its
-    rows). The caller's own measures of the pairs ride on the check's one pass over them
+    and the columns the check reads: ``t.max`` is the target's max) carrying the ``keep``
+    select items (``(expression, output name)``: the two ids, ``wrong``, ``other_op``,
+    ``pair_index``) among its output columns, one row per pair; ``done(table)`` receives
+    its output (in any order of its rows). The caller's own measures of the pairs ride on the check's one pass over them
     (:func:`~dumpdb.compare.stats_pairs.statistics_pairs`: the statistics metrics)."""
     run = [s for s in dict.fromkeys(strategies) if s != "mapping"]
     if not run or run[0] != "exact":

@@ -322,8 +322,9 @@ def test_order_numbers_are_align_execution_order():
 
 def test_content_check_over_the_pairs_rows_equals_the_one_in_the_join():
     """exact_paired's ``sides`` (the content check computed over the pairs' rows side by
-    side, as statistics_pairs gives them) yields the ``paired`` table (ids, ``wrong``,
-    ``other_op``) that _pair's join computes, and statistics_pairs declines exactly where
+    side, as statistics_pairs gives them) yields, in table ``checked``, the rows of the
+    ``paired`` table (ids, ``wrong``, ``other_op``) that _pair's join computes where either
+    flag is true, and statistics_pairs declines exactly where
     align_exact does: random runs with shuffled bench rows, other shapes, dtypes, op types
     and graphs, NULL, NaN, +-Inf and zero statistics, with and without a dtype column."""
     import numpy as np
@@ -382,12 +383,86 @@ def test_content_check_over_the_pairs_rows_equals_the_one_in_the_join():
                     for k, c in enumerate(("target_tensor_id", "bench_tensor_id"))]
             return target.take(pa.array(rows[0])), bench.take(pa.array(rows[1]))
 
-        align_sql._pair(cons[1], (), (n, n), check=False)
-        align_sql._checked_pairs(cons[1], sides)
-        got = [con.sql("SELECT * FROM paired ORDER BY target_tensor_id").fetchall() for con in cons]
-        assert got[0] == got[1] and len(got[0][0]) == 4
-        checked += any(r[2] or r[3] for r in got[0])
+        _, ids = align_sql._pair(cons[1], (), (n, n), check=False)
+        assert ids is not None and sorted(ids.column("target_tensor_id").to_pylist()) == list(range(n))
+        assert align_sql._checked_pairs(cons[1], sides, ids)
+        got = [cons[0].sql("SELECT * FROM paired WHERE wrong OR other_op ORDER BY target_tensor_id").fetchall(),
+               cons[1].sql("SELECT * FROM checked ORDER BY target_tensor_id").fetchall()]
+        assert got[0] == got[1] and all(len(r) == 4 for r in got[0])
+        checked += len(got[0]) > 0
         fast = statistics_pairs(target, bench, target_columns=target.column_names,
                                 bench_columns=bench.column_names)
         assert (fast is None) == (align_exact(target, bench, strategies=STRATEGIES) is None)
     assert checked > 10  # pairs that look wrong or are of another op were checked
+
+
+def test_positional_pairs_are_the_joins_pairs():
+    """align_sql._positional_pairs (sides of as many rows, each in execution order, row i of
+    one with row i's key on the other) pairs what _pair's join pairs: repeated keys (the
+    k-th with the k-th), NULL keys, -opN names (their shapes equal) and other names whose
+    shapes differ (no element count in their key); it declines (None) when a key, an -opN
+    name's shape or the row count differs, or a side's rows are not in execution order."""
+    import numpy as np
+
+    rng = np.random.default_rng(29)
+    names = ["Net/Add-op1", "Net/Mul-op22", "relu", "dup", None]
+
+    def side(keys, start, shapes):
+        return _rows([(name, io, slot, shape, it, 10 * k) for k, ((name, io, slot, it), shape)
+                      in enumerate(zip(keys, shapes))], start)
+
+    def join_pairs(target, bench):
+        con = duckdb.connect()
+        con.register("target", target)
+        con.register("bench", bench)
+        align_sql._pair(con, (), (target.num_rows, bench.num_rows), check=False)
+        return sorted(con.sql("SELECT target_tensor_id, bench_tensor_id FROM paired").fetchall())
+
+    paired = declined = 0
+    for case in range(80):
+        n = int(rng.integers(1, 25))
+        keys = [(names[rng.integers(0, len(names))], ["input", "output"][rng.integers(0, 2)],
+                 None if rng.random() < 0.1 else int(rng.integers(0, 2)), int(rng.integers(0, 2))) for _ in range(n)]
+        keys.sort(key=lambda k: k[3])  # iteration first in execution order, then the timestamps side() gives
+        shapes = [None if rng.random() < 0.1 else [int(rng.integers(1, 4))] for _ in range(n)]
+        target = side(keys, 100, shapes)
+        change = case % 4
+        bkeys, bshapes = list(keys), list(shapes)
+        i = int(rng.integers(0, n))
+        if change == 1:  # another key at one place
+            bkeys[i] = ("other", *keys[i][1:])
+        elif change == 2:  # another shape at one place: declines only for an -opN name
+            bshapes[i] = [9, 9]
+        bench = side(bkeys, 1000, bshapes)
+        if change == 3 and n > 1:  # the bench's rows out of execution order
+            bench = bench.take(pa.array(np.roll(np.arange(n), 1)))
+        got = align_sql._positional_pairs(target, bench, ())
+        counter = keys[i][0] is not None and "-op" in keys[i][0]
+        if change == 1 or (change == 2 and counter) or (change == 3 and n > 1):
+            assert got is None
+            declined += 1
+            continue
+        assert got is not None
+        assert sorted(zip(got.column("target_tensor_id").to_pylist(),
+                          got.column("bench_tensor_id").to_pylist())) == join_pairs(target, bench)
+        paired += 1
+    assert paired > 20 and declined > 20
+    one = side([("relu", "output", 0, 0)], 1, [[2]])
+    assert align_sql._positional_pairs(one, side([("relu", "output", 0, 0)] * 2, 5, [[2], [2]]), ()) is None
+
+
+def test_places_in_kind_are_the_windows_row_numbers():
+    """align_sql._places_in_kind numbers each row as DuckDB's row_number() OVER (PARTITION
+    BY kid ORDER BY eo) - 1: few kinds (16-bit codes) and many (above them), eo a subset
+    of a permutation, one row and none."""
+    import numpy as np
+
+    rng = np.random.default_rng(5)
+    for n, kinds in ((1000, 7), (3000, 1 << 17), (1, 3), (0, 3)):
+        kid = rng.integers(1, kinds + 1, n).astype(np.int64)
+        eo = rng.permutation(2 * n)[:n].astype(np.int64)
+        con = duckdb.connect()
+        con.register("rows", pa.table({"kid": kid, "eo": eo, "i": np.arange(n)}))
+        expected = con.sql("SELECT i, row_number() OVER (PARTITION BY kid ORDER BY eo) - 1 AS r FROM rows "
+                           "ORDER BY i").to_arrow_table().column("r").to_pylist()
+        assert align_sql._places_in_kind(kid, eo).tolist() == expected

@@ -7,6 +7,7 @@ import itertools
 import math
 from pathlib import Path
 
+import duckdb
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -303,3 +304,22 @@ def test_pairs_order_from_the_whole_sides_order_equals_the_paired_rows_order():
             twice[0] = twice[1]
             assert _pairs_order(twice, everything) is None
             assert _pairs_order(rows[1:], everything) is None
+
+
+def test_select_rows_query_gives_the_rows_in_table_order_as_one_chunk():
+    """engine._one_thread_rows (select_rows' query) gives a join's rows in the table's row
+    order, one Arrow chunk a column, where DuckDB's threads would hand them back as
+    several chunks out of order; the instance's thread count is set back after."""
+    from dumpdb.compare import engine
+
+    n = 400_000
+    con = duckdb.connect()
+    con.execute("SET threads = 4")
+    con.execute(f"CREATE TABLE t AS SELECT range AS id, range % 7 AS k FROM range({n})")
+    con.execute("CREATE TABLE e AS SELECT range AS k, range * 10 AS pos FROM range(7)")
+    query = "SELECT t.id, e.pos FROM t LEFT JOIN e ON e.k = t.k WHERE t.id >= ?"
+    rows = engine._one_thread_rows(con, query, [0])
+    assert [c.num_chunks for c in rows.columns] == [1, 1]
+    assert np.array_equal(rows.column("id").to_numpy(), np.arange(n))
+    assert np.array_equal(rows.column("pos").to_numpy(), np.arange(n) % 7 * 10)
+    assert con.sql("SELECT current_setting('threads')").fetchall()[0][0] == 4

@@ -45,7 +45,11 @@ from dumpdb.compare.align import (
 )
 from dumpdb.compare.columns import ints
 
-__all__ = ["align_exact", "exact_paired"]
+__all__ = ["align_exact", "exact_paired", "Measure"]
+
+# exact_paired's measure: a query over the pairs' rows from (FROM clause, carried select
+# items), and what receives its output
+Measure = tuple[Callable[[str, Sequence[tuple[str, str]]], str], Callable[[pa.Table], None]]
 
 _KEY = ("op_name", "size", "io", "slot", "slot_path", "arg_name")
 _ORDER = ("iteration", "rank", "graph_id", "position", "timestamp", "tensor_id")
@@ -55,15 +59,19 @@ CHECK_COLUMNS = ("shape", "graph_id", "op_type", "l2norm", "mean", "min", "max")
 # every statistic of both tensors finite (each on its own: a sum of finite values can overflow)
 _FINITE = " AND ".join(f"isfinite({c})" for c in ("tl", "bl", "tm", "bm", "tn", "bn", "tx", "bx"))
 _NEEDED = ("tensor_id", "op_name", "scope_name", "shape", "io", "slot", "slot_path", "arg_name", *_ORDER)
+# every column exact_paired reads of a side (beside its group_by and keep columns), where the side has it
+READ_COLUMNS = (*_NEEDED, *_CHECKED)
 
 
 def _keyed_sql(name: str, group_by: Sequence[str], extra: Sequence[str] = ()) -> str:
     """CTE ``{name}_o``: each row's id, key (with ``size``), execution order columns and ``extra``."""
+    # contains() first: every match of the expression holds '-op', and the substring test
+    # spares the regular expression the names without it (most msprobe names)
     carried = ", ".join(f'"{k}"' for k in dict.fromkeys(("tensor_id", *group_by, *_KEY, *_ORDER, *extra))
                         if k != "size")
     return f"""
     {name}_o AS (
-      SELECT {carried}, CASE WHEN op_name IS NOT NULL AND shape IS NOT NULL
+      SELECT {carried}, CASE WHEN op_name IS NOT NULL AND shape IS NOT NULL AND contains(op_name, '-op')
                           AND regexp_matches(op_name, '-op[0-9]+\\n?$')
                      THEN coalesce(list_aggregate(shape, 'product'), 1)::BIGINT END AS size
       FROM {name})"""
@@ -101,17 +109,23 @@ def _check_sql(dtype: bool) -> str:
     :data:`~dumpdb.compare.align.LOOKS_WRONG`; NULL or non-finite: unknown, not wrong;
     both L2 norms 0 with other statistics: 1.0); ``other_op``, another graph_id or op_type
     (see :func:`_doubted`)."""
+    wrong, other_op = _check_items(dtype)
+    return f"{wrong} AS wrong, {other_op} AS other_op"
+
+
+def _check_items(dtype: bool) -> tuple[str, str]:
+    """The expressions of :func:`_check_sql`'s ``wrong`` and ``other_op``."""
     l2 = "greatest(abs(t.l2norm), abs(b.l2norm))"
     scale = f"({l2} / sqrt(greatest(coalesce(list_aggregate(t.shape, 'product'), 1), 1)))"
     finite = " AND ".join(f"isfinite({a}.{c})" for c in ("l2norm", "mean", "min", "max") for a in "tb")
     other_dtype = " OR t.dtype IS DISTINCT FROM b.dtype" if dtype else ""
-    return f"""coalesce(t.shape IS DISTINCT FROM b.shape{other_dtype} OR (
+    return (f"""coalesce(t.shape IS DISTINCT FROM b.shape{other_dtype} OR (
                  {finite} AND CASE WHEN {l2} = 0
                    THEN (t.mean, t.min, t.max) IS DISTINCT FROM (b.mean, b.min, b.max)
                    ELSE greatest(abs(t.l2norm - b.l2norm) / {l2}, abs(t.mean - b.mean) / {scale},
                                  abs(t.min - b.min) / {scale}, abs(t.max - b.max) / {scale}) > {LOOKS_WRONG} END),
-                 false) AS wrong,
-               t.graph_id IS DISTINCT FROM b.graph_id OR t.op_type IS DISTINCT FROM b.op_type AS other_op"""
+                 false)""",
+            "t.graph_id IS DISTINCT FROM b.graph_id OR t.op_type IS DISTINCT FROM b.op_type")
 
 
 def _checks(con: duckdb.DuckDBPyConnection) -> tuple[tuple[str, ...], bool] | None:
@@ -127,9 +141,11 @@ def _checks(con: duckdb.DuckDBPyConnection) -> tuple[tuple[str, ...], bool] | No
 
 
 def _pair(con: duckdb.DuckDBPyConnection, group_by: Sequence[str], rows: tuple[int, int],
-          check: bool = True) -> int:
+          check: bool = True) -> tuple[int, pa.Table | None]:
     """Temp table ``paired`` of the exact rule (module docstring); returns its number of
-    rows. ``rows``: the number of rows of target and bench.
+    rows and, when the one join below settles it, its two id columns (``target_tensor_id``,
+    ``bench_tensor_id``, int64, unordered; None otherwise). ``rows``: the number of rows of
+    target and bench.
 
     First one join of the two sides on the key, cut at ``min(rows) + 1`` rows (so that a
     key held by many tensors on both sides costs no product of their numbers). A key held
@@ -155,10 +171,11 @@ def _pair(con: duckdb.DuckDBPyConnection, group_by: Sequence[str], rows: tuple[i
                     WITH {_keyed_sql('target', group_by, read)}, {_keyed_sql('bench', group_by, read)}
                     SELECT t.tensor_id AS target_tensor_id, b.tensor_id AS bench_tensor_id{check_items}
                     FROM target_o t JOIN bench_o b ON {on} LIMIT {min(rows) + 1}""")
-    n, nt, nb = con.sql("SELECT count(*), count(DISTINCT target_tensor_id), count(DISTINCT bench_tensor_id) "
-                        "FROM paired").fetchall()[0]
-    if n == nt == nb and n <= min(rows):
-        return int(n)
+    # the ids fetched once (the caller reads them too) and their distinct counts taken in
+    # numpy: a third of a count(DISTINCT) query over the table
+    ids = con.sql("SELECT target_tensor_id, bench_tensor_id FROM paired").to_arrow_table()
+    if ids.num_rows <= min(rows) and all(_distinct(ids.column(c)) for c in ids.column_names):
+        return ids.num_rows, ids
     con.execute("DROP TABLE paired")
     sides = f"{_keyed_sql('target', group_by)}, {_keyed_sql('bench', group_by)}"
     keys = ", ".join(f'"{k}"' for k in (*group_by, *_KEY))
@@ -174,7 +191,21 @@ def _pair(con: duckdb.DuckDBPyConnection, group_by: Sequence[str], rows: tuple[i
         con.execute(_sql(group_by))
     else:
         con.execute("ALTER TABLE paired DROP COLUMN n")
-    return int(con.sql("SELECT count(*) FROM paired").fetchall()[0][0])
+    return int(con.sql("SELECT count(*) FROM paired").fetchall()[0][0]), None
+
+
+def _distinct(ids: pa.ChunkedArray) -> bool:
+    """Are the ``ids`` (int64, no NULL: tensor ids) all different? A count per id when
+    they span at most four times their number plus 1,024 (one ingest numbers a run's
+    tensors from a sequence), else a sort."""
+    v = ids.to_numpy()
+    if v.size < 2:
+        return True
+    lowest = int(v.min())
+    span = int(v.max()) - lowest + 1
+    if span <= 4 * v.size + 1024:
+        return int(np.bincount(v - lowest, minlength=span).max()) <= 1
+    return int(np.unique(v).size) == v.size
 
 
 def _unmatched_sql(side: str, column: str) -> str:
@@ -224,6 +255,7 @@ def exact_paired(con: duckdb.DuckDBPyConnection, target: pa.Table, bench: pa.Tab
                  keep: Sequence[str] = (),
                  on_pairs: Callable[[pa.Table], None] | None = None,
                  sides: Callable[[pa.Table], tuple[pa.Table, pa.Table]] | None = None,
+                 measure: Measure | None = None,
                  ) -> tuple[pa.Table, pa.Table] | None:
     """The work of :func:`align_exact` on the DuckDB connection ``con``, left there for more
     queries: ``target`` and ``bench`` registered as relations of the same names (the
@@ -242,7 +274,16 @@ def exact_paired(con: duckdb.DuckDBPyConnection, target: pa.Table, bench: pa.Tab
     check (:func:`_check_sql`) is then computed over them side by side (a positional join)
     instead of carried through the pairing join (a caller that takes the pairs' rows anyway,
     :func:`~dumpdb.compare.stats_pairs.statistics_pairs`, saves the join's payload: about
-    a third of its CPU)."""
+    a third of its CPU).
+
+    ``measure`` (with ``sides``): ``(query, done)``; the check is then ``query(source,
+    keep)``, a query over ``source`` (a FROM clause in which ``t`` and ``b`` are the rows
+    ``sides`` gave, row k of each the k-th pair, with ``tensor_id``, ``pair_index`` = k
+    and the columns the check reads: ``t.max`` is the target's max) carrying the ``keep``
+    select items (``(expression, output name)``: the two ids, ``wrong``, ``other_op``,
+    ``pair_index``) among its output columns, one row per pair; ``done(table)`` receives
+    its output (in any order of its rows). The caller's own measures of the pairs ride on the check's one pass over them
+    (:func:`~dumpdb.compare.stats_pairs.statistics_pairs`: the statistics metrics)."""
     run = [s for s in dict.fromkeys(strategies) if s != "mapping"]
     if not run or run[0] != "exact":
         return None
@@ -256,21 +297,30 @@ def exact_paired(con: duckdb.DuckDBPyConnection, target: pa.Table, bench: pa.Tab
     for name, table in (("target", target), ("bench", bench)):
         extra = (*keep, *_CHECKED)  # what the content check reads (_doubted), where the table has it
         con.register(name, table.select(list(dict.fromkeys((*cols, *(c for c in extra if c in table.column_names))))))
-    n = _pair(con, group_by, (target.num_rows, bench.num_rows), check=sides is None)
+    # the caller takes the pairs' rows (sides): the check needs no join, nor do pairs in place
+    positional = _positional_pairs(target, bench, group_by) if sides is not None else None
+    if positional is not None:
+        con.register("positional_pairs", positional)
+        con.execute("CREATE TEMP TABLE paired AS SELECT * FROM positional_pairs")
+        con.unregister("positional_pairs")
+        n, ids = positional.num_rows, positional
+    else:
+        n, ids = _pair(con, group_by, (target.num_rows, bench.num_rows), check=sides is None)
     # both sides with rows left and another strategy to try: declined below whatever the check
     # says, so the pairs' rows are not taken for it (pairs are one to one: n rows paired a side)
     declined = n < target.num_rows and n < bench.num_rows and len(run) > 1
-    if sides is not None and not declined:
-        _checked_pairs(con, sides)
+    if ids is None and (on_pairs is not None or (sides is not None and not declined)):
+        ids = con.sql("SELECT target_tensor_id, bench_tensor_id FROM paired").to_arrow_table()
+    checked = sides is not None and not declined and _checked_pairs(con, sides, ids, measure)
     if on_pairs is not None:
-        on_pairs(con.sql("SELECT target_tensor_id, bench_tensor_id FROM paired").to_arrow_table())
+        on_pairs(ids)
     if declined:  # a later strategy may pair some of the rows left: align() decides
         _discard(con)
         return None
     # a side whose every row is paired has nothing left: no query (the usual case)
     left_t, left_b = (con.sql(_unmatched_sql(side, f"{side}_tensor_id")).to_arrow_table() if n < table.num_rows
                       else UNMATCHED_SCHEMA.empty_table() for side, table in (("target", target), ("bench", bench)))
-    if _doubted(con, group_by, bench, all_paired=not left_t.num_rows and not left_b.num_rows):
+    if _doubted(con, group_by, bench, all_paired=not left_t.num_rows and not left_b.num_rows, checked=checked):
         _discard(con)  # the content check doubts a pair: align() decides
         return None
     return left_t.cast(UNMATCHED_SCHEMA), left_b.cast(UNMATCHED_SCHEMA)
@@ -284,31 +334,61 @@ def _discard(con: duckdb.DuckDBPyConnection) -> None:
     con.unregister("bench")
 
 
-def _checked_pairs(con: duckdb.DuckDBPyConnection, sides: Callable[[pa.Table], tuple[pa.Table, pa.Table]]) -> None:
-    """Temp table ``paired`` again, with each pair's ``wrong`` and ``other_op``
-    (:func:`_check_sql`) computed over the pairs' rows that ``sides`` gives (see
-    :func:`exact_paired`), as :func:`_pair` computes them in its join; unchanged when a
-    side lacks what the check reads (:func:`_checks`: :func:`_doubted` then joins)."""
+def _checked_pairs(con: duckdb.DuckDBPyConnection, sides: Callable[[pa.Table], tuple[pa.Table, pa.Table]],
+                   pairs: pa.Table, measure: Measure | None = None) -> bool:
+    """Temp table ``checked``: the pairs (``target_tensor_id``, ``bench_tensor_id``) whose
+    ``wrong`` or ``other_op`` (:func:`_check_sql`, both columns kept) is true, computed over
+    the pairs' rows that ``sides`` gives for ``pairs`` (the rows of temp table ``paired``;
+    see :func:`exact_paired`), the rows :func:`_doubted` takes from :func:`_pair`'s join
+    otherwise; returns True. False, nothing made, when a side lacks what the check reads
+    (:func:`_checks`: :func:`_doubted` then joins). ``measure``: see :func:`exact_paired`."""
     checks = _checks(con)
     if checks is None:
-        return
-    t, b = sides(con.sql("SELECT target_tensor_id, bench_tensor_id FROM paired").to_arrow_table())
+        return False
+    t, b = sides(pairs)
     read = ["tensor_id", *checks[0]]  # checks[0] holds dtype where the check reads it
     if t.num_rows != b.num_rows:  # a positional join would pad the shorter side with NULLs: no check
         raise ValueError(f"sides gave {t.num_rows} target rows and {b.num_rows} bench rows for the same pairs")
-    con.register("paired_target", t.select(read))
-    con.register("paired_bench", b.select(read))
+    # the pairs' rows side by side as one relation, each side a struct column (t, b: the
+    # check's t.shape reads field shape of column t), row k the k-th pair: one scan that
+    # DuckDB's threads share (a positional join of two relations runs on one thread)
+    tt = t.select(read)
+    tt = tt.append_column("pair_index", pa.array(np.arange(t.num_rows, dtype=np.int64)))
+    con.register("paired_rows", pa.table({"t": _struct(tt), "b": _struct(b.select(read))}))
     try:
-        con.execute(f"""CREATE OR REPLACE TEMP TABLE paired AS
-                        SELECT t.tensor_id AS target_tensor_id, b.tensor_id AS bench_tensor_id, {_check_sql(checks[1])}
-                        FROM paired_target t POSITIONAL JOIN paired_bench b""")
+        if measure is None:
+            # only the pairs _doubted reads (a few): no table of every pair's two flags
+            con.execute(f"""CREATE TEMP TABLE checked AS SELECT * FROM (
+                              SELECT t.tensor_id AS target_tensor_id, b.tensor_id AS bench_tensor_id,
+                                     {_check_sql(checks[1])}
+                              FROM paired_rows)
+                            WHERE wrong OR other_op""")
+            return True
+        query, done = measure
+        wrong, other_op = _check_items(checks[1])
+        out = con.sql(query("paired_rows", [("t.tensor_id", "target_tensor_id"), ("b.tensor_id", "bench_tensor_id"),
+                                            (wrong, "wrong"), (other_op, "other_op"),
+                                            ("t.pair_index", "pair_index")])).to_arrow_table()
+        flagged = out.filter(pc.or_(out.column("wrong"), out.column("other_op"))).select(
+            ["target_tensor_id", "bench_tensor_id", "wrong", "other_op"])
+        con.register("flagged", flagged)
+        try:
+            con.execute("CREATE TEMP TABLE checked AS SELECT * FROM flagged")
+        finally:
+            con.unregister("flagged")
     finally:
-        con.unregister("paired_target")
-        con.unregister("paired_bench")
+        con.unregister("paired_rows")
+    done(out)
+    return True
+
+
+def _struct(table: pa.Table) -> pa.StructArray:
+    """``table``'s columns as one struct array (no copy of a column of one chunk)."""
+    return pa.StructArray.from_arrays([c.combine_chunks() for c in table.columns], table.column_names)
 
 
 def _doubted(con: duckdb.DuckDBPyConnection, group_by: Sequence[str], bench: pa.Table,
-             all_paired: bool = False) -> bool:
+             all_paired: bool = False, checked: bool = False) -> bool:
     """Would align()'s content check take back some exact pairs? A cheap, conservative test
     on ``con`` (after the ``paired`` table is made): a name family
     (:func:`~dumpdb.compare.align.family`) holding paired ops has another number of ops on
@@ -324,20 +404,25 @@ def _doubted(con: duckdb.DuckDBPyConnection, group_by: Sequence[str], bench: pa.
     columns and ``op_name``), each side holds the same set of ops, so every family has as
     many ops on both sides whatever :func:`~dumpdb.compare.align.family` gives: the family
     count is not needed (the usual run-to-run case; about a third of this test's CPU).
-    ``bench``: the bench table registered on ``con`` (:func:`_better_partner_may_exist`)."""
+    ``bench``: the bench table registered on ``con`` (:func:`_better_partner_may_exist`).
+    ``checked``: temp table ``checked`` holds the pairs that look wrong or are of another
+    op (:func:`_checked_pairs`; dropped here), else they come from ``paired``."""
     keys = list(group_by)  # ops counted per (graph, name): a counter is per graph
     have = {name: set(con.sql(f"SELECT * FROM {name} LIMIT 0").columns) for name in ("target", "bench")}
     if any("op_type" not in cols_ for cols_ in have.values()):
         return False
     stats = ("l2norm", "mean", "min", "max")
-    if not all(c in have[side] for c in stats for side in have):
+    if not checked and not all(c in have[side] for c in stats for side in have):
         return _other_family_counts(con, keys) or \
             con.sql("SELECT count(*) FROM paired p JOIN target t ON t.tensor_id = p.target_tensor_id "
                     "JOIN bench b ON b.tensor_id = p.bench_tensor_id "
                     "WHERE t.shape IS DISTINCT FROM b.shape").fetchall()[0][0] > 0
     # pairs that look wrong or of another graph_id or op_type (_check_sql; other_op: see
-    # all_paired): given by _pair's one join, else a join of the pairs with both sides
-    if "wrong" in con.sql("SELECT * FROM paired LIMIT 0").columns:
+    # all_paired): given by _checked_pairs, or by _pair's one join, else a join of the pairs
+    # with both sides
+    if checked:
+        pass
+    elif "wrong" in con.sql("SELECT * FROM paired LIMIT 0").columns:
         con.execute("CREATE TEMP TABLE checked AS SELECT target_tensor_id, bench_tensor_id, wrong, other_op "
                     "FROM paired WHERE wrong OR other_op")
     else:
@@ -454,12 +539,19 @@ def _better_partner_may_exist(con: duckdb.DuckDBPyConnection, group_by: Sequence
             SELECT x.tensor_id, x.shape, {", ".join(f"x.{c}" for c in stats)}, k.kid
             FROM ({classed_target}) x LEFT JOIN partner_kinds k ON {same("x", "k")}
             WHERE x.tensor_id IN (SELECT target_tensor_id FROM looks_wrong)""")
-        con.execute(f"""
-            CREATE TEMP TABLE partner_places AS
-            SELECT tensor_id, kid, r, r // {NEIGHBOURS} AS bucket FROM (
-              SELECT b.tensor_id, k.kid, row_number() OVER (PARTITION BY k.kid ORDER BY b.eo) - 1 AS r
-              FROM bench_k b JOIN partner_kinds k ON {same("b", "k")}
-              WHERE k.kid IN (SELECT kid FROM partner_targets))""")
+        # each bench tensor's place r in its kind's execution order (row_number() OVER
+        # (PARTITION BY kid ORDER BY eo) - 1), numbered in numpy: the window's sort of every
+        # row was most of this test's CPU
+        places = con.sql(f"""
+            SELECT b.tensor_id, k.kid, b.eo FROM bench_k b JOIN partner_kinds k ON {same("b", "k")}
+            WHERE k.kid IN (SELECT kid FROM partner_targets)""").to_arrow_table()
+        r = _places_in_kind(places.column("kid").to_numpy(), places.column("eo").to_numpy())
+        con.register("places", pa.table({"tensor_id": places.column("tensor_id"), "kid": places.column("kid"),
+                                         "r": r, "bucket": r // NEIGHBOURS}))
+        try:
+            con.execute("CREATE TEMP TABLE partner_places AS SELECT * FROM places")
+        finally:
+            con.unregister("places")
         con.execute("""
             CREATE TEMP TABLE partner_pairs AS
             SELECT x.*, w.bench_tensor_id AS partner, CASE WHEN x.kid = y.kid THEN y.r END AS pr
@@ -494,6 +586,29 @@ def _better_partner_may_exist(con: duckdb.DuckDBPyConnection, group_by: Sequence
         con.unregister("bench_k")
 
 
+def _places_in_kind(kid: np.ndarray, eo: np.ndarray) -> np.ndarray:
+    """Each row's ``row_number() OVER (PARTITION BY kid ORDER BY eo) - 1`` (int64): its
+    place among the rows of its ``kid`` in ``eo`` order (``kid``, ``eo``: int64 per row,
+    ``eo`` unique and not negative, :func:`_order_numbers`). The rows put in ``eo`` order
+    by their numbers (no sort), then grouped by ``kid`` keeping that order (a stable sort;
+    a radix sort when the kinds fit 16 bits)."""
+    n = kid.size
+    if n == 0:
+        return np.zeros(0, np.int64)
+    at = np.full(int(eo.max()) + 1, -1, np.int64)
+    at[eo] = np.arange(n, dtype=np.int64)
+    rows = at[at >= 0]  # the rows in eo order
+    k = kid[rows]
+    small = k.astype(np.uint16) if int(k.min()) >= 0 and int(k.max()) < 1 << 16 else k
+    grouped = rows[np.argsort(small, kind="stable")]  # by kid, in eo order within one
+    kg = kid[grouped]
+    starts = np.flatnonzero(np.concatenate(([True], kg[1:] != kg[:-1])))
+    first = np.repeat(starts, np.diff(np.concatenate((starts, [n]))))
+    out = np.empty(n, np.int64)
+    out[grouped] = np.arange(n, dtype=np.int64) - first
+    return out
+
+
 def _dtype_classes(table: pa.Table) -> pa.Array:
     """:func:`~dumpdb.compare.align.dtype_class` of each row's ``dtype`` (string; NULL
     without one, or where the table has no dtype), computed once per distinct dtype."""
@@ -512,10 +627,20 @@ def _order_numbers(table: pa.Table) -> np.ndarray:
     (``tensor_id`` is unique on a side: the order is total either way) on the keys that
     differ between rows (a key of one value, or NULL, on every row orders nothing)."""
     n = table.num_rows
-    if n < 2:
+    keys = _order_keys(table)
+    if _ascending(keys, n):
         return np.arange(n, dtype=np.int64)
+    out = np.empty(n, np.int64)
+    out[np.lexsort(keys[::-1])] = np.arange(n, dtype=np.int64)
+    return out
+
+
+def _order_keys(table: pa.Table) -> list[np.ndarray]:
+    """Sort keys (int64, most significant first) of ``_ORDER``, NULLs last, leaving out a
+    column of one value (or NULL) on every row: it orders nothing."""
+    n = table.num_rows
     keys = []
-    for c in _ORDER:
+    for c in _ORDER if n > 1 else ():
         arr = table.column(c).combine_chunks()
         if arr.null_count == n:
             continue  # NULL on every row: orders nothing
@@ -524,13 +649,62 @@ def _order_numbers(table: pa.Table) -> np.ndarray:
         values = ints(arr, 0)
         if values.min() < values.max():  # one value on every row orders nothing either
             keys.append(values)
+    return keys
+
+
+def _ascending(keys: Sequence[np.ndarray], n: int) -> bool:
+    """Does each of the ``n`` rows sort strictly before the next on ``keys``
+    (:func:`_order_keys`)? One pass comparing each row with the next."""
+    if n < 2:
+        return True
     before = np.zeros(n - 1, bool)  # row i sorts before row i + 1 on the keys so far
     tied = np.ones(n - 1, bool)
     for k in keys:
         before |= tied & (k[:-1] < k[1:])
         tied &= k[:-1] == k[1:]
-    if before.all():
-        return np.arange(n, dtype=np.int64)
-    out = np.empty(n, np.int64)
-    out[np.lexsort(keys[::-1])] = np.arange(n, dtype=np.int64)
-    return out
+    return bool(before.all())
+
+
+def _positional_pairs(target: pa.Table, bench: pa.Table, group_by: Sequence[str]) -> pa.Table | None:
+    """The exact rule's pairs (``target_tensor_id``, ``bench_tensor_id``) without a join,
+    when both sides hold as many rows, each already in execution order (``_ORDER``, row by
+    row: :func:`_ascending`), and row i of the target has the key of row i of the bench
+    (group columns, ``op_name``, ``io``, ``slot``, ``slot_path``, ``arg_name``, NULL equal
+    to NULL; the shape too where the name holds ``-op``, so the element count ``size`` is
+    equal where it counts): then each key is held at the same places on the two sides, its
+    k-th tensor in execution order on one side is at the place of the k-th on the other,
+    and the rule pairs row i with row i (two runs of one model dumped alike, their rows
+    read in ingest order). None otherwise (the join decides), also for columns of types
+    that do not compare."""
+    n = target.num_rows
+    if n != bench.num_rows or n == 0:
+        return None
+    if not all(_ascending(_order_keys(side), n) for side in (target, bench)):
+        return None
+    try:
+        if not all(_same(target.column(c), bench.column(c))
+                   for c in (*group_by, "op_name", "io", "slot", "slot_path", "arg_name")):
+            return None
+        named = pc.fill_null(pc.match_substring(target.column("op_name"), "-op"), False)
+        if pc.any(named).as_py() and not _same_lists(target.column("shape").filter(named),
+                                                     bench.column("shape").filter(named)):
+            return None
+    except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError):
+        return None
+    return pa.table({"target_tensor_id": target.column("tensor_id"), "bench_tensor_id": bench.column("tensor_id")})
+
+
+def _same(a: pa.ChunkedArray | pa.Array, b: pa.ChunkedArray | pa.Array) -> bool:
+    """Equal row by row, NULL equal to NULL (SQL ``IS NOT DISTINCT FROM``)."""
+    if len(a) != len(b):
+        return False
+    equal = pc.fill_null(pc.equal(a, b), False)
+    return bool(pc.all(pc.or_(equal, pc.and_(pc.is_null(a), pc.is_null(b)))).as_py())
+
+
+def _same_lists(a: pa.ChunkedArray, b: pa.ChunkedArray) -> bool:
+    """Lists (``shape``) equal row by row, NULL equal to NULL: the same lengths (NULL where
+    the list is), then the same values in turn."""
+    a, b = a.combine_chunks(), b.combine_chunks()
+    return _same(pc.list_value_length(a), pc.list_value_length(b)) and \
+        _same(pc.list_flatten(a), pc.list_flatten(b))

@@ -156,6 +156,10 @@ def _plugin_metrics() -> tuple[str, ...]:
     registry.load_plugins()
     return registry.names(builtin=False)
 
+# select_rows' one-thread queries, one at a time in a process (_one_thread_rows), and their
+# Arrow batch size: every row in one batch
+_ONE_THREAD = threading.Lock()
+_ONE_BATCH = 1 << 40
 # the payload location each row gets from blobs, and its type there
 _BLOB_COLUMNS = {"array_path": "VARCHAR", "elem_offset": "BIGINT", "elem_count": "BIGINT"}
 _SELECT_SQL = """
@@ -255,7 +259,7 @@ def select_rows(con, sel: Selection, drop: Sequence[str] = ()) -> pa.Table:
                                    blob_columns=", ".join(f"b.{name}" for name in _BLOB_COLUMNS))
     if drop:
         query = f"SELECT * EXCLUDE ({', '.join(drop)}) FROM ({query})"
-    table = con.sql(query, params=params).to_arrow_table()
+    table = _one_thread_rows(con, query, params)
     if table.num_rows == 0:
         known = con.execute("SELECT count(*) FROM runs WHERE run = ?", [sel.run]).fetchone()[0]
         if not known:
@@ -264,6 +268,29 @@ def select_rows(con, sel: Selection, drop: Sequence[str] = ()) -> pa.Table:
             raise no_such_run(sel.run, "the archive", con)
         raise DumpdbError(f"no tensors in {sel.describe()}")
     return table
+
+
+def _one_thread_rows(con, query: str, params: list) -> pa.Table:
+    """``query``'s rows on one DuckDB thread (select_rows): in the catalog's row order (a
+    run's ingest order, usually its execution order) and one Arrow chunk a column, for the
+    CPU of a parallel run, whose threads hand their parts back out of order (its joins keep
+    no order) as several chunks: the compare would then copy every column into order
+    (stats_pairs._by_id; engine._one_chunk). The thread count is the DuckDB instance's,
+    shared by every connection to the catalog in this process: set back after, one call at
+    a time (another query meanwhile runs on one thread); a connection whose configuration
+    is locked runs the query as it is."""
+    import duckdb
+
+    with _ONE_THREAD:
+        try:
+            threads = int(con.sql("SELECT current_setting('threads')").fetchall()[0][0])
+            con.execute("SET threads = 1")
+        except duckdb.Error:
+            return con.sql(query, params=params).to_arrow_table()
+        try:
+            return con.sql(query, params=params).to_arrow_table(batch_size=_ONE_BATCH)
+        finally:
+            con.execute(f"SET threads = {threads}")
 
 
 def _proc_as_rank0(rows: pa.Table, other: pa.Table) -> pa.Table:

@@ -3,17 +3,18 @@ statistics metrics of every pair in one DuckDB connection, no Arrow round trip p
 
 :func:`statistics_pairs` is what the engine's separate steps give for a comparison whose
 pairs are all compared by their statistics (``--mode statistics``, or a side without any
-payload) and aligned by ``exact`` alone: :func:`~dumpdb.compare.align_sql.exact_paired`
-pairs the two sides' rows in DuckDB (the same query as
-:func:`~dumpdb.compare.align_sql.align_exact`), each pair's two rows are found by
-position (``tensor_id`` is unique on a side), put in the target's execution order
-(:func:`~dumpdb.compare.columns.execution_order` over the paired target rows' keys, the
-engine's one rule) and taken once: the alignment's content check reads them side by side
-(``exact_paired``'s ``sides``: the pairing join then carries the two ids only), and one
-query computes the metrics over the two sides' statistics side by side (a positional
-join; :func:`~dumpdb.compare.stats_sql.statistics_sql`, the rules of
-:func:`dumpdb.compare.metrics.stats_metrics`), returning the columns the engine reads in
-that order. ``tests/test_compare_stats_sql.py`` and ``tests/test_compare_columns.py``
+payload) and aligned by ``exact`` alone: each side's rows in ``tensor_id`` order (as
+:func:`~dumpdb.compare.engine.select_rows` gives them), :func:`~dumpdb.compare.align_sql.exact_paired`
+pairs them (row i with row i when the two sides hold the same keys in the same execution
+order, else the same query as :func:`~dumpdb.compare.align_sql.align_exact`), each pair's
+two rows are found by position (``tensor_id`` is unique on a side), put in the target's
+execution order (:func:`~dumpdb.compare.columns.execution_order` over the paired target
+rows' keys, the engine's one rule) and taken once (no copy when they are the rows in
+place): one query over them side by side computes the alignment's content check
+(``exact_paired``'s ``sides``: the pairing carries the two ids only) and the metrics
+(``exact_paired``'s ``measure``; :func:`~dumpdb.compare.stats_sql.statistics_sql`, the
+rules of :func:`dumpdb.compare.metrics.stats_metrics`), returning the columns the engine
+reads in that order. ``tests/test_compare_stats_sql.py`` and ``tests/test_compare_columns.py``
 check the engine's result tables through this path against the step-by-step path and the
 per-pair rules.
 """
@@ -29,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dumpdb.compare.align import PAIRS_SCHEMA, Alignment
-from dumpdb.compare.align_sql import CHECK_COLUMNS, exact_paired
+from dumpdb.compare.align_sql import CHECK_COLUMNS, READ_COLUMNS, exact_paired
 from dumpdb.compare.columns import ORDER_KEYS, execution_order
 from dumpdb.compare.metrics import STAT_METRICS
 from dumpdb.compare.stats_sql import statistics_sql
@@ -62,6 +63,13 @@ def statistics_pairs(target: pa.Table, bench: pa.Table, *, group_by: Sequence[st
     checked = [c for c in _CHECK_COLUMNS if c in target.column_names and c in bench.column_names]
     if len(stats) < 4:
         return None
+    # each side's rows in tensor_id order (a run's ingest order, usually its execution order),
+    # one chunk a column: as engine.select_rows gives them (no copy), else copied once; the
+    # pairs are then usually the rows in place: the pairing (align_sql._positional_pairs),
+    # the orders and the rows taken need no sort or copy
+    target, bench = (_by_id(table.select([c for c in dict.fromkeys((*cols, *checked, *stats, *ORDER_KEYS, *group_by,
+                                                                    *READ_COLUMNS)) if c in table.column_names]))
+                     for table, cols in ((target, tcols), (bench, bcols)))
     taken: list[pa.Table] = []
     helper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dumpdb-compare-order")
     # the execution order of every target row, sorted while DuckDB pairs them (numpy and
@@ -88,25 +96,36 @@ def statistics_pairs(target: pa.Table, bench: pa.Table, *, group_by: Sequence[st
         taken[:] = [target_rows, bench_rows.result()]
         return taken[0], taken[1]
 
+    # the metrics computed in the content check's one pass over the pairs' rows, side by side
+    # (exact_paired's measure), no ORDER BY (a sort of every row: DuckDB keeps a scan's row
+    # order; checked below, sorted only if not)
+    measured: list[pa.Table] = []
     con = duckdb.connect()
     try:
-        left = exact_paired(con, target, bench, group_by=group_by, strategies=strategies, keep=stats, sides=sides)
+        left = exact_paired(con, target, bench, group_by=group_by, strategies=strategies, keep=stats, sides=sides,
+                            measure=(lambda source, keep: statistics_sql(source, keep, None), measured.append))
         if left is None:
             return None
         if not taken:  # a side without what the content check reads: exact_paired did not ask
             sides(con.sql("SELECT target_tensor_id, bench_tensor_id FROM paired").to_arrow_table())
         n = taken[0].num_rows
-        # the two sides' statistics go to the metrics query side by side, row k of each the
-        # k-th pair (a positional join: no join by id in DuckDB)
-        for name, table in (("t_stats", taken[0]), ("b_stats", taken[1])):
-            con.register(name, table.select(stats).add_column(0, "pair_index", pa.array(np.arange(n, dtype=np.int64))))
-        out = con.sql(statistics_sql("t_stats t POSITIONAL JOIN b_stats b", [("t.pair_index", "pair_index")],
-                                     "pair_index")).to_arrow_table()
+        if not measured:
+            # the two sides' statistics side by side, row k of each the k-th pair (a positional
+            # join: no join by id in DuckDB)
+            for name, table in (("t_stats", taken[0]), ("b_stats", taken[1])):
+                con.register(name, table.select(stats).add_column(0, "pair_index",
+                                                                  pa.array(np.arange(n, dtype=np.int64))))
+            measured.append(con.sql(statistics_sql("t_stats t POSITIONAL JOIN b_stats b",
+                                                   [("t.pair_index", "pair_index")], None)).to_arrow_table())
+        out = measured.pop()
     finally:
         con.close()
         helper.shutdown(cancel_futures=True)
     t, b = taken[0].select(tcols), taken[1].select(bcols)
     del taken[:]
+    at = out.column("pair_index").to_numpy()
+    if not np.array_equal(at, np.arange(n, dtype=np.int64)):
+        out = out.take(pa.array(np.argsort(at, kind="stable")))
     metrics = out.select([*STAT_METRICS, "err_message"])
     pairs = pa.table({"target_tensor_id": t.column("tensor_id"), "bench_tensor_id": b.column("tensor_id"),
                       "match_strategy": pa.repeat(pa.scalar("exact"), n),
@@ -131,6 +150,19 @@ def _pairs_order(rows: np.ndarray, everything: np.ndarray | None) -> np.ndarray 
     return pair_of[everything]
 
 
+def _by_id(table: pa.Table) -> pa.Table:
+    """``table`` with its rows in ``tensor_id`` order (int64, unique, no NULL), one chunk a
+    column: as it is when it already is so; else one copy (:func:`_take` of the rows a
+    stable sort of the ids gives: a few runs of consecutive rows, as a parallel DuckDB
+    query returns them, go as slices)."""
+    if "tensor_id" not in table.column_names:  # not a side exact_paired pairs: it declines
+        return table
+    ids = table.column("tensor_id").to_numpy()
+    if ids.size > 1 and not bool((ids[1:] > ids[:-1]).all()):
+        return _take(table, np.argsort(ids, kind="stable"))
+    return table if all(c.num_chunks <= 1 for c in table.columns) else table.combine_chunks()
+
+
 def _take(table: pa.Table, rows: np.ndarray) -> pa.Table:
     """``table.take(rows)`` (``rows``: int64 row numbers), one chunk per column. When
     ``rows`` are at most :data:`_RUNS` runs of consecutive rows covering nine tenths of the
@@ -140,6 +172,9 @@ def _take(table: pa.Table, rows: np.ndarray) -> pa.Table:
     target's 33 columns at 500,000 pairs). One chunk, as take gives: the engine reads each
     column as one array (a second copy otherwise, with the side's rows still alive)."""
     n = rows.size
+    if n == table.num_rows and (n == 0 or (int(rows[0]) == 0 and bool((np.diff(rows) == 1).all()))) and \
+            all(c.num_chunks == 1 for c in table.columns):
+        return table  # the rows in place (_by_id): no copy
     breaks = np.flatnonzero(np.diff(rows) != 1) + 1 if n else np.zeros(0, np.int64)
     if n == 0 or breaks.size >= _RUNS or 10 * n < 9 * table.num_rows:
         return table.take(pa.array(rows, pa.int64()))

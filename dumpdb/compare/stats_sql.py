@@ -37,12 +37,13 @@ def _stat_sql(name: str) -> str:
 _PREFIX, _SUFFIX = MSG_STATS_MAGNITUDE.split("{names}")
 
 def statistics_sql(source: str, keep: Sequence[tuple[str, str]] = (("p.pair_index", "pair_index"),),
-                   order_by: str = "pair_index") -> str:
+                   order_by: str | None = "pair_index") -> str:
     """The query computing the :data:`STAT_METRICS` columns and ``err_message`` of each pair
     of ``source`` (a FROM clause in which aliases ``t`` and ``b`` are the target's and the
     bench's rows of a pair, with ``max``, ``min``, ``mean``, ``l2norm``), carrying the
     ``keep`` select items through (``(expression, output name)``, in that order, before the
-    metrics), ordered by ``order_by`` (an expression over the output names)."""
+    metrics), ordered by ``order_by`` (an expression over the output names; None: no ORDER BY,
+    the caller checks the order it needs)."""
     carried = ", ".join(f'{expr} AS "{name}"' for expr, name in keep)
     names = ", ".join(f'"{name}"' for _, name in keep)
     flags = " OR ".join(f"{s}_flag" for s in STATS)
@@ -54,7 +55,7 @@ WITH d AS (
 )
 SELECT {names}, {", ".join(STAT_METRICS)},
        CASE WHEN {flags} THEN '{_PREFIX}' || concat_ws(', ', {which}) || '{_SUFFIX}' END AS err_message
-FROM d ORDER BY {order_by}
+FROM d{f" ORDER BY {order_by}" if order_by is not None else ""}
 """
 
 

@@ -511,7 +511,7 @@ def compare(archive, target: str | Selection, bench: str | Selection, *, iterati
                 "SELECT count(*) FROM tensors WHERE run = ? AND rank IS NOT NULL", [tsel.run]).fetchall()[0][0]:
             tsel = Selection(tsel.run, tsel.iteration, 0)  # a rankless target is rank 0 vs the bench's rank
         drop = _NOT_READ_BY_STATISTICS if mode == "statistics" else ()
-        trows, brows = select_rows(con, tsel, drop), select_rows(con, bsel, drop)
+        trows, brows = select_rows(con, tsel, drop), select_rows(con, bsel, (*drop, *_TARGET_ONLY))
     trows, brows = _proc_as_rank0(trows, brows), _proc_as_rank0(brows, trows)
     # every pair compared by its statistics: no payload is read, whatever pairs
     statistics_only = mode == "statistics" or (mode == "auto" and (
@@ -1294,6 +1294,8 @@ _ROW_FIELDS = (
 # Selected columns nothing reads in statistics mode (payload locations and counts, keys).
 _NOT_READ_BY_STATISTICS = ("run", "device_id", "tensor_key", "nbytes", "stats_source", "nan_count", "pos_inf_count",
                            "neg_inf_count", "array_path", "elem_offset", "elem_count")
+# Columns only the target side's rows are read for (the result table's source line; _ROW_FIELDS)
+_TARGET_ONLY = ("code_file", "code_line", "code_text", "source_file")
 # Columns of each side's rows the metrics and the result table read.
 _COMPUTE_COLUMNS = (*_LOC_KEYS, "tensor_id", "nbytes", "stats_source", "nan_count", "pos_inf_count", "neg_inf_count",
                     *STATS)

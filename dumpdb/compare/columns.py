@@ -56,12 +56,24 @@ def strings(col) -> np.ndarray:
     """A string (or other) Arrow column as a numpy object array (None for NULL); equal
     values share one Python object (decoded once through a dictionary)."""
     arr = _array(col)
-    if pa.types.is_null(arr.type):
+    if pa.types.is_null(arr.type) or arr.null_count == len(arr):
         return np.full(len(arr), None, dtype=object)
+    if _constant(arr):
+        return filled(len(arr), arr[0].as_py())
     enc = pc.dictionary_encode(arr)
     values = np.empty(len(enc.dictionary) + 1, dtype=object)
     values[:-1] = enc.dictionary.to_pylist()
     return values[pc.fill_null(enc.indices, len(enc.dictionary)).to_numpy(zero_copy_only=False)]
+
+
+def _constant(arr: pa.Array) -> bool:
+    """Every element the same value, none NULL (a dtype column, most often): compared to
+    the first by an Arrow kernel, a pass far cheaper than hashing every element. Checked
+    only when the first and last elements are equal."""
+    n = len(arr)
+    if not n or arr.null_count or arr[0] != arr[n - 1]:
+        return False
+    return bool(pc.all(pc.equal(arr, arr[0])).as_py())
 
 
 def filled(n: int, value: object) -> np.ndarray:
@@ -134,6 +146,9 @@ def group_codes(keys: Iterable[np.ndarray]) -> np.ndarray:
     n = len(cols[0]) if cols else 0
     if n == 0:
         return np.zeros(0, np.int64)
+    cols = [c for c in cols if c.min() != c.max()]  # a key of one value numbers nothing
+    if not cols:
+        return np.zeros(n, np.int64)
     order = np.lexsort(cols[::-1])
     change = np.zeros(n, bool)
     change[0] = True
@@ -146,8 +161,15 @@ def group_codes(keys: Iterable[np.ndarray]) -> np.ndarray:
 
 
 def string_codes(col) -> np.ndarray:
-    """Codes of a string column's values (NULL its own code), for :func:`group_codes`."""
-    enc = pc.dictionary_encode(_array(col))
+    """Codes of a string column's values (NULL its own code), for :func:`group_codes`:
+    each value's place among the distinct values in order of first appearance (NULL:
+    the int64 minimum)."""
+    arr = _array(col)
+    if arr.null_count == len(arr):
+        return np.full(len(arr), _NULL, np.int64)
+    if _constant(arr):
+        return np.zeros(len(arr), np.int64)
+    enc = pc.dictionary_encode(arr)
     return ints(enc.indices, _NULL)
 
 
@@ -400,25 +422,19 @@ class Texts:
         self._starts.append(self._size)
         self._size += len(arr)
 
-    def _gather(self, codes: np.ndarray) -> tuple[pa.Array, np.ndarray]:
-        """(the parts ``codes`` point into, joined; each code's element in it)."""
-        valid = codes >= 0
-        starts = np.array(self._starts, np.int64)
-        part = np.searchsorted(starts, codes, side="right") - 1
-        used = np.flatnonzero(np.bincount(part[valid], minlength=len(starts))).tolist()
-        if not used:
-            return pa.array([], pa.large_string()), np.zeros(len(codes), np.int64)
-        base = np.zeros(len(starts), np.int64)  # each used part's first element in the joined array
-        sizes = [len(self._parts[k]) for k in used]
-        base[used] = np.cumsum([0, *sizes[:-1]])
-        joined = self._parts[used[0]] if len(used) == 1 else pa.concat_arrays([self._parts[k] for k in used])
-        return joined, np.where(valid, codes - starts[np.maximum(part, 0)] + base[np.maximum(part, 0)], 0)
+    def _take(self, codes: np.ndarray) -> pa.Array:
+        """The elements ``codes`` point at (NULL where negative), as one ``large_string``
+        array: one take over the parts as chunks of one column (the parts are not joined
+        first: that would copy every text of a part, overwritten ones too)."""
+        missing = codes < 0
+        if not self._parts:
+            return pa.nulls(len(codes), pa.large_string())
+        chunks = pa.chunked_array(self._parts, pa.large_string())
+        return chunks.take(pa.array(np.where(missing, 0, codes), pa.int64(), mask=missing)).combine_chunks()
 
     def __getitem__(self, rows) -> pa.Array:
         """The texts of ``rows`` (indices or a bool mask) as an Arrow ``large_string`` array."""
-        codes = self.codes[rows]
-        joined, local = self._gather(codes)
-        return joined.take(pa.array(local, pa.int64(), mask=codes < 0))
+        return self._take(self.codes[rows])
 
     def get(self, i: int) -> str | None:
         """Row ``i``'s text (a Python str; None for NULL)."""
@@ -439,7 +455,7 @@ class Texts:
 
     def arrow(self) -> pa.Array:
         """The column as one Arrow ``string`` array."""
-        return self[np.arange(len(self.codes))].cast(pa.string())
+        return self._take(self.codes).cast(pa.string())
 
 
 def nonempty(texts: pa.Array) -> np.ndarray:

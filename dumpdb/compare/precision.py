@@ -1210,8 +1210,7 @@ def _distinct(col: np.ndarray, spec: str) -> tuple[np.ndarray, np.ndarray]:
         bits = bits.view(f"u{bits.dtype.itemsize}")
     digits = int(spec[1:-1]) if len(spec) > 2 and spec[0] == "." and spec[-1] == "g" and spec[1:-1].isdigit() else 0
     if col.dtype.kind != "f" or not 1 <= digits <= 8:
-        _, first, inverse = np.unique(bits, return_index=True, return_inverse=True)
-        return first, inverse.reshape(-1)
+        return _unique_keys(bits)
     v = np.abs(col.astype(np.float64))
     low, high = 10.0 ** (digits - 1), 10.0 ** digits
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
@@ -1221,17 +1220,44 @@ def _distinct(col: np.ndarray, spec: str) -> tuple[np.ndarray, np.ndarray]:
         e = np.where(m >= high, e + 1, np.where(m < low, e - 1, e))  # log10 off by one near a power of ten
         m = v * 10.0 ** (digits - 1 - e)
         regular &= (m >= low) & (m < high) & (np.abs(m - np.floor(m) - 0.5) > 1e-6)
-    r = np.floor(np.where(regular, m, 0.0) + 0.5).astype(np.int64)
-    key = ((e.astype(np.int64) + 1024) * (1 << 28) + r) * 2 + np.signbit(col)  # |e| < 291, r <= 10**8
+    r = np.floor(np.where(regular, m, 0.0) + 0.5).astype(np.int64)  # low <= r <= high
+    exp = np.where(regular, e, 0.0).astype(np.int64)
+    # (exponent, rounded digits, sign) as one integer, in that order (|e| < 291: a narrow
+    # range of keys, numbered by _unique_keys without sorting the rows)
+    key = ((exp - (int(exp.min()) if len(col) else 0)) * (int(high) - int(low) + 1) + (r - int(low))) * 2 \
+        + np.signbit(col)
     inverse = np.empty(len(col), np.int64)
     firsts, groups = [], 0
     for rows, k in ((np.flatnonzero(regular), key[regular]), (np.flatnonzero(~regular), bits[~regular])):
         if rows.size:
-            _, f, inv = np.unique(k, return_index=True, return_inverse=True)
+            f, inv = _unique_keys(k)
             firsts.append(rows[f])
-            inverse[rows] = inv.reshape(-1) + groups
+            inverse[rows] = inv + groups
             groups += len(f)
     return np.concatenate(firsts), inverse
+
+
+def _unique_keys(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(first, inverse) of an integer array, as ``np.unique(keys, return_index=True,
+    return_inverse=True)`` gives them (the distinct keys numbered in ascending order, each
+    one's first row): by a table over the keys' range where that range is narrow (no sort),
+    by np.unique otherwise."""
+    n = len(keys)
+    if n and keys.dtype.kind in "iu":
+        lo, hi = int(keys.min()), int(keys.max())
+        if hi - lo < max(4 * n, 1 << 16):
+            # unsigned keys less their minimum fit (every key >= lo); signed ones in int64
+            at = (keys - keys.dtype.type(lo)).astype(np.intp) if keys.dtype.kind == "u" else \
+                keys.astype(np.int64) - lo
+            seen = np.zeros(hi - lo + 1, bool)
+            seen[at] = True
+            rank = np.cumsum(seen) - 1
+            inverse = rank[at]
+            first = np.full(int(rank[-1]) + 1, n, np.int64)
+            np.minimum.at(first, inverse, np.arange(n))
+            return first, inverse
+    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    return first, inverse.reshape(-1)
 
 
 @functools.cache

@@ -112,21 +112,31 @@ class Shapes:
             self.ndim = pc.fill_null(pc.list_value_length(arr), 0).to_numpy(zero_copy_only=False).astype(np.int64)
             flat = pc.list_flatten(arr).to_numpy(zero_copy_only=False).astype(np.int64)
             width = int(self.ndim.max()) if n else 0
-            self.dims = np.full((n, width), -1, np.int64)
-            starts = np.zeros(n, np.int64)
-            np.cumsum(self.ndim[:-1], out=starts[1:])
-            for d in range(width):
-                has = self.ndim > d
-                self.dims[has, d] = flat[starts[has] + d]
-        padded = np.where(self.dims < 0, 1, self.dims)
-        self.size = np.where(self.valid, padded.prod(axis=1), 0) if n else np.zeros(0, np.int64)
+            if n and flat.size == n * width and not arr.null_count and bool((self.ndim == width).all()):
+                self.dims = flat.reshape(n, width)  # every shape of one rank: the values as they lie
+            else:
+                self.dims = np.full((n, width), -1, np.int64)
+                starts = np.zeros(n, np.int64)
+                np.cumsum(self.ndim[:-1], out=starts[1:])
+                for d in range(width):
+                    has = self.ndim > d
+                    self.dims[has, d] = flat[starts[has] + d]
+        # the product of the dims (padding counts 1), a column at a time: numpy's prod along
+        # the short axis of an n x ndim matrix is several times slower (the same integers)
+        size = np.ones(n, np.int64)
+        for d in range(self.dims.shape[1]):
+            size *= np.where(self.dims[:, d] < 0, 1, self.dims[:, d])
+        self.size = np.where(self.valid, size, 0)
 
     def equal(self, other: Shapes) -> np.ndarray:
         """Both shapes known and the same, per row."""
-        width = max(self.dims.shape[1], other.dims.shape[1])
-        a = np.pad(self.dims, ((0, 0), (0, width - self.dims.shape[1])), constant_values=-1)
-        b = np.pad(other.dims, ((0, 0), (0, width - other.dims.shape[1])), constant_values=-1)
-        return self.valid & other.valid & (self.ndim == other.ndim) & (a == b).all(axis=1)
+        out = self.valid & other.valid & (self.ndim == other.ndim)
+        # column by column (a padding column holds -1 on the narrower side)
+        for d in range(max(self.dims.shape[1], other.dims.shape[1])):
+            a = self.dims[:, d] if d < self.dims.shape[1] else -1
+            b = other.dims[:, d] if d < other.dims.shape[1] else -1
+            out &= a == b
+        return out
 
     def shape(self, i: int) -> tuple[int, ...] | None:
         """Row ``i`` as a tuple (None where NULL)."""
@@ -252,9 +262,7 @@ def containers(op_type, name) -> np.ndarray:
     parameter's gradient, held by no op record at those levels)."""
     if len(op_type) == 0:
         return np.zeros(0, bool)
-    text = _text(op_type)
-    hit = pc.fill_null(pc.or_(*(pc.starts_with(text, p) for p in _CONTAINER_PREFIXES)), False).to_numpy(
-        zero_copy_only=False)
+    hit = _per_value(op_type, lambda text: pc.or_(*(pc.starts_with(text, p) for p in _CONTAINER_PREFIXES)))
     if not hit.any():  # no module or cell record (levels L1, MindSpore): the names need no scan
         return hit
     return hit & ~_contains(name, ".parameters_grad.")
@@ -272,7 +280,15 @@ def collectives(op_type) -> np.ndarray:
     types): their outputs combine the inputs of every rank's call of the same name."""
     if len(op_type) == 0:
         return np.zeros(0, bool)
-    hit = pc.match_substring_regex(_text(op_type), _COLLECTIVE)
+    return _per_value(op_type, lambda text: pc.match_substring_regex(text, _COLLECTIVE))
+
+
+def _per_value(values, test) -> np.ndarray:
+    """``test`` (an Arrow kernel's boolean result per element; NULL counts False) of an
+    object array of str / None or an Arrow string array, as numpy; of a dictionary array
+    (:func:`pc.dictionary_encode`: a few op types) once per distinct value."""
+    text = _text(values)
+    hit = test(text.dictionary).take(text.indices) if pa.types.is_dictionary(text.type) else test(text)
     return pc.fill_null(hit, False).to_numpy(zero_copy_only=False)
 
 
@@ -424,13 +440,29 @@ class Texts:
 
     def _take(self, codes: np.ndarray) -> pa.Array:
         """The elements ``codes`` point at (NULL where negative), as one ``large_string``
-        array: one take over the parts as chunks of one column (the parts are not joined
-        first: that would copy every text of a part, overwritten ones too)."""
+        array. Many rows (the whole column): one take over the parts as the chunks of one
+        column (Arrow joins them first). Few rows: each part's rows taken from that part,
+        then put in order (joining every part would copy all texts for a few).
+        """
         missing = codes < 0
-        if not self._parts:
+        some = len(codes) - int(np.count_nonzero(missing))
+        if not some:
             return pa.nulls(len(codes), pa.large_string())
-        chunks = pa.chunked_array(self._parts, pa.large_string())
-        return chunks.take(pa.array(np.where(missing, 0, codes), pa.int64(), mask=missing)).combine_chunks()
+        if some * 8 >= self._size:
+            chunks = pa.chunked_array(self._parts, pa.large_string())
+            return chunks.take(pa.array(np.where(missing, 0, codes), pa.int64(), mask=missing)).combine_chunks()
+        rows = np.flatnonzero(~missing)
+        starts = np.array(self._starts, np.int64)
+        part = np.searchsorted(starts, codes[rows], side="right") - 1
+        by = np.argsort(part, kind="stable")
+        rows, part = rows[by], part[by]
+        bounds = np.flatnonzero(np.diff(part)) + 1
+        pieces = [self._parts[int(part[lo])].take(pa.array(codes[rows[lo:hi]] - starts[part[lo]], pa.int64()))
+                  for lo, hi in zip([0, *bounds.tolist()], [*bounds.tolist(), len(rows)])]
+        joined = pieces[0] if len(pieces) == 1 else pa.concat_arrays(pieces)
+        at = np.zeros(len(codes), np.int64)
+        at[rows] = np.arange(len(rows))
+        return joined.take(pa.array(at, pa.int64(), mask=missing))
 
     def __getitem__(self, rows) -> pa.Array:
         """The texts of ``rows`` (indices or a bool mask) as an Arrow ``large_string`` array."""

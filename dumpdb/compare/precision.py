@@ -597,7 +597,9 @@ def name_masks(target_name: pa.Array, scope_name: pa.Array,
     :func:`~dumpdb.compare.columns.phase_marks` of name and scope; the
     :func:`~dumpdb.compare.columns.collectives` among the op types, bool per row). Arrow's
     text kernels alone (no GIL held meanwhile): the engine runs this in a second thread."""
-    return containers(op_type, target_name), phase_marks(target_name, scope_name), collectives(op_type)
+    # a few distinct op types: each tested once
+    op_types = pc.dictionary_encode(op_type.combine_chunks() if isinstance(op_type, pa.ChunkedArray) else op_type)
+    return containers(op_types, target_name), phase_marks(target_name, scope_name), collectives(op_types)
 
 
 def judge_precision_columns(c: Columns, rules: PrecisionRules = PrecisionRules(),
@@ -743,7 +745,7 @@ def judge_precision_columns(c: Columns, rules: PrecisionRules = PrecisionRules()
     with np.errstate(invalid="ignore"):
         exact = inputs & ~departs_ & ~noise & none & ~container & err_ok & np.isfinite(err) & (err > 0) \
             & (upstream[g] == 0) & ~inf_before[g] & np.equal(c.target_dtype, c.bench_dtype).astype(bool) \
-            & np.isin(low, list(_FLOATS))
+            & _among(low, _FLOATS)
         chain = inputs & ~departs_ & ~noise & none & ~container & err_ok & np.isfinite(err) & floor_ok \
             & (err > CHAIN_ROUNDINGS * floor)
     _judge_inputs_columns(c, departs_ & inputs, g, err, err_ok, floor_ok, floor, ratio, ratio_ok, upstream,
@@ -1191,6 +1193,17 @@ def _object_codes(col: np.ndarray) -> tuple[np.ndarray, list]:
     return inverse, list(memo)
 
 
+def _among(col: np.ndarray, values) -> np.ndarray:
+    """``np.isin(col, list(values))`` of an object column of hashable values: compared
+    only to the values it holds (np.isin compares every row to every value)."""
+    out = np.zeros(len(col), bool)
+    present = set(col.tolist())
+    for v in values:
+        if v in present:
+            out |= np.equal(col, v).astype(bool)
+    return out
+
+
 def _values(col) -> list:
     """A numpy or Arrow column as a Python list."""
     return col.to_pylist() if isinstance(col, (pa.Array, pa.ChunkedArray)) else col.tolist()
@@ -1208,6 +1221,16 @@ def _distinct(col: np.ndarray, spec: str) -> tuple[np.ndarray, np.ndarray]:
     bits = np.ascontiguousarray(col)
     if bits.dtype.kind == "f":
         bits = bits.view(f"u{bits.dtype.itemsize}")
+    if len(bits) > 1:
+        # runs of one value (the inputs' error of an op's rows, a growth allowance): grouped
+        # by their first rows alone. A group's first row starts a run, so ``first`` is the same
+        head = np.empty(len(bits), bool)
+        head[0] = True
+        np.not_equal(bits[1:], bits[:-1], out=head[1:])
+        heads = np.flatnonzero(head)
+        if heads.size <= len(bits) // 2:
+            first, inverse = _distinct(col[heads], spec)
+            return heads[first], inverse[np.cumsum(head) - 1]
     digits = int(spec[1:-1]) if len(spec) > 2 and spec[0] == "." and spec[-1] == "g" and spec[1:-1].isdigit() else 0
     if col.dtype.kind != "f" or not 1 <= digits <= 8:
         return _unique_keys(bits)

@@ -247,11 +247,13 @@ def _text(values) -> pa.Array:
     return values if isinstance(values, pa.Array) else pa.array(values, pa.string())
 
 
-def _contains(values, token: str, lower: bool = False) -> np.ndarray:
-    """``token in v`` per element of an object array of str / None (None: False)."""
+def _contains(values, token: str, lower: bool = False, regex: bool = False) -> np.ndarray:
+    """``token in v`` per element of an object array of str / None (None: False); with
+    ``regex``, ``token`` is an RE2 pattern searched for."""
     if len(values) == 0:
         return np.zeros(0, bool)
-    hit = pc.match_substring(_text(values), token, ignore_case=lower)
+    hit = pc.match_substring_regex(_text(values), token, ignore_case=lower) if regex else \
+        pc.match_substring(_text(values), token, ignore_case=lower)
     return pc.fill_null(hit, False).to_numpy(zero_copy_only=False)
 
 
@@ -302,7 +304,8 @@ def keys(*columns: np.ndarray, sep: str = "|") -> pa.Array:
 def phase_marks(name, scope) -> tuple[np.ndarray, np.ndarray]:
     """What :func:`phases` reads of the texts (bool per row): (a backward record or kernel,
     a scope naming an optimizer). Arrow's text kernels alone: the GIL is free meanwhile."""
-    back = _contains(name, ".backward") | _contains(name, ".parameters_grad.") | _contains(scope, "Gradients/")
+    # the two name tests as one scan: ".backward" or ".parameters_grad." anywhere in it
+    back = _contains(name, r"\.backward|\.parameters_grad\.", regex=True) | _contains(scope, "Gradients/")
     return back, _contains(scope, "optimizer", lower=True)
 
 

@@ -535,19 +535,24 @@ def _errors_columns(c: Columns) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.
     low = np.full(n, None, dtype=object)
     reason = np.full(n, None, dtype=object)
     dtypes = tuple(getattr(c, k) for k in _DTYPES)
-    if n:  # _dtype_rule once per distinct combination
+    codes, found = np.zeros(n, np.int64), []
+    if n:  # _dtype_rule once per distinct combination (codes 0 upwards: the first row of each)
         codes = group_codes([string_codes(c.text(k)) for k in _DTYPES])
-        _, first = np.unique(codes, return_index=True)
+        first, _ = _unique_keys(codes)
         found = [_dtype_rule(*(col[i] for col in dtypes)) for i in first.tolist()]
-        low[:] = np.array([f[0] for f in found] + [None], dtype=object)[:-1][codes]
-        reason[:] = np.array([f[1] for f in found] + [None], dtype=object)[:-1][codes]
+        if len(found) == 1:  # one combination (most compares): every row the same objects
+            low.fill(found[0][0])
+            reason.fill(found[0][1])
+        else:
+            low[:] = np.array([f[0] for f in found] + [None], dtype=object)[:-1][codes]
+            reason[:] = np.array([f[1] for f in found] + [None], dtype=object)[:-1][codes]
     ts, bs = c.target_shape, c.bench_shape
     nan_inf = np.zeros(n, bool)
     has = np.flatnonzero(np.not_equal(c.err_message, _NONE).astype(bool))  # most rows have no message
     nan_inf[has] = [isinstance(m, str) and MSG_NAN_INF_MISMATCH in m for m in c.err_message[has].tolist()]
     special = (ts.valid & bs.valid & ~ts.equal(bs)) | (_side_nonfinite(c, "target") & ~_side_nonfinite(c, "bench")) \
         | (~c.statistics & nan_inf)
-    structural = np.not_equal(reason, _NONE)
+    structural = np.array([f[1] is not None for f in found], bool)[codes]  # a dtype rule's reason
     simple = ~special & ~structural
     low[structural & ~special] = None
 
@@ -561,13 +566,13 @@ def _errors_columns(c: Columns) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.
     euc_ok = np.where(c.statistics, l2d_ok, euc_ok | mae_ok)
     l2_v, l2_ok = num("bench_l2norm")
     size = np.where(bs.valid, bs.size, 1).astype(np.float64)
-    kinds = {d: (1, 0.0, 0.0) if d is not None and d.startswith(_EXACT) else
-             (2, *_FLOATS[d]) if d in _FLOATS else (0, 0.0, 0.0) for d in set(low[simple].tolist())}
-    kind = np.zeros(n, np.int8)
-    eps, sub = np.zeros(n), np.zeros(n)
-    for d, (k, d_eps, d_sub) in kinds.items():
-        at = simple & (low == d).astype(bool) if d is not None else simple & np.equal(low, _NONE).astype(bool)
-        kind[at], eps[at], sub[at] = k, d_eps, d_sub
+    # (kind: 0 none, 1 exact, 2 float; eps; smallest subnormal) of each combination's dtype,
+    # spread to the simple rows (their dtype is their combination's)
+    kinds = [(1, 0.0, 0.0) if d is not None and d.startswith(_EXACT) else
+             (2, *_FLOATS[d]) if d in _FLOATS else (0, 0.0, 0.0) for d in (f[0] for f in found)]
+    kind = np.where(simple, np.array([k[0] for k in kinds], np.int8)[codes], 0).astype(np.int8)
+    eps = np.where(simple, np.array([k[1] for k in kinds], np.float64)[codes], 0.0)
+    sub = np.where(simple, np.array([k[2] for k in kinds], np.float64)[codes], 0.0)
     go = simple & euc_ok & l2_ok & (kind > 0)
     with np.errstate(all="ignore"):
         positive = l2_v > 0
@@ -585,7 +590,10 @@ def _errors_columns(c: Columns) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.
         if f1 is not None:
             floor[i], floor_ok[i] = f1, True
     texts = Texts(n)
-    at = np.flatnonzero(np.not_equal(reason, _NONE).astype(bool))
+    written = structural.copy()  # the rows with a reason: the dtype rules', then _pair_error's
+    at = np.flatnonzero(special)
+    written[at] = [r is not None for r in reason[at].tolist()]
+    at = np.flatnonzero(written)
     texts[at] = reason[at]
     return err, err_ok, floor, floor_ok, low, texts
 
@@ -1464,10 +1472,14 @@ def _judge_inputs_columns(c: Columns, rows_mask, g, err, err_ok, floor_ok, floor
     what = replaced(what, ~nonempty(what), "nan/inf")
     reason[at] = _format("{}: propagated from earlier nan/inf", what)
     at = np.flatnonzero(a3)
-    produced = _format(" (produced by {})", name[at])
-    produced = replaced(produced, ~has[at], "")
-    reason[at] = _format("input error {:.3g} within {:.3g} x the largest earlier error {:.3g}{}",
-                         err[at], allowed[at], up[at], produced)
+    if has[at].any():
+        produced = _format(" (produced by {})", name[at])
+        produced = replaced(produced, ~has[at], "")
+        reason[at] = _format("input error {:.3g} within {:.3g} x the largest earlier error {:.3g}{}",
+                             err[at], allowed[at], up[at], produced)
+    else:  # no producer named (no content hashes: a statistics compare): nothing to append
+        reason[at] = _format("input error {:.3g} within {:.3g} x the largest earlier error {:.3g}",
+                             err[at], allowed[at], up[at])
     at = np.flatnonzero(a3 & known)
     reason[at] = _format(f"input error {{:.3g}} within {CHAIN_GROWTH:g} x the error {{:.3g}} of the inputs of {{}}, "
                          f"an op only the target has, + {CHAIN_ROUNDINGS:g} x floor", err[at], src[at], name[at])

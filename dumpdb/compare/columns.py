@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 __all__ = ["Shapes", "ResultColumns", "execution_order", "execution_keys", "string_codes", "group_codes", "ints",
            "floats", "filled", "strings", "join_messages", "truthy", "IO_ORDER", "ORDER_KEYS", "run_order", "run_ranks",
            "FORWARD", "BACKWARD", "OPTIMIZER", "PHASES", "phases", "containers", "collectives", "keys", "Texts",
-           "nonempty", "replaced"]
+           "nonempty", "replaced", "unique_keys"]
 
 # The target columns execution_order reads.
 ORDER_KEYS = ("iteration", "rank", "graph_id", "position", "timestamp", "call_index", "io", "slot", "tensor_id")
@@ -168,6 +168,29 @@ def group_codes(keys: Iterable[np.ndarray]) -> np.ndarray:
     codes = np.empty(n, np.int64)
     codes[order] = np.cumsum(change) - 1
     return codes
+
+
+def unique_keys(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(first, inverse) of an integer array, as ``np.unique(keys, return_index=True,
+    return_inverse=True)`` gives them (the distinct keys numbered in ascending order, each
+    one's first row): by a table over the keys' range where that range is narrow (no sort),
+    by np.unique otherwise."""
+    n = len(keys)
+    if n and keys.dtype.kind in "iu":
+        lo, hi = int(keys.min()), int(keys.max())
+        if hi - lo < max(4 * n, 1 << 16):
+            # unsigned keys less their minimum fit (every key >= lo); signed ones in int64
+            at = (keys - keys.dtype.type(lo)).astype(np.intp) if keys.dtype.kind == "u" else \
+                keys.astype(np.int64) - lo
+            seen = np.zeros(hi - lo + 1, bool)
+            seen[at] = True
+            rank = np.cumsum(seen) - 1
+            inverse = rank[at]
+            first = np.full(int(rank[-1]) + 1, n, np.int64)
+            np.minimum.at(first, inverse, np.arange(n))
+            return first, inverse
+    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    return first, inverse.reshape(-1)
 
 
 def string_codes(col) -> np.ndarray:

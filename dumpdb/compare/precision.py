@@ -196,6 +196,7 @@ from dumpdb.compare.columns import (
     string_codes,
     strings,
     truthy,
+    unique_keys,
 )
 from dumpdb.compare.metrics import MSG_NAN_INF_MISMATCH
 
@@ -538,7 +539,7 @@ def _errors_columns(c: Columns) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.
     codes, found = np.zeros(n, np.int64), []
     if n:  # _dtype_rule once per distinct combination (codes 0 upwards: the first row of each)
         codes = group_codes([string_codes(c.text(k)) for k in _DTYPES])
-        first, _ = _unique_keys(codes)
+        first, _ = unique_keys(codes)
         found = [_dtype_rule(*(col[i] for col in dtypes)) for i in first.tolist()]
         if len(found) == 1:  # one combination (most compares): every row the same objects
             low.fill(found[0][0])
@@ -1107,16 +1108,17 @@ def _collective_noise(c: Columns, call: np.ndarray, rows_mask: np.ndarray, depar
 
 def _other_max(g: np.ndarray, groups: int, values: np.ndarray, known: np.ndarray) -> np.ndarray:
     """Per row, the largest known value among the *other* rows of its group (NaN: none)."""
-    val = np.where(known, values, -1.0)
+    val = np.where(known, values, -1.0)  # known values are finite: no NaN among them
     top1, top2 = np.full(groups, -1.0), np.full(groups, -1.0)
     np.maximum.at(top1, g, val)
     is_top = known & (val == top1[g])
     holder = np.zeros(len(g), bool)  # one row per group holds the top; the others see it
     at = np.flatnonzero(is_top)
-    _, first = np.unique(g[at], return_index=True)
+    first, _ = unique_keys(g[at])
     holder[at[first]] = True
-    np.maximum.at(top2, g[~holder], val[~holder])
-    out = np.where(holder, top2[g], top1[g])
+    np.maximum.at(top2, g, np.where(holder, -1.0, val))  # -1 leaves top2 as it is
+    out = top1[g]
+    out[holder] = top2[g[holder]]
     return np.where(out > 0, out, np.nan)
 
 
@@ -1241,7 +1243,7 @@ def _distinct(col: np.ndarray, spec: str) -> tuple[np.ndarray, np.ndarray]:
             return heads[first], inverse[np.cumsum(head) - 1]
     digits = int(spec[1:-1]) if len(spec) > 2 and spec[0] == "." and spec[-1] == "g" and spec[1:-1].isdigit() else 0
     if col.dtype.kind != "f" or not 1 <= digits <= 8:
-        return _unique_keys(bits)
+        return unique_keys(bits)
     v = np.abs(col.astype(np.float64))
     low, high = 10.0 ** (digits - 1), 10.0 ** digits
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
@@ -1254,41 +1256,18 @@ def _distinct(col: np.ndarray, spec: str) -> tuple[np.ndarray, np.ndarray]:
     r = np.floor(np.where(regular, m, 0.0) + 0.5).astype(np.int64)  # low <= r <= high
     exp = np.where(regular, e, 0.0).astype(np.int64)
     # (exponent, rounded digits, sign) as one integer, in that order (|e| < 291: a narrow
-    # range of keys, numbered by _unique_keys without sorting the rows)
+    # range of keys, numbered by unique_keys without sorting the rows)
     key = ((exp - (int(exp.min()) if len(col) else 0)) * (int(high) - int(low) + 1) + (r - int(low))) * 2 \
         + np.signbit(col)
     inverse = np.empty(len(col), np.int64)
     firsts, groups = [], 0
     for rows, k in ((np.flatnonzero(regular), key[regular]), (np.flatnonzero(~regular), bits[~regular])):
         if rows.size:
-            f, inv = _unique_keys(k)
+            f, inv = unique_keys(k)
             firsts.append(rows[f])
             inverse[rows] = inv + groups
             groups += len(f)
     return np.concatenate(firsts), inverse
-
-
-def _unique_keys(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(first, inverse) of an integer array, as ``np.unique(keys, return_index=True,
-    return_inverse=True)`` gives them (the distinct keys numbered in ascending order, each
-    one's first row): by a table over the keys' range where that range is narrow (no sort),
-    by np.unique otherwise."""
-    n = len(keys)
-    if n and keys.dtype.kind in "iu":
-        lo, hi = int(keys.min()), int(keys.max())
-        if hi - lo < max(4 * n, 1 << 16):
-            # unsigned keys less their minimum fit (every key >= lo); signed ones in int64
-            at = (keys - keys.dtype.type(lo)).astype(np.intp) if keys.dtype.kind == "u" else \
-                keys.astype(np.int64) - lo
-            seen = np.zeros(hi - lo + 1, bool)
-            seen[at] = True
-            rank = np.cumsum(seen) - 1
-            inverse = rank[at]
-            first = np.full(int(rank[-1]) + 1, n, np.int64)
-            np.minimum.at(first, inverse, np.arange(n))
-            return first, inverse
-    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
-    return first, inverse.reshape(-1)
 
 
 @functools.cache

@@ -90,7 +90,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dumpdb.compare.columns import Shapes
+from dumpdb.compare.columns import Shapes, unique_keys
 from dumpdb.compare.metrics import MSG_NAN_INF_MISMATCH
 
 PASS, WARNING, ERROR = "pass", "warning", "error"
@@ -307,8 +307,8 @@ def _checks(c: Columns, th: Thresholds) -> tuple[np.ndarray, list[tuple[str, np.
     stats_group = np.bincount(g[~c.statistics], minlength=groups) == 0
     first_out = np.full(groups, -1, np.int64)
     out_rows = np.flatnonzero(out)
-    ug, at = np.unique(g[out_rows], return_index=True)
-    first_out[ug] = out_rows[at]
+    at, _ = unique_keys(g[out_rows])  # each op's first output row
+    first_out[g[out_rows[at]]] = out_rows[at]
     # msprobe's ignore lists by the op's name (the first input's; one name per op here)
     names = _texts(c.target_name)
     if names is not None:  # the second dot-separated field, as _ignore reads it

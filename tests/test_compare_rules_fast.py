@@ -216,3 +216,14 @@ def test_ignored_name_scan_finds_the_classed_names():
     names += [".".join(rng.choice(parts, int(rng.integers(1, 6))).tolist()) for _ in range(5000)]
     found = pc.fill_null(pc.match_substring_regex(pa.array(names, pa.string()), verdict._IGNORED), False)
     assert found.to_pylist() == [verdict._name_class(x) != 0 for x in names]
+
+
+def test_fused_name_scan_is_either_substring():
+    """The verdicts' one regex scan for fused bench names (verdict._FUSED) finds the names
+    holding either text, as the two substring scans it replaced did."""
+    rng = np.random.default_rng(4)
+    parts = ["qkv", "gate_up", "gate", "up", "q", "kv", "x", "_", ".", "Qkv", "é"]
+    names = [None, "", "qkv", "gate_up", "gate_u", "qk"]
+    names += ["".join(rng.choice(parts, int(rng.integers(0, 6))).tolist()) for _ in range(5000)]
+    found = pc.fill_null(pc.match_substring_regex(pa.array(names, pa.string()), verdict._FUSED), False)
+    assert found.to_pylist() == [x is not None and ("qkv" in x or "gate_up" in x) for x in names]

@@ -1287,6 +1287,7 @@ class _View:
         self.err_message: np.ndarray | pa.Array = res.message
         self.precision: dict[str, np.ndarray] = {}
         self._shapes: dict[str, Shapes] = {}
+        self._floats: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self._ops: np.ndarray | None = None
         # the verdicts and the precision rules may read the view in two threads at once
         # (_verdicts_and_precision): each cached column is computed once, by whichever asks first
@@ -1299,14 +1300,25 @@ class _View:
             return self._shapes[name]
 
     def numbers(self, names) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-        """(values, valid) of computed metrics and numeric context columns."""
+        """(values, valid) of computed metrics and numeric context columns (read only: the
+        context columns are converted once, for the verdicts and the rules alike, as the
+        metrics' arrays are shared)."""
         values, valid = {}, {}
         for k in names:
             if k in self.res.names:
                 values[k], valid[k] = self.res.column(k)
             else:
-                values[k], valid[k] = floats(self.context[k])
+                with self._cache_lock:
+                    if k not in self._floats:
+                        self._floats[k] = floats(self.context[k])
+                    values[k], valid[k] = self._floats[k]
         return values, valid
+
+    def forget_numbers(self) -> None:
+        """Drop the converted context columns :meth:`numbers` keeps (before the result table
+        is built beside the view); a later call converts them again."""
+        with self._cache_lock:
+            self._floats.clear()
 
     def op_codes(self) -> np.ndarray:
         """One code per op call: iteration, rank, graph_id, call_index, target name (NULL equal to NULL)."""
@@ -1432,6 +1444,7 @@ def _judge_precision(view: _View, trows: pa.Table, rules: PrecisionRules,
                                                    "bench_dtype", "target_dtype_declared", "bench_dtype_declared")},
         name_masks=masks)
     view.precision, departure = judge_precision_columns(columns, rules)
+    view.forget_numbers()  # the rules are done with them; the verdicts hold what they took
     return departure
 
 

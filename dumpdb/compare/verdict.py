@@ -103,6 +103,8 @@ INPUT_IGNORE = frozenset({"_reduce_scatter_base", "_all_gather_base", "all_to_al
                           "batch_isend_irecv"})
 MODES = ("tensor", "statistics")
 # an op name whose second dot-separated field is one of the ignored ops' (RE2)
+# a fused projection's bench name: "qkv" or "gate_up" anywhere in it (one RE2 scan for both)
+_FUSED = "qkv|gate_up"
 _IGNORED = r"^[^.]*\.(?:" + "|".join(sorted(ALL_IGNORE | INPUT_IGNORE)) + r")(?:\.|$)"
 
 
@@ -412,7 +414,7 @@ def _checks(c: Columns, th: Thresholds) -> tuple[np.ndarray, list[tuple[str, np.
     texts = _texts(c.bench_name, td, bd)
     if texts is not None:  # all strings or None: Arrow kernels
         bench_name, tda, bda = texts
-        fused = _mask(pc.or_(pc.match_substring(bench_name, "qkv"), pc.match_substring(bench_name, "gate_up")))
+        fused = _mask(pc.match_substring_regex(bench_name, _FUSED))
         known = _mask(pc.and_(pc.not_equal(tda, ""), pc.not_equal(bda, "")))
         differ = per_row & ~fused & known & _mask(pc.not_equal(tda, bda))
     else:

@@ -435,7 +435,8 @@ class Columns:
     ``flat_euc_dist``, ``euc_dist``, ``max_abs_err``, ``l2norm_diff``, ``bench_l2norm``,
     ``target_max``/``min``, ``bench_max``/``min``; object arrays ``target_dtype``,
     ``bench_dtype``, ``target_dtype_declared``, ``bench_dtype_declared``, ``err_message``,
-    ``target_content_hash``, ``io``, ``slot``; ``target_shape``/``bench_shape``
+    ``target_content_hash``; ``io``, ``slot`` (object arrays or Arrow arrays: read at the
+    first departure's rows only); ``target_shape``/``bench_shape``
     (:class:`dumpdb.compare.columns.Shapes`); ``producers``: a function from a set of
     content hashes to {hash: [(order rank, op name, compared)]} of the target's output
     tensors with those hashes (every target op, compared or not; ascending order ranks:
@@ -468,8 +469,8 @@ class Columns:
     bench_dtype_declared: np.ndarray
     err_message: np.ndarray
     target_content_hash: np.ndarray
-    io: np.ndarray
-    slot: np.ndarray
+    io: np.ndarray | pa.Array  # read at a few rows only (the first departure's op): Arrow as it is
+    slot: np.ndarray | pa.Array
     target_shape: Shapes
     bench_shape: Shapes
     producers: Callable[[set[str]], Mapping[str, list[tuple[int, str | None, bool]]]]
@@ -1630,7 +1631,7 @@ def first_departures(c: Columns, out: dict[str, np.ndarray]) -> dict[str, Any] |
         return float(out[name][i]) if out[f"{name}_valid"][i] else None
 
     def side(i: int) -> dict:
-        return {"io": c.io[i], "slot": c.slot[i], "scaled_err": value("scaled_err", i),
+        return {"io": _text_at(c.io, i), "slot": _text_at(c.slot, i), "scaled_err": value("scaled_err", i),
                 "floor": value("precision_floor", i), "ratio": value("precision_ratio", i),
                 "target_dtype": c.target_dtype[i], "bench_dtype": c.bench_dtype[i],
                 "result": result[i], "reason": _text_at(out["precision_reason"], i)}
@@ -1644,8 +1645,8 @@ def first_departures(c: Columns, out: dict[str, np.ndarray]) -> dict[str, Any] |
             "phases": {k: {"pair_index": i, "phase": k} for k, i in by_phase.items()}}
 
 
-def _text_at(texts, i: int) -> str | None:
-    """Element ``i`` of a text column (an Arrow string array or an object array)."""
+def _text_at(texts, i: int):
+    """Element ``i`` of a column (an Arrow array or an object array) as a Python object."""
     return texts[i].as_py() if isinstance(texts, pa.Array) else texts[i]
 
 

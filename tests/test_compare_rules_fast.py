@@ -227,3 +227,21 @@ def test_fused_name_scan_is_either_substring():
     names += ["".join(rng.choice(parts, int(rng.integers(0, 6))).tolist()) for _ in range(5000)]
     found = pc.fill_null(pc.match_substring_regex(pa.array(names, pa.string()), verdict._FUSED), False)
     assert found.to_pylist() == [x is not None and ("qkv" in x or "gate_up" in x) for x in names]
+
+
+def test_same_texts_by_arrow_is_np_equal():
+    """precision._same_texts reads the Arrow columns where Columns.arrow has them: the same
+    per-row equality as np.equal over the object arrays (None equal to None)."""
+    from types import SimpleNamespace
+
+    from dumpdb.compare.precision import _same_texts
+
+    rng = np.random.default_rng(9)
+    for n in (0, 1, 50, 400):
+        a = np.array([rng.choice(["float32", "bfloat16", "", None]) for _ in range(n)], dtype=object)
+        b = np.array([rng.choice(["float32", "bfloat16", "", None]) for _ in range(n)], dtype=object)
+        plain = SimpleNamespace(x=a, y=b, arrow={})
+        arrowed = SimpleNamespace(x=a, y=b, arrow={"x": pa.array(a, pa.string()), "y": pa.array(b, pa.string())})
+        want = np.equal(a, b).astype(bool).tolist()
+        assert _same_texts(plain, "x", "y").tolist() == want  # type: ignore[arg-type]
+        assert _same_texts(arrowed, "x", "y").tolist() == want  # type: ignore[arg-type]

@@ -1424,8 +1424,8 @@ def _judge_precision(view: _View, trows: pa.Table, rules: PrecisionRules,
                                   "target_max", "target_min", "bench_max", "bench_min", "target_l2norm"))
     where = group_codes([ints(it, _NULL_KEY), ints(rank, _NULL_KEY)])
     arg_diff = getattr(view, "arg_diff", None)
-    if arg_diff is None and "arg_diff" in ctx:
-        arg_diff = strings(ctx["arg_diff"])
+    if arg_diff is None and "arg_diff" in ctx and ctx["arg_diff"].null_count < n:
+        arg_diff = strings(ctx["arg_diff"])  # all NULL: no scalar argument differs, as None says
     ts_values, ts_valid = floats(ts)
     columns = PrecisionColumns(
         group=view.op_codes(), where=where, run_rank=run_rank,

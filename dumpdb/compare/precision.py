@@ -754,7 +754,7 @@ def judge_precision_columns(c: Columns, rules: PrecisionRules = PrecisionRules()
     # bitwise equal, both sides of one float dtype (module docstring, "Exact context")
     with np.errstate(invalid="ignore"):
         exact = inputs & ~departs_ & ~noise & none & ~container & err_ok & np.isfinite(err) & (err > 0) \
-            & (upstream[g] == 0) & ~inf_before[g] & np.equal(c.target_dtype, c.bench_dtype).astype(bool) \
+            & (upstream[g] == 0) & ~inf_before[g] & _same_texts(c, "target_dtype", "bench_dtype") \
             & _among(low, _FLOATS)
         chain = inputs & ~departs_ & ~noise & none & ~container & err_ok & np.isfinite(err) & floor_ok \
             & (err > CHAIN_ROUNDINGS * floor)
@@ -782,7 +782,8 @@ def judge_precision_columns(c: Columns, rules: PrecisionRules = PrecisionRules()
                          "updates its inputs in place); error {:.3g} says nothing", op_types[at], err[at])
     _arg_diff_columns(c, g, groups, result, reason)
     _misattributed_backward(c, text[0], result, reason)
-    at = np.flatnonzero(container & (result != PASS))
+    at = np.flatnonzero(container)
+    at = at[np.not_equal(result[at], PASS).astype(bool)]  # the containers' results only
     result[at] = WARNING
     reason[at] = _format("module/cell record, judged by the ops inside it ({})", reason[at])
     out["precision_reason"] = reason.arrow()
@@ -884,7 +885,9 @@ def _stale_outputs(c: Columns, op_types: np.ndarray, phase: np.ndarray) -> np.nd
     and the fp32 run's ``-op10`` to ``-op12`` outputs are one tensor. Bool mask over rows."""
     n = len(c.group)
     out = np.zeros(n, bool)
-    candidates = c.output & np.equal(phase, OPTIMIZER).astype(bool) & np.not_equal(op_types, _NONE).astype(bool)
+    candidates = np.zeros(n, bool)
+    at = np.flatnonzero(c.output)  # the object compares on the output rows only
+    candidates[at] = np.equal(phase[at], OPTIMIZER).astype(bool) & np.not_equal(op_types[at], _NONE).astype(bool)
     if not candidates.any():
         return out
     g = c.group
@@ -945,7 +948,8 @@ def _misattributed_backward(c: Columns, names: pa.Array, result: np.ndarray, rea
     this, never a departure (rows changed in place)."""
     n = len(c.group)
     ts, bs = c.target_shape, c.bench_shape
-    cand = np.flatnonzero(c.output & (result == ERROR) & ts.valid & bs.valid & ~ts.equal(bs)).tolist()
+    cand_rows = np.flatnonzero(c.output & ts.valid & bs.valid & ~ts.equal(bs))
+    cand = cand_rows[np.equal(result[cand_rows], ERROR).astype(bool)].tolist()  # compared where shapes differ
     if not cand:
         return
     text = names.to_pylist() if n else []
@@ -1643,6 +1647,16 @@ def first_departures(c: Columns, out: dict[str, np.ndarray]) -> dict[str, Any] |
             "outputs": [side(i) for i in group if c.output[i]],
             "ranks": [{"pair_index": i, "phase": phase[i]} for i in per_rank],
             "phases": {k: {"pair_index": i, "phase": k} for k, i in by_phase.items()}}
+
+
+def _same_texts(c: Columns, a: str, b: str) -> np.ndarray:
+    """``np.equal`` of two text columns of ``c`` (None equal to None), per row: by Arrow's
+    kernels where ``c.arrow`` holds both (the same values), else over the object arrays."""
+    if a in c.arrow and b in c.arrow:
+        x, y = c.arrow[a], c.arrow[b]
+        same = pc.or_(pc.fill_null(pc.equal(x, y), False), pc.and_(x.is_null(), y.is_null()))
+        return same.to_numpy(zero_copy_only=False)
+    return np.equal(getattr(c, a), getattr(c, b)).astype(bool)
 
 
 def _text_at(texts, i: int):

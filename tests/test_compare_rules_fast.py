@@ -156,7 +156,10 @@ def test_shapes_are_the_python_lists(seed):
         assert [sa.shape(i) for i in range(len(la))] == [None if s is None else tuple(s) for s in la]
         assert sa.size.tolist() == [0 if s is None else int(np.prod(s, dtype=np.int64)) for s in la]
         assert sa.ndim.tolist() == [0 if s is None else len(s) for s in la]
-        assert sa.equal(sb).tolist() == [x is not None and y is not None and x == y for x, y in zip(la, lb)]
+        same = [x is not None and y is not None and x == y for x, y in zip(la, lb)]
+        assert sa.equal(sb).tolist() == same
+        sa.equal(sb)[:] = True  # a new array each call: writing one changes no later answer
+        assert sa.equal(sb).tolist() == same and sb.equal(sa).tolist() == same
     none = Shapes(pa.nulls(4))
     assert none.size.tolist() == [0] * 4 and none.equal(none).tolist() == [False] * 4
 

@@ -103,6 +103,7 @@ class Shapes:
     def __init__(self, col) -> None:
         arr = _array(col)
         n = len(arr)
+        self._equal: tuple[Shapes, np.ndarray] | None = None  # the last equal(): (other, rows)
         if pa.types.is_null(arr.type):
             self.valid = np.zeros(n, bool)
             self.ndim = np.zeros(n, np.int64)
@@ -129,7 +130,16 @@ class Shapes:
         self.size = np.where(self.valid, size, 0)
 
     def equal(self, other: Shapes) -> np.ndarray:
-        """Both shapes known and the same, per row."""
+        """Both shapes known and the same, per row (a new array each call; computed once per
+        ``other``: the verdicts and two precision rules ask for the same pair)."""
+        known = self._equal
+        if known is not None and known[0] is other:
+            return known[1].copy()
+        out = self._equal_rows(other)
+        self._equal = (other, out)
+        return out.copy()
+
+    def _equal_rows(self, other: Shapes) -> np.ndarray:
         out = self.valid & other.valid & (self.ndim == other.ndim)
         # column by column (a padding column holds -1 on the narrower side)
         for d in range(max(self.dims.shape[1], other.dims.shape[1])):

@@ -1427,8 +1427,10 @@ def _judge_precision(view: _View, trows: pa.Table, rules: PrecisionRules,
     if arg_diff is None and "arg_diff" in ctx and ctx["arg_diff"].null_count < n:
         arg_diff = strings(ctx["arg_diff"])  # all NULL: no scalar argument differs, as None says
     ts_values, ts_valid = floats(ts)
+    # the op codes and shapes, which the verdicts' thread also reads, are asked for last: that
+    # thread may have computed them meanwhile (after the name masks) while these conversions ran
     columns = PrecisionColumns(
-        group=view.op_codes(), where=where, run_rank=run_rank,
+        where=where, run_rank=run_rank,
         output=pc.fill_null(pc.equal(ctx["io"], "output"), False).to_numpy(zero_copy_only=False),
         statistics=view.mode == "statistics", order=order, values=values, valid=valid,
         target_dtype=strings(ctx["target_dtype"]), bench_dtype=strings(ctx["bench_dtype"]),
@@ -1436,13 +1438,13 @@ def _judge_precision(view: _View, trows: pa.Table, rules: PrecisionRules,
         bench_dtype_declared=strings(ctx["bench_dtype_declared"]), err_message=view.err_message,
         target_content_hash=strings(ctx["target_content_hash"]), io=ctx["io"], slot=ctx["slot"],
         bench_content_hash=strings(ctx["bench_content_hash"]),
-        target_shape=view.shapes("target_shape"), bench_shape=view.shapes("bench_shape"), producers=producers,
-        inputs_of=inputs_of,
+        producers=producers, inputs_of=inputs_of,
         op_type=strings(ctx["op_type"]), arg_diff=arg_diff, iteration=ints(it, -1),
         timestamp=np.where(ts_valid, ts_values, np.nan),
         arrow={k: _string_array(ctx[k]) for k in ("target_name", "scope_name", "op_type", "target_dtype",
                                                    "bench_dtype", "target_dtype_declared", "bench_dtype_declared")},
-        name_masks=masks)
+        name_masks=masks, group=view.op_codes(), target_shape=view.shapes("target_shape"),
+        bench_shape=view.shapes("bench_shape"))
     view.precision, departure = judge_precision_columns(columns, rules)
     view.forget_numbers()  # the rules are done with them; the verdicts hold what they took
     return departure

@@ -188,6 +188,8 @@ def unique_keys(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     n = len(keys)
     if n and keys.dtype.kind in "iu":
         lo, hi = int(keys.min()), int(keys.max())
+        if lo == hi:  # one key (one dtype combination, one op): the first row, every row 0
+            return np.zeros(1, np.int64), np.zeros(n, np.int64)
         if hi - lo < max(4 * n, 1 << 16):
             # unsigned keys less their minimum fit (every key >= lo); signed ones in int64
             at = (keys - keys.dtype.type(lo)).astype(np.intp) if keys.dtype.kind == "u" else \

@@ -564,17 +564,25 @@ def _errors_columns(c: Columns) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.
     euc_v, euc_ok = num("euc_dist")
     mae_v, mae_ok = num("max_abs_err")
     l2d_v, l2d_ok = num("l2norm_diff")
-    euc = np.where(c.statistics, np.abs(l2d_v), np.where(euc_ok, euc_v, mae_v))
-    euc_ok = np.where(c.statistics, l2d_ok, euc_ok | mae_ok)
+    if c.statistics.all():  # every pair by its statistics: the L2 norms' difference alone
+        euc, euc_ok = np.abs(l2d_v), l2d_ok
+    else:
+        euc = np.where(c.statistics, np.abs(l2d_v), np.where(euc_ok, euc_v, mae_v))
+        euc_ok = np.where(c.statistics, l2d_ok, euc_ok | mae_ok)
     l2_v, l2_ok = num("bench_l2norm")
     size = np.where(bs.valid, bs.size, 1).astype(np.float64)
     # (kind: 0 none, 1 exact, 2 float; eps; smallest subnormal) of each combination's dtype,
     # spread to the simple rows (their dtype is their combination's)
     kinds = [(1, 0.0, 0.0) if d is not None and d.startswith(_EXACT) else
              (2, *_FLOATS[d]) if d in _FLOATS else (0, 0.0, 0.0) for d in (f[0] for f in found)]
-    kind = np.where(simple, np.array([k[0] for k in kinds], np.int8)[codes], 0).astype(np.int8)
-    eps = np.where(simple, np.array([k[1] for k in kinds], np.float64)[codes], 0.0)
-    sub = np.where(simple, np.array([k[2] for k in kinds], np.float64)[codes], 0.0)
+    if len(kinds) == 1:  # one combination: its values where simple (no per-row lookup)
+        kind = np.where(simple, np.int8(kinds[0][0]), np.int8(0))
+        eps = np.where(simple, kinds[0][1], 0.0)
+        sub = np.where(simple, kinds[0][2], 0.0)
+    else:
+        kind = np.where(simple, np.array([k[0] for k in kinds], np.int8)[codes], 0).astype(np.int8)
+        eps = np.where(simple, np.array([k[1] for k in kinds], np.float64)[codes], 0.0)
+        sub = np.where(simple, np.array([k[2] for k in kinds], np.float64)[codes], 0.0)
     go = simple & euc_ok & l2_ok & (kind > 0)
     with np.errstate(all="ignore"):
         positive = l2_v > 0

@@ -54,6 +54,10 @@ def test_format_is_str_format_row_by_row(seed):
             y = _floats(rng, n, (trial + 1) % 5)
             assert _format("e {:.3g} = {:.3g} x", x, y).to_pylist() == \
                 [f"e {a:.3g} = {b:.3g} x" for a, b in zip(x.tolist(), y.tolist())]
+            grow = np.full(n, float(rng.choice([16.0, 2.5, -0.0, np.nan])))  # one text: literal in the join
+            assert _format("{:.3g} x {:.3g} + {:g}", x, grow, grow).to_pylist() == \
+                [f"{a:.3g} x {b:.3g} + {b:g}" for a, b in zip(x.tolist(), grow.tolist())]
+            assert _format("{:.3g}, {:g}", grow, grow).to_pylist() == [f"{b:.3g}, {b:g}" for b in grow.tolist()]
             ints = rng.integers(-5, 2 ** int(rng.integers(1, 62)), n)
             assert _format("{:d} element(s)", ints).to_pylist() == [f"{v:d} element(s)" for v in ints.tolist()]
             small = rng.integers(-128, 127, n).astype(np.int8)

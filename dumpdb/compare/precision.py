@@ -1184,11 +1184,19 @@ def _format(template: str, *columns) -> pa.Array:
         else:  # numbers: format the distinct values (floats by their bits: -0.0 is not 0.0), then index
             first, inverse = _distinct(col, spec)
             names = [lead + format(v, spec) + literal for v in col[first].tolist()]
-        pieces.append(pa.array(names, pa.large_string()).take(pa.array(inverse)))
-    if len(pieces) == 1 and not isinstance(pieces[0], str):
-        return pieces[0]
+        # a field of one text on every row (a growth allowance) is literal text: one array
+        # fewer to take and join
+        pieces.append(names[0] if len(names) == 1 else pa.array(names, pa.large_string()).take(pa.array(inverse)))
+    joined: list = []  # literal texts next to each other as one
+    for p in pieces:
+        if isinstance(p, str) and joined and isinstance(joined[-1], str):
+            joined[-1] += p
+        else:
+            joined.append(p)
+    if len(joined) == 1:
+        return pa.repeat(pa.scalar(joined[0], pa.large_string()), n) if isinstance(joined[0], str) else joined[0]
     return pc.binary_join_element_wise(*(pa.scalar(p, pa.large_string()) if isinstance(p, str) else p
-                                         for p in pieces), pa.scalar("", pa.large_string()))
+                                         for p in joined), pa.scalar("", pa.large_string()))
 
 
 def _object_codes(col: np.ndarray) -> tuple[np.ndarray, list]:

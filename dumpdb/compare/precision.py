@@ -1364,10 +1364,16 @@ def target_unit(dtypes, declared) -> tuple[float, str | None]:
     MindSpore CPU file declared Float16 whose payload is float32 was computed in float16);
     (0.0, None) without floats. Object arrays (or lists) of catalog dtype names and declared
     dtypes."""
-    found = {d for d in set(list(dtypes)) if d in _FLOATS}
-    found |= {_DECLARED.get(str(d).lower()) for d in set(list(declared)) if d} - {None}
+    found = {d for d in _distinct_objects(dtypes) if d in _FLOATS}
+    found |= {_DECLARED.get(str(d).lower()) for d in _distinct_objects(declared) if d} - {None}
     dtype = max(found, key=lambda d: _FLOATS[d][0], default=None)
     return (_FLOATS[dtype][0] / 2, dtype) if dtype is not None else (0.0, None)
+
+
+def _distinct_objects(values) -> set:
+    """The set of an object array's (or a list's) elements; an array through ``tolist``
+    (``list()`` of a 500,000-row array walks it element by element: ~3x slower)."""
+    return set(values.tolist() if isinstance(values, np.ndarray) else list(values))
 
 
 def _judge_inputs_columns(c: Columns, rows_mask, g, err, err_ok, floor_ok, floor, ratio, ratio_ok, upstream,

@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 __all__ = ["Shapes", "ResultColumns", "execution_order", "execution_keys", "string_codes", "group_codes", "ints",
            "floats", "filled", "strings", "join_messages", "truthy", "IO_ORDER", "ORDER_KEYS", "run_order", "run_ranks",
            "FORWARD", "BACKWARD", "OPTIMIZER", "PHASES", "phases", "containers", "collectives", "keys", "Texts",
-           "nonempty", "replaced"]
+           "nonempty", "replaced", "unique_keys"]
 
 # The target columns execution_order reads.
 ORDER_KEYS = ("iteration", "rank", "graph_id", "position", "timestamp", "call_index", "io", "slot", "tensor_id")
@@ -56,12 +56,24 @@ def strings(col) -> np.ndarray:
     """A string (or other) Arrow column as a numpy object array (None for NULL); equal
     values share one Python object (decoded once through a dictionary)."""
     arr = _array(col)
-    if pa.types.is_null(arr.type):
+    if pa.types.is_null(arr.type) or arr.null_count == len(arr):
         return np.full(len(arr), None, dtype=object)
+    if _constant(arr):
+        return filled(len(arr), arr[0].as_py())
     enc = pc.dictionary_encode(arr)
     values = np.empty(len(enc.dictionary) + 1, dtype=object)
     values[:-1] = enc.dictionary.to_pylist()
     return values[pc.fill_null(enc.indices, len(enc.dictionary)).to_numpy(zero_copy_only=False)]
+
+
+def _constant(arr: pa.Array) -> bool:
+    """Every element the same value, none NULL (a dtype column, most often): compared to
+    the first by an Arrow kernel, a pass far cheaper than hashing every element. Checked
+    only when the first and last elements are equal."""
+    n = len(arr)
+    if not n or arr.null_count or arr[0] != arr[n - 1]:
+        return False
+    return bool(pc.all(pc.equal(arr, arr[0])).as_py())
 
 
 def filled(n: int, value: object) -> np.ndarray:
@@ -91,6 +103,7 @@ class Shapes:
     def __init__(self, col) -> None:
         arr = _array(col)
         n = len(arr)
+        self._equal: tuple[Shapes, np.ndarray] | None = None  # the last equal(): (other, rows)
         if pa.types.is_null(arr.type):
             self.valid = np.zeros(n, bool)
             self.ndim = np.zeros(n, np.int64)
@@ -100,21 +113,40 @@ class Shapes:
             self.ndim = pc.fill_null(pc.list_value_length(arr), 0).to_numpy(zero_copy_only=False).astype(np.int64)
             flat = pc.list_flatten(arr).to_numpy(zero_copy_only=False).astype(np.int64)
             width = int(self.ndim.max()) if n else 0
-            self.dims = np.full((n, width), -1, np.int64)
-            starts = np.zeros(n, np.int64)
-            np.cumsum(self.ndim[:-1], out=starts[1:])
-            for d in range(width):
-                has = self.ndim > d
-                self.dims[has, d] = flat[starts[has] + d]
-        padded = np.where(self.dims < 0, 1, self.dims)
-        self.size = np.where(self.valid, padded.prod(axis=1), 0) if n else np.zeros(0, np.int64)
+            if n and flat.size == n * width and not arr.null_count and bool((self.ndim == width).all()):
+                self.dims = flat.reshape(n, width)  # every shape of one rank: the values as they lie
+            else:
+                self.dims = np.full((n, width), -1, np.int64)
+                starts = np.zeros(n, np.int64)
+                np.cumsum(self.ndim[:-1], out=starts[1:])
+                for d in range(width):
+                    has = self.ndim > d
+                    self.dims[has, d] = flat[starts[has] + d]
+        # the product of the dims (padding counts 1), a column at a time: numpy's prod along
+        # the short axis of an n x ndim matrix is several times slower (the same integers)
+        size = np.ones(n, np.int64)
+        for d in range(self.dims.shape[1]):
+            size *= np.where(self.dims[:, d] < 0, 1, self.dims[:, d])
+        self.size = np.where(self.valid, size, 0)
 
     def equal(self, other: Shapes) -> np.ndarray:
-        """Both shapes known and the same, per row."""
-        width = max(self.dims.shape[1], other.dims.shape[1])
-        a = np.pad(self.dims, ((0, 0), (0, width - self.dims.shape[1])), constant_values=-1)
-        b = np.pad(other.dims, ((0, 0), (0, width - other.dims.shape[1])), constant_values=-1)
-        return self.valid & other.valid & (self.ndim == other.ndim) & (a == b).all(axis=1)
+        """Both shapes known and the same, per row (a new array each call; computed once per
+        ``other``: the verdicts and two precision rules ask for the same pair)."""
+        known = self._equal
+        if known is not None and known[0] is other:
+            return known[1].copy()
+        out = self._equal_rows(other)
+        self._equal = (other, out)
+        return out.copy()
+
+    def _equal_rows(self, other: Shapes) -> np.ndarray:
+        out = self.valid & other.valid & (self.ndim == other.ndim)
+        # column by column (a padding column holds -1 on the narrower side)
+        for d in range(max(self.dims.shape[1], other.dims.shape[1])):
+            a = self.dims[:, d] if d < self.dims.shape[1] else -1
+            b = other.dims[:, d] if d < other.dims.shape[1] else -1
+            out &= a == b
+        return out
 
     def shape(self, i: int) -> tuple[int, ...] | None:
         """Row ``i`` as a tuple (None where NULL)."""
@@ -134,6 +166,9 @@ def group_codes(keys: Iterable[np.ndarray]) -> np.ndarray:
     n = len(cols[0]) if cols else 0
     if n == 0:
         return np.zeros(0, np.int64)
+    cols = [c for c in cols if c.min() != c.max()]  # a key of one value numbers nothing
+    if not cols:
+        return np.zeros(n, np.int64)
     order = np.lexsort(cols[::-1])
     change = np.zeros(n, bool)
     change[0] = True
@@ -145,9 +180,41 @@ def group_codes(keys: Iterable[np.ndarray]) -> np.ndarray:
     return codes
 
 
+def unique_keys(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(first, inverse) of an integer array, as ``np.unique(keys, return_index=True,
+    return_inverse=True)`` gives them (the distinct keys numbered in ascending order, each
+    one's first row): by a table over the keys' range where that range is narrow (no sort),
+    by np.unique otherwise."""
+    n = len(keys)
+    if n and keys.dtype.kind in "iu":
+        lo, hi = int(keys.min()), int(keys.max())
+        if lo == hi:  # one key (one dtype combination, one op): the first row, every row 0
+            return np.zeros(1, np.int64), np.zeros(n, np.int64)
+        if hi - lo < max(4 * n, 1 << 16):
+            # unsigned keys less their minimum fit (every key >= lo); signed ones in int64
+            at = (keys - keys.dtype.type(lo)).astype(np.intp) if keys.dtype.kind == "u" else \
+                keys.astype(np.int64) - lo
+            seen = np.zeros(hi - lo + 1, bool)
+            seen[at] = True
+            rank = np.cumsum(seen) - 1
+            inverse = rank[at]
+            first = np.full(int(rank[-1]) + 1, n, np.int64)
+            np.minimum.at(first, inverse, np.arange(n))
+            return first, inverse
+    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    return first, inverse.reshape(-1)
+
+
 def string_codes(col) -> np.ndarray:
-    """Codes of a string column's values (NULL its own code), for :func:`group_codes`."""
-    enc = pc.dictionary_encode(_array(col))
+    """Codes of a string column's values (NULL its own code), for :func:`group_codes`:
+    each value's place among the distinct values in order of first appearance (NULL:
+    the int64 minimum)."""
+    arr = _array(col)
+    if arr.null_count == len(arr):
+        return np.full(len(arr), _NULL, np.int64)
+    if _constant(arr):
+        return np.zeros(len(arr), np.int64)
+    enc = pc.dictionary_encode(arr)
     return ints(enc.indices, _NULL)
 
 
@@ -215,11 +282,13 @@ def _text(values) -> pa.Array:
     return values if isinstance(values, pa.Array) else pa.array(values, pa.string())
 
 
-def _contains(values, token: str, lower: bool = False) -> np.ndarray:
-    """``token in v`` per element of an object array of str / None (None: False)."""
+def _contains(values, token: str, lower: bool = False, regex: bool = False) -> np.ndarray:
+    """``token in v`` per element of an object array of str / None (None: False); with
+    ``regex``, ``token`` is an RE2 pattern searched for."""
     if len(values) == 0:
         return np.zeros(0, bool)
-    hit = pc.match_substring(_text(values), token, ignore_case=lower)
+    hit = pc.match_substring_regex(_text(values), token, ignore_case=lower) if regex else \
+        pc.match_substring(_text(values), token, ignore_case=lower)
     return pc.fill_null(hit, False).to_numpy(zero_copy_only=False)
 
 
@@ -230,9 +299,7 @@ def containers(op_type, name) -> np.ndarray:
     parameter's gradient, held by no op record at those levels)."""
     if len(op_type) == 0:
         return np.zeros(0, bool)
-    text = _text(op_type)
-    hit = pc.fill_null(pc.or_(*(pc.starts_with(text, p) for p in _CONTAINER_PREFIXES)), False).to_numpy(
-        zero_copy_only=False)
+    hit = _per_value(op_type, lambda text: pc.or_(*(pc.starts_with(text, p) for p in _CONTAINER_PREFIXES)))
     if not hit.any():  # no module or cell record (levels L1, MindSpore): the names need no scan
         return hit
     return hit & ~_contains(name, ".parameters_grad.")
@@ -250,7 +317,15 @@ def collectives(op_type) -> np.ndarray:
     types): their outputs combine the inputs of every rank's call of the same name."""
     if len(op_type) == 0:
         return np.zeros(0, bool)
-    hit = pc.match_substring_regex(_text(op_type), _COLLECTIVE)
+    return _per_value(op_type, lambda text: pc.match_substring_regex(text, _COLLECTIVE))
+
+
+def _per_value(values, test) -> np.ndarray:
+    """``test`` (an Arrow kernel's boolean result per element; NULL counts False) of an
+    object array of str / None or an Arrow string array, as numpy; of a dictionary array
+    (:func:`pc.dictionary_encode`: a few op types) once per distinct value."""
+    text = _text(values)
+    hit = test(text.dictionary).take(text.indices) if pa.types.is_dictionary(text.type) else test(text)
     return pc.fill_null(hit, False).to_numpy(zero_copy_only=False)
 
 
@@ -264,7 +339,8 @@ def keys(*columns: np.ndarray, sep: str = "|") -> pa.Array:
 def phase_marks(name, scope) -> tuple[np.ndarray, np.ndarray]:
     """What :func:`phases` reads of the texts (bool per row): (a backward record or kernel,
     a scope naming an optimizer). Arrow's text kernels alone: the GIL is free meanwhile."""
-    back = _contains(name, ".backward") | _contains(name, ".parameters_grad.") | _contains(scope, "Gradients/")
+    # the two name tests as one scan: ".backward" or ".parameters_grad." anywhere in it
+    back = _contains(name, r"\.backward|\.parameters_grad\.", regex=True) | _contains(scope, "Gradients/")
     return back, _contains(scope, "optimizer", lower=True)
 
 
@@ -400,25 +476,35 @@ class Texts:
         self._starts.append(self._size)
         self._size += len(arr)
 
-    def _gather(self, codes: np.ndarray) -> tuple[pa.Array, np.ndarray]:
-        """(the parts ``codes`` point into, joined; each code's element in it)."""
-        valid = codes >= 0
+    def _take(self, codes: np.ndarray) -> pa.Array:
+        """The elements ``codes`` point at (NULL where negative), as one ``large_string``
+        array. Many rows (the whole column): one take over the parts as the chunks of one
+        column (Arrow joins them first). Few rows: each part's rows taken from that part,
+        then put in order (joining every part would copy all texts for a few).
+        """
+        missing = codes < 0
+        some = len(codes) - int(np.count_nonzero(missing))
+        if not some:
+            return pa.nulls(len(codes), pa.large_string())
+        if some * 8 >= self._size:
+            chunks = pa.chunked_array(self._parts, pa.large_string())
+            return chunks.take(pa.array(np.where(missing, 0, codes), pa.int64(), mask=missing)).combine_chunks()
+        rows = np.flatnonzero(~missing)
         starts = np.array(self._starts, np.int64)
-        part = np.searchsorted(starts, codes, side="right") - 1
-        used = np.flatnonzero(np.bincount(part[valid], minlength=len(starts))).tolist()
-        if not used:
-            return pa.array([], pa.large_string()), np.zeros(len(codes), np.int64)
-        base = np.zeros(len(starts), np.int64)  # each used part's first element in the joined array
-        sizes = [len(self._parts[k]) for k in used]
-        base[used] = np.cumsum([0, *sizes[:-1]])
-        joined = self._parts[used[0]] if len(used) == 1 else pa.concat_arrays([self._parts[k] for k in used])
-        return joined, np.where(valid, codes - starts[np.maximum(part, 0)] + base[np.maximum(part, 0)], 0)
+        part = np.searchsorted(starts, codes[rows], side="right") - 1
+        by = np.argsort(part, kind="stable")
+        rows, part = rows[by], part[by]
+        bounds = np.flatnonzero(np.diff(part)) + 1
+        pieces = [self._parts[int(part[lo])].take(pa.array(codes[rows[lo:hi]] - starts[part[lo]], pa.int64()))
+                  for lo, hi in zip([0, *bounds.tolist()], [*bounds.tolist(), len(rows)])]
+        joined = pieces[0] if len(pieces) == 1 else pa.concat_arrays(pieces)
+        at = np.zeros(len(codes), np.int64)
+        at[rows] = np.arange(len(rows))
+        return joined.take(pa.array(at, pa.int64(), mask=missing))
 
     def __getitem__(self, rows) -> pa.Array:
         """The texts of ``rows`` (indices or a bool mask) as an Arrow ``large_string`` array."""
-        codes = self.codes[rows]
-        joined, local = self._gather(codes)
-        return joined.take(pa.array(local, pa.int64(), mask=codes < 0))
+        return self._take(self.codes[rows])
 
     def get(self, i: int) -> str | None:
         """Row ``i``'s text (a Python str; None for NULL)."""
@@ -439,7 +525,7 @@ class Texts:
 
     def arrow(self) -> pa.Array:
         """The column as one Arrow ``string`` array."""
-        return self[np.arange(len(self.codes))].cast(pa.string())
+        return self._take(self.codes).cast(pa.string())
 
 
 def nonempty(texts: pa.Array) -> np.ndarray:

@@ -1319,6 +1319,7 @@ class _View:
         self.err_message: np.ndarray | pa.Array = res.message
         self.precision: dict[str, np.ndarray] = {}
         self._shapes: dict[str, Shapes] = {}
+        self._floats: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self._ops: np.ndarray | None = None
         # the verdicts and the precision rules may read the view in two threads at once
         # (_verdicts_and_precision): each cached column is computed once, by whichever asks first
@@ -1331,14 +1332,25 @@ class _View:
             return self._shapes[name]
 
     def numbers(self, names) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-        """(values, valid) of computed metrics and numeric context columns."""
+        """(values, valid) of computed metrics and numeric context columns (read only: the
+        context columns are converted once, for the verdicts and the rules alike, as the
+        metrics' arrays are shared)."""
         values, valid = {}, {}
         for k in names:
             if k in self.res.names:
                 values[k], valid[k] = self.res.column(k)
             else:
-                values[k], valid[k] = floats(self.context[k])
+                with self._cache_lock:
+                    if k not in self._floats:
+                        self._floats[k] = floats(self.context[k])
+                    values[k], valid[k] = self._floats[k]
         return values, valid
+
+    def forget_numbers(self) -> None:
+        """Drop the converted context columns :meth:`numbers` keeps (before the result table
+        is built beside the view); a later call converts them again."""
+        with self._cache_lock:
+            self._floats.clear()
 
     def op_codes(self) -> np.ndarray:
         """One code per op call: iteration, rank, graph_id, call_index, target name (NULL equal to NULL)."""
@@ -1444,26 +1456,29 @@ def _judge_precision(view: _View, trows: pa.Table, rules: PrecisionRules,
                                   "target_max", "target_min", "bench_max", "bench_min", "target_l2norm"))
     where = group_codes([ints(it, _NULL_KEY), ints(rank, _NULL_KEY)])
     arg_diff = getattr(view, "arg_diff", None)
-    if arg_diff is None and "arg_diff" in ctx:
-        arg_diff = strings(ctx["arg_diff"])
+    if arg_diff is None and "arg_diff" in ctx and ctx["arg_diff"].null_count < n:
+        arg_diff = strings(ctx["arg_diff"])  # all NULL: no scalar argument differs, as None says
     ts_values, ts_valid = floats(ts)
+    # the op codes and shapes, which the verdicts' thread also reads, are asked for last: that
+    # thread may have computed them meanwhile (after the name masks) while these conversions ran
     columns = PrecisionColumns(
-        group=view.op_codes(), where=where, run_rank=run_rank,
+        where=where, run_rank=run_rank,
         output=pc.fill_null(pc.equal(ctx["io"], "output"), False).to_numpy(zero_copy_only=False),
         statistics=view.mode == "statistics", order=order, values=values, valid=valid,
         target_dtype=strings(ctx["target_dtype"]), bench_dtype=strings(ctx["bench_dtype"]),
         target_dtype_declared=strings(ctx["target_dtype_declared"]),
         bench_dtype_declared=strings(ctx["bench_dtype_declared"]), err_message=view.err_message,
-        target_content_hash=strings(ctx["target_content_hash"]), io=strings(ctx["io"]), slot=strings(ctx["slot"]),
+        target_content_hash=strings(ctx["target_content_hash"]), io=ctx["io"], slot=ctx["slot"],
         bench_content_hash=strings(ctx["bench_content_hash"]),
-        target_shape=view.shapes("target_shape"), bench_shape=view.shapes("bench_shape"), producers=producers,
-        inputs_of=inputs_of,
+        producers=producers, inputs_of=inputs_of,
         op_type=strings(ctx["op_type"]), arg_diff=arg_diff, iteration=ints(it, -1),
         timestamp=np.where(ts_valid, ts_values, np.nan),
         arrow={k: _string_array(ctx[k]) for k in ("target_name", "scope_name", "op_type", "target_dtype",
                                                    "bench_dtype", "target_dtype_declared", "bench_dtype_declared")},
-        name_masks=masks)
+        name_masks=masks, group=view.op_codes(), target_shape=view.shapes("target_shape"),
+        bench_shape=view.shapes("bench_shape"))
     view.precision, departure = judge_precision_columns(columns, rules)
+    view.forget_numbers()  # the rules are done with them; the verdicts hold what they took
     return departure
 
 

@@ -309,7 +309,8 @@ def test_pairs_order_from_the_whole_sides_order_equals_the_paired_rows_order():
 def test_select_rows_query_gives_the_rows_in_table_order_as_one_chunk():
     """engine._one_thread_rows (select_rows' query) gives a join's rows in the table's row
     order, one Arrow chunk a column, where DuckDB's threads would hand them back as
-    several chunks out of order; the instance's thread count is set back after."""
+    several chunks out of order, also for two queries run at once (select_sides); the
+    instance's thread count is set back after."""
     from dumpdb.compare import engine
 
     n = 400_000
@@ -318,8 +319,14 @@ def test_select_rows_query_gives_the_rows_in_table_order_as_one_chunk():
     con.execute(f"CREATE TABLE t AS SELECT range AS id, range % 7 AS k FROM range({n})")
     con.execute("CREATE TABLE e AS SELECT range AS k, range * 10 AS pos FROM range(7)")
     query = "SELECT t.id, e.pos FROM t LEFT JOIN e ON e.k = t.k WHERE t.id >= ?"
-    rows = engine._one_thread_rows(con, query, [0])
+    rows, = engine._one_thread_rows(con, [(query, [0])])
     assert [c.num_chunks for c in rows.columns] == [1, 1]
     assert np.array_equal(rows.column("id").to_numpy(), np.arange(n))
     assert np.array_equal(rows.column("pos").to_numpy(), np.arange(n) % 7 * 10)
+    assert con.sql("SELECT current_setting('threads')").fetchall()[0][0] == 4
+    # two queries at once (a compare's two sides, select_sides): each as it gives alone
+    both = engine._one_thread_rows(con, [(query, [n // 2]), (query, [n // 3])])
+    assert [[c.num_chunks for c in t.columns] for t in both] == [[1, 1], [1, 1]]
+    assert np.array_equal(both[0].column("id").to_numpy(), np.arange(n // 2, n))
+    assert np.array_equal(both[1].column("id").to_numpy(), np.arange(n // 3, n))
     assert con.sql("SELECT current_setting('threads')").fetchall()[0][0] == 4

@@ -250,46 +250,69 @@ def select_rows(con, sel: Selection, drop: Sequence[str] = ()) -> pa.Table:
     """The ``tensors`` rows of a selection with what compare needs beside them (blob
     location, execution-order position, code line), as Arrow, without the columns ``drop``.
     Raises DumpdbError for an unknown run or an empty selection."""
-    where, params = sel.where()
-    if set(_BLOB_COLUMNS) <= set(drop):  # no payload location read (statistics): no join with blobs
-        query = _SELECT_SQL.format(where=where, blob_join="", blob_columns=", ".join(
-            f"NULL::{kind} AS {name}" for name, kind in _BLOB_COLUMNS.items()))
-    else:
-        query = _SELECT_SQL.format(where=where, blob_join="LEFT JOIN blobs b ON b.content_hash = t.content_hash",
-                                   blob_columns=", ".join(f"b.{name}" for name in _BLOB_COLUMNS))
-    if drop:
-        query = f"SELECT * EXCLUDE ({', '.join(drop)}) FROM ({query})"
-    table = _one_thread_rows(con, query, params)
-    if table.num_rows == 0:
-        known = con.execute("SELECT count(*) FROM runs WHERE run = ?", [sel.run]).fetchone()[0]
-        if not known:
-            from dumpdb.errors import no_such_run
-
-            raise no_such_run(sel.run, "the archive", con)
-        raise DumpdbError(f"no tensors in {sel.describe()}")
-    return table
+    return select_sides(con, [(sel, drop)])[0]
 
 
-def _one_thread_rows(con, query: str, params: list) -> pa.Table:
-    """``query``'s rows on one DuckDB thread (select_rows): in the catalog's row order (a
-    run's ingest order, usually its execution order) and one Arrow chunk a column, for the
-    CPU of a parallel run, whose threads hand their parts back out of order (its joins keep
-    no order) as several chunks: the compare would then copy every column into order
-    (stats_pairs._by_id; engine._one_chunk). The thread count is the DuckDB instance's,
-    shared by every connection to the catalog in this process: set back after, one call at
-    a time (another query meanwhile runs on one thread); a connection whose configuration
-    is locked runs the query as it is."""
+def select_sides(con, sides: Sequence[tuple[Selection, Sequence[str]]]) -> list[pa.Table]:
+    """:func:`select_rows` of each (selection, drop) of ``sides``, their queries run at once
+    (:func:`_one_thread_rows`). Raises DumpdbError as select_rows, for the first side in
+    ``sides``' order without rows."""
+    queries = []
+    for sel, drop in sides:
+        where, params = sel.where()
+        if set(_BLOB_COLUMNS) <= set(drop):  # no payload location read (statistics): no join with blobs
+            query = _SELECT_SQL.format(where=where, blob_join="", blob_columns=", ".join(
+                f"NULL::{kind} AS {name}" for name, kind in _BLOB_COLUMNS.items()))
+        else:
+            query = _SELECT_SQL.format(where=where, blob_join="LEFT JOIN blobs b ON b.content_hash = t.content_hash",
+                                       blob_columns=", ".join(f"b.{name}" for name in _BLOB_COLUMNS))
+        if drop:
+            query = f"SELECT * EXCLUDE ({', '.join(drop)}) FROM ({query})"
+        queries.append((query, params))
+    tables = _one_thread_rows(con, queries)
+    for (sel, _), table in zip(sides, tables):
+        if table.num_rows == 0:
+            known = con.execute("SELECT count(*) FROM runs WHERE run = ?", [sel.run]).fetchone()[0]
+            if not known:
+                from dumpdb.errors import no_such_run
+
+                raise no_such_run(sel.run, "the archive", con)
+            raise DumpdbError(f"no tensors in {sel.describe()}")
+    return tables
+
+
+def _one_thread_rows(con, queries: Sequence[tuple[str, list]]) -> list[pa.Table]:
+    """The rows of each (query, params) of ``queries``, each on one DuckDB thread
+    (select_sides): in the catalog's row order (a run's ingest order, usually its execution
+    order) and one Arrow chunk a column, for the CPU of a parallel run, whose threads hand
+    their parts back out of order (its joins keep no order) as several chunks: the compare
+    would then copy every column into order (stats_pairs._by_id; engine._one_chunk). The
+    queries run at once, each on its own cursor of ``con`` from its own Python thread
+    (DuckDB releases the GIL): a compare's two sides on two cores. The thread count is the
+    DuckDB instance's, shared by every connection to the catalog in this process: set back
+    after, one call at a time (another query meanwhile runs on one thread); a connection
+    whose configuration is locked runs the queries one after the other as they are."""
     import duckdb
+
+    def rows(cursor, query: str, params: list) -> pa.Table:
+        return cursor.sql(query, params=params).to_arrow_table(batch_size=_ONE_BATCH)
 
     with _ONE_THREAD:
         try:
             threads = int(con.sql("SELECT current_setting('threads')").fetchall()[0][0])
             con.execute("SET threads = 1")
         except duckdb.Error:
-            return con.sql(query, params=params).to_arrow_table()
+            return [con.sql(query, params=params).to_arrow_table() for query, params in queries]
+        cursors = [con.cursor() for _ in queries[1:]]
         try:
-            return con.sql(query, params=params).to_arrow_table(batch_size=_ONE_BATCH)
+            if not cursors:
+                return [rows(con, *queries[0])]
+            with ThreadPoolExecutor(max_workers=len(cursors), thread_name_prefix="dumpdb-compare-select") as pool:
+                later = [pool.submit(rows, cursor, *query) for cursor, query in zip(cursors, queries[1:])]
+                return [rows(con, *queries[0]), *(f.result() for f in later)]
         finally:
+            for cursor in cursors:
+                cursor.close()
             con.execute(f"SET threads = {threads}")
 
 
@@ -511,7 +534,7 @@ def compare(archive, target: str | Selection, bench: str | Selection, *, iterati
                 "SELECT count(*) FROM tensors WHERE run = ? AND rank IS NOT NULL", [tsel.run]).fetchall()[0][0]:
             tsel = Selection(tsel.run, tsel.iteration, 0)  # a rankless target is rank 0 vs the bench's rank
         drop = _NOT_READ_BY_STATISTICS if mode == "statistics" else ()
-        trows, brows = select_rows(con, tsel, drop), select_rows(con, bsel, (*drop, *_TARGET_ONLY))
+        trows, brows = select_sides(con, [(tsel, drop), (bsel, (*drop, *_TARGET_ONLY))])
     trows, brows = _proc_as_rank0(trows, brows), _proc_as_rank0(brows, trows)
     # every pair compared by its statistics: no payload is read, whatever pairs
     statistics_only = mode == "statistics" or (mode == "auto" and (

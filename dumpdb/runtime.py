@@ -69,13 +69,11 @@ def use_memory_pool(backend: str = MEMORY_POOL) -> str | None:
     already (the user's choice wins), or ``backend`` not built into this pyarrow (e.g. jemalloc
     in Windows wheels: pyarrow's default stays, silently). Raises ``ValueError`` for another name.
 
-    Why the system allocator: pyarrow's default pool, mimalloc, asks for transparent huge pages
-    for its arena, so every page it purges and uses again is zeroed anew as a whole 2 MiB page;
-    in a statistics compare, which allocates ~1 GB through Arrow's pool at 500,000 pairs, that
-    was the largest share of the system CPU time (docs/statistics-compare.md, "Arrow's memory
-    pool"). The ``dumpdb`` process calls this at start for the commands that build Arrow tables
-    (``dumpdb.__main__``); importing dumpdb as a library never does (a library does not change
-    its host's allocator)."""
+    Why the system allocator: pyarrow's default, mimalloc, zeroes whole transparent huge pages
+    again each time it reuses memory it purged (docs/statistics-compare.md, "Arrow's memory
+    pool"). The ``dumpdb`` process calls this at start for the commands that build large Arrow
+    tables (``dumpdb.__main__``); importing dumpdb as a library never does (a library does not
+    change its host's allocator)."""
     if backend not in _POOLS:
         raise ValueError(f"unknown Arrow memory pool {backend!r}: one of {', '.join(_POOLS)}")
     if os.environ.get(POOL_ENV):

@@ -119,6 +119,7 @@ def _text_columns(rng: np.random.Generator, n: int):
     yield pa.array(same_ends[:n], pa.string())  # first == last, not one value
     yield pa.array(rng.integers(0, 3, n), pa.int32())
     yield pa.array([1.5] * (n - 1) + [float("nan")], pa.float64()) if n else pa.array([], pa.float64())
+    yield pa.array([0.0, -0.0] * (n // 2) + [0.0] * (n % 2), pa.float64())  # equal, not the same value
 
 
 @pytest.mark.parametrize("seed", range(3))

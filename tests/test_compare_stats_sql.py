@@ -330,3 +330,11 @@ def test_select_rows_query_gives_the_rows_in_table_order_as_one_chunk():
     assert np.array_equal(both[0].column("id").to_numpy(), np.arange(n // 2, n))
     assert np.array_equal(both[1].column("id").to_numpy(), np.arange(n // 3, n))
     assert con.sql("SELECT current_setting('threads')").fetchall()[0][0] == 4
+    # a relation registered on the connection alone (an exported bundle's tables): a cursor
+    # does not see it, so that query runs on the connection itself, the same rows
+    con.register("_t_arrow", con.sql("SELECT * FROM t").to_arrow_table())
+    con.execute("CREATE VIEW tv AS SELECT * FROM _t_arrow")
+    views = engine._one_thread_rows(con, [(query.replace("FROM t ", "FROM tv t "), [n // 2]),
+                                          (query.replace("FROM t ", "FROM tv t "), [n // 3])])
+    assert [v.column("id").to_pylist() for v in views] == [b.column("id").to_pylist() for b in both]
+    assert con.sql("SELECT current_setting('threads')").fetchall()[0][0] == 4

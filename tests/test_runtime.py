@@ -107,7 +107,9 @@ def test_importing_dumpdb_as_a_library_changes_no_pool():
 
 
 def test_use_memory_pool_after_pyarrows_import_sets_pyarrows_pool_and_the_workers_variable(monkeypatch):
-    monkeypatch.delenv(runtime.POOL_ENV, raising=False)
+    # "" counts as unset; setenv (not delenv, which records nothing when the variable is
+    # absent) also takes back what use_memory_pool sets, for the tests after this one
+    monkeypatch.setenv(runtime.POOL_ENV, "")
     before = pa.default_memory_pool()
     try:
         assert runtime.use_memory_pool("system") == "system"

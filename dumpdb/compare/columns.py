@@ -58,7 +58,7 @@ def strings(col) -> np.ndarray:
     arr = _array(col)
     if pa.types.is_null(arr.type) or arr.null_count == len(arr):
         return np.full(len(arr), None, dtype=object)
-    if _constant(arr):
+    if not pa.types.is_floating(arr.type) and _constant(arr):  # equal floats may differ (0.0, -0.0)
         return filled(len(arr), arr[0].as_py())
     enc = pc.dictionary_encode(arr)
     values = np.empty(len(enc.dictionary) + 1, dtype=object)

@@ -283,19 +283,34 @@ def select_sides(con, sides: Sequence[tuple[Selection, Sequence[str]]]) -> list[
 
 def _one_thread_rows(con, queries: Sequence[tuple[str, list]]) -> list[pa.Table]:
     """The rows of each (query, params) of ``queries``, each on one DuckDB thread
-    (select_sides): in the catalog's row order (a run's ingest order, usually its execution
-    order) and one Arrow chunk a column, for the CPU of a parallel run, whose threads hand
-    their parts back out of order (its joins keep no order) as several chunks: the compare
-    would then copy every column into order (stats_pairs._by_id; engine._one_chunk). The
-    queries run at once, each on its own cursor of ``con`` from its own Python thread
-    (DuckDB releases the GIL): a compare's two sides on two cores. The thread count is the
-    DuckDB instance's, shared by every connection to the catalog in this process: set back
-    after, one call at a time (another query meanwhile runs on one thread); a connection
-    whose configuration is locked runs the queries one after the other as they are."""
+    (select_sides), one Arrow chunk a column and usually in the catalog's row order (a
+    run's ingest order, usually its execution order; a join DuckDB turns around may not
+    keep it: stats_pairs._by_id checks), where a parallel run's threads hand their parts
+    back out of order as several chunks: the compare would then copy every column into
+    order (stats_pairs._by_id; engine._one_chunk). The queries run at once, each on its own
+    cursor of ``con`` from its own Python thread (DuckDB releases the GIL): a compare's two
+    sides on two cores; a query a cursor cannot run (a relation registered on ``con``
+    alone: an exported bundle's tables, archival.remote_bundle) runs on ``con`` after. A
+    column of more than 2 GiB of text, which one Arrow string array cannot hold, comes in
+    DuckDB's own batches. The thread count is the DuckDB instance's, shared by every
+    connection to the catalog in this process: set back after, one call at a time (another
+    query meanwhile runs on one thread); a connection whose configuration is locked runs
+    the queries one after the other as they are."""
     import duckdb
 
     def rows(cursor, query: str, params: list) -> pa.Table:
-        return cursor.sql(query, params=params).to_arrow_table(batch_size=_ONE_BATCH)
+        try:
+            return cursor.sql(query, params=params).to_arrow_table(batch_size=_ONE_BATCH)
+        except duckdb.InvalidInputException as exc:
+            if "string size" not in str(exc):
+                raise
+            return cursor.sql(query, params=params).to_arrow_table()
+
+    def beside(cursor, query: str, params: list) -> pa.Table | None:
+        try:
+            return rows(cursor, query, params)
+        except duckdb.CatalogException:
+            return None  # not visible to a cursor: run on con after
 
     with _ONE_THREAD:
         try:
@@ -303,13 +318,17 @@ def _one_thread_rows(con, queries: Sequence[tuple[str, list]]) -> list[pa.Table]
             con.execute("SET threads = 1")
         except duckdb.Error:
             return [con.sql(query, params=params).to_arrow_table() for query, params in queries]
-        cursors = [con.cursor() for _ in queries[1:]]
+        cursors: list = []
         try:
+            cursors.extend(con.cursor() for _ in queries[1:])
             if not cursors:
                 return [rows(con, *queries[0])]
             with ThreadPoolExecutor(max_workers=len(cursors), thread_name_prefix="dumpdb-compare-select") as pool:
-                later = [pool.submit(rows, cursor, *query) for cursor, query in zip(cursors, queries[1:])]
-                return [rows(con, *queries[0]), *(f.result() for f in later)]
+                later = [pool.submit(beside, cursor, *query) for cursor, query in zip(cursors, queries[1:])]
+                first = rows(con, *queries[0])
+                found = [f.result() for f in later]
+            return [first, *(table if table is not None else rows(con, *query)
+                             for table, query in zip(found, queries[1:]))]
         finally:
             for cursor in cursors:
                 cursor.close()

@@ -102,9 +102,9 @@ ALL_IGNORE = frozenset({"empty", "empty_like", "numpy", "to", "__setitem__", "em
 INPUT_IGNORE = frozenset({"_reduce_scatter_base", "_all_gather_base", "all_to_all_single",
                           "batch_isend_irecv"})
 MODES = ("tensor", "statistics")
-# an op name whose second dot-separated field is one of the ignored ops' (RE2)
 # a fused projection's bench name: "qkv" or "gate_up" anywhere in it (one RE2 scan for both)
 _FUSED = "qkv|gate_up"
+# an op name whose second dot-separated field is one of the ignored ops' (RE2)
 _IGNORED = r"^[^.]*\.(?:" + "|".join(sorted(ALL_IGNORE | INPUT_IGNORE)) + r")(?:\.|$)"
 
 

@@ -3,7 +3,9 @@
 Concurrency model. DuckDB lets one process hold a database file read-write, or
 several hold it read-only, never both (a writer's lock blocks readers and a
 reader's lock blocks writers). So dumpdb never keeps the catalog open longer
-than one operation: a query opens a read-only connection and closes it; an
+than one operation: a query opens a read-only connection and closes it (``with
+archive:`` and ``Archive(hold=True)`` keep one for a block of queries: the CLI's
+statistics compare, about a second); an
 ingest opens a read-write connection per commit (tens of milliseconds). A
 connection that meets another process's lock retries with backoff until
 ``lock_timeout`` seconds have passed, then raises :class:`ArchiveError`.

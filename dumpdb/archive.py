@@ -16,7 +16,7 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -174,11 +174,24 @@ class CatalogFile:
 
     refusal: str | None = None
 
-    def __init__(self, path: Path, lock_timeout: float = DEFAULT_LOCK_TIMEOUT, on_wait: Any = None):
+    def __init__(self, path: Path, lock_timeout: float = DEFAULT_LOCK_TIMEOUT, on_wait: Any = None,
+                 keep: bool = False):
         self.path = Path(path)
         check_marker(self.path)
         self._catalog = Catalog(self.path / CATALOG, lock_timeout=lock_timeout, on_wait=on_wait)
-        self.schema_version = self._catalog.check(writable=self.writable)
+        # keep: the connection that checked the schema, for the caller (take_kept)
+        self.schema_version, self._kept = self._catalog.checked(writable=self.writable, keep=keep)
+
+    def take_kept(self) -> duckdb.DuckDBPyConnection | None:
+        """The read-only connection the schema check used, when made with ``keep`` and one
+        is left (:meth:`Catalog.checked`), else None; the caller closes it. Once only."""
+        kept, self._kept = self._kept, None
+        return kept
+
+    def errors_mapped(self) -> AbstractContextManager[None]:
+        """DuckDB errors of a block of queries that mean a damaged catalog or a full disk as
+        :meth:`reader`'s (CatalogCorrupt, StorageError: one line); others pass unchanged."""
+        return self._catalog.errors_mapped()
 
     @property
     def catalog(self) -> Catalog:
@@ -261,6 +274,13 @@ class Archive:
     ``verify_reads`` (default True): every payload read (``tensor``, ``tensors``, compare,
     scan) is hashed again and checked against its ``content_hash``; False opts out (the
     CLI's ``--no-verify``). A mismatch raises :class:`~dumpdb.errors.PayloadCorrupt`.
+
+    ``hold`` (default False): open holding a read-only catalog connection, as inside ``with
+    archive:`` (:attr:`holding`; :meth:`close` or the ``with`` block's end releases it), the
+    connection that checked the schema when one is left: one DuckDB connect instead of two
+    for the open and the first query, and none for the later ones. It holds off other
+    processes' writes until released (the CLI holds it for a statistics compare, about a
+    second).
     """
 
     # bounds of sql()'s sandbox (memory, threads, statement timeout): None = SqlLimits.from_env()
@@ -269,7 +289,7 @@ class Archive:
 
     def __init__(self, path: str | os.PathLike, *, lock_timeout: float = DEFAULT_LOCK_TIMEOUT, on_wait=None,
                  storage_options: dict[str, Any] | None = None, sql_limits: SqlLimits | None = None,
-                 verify_reads: bool = True, source: CatalogSource | None = None):
+                 verify_reads: bool = True, source: CatalogSource | None = None, hold: bool = False):
         self.verify_reads = verify_reads
         if sql_limits is not None:
             sql_limits.check()
@@ -285,7 +305,7 @@ class Archive:
 
                 source = BundleCatalog(str(path), self.storage_options)
             else:
-                source = CatalogFile(Path(path), lock_timeout, on_wait)
+                source = CatalogFile(Path(path), lock_timeout, on_wait, keep=hold)
         self.source: CatalogSource = source
         self.path: Path = source.path  # type: ignore[assignment]  # a bundle's URL: messages name it
         self.schema_version: int = source.schema_version
@@ -296,6 +316,10 @@ class Archive:
         self._query_lock = threading.Lock()
         self._query_pid = os.getpid()  # whose instance _query_db is (see _query_instance)
         self._locations: LocationIndex | None = None  # tensor_id -> payload location, loaded on first read
+        if hold:  # as `with archive:` entered, on the connection that checked the schema when it is left
+            take = getattr(source, "take_kept", None)
+            self._held = take() if take is not None else None
+            self.__enter__()
 
     def __repr__(self) -> str:
         return f"<dumpdb.Archive {str(self.path)!r}>"
@@ -369,7 +393,9 @@ class Archive:
         archive:`` holds, else a new one closed when the block ends. Raises
         ArchiveError if the catalog stays locked past ``lock_timeout``."""
         if self._held is not None:
-            yield self._held
+            mapped = getattr(self.source, "errors_mapped", None)
+            with mapped() if mapped is not None else nullcontext():
+                yield self._held
         else:
             with self.source.reader() as con:
                 yield con

@@ -259,3 +259,40 @@ def test_compare_inside_a_held_connection(tmp_path):
             if x.size > 1 and np.any(x) and np.any(y):  # msprobe: no cosine of one element
                 assert p["cosine"] == pytest.approx(x @ y / np.sqrt(x @ x) / np.sqrt(y @ y), abs=1e-9)
         assert a.sql("SELECT count(*) AS n FROM compares")["n"][0].as_py() == 1  # still usable after
+
+
+def test_hold_keeps_the_connection_that_checked_the_schema(tmp_path, monkeypatch):
+    """Archive(hold=True) opens as inside ``with archive:``, on the read-only connection the
+    schema check used: one connect for the open and every query. Released by close(), after
+    which this process can write again; an archive upgraded on open is held on a new one."""
+    archive = tmp_path / "a.dumpdb"
+    dumpdb.ingest(ms_case("c1_inputs_kernels_iter"), archive=archive, run="c1")
+    opened: list[bool] = []
+    connect = duckdb.connect
+
+    def counted(database=":memory:", *args, **kwargs):
+        if str(database).endswith("catalog.duckdb"):
+            opened.append(kwargs.get("read_only", False))
+        return connect(database, *args, **kwargs)
+
+    monkeypatch.setattr(duckdb, "connect", counted)
+    a = dumpdb.Archive(archive, hold=True)
+    assert a.holding and opened == [True]
+    with a.reader() as con:
+        assert con.execute("SELECT count(*) FROM tensors").fetchone()[0] == 42
+    assert a.runs()["run"].to_pylist() == ["c1"] and opened == [True]
+    a.close()
+    assert not a.holding
+    with a.catalog.writer() as con:  # nothing of this process holds the catalog now
+        con.execute("UPDATE runs SET framework_version = 'held' WHERE run = 'c1'")
+    assert opened == [True, False]
+    plain = dumpdb.Archive(archive)  # without hold: the check's connection is closed
+    assert not plain.holding and plain.source.take_kept() is None
+    now = catalog_mod.latest_version()
+    mdir = _migrations_plus(tmp_path, "SELECT 1;")
+    monkeypatch.setattr(catalog_mod, "migrations_dir", lambda: mdir)
+    opened.clear()
+    with dumpdb.Archive(archive, hold=True) as upgraded:
+        assert upgraded.schema_version == now + 1 and upgraded.holding
+        assert upgraded.sql("SELECT framework_version FROM runs")["framework_version"].to_pylist() == ["held"]
+    assert opened[0] is True and opened[-1] is True and False in opened  # check, migrate (writes), then held

@@ -3,7 +3,9 @@
 Concurrency model. DuckDB lets one process hold a database file read-write, or
 several hold it read-only, never both (a writer's lock blocks readers and a
 reader's lock blocks writers). So dumpdb never keeps the catalog open longer
-than one operation: a query opens a read-only connection and closes it; an
+than one operation: a query opens a read-only connection and closes it (``with
+archive:`` and ``Archive(hold=True)`` keep one for a block of queries: the CLI's
+statistics compare, about a second); an
 ingest opens a read-write connection per commit (tens of milliseconds). A
 connection that meets another process's lock retries with backoff until
 ``lock_timeout`` seconds have passed, then raises :class:`ArchiveError`.
@@ -204,13 +206,13 @@ class Catalog:
         """A read-only connection, closed on exit."""
         con = self.connect(read_only=True)
         try:
-            with self._errors_mapped():
+            with self.errors_mapped():
                 yield con
         finally:
             con.close()
 
     @contextmanager
-    def _errors_mapped(self) -> Iterator[None]:
+    def errors_mapped(self) -> Iterator[None]:
         """DuckDB errors that mean a damaged catalog or a full disk become
         CatalogCorrupt / StorageError (one line); others pass unchanged."""
         try:
@@ -229,7 +231,7 @@ class Catalog:
         """
         con = self.connect(read_only=False)
         try:
-            with self._errors_mapped():
+            with self.errors_mapped():
                 con.execute("BEGIN TRANSACTION")
                 try:
                     yield con
@@ -316,21 +318,31 @@ class Catalog:
         # Nothing but the migrations' own rows: what verify compares later commits with.
         write_summary(self.path, {t: 0 for t in expected_tables()} | {"schema_version": len(migrations)})
 
-    def _checked_version(self, latest: int) -> int:
-        """The schema version, the file checked intact and, when current, complete."""
-        with self.reader() as con:
-            self.check_intact(con)
-            current = self.schema_version(con)
-            if current == 0:
-                raise CatalogCorrupt(f"{self.path}: catalog has no schema_version table (damaged or not dumpdb's); "
-                                     "restore it from backups/ or a bundle")
-            if current == latest:
-                missing = expected_tables() - {r[0] for r in con.execute(
-                    "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main'").fetchall()}
-                if missing:
-                    raise CatalogCorrupt(f"{self.path}: catalog lacks the table(s) {', '.join(sorted(missing))} "
-                                         "(damaged); restore it from backups/ or a bundle")
-        return current
+    def _checked_version(self, latest: int, keep: bool = False) -> tuple[int, duckdb.DuckDBPyConnection | None]:
+        """The schema version, the file checked intact and, when current, complete; with
+        ``keep`` and a current schema, the read-only connection that checked it, still open
+        (else None: closed, as :meth:`reader` closes it)."""
+        con = self.connect(read_only=True)
+        try:
+            with self.errors_mapped():
+                self.check_intact(con)
+                current = self.schema_version(con)
+                if current == 0:
+                    raise CatalogCorrupt(f"{self.path}: catalog has no schema_version table (damaged or not "
+                                         "dumpdb's); restore it from backups/ or a bundle")
+                if current == latest:
+                    missing = expected_tables() - {r[0] for r in con.execute(
+                        "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main'").fetchall()}
+                    if missing:
+                        raise CatalogCorrupt(f"{self.path}: catalog lacks the table(s) {', '.join(sorted(missing))} "
+                                             "(damaged); restore it from backups/ or a bundle")
+        except BaseException:
+            con.close()
+            raise
+        if keep and current == latest:
+            return current, con
+        con.close()
+        return current, None
 
     def _wait_for_migration(self) -> None:
         """Return once no process holds the migrate lock (none held or no lock file: at once)."""
@@ -346,10 +358,18 @@ class Catalog:
         Returns the schema version. Raises :class:`CatalogVersionError` when the
         catalog is newer than this dumpdb, or older and ``writable`` is False.
         """
+        return self.checked(writable)[0]
+
+    def checked(self, writable: bool, keep: bool = False) -> tuple[int, duckdb.DuckDBPyConnection | None]:
+        """:meth:`check`, and with ``keep`` the read-only connection that read the schema
+        version, still open for the caller's queries (the caller closes it; one connect fewer
+        than check, then :meth:`reader`), or None when none is left: the schema was upgraded,
+        or the file rewritten in the portable format (:meth:`make_portable` writes it, which
+        this process cannot while it holds a read-only connection). Errors as :meth:`check`."""
         latest = latest_version()
         for attempt in range(5):
             try:
-                current = self._checked_version(latest)
+                current, kept = self._checked_version(latest, keep)
                 break
             except CatalogTruncated:
                 # The file may have been replaced since the reader opened it (another
@@ -361,8 +381,12 @@ class Catalog:
                 time.sleep(0.1 * (attempt + 1))
         if current == latest:
             if writable:
+                number = storage_number(self.path)
+                if kept is not None and number is not None and number > PORTABLE_STORAGE_NUMBER:
+                    kept.close()  # make_portable rewrites the file
+                    kept = None
                 self.make_portable()
-            return current
+            return current, kept
         if current > latest:
             raise CatalogVersionError(
                 f"{self.path}: catalog schema version {current} is newer than this dumpdb "
@@ -375,7 +399,7 @@ class Catalog:
             )
         self.migrate()
         self.make_portable()
-        return latest
+        return latest, None
 
     def make_portable(self) -> bool:
         """Rewrite the catalog in the storage format DuckDB >= 1.4 reads
@@ -410,7 +434,7 @@ class Catalog:
     def _rewrite_portable(self, tmp: Path) -> bool:
         con = self.connect(read_only=False)
         try:
-            with self._errors_mapped():
+            with self.errors_mapped():
                 number = storage_number(self.path)  # another process may have done it meanwhile
                 if number is None or number <= PORTABLE_STORAGE_NUMBER:
                     return False

@@ -115,7 +115,7 @@ from dumpdb.compare.verdict import Thresholds, op_results_columns
 from dumpdb.dtypes import from_catalog_name
 from dumpdb.errors import DumpdbError
 from dumpdb.runtime import quiet_gc, release_free_memory
-from dumpdb.storage.store import MEDIUM_CHUNK_BYTES
+from dumpdb.storage.sizes import MEDIUM_CHUNK_BYTES
 
 # Payload bytes of the large pairs queued at once. On the thread path a queued pair is read
 # as soon as a thread is free, while the segments of the pairs read before it wait behind it

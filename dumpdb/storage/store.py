@@ -71,6 +71,7 @@ from dumpdb.storage.shard import (
     shard_index_bytes,
     write_shard,
 )
+from dumpdb.storage.sizes import INNER_CHUNK_BYTES, LARGE_CHUNK_BYTES, MEDIUM_BYTES, MEDIUM_CHUNK_BYTES
 
 if TYPE_CHECKING:
     import zarr
@@ -79,15 +80,6 @@ if TYPE_CHECKING:
 PACK_BYTES = 64 << 20
 LARGE_BYTES = 16 << 20
 READ_LARGE_BYTES = 4 << 20  # LARGE_BYTES of an lz4 archive (codecs.py: made for reading)
-# Inner chunks: a pack read decodes whole chunks, so small tensors (read one by one,
-# target p99 <= 2 ms) sit in packs of small chunks; tensors of MEDIUM_BYTES or more
-# sit in packs of 4 MiB chunks, which compress far better (zstd finds repeats across
-# a whole chunk; scripts/bench_codecs.py on the Transformer dump: 4 MiB chunks store
-# 0.67x the bytes of 1 MiB ones, 256 KiB ones 1.9x).
-INNER_CHUNK_BYTES = 256 << 10
-MEDIUM_BYTES = 256 << 10
-MEDIUM_CHUNK_BYTES = 4 << 20
-LARGE_CHUNK_BYTES = 4 << 20
 # A large array's chunks are decoded on a thread pool when its shard holds at least this
 # many compressed bytes (decoding then costs more than handing chunks to threads).
 PARALLEL_DECODE_BYTES = 4 << 20

@@ -135,16 +135,35 @@ class _NoNumbaExtras:
         return None
 
 
+# The root options (dumpdb.cli._root) that take a value, given before the command as
+# "--wait 5" (or "--wait=5"): command() skips the value too.
+ROOT_OPTIONS_WITH_VALUE = ("--wait", "--storage-option")
+
+
+def command(argv: list[str]) -> str | None:
+    """The command an argument list (``sys.argv[1:]``) names: its first word that is neither
+    a root option nor the value of one (``dumpdb --wait 5 compare ...``: ``compare``); None
+    when there is none (``dumpdb --version``)."""
+    words = iter(argv)
+    for word in words:
+        if word in ROOT_OPTIONS_WITH_VALUE:
+            next(words, None)
+        elif not word.startswith("-"):
+            return word
+    return None
+
+
 def main() -> None:
     """Entry point of the ``dumpdb`` command (see :mod:`dumpdb.cli`; Ctrl-C at any moment exits 130)."""
     sigint.install()
     quiet_exit()
     try:
-        if len(sys.argv) > 1 and sys.argv[1] in MEMORY_POOL_COMMANDS:
+        name = command(sys.argv[1:])
+        if name in MEMORY_POOL_COMMANDS:
             use_memory_pool()  # before the first Arrow buffer (skip_pandas_probe makes one)
-        if len(sys.argv) > 1 and sys.argv[1] in NO_PANDAS_COMMANDS:
+        if name in NO_PANDAS_COMMANDS:
             skip_pandas_probe()
-        if len(sys.argv) > 1 and sys.argv[1] in NO_BLAS_PROBE_COMMANDS:
+        if name in NO_BLAS_PROBE_COMMANDS:
             skip_blas_probe()
             skip_numba_extras()
         from dumpdb.cli import main as cli_main

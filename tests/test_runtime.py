@@ -82,6 +82,18 @@ def test_the_dumpdb_process_and_its_workers_take_the_system_pool():
     assert runtime.MEMORY_POOL == "system"
     assert _pools(["compare", "--help"]) == ["system", "system"]
     assert _pools(["ingest", "--help"]) == ["system", "system"]
+    # root options before the command (their values too) do not hide it
+    assert _pools(["--debug", "--wait", "5", "compare", "--help"]) == ["system", "system"]
+
+
+def test_the_command_behind_root_options():
+    from dumpdb.__main__ import command
+
+    assert command(["compare", "a", "b"]) == "compare"
+    assert command(["--debug", "--wait", "5", "--storage-option", "k=v", "first-divergence", "x"]) == \
+        "first-divergence"
+    assert command(["--wait=5", "scan"]) == "scan"
+    assert command(["--version"]) is None and command([]) is None
 
 
 def test_a_command_without_arrow_work_keeps_pyarrows_default_pool():

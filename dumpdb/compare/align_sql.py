@@ -320,7 +320,8 @@ def exact_paired(con: duckdb.DuckDBPyConnection, target: pa.Table, bench: pa.Tab
     # a side whose every row is paired has nothing left: no query (the usual case)
     left_t, left_b = (con.sql(_unmatched_sql(side, f"{side}_tensor_id")).to_arrow_table() if n < table.num_rows
                       else UNMATCHED_SCHEMA.empty_table() for side, table in (("target", target), ("bench", bench)))
-    if _doubted(con, group_by, bench, all_paired=not left_t.num_rows and not left_b.num_rows, checked=checked):
+    if _doubted(con, group_by, bench, all_paired=not left_t.num_rows and not left_b.num_rows, checked=checked,
+                target=target):
         _discard(con)  # the content check doubts a pair: align() decides
         return None
     return left_t.cast(UNMATCHED_SCHEMA), left_b.cast(UNMATCHED_SCHEMA)
@@ -388,7 +389,7 @@ def _struct(table: pa.Table) -> pa.StructArray:
 
 
 def _doubted(con: duckdb.DuckDBPyConnection, group_by: Sequence[str], bench: pa.Table,
-             all_paired: bool = False, checked: bool = False) -> bool:
+             all_paired: bool = False, checked: bool = False, target: pa.Table | None = None) -> bool:
     """Would align()'s content check take back some exact pairs? A cheap, conservative test
     on ``con`` (after the ``paired`` table is made): a name family
     (:func:`~dumpdb.compare.align.family`) holding paired ops has another number of ops on
@@ -406,7 +407,9 @@ def _doubted(con: duckdb.DuckDBPyConnection, group_by: Sequence[str], bench: pa.
     count is not needed (the usual run-to-run case; about a third of this test's CPU).
     ``bench``: the bench table registered on ``con`` (:func:`_better_partner_may_exist`).
     ``checked``: temp table ``checked`` holds the pairs that look wrong or are of another
-    op (:func:`_checked_pairs`; dropped here), else they come from ``paired``."""
+    op (:func:`_checked_pairs`; dropped here), else they come from ``paired``. ``target``:
+    the target table registered on ``con``, when given the partner search runs in numpy
+    (:func:`_partner_fits`) where it can."""
     keys = list(group_by)  # ops counted per (graph, name): a counter is per graph
     have = {name: set(con.sql(f"SELECT * FROM {name} LIMIT 0").columns) for name in ("target", "bench")}
     if any("op_type" not in cols_ for cols_ in have.values()):
@@ -443,6 +446,13 @@ def _doubted(con: duckdb.DuckDBPyConnection, group_by: Sequence[str], bench: pa.
     finally:
         con.execute("DROP TABLE checked")
     try:
+        if target is not None:
+            wrong = con.sql("SELECT target_tensor_id, bench_tensor_id FROM looks_wrong").to_arrow_table()
+            if not wrong.num_rows:
+                return False
+            found = _partner_fits(target, bench, wrong, group_by)
+            if found is not None:
+                return found
         return _better_partner_may_exist(con, group_by, bench)
     finally:
         con.execute("DROP TABLE looks_wrong")
@@ -584,6 +594,184 @@ def _better_partner_may_exist(con: duckdb.DuckDBPyConnection, group_by: Sequence
             con.execute(f"DROP TABLE IF EXISTS {table}")
         con.unregister("dtype_class")
         con.unregister("bench_k")
+
+
+def _partner_fits(target: pa.Table, bench: pa.Table, wrong: pa.Table, group_by: Sequence[str]) -> bool | None:
+    """:func:`_better_partner_may_exist` in numpy, the same answer: ``wrong`` holds the pairs
+    that look wrong (``target_tensor_id``, ``bench_tensor_id``, int64, at least one), of
+    the rows of ``target`` and ``bench`` (the tables registered on the connection). Each
+    kind (group, graph, op type, leaf, dtype class, shape) one integer, from a dictionary
+    encoding of each of its columns over the looks-wrong target rows and every bench row
+    (exact values: a shape as the bytes of its numbers, NULL its own value, as IS NOT
+    DISTINCT FROM); each bench row's place in its kind's execution order
+    (:func:`_places_in_kind`); the candidates of a pair are the rows at the
+    :data:`~dumpdb.compare.align.NEIGHBOURS` places either side of its bench tensor's
+    (the whole kind when that tensor is of another kind), the pair's own bench tensor
+    left out; one fits when all eight statistics are finite and both L2 norms are 0 or
+    :func:`~dumpdb.compare.align.stat_distance`'s formula is below
+    :data:`~dumpdb.compare.align.FITS` (NaN: not below, as DuckDB's greatest). The
+    statistics and ids are read, not the relations: no registration, no temp table (the
+    SQL's DISTINCT, join and four temp tables over every bench row were most of the
+    content check's CPU on 500,000 pairs). None when a column does not encode (a type the
+    two sides do not share, a shape of other than integers, statistics not float64) or the
+    candidates are too many to enumerate: the SQL decides then."""
+    kind = (*group_by, "graph_id", "op_type", "io", "slot", "slot_path", "arg_name", "shape")
+    stats = ("l2norm", "mean", "min", "max")
+    if any(c not in side.column_names for c in (*kind, *stats, "tensor_id") for side in (target, bench)):
+        return None
+    if any(side.schema.field(c).type != pa.float64() for c in stats for side in (target, bench)):
+        return None
+    try:
+        rows = _row_numbers(target.column("tensor_id"), wrong.column("target_tensor_id"))
+        partner = _row_numbers(bench.column("tensor_id"), wrong.column("bench_tensor_id"))
+    except ValueError:
+        return None
+    m = rows.size
+    x = target.select([c for c in dict.fromkeys((*kind, *stats, *(("dtype",) if "dtype" in target.column_names
+                                                                    else ())))]).take(pa.array(rows))
+    codes = np.zeros(m + bench.num_rows, np.int64)
+    card = 1
+    for t_col, b_col in [*((x.column(c), bench.column(c)) for c in kind), (_dtype_classes(x), _dtype_classes(bench))]:
+        encoded = _encode(t_col, b_col)
+        if encoded is None:
+            return None
+        code, n = encoded
+        if card * n >= 1 << 62:  # renumber densely first: the combined number stays in int64
+            codes, card = _dense(codes)
+        codes = codes * n + code
+        card *= n
+    codes, _ = _dense(codes)
+    kx, kb = codes[:m], codes[m:]
+    cnt = np.bincount(kb, minlength=int(codes.max()) + 1)
+    start = np.concatenate(([0], np.cumsum(cnt)[:-1]))
+    r = _places_in_kind(kb, _order_numbers(bench))
+    at = np.empty(kb.size, np.int64)  # the bench row at each (kind, place), kinds one after the other
+    at[start[kb] + r] = np.arange(kb.size, dtype=np.int64)
+    same = kb[partner] == kx
+    pr = r[partner]
+    last = cnt[kx] - 1
+    lo = np.where(same, np.maximum(pr - NEIGHBOURS, 0), 0)
+    hi = np.where(same, np.minimum(pr + NEIGHBOURS, last), last)
+    length = np.maximum(hi - lo + 1, 0)
+    total = int(length.sum())
+    if total > _MAX_CANDIDATES:
+        return None
+    pair = np.repeat(np.arange(m, dtype=np.int64), length)
+    first = np.concatenate(([0], np.cumsum(length)[:-1]))
+    cand = at[start[kx[pair]] + lo[pair] + np.arange(total, dtype=np.int64) - first[pair]]
+    keep = cand != partner[pair]
+    pair, cand = pair[keep], cand[keep]
+    t = [x.column(c).to_numpy()[pair] for c in stats]
+    b = [bench.column(c).to_numpy()[cand] for c in stats]
+    finite = np.logical_and.reduce([np.isfinite(v) for v in (*t, *b)]) if pair.size else np.zeros(0, bool)
+    # the element count of each target tensor as DuckDB's list_aggregate(shape, 'product'):
+    # a DOUBLE product of its numbers in turn, NULL for no number (then 1), at least 1
+    k = np.array([max(_product(s), 1.0) for s in x.column("shape").to_pylist()], np.float64)[pair]
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        l2 = np.maximum(np.abs(t[0]), np.abs(b[0]))
+        scale = l2 / np.sqrt(k)
+        distance = np.maximum(np.maximum(np.abs(t[0] - b[0]) / l2, np.abs(t[1] - b[1]) / scale),
+                              np.maximum(np.abs(t[2] - b[2]) / scale, np.abs(t[3] - b[3]) / scale))
+        fits = finite & ((l2 == 0) | (distance < FITS))
+    return bool(fits.any())
+
+
+_MAX_CANDIDATES = 1 << 24  # _partner_fits: more candidate rows than this go to the SQL
+
+
+def _product(shape: list | None) -> float:
+    """DuckDB's ``coalesce(list_aggregate(shape, 'product'), 1)``: the numbers (NULLs left
+    out) multiplied in turn as doubles; 1.0 for NULL or no number."""
+    numbers = [float(v) for v in shape or () if v is not None]
+    if not numbers:
+        return 1.0
+    out = 1.0
+    for v in numbers:
+        out *= v
+    return out
+
+
+def _encode(t_col: pa.ChunkedArray | pa.Array, b_col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, int] | None:
+    """One integer per value (int64, 0 up to the number returned beside them) of ``t_col``
+    then ``b_col``, equal where the values are (NULL equal to NULL: IS NOT DISTINCT FROM);
+    a list as the bytes of its numbers (a list of integers only). The bench column is
+    dictionary-encoded in place, the few target values looked up in its dictionary (a
+    value the bench lacks: one number beyond them, a kind without bench rows however
+    many such values share it). None for columns of types that do not meet (the target's
+    not cast to the bench's)."""
+    t_arr = t_col.combine_chunks() if isinstance(t_col, pa.ChunkedArray) else t_col
+    b_arr = b_col.combine_chunks() if isinstance(b_col, pa.ChunkedArray) else b_col
+    try:
+        if t_arr.type != b_arr.type:
+            t_arr = t_arr.cast(b_arr.type)
+        if pa.types.is_list(b_arr.type) or pa.types.is_large_list(b_arr.type):
+            t_bytes, b_bytes = _list_bytes(t_arr), _list_bytes(b_arr)
+            if t_bytes is None or b_bytes is None:
+                return None
+            t_arr, b_arr = t_bytes, b_bytes
+        elif pa.types.is_floating(b_arr.type) or pa.types.is_nested(b_arr.type):
+            return None  # NaN and nested values: not encoded here
+        encoded = pc.dictionary_encode(b_arr, null_encoding="encode")
+        found = pc.index_in(t_arr, value_set=encoded.dictionary, skip_nulls=False)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        return None
+    n = len(encoded.dictionary)
+    t_codes = pc.fill_null(found, n).to_numpy(zero_copy_only=False).astype(np.int64)
+    return np.concatenate((t_codes, encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64))), n + 1
+
+
+def _list_bytes(lists: pa.Array) -> pa.Array | None:
+    """Each list of integers as the bytes of its numbers (large_binary; NULL for NULL, empty
+    for empty: two lists equal exactly when their bytes are, for one value type); None
+    for a NULL number in a list."""
+    if not pa.types.is_integer(lists.type.value_type):
+        return None
+    flat = pc.list_flatten(lists)
+    if flat.null_count:
+        return None
+    width = lists.type.value_type.bit_width // 8
+    length = pc.fill_null(pc.list_value_length(lists), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    offsets = np.concatenate(([0], np.cumsum(length))) * width
+    data = np.ascontiguousarray(flat.to_numpy(zero_copy_only=False))
+    raw = pa.Array.from_buffers(pa.large_binary(), len(lists), [None, pa.py_buffer(offsets.astype(np.int64)),
+                                                                pa.py_buffer(data.view(np.uint8))])
+    return pc.if_else(lists.is_valid(), raw, pa.scalar(None, pa.large_binary()))
+
+
+def _dense(codes: np.ndarray) -> tuple[np.ndarray, int]:
+    """``codes`` (int64) renumbered 0 up in order of first appearance, and their number."""
+    encoded = pc.dictionary_encode(pa.array(codes))
+    return encoded.indices.to_numpy().astype(np.int64), len(encoded.dictionary)
+
+
+def _row_numbers(ids: pa.ChunkedArray, wanted: pa.ChunkedArray) -> np.ndarray:
+    """Row of ``ids`` (int64, unique, no NULL) holding each of ``wanted``, int64: a binary
+    search when the ids ascend, else a table from id to row when they span at most four
+    times their number (one ingest numbers a run's tensors from a sequence), else a hash
+    lookup. Raises ValueError for an id not in
+    ``ids``."""
+    have = ids.to_numpy()
+    want = wanted.to_numpy()
+    if want.size == 0:
+        return np.zeros(0, np.int64)
+    if have.size and bool((have[1:] > have[:-1]).all()):  # ascending (the statistics path's sides)
+        at = np.minimum(np.searchsorted(have, want), have.size - 1).astype(np.int64)
+        if not np.array_equal(have[at], want):
+            raise ValueError("an id is not among the rows")
+        return at
+    lowest = int(have.min()) if have.size else 0
+    span = int(have.max()) - lowest + 1 if have.size else 0
+    if 0 < span <= 4 * have.size + 1024:
+        row = np.full(span, -1, np.int64)
+        row[have - lowest] = np.arange(have.size, dtype=np.int64)
+        offset = want - lowest
+        if int(offset.min()) < 0 or int(offset.max()) >= span or int(row[offset].min()) < 0:
+            raise ValueError("an id is not among the rows")
+        return row[offset]
+    found = pc.index_in(wanted, value_set=ids).combine_chunks()
+    if found.null_count:
+        raise ValueError("an id is not among the rows")
+    return found.to_numpy().astype(np.int64, copy=False)
 
 
 def _places_in_kind(kid: np.ndarray, eo: np.ndarray) -> np.ndarray:

@@ -606,3 +606,71 @@ def test_row_numbers_by_each_lookup():
         assert align_sql._row_numbers(column, pa.chunked_array([pa.array(ids[pick])])).tolist() == pick.tolist()
         with pytest.raises(ValueError):
             align_sql._row_numbers(column, pa.chunked_array([pa.array([*ids[pick], 10**10])]))
+
+
+def test_check_arrays_are_the_sql_content_check():
+    """align_sql._check_arrays (numpy) gives _check_sql's wrong and other_op row for row on
+    random pairs (seeded): shapes equal, of other lengths, NULL or empty on either side,
+    one number changed; dtypes, graph ids and op types equal, other or NULL; statistics
+    perturbed by rounding or far, NULL, NaN, Inf, both L2 norms 0 (with -0.0 against 0.0),
+    element counts large enough that a distance's scale underflows (NaN distances)."""
+    import numpy as np
+
+    rng = np.random.default_rng(13)
+    for trial in range(40):
+        n = int(rng.integers(1, 400))
+
+        def shapes(n=n):
+            return [None if rng.random() < 0.05 else [] if rng.random() < 0.05 else
+                    [int(v) for v in rng.choice([1, 2, 3, 10**6, 0], int(rng.integers(1, 4)))] for _ in range(n)]
+
+        ts = shapes()
+        bs = [s if rng.random() < 0.85 else (None if s is None else [*s[:-1], 7] if s else [5])
+              if rng.random() < 0.5 else t for s, t in zip(ts, shapes())]
+        if trial % 3 == 0:  # shapes of every row the same lengths (the numbers line up)
+            ts = [[2, 3]] * n
+            bs = [[2, 3] if rng.random() < 0.9 else [2, 4] for _ in range(n)]
+        st = rng.standard_normal((n, 4)) * rng.choice([1e-320, 1e-300, 1e-3, 1, 1e6], (n, 1))
+        st[:, 0] = np.abs(st[:, 0])
+        bst = st * (1 + rng.choice([0, 1e-3, 0.5], (n, 1)) * rng.standard_normal((n, 4)))
+        zero = rng.random(n) < 0.05
+        st[zero, 0] = 0.0
+        bst[zero, 0] = -0.0
+        both_zero = zero & (rng.random(n) < 0.5)
+        bst[both_zero, 1:] = np.where(st[both_zero, 1:] == 0, -0.0, st[both_zero, 1:])
+        for k in (1, 2, 3):  # one of mean, min, max other where both L2 norms are 0
+            bst[both_zero & (rng.random(n) < 0.2), k] += 1.0
+
+        def stats(values):
+            out = {}
+            for k, c in enumerate(("l2norm", "mean", "min", "max")):
+                v = values[:, k].tolist()
+                v = [None if rng.random() < 0.02 else float("nan") if rng.random() < 0.02 else
+                     float("inf") if rng.random() < 0.01 else x for x in v]
+                out[c] = pa.array(v, pa.float64())
+            return out
+
+        def strings(choices, p_null, n=n):
+            return [None if rng.random() < p_null else str(rng.choice(choices)) for _ in range(n)]
+
+        tdt = strings(["float32", "float16"], 0.05)
+        t = pa.table({"tensor_id": pa.array(np.arange(n), pa.int64()), "shape": pa.array(ts, pa.list_(pa.int64())),
+                      "graph_id": pa.array([None if rng.random() < 0.05 else 0 for _ in range(n)], pa.int32()),
+                      "op_type": strings(["relu", "add"], 0.05), "dtype": tdt, **stats(st)})
+        b = pa.table({"tensor_id": pa.array(np.arange(n) + 1000, pa.int64()), "shape": pa.array(bs, pa.list_(pa.int64())),
+                      "graph_id": pa.array([None if rng.random() < 0.05 else int(rng.random() < 0.1) for _ in range(n)],
+                                           pa.int32()),
+                      "op_type": [x if rng.random() < 0.9 else "mul" for x in t.column("op_type").to_pylist()],
+                      "dtype": [x if rng.random() < 0.9 else "int32" for x in tdt], **stats(bst)})
+        dtype = trial % 2 == 0
+        con = duckdb.connect()
+        con.register("tt", t)
+        con.register("bb", b)
+        expected = con.sql(f"SELECT {align_sql._check_sql(dtype)} FROM tt t POSITIONAL JOIN bb b").to_arrow_table()
+        got = align_sql._check_arrays(t, b, dtype)
+        assert got is not None
+        assert got[0].tolist() == expected.column("wrong").to_pylist(), trial
+        assert got[1].tolist() == expected.column("other_op").to_pylist(), trial
+        con.close()
+    assert align_sql._check_arrays(t.set_column(1, "shape", pa.array([[None]] * n, pa.list_(pa.int64()))), b,
+                                   True) is None  # a NULL number in a shape: the SQL decides

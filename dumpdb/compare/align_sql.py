@@ -27,6 +27,7 @@ synthetic runs.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import duckdb
 import numpy as np
@@ -57,6 +58,7 @@ _CHECKED = ("op_type", "dtype", "l2norm", "mean", "min", "max")
 # what the content check (_check_sql) reads of both sides' rows; dtype too where both have one (_checks)
 CHECK_COLUMNS = ("shape", "graph_id", "op_type", "l2norm", "mean", "min", "max")
 # every statistic of both tensors finite (each on its own: a sum of finite values can overflow)
+_STATS = ("l2norm", "mean", "min", "max")
 _FINITE = " AND ".join(f"isfinite({c})" for c in ("tl", "bl", "tm", "bm", "tn", "bn", "tx", "bx"))
 _NEEDED = ("tensor_id", "op_name", "scope_name", "shape", "io", "slot", "slot_path", "arg_name", *_ORDER)
 # every column exact_paired reads of a side (beside its group_by and keep columns), where the side has it
@@ -276,14 +278,15 @@ def exact_paired(con: duckdb.DuckDBPyConnection, target: pa.Table, bench: pa.Tab
     :func:`~dumpdb.compare.stats_pairs.statistics_pairs`, saves the join's payload: about
     a third of its CPU).
 
-    ``measure`` (with ``sides``): ``(query, done)``; the check is then ``query(source,
-    keep)``, a query over ``source`` (a FROM clause in which ``t`` and ``b`` are the rows
-    ``sides`` gave, row k of each the k-th pair, with ``tensor_id``, ``pair_index`` = k
-    and the columns the check reads: ``t.max`` is the target's max) carrying the ``keep``
-    select items (``(expression, output name)``: the two ids, ``wrong``, ``other_op``,
+    ``measure`` (with ``sides``): ``(query, done)``; ``query(source, keep)`` is run, a
+    query over ``source`` (a FROM clause in which ``t`` and ``b`` are the rows ``sides``
+    gave, row k of each the k-th pair, with ``tensor_id``, ``pair_index`` = k and the four
+    statistics ``l2norm``, ``mean``, ``min``, ``max``: ``t.max`` is the target's max)
+    carrying the ``keep`` select items (``(expression, output name)``: the two ids,
     ``pair_index``) among its output columns, one row per pair; ``done(table)`` receives
-    its output (in any order of its rows). The caller's own measures of the pairs ride on the check's one pass over them
-    (:func:`~dumpdb.compare.stats_pairs.statistics_pairs`: the statistics metrics)."""
+    its output (in any order of its rows). It runs while numpy computes the content check
+    over the same rows (:func:`_checked_pairs`; :func:`~dumpdb.compare.stats_pairs.statistics_pairs`:
+    the statistics metrics)."""
     run = [s for s in dict.fromkeys(strategies) if s != "mapping"]
     if not run or run[0] != "exact":
         return None
@@ -342,7 +345,9 @@ def _checked_pairs(con: duckdb.DuckDBPyConnection, sides: Callable[[pa.Table], t
     the pairs' rows that ``sides`` gives for ``pairs`` (the rows of temp table ``paired``;
     see :func:`exact_paired`), the rows :func:`_doubted` takes from :func:`_pair`'s join
     otherwise; returns True. False, nothing made, when a side lacks what the check reads
-    (:func:`_checks`: :func:`_doubted` then joins). ``measure``: see :func:`exact_paired`."""
+    (:func:`_checks`: :func:`_doubted` then joins). ``measure``: see :func:`exact_paired`.
+    The check runs in numpy (:func:`_check_arrays`), in a second thread while DuckDB runs
+    the measure; the SQL (:func:`_check_sql`) only where numpy declines."""
     checks = _checks(con)
     if checks is None:
         return False
@@ -350,37 +355,148 @@ def _checked_pairs(con: duckdb.DuckDBPyConnection, sides: Callable[[pa.Table], t
     read = ["tensor_id", *checks[0]]  # checks[0] holds dtype where the check reads it
     if t.num_rows != b.num_rows:  # a positional join would pad the shorter side with NULLs: no check
         raise ValueError(f"sides gave {t.num_rows} target rows and {b.num_rows} bench rows for the same pairs")
-    # the pairs' rows side by side as one relation, each side a struct column (t, b: the
-    # check's t.shape reads field shape of column t), row k the k-th pair: one scan that
-    # DuckDB's threads share (a positional join of two relations runs on one thread)
-    tt = t.select(read)
-    tt = tt.append_column("pair_index", pa.array(np.arange(t.num_rows, dtype=np.int64)))
-    con.register("paired_rows", pa.table({"t": _struct(tt), "b": _struct(b.select(read))}))
+    # the check in numpy (_check_arrays) in a second thread while DuckDB computes the
+    # measure over the statistics alone (both mostly off the GIL); the SQL check only where
+    # numpy declines
+    helper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dumpdb-content-check")
     try:
-        if measure is None:
-            # only the pairs _doubted reads (a few): no table of every pair's two flags
+        flags = helper.submit(_check_arrays, t.select(read), b.select(read), checks[1])
+        out = None
+        if measure is not None:
+            query, _ = measure
+            measured = ["tensor_id", *_STATS]
+            tt = t.select(measured).append_column("pair_index", pa.array(np.arange(t.num_rows, dtype=np.int64)))
+            # the pairs' rows side by side as one relation, each side a struct column (t, b:
+            # the query's t.max reads field max of column t), row k the k-th pair: one scan
+            # that DuckDB's threads share (a positional join of two relations runs on one thread)
+            con.register("paired_rows", pa.table({"t": _struct(tt), "b": _struct(b.select(measured))}))
+            try:
+                out = con.sql(query("paired_rows", [("t.tensor_id", "target_tensor_id"),
+                                                    ("b.tensor_id", "bench_tensor_id"),
+                                                    ("t.pair_index", "pair_index")])).to_arrow_table()
+            finally:
+                con.unregister("paired_rows")
+        found = flags.result()
+    finally:
+        helper.shutdown()
+    if found is None:
+        con.register("paired_rows", pa.table({"t": _struct(t.select(read)), "b": _struct(b.select(read))}))
+        try:
             con.execute(f"""CREATE TEMP TABLE checked AS SELECT * FROM (
                               SELECT t.tensor_id AS target_tensor_id, b.tensor_id AS bench_tensor_id,
                                      {_check_sql(checks[1])}
                               FROM paired_rows)
                             WHERE wrong OR other_op""")
-            return True
-        query, done = measure
-        wrong, other_op = _check_items(checks[1])
-        out = con.sql(query("paired_rows", [("t.tensor_id", "target_tensor_id"), ("b.tensor_id", "bench_tensor_id"),
-                                            (wrong, "wrong"), (other_op, "other_op"),
-                                            ("t.pair_index", "pair_index")])).to_arrow_table()
-        flagged = out.filter(pc.or_(out.column("wrong"), out.column("other_op"))).select(
-            ["target_tensor_id", "bench_tensor_id", "wrong", "other_op"])
-        con.register("flagged", flagged)
+        finally:
+            con.unregister("paired_rows")
+    else:
+        wrong, other_op = found
+        at = pa.array(np.flatnonzero(wrong | other_op))
+        con.register("flagged", pa.table({"target_tensor_id": t.column("tensor_id").take(at),
+                                          "bench_tensor_id": b.column("tensor_id").take(at),
+                                          "wrong": pa.array(wrong).take(at), "other_op": pa.array(other_op).take(at)}))
         try:
             con.execute("CREATE TEMP TABLE checked AS SELECT * FROM flagged")
         finally:
             con.unregister("flagged")
-    finally:
-        con.unregister("paired_rows")
-    done(out)
+    if measure is not None:
+        measure[1](out)
     return True
+
+
+def _check_arrays(t: pa.Table, b: pa.Table, dtype: bool) -> tuple[np.ndarray, np.ndarray] | None:
+    """:func:`_check_sql`'s ``wrong`` and ``other_op`` (bool, one per row) of the pairs whose
+    target rows are ``t`` and bench rows ``b`` (row k of each the k-th pair; columns as
+    the SQL reads), in numpy, the values DuckDB gives: NULL equal to NULL, -0.0 equal to
+    0.0, a NaN distance above every bound (DuckDB orders NaN last), the element count a
+    DOUBLE product of the target shape's numbers in turn (1 for none). None when a shape
+    holds a NULL number or the two sides' shapes or columns are of other types (the SQL
+    decides)."""
+    try:
+        shape_distinct, count = _shape_check(_one(t.column("shape")), _one(b.column("shape")))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, TypeError):
+        return None
+    if shape_distinct is None:
+        return None
+    wrong = shape_distinct
+    try:
+        if dtype:
+            wrong |= _is_distinct(t.column("dtype"), b.column("dtype"))
+        other_op = _is_distinct(t.column("graph_id"), b.column("graph_id")) | \
+            _is_distinct(t.column("op_type"), b.column("op_type"))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        return None
+    stats = ("l2norm", "mean", "min", "max")
+    if any(side.schema.field(c).type != pa.float64() for c in stats for side in (t, b)):
+        return None
+    tl, tm, tn, tx = (_one(t.column(c)).to_numpy(zero_copy_only=False) for c in stats)
+    bl, bm, bn, bx = (_one(b.column(c)).to_numpy(zero_copy_only=False) for c in stats)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        finite = np.isfinite(tl) & np.isfinite(bl) & np.isfinite(tm) & np.isfinite(bm) & \
+            np.isfinite(tn) & np.isfinite(bn) & np.isfinite(tx) & np.isfinite(bx)
+        l2 = np.maximum(np.abs(tl), np.abs(bl))
+        scale = l2 / np.sqrt(count)
+        far = np.maximum(np.maximum(np.abs(tl - bl) / l2, np.abs(tm - bm) / scale),
+                         np.maximum(np.abs(tn - bn) / scale, np.abs(tx - bx) / scale))
+        zero = l2 == 0
+        stat_wrong = np.where(zero, (tm != bm) | (tn != bn) | (tx != bx), (far > LOOKS_WRONG) | np.isnan(far))
+    wrong |= finite & stat_wrong
+    return wrong, other_op
+
+
+def _one(column: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """``column`` as one array (no copy of a column of one chunk)."""
+    if isinstance(column, pa.ChunkedArray):
+        return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    return column
+
+
+def _is_distinct(a: pa.ChunkedArray, c: pa.ChunkedArray) -> np.ndarray:
+    """``a IS DISTINCT FROM c`` row by row (bool)."""
+    a, c = _one(a), _one(c)
+    if a.type != c.type:
+        a = a.cast(c.type)
+    equal = pc.fill_null(pc.equal(a, c), False)
+    same = pc.or_(equal, pc.and_(pc.is_null(a), pc.is_null(c)))
+    return ~same.to_numpy(zero_copy_only=False)
+
+
+def _shape_check(ts: pa.Array, bs: pa.Array) -> tuple[np.ndarray | None, np.ndarray]:
+    """``t.shape IS DISTINCT FROM b.shape`` row by row (None for a NULL number in a shape, or
+    shapes of other types) and ``greatest(coalesce(list_aggregate(t.shape, 'product'), 1),
+    1)`` (float64: each number as a double multiplied in turn, 1 for a NULL or empty
+    shape)."""
+    n = len(ts)
+    if ts.type != bs.type or not (pa.types.is_list(ts.type) or pa.types.is_large_list(ts.type)) \
+            or not pa.types.is_integer(ts.type.value_type):
+        return None, np.ones(n)
+    tf, bf = pc.list_flatten(ts), pc.list_flatten(bs)
+    if tf.null_count or bf.null_count:
+        return None, np.ones(n)
+    tv = ts.is_valid().to_numpy(zero_copy_only=False)
+    bv = bs.is_valid().to_numpy(zero_copy_only=False)
+    tlen = pc.fill_null(pc.list_value_length(ts), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    blen = pc.fill_null(pc.list_value_length(bs), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    tvals = tf.to_numpy(zero_copy_only=False)
+    bvals = bf.to_numpy(zero_copy_only=False)
+    distinct = (tv != bv) | (tlen != blen)
+    tstart = np.concatenate(([0], np.cumsum(tlen)[:-1])) if n else np.zeros(0, np.int64)
+    if not distinct.any():  # the flattened numbers line up row by row
+        row = np.repeat(np.arange(n, dtype=np.int64), tlen)
+        differs = tvals != bvals
+    else:  # the numbers of the rows of equal lengths, each side's at its own place
+        bstart = np.concatenate(([0], np.cumsum(blen)[:-1]))
+        kept = np.where(distinct, 0, tlen)
+        row = np.repeat(np.arange(n, dtype=np.int64), kept)
+        within = np.arange(row.size, dtype=np.int64) - np.repeat(np.cumsum(kept) - kept, kept)
+        differs = tvals[tstart[row] + within] != bvals[bstart[row] + within]
+    distinct[row[differs]] = True
+    count = np.ones(n)
+    numbers = tvals.astype(np.float64)
+    for j in range(int(tlen.max()) if n else 0):
+        has = tlen > j
+        count[has] *= numbers[tstart[has] + j]
+    return distinct, np.maximum(count, 1.0)
 
 
 def _struct(table: pa.Table) -> pa.StructArray:

@@ -549,6 +549,9 @@ def test_partner_fits_is_the_sql_partner_search():
         expected = align_sql._better_partner_may_exist(con, group_by, bench)
         got = align_sql._partner_fits(target, bench, wrong, group_by)
         assert got == expected, trial
+        # the bench rows put in execution order, said so: their places without a look
+        in_order = bench.take(pa.array(np.argsort(align_sql._order_numbers(bench))))
+        assert align_sql._partner_fits(target, in_order, wrong, group_by, bench_in_order=True) == expected, trial
         answers.append(got)
         con.close()
     assert 10 < sum(answers) < len(answers) - 10  # both answers, often

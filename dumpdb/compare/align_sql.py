@@ -324,7 +324,7 @@ def exact_paired(con: duckdb.DuckDBPyConnection, target: pa.Table, bench: pa.Tab
     left_t, left_b = (con.sql(_unmatched_sql(side, f"{side}_tensor_id")).to_arrow_table() if n < table.num_rows
                       else UNMATCHED_SCHEMA.empty_table() for side, table in (("target", target), ("bench", bench)))
     if _doubted(con, group_by, bench, all_paired=not left_t.num_rows and not left_b.num_rows, checked=checked,
-                target=target):
+                target=target, bench_in_order=positional is not None):
         _discard(con)  # the content check doubts a pair: align() decides
         return None
     return left_t.cast(UNMATCHED_SCHEMA), left_b.cast(UNMATCHED_SCHEMA)
@@ -500,12 +500,14 @@ def _shape_check(ts: pa.Array, bs: pa.Array) -> tuple[np.ndarray | None, np.ndar
 
 
 def _struct(table: pa.Table) -> pa.StructArray:
-    """``table``'s columns as one struct array (no copy of a column of one chunk)."""
-    return pa.StructArray.from_arrays([c.combine_chunks() for c in table.columns], table.column_names)
+    """``table``'s columns as one struct array (no copy of a column of one chunk: combine_chunks
+    copies it)."""
+    return pa.StructArray.from_arrays([_one(c) for c in table.columns], table.column_names)
 
 
 def _doubted(con: duckdb.DuckDBPyConnection, group_by: Sequence[str], bench: pa.Table,
-             all_paired: bool = False, checked: bool = False, target: pa.Table | None = None) -> bool:
+             all_paired: bool = False, checked: bool = False, target: pa.Table | None = None,
+             bench_in_order: bool = False) -> bool:
     """Would align()'s content check take back some exact pairs? A cheap, conservative test
     on ``con`` (after the ``paired`` table is made): a name family
     (:func:`~dumpdb.compare.align.family`) holding paired ops has another number of ops on
@@ -525,7 +527,8 @@ def _doubted(con: duckdb.DuckDBPyConnection, group_by: Sequence[str], bench: pa.
     ``checked``: temp table ``checked`` holds the pairs that look wrong or are of another
     op (:func:`_checked_pairs`; dropped here), else they come from ``paired``. ``target``:
     the target table registered on ``con``, when given the partner search runs in numpy
-    (:func:`_partner_fits`) where it can."""
+    (:func:`_partner_fits`) where it can; ``bench_in_order``: ``bench``'s rows are in
+    execution order (:func:`_positional_pairs` found them so)."""
     keys = list(group_by)  # ops counted per (graph, name): a counter is per graph
     have = {name: set(con.sql(f"SELECT * FROM {name} LIMIT 0").columns) for name in ("target", "bench")}
     if any("op_type" not in cols_ for cols_ in have.values()):
@@ -566,7 +569,7 @@ def _doubted(con: duckdb.DuckDBPyConnection, group_by: Sequence[str], bench: pa.
             wrong = con.sql("SELECT target_tensor_id, bench_tensor_id FROM looks_wrong").to_arrow_table()
             if not wrong.num_rows:
                 return False
-            found = _partner_fits(target, bench, wrong, group_by)
+            found = _partner_fits(target, bench, wrong, group_by, bench_in_order)
             if found is not None:
                 return found
         return _better_partner_may_exist(con, group_by, bench)
@@ -712,7 +715,8 @@ def _better_partner_may_exist(con: duckdb.DuckDBPyConnection, group_by: Sequence
         con.unregister("bench_k")
 
 
-def _partner_fits(target: pa.Table, bench: pa.Table, wrong: pa.Table, group_by: Sequence[str]) -> bool | None:
+def _partner_fits(target: pa.Table, bench: pa.Table, wrong: pa.Table, group_by: Sequence[str],
+                  bench_in_order: bool = False) -> bool | None:
     """:func:`_better_partner_may_exist` in numpy, the same answer: ``wrong`` holds the pairs
     that look wrong (``target_tensor_id``, ``bench_tensor_id``, int64, at least one), of
     the rows of ``target`` and ``bench`` (the tables registered on the connection). Each
@@ -730,7 +734,8 @@ def _partner_fits(target: pa.Table, bench: pa.Table, wrong: pa.Table, group_by: 
     SQL's DISTINCT, join and four temp tables over every bench row were most of the
     content check's CPU on 500,000 pairs). None when a column does not encode (a type the
     two sides do not share, a shape of other than integers, statistics not float64) or the
-    candidates are too many to enumerate: the SQL decides then."""
+    candidates are too many to enumerate: the SQL decides then. ``bench_in_order``: the
+    bench rows are in execution order (their places numbered without a look)."""
     kind = (*group_by, "graph_id", "op_type", "io", "slot", "slot_path", "arg_name", "shape")
     stats = ("l2norm", "mean", "min", "max")
     if any(c not in side.column_names for c in (*kind, *stats, "tensor_id") for side in (target, bench)):
@@ -760,7 +765,7 @@ def _partner_fits(target: pa.Table, bench: pa.Table, wrong: pa.Table, group_by: 
     kx, kb = codes[:m], codes[m:]
     cnt = np.bincount(kb, minlength=int(codes.max()) + 1)
     start = np.concatenate(([0], np.cumsum(cnt)[:-1]))
-    r = _places_in_kind(kb, _order_numbers(bench))
+    r = _places_in_kind(kb, np.arange(kb.size, dtype=np.int64) if bench_in_order else _order_numbers(bench))
     at = np.empty(kb.size, np.int64)  # the bench row at each (kind, place), kinds one after the other
     at[start[kb] + r] = np.arange(kb.size, dtype=np.int64)
     same = kb[partner] == kx
@@ -815,8 +820,8 @@ def _encode(t_col: pa.ChunkedArray | pa.Array, b_col: pa.ChunkedArray | pa.Array
     value the bench lacks: one number beyond them, a kind without bench rows however
     many such values share it). None for columns of types that do not meet (the target's
     not cast to the bench's)."""
-    t_arr = t_col.combine_chunks() if isinstance(t_col, pa.ChunkedArray) else t_col
-    b_arr = b_col.combine_chunks() if isinstance(b_col, pa.ChunkedArray) else b_col
+    t_arr = _one(t_col)
+    b_arr = _one(b_col)
     try:
         if t_arr.type != b_arr.type:
             t_arr = t_arr.cast(b_arr.type)
@@ -918,7 +923,7 @@ def _dtype_classes(table: pa.Table) -> pa.Array:
     without one, or where the table has no dtype), computed once per distinct dtype."""
     if "dtype" not in table.column_names:
         return pa.nulls(table.num_rows, pa.string())
-    enc = pc.dictionary_encode(table.column("dtype").combine_chunks())
+    enc = pc.dictionary_encode(_one(table.column("dtype")))
     classes = pa.array([dtype_class(d) for d in enc.dictionary.to_pylist()], pa.string())
     return pc.take(classes, enc.indices)
 
@@ -945,7 +950,7 @@ def _order_keys(table: pa.Table) -> list[np.ndarray]:
     n = table.num_rows
     keys = []
     for c in _ORDER if n > 1 else ():
-        arr = table.column(c).combine_chunks()
+        arr = _one(table.column(c))
         if arr.null_count == n:
             continue  # NULL on every row: orders nothing
         if arr.null_count:
@@ -1009,6 +1014,6 @@ def _same(a: pa.ChunkedArray | pa.Array, b: pa.ChunkedArray | pa.Array) -> bool:
 def _same_lists(a: pa.ChunkedArray, b: pa.ChunkedArray) -> bool:
     """Lists (``shape``) equal row by row, NULL equal to NULL: the same lengths (NULL where
     the list is), then the same values in turn."""
-    a, b = a.combine_chunks(), b.combine_chunks()
+    a, b = _one(a), _one(b)
     return _same(pc.list_value_length(a), pc.list_value_length(b)) and \
         _same(pc.list_flatten(a), pc.list_flatten(b))

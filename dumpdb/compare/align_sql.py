@@ -994,10 +994,12 @@ def _positional_pairs(target: pa.Table, bench: pa.Table, group_by: Sequence[str]
         if not all(_same(target.column(c), bench.column(c))
                    for c in (*group_by, "op_name", "io", "slot", "slot_path", "arg_name")):
             return None
-        named = pc.fill_null(pc.match_substring(target.column("op_name"), "-op"), False)
-        if pc.any(named).as_py() and not _same_lists(target.column("shape").filter(named),
-                                                     bench.column("shape").filter(named)):
-            return None
+        # the shapes of every row equal (a few ms): no name scan for '-op' (40 ms on 500,000)
+        if not _same_lists(target.column("shape"), bench.column("shape")):
+            named = pc.fill_null(pc.match_substring(target.column("op_name"), "-op"), False)
+            if pc.any(named).as_py() and not _same_lists(target.column("shape").filter(named),
+                                                         bench.column("shape").filter(named)):
+                return None
     except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError):
         return None
     return pa.table({"target_tensor_id": target.column("tensor_id"), "bench_tensor_id": bench.column("tensor_id")})
@@ -1007,6 +1009,10 @@ def _same(a: pa.ChunkedArray | pa.Array, b: pa.ChunkedArray | pa.Array) -> bool:
     """Equal row by row, NULL equal to NULL (SQL ``IS NOT DISTINCT FROM``)."""
     if len(a) != len(b):
         return False
+    if a.null_count == len(a) and b.null_count == len(b):
+        return True  # NULL on every row of both
+    if not a.null_count and not b.null_count:
+        return bool(pc.all(pc.equal(a, b)).as_py())
     equal = pc.fill_null(pc.equal(a, b), False)
     return bool(pc.all(pc.or_(equal, pc.and_(pc.is_null(a), pc.is_null(b)))).as_py())
 

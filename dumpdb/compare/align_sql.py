@@ -27,7 +27,7 @@ synthetic runs.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import duckdb
 import numpy as np
@@ -314,20 +314,25 @@ def exact_paired(con: duckdb.DuckDBPyConnection, target: pa.Table, bench: pa.Tab
     declined = n < target.num_rows and n < bench.num_rows and len(run) > 1
     if ids is None and (on_pairs is not None or (sides is not None and not declined)):
         ids = con.sql("SELECT target_tensor_id, bench_tensor_id FROM paired").to_arrow_table()
-    checked = sides is not None and not declined and _checked_pairs(con, sides, ids, measure)
-    if on_pairs is not None:
-        on_pairs(ids)
-    if declined:  # a later strategy may pair some of the rows left: align() decides
-        _discard(con)
-        return None
-    # a side whose every row is paired has nothing left: no query (the usual case)
-    left_t, left_b = (con.sql(_unmatched_sql(side, f"{side}_tensor_id")).to_arrow_table() if n < table.num_rows
-                      else UNMATCHED_SCHEMA.empty_table() for side, table in (("target", target), ("bench", bench)))
-    if _doubted(con, group_by, bench, all_paired=not left_t.num_rows and not left_b.num_rows, checked=checked,
-                target=target, bench_in_order=positional is not None):
-        _discard(con)  # the content check doubts a pair: align() decides
-        return None
-    return left_t.cast(UNMATCHED_SCHEMA), left_b.cast(UNMATCHED_SCHEMA)
+    later: list[Callable[[], None]] = []  # the measure, running while the rest is done here
+    try:
+        checked = sides is not None and not declined and _checked_pairs(con, sides, ids, measure, later)
+        if on_pairs is not None:
+            on_pairs(ids)
+        if declined:  # a later strategy may pair some of the rows left: align() decides
+            _discard(con)
+            return None
+        # a side whose every row is paired has nothing left: no query (the usual case)
+        left_t, left_b = (con.sql(_unmatched_sql(side, f"{side}_tensor_id")).to_arrow_table() if n < table.num_rows
+                          else UNMATCHED_SCHEMA.empty_table() for side, table in (("target", target), ("bench", bench)))
+        if _doubted(con, group_by, bench, all_paired=not left_t.num_rows and not left_b.num_rows, checked=checked,
+                    target=target, bench_in_order=positional is not None):
+            _discard(con)  # the content check doubts a pair: align() decides
+            return None
+        return left_t.cast(UNMATCHED_SCHEMA), left_b.cast(UNMATCHED_SCHEMA)
+    finally:
+        for step in later:
+            step()
 
 
 def _discard(con: duckdb.DuckDBPyConnection) -> None:
@@ -339,15 +344,20 @@ def _discard(con: duckdb.DuckDBPyConnection) -> None:
 
 
 def _checked_pairs(con: duckdb.DuckDBPyConnection, sides: Callable[[pa.Table], tuple[pa.Table, pa.Table]],
-                   pairs: pa.Table, measure: Measure | None = None) -> bool:
+                   pairs: pa.Table, measure: Measure | None = None,
+                   later: list[Callable[[], None]] | None = None) -> bool:
     """Temp table ``checked``: the pairs (``target_tensor_id``, ``bench_tensor_id``) whose
     ``wrong`` or ``other_op`` (:func:`_check_sql`, both columns kept) is true, computed over
     the pairs' rows that ``sides`` gives for ``pairs`` (the rows of temp table ``paired``;
     see :func:`exact_paired`), the rows :func:`_doubted` takes from :func:`_pair`'s join
     otherwise; returns True. False, nothing made, when a side lacks what the check reads
     (:func:`_checks`: :func:`_doubted` then joins). ``measure``: see :func:`exact_paired`.
-    The check runs in numpy (:func:`_check_arrays`), in a second thread while DuckDB runs
-    the measure; the SQL (:func:`_check_sql`) only where numpy declines."""
+    The check runs in numpy (:func:`_check_arrays`) while DuckDB runs the measure in a
+    second thread, on a cursor of ``con`` (its own connection to the same database); the
+    SQL (:func:`_check_sql`) only where numpy declines. ``later``, when given, receives
+    the step that waits for the measure and hands its output to ``done`` (the caller runs
+    it when it has done the rest of its work, also on an error: the measure's thread and
+    cursor end there); otherwise that step runs before this returns."""
     checks = _checks(con)
     if checks is None:
         return False
@@ -355,53 +365,64 @@ def _checked_pairs(con: duckdb.DuckDBPyConnection, sides: Callable[[pa.Table], t
     read = ["tensor_id", *checks[0]]  # checks[0] holds dtype where the check reads it
     if t.num_rows != b.num_rows:  # a positional join would pad the shorter side with NULLs: no check
         raise ValueError(f"sides gave {t.num_rows} target rows and {b.num_rows} bench rows for the same pairs")
-    # the check in numpy (_check_arrays) in a second thread while DuckDB computes the
-    # measure over the statistics alone (both mostly off the GIL); the SQL check only where
-    # numpy declines
-    helper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dumpdb-content-check")
+    # DuckDB computes the measure over the statistics alone in a second thread (off the GIL)
+    # while numpy checks the pairs here, and while the caller goes on (later)
+    steps = [] if later is None else later
+    if measure is not None:
+        helper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dumpdb-measure")
+        cursor = con.cursor()
+        measuring: list[Future] = []
+        done = measure[1]
+        steps.append(lambda: done(_finish(helper, cursor, measuring)))
+        measured = ["tensor_id", *_STATS]
+        tt = t.select(measured).append_column("pair_index", pa.array(np.arange(t.num_rows, dtype=np.int64)))
+        # the pairs' rows side by side as one relation, each side a struct column (t, b: the
+        # query's t.max reads field max of column t), row k the k-th pair: one scan that
+        # DuckDB's threads share (a positional join of two relations runs on one thread)
+        cursor.register("paired_rows", pa.table({"t": _struct(tt), "b": _struct(b.select(measured))}))
+        sql = measure[0]("paired_rows", [("t.tensor_id", "target_tensor_id"), ("b.tensor_id", "bench_tensor_id"),
+                                         ("t.pair_index", "pair_index")])
+        measuring.append(helper.submit(lambda: cursor.sql(sql).to_arrow_table()))
     try:
-        flags = helper.submit(_check_arrays, t.select(read), b.select(read), checks[1])
-        out = None
-        if measure is not None:
-            query, _ = measure
-            measured = ["tensor_id", *_STATS]
-            tt = t.select(measured).append_column("pair_index", pa.array(np.arange(t.num_rows, dtype=np.int64)))
-            # the pairs' rows side by side as one relation, each side a struct column (t, b:
-            # the query's t.max reads field max of column t), row k the k-th pair: one scan
-            # that DuckDB's threads share (a positional join of two relations runs on one thread)
-            con.register("paired_rows", pa.table({"t": _struct(tt), "b": _struct(b.select(measured))}))
+        found = _check_arrays(t.select(read), b.select(read), checks[1])
+        if found is None:
+            con.register("paired_rows", pa.table({"t": _struct(t.select(read)), "b": _struct(b.select(read))}))
             try:
-                out = con.sql(query("paired_rows", [("t.tensor_id", "target_tensor_id"),
-                                                    ("b.tensor_id", "bench_tensor_id"),
-                                                    ("t.pair_index", "pair_index")])).to_arrow_table()
+                con.execute(f"""CREATE TEMP TABLE checked AS SELECT * FROM (
+                                  SELECT t.tensor_id AS target_tensor_id, b.tensor_id AS bench_tensor_id,
+                                         {_check_sql(checks[1])}
+                                  FROM paired_rows)
+                                WHERE wrong OR other_op""")
             finally:
                 con.unregister("paired_rows")
-        found = flags.result()
+        else:
+            wrong, other_op = found
+            at = pa.array(np.flatnonzero(wrong | other_op))
+            con.register("flagged", pa.table({"target_tensor_id": t.column("tensor_id").take(at),
+                                              "bench_tensor_id": b.column("tensor_id").take(at),
+                                              "wrong": pa.array(wrong).take(at),
+                                              "other_op": pa.array(other_op).take(at)}))
+            try:
+                con.execute("CREATE TEMP TABLE checked AS SELECT * FROM flagged")
+            finally:
+                con.unregister("flagged")
+    finally:
+        if later is None:
+            for step in steps:
+                step()
+    return True
+
+
+def _finish(helper: ThreadPoolExecutor, cursor: duckdb.DuckDBPyConnection, measuring: list[Future]) -> pa.Table:
+    """The measure's output (:func:`_checked_pairs`), its thread and cursor ended; raises
+    what the measure raised (RuntimeError when it was not started: an error before)."""
+    try:
+        if not measuring:
+            raise RuntimeError("the measure did not start")
+        return measuring[0].result()
     finally:
         helper.shutdown()
-    if found is None:
-        con.register("paired_rows", pa.table({"t": _struct(t.select(read)), "b": _struct(b.select(read))}))
-        try:
-            con.execute(f"""CREATE TEMP TABLE checked AS SELECT * FROM (
-                              SELECT t.tensor_id AS target_tensor_id, b.tensor_id AS bench_tensor_id,
-                                     {_check_sql(checks[1])}
-                              FROM paired_rows)
-                            WHERE wrong OR other_op""")
-        finally:
-            con.unregister("paired_rows")
-    else:
-        wrong, other_op = found
-        at = pa.array(np.flatnonzero(wrong | other_op))
-        con.register("flagged", pa.table({"target_tensor_id": t.column("tensor_id").take(at),
-                                          "bench_tensor_id": b.column("tensor_id").take(at),
-                                          "wrong": pa.array(wrong).take(at), "other_op": pa.array(other_op).take(at)}))
-        try:
-            con.execute("CREATE TEMP TABLE checked AS SELECT * FROM flagged")
-        finally:
-            con.unregister("flagged")
-    if measure is not None:
-        measure[1](out)
-    return True
+        cursor.close()
 
 
 def _check_arrays(t: pa.Table, b: pa.Table, dtype: bool) -> tuple[np.ndarray, np.ndarray] | None:

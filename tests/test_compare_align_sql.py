@@ -466,3 +466,214 @@ def test_places_in_kind_are_the_windows_row_numbers():
         expected = con.sql("SELECT i, row_number() OVER (PARTITION BY kid ORDER BY eo) - 1 AS r FROM rows "
                            "ORDER BY i").to_arrow_table().column("r").to_pylist()
         assert align_sql._places_in_kind(kid, eo).tolist() == expected
+
+
+def _partner_side(rng, n: int, start: int, kinds: int, stats=None, varied: bool = True) -> pa.Table:
+    """A side for the partner search: ``kinds`` op types, two dtypes of one class and one of
+    another, shapes of one to three numbers (some NULL or empty), NULL strings and ranks,
+    statistics with NULL, NaN, Inf and zero L2 norms; rows in a shuffled order. Not
+    ``varied``: one value in every kind column but the op type (kinds of many rows, wider
+    than align's window)."""
+    import numpy as np
+
+    def maybe_null(values, p):
+        return [None if rng.random() < p else v for v in values] if varied else values
+
+    st = rng.standard_normal((n, 4)) if stats is None else stats
+    st[:, 0] = np.abs(st[:, 0])
+    shapes = [None if rng.random() < 0.03 else [] if rng.random() < 0.03 else
+              [int(v) for v in rng.choice([2, 3], int(rng.integers(1, 3)))] for _ in range(n)] if varied else [[4]] * n
+    few = 2 if varied else 1
+    cols = {
+        "tensor_id": pa.array(rng.permutation(n) + start, pa.int64()),
+        "iteration": pa.array(rng.integers(0, few, n), pa.int64()),
+        "rank": pa.array(maybe_null(rng.integers(0, few, n).tolist(), 0.2), pa.int32()),
+        "graph_id": pa.array(rng.integers(0, few, n), pa.int32()),
+        "op_type": maybe_null([f"op{k}" for k in rng.integers(0, kinds, n)], 0.05),
+        "io": list(rng.choice(["input", "output"][:few], n)),
+        "slot": pa.array(rng.integers(0, few, n), pa.int32()),
+        "slot_path": pa.array(maybe_null(["0"] * n, 0.5), pa.string()),
+        "arg_name": pa.array([None] * n, pa.string()),
+        "shape": pa.array(shapes, pa.list_(pa.int64())),
+        "dtype": maybe_null(list(rng.choice(["float32", "float16", "int32"][:3 if varied else 1], n)), 0.05),
+        "position": pa.array(maybe_null(rng.integers(0, 5, n).tolist(), 0.3), pa.int64()),
+        "timestamp": pa.array(rng.permutation(n), pa.int64()),
+    }
+    for k, c in enumerate(("l2norm", "mean", "min", "max")):
+        cols[c] = pa.array(maybe_null(st[:, k].tolist(), 0.02), pa.float64())
+    return pa.table(cols)
+
+
+def test_partner_fits_is_the_sql_partner_search():
+    """align_sql._partner_fits (numpy) answers as _better_partner_may_exist (DuckDB) on
+    random sides (seeded): pairs whose bench tensor is of the target's kind (the window
+    either side of its place) or of another kind (the whole kind), target kinds no bench
+    tensor has, bench statistics copied from other targets (a partner exists) or scaled
+    (none), rows not in execution order, with and without group columns."""
+    import numpy as np
+
+    rng = np.random.default_rng(11)
+    answers = []
+    for trial in range(80):
+        n = int(rng.integers(5, 300))
+        kinds = int(rng.integers(1, 4))
+        varied = trial % 4 != 3
+        target = _partner_side(rng, n, 0, kinds, varied=varied)
+        st = np.column_stack([target.column(c).to_numpy(zero_copy_only=False)
+                              for c in ("l2norm", "mean", "min", "max")])
+        bst = np.nan_to_num(st, nan=1.0) * (1 + 1e-3 * rng.standard_normal((n, 4)))
+        copied = rng.integers(0, n, int(rng.integers(0, 3)))
+        bst[copied] = np.nan_to_num(st[rng.integers(0, n, copied.size)], nan=0.5) * (1 + 1e-4)
+        bst[rng.random(n) < 0.02] = [[0.0, 0.0, 0.0, 0.0]]
+        bst[rng.random(n) < 0.02, 1] = np.nan
+        bst[rng.random(n) < 0.01, 2] = np.inf
+        # the bench's kinds: the target's row by row (the sides line up) with some rows of
+        # another kind, or all drawn afresh (some of the target's kinds then missing)
+        bench = _partner_side(rng, n, 10_000, kinds + int(rng.integers(0, 2)), stats=bst, varied=varied)
+        if rng.random() < 0.6:
+            keep = [c for c in bench.column_names if c not in ("tensor_id", "l2norm", "mean", "min", "max")
+                    and rng.random() < 0.9]
+            for c in keep:
+                bench = bench.set_column(bench.column_names.index(c), c, target.column(c))
+        m = int(rng.integers(1, max(2, n // 4)))
+        trows = rng.choice(n, m, replace=False)
+        brows = trows if rng.random() < 0.7 else rng.choice(n, m, replace=False)
+        wrong = pa.table({"target_tensor_id": target.column("tensor_id").take(pa.array(trows)),
+                          "bench_tensor_id": bench.column("tensor_id").take(pa.array(brows))})
+        group_by = ("iteration", "rank") if trial % 2 else ()
+        con = duckdb.connect()
+        con.register("target", target)
+        con.register("bench", bench)
+        con.register("w", wrong)
+        con.execute("CREATE TEMP TABLE looks_wrong AS SELECT * FROM w")
+        expected = align_sql._better_partner_may_exist(con, group_by, bench)
+        got = align_sql._partner_fits(target, bench, wrong, group_by)
+        assert got == expected, trial
+        # the bench rows put in execution order, said so: their places without a look
+        in_order = bench.take(pa.array(np.argsort(align_sql._order_numbers(bench))))
+        assert align_sql._partner_fits(target, in_order, wrong, group_by, bench_in_order=True) == expected, trial
+        answers.append(got)
+        con.close()
+    assert 10 < sum(answers) < len(answers) - 10  # both answers, often
+
+
+def test_partner_fits_window_edges():
+    """The window's edges: one kind in execution order, each bench tensor holding the
+    statistics of the target tensor ``d`` places later; a looks-wrong pair then has a
+    fitting bench tensor ``d`` places before its own, inside align's window for ``d`` up
+    to NEIGHBOURS only. _partner_fits answers as _better_partner_may_exist for each d."""
+    import numpy as np
+
+    from dumpdb.compare.align import NEIGHBOURS
+
+    rng = np.random.default_rng(3)
+    n = 120
+    answers = {}
+    for d in range(NEIGHBOURS - 3, NEIGHBOURS + 4):
+        target = _partner_side(rng, n, 0, 1, varied=False)
+        order = np.argsort(align_sql._order_numbers(target))  # rows in execution order
+        st = np.column_stack([target.column(c).to_numpy(zero_copy_only=False) for c in ("l2norm", "mean", "min", "max")])
+        st = np.nan_to_num(st, nan=1.0)
+        bst = 10 * (st + 1)
+        bst[order[:-d]] = st[order[d:]]
+        bench = target.drop_columns(["l2norm", "mean", "min", "max", "tensor_id"]).append_column(
+            "tensor_id", pa.array(np.arange(n) + 5000, pa.int64()))
+        for k, c in enumerate(("l2norm", "mean", "min", "max")):
+            bench = bench.append_column(c, pa.array(bst[:, k], pa.float64()))
+        at = order[d + 40:d + 43]  # pairs of the same row of each side, well inside the kind
+        wrong = pa.table({"target_tensor_id": target.column("tensor_id").take(pa.array(at)),
+                          "bench_tensor_id": bench.column("tensor_id").take(pa.array(at))})
+        con = duckdb.connect()
+        con.register("target", target)
+        con.register("bench", bench)
+        con.register("w", wrong)
+        con.execute("CREATE TEMP TABLE looks_wrong AS SELECT * FROM w")
+        expected = align_sql._better_partner_may_exist(con, (), bench)
+        assert align_sql._partner_fits(target, bench, wrong, ()) == expected, d
+        answers[d] = expected
+        con.close()
+    assert answers == {d: d <= NEIGHBOURS for d in answers}
+
+
+def test_row_numbers_by_each_lookup():
+    """align_sql._row_numbers finds each wanted id's row by binary search (ids ascending),
+    by a table (dense ids in any order) and by hash (sparse ids); ValueError for an id
+    that is not there."""
+    import numpy as np
+
+    rng = np.random.default_rng(2)
+    for ids in (np.sort(rng.choice(1000, 60, replace=False)), rng.permutation(60) + 7,
+                rng.choice(10**9, 60, replace=False)):
+        pick = rng.integers(0, ids.size, 25)
+        column = pa.chunked_array([pa.array(ids, pa.int64())])
+        assert align_sql._row_numbers(column, pa.chunked_array([pa.array(ids[pick])])).tolist() == pick.tolist()
+        with pytest.raises(ValueError):
+            align_sql._row_numbers(column, pa.chunked_array([pa.array([*ids[pick], 10**10])]))
+
+
+def test_check_arrays_are_the_sql_content_check():
+    """align_sql._check_arrays (numpy) gives _check_sql's wrong and other_op row for row on
+    random pairs (seeded): shapes equal, of other lengths, NULL or empty on either side,
+    one number changed; dtypes, graph ids and op types equal, other or NULL; statistics
+    perturbed by rounding or far, NULL, NaN, Inf, both L2 norms 0 (with -0.0 against 0.0),
+    element counts large enough that a distance's scale underflows (NaN distances)."""
+    import numpy as np
+
+    rng = np.random.default_rng(13)
+    for trial in range(40):
+        n = int(rng.integers(1, 400))
+
+        def shapes(n=n):
+            return [None if rng.random() < 0.05 else [] if rng.random() < 0.05 else
+                    [int(v) for v in rng.choice([1, 2, 3, 10**6, 0], int(rng.integers(1, 4)))] for _ in range(n)]
+
+        ts = shapes()
+        bs = [s if rng.random() < 0.85 else (None if s is None else [*s[:-1], 7] if s else [5])
+              if rng.random() < 0.5 else t for s, t in zip(ts, shapes())]
+        if trial % 3 == 0:  # shapes of every row the same lengths (the numbers line up)
+            ts = [[2, 3]] * n
+            bs = [[2, 3] if rng.random() < 0.9 else [2, 4] for _ in range(n)]
+        st = rng.standard_normal((n, 4)) * rng.choice([1e-320, 1e-300, 1e-3, 1, 1e6], (n, 1))
+        st[:, 0] = np.abs(st[:, 0])
+        bst = st * (1 + rng.choice([0, 1e-3, 0.5], (n, 1)) * rng.standard_normal((n, 4)))
+        zero = rng.random(n) < 0.05
+        st[zero, 0] = 0.0
+        bst[zero, 0] = -0.0
+        both_zero = zero & (rng.random(n) < 0.5)
+        bst[both_zero, 1:] = np.where(st[both_zero, 1:] == 0, -0.0, st[both_zero, 1:])
+        for k in (1, 2, 3):  # one of mean, min, max other where both L2 norms are 0
+            bst[both_zero & (rng.random(n) < 0.2), k] += 1.0
+
+        def stats(values):
+            out = {}
+            for k, c in enumerate(("l2norm", "mean", "min", "max")):
+                v = values[:, k].tolist()
+                v = [None if rng.random() < 0.02 else float("nan") if rng.random() < 0.02 else
+                     float("inf") if rng.random() < 0.01 else x for x in v]
+                out[c] = pa.array(v, pa.float64())
+            return out
+
+        def strings(choices, p_null, n=n):
+            return [None if rng.random() < p_null else str(rng.choice(choices)) for _ in range(n)]
+
+        tdt = strings(["float32", "float16"], 0.05)
+        t = pa.table({"tensor_id": pa.array(np.arange(n), pa.int64()), "shape": pa.array(ts, pa.list_(pa.int64())),
+                      "graph_id": pa.array([None if rng.random() < 0.05 else 0 for _ in range(n)], pa.int32()),
+                      "op_type": strings(["relu", "add"], 0.05), "dtype": tdt, **stats(st)})
+        b = pa.table({"tensor_id": pa.array(np.arange(n) + 1000, pa.int64()), "shape": pa.array(bs, pa.list_(pa.int64())),
+                      "graph_id": pa.array([None if rng.random() < 0.05 else int(rng.random() < 0.1) for _ in range(n)],
+                                           pa.int32()),
+                      "op_type": [x if rng.random() < 0.9 else "mul" for x in t.column("op_type").to_pylist()],
+                      "dtype": [x if rng.random() < 0.9 else "int32" for x in tdt], **stats(bst)})
+        dtype = trial % 2 == 0
+        con = duckdb.connect()
+        con.register("tt", t)
+        con.register("bb", b)
+        expected = con.sql(f"SELECT {align_sql._check_sql(dtype)} FROM tt t POSITIONAL JOIN bb b").to_arrow_table()
+        got = align_sql._check_arrays(t, b, dtype)
+        assert got is not None
+        assert got[0].tolist() == expected.column("wrong").to_pylist(), trial
+        assert got[1].tolist() == expected.column("other_op").to_pylist(), trial
+        con.close()
+    assert align_sql._check_arrays(t.set_column(1, "shape", pa.array([[None]] * n, pa.list_(pa.int64()))), b,
+                                   True) is None  # a NULL number in a shape: the SQL decides

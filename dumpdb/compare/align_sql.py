@@ -27,6 +27,7 @@ synthetic runs.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import duckdb
 import numpy as np
@@ -57,6 +58,7 @@ _CHECKED = ("op_type", "dtype", "l2norm", "mean", "min", "max")
 # what the content check (_check_sql) reads of both sides' rows; dtype too where both have one (_checks)
 CHECK_COLUMNS = ("shape", "graph_id", "op_type", "l2norm", "mean", "min", "max")
 # every statistic of both tensors finite (each on its own: a sum of finite values can overflow)
+_STATS = ("l2norm", "mean", "min", "max")
 _FINITE = " AND ".join(f"isfinite({c})" for c in ("tl", "bl", "tm", "bm", "tn", "bn", "tx", "bx"))
 _NEEDED = ("tensor_id", "op_name", "scope_name", "shape", "io", "slot", "slot_path", "arg_name", *_ORDER)
 # every column exact_paired reads of a side (beside its group_by and keep columns), where the side has it
@@ -276,14 +278,15 @@ def exact_paired(con: duckdb.DuckDBPyConnection, target: pa.Table, bench: pa.Tab
     :func:`~dumpdb.compare.stats_pairs.statistics_pairs`, saves the join's payload: about
     a third of its CPU).
 
-    ``measure`` (with ``sides``): ``(query, done)``; the check is then ``query(source,
-    keep)``, a query over ``source`` (a FROM clause in which ``t`` and ``b`` are the rows
-    ``sides`` gave, row k of each the k-th pair, with ``tensor_id``, ``pair_index`` = k
-    and the columns the check reads: ``t.max`` is the target's max) carrying the ``keep``
-    select items (``(expression, output name)``: the two ids, ``wrong``, ``other_op``,
+    ``measure`` (with ``sides``): ``(query, done)``; ``query(source, keep)`` is run, a
+    query over ``source`` (a FROM clause in which ``t`` and ``b`` are the rows ``sides``
+    gave, row k of each the k-th pair, with ``tensor_id``, ``pair_index`` = k and the four
+    statistics ``l2norm``, ``mean``, ``min``, ``max``: ``t.max`` is the target's max)
+    carrying the ``keep`` select items (``(expression, output name)``: the two ids,
     ``pair_index``) among its output columns, one row per pair; ``done(table)`` receives
-    its output (in any order of its rows). The caller's own measures of the pairs ride on the check's one pass over them
-    (:func:`~dumpdb.compare.stats_pairs.statistics_pairs`: the statistics metrics)."""
+    its output (in any order of its rows). It runs while numpy computes the content check
+    over the same rows (:func:`_checked_pairs`; :func:`~dumpdb.compare.stats_pairs.statistics_pairs`:
+    the statistics metrics)."""
     run = [s for s in dict.fromkeys(strategies) if s != "mapping"]
     if not run or run[0] != "exact":
         return None
@@ -311,19 +314,25 @@ def exact_paired(con: duckdb.DuckDBPyConnection, target: pa.Table, bench: pa.Tab
     declined = n < target.num_rows and n < bench.num_rows and len(run) > 1
     if ids is None and (on_pairs is not None or (sides is not None and not declined)):
         ids = con.sql("SELECT target_tensor_id, bench_tensor_id FROM paired").to_arrow_table()
-    checked = sides is not None and not declined and _checked_pairs(con, sides, ids, measure)
-    if on_pairs is not None:
-        on_pairs(ids)
-    if declined:  # a later strategy may pair some of the rows left: align() decides
-        _discard(con)
-        return None
-    # a side whose every row is paired has nothing left: no query (the usual case)
-    left_t, left_b = (con.sql(_unmatched_sql(side, f"{side}_tensor_id")).to_arrow_table() if n < table.num_rows
-                      else UNMATCHED_SCHEMA.empty_table() for side, table in (("target", target), ("bench", bench)))
-    if _doubted(con, group_by, bench, all_paired=not left_t.num_rows and not left_b.num_rows, checked=checked):
-        _discard(con)  # the content check doubts a pair: align() decides
-        return None
-    return left_t.cast(UNMATCHED_SCHEMA), left_b.cast(UNMATCHED_SCHEMA)
+    later: list[Callable[[], None]] = []  # the measure, running while the rest is done here
+    try:
+        checked = sides is not None and not declined and _checked_pairs(con, sides, ids, measure, later)
+        if on_pairs is not None:
+            on_pairs(ids)
+        if declined:  # a later strategy may pair some of the rows left: align() decides
+            _discard(con)
+            return None
+        # a side whose every row is paired has nothing left: no query (the usual case)
+        left_t, left_b = (con.sql(_unmatched_sql(side, f"{side}_tensor_id")).to_arrow_table() if n < table.num_rows
+                          else UNMATCHED_SCHEMA.empty_table() for side, table in (("target", target), ("bench", bench)))
+        if _doubted(con, group_by, bench, all_paired=not left_t.num_rows and not left_b.num_rows, checked=checked,
+                    target=target, bench_in_order=positional is not None):
+            _discard(con)  # the content check doubts a pair: align() decides
+            return None
+        return left_t.cast(UNMATCHED_SCHEMA), left_b.cast(UNMATCHED_SCHEMA)
+    finally:
+        for step in later:
+            step()
 
 
 def _discard(con: duckdb.DuckDBPyConnection) -> None:
@@ -335,13 +344,20 @@ def _discard(con: duckdb.DuckDBPyConnection) -> None:
 
 
 def _checked_pairs(con: duckdb.DuckDBPyConnection, sides: Callable[[pa.Table], tuple[pa.Table, pa.Table]],
-                   pairs: pa.Table, measure: Measure | None = None) -> bool:
+                   pairs: pa.Table, measure: Measure | None = None,
+                   later: list[Callable[[], None]] | None = None) -> bool:
     """Temp table ``checked``: the pairs (``target_tensor_id``, ``bench_tensor_id``) whose
     ``wrong`` or ``other_op`` (:func:`_check_sql`, both columns kept) is true, computed over
     the pairs' rows that ``sides`` gives for ``pairs`` (the rows of temp table ``paired``;
     see :func:`exact_paired`), the rows :func:`_doubted` takes from :func:`_pair`'s join
     otherwise; returns True. False, nothing made, when a side lacks what the check reads
-    (:func:`_checks`: :func:`_doubted` then joins). ``measure``: see :func:`exact_paired`."""
+    (:func:`_checks`: :func:`_doubted` then joins). ``measure``: see :func:`exact_paired`.
+    The check runs in numpy (:func:`_check_arrays`) while DuckDB runs the measure in a
+    second thread, on a cursor of ``con`` (its own connection to the same database); the
+    SQL (:func:`_check_sql`) only where numpy declines. ``later``, when given, receives
+    the step that waits for the measure and hands its output to ``done`` (the caller runs
+    it when it has done the rest of its work, also on an error: the measure's thread and
+    cursor end there); otherwise that step runs before this returns."""
     checks = _checks(con)
     if checks is None:
         return False
@@ -349,46 +365,170 @@ def _checked_pairs(con: duckdb.DuckDBPyConnection, sides: Callable[[pa.Table], t
     read = ["tensor_id", *checks[0]]  # checks[0] holds dtype where the check reads it
     if t.num_rows != b.num_rows:  # a positional join would pad the shorter side with NULLs: no check
         raise ValueError(f"sides gave {t.num_rows} target rows and {b.num_rows} bench rows for the same pairs")
-    # the pairs' rows side by side as one relation, each side a struct column (t, b: the
-    # check's t.shape reads field shape of column t), row k the k-th pair: one scan that
-    # DuckDB's threads share (a positional join of two relations runs on one thread)
-    tt = t.select(read)
-    tt = tt.append_column("pair_index", pa.array(np.arange(t.num_rows, dtype=np.int64)))
-    con.register("paired_rows", pa.table({"t": _struct(tt), "b": _struct(b.select(read))}))
+    # DuckDB computes the measure over the statistics alone in a second thread (off the GIL)
+    # while numpy checks the pairs here, and while the caller goes on (later)
+    steps = [] if later is None else later
+    if measure is not None:
+        helper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dumpdb-measure")
+        cursor = con.cursor()
+        measuring: list[Future] = []
+        done = measure[1]
+        steps.append(lambda: done(_finish(helper, cursor, measuring)))
+        measured = ["tensor_id", *_STATS]
+        tt = t.select(measured).append_column("pair_index", pa.array(np.arange(t.num_rows, dtype=np.int64)))
+        # the pairs' rows side by side as one relation, each side a struct column (t, b: the
+        # query's t.max reads field max of column t), row k the k-th pair: one scan that
+        # DuckDB's threads share (a positional join of two relations runs on one thread)
+        cursor.register("paired_rows", pa.table({"t": _struct(tt), "b": _struct(b.select(measured))}))
+        sql = measure[0]("paired_rows", [("t.tensor_id", "target_tensor_id"), ("b.tensor_id", "bench_tensor_id"),
+                                         ("t.pair_index", "pair_index")])
+        measuring.append(helper.submit(lambda: cursor.sql(sql).to_arrow_table()))
     try:
-        if measure is None:
-            # only the pairs _doubted reads (a few): no table of every pair's two flags
-            con.execute(f"""CREATE TEMP TABLE checked AS SELECT * FROM (
-                              SELECT t.tensor_id AS target_tensor_id, b.tensor_id AS bench_tensor_id,
-                                     {_check_sql(checks[1])}
-                              FROM paired_rows)
-                            WHERE wrong OR other_op""")
-            return True
-        query, done = measure
-        wrong, other_op = _check_items(checks[1])
-        out = con.sql(query("paired_rows", [("t.tensor_id", "target_tensor_id"), ("b.tensor_id", "bench_tensor_id"),
-                                            (wrong, "wrong"), (other_op, "other_op"),
-                                            ("t.pair_index", "pair_index")])).to_arrow_table()
-        flagged = out.filter(pc.or_(out.column("wrong"), out.column("other_op"))).select(
-            ["target_tensor_id", "bench_tensor_id", "wrong", "other_op"])
-        con.register("flagged", flagged)
-        try:
-            con.execute("CREATE TEMP TABLE checked AS SELECT * FROM flagged")
-        finally:
-            con.unregister("flagged")
+        found = _check_arrays(t.select(read), b.select(read), checks[1])
+        if found is None:
+            con.register("paired_rows", pa.table({"t": _struct(t.select(read)), "b": _struct(b.select(read))}))
+            try:
+                con.execute(f"""CREATE TEMP TABLE checked AS SELECT * FROM (
+                                  SELECT t.tensor_id AS target_tensor_id, b.tensor_id AS bench_tensor_id,
+                                         {_check_sql(checks[1])}
+                                  FROM paired_rows)
+                                WHERE wrong OR other_op""")
+            finally:
+                con.unregister("paired_rows")
+        else:
+            wrong, other_op = found
+            at = pa.array(np.flatnonzero(wrong | other_op))
+            con.register("flagged", pa.table({"target_tensor_id": t.column("tensor_id").take(at),
+                                              "bench_tensor_id": b.column("tensor_id").take(at),
+                                              "wrong": pa.array(wrong).take(at),
+                                              "other_op": pa.array(other_op).take(at)}))
+            try:
+                con.execute("CREATE TEMP TABLE checked AS SELECT * FROM flagged")
+            finally:
+                con.unregister("flagged")
     finally:
-        con.unregister("paired_rows")
-    done(out)
+        if later is None:
+            for step in steps:
+                step()
     return True
 
 
+def _finish(helper: ThreadPoolExecutor, cursor: duckdb.DuckDBPyConnection, measuring: list[Future]) -> pa.Table:
+    """The measure's output (:func:`_checked_pairs`), its thread and cursor ended; raises
+    what the measure raised (RuntimeError when it was not started: an error before)."""
+    try:
+        if not measuring:
+            raise RuntimeError("the measure did not start")
+        return measuring[0].result()
+    finally:
+        helper.shutdown()
+        cursor.close()
+
+
+def _check_arrays(t: pa.Table, b: pa.Table, dtype: bool) -> tuple[np.ndarray, np.ndarray] | None:
+    """:func:`_check_sql`'s ``wrong`` and ``other_op`` (bool, one per row) of the pairs whose
+    target rows are ``t`` and bench rows ``b`` (row k of each the k-th pair; columns as
+    the SQL reads), in numpy, the values DuckDB gives: NULL equal to NULL, -0.0 equal to
+    0.0, a NaN distance above every bound (DuckDB orders NaN last), the element count a
+    DOUBLE product of the target shape's numbers in turn (1 for none). None when a shape
+    holds a NULL number or the two sides' shapes or columns are of other types (the SQL
+    decides)."""
+    try:
+        shape_distinct, count = _shape_check(_one(t.column("shape")), _one(b.column("shape")))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, TypeError):
+        return None
+    if shape_distinct is None:
+        return None
+    wrong = shape_distinct
+    try:
+        if dtype:
+            wrong |= _is_distinct(t.column("dtype"), b.column("dtype"))
+        other_op = _is_distinct(t.column("graph_id"), b.column("graph_id")) | \
+            _is_distinct(t.column("op_type"), b.column("op_type"))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        return None
+    stats = ("l2norm", "mean", "min", "max")
+    if any(side.schema.field(c).type != pa.float64() for c in stats for side in (t, b)):
+        return None
+    tl, tm, tn, tx = (_one(t.column(c)).to_numpy(zero_copy_only=False) for c in stats)
+    bl, bm, bn, bx = (_one(b.column(c)).to_numpy(zero_copy_only=False) for c in stats)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        finite = np.isfinite(tl) & np.isfinite(bl) & np.isfinite(tm) & np.isfinite(bm) & \
+            np.isfinite(tn) & np.isfinite(bn) & np.isfinite(tx) & np.isfinite(bx)
+        l2 = np.maximum(np.abs(tl), np.abs(bl))
+        scale = l2 / np.sqrt(count)
+        far = np.maximum(np.maximum(np.abs(tl - bl) / l2, np.abs(tm - bm) / scale),
+                         np.maximum(np.abs(tn - bn) / scale, np.abs(tx - bx) / scale))
+        zero = l2 == 0
+        stat_wrong = np.where(zero, (tm != bm) | (tn != bn) | (tx != bx), (far > LOOKS_WRONG) | np.isnan(far))
+    wrong |= finite & stat_wrong
+    return wrong, other_op
+
+
+def _one(column: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """``column`` as one array (no copy of a column of one chunk)."""
+    if isinstance(column, pa.ChunkedArray):
+        return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    return column
+
+
+def _is_distinct(a: pa.ChunkedArray, c: pa.ChunkedArray) -> np.ndarray:
+    """``a IS DISTINCT FROM c`` row by row (bool)."""
+    a, c = _one(a), _one(c)
+    if a.type != c.type:
+        a = a.cast(c.type)
+    equal = pc.fill_null(pc.equal(a, c), False)
+    same = pc.or_(equal, pc.and_(pc.is_null(a), pc.is_null(c)))
+    return ~same.to_numpy(zero_copy_only=False)
+
+
+def _shape_check(ts: pa.Array, bs: pa.Array) -> tuple[np.ndarray | None, np.ndarray]:
+    """``t.shape IS DISTINCT FROM b.shape`` row by row (None for a NULL number in a shape, or
+    shapes of other types) and ``greatest(coalesce(list_aggregate(t.shape, 'product'), 1),
+    1)`` (float64: each number as a double multiplied in turn, 1 for a NULL or empty
+    shape)."""
+    n = len(ts)
+    if ts.type != bs.type or not (pa.types.is_list(ts.type) or pa.types.is_large_list(ts.type)) \
+            or not pa.types.is_integer(ts.type.value_type):
+        return None, np.ones(n)
+    tf, bf = pc.list_flatten(ts), pc.list_flatten(bs)
+    if tf.null_count or bf.null_count:
+        return None, np.ones(n)
+    tv = ts.is_valid().to_numpy(zero_copy_only=False)
+    bv = bs.is_valid().to_numpy(zero_copy_only=False)
+    tlen = pc.fill_null(pc.list_value_length(ts), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    blen = pc.fill_null(pc.list_value_length(bs), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    tvals = tf.to_numpy(zero_copy_only=False)
+    bvals = bf.to_numpy(zero_copy_only=False)
+    distinct = (tv != bv) | (tlen != blen)
+    tstart = np.concatenate(([0], np.cumsum(tlen)[:-1])) if n else np.zeros(0, np.int64)
+    if not distinct.any():  # the flattened numbers line up row by row
+        row = np.repeat(np.arange(n, dtype=np.int64), tlen)
+        differs = tvals != bvals
+    else:  # the numbers of the rows of equal lengths, each side's at its own place
+        bstart = np.concatenate(([0], np.cumsum(blen)[:-1]))
+        kept = np.where(distinct, 0, tlen)
+        row = np.repeat(np.arange(n, dtype=np.int64), kept)
+        within = np.arange(row.size, dtype=np.int64) - np.repeat(np.cumsum(kept) - kept, kept)
+        differs = tvals[tstart[row] + within] != bvals[bstart[row] + within]
+    distinct[row[differs]] = True
+    count = np.ones(n)
+    numbers = tvals.astype(np.float64)
+    for j in range(int(tlen.max()) if n else 0):
+        has = tlen > j
+        count[has] *= numbers[tstart[has] + j]
+    return distinct, np.maximum(count, 1.0)
+
+
 def _struct(table: pa.Table) -> pa.StructArray:
-    """``table``'s columns as one struct array (no copy of a column of one chunk)."""
-    return pa.StructArray.from_arrays([c.combine_chunks() for c in table.columns], table.column_names)
+    """``table``'s columns as one struct array (no copy of a column of one chunk: combine_chunks
+    copies it)."""
+    return pa.StructArray.from_arrays([_one(c) for c in table.columns], table.column_names)
 
 
 def _doubted(con: duckdb.DuckDBPyConnection, group_by: Sequence[str], bench: pa.Table,
-             all_paired: bool = False, checked: bool = False) -> bool:
+             all_paired: bool = False, checked: bool = False, target: pa.Table | None = None,
+             bench_in_order: bool = False) -> bool:
     """Would align()'s content check take back some exact pairs? A cheap, conservative test
     on ``con`` (after the ``paired`` table is made): a name family
     (:func:`~dumpdb.compare.align.family`) holding paired ops has another number of ops on
@@ -406,7 +546,10 @@ def _doubted(con: duckdb.DuckDBPyConnection, group_by: Sequence[str], bench: pa.
     count is not needed (the usual run-to-run case; about a third of this test's CPU).
     ``bench``: the bench table registered on ``con`` (:func:`_better_partner_may_exist`).
     ``checked``: temp table ``checked`` holds the pairs that look wrong or are of another
-    op (:func:`_checked_pairs`; dropped here), else they come from ``paired``."""
+    op (:func:`_checked_pairs`; dropped here), else they come from ``paired``. ``target``:
+    the target table registered on ``con``, when given the partner search runs in numpy
+    (:func:`_partner_fits`) where it can; ``bench_in_order``: ``bench``'s rows are in
+    execution order (:func:`_positional_pairs` found them so)."""
     keys = list(group_by)  # ops counted per (graph, name): a counter is per graph
     have = {name: set(con.sql(f"SELECT * FROM {name} LIMIT 0").columns) for name in ("target", "bench")}
     if any("op_type" not in cols_ for cols_ in have.values()):
@@ -443,6 +586,13 @@ def _doubted(con: duckdb.DuckDBPyConnection, group_by: Sequence[str], bench: pa.
     finally:
         con.execute("DROP TABLE checked")
     try:
+        if target is not None:
+            wrong = con.sql("SELECT target_tensor_id, bench_tensor_id FROM looks_wrong").to_arrow_table()
+            if not wrong.num_rows:
+                return False
+            found = _partner_fits(target, bench, wrong, group_by, bench_in_order)
+            if found is not None:
+                return found
         return _better_partner_may_exist(con, group_by, bench)
     finally:
         con.execute("DROP TABLE looks_wrong")
@@ -586,6 +736,186 @@ def _better_partner_may_exist(con: duckdb.DuckDBPyConnection, group_by: Sequence
         con.unregister("bench_k")
 
 
+def _partner_fits(target: pa.Table, bench: pa.Table, wrong: pa.Table, group_by: Sequence[str],
+                  bench_in_order: bool = False) -> bool | None:
+    """:func:`_better_partner_may_exist` in numpy, the same answer: ``wrong`` holds the pairs
+    that look wrong (``target_tensor_id``, ``bench_tensor_id``, int64, at least one), of
+    the rows of ``target`` and ``bench`` (the tables registered on the connection). Each
+    kind (group, graph, op type, leaf, dtype class, shape) one integer, from a dictionary
+    encoding of each of its columns over the looks-wrong target rows and every bench row
+    (exact values: a shape as the bytes of its numbers, NULL its own value, as IS NOT
+    DISTINCT FROM); each bench row's place in its kind's execution order
+    (:func:`_places_in_kind`); the candidates of a pair are the rows at the
+    :data:`~dumpdb.compare.align.NEIGHBOURS` places either side of its bench tensor's
+    (the whole kind when that tensor is of another kind), the pair's own bench tensor
+    left out; one fits when all eight statistics are finite and both L2 norms are 0 or
+    :func:`~dumpdb.compare.align.stat_distance`'s formula is below
+    :data:`~dumpdb.compare.align.FITS` (NaN: not below, as DuckDB's greatest). The
+    statistics and ids are read, not the relations: no registration, no temp table (the
+    SQL's DISTINCT, join and four temp tables over every bench row were most of the
+    content check's CPU on 500,000 pairs). None when a column does not encode (a type the
+    two sides do not share, a shape of other than integers, statistics not float64) or the
+    candidates are too many to enumerate: the SQL decides then. ``bench_in_order``: the
+    bench rows are in execution order (their places numbered without a look)."""
+    kind = (*group_by, "graph_id", "op_type", "io", "slot", "slot_path", "arg_name", "shape")
+    stats = ("l2norm", "mean", "min", "max")
+    if any(c not in side.column_names for c in (*kind, *stats, "tensor_id") for side in (target, bench)):
+        return None
+    if any(side.schema.field(c).type != pa.float64() for c in stats for side in (target, bench)):
+        return None
+    try:
+        rows = _row_numbers(target.column("tensor_id"), wrong.column("target_tensor_id"))
+        partner = _row_numbers(bench.column("tensor_id"), wrong.column("bench_tensor_id"))
+    except ValueError:
+        return None
+    m = rows.size
+    x = target.select([c for c in dict.fromkeys((*kind, *stats, *(("dtype",) if "dtype" in target.column_names
+                                                                    else ())))]).take(pa.array(rows))
+    codes = np.zeros(m + bench.num_rows, np.int64)
+    card = 1
+    for t_col, b_col in [*((x.column(c), bench.column(c)) for c in kind), (_dtype_classes(x), _dtype_classes(bench))]:
+        encoded = _encode(t_col, b_col)
+        if encoded is None:
+            return None
+        code, n = encoded
+        if card * n >= 1 << 62:  # renumber densely first: the combined number stays in int64
+            codes, card = _dense(codes)
+        codes = codes * n + code
+        card *= n
+    codes, _ = _dense(codes)
+    kx, kb = codes[:m], codes[m:]
+    cnt = np.bincount(kb, minlength=int(codes.max()) + 1)
+    start = np.concatenate(([0], np.cumsum(cnt)[:-1]))
+    r = _places_in_kind(kb, np.arange(kb.size, dtype=np.int64) if bench_in_order else _order_numbers(bench))
+    at = np.empty(kb.size, np.int64)  # the bench row at each (kind, place), kinds one after the other
+    at[start[kb] + r] = np.arange(kb.size, dtype=np.int64)
+    same = kb[partner] == kx
+    pr = r[partner]
+    last = cnt[kx] - 1
+    lo = np.where(same, np.maximum(pr - NEIGHBOURS, 0), 0)
+    hi = np.where(same, np.minimum(pr + NEIGHBOURS, last), last)
+    length = np.maximum(hi - lo + 1, 0)
+    total = int(length.sum())
+    if total > _MAX_CANDIDATES:
+        return None
+    pair = np.repeat(np.arange(m, dtype=np.int64), length)
+    first = np.concatenate(([0], np.cumsum(length)[:-1]))
+    cand = at[start[kx[pair]] + lo[pair] + np.arange(total, dtype=np.int64) - first[pair]]
+    keep = cand != partner[pair]
+    pair, cand = pair[keep], cand[keep]
+    t = [x.column(c).to_numpy()[pair] for c in stats]
+    b = [bench.column(c).to_numpy()[cand] for c in stats]
+    finite = np.logical_and.reduce([np.isfinite(v) for v in (*t, *b)]) if pair.size else np.zeros(0, bool)
+    # the element count of each target tensor as DuckDB's list_aggregate(shape, 'product'):
+    # a DOUBLE product of its numbers in turn, NULL for no number (then 1), at least 1
+    k = np.array([max(_product(s), 1.0) for s in x.column("shape").to_pylist()], np.float64)[pair]
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        l2 = np.maximum(np.abs(t[0]), np.abs(b[0]))
+        scale = l2 / np.sqrt(k)
+        distance = np.maximum(np.maximum(np.abs(t[0] - b[0]) / l2, np.abs(t[1] - b[1]) / scale),
+                              np.maximum(np.abs(t[2] - b[2]) / scale, np.abs(t[3] - b[3]) / scale))
+        fits = finite & ((l2 == 0) | (distance < FITS))
+    return bool(fits.any())
+
+
+_MAX_CANDIDATES = 1 << 24  # _partner_fits: more candidate rows than this go to the SQL
+
+
+def _product(shape: list | None) -> float:
+    """DuckDB's ``coalesce(list_aggregate(shape, 'product'), 1)``: the numbers (NULLs left
+    out) multiplied in turn as doubles; 1.0 for NULL or no number."""
+    numbers = [float(v) for v in shape or () if v is not None]
+    if not numbers:
+        return 1.0
+    out = 1.0
+    for v in numbers:
+        out *= v
+    return out
+
+
+def _encode(t_col: pa.ChunkedArray | pa.Array, b_col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, int] | None:
+    """One integer per value (int64, 0 up to the number returned beside them) of ``t_col``
+    then ``b_col``, equal where the values are (NULL equal to NULL: IS NOT DISTINCT FROM);
+    a list as the bytes of its numbers (a list of integers only). The bench column is
+    dictionary-encoded in place, the few target values looked up in its dictionary (a
+    value the bench lacks: one number beyond them, a kind without bench rows however
+    many such values share it). None for columns of types that do not meet (the target's
+    not cast to the bench's)."""
+    t_arr = _one(t_col)
+    b_arr = _one(b_col)
+    try:
+        if t_arr.type != b_arr.type:
+            t_arr = t_arr.cast(b_arr.type)
+        if pa.types.is_list(b_arr.type) or pa.types.is_large_list(b_arr.type):
+            t_bytes, b_bytes = _list_bytes(t_arr), _list_bytes(b_arr)
+            if t_bytes is None or b_bytes is None:
+                return None
+            t_arr, b_arr = t_bytes, b_bytes
+        elif pa.types.is_floating(b_arr.type) or pa.types.is_nested(b_arr.type):
+            return None  # NaN and nested values: not encoded here
+        encoded = pc.dictionary_encode(b_arr, null_encoding="encode")
+        found = pc.index_in(t_arr, value_set=encoded.dictionary, skip_nulls=False)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        return None
+    n = len(encoded.dictionary)
+    t_codes = pc.fill_null(found, n).to_numpy(zero_copy_only=False).astype(np.int64)
+    return np.concatenate((t_codes, encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64))), n + 1
+
+
+def _list_bytes(lists: pa.Array) -> pa.Array | None:
+    """Each list of integers as the bytes of its numbers (large_binary; NULL for NULL, empty
+    for empty: two lists equal exactly when their bytes are, for one value type); None
+    for a NULL number in a list."""
+    if not pa.types.is_integer(lists.type.value_type):
+        return None
+    flat = pc.list_flatten(lists)
+    if flat.null_count:
+        return None
+    width = lists.type.value_type.bit_width // 8
+    length = pc.fill_null(pc.list_value_length(lists), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    offsets = np.concatenate(([0], np.cumsum(length))) * width
+    data = np.ascontiguousarray(flat.to_numpy(zero_copy_only=False))
+    raw = pa.Array.from_buffers(pa.large_binary(), len(lists), [None, pa.py_buffer(offsets.astype(np.int64)),
+                                                                pa.py_buffer(data.view(np.uint8))])
+    return pc.if_else(lists.is_valid(), raw, pa.scalar(None, pa.large_binary()))
+
+
+def _dense(codes: np.ndarray) -> tuple[np.ndarray, int]:
+    """``codes`` (int64) renumbered 0 up in order of first appearance, and their number."""
+    encoded = pc.dictionary_encode(pa.array(codes))
+    return encoded.indices.to_numpy().astype(np.int64), len(encoded.dictionary)
+
+
+def _row_numbers(ids: pa.ChunkedArray, wanted: pa.ChunkedArray) -> np.ndarray:
+    """Row of ``ids`` (int64, unique, no NULL) holding each of ``wanted``, int64: a binary
+    search when the ids ascend, else a table from id to row when they span at most four
+    times their number (one ingest numbers a run's tensors from a sequence), else a hash
+    lookup. Raises ValueError for an id not in
+    ``ids``."""
+    have = ids.to_numpy()
+    want = wanted.to_numpy()
+    if want.size == 0:
+        return np.zeros(0, np.int64)
+    if have.size and bool((have[1:] > have[:-1]).all()):  # ascending (the statistics path's sides)
+        at = np.minimum(np.searchsorted(have, want), have.size - 1).astype(np.int64)
+        if not np.array_equal(have[at], want):
+            raise ValueError("an id is not among the rows")
+        return at
+    lowest = int(have.min()) if have.size else 0
+    span = int(have.max()) - lowest + 1 if have.size else 0
+    if 0 < span <= 4 * have.size + 1024:
+        row = np.full(span, -1, np.int64)
+        row[have - lowest] = np.arange(have.size, dtype=np.int64)
+        offset = want - lowest
+        if int(offset.min()) < 0 or int(offset.max()) >= span or int(row[offset].min()) < 0:
+            raise ValueError("an id is not among the rows")
+        return row[offset]
+    found = pc.index_in(wanted, value_set=ids).combine_chunks()
+    if found.null_count:
+        raise ValueError("an id is not among the rows")
+    return found.to_numpy().astype(np.int64, copy=False)
+
+
 def _places_in_kind(kid: np.ndarray, eo: np.ndarray) -> np.ndarray:
     """Each row's ``row_number() OVER (PARTITION BY kid ORDER BY eo) - 1`` (int64): its
     place among the rows of its ``kid`` in ``eo`` order (``kid``, ``eo``: int64 per row,
@@ -614,7 +944,7 @@ def _dtype_classes(table: pa.Table) -> pa.Array:
     without one, or where the table has no dtype), computed once per distinct dtype."""
     if "dtype" not in table.column_names:
         return pa.nulls(table.num_rows, pa.string())
-    enc = pc.dictionary_encode(table.column("dtype").combine_chunks())
+    enc = pc.dictionary_encode(_one(table.column("dtype")))
     classes = pa.array([dtype_class(d) for d in enc.dictionary.to_pylist()], pa.string())
     return pc.take(classes, enc.indices)
 
@@ -641,7 +971,7 @@ def _order_keys(table: pa.Table) -> list[np.ndarray]:
     n = table.num_rows
     keys = []
     for c in _ORDER if n > 1 else ():
-        arr = table.column(c).combine_chunks()
+        arr = _one(table.column(c))
         if arr.null_count == n:
             continue  # NULL on every row: orders nothing
         if arr.null_count:
@@ -685,10 +1015,12 @@ def _positional_pairs(target: pa.Table, bench: pa.Table, group_by: Sequence[str]
         if not all(_same(target.column(c), bench.column(c))
                    for c in (*group_by, "op_name", "io", "slot", "slot_path", "arg_name")):
             return None
-        named = pc.fill_null(pc.match_substring(target.column("op_name"), "-op"), False)
-        if pc.any(named).as_py() and not _same_lists(target.column("shape").filter(named),
-                                                     bench.column("shape").filter(named)):
-            return None
+        # the shapes of every row equal (a few ms): no name scan for '-op' (40 ms on 500,000)
+        if not _same_lists(target.column("shape"), bench.column("shape")):
+            named = pc.fill_null(pc.match_substring(target.column("op_name"), "-op"), False)
+            if pc.any(named).as_py() and not _same_lists(target.column("shape").filter(named),
+                                                         bench.column("shape").filter(named)):
+                return None
     except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError):
         return None
     return pa.table({"target_tensor_id": target.column("tensor_id"), "bench_tensor_id": bench.column("tensor_id")})
@@ -698,6 +1030,10 @@ def _same(a: pa.ChunkedArray | pa.Array, b: pa.ChunkedArray | pa.Array) -> bool:
     """Equal row by row, NULL equal to NULL (SQL ``IS NOT DISTINCT FROM``)."""
     if len(a) != len(b):
         return False
+    if a.null_count == len(a) and b.null_count == len(b):
+        return True  # NULL on every row of both
+    if not a.null_count and not b.null_count:
+        return bool(pc.all(pc.equal(a, b)).as_py())
     equal = pc.fill_null(pc.equal(a, b), False)
     return bool(pc.all(pc.or_(equal, pc.and_(pc.is_null(a), pc.is_null(b)))).as_py())
 
@@ -705,6 +1041,6 @@ def _same(a: pa.ChunkedArray | pa.Array, b: pa.ChunkedArray | pa.Array) -> bool:
 def _same_lists(a: pa.ChunkedArray, b: pa.ChunkedArray) -> bool:
     """Lists (``shape``) equal row by row, NULL equal to NULL: the same lengths (NULL where
     the list is), then the same values in turn."""
-    a, b = a.combine_chunks(), b.combine_chunks()
+    a, b = _one(a), _one(b)
     return _same(pc.list_value_length(a), pc.list_value_length(b)) and \
         _same(pc.list_flatten(a), pc.list_flatten(b))

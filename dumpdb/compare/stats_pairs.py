@@ -194,12 +194,14 @@ def _positions(ids: pa.ChunkedArray, wanted: pa.ChunkedArray) -> np.ndarray:
     of ``wanted`` (ids taken from that side), as int64. A run's ids are usually dense (one
     ingest numbers its tensors from a sequence): then a table from id to row, filled in one
     pass (ids spanning at most four times their number); otherwise a hash lookup
-    (``pc.index_in``). On 500,000 ids 0.01 s of CPU against 0.2 s. Raises ValueError for
-    an id not in ``ids``."""
+    (``pc.index_in``). On 500,000 ids 0.01 s of CPU against 0.2 s. The rows in place when
+    ``wanted`` is ``ids`` (one comparison). Raises ValueError for an id not in ``ids``."""
     have = ids.to_numpy()
     want = wanted.to_numpy()
     if want.size == 0:
         return np.zeros(0, np.int64)
+    if want.size == have.size and np.array_equal(want, have):  # the side's ids in place (positional pairs)
+        return np.arange(have.size, dtype=np.int64)
     lowest = int(have.min()) if have.size else 0
     span = int(have.max()) - lowest + 1 if have.size else 0
     if 0 < span <= 4 * have.size + 1024:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from unittest.mock import patch
 
 import duckdb
 import pyarrow as pa
@@ -11,10 +12,11 @@ from conftest import ms_case
 
 import dumpdb
 import dumpdb.compare.engine as engine
-from dumpdb.compare import align_sql
+from dumpdb.compare import align_sql, stats_pairs
 from dumpdb.compare.align import STRATEGIES, align
 from dumpdb.compare.align_sql import align_exact
 from dumpdb.compare.engine import Selection
+from dumpdb.compare.stats_sql import statistics_sql
 
 ORACLE = Path(__file__).parent / "data" / "msprobe_oracle"
 
@@ -320,6 +322,11 @@ def test_order_numbers_are_align_execution_order():
             assert got == [expected[i] for i in table.column("tensor_id").to_pylist()]
 
 
+def _reversed_sql(*args) -> str:
+    """stats_sql.statistics_sql's query, its rows in reverse pair order."""
+    return f"SELECT * FROM ({statistics_sql(*args)}) ORDER BY pair_index DESC"
+
+
 def test_content_check_over_the_pairs_rows_equals_the_one_in_the_join():
     """exact_paired's ``sides`` (the content check computed over the pairs' rows side by
     side, as statistics_pairs gives them) yields, in table ``checked``, the rows of the
@@ -393,6 +400,14 @@ def test_content_check_over_the_pairs_rows_equals_the_one_in_the_join():
         fast = statistics_pairs(target, bench, target_columns=target.column_names,
                                 bench_columns=bench.column_names)
         assert (fast is None) == (align_exact(target, bench, strategies=STRATEGIES) is None)
+        if fast is not None:
+            # the metrics query's rows in another order than the pairs' (it has no ORDER BY):
+            # statistics_pairs puts them back in pair order (repr: NaN equal to NaN)
+            with patch.object(stats_pairs, "statistics_sql", _reversed_sql):
+                shuffled = statistics_pairs(target, bench, target_columns=target.column_names,
+                                            bench_columns=bench.column_names)
+            assert shuffled is not None
+            assert [repr(x.to_pylist()) for x in shuffled[1:]] == [repr(x.to_pylist()) for x in fast[1:]]
     assert checked > 10  # pairs that look wrong or are of another op were checked
 
 

@@ -35,13 +35,22 @@ def _case(request, case):
     return dumpdb.open(request.getfixturevalue(fixture)), target, bench, mode
 
 
+@pytest.fixture(params=["beside", "after"])
+def beside(request, monkeypatch):
+    """The insert beside the rules (a compare of at most STORE_BESIDE_ROWS pairs), or after
+    them (a larger one: the bound set to 0)."""
+    if request.param == "after":
+        monkeypatch.setattr(engine, "STORE_BESIDE_ROWS", 0)
+    return request.param == "beside"
+
+
 def _counts(a) -> dict[str, int]:
     return {t: a.sql(f"SELECT count(*) AS n FROM {t}").to_pylist()[0]["n"]
             for t in ("compares", "compare_results", "compare_unmatched")}
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_stored_rows_are_the_result_tables(request, case):
+def test_stored_rows_are_the_result_tables(request, case, beside):
     """compare_results holds the returned table's RESULT_COLUMNS, row for row (EXCEPT ALL
     both ways, NaN and -0.0 as DuckDB compares them, and a repr of every value in pair
     order), as the store of the whole result table after the rules stored them; the
@@ -69,9 +78,10 @@ def test_stored_rows_are_the_result_tables(request, case):
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_a_compare_whose_rules_raise_after_its_rows_were_inserted_stores_nothing(request, case, monkeypatch):
-    """The rules raise once the rows are in the (open) transaction: the compare raises
-    that error, nothing of it is stored, and the archive takes the next compare."""
+def test_a_compare_whose_rules_raise_stores_nothing(request, case, beside, monkeypatch):
+    """The rules raise, beside the insert once the rows are in the (open) transaction, or
+    before any insert: the compare raises that error, nothing of it is stored, and the
+    archive takes the next compare."""
     a, target, bench, mode = _case(request, case)
     before = _counts(a)
     inserted = threading.Event()
@@ -84,16 +94,17 @@ def test_a_compare_whose_rules_raise_after_its_rows_were_inserted_stores_nothing
 
     def failing(*args, **kwargs):
         real_precision(*args, **kwargs)
-        assert inserted.wait(30), "the rows were not inserted while the rules ran"
+        assert inserted.wait(30) if beside else not inserted.is_set(), beside
         raise RuntimeError("rules failed")
 
     monkeypatch.setattr(engine, "_insert", insert)
     monkeypatch.setattr(engine, "_judge_precision", failing)
     with pytest.raises(RuntimeError, match="rules failed"):
         compare(a, target, bench, mode=mode)
-    assert inserted.is_set()
+    assert inserted.is_set() == beside
     assert _counts(a) == before
-    monkeypatch.undo()
+    monkeypatch.setattr(engine, "_insert", real_insert)
+    monkeypatch.setattr(engine, "_judge_precision", real_precision)
     out = compare(a, target, bench, mode=mode)
     after = _counts(a)
     assert after["compares"] == before["compares"] + 1
@@ -101,7 +112,7 @@ def test_a_compare_whose_rules_raise_after_its_rows_were_inserted_stores_nothing
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_a_failing_insert_fails_the_compare(request, case, monkeypatch):
+def test_a_failing_insert_fails_the_compare(request, case, beside, monkeypatch):
     """The insert raises (a full disk, say) while the rules run: the compare raises it
     once the rules are done, and stores nothing."""
     a, target, bench, mode = _case(request, case)
@@ -117,7 +128,7 @@ def test_a_failing_insert_fails_the_compare(request, case, monkeypatch):
     assert _counts(a) == before
 
 
-def test_a_held_read_only_connection_is_closed_for_the_store_and_opened_again(stats_archive):
+def test_a_held_read_only_connection_is_closed_for_the_store_and_opened_again(stats_archive, beside):
     """An archive opened as a context (holding a read-only connection) stores the compare
     (DuckDB: no write while the process holds one) and holds its connection again after."""
     with dumpdb.open(stats_archive) as a:

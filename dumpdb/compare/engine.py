@@ -70,7 +70,6 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -133,15 +132,17 @@ INFLIGHT_BYTES = 128 << 20
 SMALL_ELEMENTS = 1 << 16
 BATCH_ELEMENTS = 1 << 19
 
-# DuckDB's memory limit while a compare's rows are inserted beside the precision rules
-# (_Storing): below one row group of compare_results uncompressed (122,880 rows x 32
-# columns, ~40 MB), so the writer holds about half of one and spills the rest to its
-# temporary directory beside the catalog (removed on close), and keeps no written block
-# cached. Without it the insert held 130-145 MB at 500,000 pairs (the row groups it builds,
-# then the blocks written) while the rules are at their peak: the process peak rose from
-# ~910 to ~1040 MB; at 24 MB it is within ~5 MB of the peak without the store beside the
-# rules, at 48 MB ~35 MB, at 64 MB ~90 MB over (medians, docs/statistics-compare.md).
-STORE_MEMORY_LIMIT = "24MB"
+# Compares of at most this many pairs store their rows while the precision rules run
+# (_verdicts_and_precision); larger ones after them. The insert beside the rules adds to the
+# rules' peak what DuckDB holds (the row groups it builds uncompressed, then the blocks it
+# wrote) and the stored columns: at 100,000 pairs the process peak rose from ~330 to ~395
+# MB (~0.65 KB a pair), at 500,000 from ~910 to ~1040 MB, over issue 29's 1000 MiB. A
+# memory limit on the writer is no way out: below a row group (122,880 rows) it fails a
+# compare whose last row group stays in the transaction (100,000 pairs at 24 MB: out of
+# memory), above it the 500,000-pair peak still rose by 60-90 MB (docs/statistics-compare.md).
+# The bound is a memory budget in pairs: ~0.65 KB a pair more on a peak of ~1.5 KB a pair
+# (+ ~0.2 GB) stays under 1000 MiB up to ~380,000 pairs; 250,000 leaves room for wider rows.
+STORE_BESIDE_ROWS = 250_000
 
 # Columns of compare_results (migrations/003_compare.sql), in table order.
 RESULT_COLUMNS = (
@@ -1446,6 +1447,7 @@ def _verdicts_and_precision(view: _View, trows: pa.Table, thresholds: Thresholds
     as an Arrow string array, the result table's column). With a tensor pair, the verdicts
     first: that pair's precision reads their messages."""
     statistics = bool(np.all(view.mode == "statistics"))
+    beside = storing is not None and view.n <= STORE_BESIDE_ROWS
 
     def verdicts() -> tuple[np.ndarray, pa.Array]:
         # the messages as the result table's Arrow column, made here, off the main thread:
@@ -1478,17 +1480,20 @@ def _verdicts_and_precision(view: _View, trows: pa.Table, thresholds: Thresholds
             masks = side.submit(name_masks, *(_string_array(view.context[k])
                                               for k in ("target_name", "scope_name", "op_type")))
             judged = side.submit(verdicts)
-            if storing is not None:
+            if beside:
                 saved = side.submit(lambda: store(judged.result()))
             departure = _judge_precision(view, trows, rules, masks.result)
             view.result, view.err_message = judged.result()
         else:  # a tensor pair's precision reads the verdicts' messages
             view.result, view.err_message = _judge(view, thresholds)
-            if storing is not None:
+            if beside:
                 saved = side.submit(store, (view.result, view.err_message))
             departure = _judge_precision(view, trows, rules)
         if decide is not None:
             decide()  # the rules succeeded: the insert commits
+            if saved is None:  # a large compare: its insert after the rules' peak (STORE_BESIDE_ROWS)
+                release_free_memory()
+                saved = side.submit(store, (view.result, view.err_message))
         columns = saved.result() if saved is not None else {}
     return departure, columns
 
@@ -1798,17 +1803,9 @@ class _Storing:
         :data:`RESULT_COLUMNS` but ``compare_id``) and the unmatched tensors; committed
         once decided, else rolled back (raises :class:`_NotKept` then)."""
         with self.archive.catalog.writer() as con:
-            limit = con.execute("SELECT current_setting('memory_limit')").fetchone()[0]
-            con.execute(f"SET memory_limit = '{STORE_MEMORY_LIMIT}'")
-            try:
-                compare_id = _insert(con, self.tsel, self.bsel, n, columns, self.unmatched, self.recorded,
-                                     self.options)
-                self._decided.wait()
-            finally:
-                # the commit (at <= 122,880 rows through the WAL and a checkpoint) runs after
-                # the rules, with the limit the connection had
-                with contextlib.suppress(duckdb.Error):  # an aborted transaction: rolled back next
-                    con.execute(f"SET memory_limit = '{limit}'")
+            compare_id = _insert(con, self.tsel, self.bsel, n, columns, self.unmatched, self.recorded,
+                                 self.options)
+            self._decided.wait()
             if not self._keep:
                 raise _NotKept
         self.compare_id = compare_id

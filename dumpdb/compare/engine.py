@@ -1433,7 +1433,8 @@ def _verdicts_and_precision(view: _View, trows: pa.Table, thresholds: Thresholds
     verdicts) read nothing of the precision rules: ``storing`` inserts them in a thread as
     soon as the verdicts are done, while the rules run (DuckDB releases the GIL), in a
     transaction committed only once the rules have succeeded; when they raise, it is
-    rolled back: a compare that fails stores nothing (:class:`_Storing`).
+    rolled back: a compare that fails stores nothing (:class:`_Storing`). A compare of more
+    than :data:`STORE_BESIDE_ROWS` pairs inserts them once the rules are done (memory).
 
     When every pair is compared by its statistics the verdicts run in that thread too,
     beside the rules (much of either is numpy and Arrow work, which releases the GIL),

@@ -172,9 +172,10 @@ def test_verdicts_beside_the_precision_rules_equal_one_after_the_other(case, tmp
     a = dumpdb.open(archive)
     real_judge, real_precision = engine._judge, engine._judge_precision
 
-    def one_after_the_other(view, trows, thresholds, rules):
+    def one_after_the_other(view, trows, thresholds, rules, storing=None):
+        assert storing is None  # store_results=False
         view.result, view.err_message = real_judge(view, thresholds)
-        return real_precision(view, trows, rules)
+        return real_precision(view, trows, rules), {}
 
     threads: list[str] = []
 

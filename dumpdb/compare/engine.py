@@ -60,6 +60,7 @@ arrays), and the precision rules' departing inputs and cancellation candidates
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -130,6 +131,18 @@ INFLIGHT_BYTES = 128 << 20
 # pair instead of ~0.3 ms for tensor_metrics' ~60 numpy calls).
 SMALL_ELEMENTS = 1 << 16
 BATCH_ELEMENTS = 1 << 19
+
+# Compares of at most this many pairs store their rows while the precision rules run
+# (_verdicts_and_precision); larger ones after them. The insert beside the rules adds to the
+# rules' peak what DuckDB holds (the row groups it builds uncompressed, then the blocks it
+# wrote) and the stored columns: at 100,000 pairs the process peak rose from ~330 to ~395
+# MB (~0.65 KB a pair), at 500,000 from ~910 to ~1040 MB, over issue 29's 1000 MiB. A
+# memory limit on the writer is no way out: below a row group (122,880 rows) it fails a
+# compare whose last row group stays in the transaction (100,000 pairs at 24 MB: out of
+# memory), above it the 500,000-pair peak still rose by 60-90 MB (docs/statistics-compare.md).
+# The bound is a memory budget in pairs: ~0.65 KB a pair more on a peak of ~1.5 KB a pair
+# (+ ~0.2 GB) stays under 1000 MiB up to ~380,000 pairs; 250,000 leaves room for wider rows.
+STORE_BESIDE_ROWS = 250_000
 
 # Columns of compare_results (migrations/003_compare.sql), in table order.
 RESULT_COLUMNS = (
@@ -627,33 +640,41 @@ def compare(archive, target: str | Selection, bench: str | Selection, *, iterati
     view = _view(t, b, strategy, res)
     view.context["realigned"] = realigned
     view.context["arg_diff"] = arg_diff.result() if arg_diff is not None else _arg_diff(archive, tsel, bsel, t, b)
-    departure = _verdicts_and_precision(view, trows, thresholds, precision or PrecisionRules())
-    column = view.result if rules == "msprobe" else view.precision["precision_result"]
     unmatched = pa.concat_tables([
         alignment.unmatched_target.append_column("side", pa.array(["target"] * alignment.unmatched_target.num_rows)),
         alignment.unmatched_bench.append_column("side", pa.array(["bench"] * alignment.unmatched_bench.num_rows)),
     ], promote_options="default")
+    recorded = {  # what the compares row records, known before any verdict
+        "mode": _overall_mode(view.mode),
+        "unmatched_target": alignment.unmatched_target.num_rows,
+        "unmatched_bench": alignment.unmatched_bench.num_rows,
+        "strategies": {s: int(pc.sum(pc.equal(strategy, s)).as_py() or 0) for s in strategies},
+        "thresholds": thresholds.__dict__ if hasattr(thresholds, "__dict__") else str(thresholds),
+    }
+    storing = _Storing(archive, tsel, bsel, unmatched, recorded, mapping) if store_results else None
+    departure, stored = _verdicts_and_precision(view, trows, thresholds, precision or PrecisionRules(), storing)
+    column = view.result if rules == "msprobe" else view.precision["precision_result"]
     summary = {
         "target": tsel.describe(), "bench": bsel.describe(), "pairs": view.n,
-        "mode": _overall_mode(view.mode),
+        "mode": recorded["mode"],
         "rules": rules,
         **{k: int(np.count_nonzero(column == k)) for k in ("pass", "warning", "error")},
         "noise": int(np.count_nonzero(view.precision["precision_result"] == NOISE)),
         "msprobe_result": {k: int(np.count_nonzero(view.result == k)) for k in ("pass", "warning", "error")},
         "precision_dtype": _lowest_dtype(view.precision["precision_dtype"]),
-        "unmatched_target": alignment.unmatched_target.num_rows,
-        "unmatched_bench": alignment.unmatched_bench.num_rows,
-        "strategies": {s: int(pc.sum(pc.equal(strategy, s)).as_py() or 0) for s in strategies},
+        "unmatched_target": recorded["unmatched_target"],
+        "unmatched_bench": recorded["unmatched_bench"],
+        "strategies": recorded["strategies"],
         "realigned": int(pc.sum(realigned).as_py() or 0),
         "suspected_mispairs": _suspected(alignment.suspects, trows_names, brows_names),
         "arg_diffs": _arg_diff_ops(view),
-        "thresholds": thresholds.__dict__ if hasattr(thresholds, "__dict__") else str(thresholds),
+        "thresholds": recorded["thresholds"],
         "dumpdb_version": __version__,
     }
     release_free_memory()  # what the rules freed, before the result table comes on top
-    results = _result_table(view)
-    del view, res, t, b  # the Arrow table is the result from here on
-    compare_id = _store(archive, tsel, bsel, results, unmatched, summary, mapping) if store_results else None
+    results = _result_table(view, stored)
+    del view, res, t, b, stored  # the Arrow table is the result from here on
+    compare_id = storing.compare_id if storing is not None else None
     summary["compare_id"] = compare_id
     results = results.set_column(results.column_names.index("compare_id"), "compare_id",
                                  pa.array([compare_id] * results.num_rows, pa.int64()))
@@ -1420,24 +1441,33 @@ def _string_array(col: pa.Array) -> pa.Array:
     return col if col.type == pa.string() else col.cast(pa.string())
 
 
-def _verdicts_and_precision(view: _View, trows: pa.Table, thresholds: Thresholds,
-                            rules: PrecisionRules) -> dict | None:
+def _verdicts_and_precision(view: _View, trows: pa.Table, thresholds: Thresholds, rules: PrecisionRules,
+                            storing: _Storing | None = None) -> tuple[dict | None, dict[str, pa.Array]]:
     """msprobe's verdicts (``view.result``, ``view.err_message``: :func:`_judge`) and the
-    precision columns (:func:`_judge_precision`); returns the first departure.
+    precision columns (:func:`_judge_precision`); with ``storing``, the compare stored too.
+    Returns (the first departure, the stored columns: :func:`_stored_columns`, the result
+    table's, or {} without ``storing``).
 
-    When every pair is compared by its statistics the two run side by side, the verdicts in
-    a second thread (much of either is numpy and Arrow work, which releases the GIL), which
-    first computes what the rules read of the names (``precision.name_masks``). The
+    The stored columns (:data:`RESULT_COLUMNS`: the pairs, their metrics, msprobe's
+    verdicts) read nothing of the precision rules: ``storing`` inserts them in a thread as
+    soon as the verdicts are done, while the rules run (DuckDB releases the GIL), in a
+    transaction committed only once the rules have succeeded; when they raise, it is
+    rolled back: a compare that fails stores nothing (:class:`_Storing`). A compare of more
+    than :data:`STORE_BESIDE_ROWS` pairs inserts them once the rules are done (memory).
+
+    When every pair is compared by its statistics the verdicts run in that thread too,
+    beside the rules (much of either is numpy and Arrow work, which releases the GIL),
+    after computing what the rules read of the names (``precision.name_masks``). The
     precision rules then get the metrics' messages, not the verdicts' joined onto them: they
     read a message only on a tensor-mode row (``precision.Columns.err_message``: the nan/inf
-    mismatch note), so the result is the same. The verdicts write nothing to the view and
-    never read ``view.precision``, which the rules set meanwhile; the view's cached
-    columns (op codes, shapes) are computed once, by the first thread to ask (:class:`_View`);
-    the verdicts are set on it once both are done (``err_message`` then as an Arrow string
-    array, the result table's column). With a tensor pair, one after the other."""
-    if not np.all(view.mode == "statistics"):  # a tensor pair's precision reads the verdicts' messages
-        view.result, view.err_message = _judge(view, thresholds)
-        return _judge_precision(view, trows, rules)
+    mismatch note), so the result is the same. The verdicts and the store write nothing to
+    the view and never read ``view.precision``, which the rules set meanwhile; the view's
+    cached columns (op codes, shapes) are computed once, by the first thread to ask
+    (:class:`_View`); the verdicts are set on it once both are done (``err_message`` then
+    as an Arrow string array, the result table's column). With a tensor pair, the verdicts
+    first: that pair's precision reads their messages."""
+    statistics = bool(np.all(view.mode == "statistics"))
+    beside = storing is not None and view.n <= STORE_BESIDE_ROWS
 
     def verdicts() -> tuple[np.ndarray, pa.Array]:
         # the messages as the result table's Arrow column, made here, off the main thread:
@@ -1451,15 +1481,41 @@ def _verdicts_and_precision(view: _View, trows: pa.Table, thresholds: Thresholds
         release_free_memory()
         return out
 
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="dumpdb-compare-verdicts") as side:
-        # first what the rules read of the names (Arrow's text kernels: no GIL held), while
-        # the rules convert their other columns; then the verdicts
-        masks = side.submit(name_masks, *(_string_array(view.context[k])
-                                          for k in ("target_name", "scope_name", "op_type")))
-        judged = side.submit(verdicts)
-        departure = _judge_precision(view, trows, rules, masks.result)
-        view.result, view.err_message = judged.result()
-    return departure
+    def store(judged: tuple[np.ndarray, np.ndarray | pa.Array]) -> dict[str, pa.Array]:
+        columns = _stored_columns(view, *judged)
+        assert storing is not None
+        storing.insert(view.n, columns)
+        return columns
+
+    with contextlib.ExitStack() as stack:
+        if storing is not None:
+            stack.callback(storing.reopen)  # last: once the insert is over
+        side = stack.enter_context(ThreadPoolExecutor(max_workers=1, thread_name_prefix="dumpdb-compare-verdicts"))
+        # before the executor's exit (which waits for the insert): it lets the insert end
+        decide = stack.enter_context(storing) if storing is not None else None
+        saved = None
+        if statistics:
+            # first what the rules read of the names (Arrow's text kernels: no GIL held), while
+            # the rules convert their other columns; then the verdicts, then the store
+            masks = side.submit(name_masks, *(_string_array(view.context[k])
+                                              for k in ("target_name", "scope_name", "op_type")))
+            judged = side.submit(verdicts)
+            if beside:
+                saved = side.submit(lambda: store(judged.result()))
+            departure = _judge_precision(view, trows, rules, masks.result)
+            view.result, view.err_message = judged.result()
+        else:  # a tensor pair's precision reads the verdicts' messages
+            view.result, view.err_message = _judge(view, thresholds)
+            if beside:
+                saved = side.submit(store, (view.result, view.err_message))
+            departure = _judge_precision(view, trows, rules)
+        if decide is not None:
+            decide()  # the rules succeeded: the insert commits
+            if saved is None:  # a large compare: its insert after the rules' peak (STORE_BESIDE_ROWS)
+                release_free_memory()
+                saved = side.submit(store, (view.result, view.err_message))
+        columns = saved.result() if saved is not None else {}
+    return departure, columns
 
 
 def _judge(view: _View, thresholds: Thresholds) -> tuple[np.ndarray, np.ndarray]:
@@ -1595,15 +1651,71 @@ def _lowest_dtype(dtypes: np.ndarray) -> str | None:
     return max(found, key=lambda d: dtype_floor(d, 1, 1.0) or 0.0, default=None)
 
 
-def _result_table(view: _View) -> pa.Table:
-    """The result table (_result_schema) from the view's columns; each numpy column is
+def _stored_columns(view: _View, result: np.ndarray | pa.Array,
+                    err_message: np.ndarray | pa.Array) -> dict[str, pa.Array]:
+    """The :data:`RESULT_COLUMNS` the store inserts, as Arrow arrays, with msprobe's
+    verdicts ``result`` and ``err_message`` (object arrays of str/None, or Arrow string
+    arrays): the rows ``compare_results`` stores. No ``compare_id`` (the insert gives it)
+    and no metric never written (NULL: the column's default). Reads the view and never
+    changes it (the precision rules may be reading it meanwhile), and allocates little
+    beside them: a metric's array holds the view's values, not a copy (its validity bitmap
+    packed by numpy, not Arrow's pool, which keeps what it frees); ``mode`` all
+    ``statistics`` is a dictionary array of one value (DuckDB stores the text). The
+    types are the result table's (:func:`_result_schema`) but ``mode``'s."""
+    types = _result_schema()
+    out: dict[str, pa.Array] = {}
+    for name in RESULT_COLUMNS[1:]:
+        kind = types.field(name).type
+        if name == "pair_index":
+            arr = pa.array(np.arange(view.n, dtype=np.int64))
+        elif name == "match_strategy":
+            arr = view.strategy
+        elif name == "mode":
+            arr = _modes(view.mode)
+        elif name == "result":
+            arr = _text_array(result)
+        elif name == "err_message":
+            arr = _text_array(err_message)
+        elif name in view.res.values:
+            arr = _masked(view.res.values[name], view.res.valid[name])
+        elif name in view.res.names:
+            continue  # never written: NULL (the insert's default; no array of n NULLs made)
+        else:
+            arr = view.context[name]
+        out[name] = arr.cast(kind) if arr.type != kind and not pa.types.is_dictionary(arr.type) else arr
+    return out
+
+
+def _masked(values: np.ndarray, valid: np.ndarray) -> pa.Array:
+    """float64 ``values`` as Arrow, NULL where not ``valid`` (as ``pa.array(values,
+    mask=~valid)``): the data is ``values``' own buffer, the validity bitmap numpy's."""
+    bitmap = np.packbits(valid, bitorder="little")
+    return pa.Array.from_buffers(pa.float64(), len(values), [pa.py_buffer(bitmap), pa.py_buffer(values)])
+
+
+def _modes(modes: np.ndarray) -> pa.Array:
+    """The ``mode`` column: all ``statistics`` as a dictionary array of that one value
+    (one byte a row); else as text."""
+    if len(modes) and bool(np.all(modes == "statistics")):
+        return pa.DictionaryArray.from_arrays(pa.array(np.zeros(len(modes), np.int8)), pa.array(["statistics"]))
+    return _text_array(modes)
+
+
+def _result_table(view: _View, stored: Mapping[str, pa.Array] | None = None) -> pa.Table:
+    """The result table (_result_schema) from the view's columns and ``stored`` (the
+    columns :func:`_stored_columns` made of it, taken as they are); each numpy column is
     dropped from the view once converted (the table and the view are not both whole)."""
     schema = _result_schema()
+    stored = stored or {}
     n = view.n
     arrays = []
     for f in schema:
         name = f.name
-        if name == "compare_id":
+        if name in stored and stored[name].type == f.type:
+            arr = stored[name]
+            if name in view.res.values:  # the table holds them now
+                del view.res.values[name], view.res.valid[name]
+        elif name == "compare_id":
             arr = pa.nulls(n, pa.int64())
         elif name == "pair_index":
             arr = pa.array(np.arange(n, dtype=np.int64))
@@ -1665,36 +1777,79 @@ def _result_schema() -> pa.Schema:
     return pa.schema(fields)
 
 
-def _store(archive, tsel: Selection, bsel: Selection, rows: pa.Table, unmatched: pa.Table,
-           summary: dict, mapping) -> int:
-    options = {"strategies": summary["strategies"], "thresholds": summary["thresholds"],
-               "mapping": str(mapping) if isinstance(mapping, (str, os.PathLike)) else bool(mapping)}
-    held = archive.holding
-    if held:
-        archive.close()  # DuckDB: this process cannot write while it holds a read-only connection
-    try:
-        return _insert(archive, tsel, bsel, rows, unmatched, summary, options)
-    finally:
-        if held:
-            archive.__enter__()
+class _Storing:
+    """A compare's rows stored from a thread beside the precision rules, committed only
+    once the caller decides so (one home for what a compare stores: ``compares``,
+    ``compare_results``, ``compare_unmatched``, in one transaction).
+
+    ``with storing as decide:`` closes the read-only connection the archive holds (DuckDB:
+    no write while this process holds one); inside, :meth:`insert` (another thread) opens
+    the writer, inserts the rows and waits; ``decide()`` lets it commit. Leaving the block
+    without ``decide()`` (the rules raised) lets it roll back: nothing stored. On exit the
+    held connection is opened again; ``compare_id`` is the stored compare's once
+    :meth:`insert` has returned."""
+
+    def __init__(self, archive, tsel: Selection, bsel: Selection, unmatched: pa.Table, recorded: dict,
+                 mapping) -> None:
+        self.archive, self.tsel, self.bsel, self.unmatched, self.recorded = archive, tsel, bsel, unmatched, recorded
+        self.options = {"strategies": recorded["strategies"], "thresholds": recorded["thresholds"],
+                        "mapping": str(mapping) if isinstance(mapping, (str, os.PathLike)) else bool(mapping)}
+        self.compare_id: int | None = None
+        self._decided = threading.Event()
+        self._keep = False
+        self._held = False
+
+    def __enter__(self) -> Callable[[], None]:
+        self._held = self.archive.holding
+        if self._held:
+            self.archive.close()
+        return self._commit
+
+    def _commit(self) -> None:
+        self._keep = True
+        self._decided.set()
+
+    def __exit__(self, *exc) -> None:
+        self._decided.set()  # without _commit: the insert rolls back
+        # (the executor's exit, after this one, waits for the insert to finish)
+
+    def reopen(self) -> None:
+        if self._held:
+            self._held = False
+            self.archive.__enter__()
+
+    def insert(self, n: int, columns: Mapping[str, pa.Array]) -> None:
+        """Store the compare: its ``compares`` row, the ``n`` pairs' ``columns`` (all of
+        :data:`RESULT_COLUMNS` but ``compare_id``) and the unmatched tensors; committed
+        once decided, else rolled back (raises :class:`_NotKept` then)."""
+        with self.archive.catalog.writer() as con:
+            compare_id = _insert(con, self.tsel, self.bsel, n, columns, self.unmatched, self.recorded,
+                                 self.options)
+            self._decided.wait()
+            if not self._keep:
+                raise _NotKept
+        self.compare_id = compare_id
 
 
-def _insert(archive, tsel, bsel, rows, unmatched, summary, options) -> int:
-    with archive.catalog.writer() as con:
-        compare_id = con.execute("SELECT nextval('compare_id_seq')").fetchone()[0]
-        con.execute(
-            "INSERT INTO compares (compare_id, target_run, bench_run, target_selection, bench_selection, mode, "
-            "options, pairs, unmatched_target, unmatched_bench, dumpdb_version) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-            [compare_id, tsel.run, bsel.run, tsel.describe(), bsel.describe(), summary["mode"],
-             json.dumps(options, default=str), rows.num_rows, summary["unmatched_target"],
-             summary["unmatched_bench"], __version__])
-        stored = rows.select(list(RESULT_COLUMNS))
-        stored = stored.set_column(0, "compare_id", pa.array([compare_id] * stored.num_rows, pa.int64()))
-        insert_arrow(con, "compare_results", stored)
-        if unmatched.num_rows:
-            um = unmatched.select(["side", "tensor_id", "name", "io", "slot"])
-            um = um.append_column("compare_id", pa.array([compare_id] * um.num_rows, pa.int64()))
-            insert_arrow(con, "compare_unmatched", um)
+class _NotKept(Exception):
+    """The rows :class:`_Storing` inserted were rolled back: the compare failed."""
+
+
+def _insert(con, tsel: Selection, bsel: Selection, n: int, columns: Mapping[str, pa.Array], unmatched: pa.Table,
+            recorded: dict, options: dict) -> int:
+    compare_id = con.execute("SELECT nextval('compare_id_seq')").fetchone()[0]
+    con.execute(
+        "INSERT INTO compares (compare_id, target_run, bench_run, target_selection, bench_selection, mode, "
+        "options, pairs, unmatched_target, unmatched_bench, dumpdb_version) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+        [compare_id, tsel.run, bsel.run, tsel.describe(), bsel.describe(), recorded["mode"],
+         json.dumps(options, default=str), n, recorded["unmatched_target"], recorded["unmatched_bench"],
+         __version__])
+    stored = pa.table(dict(columns))
+    insert_arrow(con, "compare_results", stored, prefix=f"{int(compare_id)}::BIGINT AS compare_id,")
+    if unmatched.num_rows:
+        um = unmatched.select(["side", "tensor_id", "name", "io", "slot"])
+        um = um.append_column("compare_id", pa.array([compare_id] * um.num_rows, pa.int64()))
+        insert_arrow(con, "compare_unmatched", um)
     return compare_id
 
 

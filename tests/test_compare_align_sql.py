@@ -15,6 +15,7 @@ import dumpdb.compare.engine as engine
 from dumpdb.compare import align_sql, stats_pairs
 from dumpdb.compare.align import STRATEGIES, align
 from dumpdb.compare.align_sql import align_exact
+from dumpdb.compare.columns import row_positions
 from dumpdb.compare.engine import Selection
 from dumpdb.compare.stats_sql import statistics_sql
 
@@ -611,7 +612,7 @@ def test_partner_fits_window_edges():
 
 
 def test_row_numbers_by_each_lookup():
-    """align_sql._row_numbers finds each wanted id's row by binary search (ids ascending),
+    """columns.row_positions finds each wanted id's row by binary search (ids ascending),
     by a table (dense ids in any order) and by hash (sparse ids); ValueError for an id
     that is not there."""
     import numpy as np
@@ -621,9 +622,9 @@ def test_row_numbers_by_each_lookup():
                 rng.choice(10**9, 60, replace=False)):
         pick = rng.integers(0, ids.size, 25)
         column = pa.chunked_array([pa.array(ids, pa.int64())])
-        assert align_sql._row_numbers(column, pa.chunked_array([pa.array(ids[pick])])).tolist() == pick.tolist()
+        assert row_positions(column, pa.chunked_array([pa.array(ids[pick])])).tolist() == pick.tolist()
         with pytest.raises(ValueError):
-            align_sql._row_numbers(column, pa.chunked_array([pa.array([*ids[pick], 10**10])]))
+            row_positions(column, pa.chunked_array([pa.array([*ids[pick], 10**10])]))
 
 
 def test_check_arrays_are_the_sql_content_check():

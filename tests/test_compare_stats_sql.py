@@ -223,12 +223,12 @@ def test_verdicts_beside_the_precision_rules_equal_one_after_the_other(case, tmp
 
 @pytest.mark.parametrize("ids", ["consecutive", "shuffled_range", "sparse"])
 def test_pair_rows_found_by_tensor_id(ids):
-    """stats_pairs._positions finds each paired id's row as a hash lookup does, whether a
+    """columns.row_positions finds each paired id's row as a hash lookup does, whether a
     side's ids are dense (consecutive, or a shuffled range with gaps: a table from id to
     row) or sparse (the hash lookup); an id the side does not hold is an error."""
     import pyarrow.compute as pc
 
-    from dumpdb.compare.stats_pairs import _positions
+    from dumpdb.compare.columns import row_positions as _positions
 
     rng = np.random.default_rng(3)
     have = {"consecutive": np.arange(40, 1040), "shuffled_range": rng.permutation(np.arange(5, 3005))[:1000],

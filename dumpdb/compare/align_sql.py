@@ -44,7 +44,7 @@ from dumpdb.compare.align import (
     dtype_class,
     family_column,
 )
-from dumpdb.compare.columns import ints
+from dumpdb.compare.columns import ints, row_positions
 
 __all__ = ["align_exact", "exact_paired", "Measure"]
 
@@ -764,8 +764,8 @@ def _partner_fits(target: pa.Table, bench: pa.Table, wrong: pa.Table, group_by: 
     if any(side.schema.field(c).type != pa.float64() for c in stats for side in (target, bench)):
         return None
     try:
-        rows = _row_numbers(target.column("tensor_id"), wrong.column("target_tensor_id"))
-        partner = _row_numbers(bench.column("tensor_id"), wrong.column("bench_tensor_id"))
+        rows = row_positions(target.column("tensor_id"), wrong.column("target_tensor_id"))
+        partner = row_positions(bench.column("tensor_id"), wrong.column("bench_tensor_id"))
     except ValueError:
         return None
     m = rows.size
@@ -884,36 +884,6 @@ def _dense(codes: np.ndarray) -> tuple[np.ndarray, int]:
     """``codes`` (int64) renumbered 0 up in order of first appearance, and their number."""
     encoded = pc.dictionary_encode(pa.array(codes))
     return encoded.indices.to_numpy().astype(np.int64), len(encoded.dictionary)
-
-
-def _row_numbers(ids: pa.ChunkedArray, wanted: pa.ChunkedArray) -> np.ndarray:
-    """Row of ``ids`` (int64, unique, no NULL) holding each of ``wanted``, int64: a binary
-    search when the ids ascend, else a table from id to row when they span at most four
-    times their number (one ingest numbers a run's tensors from a sequence), else a hash
-    lookup. Raises ValueError for an id not in
-    ``ids``."""
-    have = ids.to_numpy()
-    want = wanted.to_numpy()
-    if want.size == 0:
-        return np.zeros(0, np.int64)
-    if have.size and bool((have[1:] > have[:-1]).all()):  # ascending (the statistics path's sides)
-        at = np.minimum(np.searchsorted(have, want), have.size - 1).astype(np.int64)
-        if not np.array_equal(have[at], want):
-            raise ValueError("an id is not among the rows")
-        return at
-    lowest = int(have.min()) if have.size else 0
-    span = int(have.max()) - lowest + 1 if have.size else 0
-    if 0 < span <= 4 * have.size + 1024:
-        row = np.full(span, -1, np.int64)
-        row[have - lowest] = np.arange(have.size, dtype=np.int64)
-        offset = want - lowest
-        if int(offset.min()) < 0 or int(offset.max()) >= span or int(row[offset].min()) < 0:
-            raise ValueError("an id is not among the rows")
-        return row[offset]
-    found = pc.index_in(wanted, value_set=ids).combine_chunks()
-    if found.null_count:
-        raise ValueError("an id is not among the rows")
-    return found.to_numpy().astype(np.int64, copy=False)
 
 
 def _places_in_kind(kid: np.ndarray, eo: np.ndarray) -> np.ndarray:

@@ -91,6 +91,7 @@ from dumpdb.compare.columns import (
     group_codes,
     ints,
     join_messages,
+    row_positions,
     run_ranks,
     string_codes,
     strings,
@@ -745,8 +746,8 @@ def _pair_sides(trows: pa.Table, brows: pa.Table,
     """Both sides' rows of the aligned pairs (``pairs``: target_tensor_id, bench_tensor_id,
     match_strategy, realigned), their strategies and realigned flags, in target execution
     order (:func:`~dumpdb.compare.columns.execution_order` over the paired target rows)."""
-    tpos = _positions(trows.column("tensor_id"), pairs.column("target_tensor_id"))
-    bpos = _positions(brows.column("tensor_id"), pairs.column("bench_tensor_id"))
+    tpos = row_positions(trows.column("tensor_id"), pairs.column("target_tensor_id"))
+    bpos = row_positions(brows.column("tensor_id"), pairs.column("bench_tensor_id"))
     order = execution_order(trows.select(list(ORDER_KEYS)).take(tpos))
 
     def rows(table: pa.Table, at: np.ndarray, side: int) -> pa.Table:
@@ -1080,13 +1081,6 @@ class _EarlyPairs:
         self._thread.join()
         self._pool.shutdown(wait=True, cancel_futures=True)
         self.started = False
-
-
-def _positions(ids, wanted) -> np.ndarray:
-    """Row of each of ``wanted`` in ``ids`` (tensor ids; every wanted id is there)."""
-    have = ints(ids, -1)
-    sorter = np.argsort(have, kind="stable")
-    return sorter[np.searchsorted(have, ints(wanted, -1), sorter=sorter)]
 
 
 def _plan_large(t: pa.Table, b: pa.Table, large: np.ndarray, fast: bool) -> tuple[list, list]:

@@ -137,3 +137,35 @@ def test_a_held_read_only_connection_is_closed_for_the_store_and_opened_again(st
         assert a.holding
         n = a.sql(f"SELECT count(*) AS n FROM compare_results WHERE compare_id = {out.compare_id}").to_pylist()[0]["n"]
     assert n == out.results.num_rows
+
+
+def test_a_compare_whose_rules_raise_does_not_wait_for_the_catalog_lock(stats_archive, monkeypatch):
+    """Another process holds the catalog (a read-only connection: no writer may open) while
+    the store waits for its lock beside the rules; the rules raise: the compare raises that
+    error at the wait's next retry, not after the archive's lock_timeout (30 s here)."""
+    import subprocess
+    import sys
+    import time
+
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import duckdb, sys, time; con = duckdb.connect(sys.argv[1], read_only=True); "
+                               "print('ready', flush=True); time.sleep(120)", str(stats_archive / "catalog.duckdb")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
+        a = dumpdb.Archive(stats_archive, lock_timeout=30)
+        real_precision = engine._judge_precision
+
+        def failing(*args, **kwargs):
+            real_precision(*args, **kwargs)
+            time.sleep(0.5)  # the store thread is waiting for the lock by now
+            raise RuntimeError("rules failed")
+
+        monkeypatch.setattr(engine, "_judge_precision", failing)
+        started = time.monotonic()
+        with pytest.raises(RuntimeError, match="rules failed"):
+            compare(a, "t", "b", mode="statistics")
+        assert time.monotonic() - started < 10
+    finally:
+        holder.kill()
+        holder.wait()

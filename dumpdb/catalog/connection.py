@@ -179,14 +179,15 @@ class Catalog:
         self.applied: list[Migration] = []  # migrations this object applied (on check or migrate)
 
     # -- connections -------------------------------------------------------
-    def connect(self, read_only: bool) -> duckdb.DuckDBPyConnection:
+    def connect(self, read_only: bool, stop: Callable[[], bool] | None = None) -> duckdb.DuckDBPyConnection:
         """A new connection to the catalog file (the caller closes it), waiting up to
         ``lock_timeout`` seconds for a lock another process holds (``on_wait`` is told
-        once). Raises ArchiveError when it cannot be opened or the wait times out.
-        Prefer :meth:`reader` / :meth:`writer`, which hold it for one block only."""
+        once), or until ``stop()`` is True (asked before each retry). Raises ArchiveError
+        when it cannot be opened, the wait times out or is stopped. Prefer :meth:`reader`
+        / :meth:`writer`, which hold it for one block only."""
         from dumpdb.catalog.waiting import Waiter, duckdb_holder
 
-        waiter = Waiter(self.lock_timeout, self.on_wait)
+        waiter = Waiter(self.lock_timeout, self.on_wait, stop)
         while True:
             try:
                 config: dict[str, str | bool | int | float | list[str]] = (
@@ -224,12 +225,13 @@ class Catalog:
             raise mapped from exc
 
     @contextmanager
-    def writer(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        """A read-write connection inside one transaction.
+    def writer(self, stop: Callable[[], bool] | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A read-write connection inside one transaction (``stop``: as :meth:`connect`'s,
+        for the wait for the lock).
 
         Commits on normal exit, rolls back if the block raises; always closes.
         """
-        con = self.connect(read_only=False)
+        con = self.connect(read_only=False, stop=stop)
         try:
             with self.errors_mapped():
                 con.execute("BEGIN TRANSACTION")

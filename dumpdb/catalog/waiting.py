@@ -44,9 +44,11 @@ def told(on_wait: Callable[[str], None] | None) -> Callable[[str], None]:
 class Waiter:
     """One wait of at most ``timeout`` seconds; :meth:`again` after each failed attempt."""
 
-    def __init__(self, timeout: float, on_wait: Callable[[str], None] | None = None):
+    def __init__(self, timeout: float, on_wait: Callable[[str], None] | None = None,
+                 stop: Callable[[], bool] | None = None):
         self.timeout = timeout
         self.on_wait = on_wait
+        self.stop = stop  # asked before each wait: True ends it at once (the caller no longer needs it)
         self.started = time.monotonic()
         self.notice_at = self.started + min(NOTICE_AFTER, timeout / 2)
         self.deadline = self.started + timeout
@@ -55,8 +57,11 @@ class Waiter:
 
     def again(self, waiting: Callable[[], str], gave_up: Callable[[], str]) -> None:
         """Sleep before the next attempt. ``waiting()`` is the line for ``on_wait`` (asked
-        once, after the notice delay); at the deadline raises ArchiveError(``gave_up()``)."""
+        once, after the notice delay); at the deadline raises ArchiveError(``gave_up()``), and
+        when ``stop()`` says so ArchiveError("... no longer needed")."""
         now = time.monotonic()
+        if self.stop is not None and self.stop():
+            raise ArchiveError(f"{waiting()}: no longer needed, stopped")
         if now >= self.deadline:
             raise ArchiveError(gave_up())
         if not self.told and now >= self.notice_at and self.on_wait is not None:

@@ -1483,7 +1483,7 @@ def _verdicts_and_precision(view: _View, trows: pa.Table, thresholds: Thresholds
 
     with contextlib.ExitStack() as stack:
         if storing is not None:
-            stack.callback(storing.reopen)  # last: once the insert is over
+            stack.push(storing.reheld)  # last: once the insert is over
         side = stack.enter_context(ThreadPoolExecutor(max_workers=1, thread_name_prefix="dumpdb-compare-verdicts"))
         # before the executor's exit (which waits for the insert): it lets the insert end
         decide = stack.enter_context(storing) if storing is not None else None
@@ -1779,8 +1779,9 @@ class _Storing:
     ``with storing as decide:`` closes the read-only connection the archive holds (DuckDB:
     no write while this process holds one); inside, :meth:`insert` (another thread) opens
     the writer, inserts the rows and waits; ``decide()`` lets it commit. Leaving the block
-    without ``decide()`` (the rules raised) lets it roll back: nothing stored. On exit the
-    held connection is opened again; ``compare_id`` is the stored compare's once
+    without ``decide()``, or with an exception after it (the rules raised, Ctrl-C), lets it
+    roll back: nothing stored, and a wait for the catalog's lock ends at its next retry.
+    :meth:`reheld` opens the held connection again; ``compare_id`` is the stored compare's once
     :meth:`insert` has returned."""
 
     def __init__(self, archive, tsel: Selection, bsel: Selection, unmatched: pa.Table, recorded: dict,
@@ -1803,20 +1804,33 @@ class _Storing:
         self._keep = True
         self._decided.set()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is not None:  # raised or interrupted, after decide() too: the insert rolls back
+            self._keep = False
         self._decided.set()  # without _commit: the insert rolls back
         # (the executor's exit, after this one, waits for the insert to finish)
 
-    def reopen(self) -> None:
+    def _dropped(self) -> bool:
+        """Decided against keeping the rows: a wait for the catalog's lock ends now."""
+        return self._decided.is_set() and not self._keep
+
+    def reheld(self, exc_type, *exc) -> bool:
+        """ExitStack exit callback: the archive's connection held again, as on entry; when
+        an error is on its way out, a failure to do so does not replace it."""
         if self._held:
             self._held = False
-            self.archive.__enter__()
+            try:
+                self.archive.__enter__()
+            except Exception:
+                if exc_type is None:
+                    raise
+        return False
 
     def insert(self, n: int, columns: Mapping[str, pa.Array]) -> None:
         """Store the compare: its ``compares`` row, the ``n`` pairs' ``columns`` (all of
         :data:`RESULT_COLUMNS` but ``compare_id``) and the unmatched tensors; committed
         once decided, else rolled back (raises :class:`_NotKept` then)."""
-        with self.archive.catalog.writer() as con:
+        with self.archive.catalog.writer(stop=self._dropped) as con:
             compare_id = _insert(con, self.tsel, self.bsel, n, columns, self.unmatched, self.recorded,
                                  self.options)
             self._decided.wait()

@@ -87,7 +87,15 @@ def test_the_dumpdb_process_and_its_workers_take_the_system_pool():
 
 
 def test_the_command_behind_root_options():
-    from dumpdb.__main__ import command
+    from typer.main import get_command
+
+    from dumpdb.__main__ import ROOT_OPTIONS_WITH_VALUE, command
+    from dumpdb.cli import app
+
+    # the hand list is the root options that take a value (a new one must join it)
+    taking = {name for p in get_command(app).params if not getattr(p, "is_flag", False)
+              for name in p.opts if name.startswith("--")}
+    assert set(ROOT_OPTIONS_WITH_VALUE) == taking
 
     assert command(["compare", "a", "b"]) == "compare"
     assert command(["--debug", "--wait", "5", "--storage-option", "k=v", "first-divergence", "x"]) == \

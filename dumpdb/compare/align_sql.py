@@ -119,7 +119,7 @@ def _check_items(dtype: bool) -> tuple[str, str]:
     """The expressions of :func:`_check_sql`'s ``wrong`` and ``other_op``."""
     l2 = "greatest(abs(t.l2norm), abs(b.l2norm))"
     scale = f"({l2} / sqrt(greatest(coalesce(list_aggregate(t.shape, 'product'), 1), 1)))"
-    finite = " AND ".join(f"isfinite({a}.{c})" for c in ("l2norm", "mean", "min", "max") for a in "tb")
+    finite = " AND ".join(f"isfinite({a}.{c})" for c in _STATS for a in "tb")
     other_dtype = " OR t.dtype IS DISTINCT FROM b.dtype" if dtype else ""
     return (f"""coalesce(t.shape IS DISTINCT FROM b.shape{other_dtype} OR (
                  {finite} AND CASE WHEN {l2} = 0
@@ -447,7 +447,7 @@ def _check_arrays(t: pa.Table, b: pa.Table, dtype: bool) -> tuple[np.ndarray, np
             _is_distinct(t.column("op_type"), b.column("op_type"))
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
         return None
-    stats = ("l2norm", "mean", "min", "max")
+    stats = _STATS
     if any(side.schema.field(c).type != pa.float64() for c in stats for side in (t, b)):
         return None
     tl, tm, tn, tx = (_one(t.column(c)).to_numpy(zero_copy_only=False) for c in stats)
@@ -554,7 +554,7 @@ def _doubted(con: duckdb.DuckDBPyConnection, group_by: Sequence[str], bench: pa.
     have = {name: set(con.sql(f"SELECT * FROM {name} LIMIT 0").columns) for name in ("target", "bench")}
     if any("op_type" not in cols_ for cols_ in have.values()):
         return False
-    stats = ("l2norm", "mean", "min", "max")
+    stats = _STATS
     if not checked and not all(c in have[side] for c in stats for side in have):
         return _other_family_counts(con, keys) or \
             con.sql("SELECT count(*) FROM paired p JOIN target t ON t.tensor_id = p.target_tensor_id "
@@ -675,7 +675,7 @@ def _better_partner_may_exist(con: duckdb.DuckDBPyConnection, group_by: Sequence
     tread = ", ".join(f'x."{c}"' for c in read)
     classed_target = (f"SELECT {tread}, c.cls FROM target x LEFT JOIN dtype_class c ON c.dtype = x.dtype" if has_dtype
                       else f"SELECT {tread}, NULL::VARCHAR AS cls FROM target x")
-    stats = ("l2norm", "mean", "min", "max")
+    stats = _STATS
     # each kind numbered once (kid): the window and the candidate joins then partition and
     # join by one integer instead of the kind's columns (a list among them)
     try:
@@ -758,7 +758,7 @@ def _partner_fits(target: pa.Table, bench: pa.Table, wrong: pa.Table, group_by: 
     candidates are too many to enumerate: the SQL decides then. ``bench_in_order``: the
     bench rows are in execution order (their places numbered without a look)."""
     kind = (*group_by, "graph_id", "op_type", "io", "slot", "slot_path", "arg_name", "shape")
-    stats = ("l2norm", "mean", "min", "max")
+    stats = _STATS
     if any(c not in side.column_names for c in (*kind, *stats, "tensor_id") for side in (target, bench)):
         return None
     if any(side.schema.field(c).type != pa.float64() for c in stats for side in (target, bench)):
